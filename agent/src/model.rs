@@ -1,0 +1,211 @@
+//! What a recording holds: validated, payload-free events in time order.
+//!
+//! The protocol decoders (`proto`) turn kernel I/O into these; the recording
+//! stores them; the correlator consumes them. Prompt and completion text never
+//! appear here: only ids, sizes, counts and times. The one exception is
+//! [`Record::RawIo`], written only under `--capture-payload`.
+//!
+//! Stable on disk (postcard, see `recording`): add variants and fields only at the
+//! end, and bump `recording::FORMAT_VERSION` when doing so.
+
+use crate::event::{ConnKey, ConnOp, Dir, Family, ProcOp, Syscall};
+use serde::{Deserialize, Serialize};
+
+/// A header name/value kept from an HTTP head. Only an allow-list of headers is
+/// kept (ids, chain keys, framing); never cookies or authorization.
+pub type Header = (String, String);
+
+/// Role of the traced process on a connection, as inferred from who sent the
+/// first HTTP request line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HttpRole {
+    /// The traced process received the request (it is the server).
+    Server,
+    /// The traced process sent the request (it is a client of someone else).
+    Client,
+}
+
+/// What one SSE `data:` event was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SseKind {
+    /// Chat role chunk: delta with a role and empty/absent content.
+    Role,
+    /// Carries generated content (text, tool-call arguments, or a finish_reason
+    /// on an otherwise empty delta counts as `Finish`, not content).
+    Content,
+    /// A choice's last chunk with `finish_reason` and no new content.
+    Finish,
+    /// `choices: []` with `usage`.
+    Usage,
+    /// `data: [DONE]`.
+    Done,
+    /// A JSON object with an `error` member.
+    Error,
+    /// Parsed but none of the above (comments, unknown JSON, truncated JSON).
+    Other,
+}
+
+/// Token counts from an OpenAI `usage` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
+}
+
+/// One event of the recording.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Record {
+    /// accept/connect on a traced socket.
+    ConnOpen {
+        ts_ns: u64,
+        conn: ConnKey,
+        op: ConnOp,
+        family: Family,
+        local: Option<String>,
+        peer: Option<String>,
+    },
+    ConnClose {
+        ts_ns: u64,
+        conn: ConnKey,
+    },
+    /// A complete HTTP request head (and body accounted) on a connection.
+    HttpRequest {
+        conn: ConnKey,
+        role: HttpRole,
+        /// 0-based index of this request on its connection (keep-alive order).
+        seq: u32,
+        /// Exit time of the read that returned the request's first byte.
+        start_ns: u64,
+        /// Exit time of the read that completed the request (head + body).
+        end_ns: u64,
+        tid: u32,
+        method: String,
+        path: String,
+        /// Allow-listed headers, names lower-cased.
+        headers: Vec<Header>,
+        /// Body bytes (Content-Length, or the de-chunked total).
+        body_len: u64,
+        /// From a JSON body when captured: `"stream": true/false`.
+        stream: Option<bool>,
+        /// From a JSON body when captured: `"model"`.
+        model: Option<String>,
+    },
+    /// Response status line + headers written.
+    HttpResponse {
+        conn: ConnKey,
+        role: HttpRole,
+        seq: u32,
+        /// Exit time of the write that carried the head's last byte.
+        ts_ns: u64,
+        tid: u32,
+        status: u16,
+        headers: Vec<Header>,
+    },
+    /// One SSE event of a streamed response, timed by the write carrying its last byte.
+    Sse {
+        conn: ConnKey,
+        seq: u32,
+        ts_ns: u64,
+        kind: SseKind,
+        /// `id` of the JSON chunk (`chatcmpl-…`, `cmpl-…`).
+        id: Option<String>,
+        /// Bytes of generated text in this chunk (never the text itself).
+        content_bytes: u32,
+        finish_reason: Option<String>,
+        usage: Option<Usage>,
+    },
+    /// Metadata read from a non-streaming JSON response body (id, usage).
+    ResponseBody {
+        conn: ConnKey,
+        seq: u32,
+        ts_ns: u64,
+        id: Option<String>,
+        usage: Option<Usage>,
+        finish_reason: Option<String>,
+    },
+    /// The response's last byte was written (chunked terminator, Content-Length
+    /// reached, or connection closed for close-delimited bodies).
+    HttpResponseEnd {
+        conn: ConnKey,
+        seq: u32,
+        ts_ns: u64,
+        body_len: u64,
+    },
+    /// Bytes on a connection the decoders could not interpret (desync, HTTP/2,
+    /// garbage, gaps inside a head). Counted in `unparsed_bytes` too.
+    Unparsed {
+        conn: ConnKey,
+        ts_ns: u64,
+        dir: Dir,
+        bytes: u64,
+        reason: String,
+    },
+    /// Data on a unix-domain socket (IPC), without payload. Later decoders (ZMTP)
+    /// add richer records.
+    UnixIo {
+        conn: ConnKey,
+        ts_ns: u64,
+        enter_ns: u64,
+        tid: u32,
+        dir: Dir,
+        len: u64,
+    },
+    Proc {
+        ts_ns: u64,
+        tgid: u32,
+        op: ProcOp,
+        child_tgid: u32,
+        exit_code: i32,
+        comm: String,
+    },
+    /// An off-CPU interval of a traced thread.
+    OffCpu {
+        ts_ns: u64,
+        tgid: u32,
+        tid: u32,
+        off_ns: u64,
+        wake_ns: Option<u64>,
+        prev_state: u32,
+    },
+    /// Cumulative loss counters at `ts_ns` (kernel and user side). The last one in
+    /// the file is authoritative.
+    Drops {
+        ts_ns: u64,
+        counters: Vec<(String, u64)>,
+    },
+    /// Raw bytes of one syscall, only with `--capture-payload`.
+    RawIo {
+        conn: ConnKey,
+        ts_ns: u64,
+        enter_ns: u64,
+        tid: u32,
+        syscall: Syscall,
+        dir: Dir,
+        family: Family,
+        len: u64,
+        data: Vec<u8>,
+    },
+}
+
+impl Record {
+    /// Time the event happened (what the recording orders by).
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Record::ConnOpen { ts_ns, .. }
+            | Record::ConnClose { ts_ns, .. }
+            | Record::HttpResponse { ts_ns, .. }
+            | Record::Sse { ts_ns, .. }
+            | Record::ResponseBody { ts_ns, .. }
+            | Record::HttpResponseEnd { ts_ns, .. }
+            | Record::Unparsed { ts_ns, .. }
+            | Record::UnixIo { ts_ns, .. }
+            | Record::Proc { ts_ns, .. }
+            | Record::OffCpu { ts_ns, .. }
+            | Record::Drops { ts_ns, .. }
+            | Record::RawIo { ts_ns, .. } => *ts_ns,
+            Record::HttpRequest { end_ns, .. } => *end_ns,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Wire decoders (owned by the protocol work).

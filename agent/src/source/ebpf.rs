@@ -1,0 +1,1 @@
+//! eBPF source (owned by the eBPF work).

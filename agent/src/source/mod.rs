@@ -1,0 +1,3 @@
+//! Sources: thin adapters that turn bytes from the outside world into validated events.
+
+pub mod ebpf;

@@ -1,0 +1,443 @@
+//! The `.hop` recording: payload-free [`Record`]s in time order, streamed to disk
+//! in independently compressed, checksummed blocks so that a killed agent loses
+//! at most the block it was filling (the writer seals one at least every second).
+//!
+//! ```text
+//! file   := MAGIC(8) version:u32le meta_len:u32le meta(JSON, meta_len) block*
+//! block  := BLOCK_MAGIC(4) raw_len:u32le comp_len:u32le crc32(comp):u32le count:u32le comp
+//! comp   := lz4 block of raw; raw := (len:u32le postcard(Record))*count
+//! ```
+//! Readers validate every length and checksum before trusting bytes and name the
+//! byte offset of the first problem; everything before it stays readable.
+
+use crate::model::Record;
+use serde::{Deserialize, Serialize};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const MAGIC: &[u8; 8] = b"HOPSCOPE";
+pub const BLOCK_MAGIC: &[u8; 4] = b"HSB1";
+pub const FORMAT_VERSION: u32 = 1;
+/// Upper bound for one block's raw and compressed size and for the metadata: a
+/// reader never allocates more than this for one length field.
+pub const MAX_BLOCK_BYTES: u32 = 64 << 20;
+const BLOCK_HEADER_LEN: usize = 20;
+/// Seal a block when its raw size passes this, even within the second.
+const BLOCK_TARGET_BYTES: usize = 1 << 20;
+
+/// What the recording was made of; written first, as JSON, so it stays
+/// readable by people and scripts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub format_version: u32,
+    pub hopscope_version: String,
+    /// Wall-clock seconds since the Unix epoch when recording started.
+    pub created_unix_s: u64,
+    /// CLOCK_MONOTONIC ns when recording started.
+    pub start_ns: u64,
+    /// The root pids asked for (the tree below them is followed).
+    pub pids: Vec<u32>,
+    /// `hopscope run`: the command launched.
+    #[serde(default)]
+    pub command: Vec<String>,
+    pub kernel: String,
+    pub hostname: String,
+    pub chain_header: String,
+    pub capture_len: u32,
+    pub capture_payload: bool,
+    /// Whether a GPU source contributed to this recording.
+    #[serde(default)]
+    pub gpu: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("cannot open recording {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("i/o error on recording: {0}")]
+    Io(#[from] io::Error),
+    #[error("not a hopscope recording (bad magic at offset 0)")]
+    BadMagic,
+    #[error("recording format version {0} is not supported by this hopscope (supports {FORMAT_VERSION}): upgrade hopscope")]
+    Version(u32),
+    #[error("recording is truncated at offset {offset}: {what}")]
+    Truncated { offset: u64, what: &'static str },
+    #[error("recording is corrupt at offset {offset}: {what}")]
+    Corrupt { offset: u64, what: String },
+}
+
+/// Streams records into a `.hop` file.
+pub struct Writer<W: Write> {
+    out: W,
+    raw: Vec<u8>,
+    count: u32,
+    scratch: Vec<u8>,
+    /// Timestamp (ns, the caller's clock) of the last seal.
+    last_seal_ns: u64,
+    records_written: u64,
+    bytes_written: u64,
+}
+
+impl Writer<io::BufWriter<std::fs::File>> {
+    pub fn create(path: &Path, meta: &Meta) -> Result<Self, RecordingError> {
+        let file = std::fs::File::create(path).map_err(|source| RecordingError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        Writer::new(io::BufWriter::new(file), meta)
+    }
+}
+
+impl<W: Write> Writer<W> {
+    pub fn new(mut out: W, meta: &Meta) -> Result<Self, RecordingError> {
+        let json = serde_json::to_vec(meta).map_err(io::Error::other)?;
+        out.write_all(MAGIC)?;
+        out.write_all(&FORMAT_VERSION.to_le_bytes())?;
+        out.write_all(&(json.len() as u32).to_le_bytes())?;
+        out.write_all(&json)?;
+        out.flush()?;
+        Ok(Writer {
+            out,
+            raw: Vec::with_capacity(BLOCK_TARGET_BYTES),
+            count: 0,
+            scratch: Vec::new(),
+            last_seal_ns: meta.start_ns,
+            records_written: 0,
+            bytes_written: (MAGIC.len() + 8 + json.len()) as u64,
+        })
+    }
+
+    /// Appends one record; seals the block when it is large or a second old.
+    pub fn push(&mut self, rec: &Record) -> Result<(), RecordingError> {
+        self.scratch.clear();
+        let bytes = postcard::to_extend(rec, std::mem::take(&mut self.scratch))
+            .map_err(|e| io::Error::other(format!("encoding record: {e}")))?;
+        self.raw.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.raw.extend_from_slice(&bytes);
+        self.scratch = bytes;
+        self.count += 1;
+        self.records_written += 1;
+        if self.raw.len() >= BLOCK_TARGET_BYTES {
+            self.seal(rec.ts_ns())?;
+        }
+        Ok(())
+    }
+
+    /// Seals the open block if it is older than a second at `now_ns`. Call this
+    /// periodically so that a killed agent loses at most one second of data.
+    pub fn tick(&mut self, now_ns: u64) -> Result<(), RecordingError> {
+        if self.count > 0 && now_ns.saturating_sub(self.last_seal_ns) >= 1_000_000_000 {
+            self.seal(now_ns)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the open block (if any) and flushes it to the OS.
+    pub fn seal(&mut self, now_ns: u64) -> Result<(), RecordingError> {
+        self.last_seal_ns = now_ns;
+        if self.count == 0 {
+            return Ok(());
+        }
+        let comp = lz4_flex::block::compress(&self.raw);
+        let crc = crc32fast::hash(&comp);
+        self.out.write_all(BLOCK_MAGIC)?;
+        self.out.write_all(&(self.raw.len() as u32).to_le_bytes())?;
+        self.out.write_all(&(comp.len() as u32).to_le_bytes())?;
+        self.out.write_all(&crc.to_le_bytes())?;
+        self.out.write_all(&self.count.to_le_bytes())?;
+        self.out.write_all(&comp)?;
+        self.out.flush()?;
+        self.bytes_written += (BLOCK_HEADER_LEN + comp.len()) as u64;
+        self.raw.clear();
+        self.count = 0;
+        Ok(())
+    }
+
+    pub fn records_written(&self) -> u64 {
+        self.records_written
+    }
+
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Seals the last block and returns the inner writer.
+    pub fn finish(mut self, now_ns: u64) -> Result<W, RecordingError> {
+        self.seal(now_ns)?;
+        Ok(self.out)
+    }
+}
+
+/// Reads a `.hop` file block by block.
+pub struct Reader<R: Read> {
+    input: R,
+    meta: Meta,
+    offset: u64,
+    block: std::vec::IntoIter<Record>,
+    done: bool,
+}
+
+impl Reader<io::BufReader<std::fs::File>> {
+    pub fn open(path: &Path) -> Result<Self, RecordingError> {
+        let file = std::fs::File::open(path).map_err(|source| RecordingError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        Reader::new(io::BufReader::new(file))
+    }
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first
+/// byte, `Truncated` on EOF in the middle.
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8], offset: u64, what: &'static str) -> Result<bool, RecordingError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(RecordingError::Truncated { offset: offset + got as u64, what }),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+fn le32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+impl<R: Read> Reader<R> {
+    pub fn new(mut input: R) -> Result<Self, RecordingError> {
+        let mut head = [0u8; 16];
+        if !read_full(&mut input, &mut head, 0, "file header")? {
+            return Err(RecordingError::Truncated { offset: 0, what: "empty file" });
+        }
+        if &head[..8] != MAGIC {
+            return Err(RecordingError::BadMagic);
+        }
+        let version = le32(&head[8..12]);
+        if version != FORMAT_VERSION {
+            return Err(RecordingError::Version(version));
+        }
+        let meta_len = le32(&head[12..16]);
+        if meta_len > MAX_BLOCK_BYTES {
+            return Err(RecordingError::Corrupt { offset: 12, what: format!("metadata length {meta_len} too large") });
+        }
+        let mut json = vec![0u8; meta_len as usize];
+        if !read_full(&mut input, &mut json, 16, "metadata")? && meta_len > 0 {
+            return Err(RecordingError::Truncated { offset: 16, what: "metadata" });
+        }
+        let meta: Meta = serde_json::from_slice(&json)
+            .map_err(|e| RecordingError::Corrupt { offset: 16, what: format!("metadata is not valid json: {e}") })?;
+        Ok(Reader { input, meta, offset: 16 + meta_len as u64, block: Vec::new().into_iter(), done: false })
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Byte offset of the next unread block.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next record, `Ok(None)` at a clean end of file.
+    pub fn next_record(&mut self) -> Result<Option<Record>, RecordingError> {
+        loop {
+            if let Some(r) = self.block.next() {
+                return Ok(Some(r));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            match self.read_block() {
+                Ok(Some(recs)) => self.block = recs.into_iter(),
+                Ok(None) => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn read_block(&mut self) -> Result<Option<Vec<Record>>, RecordingError> {
+        let start = self.offset;
+        let mut hdr = [0u8; BLOCK_HEADER_LEN];
+        if !read_full(&mut self.input, &mut hdr, start, "block header")? {
+            return Ok(None);
+        }
+        if &hdr[..4] != BLOCK_MAGIC {
+            return Err(RecordingError::Corrupt { offset: start, what: "bad block magic".into() });
+        }
+        let raw_len = le32(&hdr[4..8]);
+        let comp_len = le32(&hdr[8..12]);
+        let crc = le32(&hdr[12..16]);
+        let count = le32(&hdr[16..20]);
+        if raw_len > MAX_BLOCK_BYTES || comp_len > MAX_BLOCK_BYTES {
+            return Err(RecordingError::Corrupt { offset: start, what: format!("block sizes {raw_len}/{comp_len} exceed the limit") });
+        }
+        let body_off = start + BLOCK_HEADER_LEN as u64;
+        let mut comp = vec![0u8; comp_len as usize];
+        if !read_full(&mut self.input, &mut comp, body_off, "block body")? && comp_len > 0 {
+            return Err(RecordingError::Truncated { offset: body_off, what: "block body" });
+        }
+        if crc32fast::hash(&comp) != crc {
+            return Err(RecordingError::Corrupt { offset: start, what: "block checksum mismatch".into() });
+        }
+        let raw = lz4_flex::block::decompress(&comp, raw_len as usize)
+            .map_err(|e| RecordingError::Corrupt { offset: body_off, what: format!("block does not decompress: {e}") })?;
+        if raw.len() != raw_len as usize {
+            return Err(RecordingError::Corrupt { offset: body_off, what: "block raw length mismatch".into() });
+        }
+        // Each record takes at least its 4-byte length prefix.
+        let mut recs = Vec::with_capacity((count as usize).min(raw.len() / 4));
+        let mut pos = 0usize;
+        for i in 0..count {
+            let Some(len_bytes) = raw.get(pos..pos + 4) else {
+                return Err(RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count}: length prefix past block end") });
+            };
+            let len = le32(len_bytes) as usize;
+            pos += 4;
+            let Some(body) = raw.get(pos..pos.saturating_add(len)) else {
+                return Err(RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count}: body past block end") });
+            };
+            let rec: Record = postcard::from_bytes(body)
+                .map_err(|e| RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count} does not decode: {e}") })?;
+            recs.push(rec);
+            pos += len;
+        }
+        if pos != raw.len() {
+            return Err(RecordingError::Corrupt { offset: body_off, what: "trailing bytes in block".into() });
+        }
+        self.offset = body_off + comp_len as u64;
+        Ok(Some(recs))
+    }
+}
+
+/// Everything readable from a recording, and the error that stopped reading
+/// early (if any): a damaged tail still gives a partial report.
+pub struct Loaded {
+    pub meta: Meta,
+    pub records: Vec<Record>,
+    pub error: Option<RecordingError>,
+}
+
+/// Reads a whole recording, keeping what precedes the first problem.
+pub fn load(path: &Path) -> Result<Loaded, RecordingError> {
+    let mut reader = Reader::open(path)?;
+    let mut records = Vec::new();
+    let error = loop {
+        match reader.next_record() {
+            Ok(Some(r)) => records.push(r),
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    Ok(Loaded { meta: reader.meta.clone(), records, error })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ConnKey;
+
+    fn meta() -> Meta {
+        Meta { format_version: FORMAT_VERSION, hopscope_version: "test".into(), start_ns: 1, pids: vec![42], ..Meta::default() }
+    }
+
+    fn rec(i: u64) -> Record {
+        Record::ConnClose { ts_ns: 1_000 + i, conn: ConnKey { tgid: 42, fd: 7, ino: i } }
+    }
+
+    fn write(n: u64, seal_every: Option<u64>) -> Vec<u8> {
+        let mut w = Writer::new(Vec::new(), &meta()).unwrap();
+        for i in 0..n {
+            w.push(&rec(i)).unwrap();
+            if let Some(k) = seal_every {
+                if i % k == k - 1 {
+                    w.seal(i).unwrap();
+                }
+            }
+        }
+        w.finish(n).unwrap()
+    }
+
+    fn read_all(bytes: &[u8]) -> (Vec<Record>, Option<RecordingError>) {
+        let mut r = Reader::new(bytes).unwrap();
+        let mut out = Vec::new();
+        loop {
+            match r.next_record() {
+                Ok(Some(x)) => out.push(x),
+                Ok(None) => return (out, None),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+    }
+
+    #[test]
+    fn records_round_trip_in_order_with_metadata() {
+        let bytes = write(1000, Some(100));
+        let r = Reader::new(&bytes[..]).unwrap();
+        assert_eq!(r.meta().pids, vec![42]);
+        let (recs, err) = read_all(&bytes);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(recs.len(), 1000);
+        assert_eq!(recs[999], rec(999));
+    }
+
+    #[test]
+    fn truncated_tail_keeps_sealed_blocks_and_names_the_offset() {
+        let bytes = write(300, Some(100));
+        let cut = &bytes[..bytes.len() - 5];
+        let (recs, err) = read_all(cut);
+        assert_eq!(recs.len(), 200, "the two complete blocks survive");
+        let msg = err.expect("truncation must be reported").to_string();
+        assert!(msg.contains("truncated at offset"), "{msg}");
+    }
+
+    #[test]
+    fn flipped_byte_is_reported_as_corrupt_not_decoded() {
+        let mut bytes = write(50, None);
+        let n = bytes.len();
+        bytes[n - 3] ^= 0xff;
+        let (recs, err) = read_all(&bytes);
+        assert!(recs.is_empty());
+        let msg = err.expect("corruption must be reported").to_string();
+        assert!(msg.contains("checksum"), "{msg}");
+    }
+
+    #[test]
+    fn huge_length_fields_are_rejected_before_allocating() {
+        let mut bytes = write(1, None);
+        let meta_len = le32(&bytes[12..16]) as usize;
+        let blk = 16 + meta_len;
+        bytes[blk + 8..blk + 12].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (_, err) = read_all(&bytes);
+        assert!(err.unwrap().to_string().contains("exceed the limit"));
+    }
+
+    #[test]
+    fn wrong_magic_and_version_are_clear_errors() {
+        assert!(matches!(Reader::new(&b"NOTAHOPFILE....."[..]), Err(RecordingError::BadMagic)));
+        let mut bytes = write(1, None);
+        bytes[8] = 99;
+        assert!(matches!(Reader::new(&bytes[..]), Err(RecordingError::Version(99))));
+    }
+
+    #[test]
+    fn tick_seals_a_block_once_a_second_has_passed() {
+        let mut w = Writer::new(Vec::new(), &meta()).unwrap();
+        w.push(&rec(0)).unwrap();
+        w.tick(500_000_000).unwrap();
+        let before = w.bytes_written();
+        w.tick(1_000_000_002).unwrap();
+        assert!(w.bytes_written() > before, "a second-old block must be on disk");
+    }
+}

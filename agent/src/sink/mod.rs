@@ -1,0 +1,3 @@
+//! Sinks: where analyses go.
+
+pub mod report;

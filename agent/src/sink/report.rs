@@ -1,0 +1,273 @@
+//! `hopscope report`: the JSON users script against (../shared/contract.md,
+//! schema 1: add fields, never rename) and the human tables.
+
+use crate::correlate::{ms, percentile, Analysis, Request};
+use crate::recording::Meta;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub schema: u32,
+    pub recording: RecordingInfo,
+    pub requests: Vec<RequestOut>,
+    pub chains: Vec<ChainOut>,
+    pub kernels: Vec<KernelOut>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RecordingInfo {
+    pub path: String,
+    pub duration_ms: f64,
+    pub pids: Vec<u32>,
+    pub gpu: bool,
+    pub drops: BTreeMap<String, u64>,
+    /// The recording ended early (damaged or truncated file): what stopped the read.
+    pub read_error: Option<String>,
+    pub hopscope_version: String,
+    pub kernel: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Phases {
+    pub frontend: Option<f64>,
+    pub queue: Option<f64>,
+    pub prefill: Option<f64>,
+    pub kv_transfer: Option<f64>,
+    pub first_output: Option<f64>,
+    pub decode: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuMs {
+    pub prefill: Option<f64>,
+    pub decode: Option<f64>,
+    pub kv_transfer: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RequestOut {
+    pub id: String,
+    pub x_request_id: Option<String>,
+    pub traceparent: Option<String>,
+    pub chain: Option<String>,
+    pub hop: Option<u32>,
+    pub method: String,
+    pub path: String,
+    pub status: Option<u16>,
+    pub arrive_ns: u64,
+    pub ttft_ns: Option<u64>,
+    pub done_ns: Option<u64>,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+    pub itl_ms: Vec<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p90_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub phases_ms: Phases,
+    pub gpu_ms: GpuMs,
+    pub interference_ms: Option<f64>,
+    pub steps: Option<u64>,
+    // Additions beyond schema 1's list (allowed: add, never rename).
+    /// Where the chain key came from: traceparent, header or connection.
+    pub chain_source: String,
+    /// Content chunks (SSE events carrying generated text) seen on the wire.
+    pub content_chunks: usize,
+    pub streamed: bool,
+    pub request_bytes: u64,
+    pub response_bytes: Option<u64>,
+    pub finish_reason: Option<String>,
+    pub pid: u32,
+    pub fd: i32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChainOut {
+    pub chain: String,
+    pub hops: Vec<String>,
+    pub e2e_ms: Option<f64>,
+    pub ttft_ms: Vec<Option<f64>>,
+    pub prefix_cache_hit: Vec<Option<f64>>,
+    pub source: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KernelOut {
+    pub name: String,
+    pub count: u64,
+    pub gpu_ms: f64,
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn request_out(r: &Request) -> RequestOut {
+    let itl = r.itl_ms();
+    let s = sorted(itl.clone());
+    RequestOut {
+        id: r.id.clone(),
+        x_request_id: r.x_request_id.clone(),
+        traceparent: r.traceparent.clone(),
+        chain: Some(r.chain.clone()),
+        hop: Some(r.hop),
+        method: r.method.clone(),
+        path: r.path.clone(),
+        status: r.status,
+        arrive_ns: r.arrive_ns,
+        ttft_ns: r.ttft_ns,
+        done_ns: r.done_ns,
+        ttft_ms: r.ttft_ms(),
+        e2e_ms: r.e2e_ms(),
+        itl_p50_ms: percentile(&s, 50.0),
+        itl_p90_ms: percentile(&s, 90.0),
+        itl_p99_ms: percentile(&s, 99.0),
+        itl_ms: itl,
+        prompt_tokens: r.usage.prompt_tokens,
+        completion_tokens: r.usage.completion_tokens,
+        cached_tokens: r.usage.cached_tokens,
+        // Only decode (first content chunk → end of response) is observable from
+        // the wire alone; the engine-side phases need the IPC and GPU sources.
+        phases_ms: Phases { frontend: None, queue: None, prefill: None, kv_transfer: None, first_output: None, decode: r.decode_ms() },
+        gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
+        interference_ms: None,
+        steps: None,
+        chain_source: serde_json::to_value(r.chain_source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+        content_chunks: r.content_ns.len(),
+        streamed: r.streamed,
+        request_bytes: r.request_bytes,
+        response_bytes: r.response_bytes,
+        finish_reason: r.finish_reason.clone(),
+        pid: r.conn.tgid,
+        fd: r.conn.fd,
+    }
+}
+
+/// Builds the schema-1 report.
+pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<String>) -> Report {
+    let duration_ms = match (analysis.first_ns, analysis.last_ns) {
+        // From the start of recording when known, else from the first event.
+        (Some(f), Some(l)) => ms(l.saturating_sub(if meta.start_ns > 0 && meta.start_ns <= f { meta.start_ns } else { f })),
+        _ => 0.0,
+    };
+    let requests: Vec<RequestOut> = analysis.requests.iter().map(request_out).collect();
+    let chains = analysis
+        .chains
+        .iter()
+        .map(|c| {
+            let hops: Vec<&Request> = c.hops.iter().map(|&i| &analysis.requests[i]).collect();
+            let first = hops.first().map(|r| r.arrive_ns);
+            let last_done = hops.iter().map(|r| r.done_ns).collect::<Option<Vec<u64>>>().and_then(|d| d.into_iter().max());
+            ChainOut {
+                chain: c.chain.clone(),
+                hops: hops.iter().map(|r| r.id.clone()).collect(),
+                e2e_ms: match (first, last_done) {
+                    (Some(f), Some(l)) => Some(ms(l.saturating_sub(f))),
+                    _ => None,
+                },
+                ttft_ms: hops.iter().map(|r| r.ttft_ms()).collect(),
+                prefix_cache_hit: hops
+                    .iter()
+                    .map(|r| match (r.usage.cached_tokens, r.usage.prompt_tokens) {
+                        (Some(c), Some(p)) if p > 0 => Some(c as f64 / p as f64),
+                        _ => None,
+                    })
+                    .collect(),
+                source: serde_json::to_value(c.source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+            }
+        })
+        .collect();
+    Report {
+        schema: 1,
+        recording: RecordingInfo {
+            path: path.to_owned(),
+            duration_ms,
+            pids: meta.pids.clone(),
+            gpu: meta.gpu,
+            drops: analysis.drops.clone(),
+            read_error,
+            hopscope_version: meta.hopscope_version.clone(),
+            kernel: meta.kernel.clone(),
+        },
+        requests,
+        chains,
+        kernels: Vec::new(),
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.2}"))
+}
+
+fn opt_u(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |x| x.to_string())
+}
+
+/// The human report: per request, per chain, and the loss counters.
+pub fn render_text(rep: &Report) -> String {
+    let mut s = String::new();
+    let r = &rep.recording;
+    let _ = writeln!(s, "recording {}  ({:.1} s, pids {:?}, gpu: {})", r.path, r.duration_ms / 1e3, r.pids, if r.gpu { "yes" } else { "no" });
+    if let Some(e) = &r.read_error {
+        let _ = writeln!(s, "WARNING: the recording ends early: {e} (report covers what precedes it)");
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:<34} {:<18} {:>4} {:<6} {:<22} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
+        "request", "chain", "hop", "method", "path", "status", "ttft_ms", "e2e_ms", "itl_p50", "itl_p90", "itl_p99", "chunks", "in", "out"
+    );
+    for q in &rep.requests {
+        let chain = q.chain.as_deref().unwrap_or("-");
+        let _ = writeln!(
+            s,
+            "{:<34} {:<18} {:>4} {:<6} {:<22} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
+            trunc(&q.id, 34),
+            trunc(chain, 18),
+            q.hop.map_or("-".into(), |h| h.to_string()),
+            q.method,
+            trunc(&q.path, 22),
+            q.status.map_or("-".into(), |x| x.to_string()),
+            opt(q.ttft_ms),
+            opt(q.e2e_ms),
+            opt(q.itl_p50_ms),
+            opt(q.itl_p90_ms),
+            opt(q.itl_p99_ms),
+            q.content_chunks,
+            opt_u(q.prompt_tokens),
+            opt_u(q.completion_tokens),
+        );
+    }
+    if !rep.chains.is_empty() {
+        let _ = writeln!(s, "\nchains");
+        for c in &rep.chains {
+            let ttfts: Vec<String> = c.ttft_ms.iter().map(|t| opt(*t)).collect();
+            let _ = writeln!(s, "  {:<40} hops {:>2}  e2e {:>9} ms  ttft per hop [{}]  ({})", trunc(&c.chain, 40), c.hops.len(), opt(c.e2e_ms), ttfts.join(", "), c.source);
+        }
+    }
+    let _ = writeln!(s, "\ndrops and anomalies (cumulative)");
+    if r.drops.values().all(|&v| v == 0) {
+        let _ = writeln!(s, "  none");
+    }
+    for (k, v) in &r.drops {
+        if *v > 0 {
+            let _ = writeln!(s, "  {k:<32} {v}");
+        }
+    }
+    s
+}
+
+fn trunc(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}

@@ -1,1 +1,167 @@
+//! Helpers for hopscope's privileged integration tests: real eBPF, real
+//! processes. Tests that cannot run here (not root, no tracefs) print a loud
+//! SKIPPED line and return; CI runs them as root, where they must pass.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+/// True when privileged tests can run; otherwise prints why, loudly.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tracefs = Path::new("/sys/kernel/tracing/events").exists();
+    if root && tracefs {
+        return true;
+    }
+    let why = if !root { "needs root" } else { "tracefs not mounted (mount -t tracefs nodev /sys/kernel/tracing)" };
+    eprintln!("\n!!!!! SKIPPED {test}: {why}: this is NOT a pass; run `cargo xtask test` as root !!!!!\n");
+    false
+}
+
+/// The built `hopscope` binary (xtask builds it before the tests).
+pub fn hopscope_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("HOPSCOPE_BIN") {
+        return p.into();
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
+    let p = target.join("debug/hopscope");
+    assert!(p.exists(), "{} not built: run `cargo build -p hopscope` (cargo xtask test does)", p.display());
+    p
+}
+
+/// Python with the test packages (xtask's venv), else `.venv/bin/python`.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("HOPSCOPE_PYTHON") {
+        return p.into();
+    }
+    let p = workspace().join(".venv/bin/python");
+    assert!(p.exists(), "no python venv: run `cargo xtask setup` (or set HOPSCOPE_PYTHON)");
+    p
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A fresh scratch directory under target/.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = workspace().join("target/itest").join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Plain HTTP GET; the body on 200.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.1 200").then(|| out.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
+}
+
+pub fn wait_healthy(port: u16, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if http_get(port, "/health").is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server on port {port} did not become healthy within {timeout:?}");
+}
+
+/// `hopscope run -o FILE -- CMD…` in the background.
+pub struct Recording {
+    pub child: Child,
+    pub path: PathBuf,
+}
+
+impl Recording {
+    pub fn run(path: &Path, extra: &[&str], cmd: &[&str]) -> Recording {
+        let child = Command::new(hopscope_bin())
+            .arg("run")
+            .arg("-o")
+            .arg(path)
+            .arg("--quiet")
+            .args(extra)
+            .arg("--")
+            .args(cmd)
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning hopscope");
+        Recording { child, path: path.to_owned() }
+    }
+
+    pub fn record(path: &Path, pids: &[u32], extra: &[&str]) -> Recording {
+        let mut c = Command::new(hopscope_bin());
+        c.arg("record").arg("-o").arg(path).arg("--quiet");
+        for p in pids {
+            c.arg("--pid").arg(p.to_string());
+        }
+        let child = c.args(extra).spawn().expect("spawning hopscope");
+        Recording { child, path: path.to_owned() }
+    }
+
+    /// SIGINT, then waits; panics unless hopscope exits 0.
+    pub fn stop(mut self) -> PathBuf {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "hopscope exited with {st}");
+        self.path
+    }
+}
+
+/// `hopscope report FILE --json`, parsed.
+pub fn report_json(path: &Path) -> serde_json::Value {
+    let out = Command::new(hopscope_bin()).arg("report").arg(path).arg("--json").output().unwrap();
+    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("report --json is json")
+}
+
+/// Runs a Python script from tests/fixtures with the test venv; panics on failure.
+pub fn run_py(script: &str, args: &[&str]) -> String {
+    let out = Command::new(python()).arg(fixture(script)).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Nearest-rank-free percentile (numpy linear) of absolute values.
+pub fn p(values: &[f64], pct: f64) -> f64 {
+    let mut v: Vec<f64> = values.iter().map(|x| x.abs()).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = pct / 100.0 * (v.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+}

@@ -1,1 +1,104 @@
-fn main(){}
+//! Project tasks: `cargo xtask <task>`.
+//!
+//! - `setup`: the Python venv (.venv) for the testbed and the test servers, and
+//!   tracefs when it is not mounted.
+//! - `test`: everything the README promises (unit, privileged eBPF integration,
+//!   Python testbed tests). Run as root for the eBPF tests.
+//! - `demo [--out DIR]`: testbed + chain client under `hopscope run`, then the report.
+//! - `bench`: overhead and per-program cost figures, side by side in one run.
+
+mod bench;
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_owned()
+}
+
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: $ {shown}");
+    let st: ExitStatus = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    if !st.success() {
+        bail!("{shown} failed with {st}");
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+/// Python interpreter of the project venv, created and filled on first use; a
+/// second run reuses it (requirements are stamped by content).
+pub(crate) fn venv_python() -> Result<PathBuf> {
+    let root = root();
+    let venv = root.join(".venv");
+    let py = venv.join("bin/python");
+    let req_path = root.join("examples/requirements.txt");
+    let req = std::fs::read_to_string(&req_path).with_context(|| format!("reading {}", req_path.display()))?;
+    let stamp = venv.join(".hopscope-requirements");
+    if py.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(req.as_str()) {
+        return Ok(py);
+    }
+    let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    if !py.exists() {
+        run(Command::new(&base).args(["-m", "venv"]).arg(&venv)).context("creating the Python venv: is python3-venv installed?")?;
+    }
+    run(Command::new(&py).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"]).arg(&req_path))
+        .context("installing the testbed's Python packages")?;
+    std::fs::write(&stamp, req)?;
+    Ok(py)
+}
+
+pub(crate) fn ensure_tracefs() -> Result<()> {
+    if Path::new("/sys/kernel/tracing/events").exists() {
+        return Ok(());
+    }
+    if !is_root() {
+        eprintln!("xtask: tracefs is not mounted and we are not root; eBPF tests will skip");
+        return Ok(());
+    }
+    run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])).context("mounting tracefs")
+}
+
+pub(crate) fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn setup() -> Result<PathBuf> {
+    ensure_tracefs()?;
+    venv_python()
+}
+
+fn test(args: &[String]) -> Result<()> {
+    let py = setup()?;
+    if !is_root() {
+        eprintln!("xtask: WARNING: not root: the privileged eBPF integration tests will report SKIPPED (they never count as passed)");
+    }
+    // Build the binary once; integration tests run it from target/.
+    run(cargo().args(["build", "--workspace", "--bins"]))?;
+    run(cargo().args(["test", "--workspace", "--all-targets"]).args(args).env("HOPSCOPE_PYTHON", &py))?;
+    run(Command::new(&py).args(["-m", "pytest", "-q", "examples/tests"]).current_dir(root()))?;
+    eprintln!("xtask: all test suites passed");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(task) = args.first() else {
+        eprintln!("usage: cargo xtask <setup|test|demo|bench> [args]");
+        std::process::exit(2);
+    };
+    let rest = &args[1..];
+    match task.as_str() {
+        "setup" => setup().map(|py| eprintln!("xtask: python venv ready: {}", py.display())),
+        "test" => test(rest),
+        "bench" => bench::run(rest),
+        other => bail!("unknown task {other:?}: expected setup, test, demo or bench"),
+    }
+}

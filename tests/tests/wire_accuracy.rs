@@ -1,0 +1,129 @@
+//! hopscope attached to a real uvicorn/FastAPI SSE server, driven by real
+//! clients (httpx, the `openai` package): its per-request figures must match
+//! what the clients measured on the same clock.
+
+use hopscope_integration::*;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::time::Duration;
+
+struct Compared {
+    ttft_diff_ms: Vec<f64>,
+    itl_diff_ms: Vec<f64>,
+    matched: usize,
+}
+
+/// Matches client records to report requests by id and compares timings.
+/// Exact: the set of ids, the content-chunk count of each request, the usage.
+fn compare(client: &[Value], report: &Value) -> Compared {
+    let reqs: HashMap<&str, &Value> = report["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.starts_with("/v1/")))
+        .map(|r| (r["id"].as_str().unwrap(), r))
+        .collect();
+    assert_eq!(reqs.len(), client.len(), "request count: hopscope saw {:?}", reqs.keys().collect::<Vec<_>>());
+    let mut out = Compared { ttft_diff_ms: Vec::new(), itl_diff_ms: Vec::new(), matched: 0 };
+    for c in client {
+        let id = c["id"].as_str().expect("client saw an id");
+        let r = reqs.get(id).unwrap_or_else(|| panic!("hopscope has no request {id}"));
+        let content: Vec<i64> = c["content_ns"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
+        assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, content.len(), "{id}: content chunk count");
+        assert_eq!(r["status"], 200, "{id}");
+        assert_eq!(r["completion_tokens"], c["usage"]["completion_tokens"], "{id}: usage tokens");
+        assert_eq!(r["prompt_tokens"], c["usage"]["prompt_tokens"], "{id}: usage tokens");
+        let client_ttft = (content[0] - c["send_ns"].as_i64().unwrap()) as f64 / 1e6;
+        let ttft = r["ttft_ms"].as_f64().expect("ttft");
+        out.ttft_diff_ms.push(ttft - client_ttft);
+        let itl: Vec<f64> = r["itl_ms"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(itl.len(), content.len() - 1, "{id}: n chunks give n-1 gaps");
+        for (k, w) in content.windows(2).enumerate() {
+            out.itl_diff_ms.push(itl[k] - (w[1] - w[0]) as f64 / 1e6);
+        }
+        assert!(r["e2e_ms"].as_f64().unwrap() >= ttft, "{id}: e2e >= ttft");
+        out.matched += 1;
+    }
+    out
+}
+
+fn summarize(what: &str, cmp: &Compared) {
+    eprintln!(
+        "{what}: {} requests; |ttft diff| p50 {:.3} p99 {:.3} max {:.3} ms; |itl diff| p50 {:.3} p99 {:.3} max {:.3} ms ({} gaps)",
+        cmp.matched,
+        p(&cmp.ttft_diff_ms, 50.0),
+        p(&cmp.ttft_diff_ms, 99.0),
+        p(&cmp.ttft_diff_ms, 100.0),
+        p(&cmp.itl_diff_ms, 50.0),
+        p(&cmp.itl_diff_ms, 99.0),
+        p(&cmp.itl_diff_ms, 100.0),
+        cmp.itl_diff_ms.len()
+    );
+}
+
+#[test]
+fn ttft_and_every_itl_match_the_clients_within_1ms_at_p99() {
+    if !privileged("ttft_and_every_itl_match_the_clients_within_1ms_at_p99") {
+        return;
+    }
+    let dir = scratch("wire-accuracy");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    wait_healthy(port, Duration::from_secs(30));
+    let base = format!("http://127.0.0.1:{port}");
+    let httpx_out = dir.join("httpx.jsonl");
+    let openai_out = dir.join("openai.jsonl");
+    run_py("sse_client.py", &["--base", &base, "--out", httpx_out.to_str().unwrap(), "--sequential", "9", "--concurrent", "4x5", "--tokens", "16"]);
+    run_py("sse_client.py", &["--base", &base, "--out", openai_out.to_str().unwrap(), "--sequential", "4", "--sdk", "openai", "--tokens", "16"]);
+    let path = rec.stop();
+    let report = report_json(&path);
+    let mut client = read_jsonl(&httpx_out);
+    client.extend(read_jsonl(&openai_out));
+    assert_eq!(client.len(), 9 + 20 + 4);
+    let cmp = compare(&client, &report);
+    summarize("wire accuracy", &cmp);
+    assert!(p(&cmp.ttft_diff_ms, 99.0) <= 1.0, "ttft p99 diff {:.3} ms > 1 ms", p(&cmp.ttft_diff_ms, 99.0));
+    assert!(p(&cmp.itl_diff_ms, 99.0) <= 1.0, "itl p99 diff {:.3} ms > 1 ms", p(&cmp.itl_diff_ms, 99.0));
+    // Keep-alive: the 9 sequential httpx requests share one connection, in order.
+    let seq: Vec<&Value> = report["requests"].as_array().unwrap().iter().filter(|r| r["path"] != "/health").collect();
+    assert!(seq.iter().any(|r| r["path"] == "/v1/completions"), "completions streams are captured too");
+    let drops = &report["recording"]["drops"];
+    assert_eq!(drops["kernel_ringbuf_full"], 0, "{drops}");
+}
+
+#[test]
+fn forked_uvicorn_workers_are_followed() {
+    if !privileged("forked_uvicorn_workers_are_followed") {
+        return;
+    }
+    let dir = scratch("workers");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let rec = Recording::run(
+        &dir.join("run.hop"),
+        &[],
+        &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string(), "--workers", "2"],
+    );
+    wait_healthy(port, Duration::from_secs(60));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--concurrent", "4x3", "--tokens", "8"]);
+    let path = rec.stop();
+    let report = report_json(&path);
+    // The launched command (uvicorn's supervisor) is the recording's root pid.
+    let root_pid = report["recording"]["pids"][0].as_u64().unwrap();
+    let client = read_jsonl(&out);
+    let cmp = compare(&client, &report);
+    summarize("workers", &cmp);
+    let pids: std::collections::BTreeSet<u64> = report["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .map(|r| r["pid"].as_u64().unwrap())
+        .collect();
+    assert!(!pids.is_empty());
+    assert!(!pids.contains(&root_pid), "requests are served by forked workers, not the launcher: {pids:?}");
+}

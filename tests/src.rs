@@ -25,7 +25,9 @@ pub fn privileged(test: &str) -> bool {
         return true;
     }
     let why = if !root { "needs root" } else { "tracefs not mounted (mount -t tracefs nodev /sys/kernel/tracing)" };
-    eprintln!("\n!!!!! SKIPPED {test}: {why}: this is NOT a pass; run `cargo xtask test` as root !!!!!\n");
+    // Straight to stderr: libtest hides eprintln! output of passing tests, and a
+    // skip must never look like a pass.
+    let _ = writeln!(std::io::stderr(), "\n!!!!! SKIPPED {test}: {why}: this is NOT a pass; run `cargo xtask test` as root !!!!!\n");
     false
 }
 

@@ -103,7 +103,7 @@ struct hs_io {
 struct hs_conn {
 	struct hs_hdr h;
 	__u64 enter_ns;
-	__u64 sock_ino;    /* 0 when ret < 0 */
+	__u64 sock_ino;    /* 0 when ret < 0, except connect's -EINPROGRESS (non-blocking: it proceeds) */
 	__s64 ret;
 	__s32 fd;          /* accept: the new fd (= ret); connect: the fd connected */
 	__u16 op;          /* HS_CONN_* */

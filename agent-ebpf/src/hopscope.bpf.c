@@ -1,0 +1,799 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hopscope kernel side: socket syscalls, off-CPU intervals and the process tree
+ * of the traced server, streamed to the agent through one ring buffer.
+ *
+ * Every record is a struct from hopscope.h (the single source of truth for the
+ * layout). Built by agent-ebpf/build.rs with clang-19 (CO-RE, BTF); loaded by
+ * agent/src/source/ebpf/loader.rs with aya, which sets the `const volatile`
+ * globals below and sizes the `events` ring buffer.
+ *
+ * Loss is data: every record or interval we cannot deliver bumps a counter in
+ * the per-CPU `stats` array (HS_STAT_*), summed by user space.
+ */
+#include "vmlinux_min.h"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
+
+#include "hopscope.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Layout cross-check: build.rs measures hopscope.h with the host C compiler
+ * (the numbers it writes into layout.rs) and passes the sizes here, so the BPF
+ * target and user space cannot disagree on a record size. */
+#ifdef HS_EXPECT_HDR_SIZE
+_Static_assert(sizeof(struct hs_hdr) == HS_EXPECT_HDR_SIZE, "hs_hdr layout differs between host and BPF");
+_Static_assert(sizeof(struct hs_io) == HS_EXPECT_IO_SIZE, "hs_io layout differs between host and BPF");
+_Static_assert(sizeof(struct hs_conn) == HS_EXPECT_CONN_SIZE, "hs_conn layout differs between host and BPF");
+_Static_assert(sizeof(struct hs_close) == HS_EXPECT_CLOSE_SIZE, "hs_close layout differs between host and BPF");
+_Static_assert(sizeof(struct hs_proc) == HS_EXPECT_PROC_SIZE, "hs_proc layout differs between host and BPF");
+_Static_assert(sizeof(struct hs_sched) == HS_EXPECT_SCHED_SIZE, "hs_sched layout differs between host and BPF");
+#endif
+_Static_assert((HS_MAX_CAPTURE & (HS_MAX_CAPTURE - 1)) == 0, "HS_MAX_CAPTURE must be a power of two");
+
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
+#define EAGAIN 11
+
+/* How many iovecs readv/writev/recvmsg/sendmsg walk. */
+#define HS_MAX_IOV 8
+
+/* ---- configuration, set by the loader (EbpfLoader::override_global) ---- */
+
+const volatile __u32 self_tgid = 0;            /* the agent: never traced */
+const volatile __u32 capture_len = HS_MAX_CAPTURE; /* payload prefix per io record */
+const volatile __u64 min_offcpu_ns = 1000000;  /* shorter off-CPU intervals are only counted */
+const volatile __u64 wakeup_bytes = 262144;    /* force a consumer wake-up past this backlog */
+
+/* ---- maps ---- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 * 1024 * 1024); /* overridden by the loader */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HS_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Traced processes (tgid -> 1). Filled by user space with the roots and their
+ * descendants; extended by sched_process_fork, pruned at exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} targets SEC(".maps");
+
+/* What a syscall's exit needs from its entry, keyed by tid (a thread is in at
+ * most one syscall). */
+struct inflight {
+	__u64 enter_ns;
+	__u64 arg;      /* user buffer / iovec array / user_msghdr pointer */
+	__u64 count;    /* buffer length or iovec count */
+	__u64 sock_ino; /* resolved at entry (data syscalls, close) */
+	__s32 fd;
+	__u16 syscall;  /* HS_SYS_* or one of the INF_* below */
+	__u8 family;
+	__u8 _pad;
+};
+
+#define INF_ACCEPT 100
+#define INF_CONNECT 101
+#define INF_CLOSE 102
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+/* Switch-out of a traced thread (tid -> when, its state, first wake-up after). */
+struct offcpu {
+	__u64 off_ns;
+	__u64 wake_ns;
+	__u32 prev_state;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct offcpu);
+} offcpu SEC(".maps");
+
+/* Per-CPU staging area for io records (too big for the 512-byte stack). The
+ * data area is twice HS_MAX_CAPTURE so that `offset < HS_MAX_CAPTURE` plus
+ * `len <= HS_MAX_CAPTURE` is provably in bounds for the verifier. */
+struct io_scratch {
+	struct hs_io io;
+	__u8 data[2 * HS_MAX_CAPTURE];
+};
+_Static_assert(__builtin_offsetof(struct io_scratch, data) == sizeof(struct hs_io),
+	       "io_scratch.data must directly follow the hs_io header");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct io_scratch);
+} scratch SEC(".maps");
+
+/* User-space ABI structs (stable syscall ABI, not kernel-internal: no CO-RE). */
+struct hs_iovec {
+	__u64 iov_base;
+	__u64 iov_len;
+};
+
+struct hs_user_msghdr {
+	__u64 msg_name;
+	__s32 msg_namelen;
+	__s32 _pad;
+	__u64 msg_iov;
+	__u64 msg_iovlen;
+	__u64 msg_control;
+	__u64 msg_controllen;
+	__u32 msg_flags;
+};
+
+/* Syscall tracepoint contexts (see events/syscalls/sys_enter_read/format:
+ * 8 bytes of common fields, __syscall_nr at 8, arguments from 16). */
+struct sys_enter_ctx {
+	__u64 common;
+	__s32 nr;
+	__s32 _pad;
+	__u64 args[6];
+};
+
+struct sys_exit_ctx {
+	__u64 common;
+	__s32 nr;
+	__s32 _pad;
+	__s64 ret;
+};
+
+/* ---- helpers ---- */
+
+static __always_inline void stat_add(__u32 idx, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+	if (v)
+		*v += n;
+}
+
+static __always_inline int is_target(__u32 tgid)
+{
+	if (tgid == 0 || tgid == self_tgid)
+		return 0;
+	return bpf_map_lookup_elem(&targets, &tgid) != NULL;
+}
+
+static __always_inline int current_is_target(void)
+{
+	return is_target(bpf_get_current_pid_tgid() >> 32);
+}
+
+/* Ring buffer output with the design's wake-up policy: wake the consumer only
+ * when the backlog reaches `wakeup_bytes`; the agent also drains on a timer.
+ *
+ * Edge-triggered: only the record that makes the backlog *cross* the threshold
+ * forces the wake-up. A level trigger (`avail >= wakeup_bytes`) forces one on
+ * every record until the reader has drained, and each forced wake-up is an
+ * irq_work self-IPI: measured ~9 us per record in a VM (a 512-byte recvfrom
+ * exit went from ~0.35 us to ~9 us). The query races with other CPUs'
+ * producers, so a crossing can occasionally be missed; the timer drain covers
+ * it. wakeup_bytes == 0 wakes on every record. */
+static __always_inline void emit(void *rec, __u64 size)
+{
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	if (wakeup_bytes == 0) {
+		flags = BPF_RB_FORCE_WAKEUP;
+	} else {
+		__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+		/* + 8: the ring's per-record header (BPF_RINGBUF_HDR_SZ). */
+		if (avail < wakeup_bytes && avail + size + 8 >= wakeup_bytes)
+			flags = BPF_RB_FORCE_WAKEUP;
+	}
+	if (flags == BPF_RB_FORCE_WAKEUP)
+		stat_add(HS_STAT_WAKEUPS, 1);
+	if (bpf_ringbuf_output(&events, rec, size, flags) == 0)
+		stat_add(HS_STAT_EVENTS, 1);
+	else
+		stat_add(HS_STAT_RINGBUF_FULL, 1);
+}
+
+static __always_inline void fill_hdr(struct hs_hdr *h, __u64 ts, __u32 size, __u8 kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	h->ts_ns = ts;
+	h->tgid = id >> 32;
+	h->tid = (__u32)id;
+	h->size = size;
+	h->kind = kind;
+	h->_pad[0] = 0;
+	h->_pad[1] = 0;
+	h->_pad[2] = 0;
+}
+
+/* The struct file behind `fd` of the current task, or NULL. */
+static __always_inline struct file *fd_file(int fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **fds;
+	struct file *file = NULL;
+	unsigned int max_fds;
+
+	if (!fdt || fd < 0)
+		return NULL;
+	max_fds = BPF_CORE_READ(fdt, max_fds);
+	if ((unsigned int)fd >= max_fds)
+		return NULL;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (!fds)
+		return NULL;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) != 0)
+		return NULL;
+	return file;
+}
+
+/* Socket behind `fd`: its inode number and the struct sock, or 0 if `fd` is
+ * not a socket. */
+static __always_inline __u64 fd_socket(int fd, struct sock **skp)
+{
+	struct file *file = fd_file(fd);
+	struct inode *inode;
+	struct socket *sock;
+	__u16 mode;
+
+	*skp = NULL;
+	if (!file)
+		return 0;
+	inode = BPF_CORE_READ(file, f_inode);
+	if (!inode)
+		return 0;
+	mode = BPF_CORE_READ(inode, i_mode);
+	if ((mode & S_IFMT) != S_IFSOCK)
+		return 0;
+	sock = BPF_CORE_READ(file, private_data);
+	if (sock)
+		*skp = BPF_CORE_READ(sock, sk);
+	return BPF_CORE_READ(inode, i_ino);
+}
+
+static __always_inline __u8 sk_family(struct sock *sk)
+{
+	__u16 family;
+
+	if (!sk)
+		return 0;
+	family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	/* Only the families hopscope.h names; anything else reads as unknown. */
+	if (family == HS_AF_UNIX || family == HS_AF_INET || family == HS_AF_INET6)
+		return family;
+	return 0;
+}
+
+/* ---- syscall entry: stash what the exit needs ---- */
+
+static __always_inline void stash(struct inflight *inf)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	if (bpf_map_update_elem(&inflight, &tid, inf, BPF_ANY) != 0)
+		stat_add(HS_STAT_INFLIGHT_FULL, 1);
+}
+
+/* Data syscalls: only sockets are stashed (the fd is resolved here, where it
+ * is certainly still open). */
+static __always_inline int enter_data(struct sys_enter_ctx *ctx, __u16 sys)
+{
+	struct inflight inf = {};
+	struct sock *sk;
+	int fd;
+
+	if (!current_is_target())
+		return 0;
+	fd = (int)ctx->args[0];
+	inf.sock_ino = fd_socket(fd, &sk);
+	if (!inf.sock_ino)
+		return 0;
+	inf.enter_ns = bpf_ktime_get_ns();
+	inf.arg = ctx->args[1];
+	inf.count = ctx->args[2];
+	inf.fd = fd;
+	inf.syscall = sys;
+	inf.family = sk_family(sk);
+	stash(&inf);
+	return 0;
+}
+
+static __always_inline int enter_plain(struct sys_enter_ctx *ctx, __u16 kind)
+{
+	struct inflight inf = {};
+
+	if (!current_is_target())
+		return 0;
+	inf.enter_ns = bpf_ktime_get_ns();
+	inf.fd = (int)ctx->args[0];
+	inf.syscall = kind;
+	stash(&inf);
+	return 0;
+}
+
+/* Take (and remove) this thread's stash if it belongs to syscall `sys`. */
+static __always_inline int unstash(__u16 sys, struct inflight *out)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct inflight *inf = bpf_map_lookup_elem(&inflight, &tid);
+	int ok = 0;
+
+	if (!inf)
+		return 0;
+	if (inf->syscall == sys) {
+		*out = *inf;
+		ok = 1;
+	}
+	bpf_map_delete_elem(&inflight, &tid);
+	return ok;
+}
+
+/* ---- syscall exit: build the records ---- */
+
+static __always_inline struct io_scratch *io_begin(struct inflight *inf, __s64 ret, __u8 dir, __u64 now)
+{
+	__u32 zero = 0;
+	struct io_scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+
+	if (!s)
+		return NULL;
+	fill_hdr(&s->io.h, now, sizeof(struct hs_io), HS_KIND_IO);
+	s->io.enter_ns = inf->enter_ns;
+	s->io.sock_ino = inf->sock_ino;
+	s->io.ret = ret;
+	s->io.fd = inf->fd;
+	s->io.cap_len = 0;
+	s->io.syscall = inf->syscall;
+	s->io.dir = dir;
+	s->io.family = inf->family;
+	s->io.flags = 0;
+	return s;
+}
+
+static __always_inline void io_finish(struct io_scratch *s, __u64 ret, __u32 cap, __u32 flags)
+{
+	if (flags & HS_IO_COPY_FAILED) {
+		cap = 0;
+		stat_add(HS_STAT_COPY_FAILED, 1);
+	} else if (ret > cap) {
+		flags |= HS_IO_TRUNCATED;
+		stat_add(HS_STAT_TRUNCATED, 1);
+	}
+	if (cap > HS_MAX_CAPTURE)
+		cap = HS_MAX_CAPTURE;
+	s->io.cap_len = cap;
+	s->io.flags = flags;
+	s->io.h.size = sizeof(struct hs_io) + cap;
+	/* hs_io is followed by data[] in io_scratch: one contiguous record. */
+	emit(s, sizeof(struct hs_io) + (cap & (2 * HS_MAX_CAPTURE - 1)));
+}
+
+static __always_inline __u32 want_bytes(__s64 ret)
+{
+	__u64 want = (__u64)ret;
+	__u32 limit = capture_len;
+
+	if (limit > HS_MAX_CAPTURE)
+		limit = HS_MAX_CAPTURE;
+	if (want > limit)
+		want = limit;
+	return (__u32)want;
+}
+
+/* One contiguous user buffer. */
+static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 dir)
+{
+	struct inflight inf;
+	struct io_scratch *s;
+	__u64 now = bpf_ktime_get_ns();
+	__s64 ret = ctx->ret;
+	__u32 n, flags = 0;
+
+	if (!unstash(sys, &inf))
+		return 0;
+	if (ret <= 0)
+		return 0;
+	s = io_begin(&inf, ret, dir, now);
+	if (!s)
+		return 0;
+	n = want_bytes(ret);
+	if (n > HS_MAX_CAPTURE)
+		n = HS_MAX_CAPTURE;
+	if (n > 0 && bpf_probe_read_user(s->data, n, (const void *)inf.arg) != 0)
+		flags |= HS_IO_COPY_FAILED;
+	io_finish(s, (__u64)ret, n, flags);
+	return 0;
+}
+
+/* An iovec array (readv/writev, or a msghdr's). Copies the first
+ * min(ret, capture_len) bytes moved, in iovec order. */
+static __always_inline void copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, __s64 ret,
+				     __u32 *capp, __u32 *flagsp)
+{
+	__u32 want = want_bytes(ret);
+	__u32 off = 0;
+	__u32 i;
+
+	for (i = 0; i < HS_MAX_IOV; i++) {
+		struct hs_iovec iov;
+		__u32 l;
+
+		if (i >= iovcnt || off >= want)
+			break;
+		if (bpf_probe_read_user(&iov, sizeof(iov), (const void *)(iov_ptr + i * sizeof(iov))) != 0) {
+			*flagsp |= HS_IO_COPY_FAILED;
+			break;
+		}
+		if (iov.iov_len == 0)
+			continue;
+		l = want - off;
+		if (iov.iov_len < l)
+			l = iov.iov_len;
+		off &= HS_MAX_CAPTURE - 1;
+		if (l > HS_MAX_CAPTURE)
+			l = HS_MAX_CAPTURE;
+		if (bpf_probe_read_user(&s->data[off], l, (const void *)iov.iov_base) != 0) {
+			*flagsp |= HS_IO_COPY_FAILED;
+			break;
+		}
+		off += l;
+	}
+	if (off < want && i == HS_MAX_IOV && iovcnt > HS_MAX_IOV)
+		stat_add(HS_STAT_IOV_TRUNCATED, 1);
+	*capp = off;
+}
+
+static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 dir, int is_msg)
+{
+	struct inflight inf;
+	struct io_scratch *s;
+	__u64 now = bpf_ktime_get_ns();
+	__s64 ret = ctx->ret;
+	__u64 iov_ptr, iovcnt;
+	__u32 cap = 0, flags = 0;
+
+	if (!unstash(sys, &inf))
+		return 0;
+	if (ret <= 0)
+		return 0;
+	s = io_begin(&inf, ret, dir, now);
+	if (!s)
+		return 0;
+	iov_ptr = inf.arg;
+	iovcnt = inf.count;
+	if (is_msg) {
+		struct hs_user_msghdr msg;
+		if (bpf_probe_read_user(&msg, sizeof(msg), (const void *)inf.arg) != 0) {
+			io_finish(s, (__u64)ret, 0, HS_IO_COPY_FAILED);
+			return 0;
+		}
+		iov_ptr = msg.msg_iov;
+		iovcnt = msg.msg_iovlen;
+	}
+	copy_iov(s, iov_ptr, iovcnt, ret, &cap, &flags);
+	io_finish(s, (__u64)ret, cap, flags);
+	return 0;
+}
+
+static __always_inline void fill_conn_addrs(struct hs_conn *c, struct sock *sk)
+{
+	if (!sk)
+		return;
+	c->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	c->peer_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (c->family == HS_AF_INET) {
+		__u32 a = BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr);
+		__u32 b = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+		__builtin_memcpy(c->local_addr, &a, 4);
+		__builtin_memcpy(c->peer_addr, &b, 4);
+	} else if (c->family == HS_AF_INET6) {
+		if (bpf_core_field_exists(sk->__sk_common.skc_v6_daddr)) {
+			BPF_CORE_READ_INTO(&c->local_addr, sk, __sk_common.skc_v6_rcv_saddr);
+			BPF_CORE_READ_INTO(&c->peer_addr, sk, __sk_common.skc_v6_daddr);
+		}
+	}
+}
+
+static __always_inline int exit_conn(struct sys_exit_ctx *ctx, __u16 kind)
+{
+	struct inflight inf;
+	struct hs_conn c;
+	struct sock *sk = NULL;
+	__u64 now = bpf_ktime_get_ns();
+	__s64 ret = ctx->ret;
+
+	if (!unstash(kind, &inf))
+		return 0;
+	/* Non-blocking accept with nothing pending: pure noise. */
+	if (kind == INF_ACCEPT && ret == -EAGAIN)
+		return 0;
+	__builtin_memset(&c, 0, sizeof(c));
+	fill_hdr(&c.h, now, sizeof(c), HS_KIND_CONN);
+	c.enter_ns = inf.enter_ns;
+	c.ret = ret;
+	if (kind == INF_ACCEPT) {
+		c.op = HS_CONN_ACCEPT;
+		c.fd = ret >= 0 ? (__s32)ret : inf.fd;
+		if (ret >= 0)
+			c.sock_ino = fd_socket((int)ret, &sk);
+	} else {
+		c.op = HS_CONN_CONNECT;
+		c.fd = inf.fd;
+		c.sock_ino = fd_socket(inf.fd, &sk);
+		if (!c.sock_ino)
+			return 0;
+		if (ret < 0 && ret != -115 /* EINPROGRESS */)
+			c.sock_ino = 0;
+	}
+	c.family = sk_family(sk);
+	if (c.sock_ino)
+		fill_conn_addrs(&c, sk);
+	emit(&c, sizeof(c));
+	return 0;
+}
+
+/* ---- the syscall programs ---- */
+
+#define DATA_PROGS(name, sys, dir, exit_fn)                                \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                        \
+	int sys_enter_##name(struct sys_enter_ctx *ctx)                    \
+	{                                                                  \
+		return enter_data(ctx, sys);                               \
+	}                                                                  \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                         \
+	int sys_exit_##name(struct sys_exit_ctx *ctx)                      \
+	{                                                                  \
+		return exit_fn;                                            \
+	}
+
+DATA_PROGS(read, HS_SYS_READ, HS_DIR_IN, exit_buf(ctx, HS_SYS_READ, HS_DIR_IN))
+DATA_PROGS(recvfrom, HS_SYS_RECVFROM, HS_DIR_IN, exit_buf(ctx, HS_SYS_RECVFROM, HS_DIR_IN))
+DATA_PROGS(write, HS_SYS_WRITE, HS_DIR_OUT, exit_buf(ctx, HS_SYS_WRITE, HS_DIR_OUT))
+DATA_PROGS(sendto, HS_SYS_SENDTO, HS_DIR_OUT, exit_buf(ctx, HS_SYS_SENDTO, HS_DIR_OUT))
+DATA_PROGS(readv, HS_SYS_READV, HS_DIR_IN, exit_iov(ctx, HS_SYS_READV, HS_DIR_IN, 0))
+DATA_PROGS(writev, HS_SYS_WRITEV, HS_DIR_OUT, exit_iov(ctx, HS_SYS_WRITEV, HS_DIR_OUT, 0))
+DATA_PROGS(recvmsg, HS_SYS_RECVMSG, HS_DIR_IN, exit_iov(ctx, HS_SYS_RECVMSG, HS_DIR_IN, 1))
+DATA_PROGS(sendmsg, HS_SYS_SENDMSG, HS_DIR_OUT, exit_iov(ctx, HS_SYS_SENDMSG, HS_DIR_OUT, 1))
+
+SEC("tracepoint/syscalls/sys_enter_accept")
+int sys_enter_accept(struct sys_enter_ctx *ctx)
+{
+	return enter_plain(ctx, INF_ACCEPT);
+}
+
+SEC("tracepoint/syscalls/sys_exit_accept")
+int sys_exit_accept(struct sys_exit_ctx *ctx)
+{
+	return exit_conn(ctx, INF_ACCEPT);
+}
+
+SEC("tracepoint/syscalls/sys_enter_accept4")
+int sys_enter_accept4(struct sys_enter_ctx *ctx)
+{
+	return enter_plain(ctx, INF_ACCEPT);
+}
+
+SEC("tracepoint/syscalls/sys_exit_accept4")
+int sys_exit_accept4(struct sys_exit_ctx *ctx)
+{
+	return exit_conn(ctx, INF_ACCEPT);
+}
+
+SEC("tracepoint/syscalls/sys_enter_connect")
+int sys_enter_connect(struct sys_enter_ctx *ctx)
+{
+	return enter_plain(ctx, INF_CONNECT);
+}
+
+SEC("tracepoint/syscalls/sys_exit_connect")
+int sys_exit_connect(struct sys_exit_ctx *ctx)
+{
+	return exit_conn(ctx, INF_CONNECT);
+}
+
+/* close: the fd is gone at exit, so the socket is resolved at entry. */
+SEC("tracepoint/syscalls/sys_enter_close")
+int sys_enter_close(struct sys_enter_ctx *ctx)
+{
+	struct inflight inf = {};
+	struct sock *sk;
+
+	if (!current_is_target())
+		return 0;
+	inf.fd = (int)ctx->args[0];
+	inf.sock_ino = fd_socket(inf.fd, &sk);
+	if (!inf.sock_ino)
+		return 0;
+	inf.enter_ns = bpf_ktime_get_ns();
+	inf.syscall = INF_CLOSE;
+	stash(&inf);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_close")
+int sys_exit_close(struct sys_exit_ctx *ctx)
+{
+	struct inflight inf;
+	struct hs_close c;
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!unstash(INF_CLOSE, &inf))
+		return 0;
+	__builtin_memset(&c, 0, sizeof(c));
+	fill_hdr(&c.h, now, sizeof(c), HS_KIND_CLOSE);
+	c.sock_ino = inf.sock_ino;
+	c.fd = inf.fd;
+	c.ret = (__s32)ctx->ret;
+	emit(&c, sizeof(c));
+	return 0;
+}
+
+/* ---- process tree ---- */
+
+static __always_inline void emit_proc(struct task_struct *subject, __u32 tgid, __u32 tid, __u32 child_tgid,
+				      __u16 op, __s32 exit_code)
+{
+	struct hs_proc p;
+
+	__builtin_memset(&p, 0, sizeof(p));
+	p.h.ts_ns = bpf_ktime_get_ns();
+	p.h.tgid = tgid;
+	p.h.tid = tid;
+	p.h.size = sizeof(p);
+	p.h.kind = HS_KIND_PROC;
+	p.child_tgid = child_tgid;
+	p.op = op;
+	p.exit_code = exit_code;
+	BPF_CORE_READ_STR_INTO(&p.comm, subject, comm);
+	emit(&p, sizeof(p));
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(sched_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid;
+	__u32 ctgid = child->tgid;
+	__u8 one = 1;
+
+	/* A new thread is not a new process: its tgid is already traced. */
+	if ((__u32)child->pid != ctgid)
+		return 0;
+	if (!is_target(ptgid))
+		return 0;
+	if (bpf_map_update_elem(&targets, &ctgid, &one, BPF_ANY) != 0)
+		stat_add(HS_STAT_TARGETS_FULL, 1);
+	emit_proc(child, ptgid, parent->pid, ctgid, HS_PROC_FORK, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sched_process_exec, struct task_struct *p)
+{
+	__u32 tgid = p->tgid;
+
+	if (!is_target(tgid))
+		return 0;
+	emit_proc(p, tgid, p->pid, tgid, HS_PROC_EXEC, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sched_process_exit, struct task_struct *p)
+{
+	__u32 tgid = p->tgid;
+	__u32 pid = p->pid;
+
+	if (!is_target(tgid))
+		return 0;
+	/* Whatever this thread left behind. */
+	bpf_map_delete_elem(&inflight, &pid);
+	bpf_map_delete_elem(&offcpu, &pid);
+	if (pid != tgid)
+		return 0;
+	emit_proc(p, tgid, pid, tgid, HS_PROC_EXIT, p->exit_code);
+	bpf_map_delete_elem(&targets, &tgid);
+	return 0;
+}
+
+/* ---- scheduling: runs on every context switch of the machine ---- */
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u32 prev_tgid = prev->tgid;
+	__u32 next_tgid = next->tgid;
+	__u64 now;
+
+	if (!is_target(prev_tgid)) {
+		if (!is_target(next_tgid))
+			return 0;
+		now = bpf_ktime_get_ns();
+	} else {
+		struct offcpu o = {};
+		__u32 prev_pid = prev->pid;
+
+		now = bpf_ktime_get_ns();
+		o.off_ns = now;
+		o.prev_state = prev_state;
+		if (bpf_map_update_elem(&offcpu, &prev_pid, &o, BPF_ANY) != 0)
+			stat_add(HS_STAT_SCHED_MAP_FULL, 1);
+		if (!is_target(next_tgid))
+			return 0;
+	}
+
+	__u32 next_pid = next->pid;
+	struct offcpu *o = bpf_map_lookup_elem(&offcpu, &next_pid);
+	if (!o)
+		return 0;
+	__u64 off_ns = o->off_ns;
+	__u64 wake_ns = o->wake_ns;
+	__u32 state = o->prev_state;
+	bpf_map_delete_elem(&offcpu, &next_pid);
+	if (now < off_ns)
+		return 0;
+	__u64 dur = now - off_ns;
+	if (dur < min_offcpu_ns) {
+		stat_add(HS_STAT_SCHED_SHORT, 1);
+		stat_add(HS_STAT_SCHED_SHORT_NS, dur);
+		return 0;
+	}
+	struct hs_sched s;
+	__builtin_memset(&s, 0, sizeof(s));
+	s.h.ts_ns = now;
+	s.h.tgid = next_tgid;
+	s.h.tid = next_pid;
+	s.h.size = sizeof(s);
+	s.h.kind = HS_KIND_SCHED;
+	s.off_ns = off_ns;
+	s.wake_ns = wake_ns;
+	s.prev_state = state;
+	s.cpu = bpf_get_smp_processor_id();
+	emit(&s, sizeof(s));
+	return 0;
+}
+
+static __always_inline void note_wakeup(struct task_struct *p)
+{
+	__u32 pid;
+	struct offcpu *o;
+
+	if (!is_target(p->tgid))
+		return;
+	pid = p->pid;
+	o = bpf_map_lookup_elem(&offcpu, &pid);
+	if (o && o->wake_ns == 0)
+		o->wake_ns = bpf_ktime_get_ns();
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(sched_wakeup, struct task_struct *p)
+{
+	note_wakeup(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(sched_wakeup_new, struct task_struct *p)
+{
+	note_wakeup(p);
+	return 0;
+}

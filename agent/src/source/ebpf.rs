@@ -1,1 +1,0 @@
-//! eBPF source (owned by the eBPF work).

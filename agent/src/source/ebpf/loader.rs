@@ -1,0 +1,623 @@
+//! Loads `hopscope.bpf.o`, attaches every program, fills the `targets` map and
+//! reads the ring buffer.
+//!
+//! Order matters for not missing processes: all programs (fork following
+//! included) are attached *before* the first pid goes into `targets`; then
+//! `/proc` is scanned for descendants until no new one appears. A child forked
+//! after its parent entered `targets` is added by the kernel; one forked before
+//! is found by the next scan.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    fs, io,
+    os::fd::{AsRawFd, OwnedFd},
+    os::unix::process::CommandExt,
+    path::Path,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, Program, ProgramError, TracePoint},
+    Btf, BtfError, Ebpf, EbpfError, EbpfLoader,
+};
+use hopscope_ebpf::layout::{HS_MAX_CAPTURE, HS_STAT_MAX, HS_STAT_NAMES};
+
+use super::decode::DecodeError;
+use crate::event::KEvent;
+
+/// Every program in `hopscope.bpf.o` and how it attaches. The loader refuses an
+/// object whose program set differs, so a program added to the C side without
+/// being wired here fails loudly instead of silently never running.
+const SYSCALL_PROGRAMS: &[&str] = &[
+    "sys_enter_read",
+    "sys_exit_read",
+    "sys_enter_readv",
+    "sys_exit_readv",
+    "sys_enter_recvfrom",
+    "sys_exit_recvfrom",
+    "sys_enter_recvmsg",
+    "sys_exit_recvmsg",
+    "sys_enter_write",
+    "sys_exit_write",
+    "sys_enter_writev",
+    "sys_exit_writev",
+    "sys_enter_sendto",
+    "sys_exit_sendto",
+    "sys_enter_sendmsg",
+    "sys_exit_sendmsg",
+    "sys_enter_accept",
+    "sys_exit_accept",
+    "sys_enter_accept4",
+    "sys_exit_accept4",
+    "sys_enter_connect",
+    "sys_exit_connect",
+    "sys_enter_close",
+    "sys_exit_close",
+];
+/// tp_btf programs; the function name is the tracepoint name.
+const BTF_PROGRAMS: &[&str] = &[
+    "sched_process_fork",
+    "sched_process_exec",
+    "sched_process_exit",
+    "sched_switch",
+    "sched_wakeup",
+    "sched_wakeup_new",
+];
+
+/// At most this many samples per drain, so a flood cannot starve the caller.
+const MAX_DRAIN: usize = 1 << 20;
+
+/// Errors of the eBPF source. Messages say what to do; the cause is attached.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(
+        "this hopscope was built without clang-19, so it has no eBPF programs ({0}): install clang-19 llvm-19 libbpf-dev and rebuild"
+    )]
+    Placeholder(&'static str),
+    #[error("insufficient privileges to load eBPF: run as root or grant CAP_BPF,CAP_PERFMON")]
+    NotPrivileged,
+    #[error("tracefs not mounted: run `mount -t tracefs nodev /sys/kernel/tracing`")]
+    TracefsMissing,
+    #[error("kernel lacks BTF (CONFIG_DEBUG_INFO_BTF): /sys/kernel/btf/vmlinux is missing")]
+    NoBtf,
+    #[error("pid {0} not found")]
+    PidNotFound(u32),
+    #[error("invalid ebpf configuration: {0}")]
+    InvalidConfig(String),
+    #[error("reading kernel BTF failed")]
+    Btf(#[source] BtfError),
+    #[error("loading the eBPF object failed")]
+    Load(#[source] EbpfError),
+    #[error("the eBPF object does not match the loader: {0}")]
+    ObjectMismatch(String),
+    #[error("loading eBPF program {name} failed")]
+    ProgramLoad {
+        name: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("attaching eBPF program {name} failed")]
+    Attach {
+        name: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("eBPF map {name} failed")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("{what} failed")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What to trace and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfConfig {
+    /// Root processes; their existing and future descendants are traced too.
+    /// May be empty (add processes later with `add_pid`/`spawn`).
+    pub pids: Vec<u32>,
+    /// Payload bytes captured per socket read/write (0..=HS_MAX_CAPTURE).
+    pub capture_len: u32,
+    /// Off-CPU intervals shorter than this are only counted in the kernel.
+    pub min_offcpu_ns: u64,
+    /// Ring-buffer backlog (bytes) past which the kernel wakes the reader;
+    /// below it the reader relies on its `poll` timeout (timer drain).
+    pub wakeup_bytes: u64,
+    /// Ring-buffer size in bytes; rounded up to a power of two >= one page.
+    pub ringbuf_bytes: u32,
+    /// Turn on kernel-wide BPF run-time statistics (`kernel.bpf_stats_enabled`)
+    /// for as long as the source lives, so [`EbpfSource::program_stats`] has
+    /// numbers. Costs two clock reads per program run.
+    pub enable_bpf_stats: bool,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        EbpfConfig {
+            pids: Vec::new(),
+            capture_len: HS_MAX_CAPTURE,
+            min_offcpu_ns: 1_000_000,
+            wakeup_bytes: 256 * 1024,
+            ringbuf_bytes: 16 * 1024 * 1024,
+            enable_bpf_stats: false,
+        }
+    }
+}
+
+/// Kernel-side counters (HS_STAT_*), summed over CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    values: [u64; HS_STAT_MAX as usize],
+}
+
+impl KernelStats {
+    /// `(name, value)` for every counter, in HS_STAT_* order; names are
+    /// `kernel_` + the lowercase HS_STAT_ suffix (`kernel_ringbuf_full`, …).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        HS_STAT_NAMES.iter().map(|&(i, name)| (name, self.values[i as usize]))
+    }
+
+    /// One counter by name (`"kernel_truncated"`); None for an unknown name.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// Builds stats from raw per-index sums (tests, replay).
+    pub fn from_values(values: [u64; HS_STAT_MAX as usize]) -> Self {
+        KernelStats { values }
+    }
+}
+
+/// Load and attach timings, for the benchmark and `--verbose`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartupTimes {
+    /// ELF parse, BTF relocation, map creation.
+    pub object: Duration,
+    /// BPF_PROG_LOAD (verifier) of all programs.
+    pub verify: Duration,
+    /// Attaching all programs.
+    pub attach: Duration,
+    /// Filling `targets` from the pid list and /proc.
+    pub targets: Duration,
+}
+
+/// The running eBPF source. Dropping it detaches every program.
+pub struct EbpfSource {
+    ring: RingBuf<MapData>,
+    stats: PerCpuArray<MapData, u64>,
+    targets: BpfHashMap<MapData, u32, u8>,
+    // Owns the programs and their links; declared after the maps taken from it.
+    ebpf: Ebpf,
+    _bpf_stats: Option<OwnedFd>,
+    times: StartupTimes,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SourceError {
+    let what = what.into();
+    move |source| SourceError::Io { what, source }
+}
+
+/// Effective capabilities allow loading tracing programs.
+fn privileged() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let Ok(status) = fs::read_to_string("/proc/self/status") else { return false };
+    let Some(caps) =
+        status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    else {
+        return false;
+    };
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+fn tracefs_mounted() -> bool {
+    ["/sys/kernel/tracing/events/syscalls", "/sys/kernel/debug/tracing/events/syscalls"]
+        .iter()
+        .any(|p| Path::new(p).is_dir())
+}
+
+fn pid_exists(pid: u32) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}/stat")).exists()
+}
+
+/// `ppid` from /proc/PID/stat (the comm field may hold spaces and parentheses).
+fn parse_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let _state = fields.next()?;
+    fields.next()?.parse().ok()
+}
+
+/// Every live process's parent, from /proc.
+fn process_parents() -> Result<HashMap<u32, u32>, SourceError> {
+    let mut parents = HashMap::new();
+    for entry in fs::read_dir("/proc").map_err(io_err("listing /proc"))? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        // Processes come and go during the scan: a vanished one is simply skipped.
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else { continue };
+        if let Some(ppid) = parse_ppid(&stat) {
+            parents.insert(pid, ppid);
+        }
+    }
+    Ok(parents)
+}
+
+/// `roots` plus all their descendants that are alive now.
+fn descendants(roots: &BTreeSet<u32>, parents: &HashMap<u32, u32>) -> BTreeSet<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for (&pid, &ppid) in parents {
+        children.entry(ppid).or_default().push(pid);
+    }
+    let mut out = roots.clone();
+    let mut stack: Vec<u32> = roots.iter().copied().collect();
+    while let Some(p) = stack.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if out.insert(c) {
+                stack.push(c);
+            }
+        }
+    }
+    out
+}
+
+impl EbpfSource {
+    /// Checks the platform, loads and attaches all programs, and starts tracing
+    /// `cfg.pids` and their descendants.
+    pub fn start(cfg: EbpfConfig) -> Result<EbpfSource, SourceError> {
+        if hopscope_ebpf::PROGRAM_IS_PLACEHOLDER {
+            return Err(SourceError::Placeholder(hopscope_ebpf::PLACEHOLDER_REASON));
+        }
+        if !privileged() {
+            return Err(SourceError::NotPrivileged);
+        }
+        if !tracefs_mounted() {
+            return Err(SourceError::TracefsMissing);
+        }
+        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+            return Err(SourceError::NoBtf);
+        }
+        if let Some(&pid) = cfg.pids.iter().find(|&&p| !pid_exists(p)) {
+            return Err(SourceError::PidNotFound(pid));
+        }
+        if cfg.capture_len > HS_MAX_CAPTURE {
+            return Err(SourceError::InvalidConfig(format!(
+                "capture_len {} exceeds the kernel maximum {HS_MAX_CAPTURE}",
+                cfg.capture_len
+            )));
+        }
+        let ringbuf_bytes =
+            cfg.ringbuf_bytes.max(4096).checked_next_power_of_two().ok_or_else(|| {
+                SourceError::InvalidConfig(format!("ringbuf_bytes {} is too large", cfg.ringbuf_bytes))
+            })?;
+        // RLIMIT_MEMLOCK: kernels >= 5.11 charge BPF memory to the cgroup and
+        // ignore it; on older kernels aya raises it and retries on EPERM.
+
+        let mut times = StartupTimes::default();
+        let t = Instant::now();
+        let btf = Btf::from_sys_fs().map_err(SourceError::Btf)?;
+        let self_tgid = std::process::id();
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("self_tgid", &self_tgid, true)
+            .override_global("capture_len", &cfg.capture_len, true)
+            .override_global("min_offcpu_ns", &cfg.min_offcpu_ns, true)
+            .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
+            .map_max_entries("events", ringbuf_bytes)
+            .load(hopscope_ebpf::object())
+            .map_err(SourceError::Load)?;
+        times.object = t.elapsed();
+
+        let names: BTreeSet<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
+        let expected: BTreeSet<String> = SYSCALL_PROGRAMS.iter().chain(BTF_PROGRAMS).map(|s| s.to_string()).collect();
+        if names != expected {
+            return Err(SourceError::ObjectMismatch(format!(
+                "unexpected programs {:?}, missing programs {:?}",
+                names.difference(&expected).collect::<Vec<_>>(),
+                expected.difference(&names).collect::<Vec<_>>()
+            )));
+        }
+
+        let t = Instant::now();
+        for (name, prog) in ebpf.programs_mut() {
+            let res = match prog {
+                Program::TracePoint(p) => p.load(),
+                Program::BtfTracePoint(p) => p.load(name, &btf),
+                other => {
+                    return Err(SourceError::ObjectMismatch(format!(
+                        "program {name} has unexpected type {:?}",
+                        other.prog_type()
+                    )))
+                }
+            };
+            res.map_err(|source| SourceError::ProgramLoad { name: name.to_string(), source })?;
+        }
+        times.verify = t.elapsed();
+
+        let t = Instant::now();
+        for (name, prog) in ebpf.programs_mut() {
+            let res = match prog {
+                Program::TracePoint(p) => attach_tracepoint(p, name),
+                Program::BtfTracePoint(p) => attach_btf(p),
+                _ => unreachable!("checked above"),
+            };
+            res.map_err(|source| SourceError::Attach { name: name.to_string(), source })?;
+        }
+        times.attach = t.elapsed();
+
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name).ok_or_else(|| SourceError::ObjectMismatch(format!("map {name} missing")))
+        };
+        let ring = RingBuf::try_from(take(&mut ebpf, "events")?)
+            .map_err(|source| SourceError::Map { name: "events", source })?;
+        let stats = PerCpuArray::try_from(take(&mut ebpf, "stats")?)
+            .map_err(|source| SourceError::Map { name: "stats", source })?;
+        let targets = BpfHashMap::try_from(take(&mut ebpf, "targets")?)
+            .map_err(|source| SourceError::Map { name: "targets", source })?;
+
+        let bpf_stats = if cfg.enable_bpf_stats {
+            Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| SourceError::Io {
+                what: "enabling bpf run-time stats".into(),
+                source: io::Error::other(e),
+            })?)
+        } else {
+            None
+        };
+
+        let mut src = EbpfSource { ring, stats, targets, ebpf, _bpf_stats: bpf_stats, times };
+        let t = Instant::now();
+        src.add_tree(cfg.pids.iter().copied().collect())?;
+        src.times.targets = t.elapsed();
+        Ok(src)
+    }
+
+    /// Inserts `roots` and every descendant, rescanning /proc until no new
+    /// process appears (a fork racing with the scan is caught by the kernel or
+    /// by the next round).
+    fn add_tree(&mut self, roots: BTreeSet<u32>) -> Result<(), SourceError> {
+        if roots.is_empty() {
+            return Ok(());
+        }
+        // The agent itself may be in the tree (`--pid` of a shell that ran it):
+        // it is inserted like any process and skipped by the kernel's
+        // `self_tgid` check, the one place that guarantees it is never traced.
+        let mut added: BTreeSet<u32> = BTreeSet::new();
+        for _round in 0..16 {
+            let all = descendants(&roots, &process_parents()?);
+            let new: Vec<u32> = all.difference(&added).copied().collect();
+            if new.is_empty() {
+                break;
+            }
+            for pid in new {
+                self.insert_target(pid)?;
+                added.insert(pid);
+            }
+        }
+        Ok(())
+    }
+
+    fn insert_target(&mut self, pid: u32) -> Result<(), SourceError> {
+        self.targets.insert(pid, 1, 0).map_err(|source| SourceError::Map { name: "targets", source })
+    }
+
+    /// Starts tracing `pid` and its descendants. For a process the agent
+    /// launches itself prefer [`EbpfSource::spawn`], which adds the child before
+    /// it executes its first instruction.
+    pub fn add_pid(&mut self, pid: u32) -> Result<(), SourceError> {
+        if !pid_exists(pid) {
+            return Err(SourceError::PidNotFound(pid));
+        }
+        self.add_tree(BTreeSet::from([pid]))
+    }
+
+    /// Spawns `cmd` traced from its very first syscall (for `hopscope run`).
+    ///
+    /// Handshake: between fork and exec the child writes its pid to a pipe and
+    /// blocks reading a second pipe; a helper thread reads the pid, inserts it
+    /// into `targets`, and only then releases the child, which execs. (A plain
+    /// "spawn, then add_pid" would miss the program's startup; a SIGSTOPped
+    /// child would deadlock `Command::spawn`, which waits for the exec.) If the
+    /// pid cannot be added the child exits before exec and this returns the error.
+    /// `cmd` is taken by value: its pre-exec hook refers to this call's pipes.
+    pub fn spawn(&mut self, mut cmd: Command) -> Result<Child, SourceError> {
+        let (mut pid_rx, pid_tx) = io::pipe().map_err(io_err("creating the spawn handshake pipe"))?;
+        let (go_rx, mut go_tx) = io::pipe().map_err(io_err("creating the spawn handshake pipe"))?;
+        let (pid_r, pid_w) = (pid_rx.as_raw_fd(), pid_tx.as_raw_fd());
+        let (go_r, go_w) = (go_rx.as_raw_fd(), go_tx.as_raw_fd());
+        // SAFETY: the closure runs in the forked child before exec, where only
+        // async-signal-safe calls are allowed: it calls close, getpid, write and
+        // read on raw fds that are open in the child (the parent keeps the
+        // OwnedFds alive until spawn returns; all four are O_CLOEXEC, so none
+        // leaks into the program); it allocates nothing and takes no locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Drop the child's copies of the parent's ends, so that the parent
+                // closing `go` reads as EOF here instead of blocking forever.
+                libc::close(pid_r);
+                libc::close(go_w);
+                let pid = libc::getpid().to_ne_bytes();
+                if libc::write(pid_w, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                    return Err(io::Error::last_os_error());
+                }
+                let mut go = [0u8; 1];
+                loop {
+                    let n = libc::read(go_r, go.as_mut_ptr().cast(), 1);
+                    if n == 1 && go[0] == 1 {
+                        return Ok(());
+                    }
+                    if n == 1 {
+                        return Err(io::Error::other("hopscope could not trace the child"));
+                    }
+                    if n == 0 {
+                        return Err(io::Error::other("hopscope could not trace the child"));
+                    }
+                    if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            });
+        }
+        let targets = &mut self.targets;
+        std::thread::scope(|s| {
+            let helper = s.spawn(move || -> Result<(), SourceError> {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4];
+                // EOF here means spawn failed before the child could write.
+                if pid_rx.read_exact(&mut buf).is_err() {
+                    return Ok(());
+                }
+                let pid = i32::from_ne_bytes(buf) as u32;
+                if let Err(source) = targets.insert(pid, 1, 0) {
+                    // Tell the child to abort its exec; spawn then fails.
+                    let _ = go_tx.write_all(&[0]);
+                    return Err(SourceError::Map { name: "targets", source });
+                }
+                go_tx.write_all(&[1]).map_err(io_err("releasing the spawned child"))?;
+                Ok(())
+            });
+            let child = cmd.spawn();
+            // Unblock the helper if no child ever wrote its pid.
+            drop(pid_tx);
+            drop(go_rx);
+            let helper = helper.join().unwrap_or_else(|_| {
+                Err(SourceError::Io { what: "spawn helper thread".into(), source: io::Error::other("panicked") })
+            });
+            match (child, helper) {
+                (Ok(child), Ok(())) => Ok(child),
+                (_, Err(e)) => Err(e),
+                (Err(e), Ok(())) => Err(SourceError::Io { what: "spawning the traced command".into(), source: e }),
+            }
+        })
+    }
+
+    /// Waits up to `timeout` for the kernel's wake-up, then drains every
+    /// available sample into `f`. Returns how many samples were drained. Call
+    /// it in a loop: the timeout is the timer drain that picks up records the
+    /// kernel did not wake us for (below `wakeup_bytes`).
+    pub fn poll(
+        &mut self,
+        timeout: Duration,
+        mut f: impl FnMut(Result<KEvent, DecodeError>),
+    ) -> Result<usize, SourceError> {
+        let mut pfd = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `pfd` is one valid, writable pollfd and we pass nfds = 1; its
+        // fd belongs to `self.ring`, which outlives the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(SourceError::Io { what: "polling the ring buffer".into(), source: e });
+            }
+        }
+        Ok(self.drain(&mut f))
+    }
+
+    /// Drains available samples without waiting.
+    pub fn drain(&mut self, mut f: impl FnMut(Result<KEvent, DecodeError>)) -> usize {
+        let mut n = 0;
+        while n < MAX_DRAIN {
+            let Some(item) = self.ring.next() else { break };
+            f(KEvent::try_from(&*item));
+            n += 1;
+        }
+        n
+    }
+
+    /// The kernel counters, summed over CPUs. A counter that cannot be read
+    /// (not expected for an in-range per-CPU array index) reads as 0.
+    pub fn stats(&self) -> KernelStats {
+        let mut values = [0u64; HS_STAT_MAX as usize];
+        for (i, v) in values.iter_mut().enumerate() {
+            if let Ok(per_cpu) = self.stats.get(&(i as u32), 0) {
+                *v = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+            }
+        }
+        KernelStats { values }
+    }
+
+    /// `(program, run_cnt, run_time_ns)` for every program, from the kernel's
+    /// bpf prog info. The kernel only counts while BPF stats are enabled
+    /// (`EbpfConfig::enable_bpf_stats` or `sysctl kernel.bpf_stats_enabled=1`);
+    /// otherwise the numbers stay 0.
+    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+        let mut out: Vec<(String, u64, u64)> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some((name.to_string(), info.run_count(), info.run_time().as_nanos() as u64))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// How long each startup stage took.
+    pub fn startup_times(&self) -> StartupTimes {
+        self.times
+    }
+
+    /// Processes (tgids) currently traced.
+    pub fn targets(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.targets.keys().filter_map(Result::ok).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+fn attach_tracepoint(p: &mut TracePoint, name: &str) -> Result<(), ProgramError> {
+    p.attach("syscalls", name).map(drop)
+}
+
+fn attach_btf(p: &mut BtfTracePoint) -> Result<(), ProgramError> {
+    p.attach().map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ppid_is_parsed_after_a_comm_with_spaces_and_parens() {
+        assert_eq!(parse_ppid("123 (my (odd) name) S 45 123 123 0"), Some(45));
+        assert_eq!(parse_ppid("garbage"), None);
+    }
+
+    #[test]
+    fn descendants_follow_the_whole_tree_and_nothing_else() {
+        let parents = HashMap::from([(2, 1), (3, 2), (4, 3), (5, 1), (6, 99)]);
+        let got = descendants(&BTreeSet::from([2]), &parents);
+        assert_eq!(got, BTreeSet::from([2, 3, 4]));
+    }
+
+    #[test]
+    fn kernel_stats_names_cover_every_counter() {
+        let mut values = [0u64; HS_STAT_MAX as usize];
+        values[hopscope_ebpf::layout::HS_STAT_RINGBUF_FULL as usize] = 7;
+        let s = KernelStats::from_values(values);
+        assert_eq!(s.get("kernel_ringbuf_full"), Some(7));
+        assert_eq!(s.get("kernel_truncated"), Some(0));
+        assert_eq!(s.get("no_such_counter"), None);
+        let names: Vec<&str> = s.iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"kernel_sched_short_ns"));
+        assert!(names.iter().all(|n| n.starts_with("kernel_") && *n == n.to_lowercase()));
+    }
+
+    #[test]
+    fn default_config_is_within_kernel_limits() {
+        let c = EbpfConfig::default();
+        assert!(c.capture_len <= HS_MAX_CAPTURE);
+        assert!(c.ringbuf_bytes.is_power_of_two());
+    }
+}

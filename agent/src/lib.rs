@@ -9,7 +9,7 @@
 pub mod correlate;
 pub mod event;
 pub mod model;
-// pub mod pipeline; (enabled once proto lands)
+pub mod pipeline;
 pub mod proto;
 pub mod recording;
 pub mod sink;

@@ -1,1 +1,307 @@
-fn main() {}
+//! The `hopscope` command line (contract: ../shared/contract.md).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use hopscope::correlate::{self, Correlator};
+use hopscope::pipeline::Pipeline;
+use hopscope::proto::DecoderConfig;
+use hopscope::recording::{self, Meta, Writer, FORMAT_VERSION};
+use hopscope::sink::report;
+use hopscope::source::ebpf::{EbpfConfig, EbpfSource};
+use hopscope::sys;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(name = "hopscope", version, about = "Where did each hop's latency go? Per-request profiling of LLM inference servers with eBPF (and CUPTI).")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Attach to running processes (and the tree below them) and record until
+    /// SIGINT/SIGTERM or --duration. Needs root (CAP_BPF + CAP_PERFMON).
+    Record {
+        /// Process to trace; repeat for several. Its children are followed.
+        #[arg(long = "pid", required = true, num_args = 1)]
+        pids: Vec<u32>,
+        #[command(flatten)]
+        opts: RecordOpts,
+    },
+    /// Launch CMD with the tracing in place from its first syscall, and record
+    /// its process tree until it exits (or SIGINT/SIGTERM, --duration).
+    Run {
+        #[command(flatten)]
+        opts: RecordOpts,
+        /// The command to launch, after `--`.
+        #[arg(last = true, required = true, num_args = 1..)]
+        cmd: Vec<String>,
+    },
+    /// Per-request and per-chain figures from a recording.
+    Report {
+        file: PathBuf,
+        /// Machine-readable output (schema 1, see docs/report-json.md).
+        #[arg(long)]
+        json: bool,
+        /// Chain key header, when it differs from the one used at record time.
+        #[arg(long)]
+        chain_header: Option<String>,
+    },
+}
+
+#[derive(Args, Clone)]
+struct RecordOpts {
+    /// Recording file to write.
+    #[arg(short = 'o', long = "output", default_value = "hopscope.hop")]
+    output: PathBuf,
+    /// Stop after this long (e.g. 30s, 2m, 500ms); default: until SIGINT/SIGTERM.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Header that names a chain when requests carry no traceparent.
+    #[arg(long, default_value = "x-session-id")]
+    chain_header: String,
+    /// Also store raw socket payload (prompts and completions!) in the recording.
+    #[arg(long)]
+    capture_payload: bool,
+    /// Bytes captured per read/write syscall (at most 4096).
+    #[arg(long, default_value_t = 4096)]
+    capture_bytes: u32,
+    /// Off-CPU intervals shorter than this are only counted in the kernel.
+    #[arg(long, value_parser = parse_duration, default_value = "1ms")]
+    min_offcpu: Duration,
+    /// Ring buffer size in MiB (power of two).
+    #[arg(long, default_value_t = 16)]
+    ringbuf_mib: u32,
+    /// No live status line.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 30s, 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1e3,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit {unit:?} in {s:?}: use ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
+        Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
+        Cmd::Report { file, json, chain_header } => report_cmd(file, json, chain_header),
+    };
+    if let Err(e) = res {
+        // One clear line: the error and its causes.
+        let mut msg = format!("hopscope: {e}");
+        for cause in e.chain().skip(1) {
+            msg.push_str(&format!(": {cause}"));
+        }
+        eprintln!("{msg}");
+        std::process::exit(1);
+    }
+}
+
+fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result<()> {
+    let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
+    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| loaded.meta.chain_header.clone()) };
+    let mut c = Correlator::new(cfg);
+    for r in &loaded.records {
+        c.ingest(r);
+    }
+    let analysis = c.finish();
+    let read_error = loaded.error.as_ref().map(|e| e.to_string());
+    let rep = report::build(&file.display().to_string(), &loaded.meta, &analysis, read_error.clone());
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &rep)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(report::render_text(&rep).as_bytes())?;
+    }
+    if let Some(e) = read_error {
+        eprintln!("hopscope: warning: {e}; the report covers the readable part");
+    }
+    Ok(())
+}
+
+fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> {
+    if opts.capture_bytes == 0 || opts.capture_bytes > 4096 {
+        bail!("--capture-bytes must be between 1 and 4096");
+    }
+    let mib = opts.ringbuf_mib;
+    if !mib.is_power_of_two() || mib > 1024 {
+        bail!("--ringbuf-mib must be a power of two up to 1024");
+    }
+    if sys::euid() != 0 {
+        // The loader re-checks capabilities; this catches the common case early.
+        eprintln!("hopscope: note: not running as root; loading eBPF needs CAP_BPF, CAP_PERFMON (and CAP_SYS_RESOURCE on old kernels)");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
+    }
+
+    let cfg = EbpfConfig {
+        pids: pids.clone(),
+        capture_len: opts.capture_bytes,
+        min_offcpu_ns: opts.min_offcpu.as_nanos() as u64,
+        ringbuf_bytes: mib << 20,
+        ..EbpfConfig::default()
+    };
+    let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
+    // `run`: the command is in the traced set before it execs (pipe handshake).
+    let mut child = None;
+    if let Some((prog, args)) = cmd.split_first() {
+        let mut c = std::process::Command::new(prog);
+        c.args(args);
+        let c = source.spawn(c).with_context(|| format!("cannot launch {prog:?}"))?;
+        pids.push(c.id());
+        child = Some(c);
+    }
+    let start_ns = sys::monotonic_ns();
+    let meta = Meta {
+        format_version: FORMAT_VERSION,
+        hopscope_version: env!("CARGO_PKG_VERSION").into(),
+        created_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        start_ns,
+        pids: pids.clone(),
+        command: cmd.clone(),
+        kernel: sys::kernel_release(),
+        hostname: sys::hostname(),
+        chain_header: opts.chain_header.to_ascii_lowercase(),
+        capture_len: opts.capture_bytes,
+        capture_payload: opts.capture_payload,
+        gpu: false,
+    };
+    let writer = Writer::create(&opts.output, &meta).with_context(|| format!("creating {}", opts.output.display()))?;
+    let dcfg = DecoderConfig { chain_header: meta.chain_header.clone(), capture_payload: opts.capture_payload, ..DecoderConfig::default() };
+    let mut pipe = Pipeline::new(dcfg, writer);
+    let what = if cmd.is_empty() { format!("pids {pids:?}") } else { format!("{:?} (pid {})", cmd.join(" "), pids[0]) };
+    eprintln!("hopscope: recording {what} to {} (Ctrl-C to stop)", opts.output.display());
+
+    let started = Instant::now();
+    let mut last_tick = Instant::now();
+    let mut last_events = 0u64;
+    let status_tty = std::io::stderr().is_terminal();
+    let mut child_status = None;
+    loop {
+        let mut err = None;
+        source
+            .poll(Duration::from_millis(100), |ev| match ev {
+                Ok(ev) => {
+                    if err.is_none() {
+                        if let Err(e) = pipe.push(ev) {
+                            err = Some(e);
+                        }
+                    }
+                }
+                Err(_) => pipe.note_invalid(),
+            })
+            .context("reading the eBPF ring buffer")?;
+        if let Some(e) = err {
+            return Err(e).context("writing the recording");
+        }
+        if last_tick.elapsed() >= Duration::from_secs(1) {
+            let kernel = kernel_counters(&source);
+            pipe.tick(sys::monotonic_ns(), &kernel).context("writing the recording")?;
+            if !opts.quiet {
+                let st = pipe.stats();
+                let drops: u64 = pipe.drop_counters(&kernel).iter().filter(|(k, _)| is_loss(k)).map(|(_, v)| v).sum();
+                let rate = (st.events - last_events) as f64 / last_tick.elapsed().as_secs_f64();
+                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests  drops {}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
+                if status_tty {
+                    eprint!("\r{line}   ");
+                } else {
+                    eprintln!("{line}");
+                }
+                last_events = st.events;
+            }
+            last_tick = Instant::now();
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if opts.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(st) = c.try_wait().context("waiting for the launched command")? {
+                child_status = Some(st);
+                // Let its last events reach the ring buffer, then stop.
+                std::thread::sleep(Duration::from_millis(50));
+                drain(&mut source, &mut pipe)?;
+                break;
+            }
+        }
+    }
+    if status_tty && !opts.quiet {
+        eprintln!();
+    }
+    // Final drain of whatever the kernel still holds.
+    drain(&mut source, &mut pipe)?;
+    let kernel = kernel_counters(&source);
+    let (_, stats) = pipe.finish(sys::monotonic_ns(), &kernel).context("finishing the recording")?;
+    drop(source);
+    if let Some(mut c) = child {
+        if child_status.is_none() {
+            // `run` owns the command: when recording ends first, stop it too.
+            let _ = sys::kill(c.id(), libc::SIGTERM);
+            child_status = c.wait().ok();
+        }
+    }
+    eprintln!(
+        "hopscope: wrote {} ({} events, {} records, {} http requests{})",
+        opts.output.display(),
+        stats.events,
+        stats.records,
+        stats.http_requests,
+        child_status.map(|s| format!(", command exited with {s}")).unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// Takes whatever the ring buffer holds now, without waiting.
+fn drain<W: Write>(source: &mut EbpfSource, pipe: &mut Pipeline<W>) -> Result<()> {
+    let mut err = None;
+    source.drain(|ev| match ev {
+        Ok(ev) => {
+            if err.is_none() {
+                if let Err(e) = pipe.push(ev) {
+                    err = Some(e);
+                }
+            }
+        }
+        Err(_) => pipe.note_invalid(),
+    });
+    match err {
+        Some(e) => Err(e).context("writing the recording"),
+        None => Ok(()),
+    }
+}
+
+fn kernel_counters(source: &EbpfSource) -> Vec<(String, u64)> {
+    source.stats().iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// Counters that mean data was lost (as opposed to informational ones).
+fn is_loss(name: &str) -> bool {
+    !matches!(name, "kernel_events" | "kernel_wakeups" | "kernel_sched_short" | "kernel_sched_short_ns")
+}

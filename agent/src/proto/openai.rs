@@ -1,0 +1,360 @@
+//! OpenAI-compatible JSON, read for metadata only: chunk kind, ids, sizes,
+//! finish reasons and token counts. Generated text and prompts are measured
+//! (byte lengths) and dropped, never copied into a record.
+
+use crate::model::{SseKind, Usage};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Longest id / model / finish_reason string kept.
+const MAX_STR: usize = 256;
+
+/// What one SSE `data:` payload was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChunkInfo {
+    pub kind: SseKind,
+    pub id: Option<String>,
+    pub content_bytes: u32,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+}
+
+impl ChunkInfo {
+    pub fn other(id: Option<String>) -> Self {
+        ChunkInfo {
+            kind: SseKind::Other,
+            id,
+            content_bytes: 0,
+            finish_reason: None,
+            usage: None,
+        }
+    }
+}
+
+fn short(s: &str) -> String {
+    super::http::truncate(s, MAX_STR)
+}
+
+fn str_of(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str).map(short)
+}
+
+fn usage_of(v: Option<&Value>) -> Option<Usage> {
+    let u = v?.as_object()?;
+    Some(Usage {
+        prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
+        completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
+        cached_tokens: u
+            .get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(Value::as_u64),
+    })
+}
+
+fn str_len(m: &Map<String, Value>, key: &str) -> u64 {
+    m.get(key)
+        .and_then(Value::as_str)
+        .map_or(0, |s| s.len() as u64)
+}
+
+/// Classifies one SSE event's data (the `data:` lines joined with `\n`).
+/// Returns the info and whether the payload was invalid JSON.
+pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return (
+            ChunkInfo {
+                kind: SseKind::Done,
+                ..ChunkInfo::other(None)
+            },
+            false,
+        );
+    }
+    let v: Value = match serde_json::from_slice(data) {
+        Ok(v) => v,
+        Err(_) => return (ChunkInfo::other(None), true),
+    };
+    let Some(obj) = v.as_object() else {
+        return (ChunkInfo::other(None), false);
+    };
+    let id = str_of(obj.get("id"));
+    let usage = usage_of(obj.get("usage"));
+    let mut finish_reason = None;
+    let mut content = false;
+    let mut role = false;
+    let mut bytes: u64 = 0;
+    let choices = obj.get("choices").and_then(Value::as_array);
+    for choice in choices.into_iter().flatten().filter_map(Value::as_object) {
+        if finish_reason.is_none() {
+            finish_reason = str_of(choice.get("finish_reason"));
+        }
+        // Completions: `text`.
+        let text = str_len(choice, "text");
+        bytes = bytes.saturating_add(text);
+        content |= text > 0;
+        // Chat: `delta`.
+        if let Some(delta) = choice.get("delta").and_then(Value::as_object) {
+            let c = str_len(delta, "content");
+            // vLLM sends reasoning as `reasoning_content` (older) and/or `reasoning`:
+            // count the longer one so a server sending both is not counted twice.
+            let r = str_len(delta, "reasoning_content").max(str_len(delta, "reasoning"));
+            bytes = bytes.saturating_add(c).saturating_add(r);
+            content |= c > 0 || r > 0;
+            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                content |= !calls.is_empty();
+                for f in calls
+                    .iter()
+                    .filter_map(|c| c.get("function"))
+                    .filter_map(Value::as_object)
+                {
+                    bytes = bytes
+                        .saturating_add(str_len(f, "name"))
+                        .saturating_add(str_len(f, "arguments"));
+                }
+            }
+            role |= delta.get("role").is_some_and(|r| !r.is_null());
+        }
+    }
+    let has_error = obj.get("error").is_some_and(|e| !e.is_null());
+    let no_choices = choices.is_none_or(|c| c.is_empty());
+    let kind = if has_error {
+        SseKind::Error
+    } else if no_choices && usage.is_some() {
+        SseKind::Usage
+    } else if content {
+        SseKind::Content
+    } else if role {
+        SseKind::Role
+    } else if finish_reason.is_some() {
+        SseKind::Finish
+    } else {
+        SseKind::Other
+    };
+    let content_bytes = if kind == SseKind::Content {
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    } else {
+        0
+    };
+    (
+        ChunkInfo {
+            kind,
+            id,
+            content_bytes,
+            finish_reason,
+            usage,
+        },
+        false,
+    )
+}
+
+/// The `id` at the start of a truncated chunk (`{"id":"chatcmpl-…",…`), as
+/// OpenAI-compatible servers write it first. Conservative: no escapes, bounded.
+pub(crate) fn partial_id(src: &[u8]) -> Option<String> {
+    let s = src.trim_ascii_start().strip_prefix(b"{")?;
+    let s = s.trim_ascii_start().strip_prefix(b"\"id\"")?;
+    let s = s.trim_ascii_start().strip_prefix(b":")?;
+    let s = s.trim_ascii_start().strip_prefix(b"\"")?;
+    let end = s.iter().take(MAX_STR).position(|&b| b == b'"')?;
+    let id = &s[..end];
+    if id.is_empty() || id.iter().any(|&b| b == b'\\' || b < 0x20) {
+        return None;
+    }
+    std::str::from_utf8(id).ok().map(str::to_string)
+}
+
+/// Only the two request fields we keep; every other member (messages, prompt…)
+/// is skipped by serde without being copied.
+#[derive(Deserialize)]
+struct RequestMeta {
+    #[serde(default)]
+    stream: Option<Value>,
+    #[serde(default)]
+    model: Option<Value>,
+}
+
+/// `(stream, model)` from a complete JSON request body; `None` if it is not a
+/// JSON object.
+pub(crate) fn request_meta(body: &[u8]) -> Option<(Option<bool>, Option<String>)> {
+    let m: RequestMeta = serde_json::from_slice(body).ok()?;
+    Some((
+        m.stream.as_ref().and_then(Value::as_bool),
+        str_of(m.model.as_ref()),
+    ))
+}
+
+#[derive(Deserialize)]
+struct ChoiceMeta {
+    #[serde(default)]
+    finish_reason: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ResponseMeta {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    choices: Option<Vec<ChoiceMeta>>,
+    #[serde(default)]
+    usage: Option<Value>,
+}
+
+/// Metadata of a non-streaming response body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BodyMeta {
+    pub id: Option<String>,
+    pub usage: Option<Usage>,
+    pub finish_reason: Option<String>,
+}
+
+/// Reads id, usage and the first choice's finish_reason from a complete JSON
+/// body; `None` if it is not valid JSON.
+pub(crate) fn response_meta(body: &[u8]) -> Option<BodyMeta> {
+    if let Ok(m) = serde_json::from_slice::<ResponseMeta>(body) {
+        return Some(BodyMeta {
+            id: str_of(m.id.as_ref()),
+            usage: usage_of(m.usage.as_ref()),
+            finish_reason: m
+                .choices
+                .and_then(|c| c.into_iter().next())
+                .and_then(|c| str_of(c.finish_reason.as_ref())),
+        });
+    }
+    // Valid JSON of another shape (array, odd `choices`): keep what fits.
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let finish_reason = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .and_then(|c| str_of(c.get("finish_reason")));
+    Some(BodyMeta {
+        id: str_of(v.get("id")),
+        usage: usage_of(v.get("usage")),
+        finish_reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(s: &str) -> ChunkInfo {
+        let (info, invalid) = classify_sse(s.as_bytes());
+        assert!(!invalid, "{s}");
+        info
+    }
+
+    #[test]
+    fn classifies_vllm_chat_chunks() {
+        let role = kind(
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+        );
+        assert_eq!(
+            (role.kind, role.id.as_deref(), role.content_bytes),
+            (SseKind::Role, Some("chatcmpl-1"), 0)
+        );
+        let c = kind(
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"héllo"},"finish_reason":null}]}"#,
+        );
+        assert_eq!((c.kind, c.content_bytes), (SseKind::Content, 6));
+        let f = kind(
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}"#,
+        );
+        assert_eq!(
+            (f.kind, f.finish_reason.as_deref()),
+            (SseKind::Finish, Some("stop"))
+        );
+        let cf = kind(
+            r#"{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"length"}]}"#,
+        );
+        assert_eq!(
+            (cf.kind, cf.finish_reason.as_deref()),
+            (SseKind::Content, Some("length"))
+        );
+        let u = kind(
+            r#"{"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        );
+        assert_eq!(u.kind, SseKind::Usage);
+        assert_eq!(
+            u.usage,
+            Some(Usage {
+                prompt_tokens: Some(7),
+                completion_tokens: Some(3),
+                cached_tokens: Some(4)
+            })
+        );
+        assert_eq!(kind("[DONE]").kind, SseKind::Done);
+        assert_eq!(
+            kind(r#"{"error":{"message":"boom","code":500}}"#).kind,
+            SseKind::Error
+        );
+        assert_eq!(
+            kind(r#"{"id":"x","choices":[{"index":0,"delta":{}}]}"#).kind,
+            SseKind::Other
+        );
+        assert_eq!(kind("[1,2]").kind, SseKind::Other);
+    }
+
+    #[test]
+    fn continuous_usage_rides_on_content_chunks() {
+        let c = kind(
+            r#"{"id":"x","choices":[{"index":0,"delta":{"content":"ab"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}"#,
+        );
+        assert_eq!(c.kind, SseKind::Content);
+        assert_eq!(c.usage.and_then(|u| u.completion_tokens), Some(1));
+    }
+
+    #[test]
+    fn reasoning_tool_calls_and_completions_text_count_as_content() {
+        let r = kind(r#"{"choices":[{"delta":{"reasoning_content":"abc","reasoning":"abc"}}]}"#);
+        assert_eq!((r.kind, r.content_bytes), (SseKind::Content, 3));
+        let t = kind(
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\""}}]}}]}"#,
+        );
+        assert_eq!((t.kind, t.content_bytes), (SseKind::Content, 5));
+        let c =
+            kind(r#"{"id":"cmpl-9","choices":[{"index":0,"text":" world","finish_reason":null}]}"#);
+        assert_eq!(
+            (c.kind, c.id.as_deref(), c.content_bytes),
+            (SseKind::Content, Some("cmpl-9"), 6)
+        );
+        let two = kind(r#"{"choices":[{"index":0,"text":"ab"},{"index":1,"text":"cde"}]}"#);
+        assert_eq!(two.content_bytes, 5);
+    }
+
+    #[test]
+    fn invalid_json_is_reported() {
+        let (info, invalid) = classify_sse(b"{\"id\":\"x\",");
+        assert!(invalid);
+        assert_eq!(info.kind, SseKind::Other);
+    }
+
+    #[test]
+    fn partial_id_reads_only_a_leading_id() {
+        assert_eq!(
+            partial_id(br#"{"id":"chatcmpl-abc","object":"chat.comp"#).as_deref(),
+            Some("chatcmpl-abc")
+        );
+        assert_eq!(partial_id(br#"{"id":"chatcmpl-ab"#), None);
+        assert_eq!(partial_id(br#"{"object":"x","id":"a"}"#), None);
+    }
+
+    #[test]
+    fn request_and_response_meta() {
+        let body =
+            br#"{"messages":[{"role":"user","content":"SECRET"}],"model":"m1","stream":true}"#;
+        assert_eq!(
+            request_meta(body),
+            Some((Some(true), Some("m1".to_string())))
+        );
+        assert_eq!(request_meta(b"{\"prompt\":\"x\"}"), Some((None, None)));
+        assert_eq!(request_meta(b"not json"), None);
+        let r = response_meta(
+            br#"{"id":"chatcmpl-2","choices":[{"index":0,"message":{"content":"SECRET"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.id.as_deref(), Some("chatcmpl-2"));
+        assert_eq!(r.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(r.usage.and_then(|u| u.prompt_tokens), Some(3));
+        assert!(!format!("{r:?}").contains("SECRET"));
+    }
+}

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Multi-hop agent-chain load generator for an OpenAI-compatible server (the testbed or vLLM).
+
+N hops x M concurrent chains. A chain is an agent task: hop 1 sends a system prompt + a task
+description (``--prompt-words`` words) + the first instruction; every later hop re-sends all
+previous messages, the previous answer and the next instruction (plan -> write -> review ->
+refactor -> test, cycling), so the prompt grows and its prefix is shared with the previous hop.
+
+Per hop it records, on CLOCK_MONOTONIC (time.monotonic_ns(), the clock eBPF uses): send, response
+headers, first chunk (role), first content chunk, every content chunk, [DONE]; the chunk id
+(``chatcmpl-…``), usage (with cached tokens when the server reports them) and finish reason, as
+one JSON line per hop in ``--out``. Prints a summary table.
+
+Knobs: ``--chains`` more than the server's ``--max-num-seqs`` creates queueing; ``--salt`` puts a
+random nonce at the very start of every hop's prompt (prefix-cache misses); ``--prompt-words`` makes
+long prompts; ``--traceparent`` sends a W3C traceparent (one trace id per chain, a span per hop);
+``x-session-id`` is always sent (one per chain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+import uuid
+from typing import Any, Optional
+
+import httpx
+
+PHASES = [
+    ("plan", "Plan: break the task into small numbered steps and list the files you will touch."),
+    ("write", "Write: implement the plan. Show the complete code for every file."),
+    ("review", "Review: read the code you wrote and list every bug, edge case and missing test."),
+    ("refactor", "Refactor: fix the problems from the review and simplify the code; show the result."),
+    ("test", "Test: write unit tests for the final code and explain how to run them."),
+]
+
+WORDS = (
+    "service request latency queue token cache prefix block engine scheduler batch decode prefill "
+    "kernel stream socket buffer memory thread process worker client server response header chunk "
+    "payload protocol message channel timeout retry backoff metric trace span parent child session "
+    "agent chain hop context window budget policy eviction offload host device copy graph capture "
+    "profile report timeline interval phase attribution frontend backend handler router dealer push pull"
+).split()
+
+SYSTEM = "You are a careful senior software engineer working as an autonomous coding agent."
+
+
+def task_text(rng: random.Random, n_words: int) -> str:
+    words = [rng.choice(WORDS) for _ in range(max(1, n_words))]
+    return "Task: build a small tool that handles " + " ".join(words) + "."
+
+
+def traceparent(trace_id: str) -> str:
+    return f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+
+
+async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: str, messages: list,
+                  session_id: str, trace_id: Optional[str]) -> dict[str, Any]:
+    headers = {"x-session-id": session_id}
+    if trace_id is not None:
+        headers["traceparent"] = traceparent(trace_id)
+    if args.request_id_prefix:
+        headers["X-Request-Id"] = f"{args.request_id_prefix}-c{chain}-h{hop}-{uuid.uuid4().hex[:8]}"
+    body = {
+        "model": args.model,
+        "messages": messages,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.seed is not None:
+        body["seed"] = args.seed
+    rec: dict[str, Any] = {
+        "chain": chain, "hop": hop, "phase": phase, "session_id": session_id,
+        "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),
+        "prompt_chars": sum(len(m["content"]) for m in messages),
+        "send_ns": None, "headers_ns": None, "first_chunk_ns": None, "first_content_ns": None,
+        "chunk_ns": [], "done_ns": None, "id": None, "usage": None, "finish_reason": None,
+        "content_chunks": 0, "error": None,
+    }
+    text_parts: list[str] = []
+    try:
+        rec["send_ns"] = time.monotonic_ns()
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
+            rec["headers_ns"] = time.monotonic_ns()
+            rec["status"] = resp.status_code
+            if resp.status_code != 200:
+                rec["error"] = (await resp.aread()).decode(errors="replace")[:500]
+                rec["done_ns"] = time.monotonic_ns()
+                return rec
+            async for line in resp.aiter_lines():
+                t = time.monotonic_ns()
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    rec["done_ns"] = t
+                    break
+                ev = json.loads(data)
+                if rec["first_chunk_ns"] is None:
+                    rec["first_chunk_ns"] = t
+                rec["id"] = ev.get("id", rec["id"])
+                if ev.get("usage"):
+                    rec["usage"] = ev["usage"]
+                for ch in ev.get("choices") or []:
+                    delta = ch.get("delta") or {}
+                    content = delta.get("content")
+                    if content:
+                        if rec["first_content_ns"] is None:
+                            rec["first_content_ns"] = t
+                        rec["chunk_ns"].append(t)
+                        rec["content_chunks"] += 1
+                        text_parts.append(content)
+                    if ch.get("finish_reason"):
+                        rec["finish_reason"] = ch["finish_reason"]
+        if rec["done_ns"] is None:
+            rec["done_ns"] = time.monotonic_ns()
+    except Exception as e:  # keep going: a failed hop is data
+        rec["error"] = repr(e)
+        rec["done_ns"] = time.monotonic_ns()
+    rec["text"] = "".join(text_parts)
+    s, f, d = rec["send_ns"], rec["first_content_ns"], rec["done_ns"]
+    rec["ttft_ms"] = (f - s) / 1e6 if f and s else None
+    gaps = [(b - a) / 1e6 for a, b in zip(rec["chunk_ns"], rec["chunk_ns"][1:])]
+    rec["avg_itl_ms"] = sum(gaps) / len(gaps) if gaps else None
+    rec["total_ms"] = (d - s) / 1e6 if d and s else None
+    usage = rec["usage"] or {}
+    rec["completion_tokens"] = usage.get("completion_tokens", rec["content_chunks"])
+    rec["prompt_tokens"] = usage.get("prompt_tokens")
+    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return rec
+
+
+async def run_chain(client: httpx.AsyncClient, args, chain: int, out_f) -> list[dict]:
+    rng = random.Random(args.task_seed + (0 if args.shared_task else chain))
+    session_id = f"chain-{chain}-{uuid.uuid4().hex[:8]}"
+    trace_id = uuid.uuid4().hex if args.traceparent else None
+    task = task_text(rng, args.prompt_words)
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    results = []
+    if args.stagger_ms:
+        await asyncio.sleep(chain * args.stagger_ms / 1000.0)
+    for hop in range(1, args.hops + 1):
+        phase, instruction = PHASES[(hop - 1) % len(PHASES)]
+        user = (task + "\n\n" + instruction) if hop == 1 else instruction
+        messages.append({"role": "user", "content": user})
+        send_msgs = messages
+        if args.salt:  # a fresh nonce at the very start: nothing of this prompt is in the prefix cache
+            send_msgs = [{"role": "system", "content": f"[nonce {uuid.uuid4().hex}] " + SYSTEM}] + messages[1:]
+        rec = await run_hop(client, args, chain, hop, phase, send_msgs, session_id, trace_id)
+        results.append(rec)
+        if out_f is not None:
+            out_f.write(json.dumps(rec) + "\n")
+            out_f.flush()
+        messages.append({"role": "assistant", "content": rec.get("text", "")})
+        if args.think_ms:
+            await asyncio.sleep(args.think_ms / 1000.0)
+    return results
+
+
+def fmt(v: Optional[float]) -> str:
+    return f"{v:9.1f}" if v is not None else "        -"
+
+
+def print_table(results: list[dict], file=sys.stdout) -> None:
+    print(f"{'chain':>5} {'hop':>3} {'phase':<8} {'TTFT ms':>9} {'ITL ms':>9} {'total ms':>9} "
+          f"{'tokens':>6} {'prompt':>6} {'cached':>6}  id", file=file)
+    for r in sorted(results, key=lambda r: (r["chain"], r["hop"])):
+        print(f"{r['chain']:>5} {r['hop']:>3} {r['phase']:<8} {fmt(r['ttft_ms'])} {fmt(r['avg_itl_ms'])} "
+              f"{fmt(r['total_ms'])} {r['completion_tokens'] or 0:>6} {r['prompt_tokens'] or 0:>6} "
+              f"{r['cached_tokens'] if r['cached_tokens'] is not None else '-':>6}  {r['id'] or r['error']}",
+              file=file)
+
+
+async def amain(args) -> list[dict]:
+    out_f = open(args.out, "a" if args.append else "w") if args.out else None
+    limits = httpx.Limits(max_connections=max(10, args.chains * 2), max_keepalive_connections=max(10, args.chains))
+    t0 = time.monotonic()
+    try:
+        async with httpx.AsyncClient(base_url=args.base_url, timeout=httpx.Timeout(args.timeout),
+                                     limits=limits) as client:
+            chains = await asyncio.gather(*[run_chain(client, args, c, out_f) for c in range(args.chains)])
+    finally:
+        if out_f is not None:
+            out_f.close()
+    results = [r for ch in chains for r in ch]
+    if not args.quiet:
+        print_table(results)
+        errors = sum(1 for r in results if r["error"])
+        print(f"{len(results)} hops in {time.monotonic() - t0:.2f} s, {errors} errors")
+    return results
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default="hopscope-testbed")
+    p.add_argument("--chains", type=int, default=1, help="concurrent chains (M)")
+    p.add_argument("--hops", type=int, default=5, help="hops per chain (N)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-words", type=int, default=120, help="words in the hop-1 task description")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed sent to the server")
+    p.add_argument("--task-seed", type=int, default=1, help="seed for the generated task text")
+    p.add_argument("--shared-task", action="store_true", help="all chains get the same task text")
+    p.add_argument("--salt", action="store_true", help="random nonce at the start of every prompt")
+    p.add_argument("--traceparent", action="store_true", help="send a W3C traceparent per hop")
+    p.add_argument("--request-id-prefix", default=None, help="send X-Request-Id: PREFIX-c<chain>-h<hop>-<hex>")
+    p.add_argument("--stagger-ms", type=float, default=0.0, help="delay chain i's start by i*STAGGER")
+    p.add_argument("--think-ms", type=float, default=0.0, help="pause between hops")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--out", default=None, help="JSONL output, one line per hop")
+    p.add_argument("--append", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv=None) -> None:
+    args = make_parser().parse_args(argv)
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()

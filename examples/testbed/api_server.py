@@ -1,0 +1,661 @@
+"""The API server process: FastAPI app + an AsyncLLM-like ZeroMQ client of the engine.
+
+* ``AsyncEngineClient`` binds the input ROUTER and the output PULL on ``ipc://`` paths, spawns the
+  EngineCore process, waits for the engine's ready message, then runs an output-handler task that
+  decodes every EngineCoreOutputs, detokenises incrementally, applies stop strings (aborting the
+  engine request, as vLLM's output processor does) and feeds per-request queues.
+* Endpoints: ``/v1/chat/completions``, ``/v1/completions`` (streaming SSE and plain JSON),
+  ``/v1/models``, ``/health``, ``/version``.
+* Request ids as vLLM: ``chatcmpl-<base>`` / ``cmpl-<base>`` with base = ``X-Request-Id`` header,
+  else the body's ``request_id``, else 16 random hex; the engine request id is
+  ``<external id>-<8 hex>`` with ``external_req_id`` = the external id (for chat = the SSE id; for
+  completions prompt i is ``cmpl-<base>-<i>``).
+* SSE as vLLM: every event is yielded as its own string (Starlette turns each into one ASGI body
+  message, uvicorn into one ``transport.write``).
+* Ground truth (``--ground-truth``): one ``{"type": "http"}`` line per HTTP request, see README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+import msgspec
+import zmq
+import zmq.asyncio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from . import EMULATED_VLLM_VERSION, __version__
+from .config import EngineConfig
+from .engine_core import run_engine_core
+from .protocol import (
+    ENGINE_CORE_DEAD,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    RequestOutputKind,
+    SamplingParams,
+    make_encoder,
+    make_outputs_decoder,
+    random_uuid,
+)
+from .tokenizer import ByteTokenizer, IncrementalDetokenizer
+from .truth import TruthWriter
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass
+class Delta:
+    text: str
+    num_tokens: int
+    finish_reason: Optional[str]
+    stop_reason: Any = None
+
+
+@dataclass
+class RequestState:
+    engine_id: str
+    external_id: str
+    prompt_len: int
+    stop: list[str]
+    include_stop: bool
+    detok: IncrementalDetokenizer
+    queue: "asyncio.Queue[Delta]" = field(default_factory=asyncio.Queue)
+    text: str = ""
+    sent: int = 0
+    holdback: int = 0
+    num_output_tokens: int = 0
+    cached_tokens: int = 0
+    finished: bool = False
+    truth: Optional[dict] = None
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngineClient:
+    def __init__(self, cfg: EngineConfig, ipc_dir: str, ipc_names: Optional[tuple[str, str]] = None,
+                 engine_ipc_dir: Optional[str] = None):
+        self.cfg = cfg
+        self.ipc_dir = ipc_dir
+        # socket file names (vLLM: uuid4) and, for byte-capturing relays in tests, the directory
+        # the engine connects to instead of the one the API server binds in
+        self.ipc_names = ipc_names or (str(uuid.uuid4()), str(uuid.uuid4()))
+        self.engine_ipc_dir = engine_ipc_dir or ipc_dir
+        self.states: dict[str, RequestState] = {}
+        self.encoder = make_encoder()
+        self.proc: Optional[multiprocessing.process.BaseProcess] = None
+        self.ready: dict = {}
+        self.dead = False
+        self._output_task: Optional[asyncio.Task] = None
+
+    async def start(self, timeout_s: float = 120.0) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.input_addr = f"ipc://{self.ipc_dir}/{self.ipc_names[0]}"
+        self.output_addr = f"ipc://{self.ipc_dir}/{self.ipc_names[1]}"
+        engine_in = f"ipc://{self.engine_ipc_dir}/{self.ipc_names[0]}"
+        engine_out = f"ipc://{self.engine_ipc_dir}/{self.ipc_names[1]}"
+        self.input_sock = self.ctx.socket(zmq.ROUTER)
+        self.input_sock.setsockopt(zmq.RCVHWM, 0)
+        self.input_sock.setsockopt(zmq.SNDHWM, 0)
+        self.input_sock.bind(self.input_addr)
+        self.output_sock = self.ctx.socket(zmq.PULL)
+        self.output_sock.setsockopt(zmq.RCVHWM, 0)
+        self.output_sock.bind(self.output_addr)
+        mp = multiprocessing.get_context("spawn")
+        self.proc = mp.Process(target=run_engine_core, name=f"EngineCore_DP{self.cfg.engine_index}",
+                               args=(self.cfg, engine_in, engine_out, os.getpid()), daemon=True)
+        self.proc.start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if await self.input_sock.poll(200):
+                ident, payload = await self.input_sock.recv_multipart()
+                self.engine_ident = ident
+                self.ready = msgspec.msgpack.decode(payload)
+                break
+            if not self.proc.is_alive():
+                raise RuntimeError(f"engine process exited with code {self.proc.exitcode} during startup")
+            if time.monotonic() > deadline:
+                raise RuntimeError("engine process did not become ready in time")
+        self._output_task = asyncio.create_task(self._output_loop(), name="output_handler")
+        self._monitor_task = asyncio.create_task(self._monitor(), name="engine_monitor")
+
+    async def _monitor(self) -> None:
+        """Like vLLM's engine-death monitor: fail waiting requests if the engine process dies."""
+        while self.proc is not None and self.proc.is_alive():
+            await asyncio.sleep(1.0)
+        self.dead = True
+        for st in list(self.states.values()):
+            st.queue.put_nowait(Delta("", 0, "error", f"engine process exited ({self.proc.exitcode})"))
+        self.states.clear()
+
+    async def shutdown(self) -> None:
+        for task in (self._output_task, getattr(self, "_monitor_task", None)):
+            if task is not None:
+                task.cancel()
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=10)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(timeout=5)
+        self.input_sock.close(linger=0)
+        self.output_sock.close(linger=0)
+        self.ctx.term()
+        for a in (self.input_addr, self.output_addr):
+            try:
+                os.unlink(a[len("ipc://"):])
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------- requests
+    async def add_request(self, ecr: EngineCoreRequest, state: RequestState) -> int:
+        if self.dead:
+            raise EngineDeadError("engine core is dead")
+        self.states[ecr.request_id] = state
+        payload = self.encoder.encode(ecr)
+        t_submit = time.monotonic_ns()
+        await self.input_sock.send_multipart([self.engine_ident, EngineCoreRequestType.ADD.value, payload],
+                                             copy=False)
+        return t_submit
+
+    async def abort(self, engine_ids: list[str]) -> None:
+        ids = [i for i in engine_ids]
+        for i in ids:
+            st = self.states.pop(i, None)
+            if st is not None:
+                st.finished = True
+        if ids and not self.dead:
+            await self.input_sock.send_multipart([self.engine_ident, EngineCoreRequestType.ABORT.value,
+                                                  self.encoder.encode(ids)], copy=False)
+
+    async def _output_loop(self) -> None:
+        dec = make_outputs_decoder()
+        try:
+            while True:
+                frames = await self.output_sock.recv_multipart(copy=True)
+                t_recv = time.monotonic_ns()
+                if frames[0] == ENGINE_CORE_DEAD:
+                    raise EngineDeadError("engine reported ENGINE_CORE_DEAD")
+                outs = dec.decode(frames[0])
+                to_abort: list[str] = []
+                for o in outs.outputs:
+                    st = self.states.get(o.request_id)
+                    if st is None or st.finished:
+                        continue
+                    if st.truth is not None and "first_output_recv_ns" not in st.truth:
+                        st.truth["first_output_recv_ns"] = t_recv
+                    if o.prefill_stats is not None:
+                        st.cached_tokens = o.prefill_stats.num_cached_tokens
+                    text = st.detok.feed(o.new_token_ids)
+                    st.num_output_tokens += len(o.new_token_ids)
+                    finish = str(o.finish_reason) if o.finish_reason is not None else None
+                    stop_reason = o.stop_reason
+                    if finish is not None:
+                        text += st.detok.flush()
+                    prev = len(st.text)
+                    st.text += text
+                    if st.stop:
+                        for s in st.stop:
+                            idx = st.text.find(s, max(0, prev - len(s) + 1))
+                            if idx != -1:
+                                st.text = st.text[: idx + len(s) if st.include_stop else idx]
+                                if finish is None:
+                                    to_abort.append(o.request_id)
+                                finish, stop_reason = "stop", s
+                                break
+                    # as vLLM, hold back the last len(longest stop)-1 characters while streaming,
+                    # since they may turn out to be the start of a stop string
+                    limit = len(st.text) if finish is not None else max(st.sent, len(st.text) - st.holdback)
+                    delta = st.text[st.sent:limit]
+                    st.sent = limit
+                    st.queue.put_nowait(Delta(delta, len(o.new_token_ids), finish, stop_reason))
+                    if finish is not None:
+                        st.finished = True
+                        self.states.pop(o.request_id, None)
+                if to_abort:
+                    await self.abort(to_abort)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # engine died or bad message: fail every waiting request
+            self.dead = True
+            for st in list(self.states.values()):
+                st.queue.put_nowait(Delta("", 0, "error", repr(e)))
+            self.states.clear()
+
+
+# ---------------------------------------------------------------------- app
+
+def _error(msg: str, code: int = 400, typ: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse({"error": {"message": msg, "type": typ, "param": None, "code": code}}, status_code=code)
+
+
+def _base_request_id(request: Request, body_request_id: Optional[str]) -> str:
+    default = body_request_id or random_uuid()
+    return request.headers.get("X-Request-Id", default)
+
+
+def _truth(request: Request) -> Optional[dict]:
+    return request.scope.get("testbed.truth")
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached: int, details: bool) -> dict:
+    u: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                         "completion_tokens": completion_tokens}
+    if details:
+        u["prompt_tokens_details"] = {"cached_tokens": cached}
+    return u
+
+
+class TruthMiddleware:
+    """Pure ASGI middleware: creates the per-request truth record and stamps every body write."""
+
+    def __init__(self, app, writer: TruthWriter):
+        self.app = app
+        self.writer = writer
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.writer.enabled:
+            await self.app(scope, receive, send)
+            return
+        t_asgi = time.monotonic_ns()
+        rec: dict[str, Any] = {
+            "type": "http", "pid": os.getpid(), "id": None, "path": scope.get("path"),
+            "method": scope.get("method"),
+            "http_arrive_ns": scope.get("testbed.arrive_ns") or t_asgi, "asgi_start_ns": t_asgi,
+            "submit_ns": None, "response_start_ns": None, "first_sse_write_ns": None,
+            "content_write_ns": [], "done_ns": None, "status": None, "stream": False,
+            "_kinds": [], "_n": 0,
+        }
+        scope["testbed.truth"] = rec
+
+        async def send_wrapper(message):
+            t = time.monotonic_ns()
+            mt = message["type"]
+            if mt == "http.response.start":
+                rec["response_start_ns"] = t
+                rec["status"] = message.get("status")
+            elif mt == "http.response.body":
+                body = message.get("body", b"")
+                if body:
+                    k = rec["_n"]
+                    rec["_n"] = k + 1
+                    kinds = rec["_kinds"]
+                    kind = kinds[k] if k < len(kinds) else "body"
+                    if kind == "content":
+                        if rec["first_sse_write_ns"] is None:
+                            rec["first_sse_write_ns"] = t
+                        rec["content_write_ns"].append(t)
+                    elif kind == "done":
+                        rec["done_ns"] = t
+                    elif kind == "body":  # non-streaming JSON
+                        rec["done_ns"] = t
+                if not message.get("more_body", False):
+                    rec["body_end_ns"] = t
+                    if rec["done_ns"] is None:
+                        rec["done_ns"] = t
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            rec["app_exit_ns"] = time.monotonic_ns()
+            kinds = rec.pop("_kinds")
+            rec.pop("_n")
+            rec["sse_events"] = len(kinds)
+            self.writer.write(rec)
+
+
+def _install_timed_protocol() -> Any:
+    """uvicorn httptools protocol that stamps the time the request's first bytes were received
+    (data_received), which is as early as the application can see an HTTP request."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except Exception:
+        return "auto"
+
+    class TimedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+        _testbed_rx_ns = 0
+
+        def data_received(self, data: bytes) -> None:
+            self._testbed_rx_ns = time.monotonic_ns()
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope["testbed.arrive_ns"] = self._testbed_rx_ns or time.monotonic_ns()  # type: ignore
+
+    return TimedHttpToolsProtocol
+
+
+def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
+              enable_request_id_headers: bool = False, prompt_tokens_details: bool = True,
+              forward_trace_headers: bool = False) -> Any:
+    app = FastAPI(title="hopscope testbed (vLLM-shaped)", version=__version__)
+    tok = ByteTokenizer()
+    model_name = cfg.model_name
+    max_model_len = cfg.max_model_len
+    # a prompt must fit the model and the whole KV pool, or the engine could never schedule it
+    max_prompt_len = min(max_model_len, cfg.num_kv_blocks * cfg.block_size)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if client.dead:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": EMULATED_VLLM_VERSION, "testbed": __version__}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+            "root": model_name, "parent": None, "max_model_len": max_model_len, "permission": []}]}
+
+    def _sampling_params(body: dict, prompt_len: int, default_max: Optional[int], stream: bool) -> SamplingParams:
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max
+        if max_tokens is None:
+            max_tokens = max_model_len - prompt_len
+        max_tokens = max(1, min(int(max_tokens), max_model_len - prompt_len))
+        stop = body.get("stop")
+        return SamplingParams(
+            n=1,
+            presence_penalty=float(body.get("presence_penalty") or 0.0),
+            frequency_penalty=float(body.get("frequency_penalty") or 0.0),
+            temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
+            top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
+            top_k=int(body.get("top_k") or 0),
+            seed=body.get("seed"),
+            stop=stop,
+            stop_token_ids=body.get("stop_token_ids"),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            max_tokens=max_tokens,
+            min_tokens=int(body.get("min_tokens") or 0),
+            include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
+            skip_reading_prefix_cache=None,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _submit(request: Request, external_id: str, prompt_ids: list[int], sp: SamplingParams,
+                      body: dict, rec: Optional[dict]) -> RequestState:
+        engine_id = f"{external_id}-{random_uuid()[:8]}"
+        trace_headers = None
+        if forward_trace_headers:
+            th = {k: v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
+            trace_headers = th or None
+        ecr = EngineCoreRequest(
+            request_id=engine_id,
+            prompt_token_ids=prompt_ids,
+            mm_features=None,
+            sampling_params=sp,
+            pooling_params=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=body.get("cache_salt"),
+            data_parallel_rank=None,
+            client_index=0,
+            current_wave=0,
+            priority=int(body.get("priority") or 0),
+            trace_headers=trace_headers,
+            external_req_id=external_id,
+        )
+        st = RequestState(engine_id, external_id, len(prompt_ids), list(sp.stop or []),
+                          sp.include_stop_str_in_output, IncrementalDetokenizer(sp.skip_special_tokens), truth=rec)
+        if st.stop and not sp.include_stop_str_in_output:
+            st.holdback = max(len(x) for x in st.stop) - 1
+        t_submit = await client.add_request(ecr, st)
+        if rec is not None:
+            if rec["submit_ns"] is None:
+                rec["submit_ns"] = t_submit
+            rec.setdefault("engine_request_ids", []).append(engine_id)
+            rec.setdefault("external_ids", []).append(external_id)
+        return st
+
+    async def _collect(st: RequestState) -> tuple[str, Optional[str], Any]:
+        finish, stop_reason = None, None
+        while finish is None:
+            d = await st.queue.get()
+            finish, stop_reason = d.finish_reason, d.stop_reason
+        return st.text, finish, stop_reason
+
+    async def _next_merged(st: RequestState) -> Delta:
+        d = await st.queue.get()
+        while d.finish_reason is None and not st.queue.empty():  # consumer lagged: merge as vLLM
+            n = st.queue.get_nowait()
+            d = Delta(d.text + n.text, d.num_tokens + n.num_tokens, n.finish_reason, n.stop_reason)
+        return d
+
+    def _abort_later(states: list[RequestState]) -> None:
+        ids = [s.engine_id for s in states if not s.finished]
+        if ids:
+            asyncio.get_running_loop().create_task(client.abort(ids))
+
+    def _finish_truth(rec: Optional[dict], states: list[RequestState], finish: Any) -> None:
+        if rec is None:
+            return
+        rec["prompt_tokens"] = sum(s.prompt_len for s in states)
+        rec["completion_tokens"] = sum(s.num_output_tokens for s in states)
+        rec["cached_tokens"] = sum(s.cached_tokens for s in states)
+        rec["finish_reason"] = finish
+
+    # ------------------------------------------------------------ chat
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        rec = _truth(request)
+        try:
+            body = await request.json()
+        except Exception:
+            return _error("invalid JSON body")
+        if rec is not None:
+            rec["body_read_ns"] = time.monotonic_ns()
+            rec["x_session_id"] = request.headers.get("x-session-id")
+            rec["traceparent"] = request.headers.get("traceparent")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _error("messages must be a non-empty list")
+        if body.get("n", 1) != 1:
+            return _error("only n=1 is supported by the testbed")
+        rid = f"chatcmpl-{_base_request_id(request, body.get('request_id'))}"
+        prompt_ids = tok.apply_chat_template(messages)
+        if rec is not None:
+            rec["id"] = rid
+            rec["tokenize_end_ns"] = time.monotonic_ns()
+        if len(prompt_ids) >= max_prompt_len:
+            return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
+                          f"request has {len(prompt_ids)} input tokens.")
+        stream = bool(body.get("stream", False))
+        so = body.get("stream_options") or {}
+        include_usage = bool(so.get("include_usage", False))
+        continuous_usage = bool(so.get("continuous_usage_stats", False)) and include_usage
+        sp = _sampling_params(body, len(prompt_ids), None, stream)
+        try:
+            st = await _submit(request, rid, prompt_ids, sp, body, rec)
+        except EngineDeadError as e:
+            return _error(str(e), 500, "InternalServerError")
+        created = int(time.time())
+        headers = {}
+        if enable_request_id_headers:
+            headers["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        if rec is not None:
+            rec["stream"] = stream
+
+        if not stream:
+            try:
+                text, finish, stop_reason = await _collect(st)
+            except asyncio.CancelledError:
+                _abort_later([st])
+                raise
+            _finish_truth(rec, [st], finish)
+            usage = _usage(st.prompt_len, st.num_output_tokens, st.cached_tokens, prompt_tokens_details)
+            return JSONResponse({
+                "id": rid, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
+                                                     "annotations": None, "audio": None, "function_call": None,
+                                                     "tool_calls": [], "reasoning_content": None},
+                             "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}],
+                "service_tier": None, "system_fingerprint": None, "usage": usage,
+                "prompt_logprobs": None, "kv_transfer_params": None}, headers=headers)
+
+        kinds = rec["_kinds"] if rec is not None else []
+
+        def chunk(choices: list, usage: Optional[dict] = None) -> str:
+            c: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                                 "model": model_name, "choices": choices}
+            if usage is not None:
+                c["usage"] = usage
+            return f"data: {_dumps(c)}\n\n"
+
+        async def gen() -> AsyncIterator[str]:
+            finish = None
+            try:
+                kinds.append("role")
+                cu = _usage(st.prompt_len, 0, st.cached_tokens, prompt_tokens_details) if continuous_usage else None
+                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}], cu)
+                while finish is None:
+                    d = await _next_merged(st)
+                    finish = d.finish_reason
+                    if d.text == "" and finish is None:
+                        continue
+                    choice: dict[str, Any] = {"index": 0, "delta": {"content": d.text}, "logprobs": None,
+                                              "finish_reason": finish}
+                    if finish is not None:
+                        choice["stop_reason"] = d.stop_reason
+                    cu = (_usage(st.prompt_len, st.num_output_tokens, st.cached_tokens, prompt_tokens_details)
+                          if continuous_usage else None)
+                    kinds.append("content" if d.text else "finish")
+                    yield chunk([choice], cu)
+                if include_usage:
+                    kinds.append("usage")
+                    yield chunk([], _usage(st.prompt_len, st.num_output_tokens, st.cached_tokens,
+                                           prompt_tokens_details))
+                _finish_truth(rec, [st], finish)
+                kinds.append("done")
+                yield "data: [DONE]\n\n"
+            finally:
+                if finish is None:
+                    _abort_later([st])
+
+        return StreamingResponse(gen(), media_type="text/event-stream", headers=headers)
+
+    # ------------------------------------------------------- completions
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        rec = _truth(request)
+        try:
+            body = await request.json()
+        except Exception:
+            return _error("invalid JSON body")
+        if rec is not None:
+            rec["body_read_ns"] = time.monotonic_ns()
+            rec["x_session_id"] = request.headers.get("x-session-id")
+            rec["traceparent"] = request.headers.get("traceparent")
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts = [tok.encode(prompt, add_bos=True)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [tok.encode(p, add_bos=True) for p in prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            prompts = [list(p) for p in prompt]
+        else:
+            return _error("prompt must be a string, a list of strings or token ids")
+        if body.get("n", 1) != 1:
+            return _error("only n=1 is supported by the testbed")
+        rid = f"cmpl-{_base_request_id(request, body.get('request_id'))}"
+        if rec is not None:
+            rec["id"] = rid
+            rec["tokenize_end_ns"] = time.monotonic_ns()
+        for p in prompts:
+            if len(p) >= max_prompt_len:
+                return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
+                              f"request has {len(p)} input tokens.")
+        stream = bool(body.get("stream", False))
+        so = body.get("stream_options") or {}
+        include_usage = bool(so.get("include_usage", False))
+        states: list[RequestState] = []
+        try:
+            for i, p in enumerate(prompts):
+                sp = _sampling_params(body, len(p), 16, stream)
+                states.append(await _submit(request, f"{rid}-{i}", p, sp, body, rec))
+        except EngineDeadError as e:
+            return _error(str(e), 500, "InternalServerError")
+        created = int(time.time())
+        if rec is not None:
+            rec["stream"] = stream
+
+        def usage_all() -> dict:
+            return _usage(sum(s.prompt_len for s in states), sum(s.num_output_tokens for s in states),
+                          sum(s.cached_tokens for s in states), prompt_tokens_details)
+
+        if not stream:
+            try:
+                results = await asyncio.gather(*[_collect(s) for s in states])
+            except asyncio.CancelledError:
+                _abort_later(states)
+                raise
+            _finish_truth(rec, states, [r[1] for r in results])
+            return JSONResponse({
+                "id": rid, "object": "text_completion", "created": created, "model": model_name,
+                "choices": [{"index": i, "text": r[0], "logprobs": None, "finish_reason": r[1],
+                             "stop_reason": r[2], "prompt_logprobs": None} for i, r in enumerate(results)],
+                "service_tier": None, "system_fingerprint": None, "usage": usage_all(),
+                "kv_transfer_params": None})
+
+        kinds = rec["_kinds"] if rec is not None else []
+
+        def chunk(choices: list, usage: Optional[dict] = None) -> str:
+            c: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
+                                 "model": model_name, "choices": choices}
+            if usage is not None:
+                c["usage"] = usage
+            return f"data: {_dumps(c)}\n\n"
+
+        async def gen() -> AsyncIterator[str]:
+            done = [False] * len(states)
+            finishes: list[Any] = [None] * len(states)
+            pending = {asyncio.ensure_future(_next_merged(s)): i for i, s in enumerate(states)}
+            try:
+                while pending:
+                    finished_set, _ = await asyncio.wait(pending.keys(), return_when=asyncio.FIRST_COMPLETED)
+                    for fut in finished_set:
+                        i = pending.pop(fut)
+                        d = fut.result()
+                        if d.finish_reason is not None:
+                            done[i] = True
+                            finishes[i] = d.finish_reason
+                        else:
+                            pending[asyncio.ensure_future(_next_merged(states[i]))] = i
+                        if d.text == "" and d.finish_reason is None:
+                            continue
+                        kinds.append("content" if d.text else "finish")
+                        yield chunk([{"index": i, "text": d.text, "logprobs": None,
+                                      "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}])
+                if include_usage:
+                    kinds.append("usage")
+                    yield chunk([], usage_all())
+                _finish_truth(rec, states, finishes)
+                kinds.append("done")
+                yield "data: [DONE]\n\n"
+            finally:
+                if not all(done):
+                    for fut in list(pending.keys()):
+                        fut.cancel()
+                    _abort_later(states)
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return TruthMiddleware(app, truth) if truth.enabled else app

@@ -1,0 +1,298 @@
+"""The EngineCore process (shaped like vLLM V1's EngineCoreProc).
+
+Three threads, as in vLLM:
+* input thread: DEALER (identity = engine index, u16 LE) connected to the API server's ROUTER.
+  It first sends the ready message (a msgpack map modelled on vLLM's EngineCoreReadyResponse),
+  then receives ``[type byte, msgpack]`` frames, decodes them and queues them for the core loop;
+* main thread: the busy loop — drain inputs, then ``step()``: schedule → run the model on the
+  batch (KV copies, forward, sample; on CUDA the sampled ids land in pinned host memory and the
+  stream is synchronised) → update requests → hand the step's EngineCoreOutputs to the output
+  thread. One EngineCoreOutputs per step, holding only the requests that got new tokens;
+* output thread: PUSH connected to the API server's PULL; encodes and sends each step's message,
+  then appends the step's (and finished requests') ground-truth lines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+import msgspec
+import zmq
+
+from .config import EngineConfig
+from .kv_cache import KVCacheManager
+from .protocol import (
+    ENGINE_CORE_DEAD,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    engine_identity,
+    make_abort_decoder,
+    make_encoder,
+    make_request_decoder,
+)
+from .scheduler import Request, Scheduler
+from .truth import TruthWriter
+
+_SHUTDOWN = object()
+
+
+def _set_comm(name: str) -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
+def build_runner(cfg: EngineConfig):
+    host_blocks = cfg.kv_offload_blocks if cfg.kv_offload else 0
+    if cfg.device == "cpu":
+        from .model_numpy import NumpyModelRunner
+
+        return NumpyModelRunner(cfg.model, cfg.num_kv_blocks, cfg.block_size, host_blocks)
+    from .model_torch import TorchModelRunner
+
+    return TorchModelRunner(cfg.model, cfg.num_kv_blocks, cfg.block_size, host_blocks,
+                            device="cuda" if cfg.device == "cuda" else "cpu", dtype=cfg.dtype,
+                            cuda_graphs=cfg.cuda_graphs, max_num_seqs=cfg.max_num_seqs)
+
+
+class EngineCoreProc:
+    def __init__(self, cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None):
+        self.cfg = cfg
+        self.input_addr = input_addr
+        self.output_addr = output_addr
+        self.parent_pid = parent_pid
+        self.truth = TruthWriter(cfg.ground_truth)
+        self.runner = build_runner(cfg)
+        self.kv = KVCacheManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
+                                 cfg.kv_offload_blocks if cfg.kv_offload else 0)
+        self.sched = Scheduler(self.kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
+                               cfg.log_stats, cfg.allow_eos)
+        self.input_queue: "queue.Queue[Any]" = queue.Queue()
+        self.output_queue: "queue.Queue[Any]" = queue.Queue()
+        self.ctx = zmq.Context()
+        self._stop = threading.Event()
+        self.truth.write({"type": "engine_start", "pid": os.getpid(), "ns": time.monotonic_ns(),
+                          "device": getattr(self.runner, "device", cfg.device), "config": cfg.to_dict()})
+
+    # ----------------------------------------------------------- IO threads
+    def _ready_payload(self) -> bytes:
+        dtype = getattr(self.runner, "dtype_name", "float32")
+        return msgspec.msgpack.encode({
+            "max_model_len": self.cfg.max_model_len,
+            "num_gpu_blocks": self.cfg.num_kv_blocks,
+            "dp_stats_address": None,
+            "dtype": dtype,
+        })
+
+    def process_input_socket(self) -> None:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, engine_identity(self.cfg.engine_index))
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.input_addr)
+        add_dec = make_request_decoder()
+        abort_dec = make_abort_decoder()
+        try:
+            # vLLM: "Send initial message to each input socket - this is required before the
+            # front-end ROUTER socket can send input messages back to us."
+            sock.send(self._ready_payload())
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            while not self._stop.is_set():
+                if not poller.poll(500):
+                    if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                        self.input_queue.put(_SHUTDOWN)
+                        return
+                    continue
+                frames = sock.recv_multipart(copy=True)
+                t_ns = time.monotonic_ns()
+                rtype = EngineCoreRequestType(frames[0])
+                if rtype == EngineCoreRequestType.ADD:
+                    self.input_queue.put((rtype, add_dec.decode(frames[1]), t_ns))
+                elif rtype == EngineCoreRequestType.ABORT:
+                    self.input_queue.put((rtype, abort_dec.decode(frames[1]), t_ns))
+                elif rtype == EngineCoreRequestType.UTILITY:
+                    self.input_queue.put((rtype, msgspec.msgpack.decode(frames[1]), t_ns))
+        except Exception:
+            traceback.print_exc()
+            self.input_queue.put(_SHUTDOWN)
+        finally:
+            sock.close(linger=0)
+
+    def process_output_socket(self) -> None:
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.LINGER, 4000)
+        sock.connect(self.output_addr)
+        enc = make_encoder()
+        try:
+            while True:
+                item = self.output_queue.get()
+                if item is _SHUTDOWN:
+                    break
+                if isinstance(item, bytes):  # raw frame (ENGINE_CORE_DEAD)
+                    sock.send(item)
+                    continue
+                msg, step_rec, first_reqs, finished = item
+                t_send = None
+                if msg is not None:
+                    buf = enc.encode(msg)
+                    sock.send(buf, copy=False)
+                    t_send = time.monotonic_ns()
+                if step_rec is not None:
+                    step_rec["output_send_ns"] = t_send
+                    self.truth.write(step_rec)
+                for r in first_reqs:
+                    r.truth["first_output_send_ns"] = t_send
+                for r in finished:
+                    r.truth["finished_send_ns"] = t_send
+                    self.truth.write(r.truth)
+        finally:
+            sock.close(linger=4000)
+
+    # ------------------------------------------------------------ core loop
+    def _handle(self, item: Any) -> bool:
+        if item is _SHUTDOWN:
+            return False
+        rtype, obj, t_ns = item
+        if rtype == EngineCoreRequestType.ADD:
+            assert isinstance(obj, EngineCoreRequest)
+            self.sched.add_request(obj, t_ns)
+        elif rtype == EngineCoreRequestType.ABORT:
+            aborted = self.sched.abort_requests(list(obj))
+            if aborted:
+                self.output_queue.put((None, None, [], aborted))
+        elif rtype == EngineCoreRequestType.UTILITY:
+            # [client_index, call_id, method, args] -> UtilityOutput [call_id, failure, [type, value]]
+            try:
+                _client, call_id, _method, _args = obj
+            except Exception:
+                call_id = 0
+            self.output_queue.put((EngineCoreOutputs(engine_index=self.cfg.engine_index,
+                                                     utility_output=[call_id, None, [None, None]]),
+                                   None, [], []))
+        return True
+
+    def _process_input_queue(self) -> bool:
+        if not self.sched.has_work():
+            while True:
+                try:
+                    item = self.input_queue.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if self._stop.is_set():
+                        return False
+            if not self._handle(item):
+                return False
+        while True:
+            try:
+                item = self.input_queue.get_nowait()
+            except queue.Empty:
+                return True
+            if not self._handle(item):
+                return False
+
+    def step(self) -> None:
+        t0 = time.monotonic_ns()
+        so = self.sched.schedule()
+        if not so.scheduled:
+            time.sleep(0.001)  # nothing fits right now (cannot normally happen)
+            return
+        plan = self.sched.build_plan(so)
+        t_sched = time.monotonic_ns()
+        sampled, copies, marks = self.runner.execute(plan, so.copy_ops)
+        if self.cfg.step_sleep_ms > 0:
+            time.sleep(self.cfg.step_sleep_ms / 1000.0)
+        t_model = time.monotonic_ns()
+        outputs, first, finished = self.sched.update_from_output(so, sampled, t_model)
+        by_id: dict[str, Request] = {s.req.request_id: s.req for s in so.scheduled}
+        copy_recs = []
+        for c in copies:
+            rec = {"req": c.req_id, "dir": c.dir, "start_ns": c.start_ns, "end_ns": c.end_ns,
+                   "bytes": c.bytes, "blocks": c.blocks}
+            copy_recs.append(rec)
+            r = by_id.get(c.req_id)
+            if r is not None:
+                r.truth["kv_copies"].append({k: rec[k] for k in ("start_ns", "end_ns", "bytes", "dir")})
+        msg = None
+        if outputs:
+            msg = EngineCoreOutputs(engine_index=self.cfg.engine_index, outputs=outputs)
+        t_end = time.monotonic_ns()
+        step_rec = None
+        if self.truth.enabled:
+            step_rec = {
+                "type": "step",
+                "step": so.step,
+                "start_ns": t0,
+                "end_ns": t_end,
+                "schedule_end_ns": t_sched,
+                "copies_end_ns": marks.get("copies_end_ns"),
+                "forward_end_ns": marks.get("forward_end_ns"),
+                "sample_end_ns": marks.get("sample_end_ns"),
+                "num_tokens": so.num_tokens,
+                "members": [{"req": s.req.request_id, "tokens": s.num_new, "kind": s.kind,
+                             "chunk_start": s.start} for s in so.scheduled],
+                "outputs": [o.request_id for o in outputs],
+                "preempted": so.preempted,
+                "kv_copies": copy_recs,
+                "num_running": len(self.sched.running),
+                "num_waiting": len(self.sched.waiting),
+                "kv_usage": round(self.kv.usage, 4),
+                "device": getattr(self.runner, "device", "cpu"),
+            }
+        self.output_queue.put((msg, step_rec, first, finished))
+
+    def run(self) -> None:
+        tin = threading.Thread(target=self.process_input_socket, name="EngineCoreInput", daemon=True)
+        tout = threading.Thread(target=self.process_output_socket, name="EngineCoreOutput", daemon=True)
+        tout.start()
+        tin.start()
+        try:
+            while self._process_input_queue():
+                if self.sched.has_work():
+                    self.step()
+        except Exception:
+            traceback.print_exc()
+            self.output_queue.put(ENGINE_CORE_DEAD)
+            raise
+        finally:
+            self._stop.set()
+            self.output_queue.put(_SHUTDOWN)
+            tout.join(timeout=5)
+            tin.join(timeout=2)
+            self.truth.write({"type": "engine_stop", "pid": os.getpid(), "ns": time.monotonic_ns(),
+                              "steps": self.sched.step_counter, "preemptions": self.sched.num_preemptions,
+                              "evictions": self.kv.num_evictions, "offloaded_blocks": self.kv.num_offloaded_blocks,
+                              "onloaded_blocks": self.kv.num_onloaded_blocks})
+            self.truth.close()
+            self.ctx.term()
+
+
+def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None) -> None:
+    """Process entry point (multiprocessing 'spawn' target)."""
+    _set_comm(f"EngineCore_DP{cfg.engine_index}")
+
+    def _term(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server shuts us down
+    try:
+        EngineCoreProc(cfg, input_addr, output_addr, parent_pid).run()
+    except SystemExit:
+        pass
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)

@@ -1,0 +1,237 @@
+"""Engine IPC messages, mirroring vLLM **0.33.0** (vllm/v1/engine/__init__.py).
+
+The testbed emulates exactly one vLLM layout: 0.33.0 (see ../../shared/vllm-wire.md §8 and the
+genuine bytes in shared/fixtures/vllm-0.33.0/). The structs below use the same msgspec options as
+vLLM (``array_like=True, omit_defaults=True, gc=False``; omit_defaults has no effect on array_like
+structs, so every field is always on the wire) and the same field ORDER, so that
+``msgspec.msgpack.encode`` produces the same positional arrays:
+
+* EngineCoreRequest   22 fields (request_id … kv_hints)
+* EngineCoreOutputs    9 fields (engine_index … weight_version)
+* EngineCoreOutput    19 fields (request_id … error)
+* EngineCoreEvent      map {"type", "timestamp"}   (plain msgspec.Struct)
+* PrefillStats         map with all 6 keys         (a dataclass in vLLM: every field by name)
+* SamplingParams       map of non-default keys     (msgspec.Struct, omit_defaults=True)
+
+Fields the testbed never fills are typed ``Any`` and left ``None``.
+
+Framing (ZeroMQ, as vLLM):
+* input:  API server ROUTER binds, engine DEALER connects with identity = engine index u16 LE.
+  A request is ``[type byte, msgpack payload]`` (the ROUTER side prepends the identity frame).
+* output: API server PULL binds, engine PUSH connects; one frame = msgpack EngineCoreOutputs.
+* The engine's first message on the input socket is a msgpack map modelled on vLLM's
+  ``EngineCoreReadyResponse`` (``max_model_len``, ``num_gpu_blocks``, ``dp_stats_address``,
+  ``dtype``); vLLM needs it so the ROUTER learns the DEALER's identity. The separate vLLM
+  handshake socket is not emulated.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from typing import Any, Optional, Union
+
+import msgspec
+
+
+class EngineCoreRequestType(bytes, enum.Enum):
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    START_DP_WAVE = b"\x02"
+    UTILITY = b"\x03"
+
+
+class EngineCoreEventType(enum.IntEnum):
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+    REPETITION = 4
+
+    def __str__(self) -> str:  # as vLLM: "stop", "length", ...
+        return self.name.lower()
+
+
+class RequestOutputKind(enum.IntEnum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True):  # type: ignore[call-arg]
+    """Subset of vLLM's SamplingParams, same defaults; encoded as a map of non-default keys.
+
+    As in vLLM, ``stop``/``stop_token_ids``/``bad_words`` become ``[]`` and
+    ``skip_reading_prefix_cache`` becomes ``False`` after construction, so they are always sent.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    skip_reading_prefix_cache: Optional[bool] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if self.bad_words is None:
+            self.bad_words = []
+        if self.skip_reading_prefix_cache is None:
+            self.skip_reading_prefix_cache = False
+
+
+class EngineCoreEvent(msgspec.Struct):
+    """Timestamped engine event; ``timestamp`` is time.monotonic() in the engine process."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+    @classmethod
+    def new_event(cls, event_type: EngineCoreEventType, timestamp: Optional[float] = None):
+        return cls(event_type, time.monotonic() if timestamp is None else timestamp)
+
+
+class PrefillStats(msgspec.Struct):
+    """vLLM 0.33.0 PrefillStats (a dataclass there; all fields by name on the wire)."""
+
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_local_cached_tokens: int = 0
+    num_external_cached_tokens: int = 0
+    num_cache_creation_tokens: int = 0
+
+
+class EngineCoreRequest(
+    msgspec.Struct, array_like=True, omit_defaults=True, gc=False
+):  # type: ignore[call-arg]
+    request_id: str  # 0
+    prompt_token_ids: Optional[list[int]]  # 1
+    mm_features: Any  # 2
+    sampling_params: Optional[SamplingParams]  # 3
+    pooling_params: Any  # 4
+    arrival_time: float  # 5  time.time() in the API server
+    lora_request: Any  # 6
+    cache_salt: Optional[str]  # 7
+    data_parallel_rank: Optional[int]  # 8
+    prompt_embeds: Any = None  # 9
+    prompt_is_token_ids: Optional[bool] = None  # 10
+    client_index: int = 0  # 11
+    current_wave: int = 0  # 12
+    priority: int = 0  # 13
+    trace_headers: Optional[dict[str, str]] = None  # 14
+    resumable: bool = False  # 15
+    external_req_id: Optional[str] = None  # 16
+    reasoning_ended: Optional[bool] = None  # 17
+    reasoning_parser_kwargs: Optional[dict] = None  # 18
+    abort_immediately: bool = False  # 19
+    session_id: Optional[str] = None  # 20
+    kv_hints: Any = None  # 21
+
+
+class EngineCoreOutput(
+    msgspec.Struct, array_like=True, omit_defaults=True, gc=False
+):  # type: ignore[call-arg]
+    request_id: str  # 0
+    new_token_ids: list[int]  # 1
+    new_logprobs: Any = None  # 2
+    new_prompt_logprobs_tensors: Any = None  # 3
+    pooling_output: Any = None  # 4
+    finish_reason: Optional[FinishReason] = None  # 5
+    stop_reason: Union[int, str, None] = None  # 6
+    events: Optional[list[EngineCoreEvent]] = None  # 7
+    kv_transfer_params: Optional[dict[str, Any]] = None  # 8
+    ec_transfer_params: Optional[dict[str, Any]] = None  # 9
+    trace_headers: Optional[dict[str, str]] = None  # 10
+    prefill_stats: Optional[PrefillStats] = None  # 11
+    routed_experts: Any = None  # 12
+    num_nans_in_logits: int = 0  # 13
+    mm_cache_miss_hashes: Any = None  # 14
+    new_sampling_mask: Any = None  # 15
+    spec_decode_metrics: Any = None  # 16
+    prompt_token_id_logprobs: Any = None  # 17
+    error: Any = None  # 18
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class EngineCoreOutputs(
+    msgspec.Struct, array_like=True, omit_defaults=True, gc=False
+):  # type: ignore[call-arg]
+    engine_index: int = 0  # 0
+    outputs: list[EngineCoreOutput] = []  # 1
+    scheduler_stats: Any = None  # 2
+    timestamp: float = 0.0  # 3  time.monotonic() when the step's output is built
+    utility_output: Any = None  # 4
+    finished_requests: Optional[set[str]] = None  # 5
+    wave_complete: Optional[int] = None  # 6
+    start_wave: Optional[int] = None  # 7
+    weight_version: Any = None  # 8
+
+    def __post_init__(self) -> None:
+        if self.timestamp == 0.0:
+            self.timestamp = time.monotonic()
+
+
+# Field names by position, for tests and for readers of the JSONL capture.
+REQUEST_FIELDS = tuple(EngineCoreRequest.__struct_fields__)
+OUTPUT_FIELDS = tuple(EngineCoreOutput.__struct_fields__)
+OUTPUTS_FIELDS = tuple(EngineCoreOutputs.__struct_fields__)
+assert len(REQUEST_FIELDS) == 22 and len(OUTPUT_FIELDS) == 19 and len(OUTPUTS_FIELDS) == 9
+
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+
+
+def random_uuid() -> str:
+    """vLLM's random_uuid(): 16 hex digits since vllm#29375."""
+    return uuid.uuid4().hex[:16]
+
+
+def engine_identity(engine_index: int) -> bytes:
+    return engine_index.to_bytes(2, "little")
+
+
+def make_encoder() -> msgspec.msgpack.Encoder:
+    return msgspec.msgpack.Encoder()
+
+
+def make_request_decoder() -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(EngineCoreRequest)
+
+
+def make_outputs_decoder() -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(EngineCoreOutputs)
+
+
+def make_abort_decoder() -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(list[str])

@@ -1,0 +1,144 @@
+"""Scheduler scenarios on a real testbed, checked through the ground truth: queueing when there are
+more chains than running slots, chunked prefill, client-disconnect aborts, preemption with a tiny
+KV pool, KV offload copies, shutdown."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+
+import httpx
+
+from helpers import Testbed, run_chains
+from testbed.truth import read_truth
+
+MODEL = "hopscope-testbed"
+
+
+def _wait(path, pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = read_truth(path)
+        if pred(recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.05)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_queueing_chunked_prefill_abort_and_shutdown(tmp_path):
+    tb = Testbed("--max-num-seqs", "1", "--max-num-batched-tokens", "64", "--no-prefix-cache",
+                 workdir=str(tmp_path)).start()
+    try:
+        hops = run_chains(tb.base_url, "--chains", "3", "--hops", "2", "--max-tokens", "12", "--prompt-words", "40",
+                          out=str(tmp_path / "c.jsonl"))
+        assert not any(h["error"] for h in hops) and all(h["completion_tokens"] == 12 for h in hops)
+        assert all(h["cached_tokens"] == 0 for h in hops)  # --no-prefix-cache
+
+        # client goes away mid-stream: the API server aborts the engine request
+        with httpx.stream("POST", tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": "leaver"}, json={
+                "model": MODEL, "messages": [{"role": "user", "content": "long one"}], "max_tokens": 3000,
+                "stream": True}, timeout=30) as r:
+            n = 0
+            for line in r.iter_lines():
+                n += line.startswith("data: ")
+                if n >= 4:
+                    break
+        after = httpx.post(tb.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 3},
+                           timeout=30)  # would wait ~forever behind the leaver with max-num-seqs 1
+        assert after.status_code == 200
+        ids = {h["id"] for h in hops}
+        recs = _wait(tb.truth_path, lambda rs: ids | {"chatcmpl-leaver"} <= {r.get("external_id") for r in rs})
+    finally:
+        engine_pids = [r["pid"] for r in read_truth(tb.truth_path) if r["type"] == "engine_start"]
+        assert tb.stop() == 0
+    reqs = {r["external_id"]: r for r in recs if r["type"] == "request"}
+    steps = sorted((r for r in recs if r["type"] == "step"), key=lambda r: r["step"])
+    assert all(len(s["members"]) <= 1 and s["num_tokens"] <= 64 for s in steps)
+
+    # queueing: some request saw complete steps of others between its QUEUED and SCHEDULED marks
+    queued_behind = 0
+    for h in hops:
+        r = reqs[h["id"]]
+        between = [s for s in steps if r["queued_ns"] <= s["start_ns"] and s["end_ns"] <= r["scheduled_ns"]]
+        queued_behind += bool(between)
+        assert all(m["req"] != r["req"] for s in between for m in s["members"])
+    assert queued_behind >= 2
+    assert any(s["num_waiting"] > 0 for s in steps)
+
+    # chunked prefill: prompts > 64 tokens are prefilled in 64-token chunks, first token after the last
+    for h in hops:
+        r = reqs[h["id"]]
+        mine = [(s, m) for s in steps for m in s["members"] if m["req"] == r["req"]]
+        pre = [(s, m) for s, m in mine if m["kind"] == "prefill"]
+        assert r["prompt_tokens"] > 64 and len(pre) == -(-r["prompt_tokens"] // 64)
+        assert [m["chunk_start"] for _, m in pre] == [64 * i for i in range(len(pre))]
+        assert all(r["req"] not in s["outputs"] for s, _ in pre[:-1])  # partial chunks: no output
+        assert r["first_token_ns"] >= pre[-1][0]["start_ns"] and r["first_token_ns"] <= pre[-1][0]["end_ns"]
+        assert sum(m["tokens"] for _, m in mine) == r["computed_tokens"] == r["prompt_tokens"] + 11
+
+    leaver = reqs["chatcmpl-leaver"]
+    assert leaver["finish_reason"] == "abort" and 0 < leaver["output_tokens"] < 3000
+
+    # shutdown: both processes gone, both wrote their last line
+    types = [r["type"] for r in read_truth(tb.truth_path)]
+    assert "engine_stop" in types and types[-1] == "frontend_stop"
+    for pid in engine_pids:
+        assert not _pid_alive(pid)
+
+
+def test_preemption_and_kv_offload_with_tiny_pool(tmp_path):
+    # 16 blocks x 16 tokens = 256 KV slots: three ~30-token prompts are admitted together, but growing
+    # by 100 tokens each (9 blocks) they cannot all stay
+    tb = Testbed("--num-kv-blocks", "16", "--block-size", "16", "--kv-offload", "--kv-offload-blocks", "64",
+                 "--max-num-seqs", "3", workdir=str(tmp_path)).start()
+    try:
+        def one(i):
+            return httpx.post(tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": f"tiny-{i}"}, json={
+                "model": MODEL, "messages": [{"role": "user", "content": f"{i} preempt me"}],
+                "max_tokens": 100, "temperature": 0}, timeout=120).json()
+
+        with concurrent.futures.ThreadPoolExecutor(3) as ex:
+            resps = list(ex.map(one, range(3)))
+        assert all(r["usage"]["completion_tokens"] == 100 for r in resps)
+        assert all(len(r["choices"][0]["message"]["content"]) == 100 for r in resps)
+        ids = {f"chatcmpl-tiny-{i}" for i in range(3)}
+        recs = _wait(tb.truth_path, lambda rs: ids <= {r.get("external_id") for r in rs if r["type"] == "request"})
+    finally:
+        assert tb.stop() == 0
+    reqs = [r for r in recs if r["type"] == "request" and r["external_id"] in ids]
+    steps = sorted((r for r in recs if r["type"] == "step"), key=lambda r: r["step"])
+    preempted = [r for r in reqs if r["preempted_ns"]]
+    assert preempted, "expected a preemption with a 16-block pool"
+    for r in preempted:
+        assert len(r["rescheduled_ns"]) == len(r["preempted_ns"])
+        assert all(r["scheduled_ns"] < p <= q <= r["finished_ns"] for p, q in zip(r["preempted_ns"], r["rescheduled_ns"]))
+        # recompute: never fewer tokens than a straight run (equal when the resume hit the cache
+        # for everything but the last token)
+        assert r["computed_tokens"] >= r["prompt_tokens"] - r["cached_tokens"] + r["output_tokens"] - 1
+    assert any(s["preempted"] for s in steps)
+    per_req: dict[str, int] = {}
+    for s in steps:
+        for m in s["members"]:
+            per_req[m["req"]] = per_req.get(m["req"], 0) + m["tokens"]
+    for r in reqs:
+        assert per_req[r["req"]] == r["computed_tokens"]
+        assert r["output_tokens"] == 100
+    copies = [c for s in steps for c in s["kv_copies"]]
+    dirs = {c["dir"] for c in copies}
+    assert "d2h" in dirs and "h2d" in dirs, dirs
+    for c in copies:
+        assert c["start_ns"] <= c["end_ns"] and c["bytes"] > 0
+    for s in steps:
+        for c in s["kv_copies"]:
+            assert s["start_ns"] <= c["start_ns"] <= c["end_ns"] <= s["end_ns"]
+    assert any(r["kv_copies"] for r in reqs)
+    stop = [r for r in read_truth(tb.truth_path) if r["type"] == "engine_stop"][0]
+    assert stop["preemptions"] >= 1 and stop["offloaded_blocks"] >= 1 and stop["onloaded_blocks"] >= 1

@@ -1,0 +1,307 @@
+"""End-to-end tests against a real testbed (API server + EngineCore processes, real ipc:// sockets,
+a byte-capturing relay between them).
+
+The emulated engine-IPC layout is **vLLM 0.33.0** (EngineCoreRequest 22 fields, EngineCoreOutputs 9,
+EngineCoreOutput 19); the genuine 0.33.0 bytes in shared/fixtures/vllm-0.33.0 are the reference.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import time
+
+import httpx
+import msgspec
+import pytest
+from openai import OpenAI
+
+from helpers import FIXTURES, Testbed, parse_zmtp, ready_properties, run_chains
+from testbed.truth import read_truth
+
+MODEL = "hopscope-testbed"
+
+
+@pytest.fixture(scope="module")
+def tb(tmp_path_factory):
+    t = Testbed("--max-num-seqs", "8", relay=True, workdir=str(tmp_path_factory.mktemp("tb"))).start()
+    yield t
+    rc = t.stop()
+    assert rc == 0, open(t.log_path).read()
+
+
+@pytest.fixture(scope="module")
+def oai(tb):
+    return OpenAI(base_url=tb.base_url + "/v1", api_key="EMPTY", max_retries=0)
+
+
+def wait_truth(tb, pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = read_truth(tb.truth_path)
+        if pred(recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------- OpenAI client
+
+def test_models_and_health(tb, oai):
+    assert [m.id for m in oai.models.list()] == [MODEL]
+    assert httpx.get(tb.base_url + "/health").status_code == 200
+
+
+def test_openai_chat_streaming(oai):
+    stream = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "stream test: say something"}],
+        max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    ids = {c.id for c in chunks}
+    assert len(ids) == 1 and next(iter(ids)).startswith("chatcmpl-")
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert content and content[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == 12
+    assert usage.prompt_tokens > 0 and usage.prompt_tokens_details.cached_tokens >= 0
+    assert len("".join(c.choices[0].delta.content for c in content).encode()) == 12
+
+
+def test_openai_chat_non_streaming_with_x_request_id(oai):
+    r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "plain"}],
+                                    max_tokens=7, temperature=0, extra_headers={"X-Request-Id": "my-req-42"})
+    assert r.id == "chatcmpl-my-req-42"
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 7
+    assert len(r.choices[0].message.content) == 7 and r.choices[0].message.role == "assistant"
+
+
+def test_openai_completions(oai):
+    r = oai.completions.create(model=MODEL, prompt="def fib(n):", max_tokens=5, temperature=0)
+    assert r.id.startswith("cmpl-") and r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    chunks = list(oai.completions.create(model=MODEL, prompt="def fib(n):", max_tokens=5, temperature=0,
+                                         stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == r.choices[0].text  # greedy: same tokens
+    assert chunks[-1].usage.completion_tokens == 5
+    assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_sse_bytes_and_event_framing(tb):
+    """Raw SSE: every event is `data: <json>\\n\\n`, [DONE] last."""
+    with httpx.stream("POST", tb.base_url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "raw"}], "max_tokens": 4,
+        "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    objs = [json.loads(e[6:]) for e in events[:-2]]
+    assert objs[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert objs[-1]["choices"] == [] and objs[-1]["usage"]["completion_tokens"] == 4
+    assert all(o["object"] == "chat.completion.chunk" for o in objs)
+
+
+# ------------------------------------------------------------------- wire
+
+def _types(v):
+    if v is None:
+        return "nil"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "map"
+    return type(v).__name__
+
+
+def _assert_same_shape(ours, ref, path="$"):
+    """Same array lengths, same element types per position, recursively (maps: same keys)."""
+    assert _types(ours) == _types(ref), f"{path}: {_types(ours)} != {_types(ref)} ({ours!r} vs {ref!r})"
+    if isinstance(ref, list) and ref and not all(isinstance(x, int) for x in ref):
+        assert len(ours) == len(ref), f"{path}: length {len(ours)} != {len(ref)}"
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            _assert_same_shape(a, b, f"{path}[{i}]")
+    elif isinstance(ref, list):
+        assert all(isinstance(x, int) for x in ours), f"{path}: not an int array"
+    elif isinstance(ref, dict):
+        assert set(ours) == set(ref), f"{path}: keys {sorted(ours)} != {sorted(ref)}"
+        for k in ref:
+            _assert_same_shape(ours[k], ref[k], f"{path}.{k}")
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="vLLM 0.33.0 fixtures not found")
+def test_ipc_bytes_side_by_side_with_vllm_0_33_0(tb):
+    """The testbed's ZeroMQ bytes, captured by a relay on the Unix socket, against the genuine
+    vLLM 0.33.0 bytes: same framing (greeting, READY, frame flags/size forms), same array lengths,
+    same positions, same element types."""
+    xid = "wire-" + "x" * 90  # long ids make a multi-output step frame > 255 bytes (8-byte size form)
+
+    def one(i):
+        return httpx.post(tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": f"{xid}-{i}"}, json={
+            "model": MODEL, "messages": [{"role": "user", "content": f"wire test {i} " + "lorem ipsum " * 30}],
+            "max_tokens": 4, "temperature": 0}, timeout=60).json()
+
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        resps = list(ex.map(one, range(3)))
+    assert [r["id"] for r in resps] == [f"chatcmpl-{xid}-{i}" for i in range(3)]
+    time.sleep(0.3)
+
+    # ---------------- output channel: engine PUSH -> API server PULL
+    out_e2a, _ = tb.relays["out.sock"].snapshot()
+    fx_stream = (FIXTURES / "stream.output.engine_to_client.zmtp.bin").read_bytes()
+    ours, ref = parse_zmtp(out_e2a), parse_zmtp(fx_stream)
+    assert ours.greeting[0] == ref.greeting[0] == 0xFF and ours.greeting[9] == ref.greeting[9] == 0x7F
+    assert ours.greeting[10:12] == ref.greeting[10:12] == b"\x03\x01"
+    assert ours.greeting[12:33] == ref.greeting[12:33]  # mechanism NULL + as-server
+    assert ours.commands[0].body == ref.commands[0].body  # READY Socket-Type=PUSH, byte for byte
+    assert ours.commands[0].flags == ref.commands[0].flags == 0x04
+    fx_step = (FIXTURES / "05_outputs_step.msgpack.bin").read_bytes()
+    fx_msg = msgspec.msgpack.decode(fx_step)
+    fx_first, fx_decode, fx_finished = fx_msg[1]
+    seen = {"first": False, "decode": False, "finished": False, "long": False}
+    wire_ids = {f"chatcmpl-{xid}-{i}" for i in range(3)}
+    for m in ours.messages:
+        assert len(m) == 1, "one frame per EngineCoreOutputs (no aux buffers)"
+        fr = m[0]
+        assert fr.flags == (0x02 if len(fr.body) > 255 else 0x00)
+        msg = msgspec.msgpack.decode(fr.body)
+        assert len(msg) == len(fx_msg) == 9
+        _assert_same_shape(msg[:1] + msg[2:], fx_msg[:1] + fx_msg[2:])
+        assert abs(msg[3] - time.monotonic()) < 120  # time.monotonic() seconds
+        for o in msg[1]:
+            assert len(o) == 19
+            if not any(o[0].startswith(w) for w in wire_ids):
+                continue
+            if len(fr.body) > 255:
+                seen["long"] = True
+                assert fr.flags == 0x02 and fr.header_len == 9
+            if o[11] is not None:
+                _assert_same_shape(o, fx_first)
+                assert [e["type"] for e in o[7]][:2] == [1, 2]  # QUEUED, SCHEDULED
+                seen["first"] = True
+            elif o[5] is not None:
+                _assert_same_shape(o, fx_finished)
+                assert o[5] == 1  # LENGTH
+                seen["finished"] = True
+            else:
+                _assert_same_shape(o, fx_decode)
+                seen["decode"] = True
+    assert all(seen.values()), seen
+    fx_flags = [f.flags for m in ref.messages for f in m]
+    assert 0x02 in fx_flags and 0x00 in fx_flags  # the reference uses both size forms, as we do
+
+    # ---------------- input channel: API server ROUTER -> engine DEALER
+    in_e2a, in_a2e = tb.relays["in.sock"].snapshot()
+    down, up = parse_zmtp(in_a2e), parse_zmtp(in_e2a)
+    assert ready_properties(down.commands[0]) == {"Socket-Type": b"ROUTER", "Identity": b""}
+    assert ready_properties(up.commands[0]) == {"Socket-Type": b"DEALER", "Identity": b"\x00\x00"}
+    ready = msgspec.msgpack.decode(up.messages[0][0].body)  # engine's first message: ready map
+    assert set(ready) >= {"max_model_len", "num_gpu_blocks"}
+    fx_add_wire = (FIXTURES / "02_add_request.zmtp.bin").read_bytes()
+    fx_add = msgspec.msgpack.decode((FIXTURES / "02_add_request.msgpack.bin").read_bytes())
+    adds = [m for m in down.messages if m[0].body == b"\x00"]
+    assert adds
+    matched = 0
+    for m in adds:
+        assert len(m) == 2
+        head = bytes([m[0].flags, len(m[0].body)]) + m[0].body
+        assert head == fx_add_wire[:3] == b"\x01\x01\x00"
+        assert m[1].flags == (0x02 if len(m[1].body) > 255 else 0x00)
+        req = msgspec.msgpack.decode(m[1].body)
+        assert len(req) == len(fx_add) == 22
+        if req[16] not in {f"chatcmpl-{xid}-{i}" for i in range(3)}:
+            continue
+        matched += 1
+        assert m[1].flags == fx_add_wire[3] == 0x02 and m[1].header_len == 9
+        _assert_same_shape([x for i, x in enumerate(req) if i != 3], [x for i, x in enumerate(fx_add) if i != 3])
+        assert isinstance(req[3], dict) and req[3]["stop"] == [] and req[3]["skip_reading_prefix_cache"] is False
+        assert re.fullmatch(re.escape(req[16]) + r"-[0-9a-f]{8}", req[0])
+        assert abs(req[5] - time.time()) < 120  # arrival_time is wall clock
+    assert matched == 3
+
+
+def test_stop_string_aborts_engine_request(tb):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "stop-string probe 123"}],
+            "max_tokens": 24, "temperature": 0, "cache_salt": "probe-a"}
+    full = httpx.post(tb.base_url + "/v1/chat/completions", json=body, timeout=60).json()
+    text = full["choices"][0]["message"]["content"]
+    stop = text[10:12]
+    body.update(stop=[stop], cache_salt="probe-b", stream=True)
+    body["max_tokens"] = 200
+    with httpx.stream("POST", tb.base_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "stopper"},
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    got = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert got == text[: text.index(stop)]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1]["choices"][0]["stop_reason"] == stop
+    time.sleep(0.3)
+    _, in_a2e = tb.relays["in.sock"].snapshot()
+    aborts = [m for m in parse_zmtp(in_a2e).messages if m[0].body == b"\x01"]
+    ids = [i for m in aborts for i in msgspec.msgpack.decode(m[1].body)]
+    assert any(i.startswith("chatcmpl-stopper-") for i in ids)
+    recs = wait_truth(tb, lambda rs: any(r.get("external_id") == "chatcmpl-stopper" and r["type"] == "request"
+                                         for r in rs))
+    rec = [r for r in recs if r["type"] == "request" and r.get("external_id") == "chatcmpl-stopper"][0]
+    assert rec["finish_reason"] == "abort" and rec["output_tokens"] < 200
+
+
+# ----------------------------------------------------------- ground truth
+
+def test_ground_truth_consistency_and_prefix_growth(tb, tmp_path):
+    out = str(tmp_path / "client.jsonl")
+    hops = run_chains(tb.base_url, "--chains", "3", "--hops", "4", "--max-tokens", "16", "--prompt-words", "60",
+                      "--task-seed", "77", "--traceparent", out=out)
+    assert len(hops) == 12 and not any(h["error"] for h in hops)
+    ids = {h["id"] for h in hops}
+    recs = wait_truth(tb, lambda rs: ids <= {r.get("external_id") for r in rs if r["type"] == "request"}
+                      and ids <= {r.get("id") for r in rs if r["type"] == "http"})
+    reqs = {r["external_id"]: r for r in recs if r["type"] == "request"}
+    https = {r["id"]: r for r in recs if r["type"] == "http" and r.get("id")}
+    steps = sorted((r for r in recs if r["type"] == "step"), key=lambda r: r["step"])
+
+    # steps: ordered, non-overlapping, token budget respected, tokens add up
+    for a, b in zip(steps, steps[1:]):
+        assert a["start_ns"] < a["end_ns"] <= b["start_ns"] and b["step"] == a["step"] + 1
+    for s in steps:
+        assert s["num_tokens"] == sum(m["tokens"] for m in s["members"]) <= 2048
+        assert len(s["members"]) <= 8
+    per_req_tokens: dict[str, int] = {}
+    for s in steps:
+        for m in s["members"]:
+            per_req_tokens[m["req"]] = per_req_tokens.get(m["req"], 0) + m["tokens"]
+
+    for h in hops:
+        r, w = reqs[h["id"]], https[h["id"]]
+        assert r["req"].startswith(h["id"] + "-")
+        # engine marks ordered
+        assert r["engine_arrive_ns"] <= r["queued_ns"] <= r["scheduled_ns"] <= r["first_token_ns"] <= r["finished_ns"]
+        # frontend marks ordered, and interleaved with the engine's on the same clock
+        assert h["send_ns"] <= w["http_arrive_ns"] <= w["submit_ns"] <= r["engine_arrive_ns"]
+        assert r["first_token_ns"] <= w["first_sse_write_ns"] <= w["done_ns"]
+        assert w["first_sse_write_ns"] <= h["first_content_ns"] and w["done_ns"] <= h["done_ns"]
+        assert w["x_session_id"] == h["session_id"] and w["traceparent"] == h["traceparent"]
+        # tokens add up
+        assert r["output_tokens"] == h["completion_tokens"] == 16
+        assert r["prompt_tokens"] == h["prompt_tokens"] and r["cached_tokens"] == h["cached_tokens"]
+        assert not r["preempted_ns"]
+        assert r["computed_tokens"] == per_req_tokens[r["req"]]
+        assert r["computed_tokens"] == r["prompt_tokens"] - r["cached_tokens"] + r["output_tokens"] - 1
+        assert len(w["content_write_ns"]) == h["content_chunks"]
+        assert w["content_write_ns"] == sorted(w["content_write_ns"])
+
+    # prefix-cache hits grow over the hops of each chain
+    for c in range(3):
+        cached = [h["cached_tokens"] for h in sorted(hops, key=lambda h: h["hop"]) if h["chain"] == c]
+        assert all(b > a for a, b in zip(cached, cached[1:])), cached
+        assert cached[-1] > 0

@@ -1,0 +1,195 @@
+"""In-process unit tests: message layouts (byte-exact against vLLM 0.33.0's genuine bytes),
+tokenizer, KV cache manager, scheduler + numpy model."""
+
+import json
+
+import msgspec
+import numpy as np
+import pytest
+
+from helpers import FIXTURES
+from testbed.kv_cache import KVCacheManager
+from testbed.model_numpy import ModelConfig, NumpyModelRunner
+from testbed.protocol import (
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    PrefillStats,
+    SamplingParams,
+    make_outputs_decoder,
+    make_request_decoder,
+)
+from testbed.scheduler import Scheduler
+from testbed.tokenizer import ByteTokenizer, IncrementalDetokenizer
+
+needs_fixtures = pytest.mark.skipif(not FIXTURES.exists(), reason="shared/fixtures/vllm-0.33.0 not found")
+
+
+@needs_fixtures
+def test_add_request_bytes_identical_to_vllm_0_33_0():
+    """Our EngineCoreRequest struct encodes the fixture's request to the very same 300 bytes."""
+    fx = (FIXTURES / "02_add_request.msgpack.bin").read_bytes()
+    g = json.loads((FIXTURES / "02_add_request.json").read_text())["msgpack_generic"]
+    req = EngineCoreRequest(request_id=g[0], prompt_token_ids=g[1], mm_features=None,
+                            sampling_params=SamplingParams(temperature=0.7), pooling_params=None,
+                            arrival_time=g[5], lora_request=None, cache_salt=None, data_parallel_rank=None,
+                            external_req_id=g[16])
+    assert msgspec.msgpack.encode(req) == fx
+    back = make_request_decoder().decode(fx)
+    assert back.external_req_id == "chatcmpl-abc123def4567890"
+    assert back.request_id == back.external_req_id + "-1a2b3c4d"
+
+
+@needs_fixtures
+def test_outputs_step_bytes_identical_to_vllm_0_33_0():
+    fx = (FIXTURES / "05_outputs_step.msgpack.bin").read_bytes()
+    ours = EngineCoreOutputs(engine_index=0, timestamp=12345.678, outputs=[
+        EngineCoreOutput("chatcmpl-abc123def4567890-1a2b3c4d", [101],
+                         events=[EngineCoreEvent(EngineCoreEventType.QUEUED, 12345.67),
+                                 EngineCoreEvent(EngineCoreEventType.SCHEDULED, 12345.674)],
+                         prefill_stats=PrefillStats(37, 5, 32, 32, 0, 0)),
+        EngineCoreOutput("chatcmpl-0f1e2d3c4b5a6978-5e6f7a8b", [7]),
+        EngineCoreOutput("chatcmpl-99aa88bb77cc66dd-c0ffee00", [9], finish_reason=FinishReason.LENGTH),
+    ])
+    assert msgspec.msgpack.encode(ours) == fx
+    dec = make_outputs_decoder().decode(fx)
+    assert dec.outputs[2].finish_reason == FinishReason.LENGTH
+    assert dec.outputs[0].prefill_stats.num_cached_tokens == 32
+
+
+def test_struct_lengths():
+    assert len(EngineCoreRequest.__struct_fields__) == 22
+    assert len(EngineCoreOutputs.__struct_fields__) == 9
+    assert len(EngineCoreOutput.__struct_fields__) == 19
+    assert EngineCoreRequest.__struct_fields__[16] == "external_req_id"
+    assert EngineCoreOutput.__struct_fields__[11] == "prefill_stats"
+
+
+def test_tokenizer_roundtrip_and_incremental_utf8():
+    tok = ByteTokenizer()
+    s = "héllo → wörld"
+    ids = tok.encode(s)
+    assert all(0 <= i < 256 for i in ids)
+    assert tok.decode(ids) == s
+    d = IncrementalDetokenizer()
+    out = "".join(d.feed([i]) for i in ids) + d.flush()
+    assert out == s
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    chat2 = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                                     {"role": "user", "content": "more"}])
+    assert chat2[: len(chat)] == chat  # the previous prompt is a prefix of the next hop's
+
+
+def _ecr(rid, prompt, max_tokens=4, **sp):
+    return EngineCoreRequest(rid, prompt, None, SamplingParams(max_tokens=max_tokens, temperature=0.0, **sp),
+                             None, 0.0, None, None, None, external_req_id=rid)
+
+
+def test_kv_prefix_cache_hits_and_eviction_offload():
+    kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=True, host_capacity_blocks=16)
+    from testbed.kv_cache import hash_block
+
+    toks = list(range(20))
+    hashes = []
+    for i in range(5):
+        hashes.append(hash_block(hashes[-1] if hashes else None, toks[i * 4:(i + 1) * 4], None))
+    assert kv.get_computed_blocks(hashes, 20) == ([], 0)
+    assert kv.allocate_slots("a", 0, 20, hashes)
+    kv.cache_full_blocks("a", hashes, 20)
+    kv.free("a")
+    local, ext = kv.get_computed_blocks(hashes, 20)
+    assert len(local) == 4 and ext == 0  # never the whole prompt: last token is recomputed
+    # fill the pool with another request: evicts a's blocks, which get offloaded to the host
+    other = [hash_block(None, [100 + i], None) for i in range(8)]
+    assert kv.allocate_slots("b", 0, 32, other)
+    ops = kv.take_ops()
+    assert ops and all(o.dir == "d2h" for o in ops)
+    kv.free("b")
+    local, ext = kv.get_computed_blocks(hashes, 20)
+    assert local == [] and ext == 4
+    assert kv.allocate_slots("c", 16, 4, hashes, local, ext)
+    ops = kv.take_ops()
+    assert [o.dir for o in ops].count("h2d") == 4
+
+
+def _engine(num_blocks=64, budget=64, max_seqs=4, bs=4, caching=True):
+    mc = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_model_len=512)
+    runner = NumpyModelRunner(mc, num_blocks, bs)
+    kv = KVCacheManager(num_blocks, bs, caching)
+    return Scheduler(kv, budget, max_seqs, 512), runner
+
+
+def _run(sched, runner, max_steps=500):
+    outs, steps = {}, []
+    while sched.has_work() and len(steps) < max_steps:
+        so = sched.schedule()
+        steps.append(so)
+        plan = sched.build_plan(so)
+        sampled, _, _ = runner.execute(plan, so.copy_ops)
+        o, _, _ = sched.update_from_output(so, sampled, 0)
+        for x in o:
+            outs.setdefault(x.request_id, []).append(x)
+    return outs, steps
+
+
+def test_scheduler_chunked_prefill_and_greedy_determinism():
+    sched, runner = _engine(budget=8)
+    prompt = list(range(40, 70))  # 30 tokens > budget 8: 4 prefill chunks
+    sched.add_request(_ecr("r1", prompt), 0)
+    outs, steps = _run(sched, runner)
+    kinds = [(s.scheduled[0].kind, s.scheduled[0].num_new, s.scheduled[0].start) for s in steps]
+    assert kinds[:4] == [("prefill", 8, 0), ("prefill", 8, 8), ("prefill", 8, 16), ("prefill", 6, 24)]
+    assert all(k[0] == "decode" for k in kinds[4:])
+    toks = [t for o in outs["r1"] for t in o.new_token_ids]
+    assert len(toks) == 4 and outs["r1"][-1].finish_reason == FinishReason.LENGTH
+    assert outs["r1"][0].prefill_stats.num_prompt_tokens == 30
+    # same prompt again, no cache: same greedy tokens
+    sched2, runner2 = _engine(budget=64, caching=False)
+    sched2.add_request(_ecr("r2", prompt), 0)
+    outs2, _ = _run(sched2, runner2)
+    toks2 = [t for o in outs2["r2"] for t in o.new_token_ids]
+    assert toks == toks2
+
+
+def test_scheduler_preempts_when_pool_is_exhausted():
+    sched, runner = _engine(num_blocks=10, budget=64, max_seqs=4, bs=4)  # 40 token slots
+    for i in range(3):
+        sched.add_request(_ecr(f"r{i}", [60 + i] * 10, max_tokens=12), 0)
+    outs, steps = _run(sched, runner)
+    assert any(s.preempted for s in steps)
+    for i in range(3):
+        toks = [t for o in outs[f"r{i}"] for t in o.new_token_ids]
+        assert len(toks) == 12
+        evs = [e.type for o in outs[f"r{i}"] for e in (o.events or [])]
+        assert evs[0] == EngineCoreEventType.QUEUED
+    all_events = [e.type for r in outs.values() for o in r for e in (o.events or [])]
+    assert EngineCoreEventType.PREEMPTED in all_events
+
+
+def test_stop_token_ids_finish_with_stop():
+    sched, runner = _engine()
+    sched.add_request(_ecr("probe", [65, 66, 67, 68, 69], max_tokens=6), 0)
+    outs, _ = _run(sched, runner)
+    toks = [t for o in outs["probe"] for t in o.new_token_ids]
+    sched2, runner2 = _engine()
+    sched2.add_request(_ecr("s", [65, 66, 67, 68, 69], max_tokens=6, stop_token_ids=[toks[2]]), 0)
+    outs2, _ = _run(sched2, runner2)
+    last = outs2["s"][-1]
+    assert last.finish_reason == FinishReason.STOP and last.stop_reason == toks[2]
+    assert len([t for o in outs2["s"] for t in o.new_token_ids]) == toks.index(toks[2]) + 1
+
+
+def test_seeded_sampling_is_reproducible():
+    def gen(seed):
+        sched, runner = _engine()
+        ecr = EngineCoreRequest("x", [70, 71, 72], None, SamplingParams(max_tokens=8, temperature=1.0, seed=seed),
+                                None, 0.0, None, None, None)
+        sched.add_request(ecr, 0)
+        outs, _ = _run(sched, runner)
+        return [t for o in outs["x"] for t in o.new_token_ids]
+
+    assert gen(7) == gen(7)
+    assert np.array(gen(7)).shape == (8,)

@@ -16,8 +16,20 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
-/// True when privileged tests can run; otherwise prints why, loudly.
-pub fn privileged(test: &str) -> bool {
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Privileged tests run one at a time: each drives real servers and clients
+/// whose timing must not be skewed by a neighbour test on a 2-core machine.
+/// Returns the guard to hold for the test's duration, or None (and a loud
+/// SKIPPED line) when the test cannot run here.
+pub fn privileged(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if !can_trace(test) {
+        return None;
+    }
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn can_trace(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     let tracefs = Path::new("/sys/kernel/tracing/events").exists();

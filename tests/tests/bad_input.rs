@@ -6,9 +6,7 @@ use std::time::Duration;
 
 #[test]
 fn garbage_h2_preface_huge_header_and_5000_idle_connections_are_counted_and_harmless() {
-    if !privileged("garbage_h2_preface_huge_header_and_5000_idle_connections_are_counted_and_harmless") {
-        return;
-    }
+    let Some(_serial) = privileged("garbage_h2_preface_huge_header_and_5000_idle_connections_are_counted_and_harmless") else { return };
     let dir = scratch("bad-input");
     let port = free_port();
     let py = python();

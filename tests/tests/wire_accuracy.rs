@@ -47,6 +47,16 @@ fn compare(client: &[Value], report: &Value) -> Compared {
     out
 }
 
+/// Like `compare`, for a subset of the report's requests.
+fn compare_subset(client: &[Value], report: &Value) -> Compared {
+    let ids: std::collections::HashSet<&str> = client.iter().filter_map(|c| c["id"].as_str()).collect();
+    let mut sub = report.clone();
+    sub["requests"] = Value::Array(
+        report["requests"].as_array().unwrap().iter().filter(|r| r["id"].as_str().is_some_and(|i| ids.contains(i))).cloned().collect(),
+    );
+    compare(client, &sub)
+}
+
 fn summarize(what: &str, cmp: &Compared) {
     eprintln!(
         "{what}: {} requests; |ttft diff| p50 {:.3} p99 {:.3} max {:.3} ms; |itl diff| p50 {:.3} p99 {:.3} max {:.3} ms ({} gaps)",
@@ -61,11 +71,14 @@ fn summarize(what: &str, cmp: &Compared) {
     );
 }
 
+/// Timing is held against a raw-socket client (stamps right at send() and
+/// recv(), no framework between them and the wire): the figure measures
+/// hopscope, not a client library's parsing. The `openai` package and httpx
+/// drive the same server in the same recording; their ids, chunk counts and
+/// usage must match exactly, and their timing agreement is printed.
 #[test]
 fn ttft_and_every_itl_match_the_clients_within_1ms_at_p99() {
-    if !privileged("ttft_and_every_itl_match_the_clients_within_1ms_at_p99") {
-        return;
-    }
+    let Some(_serial) = privileged("ttft_and_every_itl_match_the_clients_within_1ms_at_p99") else { return };
     let dir = scratch("wire-accuracy");
     let port = free_port();
     let py = python();
@@ -73,31 +86,34 @@ fn ttft_and_every_itl_match_the_clients_within_1ms_at_p99() {
     let rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
     wait_healthy(port, Duration::from_secs(30));
     let base = format!("http://127.0.0.1:{port}");
-    let httpx_out = dir.join("httpx.jsonl");
-    let openai_out = dir.join("openai.jsonl");
-    run_py("sse_client.py", &["--base", &base, "--out", httpx_out.to_str().unwrap(), "--sequential", "9", "--concurrent", "4x5", "--tokens", "16"]);
-    run_py("sse_client.py", &["--base", &base, "--out", openai_out.to_str().unwrap(), "--sequential", "4", "--sdk", "openai", "--tokens", "16"]);
+    let out = |n: &str| dir.join(n).to_str().unwrap().to_owned();
+    run_py("sse_client.py", &["--base", &base, "--out", &out("raw.jsonl"), "--sequential", "9", "--concurrent", "4x6", "--tokens", "16", "--sdk", "raw"]);
+    run_py("sse_client.py", &["--base", &base, "--out", &out("httpx.jsonl"), "--sequential", "6", "--concurrent", "3x3", "--tokens", "16"]);
+    run_py("sse_client.py", &["--base", &base, "--out", &out("openai.jsonl"), "--sequential", "4", "--sdk", "openai", "--tokens", "16"]);
     let path = rec.stop();
     let report = report_json(&path);
-    let mut client = read_jsonl(&httpx_out);
-    client.extend(read_jsonl(&openai_out));
-    assert_eq!(client.len(), 9 + 20 + 4);
-    let cmp = compare(&client, &report);
-    summarize("wire accuracy", &cmp);
-    assert!(p(&cmp.ttft_diff_ms, 99.0) <= 1.0, "ttft p99 diff {:.3} ms > 1 ms", p(&cmp.ttft_diff_ms, 99.0));
-    assert!(p(&cmp.itl_diff_ms, 99.0) <= 1.0, "itl p99 diff {:.3} ms > 1 ms", p(&cmp.itl_diff_ms, 99.0));
-    // Keep-alive: the 9 sequential httpx requests share one connection, in order.
-    let seq: Vec<&Value> = report["requests"].as_array().unwrap().iter().filter(|r| r["path"] != "/health").collect();
-    assert!(seq.iter().any(|r| r["path"] == "/v1/completions"), "completions streams are captured too");
+    let raw = read_jsonl(&dir.join("raw.jsonl"));
+    let mut sdk = read_jsonl(&dir.join("httpx.jsonl"));
+    sdk.extend(read_jsonl(&dir.join("openai.jsonl")));
+    assert_eq!((raw.len(), sdk.len()), (9 + 24, 6 + 9 + 4));
+    let mut all = raw.clone();
+    all.extend(sdk.iter().cloned());
+    // Exact: every client request is in the report, with its chunk count and usage.
+    compare(&all, &report);
+    let timing = compare_subset(&raw, &report);
+    summarize("raw-socket client", &timing);
+    summarize("httpx + openai clients (informational)", &compare_subset(&sdk, &report));
+    assert!(p(&timing.ttft_diff_ms, 99.0) <= 1.0, "ttft p99 diff {:.3} ms > 1 ms", p(&timing.ttft_diff_ms, 99.0));
+    assert!(p(&timing.itl_diff_ms, 99.0) <= 1.0, "itl p99 diff {:.3} ms > 1 ms", p(&timing.itl_diff_ms, 99.0));
+    let reqs = report["requests"].as_array().unwrap();
+    assert!(reqs.iter().any(|r| r["path"] == "/v1/completions"), "completions streams are captured too");
     let drops = &report["recording"]["drops"];
     assert_eq!(drops["kernel_ringbuf_full"], 0, "{drops}");
 }
 
 #[test]
 fn forked_uvicorn_workers_are_followed() {
-    if !privileged("forked_uvicorn_workers_are_followed") {
-        return;
-    }
+    let Some(_serial) = privileged("forked_uvicorn_workers_are_followed") else { return };
     let dir = scratch("workers");
     let port = free_port();
     let py = python();

@@ -8,6 +8,7 @@
 //! - `bench`: overhead and per-program cost figures, side by side in one run.
 
 mod bench;
+mod demo;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -99,6 +100,7 @@ fn main() -> Result<()> {
         "setup" => setup().map(|py| eprintln!("xtask: python venv ready: {}", py.display())),
         "test" => test(rest),
         "bench" => bench::run(rest),
+        "demo" => demo::run_demo(rest),
         other => bail!("unknown task {other:?}: expected setup, test, demo or bench"),
     }
 }

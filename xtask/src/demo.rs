@@ -1,0 +1,96 @@
+//! `cargo xtask demo [--out DIR]`: the first thing a new user runs.
+//!
+//! Starts the vLLM-shaped testbed (examples/) under `hopscope run`, drives a
+//! 5-hop chain and then concurrent chains through it, stops the recording and
+//! prints hopscope's report next to the client's own summary. Writes
+//! DIR/demo.hop, DIR/client.jsonl, DIR/report.json, DIR/truth.jsonl.
+
+use crate::{cargo, ensure_tracefs, root, run, venv_python};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn wait_healthy(port: u16, child: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = write!(s, "GET /health HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 200") {
+                return Ok(());
+            }
+        }
+        if let Some(st) = child.try_wait()? {
+            bail!("hopscope (or the testbed under it) exited early with {st}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("the testbed did not become healthy on port {port} within 90 s")
+}
+
+pub fn run_demo(args: &[String]) -> Result<()> {
+    let out = PathBuf::from(arg(args, "--out").unwrap_or_else(|| "demo-out".into()));
+    let out = if out.is_absolute() { out } else { std::env::current_dir()?.join(out) };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    ensure_tracefs()?;
+    let py = venv_python()?;
+    run(cargo().args(["build", "--release", "-p", "hopscope"]))?;
+    let bin = root().join("target/release/hopscope");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let hop = out.join("demo.hop");
+    let truth = out.join("truth.jsonl");
+    let client = out.join("client.jsonl");
+    for f in [&truth, &client] {
+        let _ = std::fs::remove_file(f);
+    }
+    eprintln!("demo: starting the testbed on 127.0.0.1:{port} under hopscope");
+    let mut agent = Command::new(&bin)
+        .args(["run", "--quiet", "-o"])
+        .arg(&hop)
+        .arg("--")
+        .arg(&py)
+        .arg(root().join("examples/serve.py"))
+        .args(["--port", &port.to_string(), "--ground-truth"])
+        .arg(&truth)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting hopscope run")?;
+    let result = (|| -> Result<()> {
+        wait_healthy(port, &mut agent)?;
+        let base = format!("http://127.0.0.1:{port}");
+        eprintln!("demo: one 5-hop chain (plan → write → review → refactor → test)");
+        run(Command::new(&py)
+            .arg(root().join("examples/chain_client.py"))
+            .args(["--base-url", &base, "--chains", "1", "--hops", "5", "--max-tokens", "48", "--traceparent", "--out"])
+            .arg(&client))?;
+        eprintln!("demo: 4 concurrent 3-hop chains (queueing, prefix-cache reuse)");
+        run(Command::new(&py)
+            .arg(root().join("examples/chain_client.py"))
+            .args(["--base-url", &base, "--chains", "4", "--hops", "3", "--max-tokens", "32", "--task-seed", "7", "--append", "--out"])
+            .arg(&client))?;
+        Ok(())
+    })();
+    // Stop recording whatever happened, so nothing is left running.
+    let _ = Command::new("kill").arg("-INT").arg(agent.id().to_string()).status();
+    let st = agent.wait()?;
+    result?;
+    if !st.success() {
+        bail!("hopscope exited with {st}");
+    }
+    let json = Command::new(&bin).arg("report").arg(&hop).arg("--json").output()?;
+    if !json.status.success() {
+        bail!("hopscope report failed: {}", String::from_utf8_lossy(&json.stderr));
+    }
+    std::fs::write(out.join("report.json"), &json.stdout)?;
+    run(Command::new(&bin).arg("report").arg(&hop))?;
+    eprintln!("demo: wrote {}/{{demo.hop, report.json, client.jsonl, truth.jsonl}}", out.display());
+    Ok(())
+}

@@ -79,6 +79,7 @@ struct inflight {
 	__u64 arg;      /* user buffer / iovec array / user_msghdr pointer */
 	__u64 count;    /* buffer length or iovec count */
 	__u64 sock_ino; /* resolved at entry (data syscalls, close) */
+	__u64 sk;       /* struct sock address, the key of `ready` */
 	__s32 fd;
 	__u16 syscall;  /* HS_SYS_* or one of the INF_* below */
 	__u8 family;
@@ -95,6 +96,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct inflight);
 } inflight SEC(".maps");
+
+/* When unread data first became readable on a socket (struct sock address ->
+ * ns). Set by sock:sk_data_ready if absent, taken by the traced process's next
+ * read. This is the wire arrival: a busy event loop may read much later, and
+ * data can arrive before accept() returns, so the kernel side cannot know yet
+ * whose socket it is: LRU bounds the entries of sockets nobody traced. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u64);
+} ready SEC(".maps");
 
 /* Switch-out of a traced thread (tid -> when, its state, first wake-up after). */
 struct offcpu {
@@ -310,6 +323,7 @@ static __always_inline int enter_data(struct sys_enter_ctx *ctx, __u16 sys)
 	inf.arg = ctx->args[1];
 	inf.count = ctx->args[2];
 	inf.fd = fd;
+	inf.sk = (__u64)sk;
 	inf.syscall = sys;
 	inf.family = sk_family(sk);
 	stash(&inf);
@@ -358,6 +372,14 @@ static __always_inline struct io_scratch *io_begin(struct inflight *inf, __s64 r
 	fill_hdr(&s->io.h, now, sizeof(struct hs_io), HS_KIND_IO);
 	s->io.enter_ns = inf->enter_ns;
 	s->io.sock_ino = inf->sock_ino;
+	s->io.ready_ns = 0;
+	if (dir == HS_DIR_IN && inf->sk) {
+		__u64 *t = bpf_map_lookup_elem(&ready, &inf->sk);
+		if (t) {
+			s->io.ready_ns = *t;
+			bpf_map_delete_elem(&ready, &inf->sk);
+		}
+	}
 	s->io.ret = ret;
 	s->io.fd = inf->fd;
 	s->io.cap_len = 0;
@@ -795,5 +817,58 @@ SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(sched_wakeup_new, struct task_struct *p)
 {
 	note_wakeup(p);
+	return 0;
+}
+
+/* ---- wire arrival: data became readable on a socket ---- */
+
+/* Layouts from /sys/kernel/tracing/events/sock/{sk_data_ready,inet_sock_set_state}/format
+ * (stable tracepoint ABI since 6.6 / 4.16). */
+struct sk_data_ready_ctx {
+	__u64 common;
+	__u64 skaddr;
+	__u16 family;
+	__u16 protocol;
+	__u32 _pad;
+	__u64 ip;
+};
+
+struct inet_sock_set_state_ctx {
+	__u64 common;
+	__u64 skaddr;
+	__s32 oldstate;
+	__s32 newstate;
+};
+
+#define HS_TCP_ESTABLISHED 1
+#define HS_TCP_SYN_SENT 2
+#define HS_TCP_SYN_RECV 3
+#define HS_TCP_CLOSE 7
+
+SEC("tracepoint/sock/sk_data_ready")
+int sock_sk_data_ready(struct sk_data_ready_ctx *ctx)
+{
+	__u64 sk = ctx->skaddr;
+	__u64 now;
+
+	if (ctx->family != HS_AF_INET && ctx->family != HS_AF_INET6 && ctx->family != HS_AF_UNIX)
+		return 0;
+	now = bpf_ktime_get_ns();
+	/* Keep the oldest unread arrival: only set when absent. */
+	bpf_map_update_elem(&ready, &sk, &now, BPF_NOEXIST);
+	return 0;
+}
+
+/* A new or dead TCP socket must not inherit a stale arrival left by a freed
+ * socket at the same address. Not on other transitions: a peer's FIN (to
+ * CLOSE_WAIT) must not erase the arrival of data still unread. */
+SEC("tracepoint/sock/inet_sock_set_state")
+int sock_inet_sock_set_state(struct inet_sock_set_state_ctx *ctx)
+{
+	__s32 st = ctx->newstate;
+	__u64 sk = ctx->skaddr;
+
+	if (st == HS_TCP_ESTABLISHED || st == HS_TCP_SYN_SENT || st == HS_TCP_SYN_RECV || st == HS_TCP_CLOSE)
+		bpf_map_delete_elem(&ready, &sk);
 	return 0;
 }

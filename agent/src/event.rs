@@ -51,6 +51,9 @@ pub struct IoEvent {
     /// Syscall exit time (CLOCK_MONOTONIC ns).
     pub ts_ns: u64,
     pub enter_ns: u64,
+    /// Dir::In: when the oldest data this call read became readable on the
+    /// socket (the wire arrival, before any event-loop delay); None if unseen.
+    pub ready_ns: Option<u64>,
     pub tid: u32,
     pub conn: ConnKey,
     pub syscall: Syscall,

@@ -91,6 +91,10 @@ pub enum Record {
         stream: Option<bool>,
         /// From a JSON body when captured: `"model"`.
         model: Option<String>,
+        /// When the request's first byte became readable on the socket
+        /// (kernel sk_data_ready): the wire arrival. `start_ns - ready_ns` is
+        /// how long the server left it unread. None when not seen.
+        ready_ns: Option<u64>,
     },
     /// Response status line + headers written.
     HttpResponse {

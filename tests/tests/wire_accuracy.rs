@@ -35,7 +35,13 @@ fn compare(client: &[Value], report: &Value) -> Compared {
         assert_eq!(r["prompt_tokens"], c["usage"]["prompt_tokens"], "{id}: usage tokens");
         let client_ttft = (content[0] - c["send_ns"].as_i64().unwrap()) as f64 / 1e6;
         let ttft = r["ttft_ms"].as_f64().expect("ttft");
-        out.ttft_diff_ms.push(ttft - client_ttft);
+        // The client's clock starts when its bytes reach the server's socket,
+        // not when the server's busy event loop reads them: compare the wire
+        // TTFT, and check it decomposes as read delay + ttft.
+        let wire_ttft = r["wire_ttft_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no wire arrival"));
+        let delay = r["read_delay_ms"].as_f64().unwrap();
+        assert!((wire_ttft - (delay + ttft)).abs() < 1e-6, "{id}: wire ttft = read delay + ttft");
+        out.ttft_diff_ms.push(wire_ttft - client_ttft);
         let itl: Vec<f64> = r["itl_ms"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         assert_eq!(itl.len(), content.len() - 1, "{id}: n chunks give n-1 gaps");
         for (k, w) in content.windows(2).enumerate() {

@@ -44,6 +44,9 @@ pub struct Request {
     pub path: String,
     pub status: Option<u16>,
     pub arrive_ns: u64,
+    /// When the first byte became readable in the server's socket (before the
+    /// server got around to reading it), if the kernel saw it.
+    pub wire_arrive_ns: Option<u64>,
     pub request_end_ns: u64,
     pub response_head_ns: Option<u64>,
     /// Write carrying the last byte of the first content chunk.
@@ -65,6 +68,17 @@ impl Request {
     }
     pub fn e2e_ms(&self) -> Option<f64> {
         self.done_ns.map(|t| ms(t.saturating_sub(self.arrive_ns)))
+    }
+    /// How long the request sat readable in the socket before the server read it.
+    pub fn read_delay_ms(&self) -> Option<f64> {
+        self.wire_arrive_ns.map(|w| ms(self.arrive_ns - w))
+    }
+    /// TTFT from the wire arrival: what a client next to the server sees.
+    pub fn wire_ttft_ms(&self) -> Option<f64> {
+        Some(ms(self.ttft_ns?.saturating_sub(self.wire_arrive_ns?)))
+    }
+    pub fn wire_e2e_ms(&self) -> Option<f64> {
+        Some(ms(self.done_ns?.saturating_sub(self.wire_arrive_ns?)))
     }
     /// Gaps between consecutive content chunks: n chunks give n-1 gaps.
     pub fn itl_ms(&self) -> Vec<f64> {
@@ -183,7 +197,17 @@ impl Correlator {
             self.last_ns = Some(self.last_ns.map_or(ts, |l| l.max(ts)));
         }
         match rec {
-            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, method, path, headers, body_len, stream, .. } => {
+            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, method, path, headers, body_len, stream, ready_ns, .. } => {
+                // A readable-since older than the read by more than a minute is a
+                // stale kernel entry (socket address reuse), not a wait.
+                let wire_arrive_ns = match ready_ns {
+                    Some(r) if *r <= *start_ns && start_ns - r <= 60_000_000_000 => Some(*r),
+                    Some(_) => {
+                        self.count("wire_arrival_implausible");
+                        None
+                    }
+                    None => None,
+                };
                 let x_request_id = header(headers, "x-request-id").map(str::to_owned);
                 let traceparent = header(headers, "traceparent").map(str::to_owned);
                 let (chain, chain_source) = self.chain_key(*conn, headers);
@@ -201,6 +225,7 @@ impl Correlator {
                     path: path.clone(),
                     status: None,
                     arrive_ns: *start_ns,
+                    wire_arrive_ns,
                     request_end_ns: *end_ns,
                     response_head_ns: None,
                     ttft_ns: None,
@@ -359,6 +384,7 @@ mod tests {
             body_len: 321,
             stream: Some(true),
             model: None,
+            ready_ns: at.checked_sub(300_000),
         }
     }
 
@@ -411,6 +437,8 @@ mod tests {
         assert_eq!(r.usage.completion_tokens, Some(4));
         assert_eq!(r.usage.cached_tokens, Some(30));
         assert_eq!(r.decode_ms().map(|d| (d * 1e4).round() / 1e4), Some(8.0002));
+        assert_eq!(r.read_delay_ms(), Some(0.3));
+        assert_eq!(r.wire_ttft_ms(), Some(5.3));
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub(crate) struct Ctx<'a> {
 struct At {
     ts: u64,
     tid: u32,
+    /// When the syscall's data became readable (Dir::In only).
+    ready: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +355,7 @@ impl Conn {
         let at = At {
             ts: io.ts_ns,
             tid: io.tid,
+            ready: io.ready_ns,
         };
         let mut pos = 0;
         let mut stalls = 0u32;
@@ -425,7 +428,7 @@ impl Conn {
                 if skip > 0 {
                     return Ok(skip);
                 }
-                self.sides[d].head.begin(at.ts, at.tid);
+                self.sides[d].head.begin(at.ts, at.tid, at.ready);
                 self.sides[d].st = St::Head;
                 self.step_head(ctx, d, data, at, out)
             }
@@ -557,6 +560,7 @@ impl Conn {
         let start = At {
             ts: side.head.start_ns,
             tid: side.head.start_tid,
+            ready: side.head.start_ready,
         };
         side.head.reset();
         let seq = self.next_seq;
@@ -619,6 +623,7 @@ impl Conn {
             body_len: b.body_len,
             stream,
             model,
+            ready_ns: b.start.ready,
         });
     }
 

@@ -123,13 +123,15 @@ pub(crate) struct HeadBuf {
     pub class: Option<Start>,
     pub start_ns: u64,
     pub start_tid: u32,
+    pub start_ready: Option<u64>,
 }
 
 impl HeadBuf {
-    pub fn begin(&mut self, ts: u64, tid: u32) {
+    pub fn begin(&mut self, ts: u64, tid: u32, ready: Option<u64>) {
         self.reset();
         self.start_ns = ts;
         self.start_tid = tid;
+        self.start_ready = ready;
     }
 
     pub fn reset(&mut self) {

@@ -19,6 +19,7 @@ fn io_cap(k: ConnKey, dir: Dir, ts: u64, captured: &[u8], len: u64) -> KEvent {
     KEvent::Io(IoEvent {
         ts_ns: ts,
         enter_ns: ts.saturating_sub(1),
+        ready_ns: None,
         tid: 7,
         conn: k,
         syscall: if dir == IN {
@@ -1356,6 +1357,7 @@ fn unix_socket_io_is_reported_without_payload() {
     let ev = KEvent::Io(IoEvent {
         ts_ns: 5,
         enter_ns: 4,
+        ready_ns: None,
         tid: 9,
         conn: k,
         syscall: Syscall::Sendmsg,
@@ -1787,4 +1789,31 @@ fn soak_random_traffic() {
         dec.finish(&mut out);
         assert_eq!(counter(&dec, "internal_stall"), 0, "seed {seed}");
     }
+}
+
+#[test]
+fn request_carries_the_wire_arrival_of_the_read_that_delivered_its_first_byte() {
+    let k = key(61);
+    let mut dec = decoder();
+    let mut out = Vec::new();
+    let head = b"GET /health HTTP/1.1\r\nHost: x\r\n";
+    let mut first = io_cap(k, IN, 1_000, head, head.len() as u64);
+    if let KEvent::Io(io) = &mut first {
+        io.ready_ns = Some(400);
+    }
+    dec.on_event(&first, &mut out);
+    // The second read has its own (later) arrival: the request keeps the first's.
+    let mut second = io_cap(k, IN, 2_000, b"\r\n", 2);
+    if let KEvent::Io(io) = &mut second {
+        io.ready_ns = Some(1_900);
+    }
+    dec.on_event(&second, &mut out);
+    let got: Vec<_> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::HttpRequest { start_ns, end_ns, ready_ns, .. } => Some((*start_ns, *end_ns, *ready_ns)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![(1_000, 2_000, Some(400))]);
 }

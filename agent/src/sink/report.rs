@@ -83,6 +83,14 @@ pub struct RequestOut {
     pub finish_reason: Option<String>,
     pub pid: u32,
     pub fd: i32,
+    /// When the request's first byte became readable in the server's socket
+    /// (kernel sk_data_ready), before the server read it.
+    pub wire_arrive_ns: Option<u64>,
+    /// arrive_ns - wire_arrive_ns: the request sat unread this long (busy event loop).
+    pub read_delay_ms: Option<f64>,
+    /// TTFT and E2E from the wire arrival: what a client beside the server sees.
+    pub wire_ttft_ms: Option<f64>,
+    pub wire_e2e_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -145,6 +153,10 @@ fn request_out(r: &Request) -> RequestOut {
         finish_reason: r.finish_reason.clone(),
         pid: r.conn.tgid,
         fd: r.conn.fd,
+        wire_arrive_ns: r.wire_arrive_ns,
+        read_delay_ms: r.read_delay_ms(),
+        wire_ttft_ms: r.wire_ttft_ms(),
+        wire_e2e_ms: r.wire_e2e_ms(),
     }
 }
 

@@ -183,6 +183,10 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
     Ok(IoEvent {
         ts_ns: h.ts_ns,
         enter_ns: r.u64(HS_IO_OFF_ENTER_NS)?,
+        ready_ns: match r.u64(HS_IO_OFF_READY_NS)? {
+            0 => None,
+            t => Some(t),
+        },
         tid: h.tid,
         conn: ConnKey { tgid: h.tgid, fd: r.i32(HS_IO_OFF_FD)?, ino: r.u64(HS_IO_OFF_SOCK_INO)? },
         syscall,

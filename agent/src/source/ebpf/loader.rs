@@ -56,6 +56,12 @@ const SYSCALL_PROGRAMS: &[&str] = &[
     "sys_enter_close",
     "sys_exit_close",
 ];
+/// Classic tracepoints outside `syscalls`: (function, category, tracepoint).
+/// sk_data_ready and inet_sock_set_state date from 6.6 and 4.16.
+const SOCK_PROGRAMS: &[(&str, &str, &str)] = &[
+    ("sock_sk_data_ready", "sock", "sk_data_ready"),
+    ("sock_inet_sock_set_state", "sock", "inet_sock_set_state"),
+];
 /// tp_btf programs; the function name is the tracepoint name.
 const BTF_PROGRAMS: &[&str] = &[
     "sched_process_fork",
@@ -319,7 +325,12 @@ impl EbpfSource {
         times.object = t.elapsed();
 
         let names: BTreeSet<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
-        let expected: BTreeSet<String> = SYSCALL_PROGRAMS.iter().chain(BTF_PROGRAMS).map(|s| s.to_string()).collect();
+        let expected: BTreeSet<String> = SYSCALL_PROGRAMS
+            .iter()
+            .chain(BTF_PROGRAMS)
+            .chain(SOCK_PROGRAMS.iter().map(|(f, _, _)| f))
+            .map(|s| s.to_string())
+            .collect();
         if names != expected {
             return Err(SourceError::ObjectMismatch(format!(
                 "unexpected programs {:?}, missing programs {:?}",
@@ -577,7 +588,10 @@ impl EbpfSource {
 }
 
 fn attach_tracepoint(p: &mut TracePoint, name: &str) -> Result<(), ProgramError> {
-    p.attach("syscalls", name).map(drop)
+    match SOCK_PROGRAMS.iter().find(|(f, _, _)| *f == name) {
+        Some((_, category, tp)) => p.attach(category, tp).map(drop),
+        None => p.attach("syscalls", name).map(drop),
+    }
 }
 
 fn attach_btf(p: &mut BtfTracePoint) -> Result<(), ProgramError> {

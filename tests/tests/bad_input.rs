@@ -40,8 +40,12 @@ fn garbage_h2_preface_huge_header_and_5000_idle_connections_are_counted_and_harm
 
     let drops = &report["recording"]["drops"];
     let n = |k: &str| drops[k].as_u64().unwrap_or_else(|| panic!("counter {k} missing: {drops}"));
-    assert!(n("unparsed_bytes") >= 3000, "garbage counted: {drops}");
+    // 3000 garbage bytes + the 1 MB header, at least.
+    assert!(n("unparsed_bytes") >= 3000 + (1 << 20), "garbage and the huge head counted: {drops}");
     assert!(n("http2_preface") >= 1, "{drops}");
-    assert!(n("head_too_large") >= 1, "{drops}");
+    // The huge head is seen through 4 KiB capture windows: it either overflows
+    // the head buffer or falls into an uncaptured gap; both are counted.
+    assert!(n("head_too_large") + n("gap_bytes_in_head") >= 1, "{drops}");
+    assert_eq!(n("kernel_ringbuf_full"), 0, "{drops}");
     eprintln!("bad input counters: {drops}");
 }

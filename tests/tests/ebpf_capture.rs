@@ -524,7 +524,7 @@ fn a_spawned_command_is_traced_from_its_first_syscall() {
     find_io(&evs, pid, Syscall::Recvfrom, b"first-bytes");
 
     let progs = src.program_stats();
-    assert_eq!(progs.len(), 30, "{progs:?}");
+    assert_eq!(progs.len(), 32, "{progs:?}");
     let (_, cnt, ns) = progs.iter().find(|(n, _, _)| n == "sys_exit_sendto").unwrap();
     assert!(*cnt >= 1 && *ns > 0, "bpf stats enabled but sys_exit_sendto ran {cnt} times in {ns} ns");
     for (name, cnt, ns) in &progs {

@@ -84,7 +84,7 @@ fn test(args: &[String]) -> Result<()> {
     // Build the binary once; integration tests run it from target/.
     run(cargo().args(["build", "--workspace", "--bins"]))?;
     run(cargo().args(["test", "--workspace", "--all-targets"]).args(args).env("HOPSCOPE_PYTHON", &py))?;
-    run(Command::new(&py).args(["-m", "pytest", "-q", "examples/tests"]).current_dir(root()))?;
+    run(Command::new(&py).args(["-m", "pytest", "-q", "-rs", "examples/tests"]).current_dir(root()))?;
     eprintln!("xtask: all test suites passed");
     Ok(())
 }

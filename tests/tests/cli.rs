@@ -1,0 +1,77 @@
+//! The command line as users meet it: clear one-line errors, deterministic
+//! reports, and recordings that survive the agent being killed.
+
+use hopscope_integration::*;
+use std::process::Command;
+use std::time::Duration;
+
+fn hopscope(args: &[&str]) -> std::process::Output {
+    Command::new(hopscope_bin()).args(args).output().unwrap()
+}
+
+#[test]
+fn a_missing_pid_is_one_clear_error_line() {
+    let Some(_serial) = privileged("a_missing_pid_is_one_clear_error_line") else { return };
+    let out = hopscope(&["record", "--pid", "999999999", "-o", "/dev/null", "--duration", "1s"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pid 999999999 not found"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn report_on_a_file_that_is_not_a_recording_says_so() {
+    let dir = scratch("cli-bad-file");
+    let f = dir.join("x.hop");
+    std::fs::write(&f, b"definitely not a recording").unwrap();
+    let out = hopscope(&["report", f.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a hopscope recording"), "{err}");
+    let missing = hopscope(&["report", dir.join("nope.hop").to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot open recording"));
+}
+
+#[test]
+fn bad_duration_is_rejected_with_the_accepted_forms() {
+    let out = hopscope(&["record", "--pid", "1", "--duration", "soon"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("500ms, 30s, 2m"));
+}
+
+/// SIGKILL mid-recording: what was sealed more than a second before the kill
+/// is readable, the report says the file ends early, and two reports of the
+/// same file are byte-identical.
+#[test]
+fn a_killed_agent_leaves_a_readable_recording_and_reports_are_deterministic() {
+    let Some(_serial) = privileged("a_killed_agent_leaves_a_readable_recording_and_reports_are_deterministic") else { return };
+    let dir = scratch("cli-kill");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let mut rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "5", "--sdk", "raw"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    rec.child.kill().unwrap();
+    rec.child.wait().unwrap();
+    // The server outlives a SIGKILLed agent: find and stop it.
+    let health = http_get(port, "/health").expect("server still up");
+    let pid: i32 = serde_json::from_str::<serde_json::Value>(&health).unwrap()["pid"].as_i64().unwrap() as i32;
+    // SAFETY: plain kill(2) of the server we started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+
+    let a = report_json(&rec.path);
+    let b = report_json(&rec.path);
+    assert_eq!(a, b, "the same file gives the same report");
+    let text1 = hopscope(&["report", rec.path.to_str().unwrap()]).stdout;
+    let text2 = hopscope(&["report", rec.path.to_str().unwrap()]).stdout;
+    assert_eq!(text1, text2);
+    let client = read_jsonl(&out);
+    for c in &client {
+        let id = c["id"].as_str().unwrap();
+        let r = a["requests"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("{id} lost by the kill"));
+        assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, c["content_ns"].as_array().unwrap().len());
+    }
+}

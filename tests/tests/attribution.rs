@@ -1,0 +1,225 @@
+//! hopscope's per-request attribution against the testbed's own ground truth:
+//! real frontend and engine processes, real ZMQ IPC, real sockets, eBPF.
+//!
+//! The testbed stamps its marks in the application (just before/after the
+//! calls); hopscope times the syscalls. Each phase is compared with the truth
+//! phase bounded by the corresponding application marks:
+//!   frontend     = submit − arrive          truth: submit_ns − http_arrive_ns
+//!   queue        = scheduled − submit       truth: scheduled_ns − submit_ns
+//!   prefill      = end of the first-token step (EngineCoreOutputs.timestamp) − scheduled
+//!                                           truth: end_ns of the first step whose outputs
+//!                                           include the request − scheduled_ns
+//!   first_output = ttft write − that        truth: first_sse_write_ns − that step end
+//!   decode       = done − ttft              truth: done_ns − first_sse_write_ns
+
+use hopscope_integration::*;
+use serde_json::Value;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+struct Run {
+    report: Value,
+    truth: Vec<Value>,
+    hop: std::path::PathBuf,
+}
+
+fn run_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> Run {
+    let dir = scratch(name);
+    let port = free_port();
+    let py = python();
+    let truth = dir.join("truth.jsonl");
+    let serve = workspace().join("examples/serve.py");
+    let mut cmd: Vec<String> = vec![py.display().to_string(), serve.display().to_string(), "--port".into(), port.to_string(), "--ground-truth".into(), truth.display().to_string()];
+    cmd.extend(serve_args.iter().map(|s| s.to_string()));
+    let cmd_ref: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    // One BLAS thread: on a 2-core machine a multi-threaded numpy engine starves
+    // ZMQ's I/O threads, whose writes (what hopscope times) then lag the
+    // application's send() calls (what the truth stamps) by milliseconds. A
+    // real inference server has cores to spare for them.
+    std::env::set_var("OPENBLAS_NUM_THREADS", "1");
+    std::env::set_var("OMP_NUM_THREADS", "1");
+    let rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
+    wait_healthy(port, Duration::from_secs(60));
+    let base = format!("http://127.0.0.1:{port}");
+    for args in clients {
+        let out = std::process::Command::new(&py)
+            .arg(workspace().join("examples/chain_client.py"))
+            .args(["--base-url", &base, "--quiet"])
+            .args(*args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let path = rec.stop();
+    Run { report: report_json(&path), truth: read_jsonl(&truth), hop: path }
+}
+
+fn ns(v: &Value, k: &str) -> i64 {
+    v[k].as_i64().unwrap_or_else(|| panic!("truth field {k} missing in {v}"))
+}
+
+/// Checks every streamed request against the truth; returns the worst error (ms).
+fn check_phases(run: &Run) -> f64 {
+    let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    // design.md §3: prefill ends with the step that produced the first token.
+    let mut first_step_end: HashMap<&str, i64> = HashMap::new();
+    for t in run.truth.iter().filter(|t| t["type"] == "step") {
+        for o in t["outputs"].as_array().into_iter().flatten() {
+            first_step_end.entry(o.as_str().unwrap()).or_insert(ns(t, "end_ns"));
+        }
+    }
+    let mut worst: f64 = 0.0;
+    let mut checked = 0;
+    for r in run.report["requests"].as_array().unwrap() {
+        if r["path"] != "/v1/chat/completions" {
+            continue;
+        }
+        let id = r["id"].as_str().unwrap();
+        let h = http.get(id).unwrap_or_else(|| panic!("no truth for {id}"));
+        assert_eq!(r["phase_source"], "ipc", "{id}: engine IPC joined");
+        let eid = r["engine_request_id"].as_str().unwrap();
+        let e = engine.get(eid).unwrap_or_else(|| panic!("no engine truth for {eid}"));
+        assert_eq!(e["external_id"].as_str(), Some(id), "engine id joins the SSE id");
+        let p = &r["phases_ms"];
+        let truth = [
+            ("frontend", ns(h, "submit_ns") - ns(h, "http_arrive_ns")),
+            ("queue", ns(e, "scheduled_ns") - ns(h, "submit_ns")),
+            ("prefill", first_step_end[eid] - ns(e, "scheduled_ns")),
+            ("first_output", ns(h, "first_sse_write_ns") - first_step_end[eid]),
+            ("decode", ns(h, "done_ns") - ns(h, "first_sse_write_ns")),
+        ];
+        let mut sum = 0.0;
+        for (phase, t_ns) in truth {
+            let got = p[phase].as_f64().unwrap_or_else(|| panic!("{id}: phase {phase} is null"));
+            let want = t_ns as f64 / 1e6;
+            let err = (got - want).abs();
+            let tol = (want.abs() * 0.03).max(1.0);
+            assert!(err <= tol, "{id}: {phase} {got:.3} ms vs truth {want:.3} ms (tolerance {tol:.3})");
+            worst = worst.max(err);
+            sum += got;
+        }
+        let e2e = r["e2e_ms"].as_f64().unwrap();
+        assert!((sum - e2e).abs() <= 0.1, "{id}: phases add to {sum:.4} ms, e2e {e2e:.4} ms");
+        assert_eq!(r["cached_tokens"], e["cached_tokens"], "{id}: cached tokens");
+        assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{id}: prompt tokens");
+        checked += 1;
+    }
+    assert!(checked > 0);
+    worst
+}
+
+/// Steps that produced outputs: same count and same members as the truth.
+fn check_steps(run: &Run) {
+    let truth_steps: Vec<BTreeSet<String>> = run
+        .truth
+        .iter()
+        .filter(|t| t["type"] == "step" && t["outputs"].as_array().is_some_and(|o| !o.is_empty()))
+        .map(|t| t["outputs"].as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_owned()).collect())
+        .collect();
+    let steps: u64 = run.report["requests"].as_array().unwrap().iter().filter_map(|r| r["steps"].as_u64()).sum();
+    let truth_memberships: usize = truth_steps.iter().map(BTreeSet::len).sum();
+    assert_eq!(steps as usize, truth_memberships, "every (step, request) output membership is seen");
+}
+
+#[test]
+fn phases_match_ground_truth_for_a_single_chain() {
+    let Some(_serial) = privileged("phases_match_ground_truth_for_a_single_chain") else { return };
+    let run = run_testbed("attr-single", &[], &[&["--chains", "1", "--hops", "4", "--max-tokens", "24"]]);
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("single chain: worst phase error {worst:.3} ms");
+    // Prefix cache: hop n > 1 reuses the previous hops' blocks.
+    let chain = run.report["chains"].as_array().unwrap().iter().find(|c| c["hops"].as_array().unwrap().len() == 4).expect("the 4-hop chain");
+    let hits: Vec<f64> = chain["prefix_cache_hit"].as_array().unwrap().iter().map(|h| h.as_f64().unwrap()).collect();
+    assert!(hits[1] > 0.5 && hits[3] > 0.5, "later hops hit the prefix cache: {hits:?}");
+
+    // The Perfetto trace of the same recording: valid, with the engine steps
+    // and every request's partition drawn.
+    let trace = run.hop.with_extension("pftrace");
+    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
+    let steps = summary.track("Engine steps").expect("engine steps track");
+    let drawn: u64 = steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>();
+    assert_eq!(drawn as usize, run.truth.iter().filter(|t| t["type"] == "step" && t["outputs"].as_array().is_some_and(|o| !o.is_empty())).count());
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let t = summary.track(r["id"].as_str().unwrap()).expect("request track");
+        for phase in ["frontend", "prefill", "first output", "decode"] {
+            assert_eq!(t.slices.get(phase), Some(&1), "{}: {phase} slice in {:?}", r["id"], t.slices);
+        }
+    }
+}
+
+#[test]
+fn phases_match_ground_truth_with_four_chains_queueing_for_two_slots() {
+    let Some(_serial) = privileged("phases_match_ground_truth_with_four_chains_queueing_for_two_slots") else { return };
+    let run = run_testbed("attr-queue", &["--max-num-seqs", "2"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16"]]);
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("4 chains / 2 slots: worst phase error {worst:.3} ms");
+    let queued = run.report["requests"].as_array().unwrap().iter().filter(|r| r["phases_ms"]["queue"].as_f64().is_some_and(|q| q > 5.0)).count();
+    assert!(queued >= 1, "with more chains than slots some request queues");
+}
+
+#[test]
+fn phases_match_ground_truth_with_chunked_prefill_and_no_prefix_cache() {
+    let Some(_serial) = privileged("phases_match_ground_truth_with_chunked_prefill_and_no_prefix_cache") else { return };
+    let run = run_testbed(
+        "attr-chunked",
+        &["--no-prefix-cache", "--max-num-batched-tokens", "256"],
+        &[&["--chains", "2", "--hops", "2", "--max-tokens", "16"]],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("chunked prefill, no prefix cache: worst phase error {worst:.3} ms");
+    let chunked = run.truth.iter().filter(|t| t["type"] == "step").any(|t| {
+        t["members"].as_array().unwrap().iter().any(|m| m["kind"] == "prefill" && m["chunk_start"].as_i64().unwrap_or(0) > 0)
+    });
+    assert!(chunked, "the token budget forces chunked prefill");
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        assert_eq!(r["cached_tokens"], 0, "prefix cache off: nothing cached");
+    }
+}
+
+#[test]
+fn phases_match_ground_truth_when_requests_are_preempted() {
+    let Some(_serial) = privileged("phases_match_ground_truth_when_requests_are_preempted") else { return };
+    let run = run_testbed(
+        "attr-preempt",
+        &["--num-kv-blocks", "40", "--block-size", "16", "--no-prefix-cache"],
+        &[&["--chains", "4", "--hops", "1", "--max-tokens", "96", "--prompt-words", "5"]],
+    );
+    let preempted = run.truth.iter().filter(|t| t["type"] == "request" && t["preempted_ns"].as_array().is_some_and(|p| !p.is_empty())).count();
+    assert!(preempted >= 1, "a 40-block pool (two 17-block prompts growing by 6 blocks each) preempts someone");
+    let worst = check_phases(&run);
+    let seen: u64 = run.report["requests"].as_array().unwrap().iter().filter_map(|r| r["preemptions"].as_u64()).sum();
+    assert_eq!(seen as usize, run.truth.iter().filter(|t| t["type"] == "request").map(|t| t["preempted_ns"].as_array().unwrap().len()).sum::<usize>(), "every preemption is reported");
+    eprintln!("preemption: worst phase error {worst:.3} ms");
+}
+
+/// Without engine stats logging vLLM sends no SCHEDULED events: queue's end
+/// falls back to the end of the step before the first-token step. That is
+/// exact when nothing else ran in between and late by up to a chunked
+/// prefill otherwise; the figure is printed and held under a bound so it
+/// cannot regress silently.
+#[test]
+fn without_engine_events_the_step_fallback_stays_within_its_bound() {
+    let Some(_serial) = privileged("without_engine_events_the_step_fallback_stays_within_its_bound") else { return };
+    let run = run_testbed("attr-nostats", &["--disable-log-stats"], &[&["--chains", "2", "--hops", "2", "--max-tokens", "16"]]);
+    let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    let mut worst: f64 = 0.0;
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        assert_ne!(r["scheduled_source"], "event", "no events on the wire");
+        let h = http[r["id"].as_str().unwrap()];
+        let e = engine[r["engine_request_id"].as_str().unwrap()];
+        let want = (ns(e, "scheduled_ns") - ns(h, "submit_ns")) as f64 / 1e6;
+        let got = r["phases_ms"]["queue"].as_f64().unwrap();
+        worst = worst.max((got - want).abs());
+        let sum: f64 = ["frontend", "queue", "prefill", "first_output", "decode"].iter().map(|p| r["phases_ms"][*p].as_f64().unwrap()).sum();
+        assert!((sum - r["e2e_ms"].as_f64().unwrap()).abs() <= 0.1);
+    }
+    eprintln!("no engine events: worst queue error {worst:.3} ms (step fallback)");
+    assert!(worst <= 50.0, "step fallback queue error {worst:.3} ms");
+}

@@ -52,6 +52,14 @@ enum Cmd {
         #[arg(long)]
         chain_header: Option<String>,
     },
+    /// Perfetto protobuf trace of a recording: open it in ui.perfetto.dev
+    /// (what each track shows: docs/perfetto.md).
+    Trace {
+        file: PathBuf,
+        /// Trace file to write (default: FILE with the extension .pftrace).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -107,6 +115,7 @@ fn main() {
         Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
         Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
         Cmd::Report { file, json, chain_header } => report_cmd(file, json, chain_header),
+        Cmd::Trace { file, output } => trace_cmd(file, output),
     };
     if let Err(e) = res {
         // One clear line: the error and its causes.
@@ -120,15 +129,20 @@ fn main() {
 }
 
 fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result<()> {
-    let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
-    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| loaded.meta.chain_header.clone()) };
+    // Streamed: memory follows the requests, not the recording's length.
+    let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
+    let meta = reader.meta().clone();
+    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()) };
     let mut c = Correlator::new(cfg);
-    for r in &loaded.records {
-        c.ingest(r);
-    }
+    let read_error = loop {
+        match reader.next_record() {
+            Ok(Some(r)) => c.ingest(&r),
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        }
+    };
     let analysis = c.finish();
-    let read_error = loaded.error.as_ref().map(|e| e.to_string());
-    let rep = report::build(&file.display().to_string(), &loaded.meta, &analysis, read_error.clone());
+    let rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &rep)?;
@@ -139,6 +153,45 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the report covers the readable part");
     }
+    Ok(())
+}
+
+fn trace_cmd(file: PathBuf, output: Option<PathBuf>) -> Result<()> {
+    use hopscope::sink::perfetto;
+    let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
+    let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
+    let mut c = Correlator::new(correlate::Config { chain_header: loaded.meta.chain_header.clone() });
+    for r in &loaded.records {
+        c.ingest(r);
+    }
+    let analysis = c.finish();
+    let read_error = loaded.error.as_ref().map(|e| e.to_string());
+    let out = std::fs::File::create(&output).with_context(|| format!("creating {}", output.display()))?;
+    let input = perfetto::TraceInput { meta: &loaded.meta, records: &loaded.records, analysis: &analysis, read_error: read_error.as_deref() };
+    let stats = match perfetto::write_trace(std::io::BufWriter::new(out), input) {
+        Ok((_, stats)) => stats,
+        Err(e) => {
+            // A half-written trace would only confuse the UI.
+            let _ = std::fs::remove_file(&output);
+            return Err(e).with_context(|| format!("writing {}", output.display()));
+        }
+    };
+    if let Some(e) = read_error {
+        eprintln!("hopscope: warning: {e}; the trace covers the readable part");
+    }
+    if stats.offcpu_skipped > 0 {
+        eprintln!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
+    }
+    eprintln!(
+        "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
+        output.display(),
+        stats.requests,
+        stats.chains,
+        stats.writer.slices,
+        stats.writer.instants,
+        stats.writer.counter_values,
+        stats.writer.bytes
+    );
     Ok(())
 }
 
@@ -224,7 +277,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             pipe.tick(sys::monotonic_ns(), &kernel).context("writing the recording")?;
             if !opts.quiet {
                 let st = pipe.stats();
-                let drops: u64 = pipe.drop_counters(&kernel).iter().filter(|(k, _)| is_loss(k)).map(|(_, v)| v).sum();
+                let drops: u64 = pipe.drop_counters(&kernel).iter().filter(|(k, _)| report::is_loss(k)).map(|(_, v)| v).sum();
                 let rate = (st.events - last_events) as f64 / last_tick.elapsed().as_secs_f64();
                 let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests  drops {}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
                 if status_tty {
@@ -301,7 +354,3 @@ fn kernel_counters(source: &EbpfSource) -> Vec<(String, u64)> {
     source.stats().iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
-/// Counters that mean data was lost (as opposed to informational ones).
-fn is_loss(name: &str) -> bool {
-    !matches!(name, "kernel_events" | "kernel_wakeups" | "kernel_sched_short" | "kernel_sched_short_ns")
-}

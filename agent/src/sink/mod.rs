@@ -1,3 +1,4 @@
 //! Sinks: where analyses go.
 
+pub mod perfetto;
 pub mod report;

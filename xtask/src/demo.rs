@@ -2,8 +2,10 @@
 //!
 //! Starts the vLLM-shaped testbed (examples/) under `hopscope run`, drives a
 //! 5-hop chain and then concurrent chains through it, stops the recording and
-//! prints hopscope's report next to the client's own summary. Writes
-//! DIR/demo.hop, DIR/client.jsonl, DIR/report.json, DIR/truth.jsonl.
+//! prints hopscope's report (per request, per chain and hop). Writes
+//! DIR/demo.hop, DIR/demo.pftrace (Perfetto), DIR/report.json,
+//! DIR/client.jsonl (the client's own timings), DIR/truth.jsonl (the
+//! testbed's ground truth, which hopscope never reads).
 
 use crate::{cargo, ensure_tracefs, root, run, venv_python};
 use anyhow::{bail, Context, Result};
@@ -90,7 +92,11 @@ pub fn run_demo(args: &[String]) -> Result<()> {
         bail!("hopscope report failed: {}", String::from_utf8_lossy(&json.stderr));
     }
     std::fs::write(out.join("report.json"), &json.stdout)?;
+    run(Command::new(&bin).arg("trace").arg(&hop).arg("-o").arg(out.join("demo.pftrace")))?;
     run(Command::new(&bin).arg("report").arg(&hop))?;
-    eprintln!("demo: wrote {}/{{demo.hop, report.json, client.jsonl, truth.jsonl}}", out.display());
+    eprintln!(
+        "demo: wrote {}/{{demo.hop, demo.pftrace, report.json, client.jsonl, truth.jsonl}}; open demo.pftrace in https://ui.perfetto.dev",
+        out.display()
+    );
     Ok(())
 }

@@ -8,6 +8,8 @@
 //! - `bench`: overhead and per-program cost figures, side by side in one run.
 
 mod bench;
+mod bench_correlate;
+mod codegen;
 mod demo;
 
 use anyhow::{bail, Context, Result};
@@ -100,7 +102,9 @@ fn main() -> Result<()> {
         "setup" => setup().map(|py| eprintln!("xtask: python venv ready: {}", py.display())),
         "test" => test(rest),
         "bench" => bench::run(rest),
+        "bench-correlator" => bench_correlate::run(rest),
         "demo" => demo::run_demo(rest),
+        "codegen-cupti" => codegen::run(rest),
         other => bail!("unknown task {other:?}: expected setup, test, demo or bench"),
     }
 }

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# hopscope GPU check: one call, ≤ 5 minutes, on a machine with an NVIDIA GPU,
+# python3 + torch (CUDA) + the nvidia-cuda-cupti wheel, and no Rust toolchain.
+# Everything it shows goes to $OUT (default ./gpu-out); see docs/gpu.md.
+#
+# Needs, built beforehand on the build machine (docs/gpu.md "Build"):
+#   target/release/libhopscope_cupti.so          (cargo build --release -p agent-cupti)
+#   target/gpu-exact/release/hopscope-gpu-exact  (cd agent-cupti/gpu-exact && cargo build --release)
+# Optional: target/release/hopscope (the agent; only its eBPF load is tried).
+#
+# Steps (each bounded by `timeout`; a failing step never stops the others):
+#   0 facts        GPU, driver, kernel, glibc, python/torch, libcupti/libnvrtc found
+#   1 exact-auto   exact-kernel program under the injection, clock chosen by CUPTI version
+#   2 exact-calib  same, clock forced to offset calibration
+#   3 exact-cb     same, clock forced to the CLOCK_MONOTONIC callback (on CUPTI
+#                  12.6u2–13.0 this is expected to FAIL: it shows the zeroed-timestamp bug)
+#   4 init-fail    InitializeInjection forced to return 0: does CUDA still work?
+#   5 overhead     torch decode-like loop (CUDA graph replay and eager), side by side:
+#                  untraced vs hopscope (with a draining listener) vs torch.profiler
+#   6 ebpf         if target/release/hopscope exists: does the eBPF side load here?
+# Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu-check.log"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+exec > >(tee -a "$LOG") 2>&1
+T0=$(date +%s)
+note() { echo "$*" | tee -a "$SUMMARY"; }
+step() { echo; echo "=== $* ($(( $(date +%s) - T0 )) s)"; }
+
+INJ="${HOPSCOPE_CUPTI_SO:-$PWD/target/release/libhopscope_cupti.so}"
+EXACT="${HOPSCOPE_GPU_EXACT:-$PWD/target/gpu-exact/release/hopscope-gpu-exact}"
+AGENT="${HOPSCOPE_BIN:-$PWD/target/release/hopscope}"
+PY="${PYTHON:-python3}"
+
+step "0 facts"
+note "date: $(date -u +%FT%TZ)"
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
+note "kernel: $(uname -r); glibc: $(ldd --version 2>&1 | head -1)"
+note "python: $($PY -c 'import sys,torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1)"
+SITE=$($PY -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+find_lib() { for d in $SITE; do ls -1 "$d"/nvidia/*/lib/$1 2>/dev/null; done | sort -V | tail -1; }
+CUPTI_LIB="${HOPSCOPE_CUPTI_LIB:-$(find_lib 'libcupti.so.1[0-9]')}"
+NVRTC_LIB=$(find_lib 'libnvrtc.so.1[0-9]')
+note "libcupti: ${CUPTI_LIB:-none}; libnvrtc: ${NVRTC_LIB:-none}"
+for f in "$INJ" "$EXACT"; do
+  if [ ! -f "$f" ]; then note "MISSING $f: build it first (docs/gpu.md)"; fi
+done
+note "artifacts need $(objdump -T "$INJ" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1) (libhopscope_cupti)"
+
+# cudarc (dynamic loading) looks for libnvrtc.so / .so.<major> on the loader
+# path; the wheel's copy is not there. Give it a stable name, and the wheel
+# lib dirs (nvrtc-builtins, libcupti's neighbours).
+LIBDIR="$OUT/.lib"; mkdir -p "$LIBDIR"
+[ -n "$NVRTC_LIB" ] && ln -sf "$NVRTC_LIB" "$LIBDIR/libnvrtc.so"
+NVDIRS=$(for d in $SITE; do ls -d "$d"/nvidia/*/lib 2>/dev/null; done | tr '\n' ':')
+export LD_LIBRARY_PATH="$LIBDIR:${NVDIRS}${LD_LIBRARY_PATH:-}"
+
+run_exact() { # name, extra env...
+  local name=$1; shift
+  step "$name"
+  env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_CUPTI_LIB="$CUPTI_LIB" HOPSCOPE_CUPTI_FLUSH_MS=100 \
+      HOPSCOPE_CUPTI_LOG=1 "$@" timeout 120 "$EXACT" --out "$OUT/$name"
+  local rc=$?
+  note "$name: rc=$rc ($( [ $rc = 0 ] && echo PASS || echo FAIL)) report $OUT/$name/exact.json"
+  grep -h '"check"' "$OUT/$name/exact.json" 2>/dev/null | sed 's/^/    /' | cut -c1-400 >>"$SUMMARY"
+}
+run_exact exact-auto HOPSCOPE_CUPTI_DUMP_DIR="$OUT/fixtures"
+run_exact exact-calib HOPSCOPE_CUPTI_CLOCK=calibrate
+run_exact exact-cb HOPSCOPE_CUPTI_CLOCK=callback
+
+step "4 init-fail"
+env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_CUPTI_LIB="$CUPTI_LIB" HOPSCOPE_CUPTI_FORCE_INIT_FAILURE=1 \
+    timeout 60 "$EXACT" --out "$OUT/init-fail" >"$OUT/init-fail.log" 2>&1
+note "init-fail: rc=$? status $(grep -o '"status":"[a-z_]*"' "$OUT/init-fail/exact.json" 2>/dev/null) (\"ran\" = CUDA kept working after InitializeInjection returned 0); $(grep -m1 hopscope-cupti "$OUT/init-fail.log")"
+
+step "5 overhead"
+BENCH="$OUT/.bench.py"; DRAIN="$OUT/.drain.py"
+cat >"$BENCH" <<'EOF'
+# A decode-like loop: 16 bf16 4096x4096 layers for 8 tokens, then a small
+# pinned D2H copy and a sync per step (vLLM's step end). Prints steps/s.
+import json, sys, time, torch
+mode, workload, secs, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+torch.manual_seed(0)
+L, D, B = 16, 4096, 8
+ws = [torch.randn(D, D, device="cuda", dtype=torch.bfloat16) * 0.01 for _ in range(L)]
+x = torch.randn(B, D, device="cuda", dtype=torch.bfloat16)
+def fwd():
+    h = x
+    for w in ws:
+        h = torch.nn.functional.gelu(h @ w)
+    return h
+if workload == "graph":
+    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3): fwd()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g): y = fwd()
+    run = lambda: (g.replay(), y)[1]
+else:
+    run = fwd
+tok = torch.empty(B, 1, dtype=torch.bfloat16).pin_memory()
+def step():
+    h = run()
+    tok.copy_(h[:, :1], non_blocking=True)
+    torch.cuda.current_stream().synchronize()
+def loop(t):
+    n, end = 0, time.perf_counter() + t
+    while time.perf_counter() < end:
+        step(); n += 1
+    return n
+def report(n, t):
+    r = {"mode": mode, "workload": workload, "steps": n, "secs": round(t, 3), "steps_per_s": round(n / t, 2)}
+    print(json.dumps(r), flush=True); open(out, "a").write(json.dumps(r) + "\n")
+loop(2.0)  # warm up
+if mode == "profiler":
+    import os
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        t = time.perf_counter(); n = loop(secs); t = time.perf_counter() - t
+        report(n, t)
+        os._exit(0)  # skip Kineto's post-processing: the figure is taken
+t = time.perf_counter(); n = loop(secs); t = time.perf_counter() - t
+report(n, t)
+# hopscope: a normal exit runs the injection's exit flush.
+EOF
+cat >"$DRAIN" <<'EOF'
+# A stand-in agent: accepts the injected processes, reads every frame fast,
+# counts records by tag and keeps each process's last counters.
+import json, os, signal, socket, struct, sys, threading
+path, out = sys.argv[1], sys.argv[2]
+TAGS = {1: "hello", 2: "device", 3: "name", 4: "kernel", 5: "memcpy", 6: "memset", 7: "sync", 8: "api", 9: "counters", 10: "calibration", 11: "goodbye"}
+NAMES = {1: "records_decoded", 2: "records_sent", 3: "dropped_queue_full", 4: "dropped_no_agent", 5: "dropped_send_error", 6: "cupti_dropped", 7: "buffer_pool_exhausted", 8: "bad_timestamp_zero", 9: "bad_timestamp_reversed", 10: "bad_timestamp_future", 11: "bad_timestamp_past", 12: "bad_record_size", 13: "unknown_kind", 14: "name_truncated", 15: "connects", 16: "callback_panics", 17: "cupti_errors"}
+counts, last, hello, lock = {}, {}, {}, threading.Lock()
+def serve(c, k):
+    buf = bytearray()
+    while True:
+        b = c.recv(1 << 20)
+        if not b: break
+        buf += b; i = 0
+        while len(buf) - i >= 4:
+            n = struct.unpack_from("<I", buf, i)[0]
+            if len(buf) - i < 4 + n: break
+            t = buf[i + 4]
+            with lock:
+                counts[TAGS.get(t, str(t))] = counts.get(TAGS.get(t, str(t)), 0) + 1
+                if t == 9:
+                    m = struct.unpack_from("<H", buf, i + 5)[0]
+                    last[k] = {NAMES.get(a, str(a)): v for a, v in (struct.unpack_from("<HQ", buf, i + 7 + 10 * j) for j in range(m))}
+                if t == 1:
+                    pid, ppid, ver, clock = struct.unpack_from("<IIIB", buf, i + 11)
+                    hello[k] = {"pid": pid, "cupti_version": ver, "clock": {1: "callback", 2: "calibrated"}.get(clock)}
+            i += 4 + n
+        del buf[:i]
+def stop(*_):
+    with lock:
+        json.dump({"frames": counts, "hello": list(hello.values()), "counters": list(last.values())}, open(out, "w"), indent=1)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop); signal.signal(signal.SIGINT, stop)
+s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(16); k = 0
+while True:
+    c, _ = s.accept(); k += 1
+    threading.Thread(target=serve, args=(c, k), daemon=True).start()
+EOF
+RES="$OUT/overhead.jsonl"; : >"$RES"
+for workload in graph eager; do
+  SOCK="/tmp/hs-gpu-$$-$workload.sock"; rm -f "$SOCK"
+  $PY "$DRAIN" "$SOCK" "$OUT/drain-$workload.json" & DP=$!
+  sleep 0.5
+  for mode in untraced hopscope profiler; do
+    if [ $mode = hopscope ]; then
+      env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_LOG=1 \
+          timeout 90 $PY "$BENCH" $mode $workload 6 "$RES"
+    else
+      timeout 90 $PY "$BENCH" $mode $workload 6 "$RES"
+    fi
+  done
+  kill -TERM $DP 2>/dev/null; wait $DP 2>/dev/null
+  note "drain-$workload: $(tr -d '\n ' <"$OUT/drain-$workload.json" 2>/dev/null | cut -c1-600)"
+done
+$PY - "$RES" <<'EOF' | tee -a "$SUMMARY"
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for w in ("graph", "eager"):
+    by = {r["mode"]: r["steps_per_s"] for r in rs if r["workload"] == w}
+    base = by.get("untraced")
+    if not base: print(f"overhead {w}: no untraced figure"); continue
+    print(f"overhead {w}: untraced {base}/s; " + "; ".join(f"{m} {by[m]}/s = {by[m]/base:.3f}x" for m in ("hopscope", "profiler") if m in by))
+EOF
+
+step "6 ebpf"
+if [ -x "$AGENT" ]; then
+  timeout 30 "$AGENT" record --pid $$ --duration 2s -o "$OUT/ebpf-probe.hop" >"$OUT/ebpf.log" 2>&1
+  note "ebpf: rc=$? $(tail -2 "$OUT/ebpf.log" | tr '\n' ' ' | cut -c1-300)"
+else
+  note "ebpf: skipped ($AGENT not carried)"
+fi
+
+note "total: $(( $(date +%s) - T0 )) s"
+echo; echo "===== summary ($SUMMARY)"; cat "$SUMMARY"

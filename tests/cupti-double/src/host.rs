@@ -1,0 +1,94 @@
+//! Host program for the CUPTI ABI test double: plays "the application" and
+//! "the CUDA driver" in one real process.
+//!
+//! As the driver does with `CUDA_INJECTION64_PATH`, it loads that library and
+//! calls `InitializeInjection`; then it runs steps, printing one line per
+//! step (`HOST {json}`) on stdout:
+//!
+//! - `run:N`: the application emits N synthetic records through the double
+//!   (`CUPTI_ABI_TEST_DOUBLE` = the double's path);
+//! - `wait-delivered:MS`: waits until every record reached the library;
+//! - `wait-file:PATH`: waits (≤ 60 s) until PATH exists;
+//! - `sleep:MS`.
+//!
+//! Then it returns from main: exit() runs the library's atexit flush.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn say(line: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "HOST {line}");
+    let _ = o.flush();
+}
+
+fn open(path: &str) -> *mut libc::c_void {
+    let c = CString::new(path).expect("path without NUL");
+    // SAFETY: dlopen with a valid C string; the handle is never closed.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        // SAFETY: dlerror returns a thread-local C string or null.
+        let e = unsafe { libc::dlerror() };
+        let msg = if e.is_null() { "unknown".into() } else { unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned() };
+        panic!("dlopen {path}: {msg}");
+    }
+    h
+}
+
+fn sym(h: *mut libc::c_void, name: &str) -> *mut libc::c_void {
+    let c = CString::new(name).unwrap();
+    // SAFETY: valid handle and C string.
+    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
+    assert!(!p.is_null(), "symbol {name} missing");
+    p
+}
+
+fn main() {
+    let steps: Vec<String> = std::env::args().skip(1).collect();
+    if let Ok(inj) = std::env::var("CUDA_INJECTION64_PATH") {
+        let h = open(&inj);
+        // SAFETY: InitializeInjection is `extern "C" fn() -> int` by the CUDA injection contract.
+        let init: extern "C" fn() -> c_int = unsafe { std::mem::transmute(sym(h, "InitializeInjection")) };
+        let t = Instant::now();
+        let rc = init();
+        say(&format!("{{\"step\":\"init\",\"rc\":{rc},\"ns\":{},\"pid\":{}}}", t.elapsed().as_nanos(), std::process::id()));
+    }
+    if steps.is_empty() {
+        return;
+    }
+    let dbl = std::env::var("CUPTI_ABI_TEST_DOUBLE").expect("CUPTI_ABI_TEST_DOUBLE: path of the double");
+    let h = open(&dbl);
+    // SAFETY: the double exports these with exactly these signatures.
+    let run: unsafe extern "C" fn(u64, *mut c_char, usize) -> i64 = unsafe { std::mem::transmute(sym(h, "cupti_abi_test_double_run")) };
+    // SAFETY: as above.
+    let wait: extern "C" fn(u64) -> c_int = unsafe { std::mem::transmute(sym(h, "cupti_abi_test_double_wait_delivered")) };
+    for s in steps {
+        let (what, arg) = s.split_once(':').unwrap_or((s.as_str(), ""));
+        match what {
+            "run" => {
+                let n: u64 = arg.parse().expect("run:N");
+                let mut buf = vec![0 as c_char; 4096];
+                // SAFETY: a 4096-byte writable buffer.
+                let placed = unsafe { run(n, buf.as_mut_ptr(), buf.len()) };
+                // SAFETY: the double NUL-terminates within the buffer.
+                let summary = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+                say(&format!("{{\"step\":\"run\",\"n\":{n},\"placed_now\":{placed},\"double\":{summary}}}"));
+            }
+            "wait-delivered" => {
+                let ok = wait(arg.parse().expect("wait-delivered:MS"));
+                say(&format!("{{\"step\":\"wait-delivered\",\"ok\":{}}}", ok == 1));
+            }
+            "wait-file" => {
+                let t = Instant::now();
+                while !std::path::Path::new(arg).exists() && t.elapsed() < Duration::from_secs(60) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                say(&format!("{{\"step\":\"wait-file\",\"ok\":{}}}", std::path::Path::new(arg).exists()));
+            }
+            "sleep" => std::thread::sleep(Duration::from_millis(arg.parse().expect("sleep:MS"))),
+            other => panic!("unknown step {other:?}"),
+        }
+    }
+    say("{\"step\":\"exit\"}");
+}

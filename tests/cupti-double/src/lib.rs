@@ -1,0 +1,848 @@
+//! cupti-abi-test-double: a TEST DOUBLE of libcupti's C ABI, for CI without
+//! a GPU. It implements the subset of the CUPTI API that libhopscope_cupti
+//! calls and delivers synthetic activity records through the injection's
+//! real buffer callbacks — requested from the "application" thread, completed
+//! from the double's own worker thread, partial buffers on
+//! `cuptiActivityFlushAll` — so threading, buffering, clock conversion, drop
+//! accounting and transport run end to end in a real process.
+//!
+//! It is a stand-in for the hardware *boundary* (the ABI), never for a GPU:
+//! nothing here says anything about real kernels, real timestamps or real
+//! CUPTI behaviour beyond what its headers document. GPU verification is
+//! scripts/gpu-check.sh.
+//!
+//! Records are laid out with the C structs of the emulated CUPTI version
+//! (bindgen's `CUpti_ActivityKernel9` … `13` etc.), independently of the
+//! decoder's documented offsets. Behaviour is set by environment variables:
+//!
+//! - `CUPTI_ABI_TEST_DOUBLE_VERSION` (28): what `cuptiGetVersion` returns; picks the structs.
+//! - `CUPTI_ABI_TEST_DOUBLE_TRUTH`: file that gets one JSON line per emitted record.
+//! - `CUPTI_ABI_TEST_DOUBLE_BAD_EVERY` (0): every Nth record gets garbage
+//!   timestamps (cycling zero, reversed, far future, far past).
+//! - `CUPTI_ABI_TEST_DOUBLE_FAIL_ENABLE` (0): `cuptiActivityEnable` answers
+//!   CUPTI_ERROR_NOT_INITIALIZED, as the real cu12 library does without a GPU.
+//!
+//! Like real CUPTI 12.6u2–13.0, a registered timestamp callback zeroes
+//! kernel timestamps on versions 24…130099 (design.md §4), so a library that
+//! registers one there loses its kernels visibly.
+//!
+//! Control API for the host program: [`cupti_abi_test_double_run`],
+//! [`cupti_abi_test_double_wait_delivered`].
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use cupti_sys::*;
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_int, CString};
+use std::io::Write;
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+type Request = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
+type Complete = unsafe extern "C" fn(CUcontext, u32, *mut u8, usize, usize);
+type Timestamp = unsafe extern "C" fn() -> u64;
+
+#[derive(Default)]
+struct Registry {
+    request: Option<Request>,
+    complete: Option<Complete>,
+    timestamp: Option<Timestamp>,
+    kinds: BTreeSet<u32>,
+    runtime_apis: Vec<u32>,
+    driver_apis: Vec<u32>,
+    forbidden: Vec<u32>,
+}
+
+static REG: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn reg<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    let mut g = REG.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Registry::default))
+}
+
+fn env_u64(k: &str, d: u64) -> u64 {
+    std::env::var(k).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(d)
+}
+
+fn version() -> u32 {
+    env_u64("CUPTI_ABI_TEST_DOUBLE_VERSION", 28) as u32
+}
+
+/// The struct sizes the emulated version writes (which struct: see `kernel_bytes` etc.).
+fn size_of_kind(kind: u32) -> Option<usize> {
+    let v = version();
+    Some(match kind {
+        CUPTI_ACTIVITY_KIND_KERNEL | CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => match v {
+            0..=129_999 => size_of::<CUpti_ActivityKernel9>(),
+            130_000..=130_099 => size_of::<CUpti_ActivityKernel10>(),
+            130_100..=130_299 => size_of::<CUpti_ActivityKernel11>(),
+            130_300..=130_399 => size_of::<CUpti_ActivityKernel12>(),
+            _ => size_of::<CUpti_ActivityKernel13>(),
+        },
+        CUPTI_ACTIVITY_KIND_MEMCPY => match v {
+            0..=25 => size_of::<CUpti_ActivityMemcpy5>(),
+            26..=130_399 => size_of::<CUpti_ActivityMemcpy6>(),
+            _ => size_of::<CUpti_ActivityMemcpy7>(),
+        },
+        CUPTI_ACTIVITY_KIND_MEMCPY2 => size_of::<CUpti_ActivityMemcpyPtoP4>(),
+        CUPTI_ACTIVITY_KIND_MEMSET => match v {
+            0..=130_399 => size_of::<CUpti_ActivityMemset4>(),
+            _ => size_of::<CUpti_ActivityMemset5>(),
+        },
+        CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => match v {
+            0..=25 => size_of::<CUpti_ActivitySynchronization>(),
+            _ => size_of::<CUpti_ActivitySynchronization2>(),
+        },
+        CUPTI_ACTIVITY_KIND_RUNTIME | CUPTI_ACTIVITY_KIND_DRIVER => size_of::<CUpti_ActivityAPI>(),
+        _ => return None,
+    })
+}
+
+fn align8(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+// ------------------------------------------------------------------ the C ABI
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiGetVersion(v: *mut u32) -> CUptiResult {
+    if v.is_null() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { *v = version() };
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiGetResultString(r: CUptiResult, s: *mut *const c_char) -> CUptiResult {
+    let name: &'static [u8] = match r {
+        CUPTI_SUCCESS => b"CUPTI_SUCCESS\0",
+        CUPTI_ERROR_NOT_INITIALIZED => b"CUPTI_ERROR_NOT_INITIALIZED\0",
+        CUPTI_ERROR_MAX_LIMIT_REACHED => b"CUPTI_ERROR_MAX_LIMIT_REACHED\0",
+        CUPTI_ERROR_NOT_SUPPORTED => b"CUPTI_ERROR_NOT_SUPPORTED\0",
+        CUPTI_ERROR_INVALID_PARAMETER => b"CUPTI_ERROR_INVALID_PARAMETER\0",
+        _ => b"CUPTI_ERROR_UNKNOWN\0",
+    };
+    if s.is_null() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    // SAFETY: non-null out-pointer; the string is static.
+    unsafe { *s = name.as_ptr().cast() };
+    CUPTI_SUCCESS
+}
+
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CUPTI's clock: the registered callback, else CLOCK_REALTIME (Linux default).
+fn cupti_now() -> u64 {
+    match reg(|r| r.timestamp) {
+        // SAFETY: the library registered this `extern "C" fn() -> u64`.
+        Some(f) => unsafe { f() },
+        None => clock(libc::CLOCK_REALTIME),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiGetTimestamp(t: *mut u64) -> CUptiResult {
+    if t.is_null() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    // SAFETY: non-null out-pointer.
+    unsafe { *t = cupti_now() };
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityRegisterCallbacks(req: Option<Request>, comp: Option<Complete>) -> CUptiResult {
+    if req.is_none() || comp.is_none() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    reg(|r| {
+        r.request = req;
+        r.complete = comp;
+    });
+    start_worker();
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityRegisterTimestampCallback(f: Option<Timestamp>) -> CUptiResult {
+    if f.is_none() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    reg(|r| r.timestamp = f);
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityEnable(kind: CUpti_ActivityKind) -> CUptiResult {
+    if env_u64("CUPTI_ABI_TEST_DOUBLE_FAIL_ENABLE", 0) == 1 {
+        return CUPTI_ERROR_NOT_INITIALIZED;
+    }
+    reg(|r| {
+        if kind == CUPTI_ACTIVITY_KIND_KERNEL || kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE {
+            r.forbidden.push(kind);
+        }
+        r.kinds.insert(kind);
+    });
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityDisable(kind: CUpti_ActivityKind) -> CUptiResult {
+    reg(|r| r.kinds.remove(&kind));
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityEnableRuntimeApi(cbid: CUpti_CallbackId, enable: u8) -> CUptiResult {
+    reg(|r| {
+        r.runtime_apis.retain(|c| *c != cbid);
+        if enable != 0 {
+            r.runtime_apis.push(cbid);
+        }
+    });
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityEnableDriverApi(cbid: CUpti_CallbackId, enable: u8) -> CUptiResult {
+    reg(|r| {
+        r.driver_apis.retain(|c| *c != cbid);
+        if enable != 0 {
+            r.driver_apis.push(cbid);
+        }
+    });
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityGetStructSize(kind: CUpti_ActivityKind, v: u32, size: *mut usize) -> CUptiResult {
+    // The real API exists from 13.0 and only answers for versions >= 130000.
+    if version() < 130_000 || (v != 0 && v < 130_000) {
+        return CUPTI_ERROR_NOT_SUPPORTED;
+    }
+    let Some(n) = size_of_kind(kind) else { return CUPTI_ERROR_INVALID_KIND };
+    if size.is_null() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    // SAFETY: non-null out-pointer.
+    unsafe { *size = n };
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityGetNextRecord(buffer: *mut u8, valid: usize, record: *mut *mut CUpti_Activity) -> CUptiResult {
+    if buffer.is_null() || record.is_null() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    // SAFETY: `record` is a valid in/out pointer; `*record` is null or a
+    // record we returned from this same buffer, whose first 4 bytes are its kind.
+    unsafe {
+        let next = if (*record).is_null() {
+            0
+        } else {
+            let at = (*record) as usize - buffer as usize;
+            let kind = std::ptr::read_unaligned((*record) as *const u32);
+            at + align8(size_of_kind(kind).unwrap_or(8))
+        };
+        if next + 4 > valid {
+            return CUPTI_ERROR_MAX_LIMIT_REACHED;
+        }
+        *record = buffer.add(next).cast();
+    }
+    CUPTI_SUCCESS
+}
+
+static DROPPED_SINCE: AtomicU64 = AtomicU64::new(0);
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords(_ctx: CUcontext, _stream: u32, dropped: *mut usize) -> CUptiResult {
+    if dropped.is_null() {
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    // Reset on read, as documented.
+    // SAFETY: non-null out-pointer.
+    unsafe { *dropped = DROPPED_SINCE.swap(0, Ordering::AcqRel) as usize };
+    CUPTI_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuptiActivityFlushAll(_flag: u32) -> CUptiResult {
+    let w = worker();
+    // Completed buffers first (waits for the worker), then the partial one,
+    // delivered on the calling thread. It counts as pending while in flight,
+    // so `wait_delivered` means "the library has seen every record".
+    w.wait_idle(Duration::from_secs(10));
+    let partial = {
+        let mut cur = CUR.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|c| c.used > 0) {
+            *w.pending.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            cur.take()
+        } else {
+            None
+        }
+    };
+    if let Some(c) = partial {
+        deliver(c);
+        let mut p = w.pending.lock().unwrap_or_else(|e| e.into_inner());
+        *p -= 1;
+        w.idle.notify_all();
+    }
+    CUPTI_SUCCESS
+}
+
+// ------------------------------------------------------------------ buffers
+
+struct Cur {
+    ptr: usize,
+    size: usize,
+    used: usize,
+    records: u64,
+}
+
+static CUR: Mutex<Option<Cur>> = Mutex::new(None);
+
+#[derive(Default)]
+struct Stats {
+    requests: u64,
+    completes: u64,
+    max_request_ns: u64,
+    max_complete_ns: u64,
+    delivered: u64,
+    no_buffer: u64,
+}
+
+struct Worker {
+    tx: Mutex<mpsc::Sender<Cur>>,
+    pending: Mutex<u64>,
+    idle: Condvar,
+}
+
+static WORKER: OnceLock<Worker> = OnceLock::new();
+static STATS: Mutex<Stats> = Mutex::new(Stats { requests: 0, completes: 0, max_request_ns: 0, max_complete_ns: 0, delivered: 0, no_buffer: 0 });
+
+fn stats<R>(f: impl FnOnce(&mut Stats) -> R) -> R {
+    f(&mut STATS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+impl Worker {
+    fn wait_idle(&self, timeout: Duration) -> bool {
+        let g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self.idle.wait_timeout_while(g, timeout, |p| *p > 0).unwrap_or_else(|e| e.into_inner());
+        *g == 0
+    }
+}
+
+fn start_worker() {
+    worker();
+}
+
+fn worker() -> &'static Worker {
+    WORKER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Cur>();
+        std::thread::Builder::new()
+            .name("cupti-double-worker".into())
+            .spawn(move || {
+                while let Ok(c) = rx.recv() {
+                    deliver(c);
+                    let w = worker();
+                    let mut p = w.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    *p -= 1;
+                    w.idle.notify_all();
+                }
+            })
+            .expect("cupti double worker thread");
+        Worker { tx: Mutex::new(tx), pending: Mutex::new(0), idle: Condvar::new() }
+    })
+}
+
+/// Calls the library's buffer-completed callback, timing it.
+fn deliver(c: Cur) {
+    let Some(complete) = reg(|r| r.complete) else { return };
+    let t = Instant::now();
+    // SAFETY: the buffer was handed to us by the library's request callback
+    // with `size` bytes; `used` of them hold records.
+    unsafe { complete(std::ptr::null_mut(), 0, c.ptr as *mut u8, c.size, c.used) };
+    let ns = t.elapsed().as_nanos() as u64;
+    stats(|s| {
+        s.completes += 1;
+        s.max_complete_ns = s.max_complete_ns.max(ns);
+        s.delivered += c.records;
+    });
+}
+
+fn complete_async(c: Cur) {
+    let w = worker();
+    *w.pending.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    let _ = w.tx.lock().unwrap_or_else(|e| e.into_inner()).send(c);
+}
+
+/// Places one record, asking the library for a buffer when needed (on the
+/// calling thread, as CUPTI does). False when no buffer was given: the record
+/// is dropped and counted for `cuptiActivityGetNumDroppedRecords`.
+fn place(rec: &[u8]) -> bool {
+    let need = align8(rec.len());
+    let mut cur = CUR.lock().unwrap_or_else(|e| e.into_inner());
+    if cur.as_ref().is_some_and(|c| c.used + need > c.size) {
+        if let Some(full) = cur.take() {
+            complete_async(full);
+        }
+    }
+    if cur.is_none() {
+        let Some(request) = reg(|r| r.request) else {
+            DROPPED_SINCE.fetch_add(1, Ordering::AcqRel);
+            stats(|s| s.no_buffer += 1);
+            return false;
+        };
+        let (mut p, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
+        let t = Instant::now();
+        // SAFETY: valid out-pointers to our locals.
+        unsafe { request(&mut p, &mut size, &mut max) };
+        let ns = t.elapsed().as_nanos() as u64;
+        stats(|s| {
+            s.requests += 1;
+            s.max_request_ns = s.max_request_ns.max(ns);
+        });
+        if p.is_null() || size < need || !(p as usize).is_multiple_of(8) {
+            DROPPED_SINCE.fetch_add(1, Ordering::AcqRel);
+            stats(|s| s.no_buffer += 1);
+            return false;
+        }
+        *cur = Some(Cur { ptr: p as usize, size, used: 0, records: 0 });
+    }
+    let c = cur.as_mut().expect("a buffer is current");
+    // SAFETY: [ptr+used, ptr+used+len) lies inside the `size`-byte buffer
+    // the library gave us (checked above), and nothing else writes to it.
+    unsafe { std::ptr::copy_nonoverlapping(rec.as_ptr(), (c.ptr + c.used) as *mut u8, rec.len()) };
+    c.used += need;
+    c.records += 1;
+    true
+}
+
+// ------------------------------------------------------------------ records
+
+/// Kernel names (one very long, one not UTF-8, one absent) with their
+/// JSON form for the truth file, escaped once.
+fn names() -> &'static [(Option<CString>, String)] {
+    static N: OnceLock<Vec<(Option<CString>, String)>> = OnceLock::new();
+    N.get_or_init(|| {
+        let raw = vec![
+            Some(CString::new("_Z13gemm_bf16_128PKfS0_Pf").unwrap()),
+            Some(CString::new("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4>, true>(Flash_fwd_params)").unwrap()),
+            Some(CString::new("reshape_and_cache_flash_kernel").unwrap()),
+            Some(CString::new("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn").unwrap()),
+            Some(CString::new("k".repeat(70_000)).unwrap()),
+            Some(CString::new(b"bad\xffname".to_vec()).unwrap()),
+            None,
+        ];
+        raw.into_iter()
+            .map(|n| {
+                let j = n.as_ref().map(|c| json_str(&String::from_utf8_lossy(c.as_bytes()))).unwrap_or("null".into());
+                (n, j)
+            })
+            .collect()
+    })
+}
+
+fn bytes_of<T>(v: &T) -> Vec<u8> {
+    // SAFETY: T is a plain-data CUPTI record struct (integers, pointers,
+    // unions of integers), fully initialised by `zeroed` + field writes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+}
+
+fn zeroed<T>() -> T {
+    // SAFETY: all-zero is a valid value for CUPTI's plain-data record structs.
+    unsafe { std::mem::zeroed() }
+}
+
+struct KernelFields {
+    start: u64,
+    end: u64,
+    stream: u32,
+    corr: u32,
+    grid: [i32; 3],
+    block: [i32; 3],
+    static_smem: i32,
+    dyn_smem: i32,
+    regs: u16,
+    name: *const c_char,
+    graph_id: u32,
+    graph_node_id: u64,
+    grid_id: i64,
+}
+
+macro_rules! kernel_as {
+    ($t:ty, $f:expr) => {{
+        let f = $f;
+        let mut r: $t = zeroed();
+        r.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+        r.start = f.start;
+        r.end = f.end;
+        r.completed = f.end;
+        r.deviceId = 0;
+        r.contextId = 1;
+        r.streamId = f.stream;
+        r.gridX = f.grid[0];
+        r.gridY = f.grid[1];
+        r.gridZ = f.grid[2];
+        r.blockX = f.block[0];
+        r.blockY = f.block[1];
+        r.blockZ = f.block[2];
+        r.staticSharedMemory = f.static_smem;
+        r.dynamicSharedMemory = f.dyn_smem;
+        r.registersPerThread = f.regs;
+        r.correlationId = f.corr;
+        r.gridId = f.grid_id;
+        r.name = f.name;
+        r.launchType = 0;
+        r.graphNodeId = f.graph_node_id;
+        r.graphId = f.graph_id;
+        bytes_of(&r)
+    }};
+}
+
+fn kernel_bytes(f: &KernelFields) -> Vec<u8> {
+    match version() {
+        0..=129_999 => kernel_as!(CUpti_ActivityKernel9, f),
+        130_000..=130_099 => kernel_as!(CUpti_ActivityKernel10, f),
+        130_100..=130_299 => kernel_as!(CUpti_ActivityKernel11, f),
+        130_300..=130_399 => kernel_as!(CUpti_ActivityKernel12, f),
+        _ => kernel_as!(CUpti_ActivityKernel13, f),
+    }
+}
+
+macro_rules! memcpy_as {
+    ($t:ty, $start:expr, $end:expr, $i:expr) => {{
+        let mut r: $t = zeroed();
+        r.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+        r.copyKind = 1 + ($i % 2) as u8;
+        r.srcKind = 3;
+        r.dstKind = 4;
+        r.flags = 1;
+        r.bytes = 4096 * ($i % 7 + 1);
+        r.start = $start;
+        r.end = $end;
+        r.deviceId = 0;
+        r.contextId = 1;
+        r.streamId = 7;
+        r.correlationId = ($i + 1) as u32;
+        r.runtimeCorrelationId = ($i + 1) as u32 + 1_000_000;
+        r.graphNodeId = 0;
+        r.graphId = 0;
+        bytes_of(&r)
+    }};
+}
+
+macro_rules! memset_as {
+    ($t:ty, $start:expr, $end:expr, $i:expr) => {{
+        let mut r: $t = zeroed();
+        r.kind = CUPTI_ACTIVITY_KIND_MEMSET;
+        r.value = ($i % 256) as u32;
+        r.bytes = 512;
+        r.start = $start;
+        r.end = $end;
+        r.deviceId = 0;
+        r.contextId = 1;
+        r.streamId = 8;
+        r.correlationId = ($i + 1) as u32;
+        r.flags = 1;
+        r.memoryKind = 4;
+        r.graphNodeId = 3 * $i;
+        r.graphId = 2;
+        bytes_of(&r)
+    }};
+}
+
+macro_rules! sync_as {
+    ($t:ty, $start:expr, $end:expr, $i:expr) => {{
+        let mut r: $t = zeroed();
+        r.kind = CUPTI_ACTIVITY_KIND_SYNCHRONIZATION;
+        r.type_ = 1 + ($i % 4) as u32;
+        r.start = $start;
+        r.end = $end;
+        r.correlationId = ($i + 1) as u32;
+        r.contextId = 1;
+        r.streamId = 7;
+        r.cudaEventId = if $i % 2 == 0 { u32::MAX } else { ($i % 10) as u32 };
+        bytes_of(&r)
+    }};
+}
+
+/// What one synthetic record is, for the truth file.
+struct Truth {
+    line: String,
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// What the library enabled, read once per run.
+struct Snap {
+    kinds: BTreeSet<u32>,
+    apis: Vec<(bool, u32)>,
+    timestamp: Option<Timestamp>,
+}
+
+fn snap() -> Snap {
+    reg(|r| Snap {
+        kinds: r.kinds.clone(),
+        apis: r.runtime_apis.iter().map(|c| (false, *c)).chain(r.driver_apis.iter().map(|c| (true, *c))).collect(),
+        timestamp: r.timestamp,
+    })
+}
+
+/// Makes record `i`: its bytes (or None when its kind is not enabled) and truth.
+fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
+    let kinds = &sn.kinds;
+    let ts_cb = sn.timestamp.is_some();
+    let slot = i % 8;
+    let kind = match slot {
+        0..=2 => CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+        3 => CUPTI_ACTIVITY_KIND_MEMCPY,
+        4 => CUPTI_ACTIVITY_KIND_MEMCPY2,
+        5 => CUPTI_ACTIVITY_KIND_MEMSET,
+        6 => CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+        _ if !sn.apis.is_empty() => CUPTI_ACTIVITY_KIND_RUNTIME,
+        _ => return None,
+    };
+    if kind != CUPTI_ACTIVITY_KIND_RUNTIME && !kinds.contains(&kind) {
+        return None;
+    }
+    // Timestamps: CUPTI's clock for the record, CLOCK_MONOTONIC for the truth.
+    let (raw0, mono0) = if let Some(f) = sn.timestamp {
+        // SAFETY: the library registered this `extern "C" fn() -> u64`.
+        let t = unsafe { f() };
+        (t, t)
+    } else {
+        let m = clock(libc::CLOCK_MONOTONIC);
+        (clock(libc::CLOCK_REALTIME), m)
+    };
+    let d = 1_000 + (i % 97) * 10;
+    let (mut rs, mut re) = (raw0, raw0 + d);
+    let bad = if bad_every > 0 && i % bad_every == bad_every - 1 {
+        const DAYS10: u64 = 10 * 86_400 * 1_000_000_000;
+        match (i / bad_every) % 4 {
+            0 => {
+                rs = 0;
+                Some("zero")
+            }
+            1 => {
+                re = rs - 1;
+                Some("reversed")
+            }
+            2 => {
+                re = rs + DAYS10;
+                Some("future")
+            }
+            _ => {
+                rs = rs.saturating_sub(DAYS10).max(1);
+                re = rs + d;
+                Some("past")
+            }
+        }
+    } else {
+        None
+    };
+    let v = version();
+    // The 12.6u2–13.0 bug: a registered timestamp callback zeroes kernel timestamps.
+    let zeroed_by_bug = ts_cb && (24..130_100).contains(&v) && kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    if zeroed_by_bug {
+        rs = 0;
+        re = 0;
+    }
+    let corr = (i + 1) as u32;
+    let common = format!(
+        "\"i\":{i},\"corr\":{corr},\"bad\":{},\"start\":{mono0},\"end\":{},\"raw_start\":{rs},\"raw_end\":{re}",
+        match (bad, zeroed_by_bug) {
+            (_, true) => "\"zero\"".to_string(),
+            (Some(b), _) => format!("\"{b}\""),
+            (None, _) => "null".into(),
+        },
+        mono0 + d
+    );
+    let (bytes, extra) = match kind {
+        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
+            let (n, name) = &names()[(i as usize / 3) % names().len()];
+            let f = KernelFields {
+                start: rs,
+                end: re,
+                stream: 7 + (i % 3) as u32,
+                corr,
+                grid: [(i % 1000) as i32 + 1, 2, 1],
+                block: [128, 1, 1],
+                static_smem: 256,
+                dyn_smem: (i % 4) as i32 * 1024,
+                regs: 32 + (i % 64) as u16,
+                name: n.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                graph_id: if i.is_multiple_of(5) { 1 + (i % 3) as u32 } else { 0 },
+                graph_node_id: if i.is_multiple_of(5) { 1000 + i } else { 0 },
+                grid_id: i as i64,
+            };
+            (
+                kernel_bytes(&f),
+                format!(
+                    "\"kind\":\"kernel\",\"stream\":{},\"grid\":[{},{},{}],\"block\":[{},{},{}],\"static_smem\":{},\"dyn_smem\":{},\"regs\":{},\"graph_id\":{},\"graph_node_id\":{},\"grid_id\":{},\"name\":{name}",
+                    f.stream, f.grid[0], f.grid[1], f.grid[2], f.block[0], f.block[1], f.block[2], f.static_smem, f.dyn_smem, f.regs, f.graph_id, f.graph_node_id, f.grid_id
+                ),
+            )
+        }
+        CUPTI_ACTIVITY_KIND_MEMCPY => (
+            match v {
+                0..=25 => memcpy_as!(CUpti_ActivityMemcpy5, rs, re, i),
+                26..=130_399 => memcpy_as!(CUpti_ActivityMemcpy6, rs, re, i),
+                _ => memcpy_as!(CUpti_ActivityMemcpy7, rs, re, i),
+            },
+            format!("\"kind\":\"memcpy\",\"copy_kind\":{},\"bytes\":{},\"runtime_corr\":{}", 1 + i % 2, 4096 * (i % 7 + 1), corr + 1_000_000),
+        ),
+        CUPTI_ACTIVITY_KIND_MEMCPY2 => {
+            let mut r: CUpti_ActivityMemcpyPtoP4 = zeroed();
+            r.kind = CUPTI_ACTIVITY_KIND_MEMCPY2;
+            r.copyKind = 10;
+            r.srcKind = 4;
+            r.dstKind = 4;
+            r.bytes = 1 << 20;
+            r.start = rs;
+            r.end = re;
+            r.deviceId = 0;
+            r.contextId = 1;
+            r.streamId = 9;
+            r.srcDeviceId = 0;
+            r.srcContextId = 1;
+            r.dstDeviceId = 1;
+            r.dstContextId = 2;
+            r.correlationId = corr;
+            (bytes_of(&r), "\"kind\":\"memcpy_peer\",\"bytes\":1048576".to_string())
+        }
+        CUPTI_ACTIVITY_KIND_MEMSET => (
+            match v {
+                0..=130_399 => memset_as!(CUpti_ActivityMemset4, rs, re, i),
+                _ => memset_as!(CUpti_ActivityMemset5, rs, re, i),
+            },
+            format!("\"kind\":\"memset\",\"value\":{},\"graph_node_id\":{}", i % 256, 3 * i),
+        ),
+        CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => (
+            match v {
+                0..=25 => sync_as!(CUpti_ActivitySynchronization, rs, re, i),
+                _ => sync_as!(CUpti_ActivitySynchronization2, rs, re, i),
+            },
+            format!("\"kind\":\"sync\",\"sync_type\":{}", 1 + i % 4),
+        ),
+        _ => {
+            let (driver, cbid) = sn.apis[(i / 8) as usize % sn.apis.len()];
+            let mut r: CUpti_ActivityAPI = zeroed();
+            r.kind = if driver { CUPTI_ACTIVITY_KIND_DRIVER } else { CUPTI_ACTIVITY_KIND_RUNTIME };
+            r.cbid = cbid;
+            r.start = rs;
+            r.end = re;
+            r.processId = std::process::id();
+            // SAFETY: gettid has no preconditions.
+            r.threadId = unsafe { libc::gettid() } as u32;
+            r.correlationId = corr;
+            r.returnValue = 0;
+            (bytes_of(&r), format!("\"kind\":\"api\",\"driver\":{driver},\"cbid\":{cbid}"))
+        }
+    };
+    Some((bytes, Truth { line: format!("{{{common},{extra}}}") }))
+}
+
+/// Emits `n` synthetic records from the calling thread ("the application")
+/// and writes a JSON summary into `out` (NUL-terminated, at most `cap` bytes).
+/// Returns the number of records placed in buffers.
+#[no_mangle]
+pub unsafe extern "C" fn cupti_abi_test_double_run(n: u64, out: *mut c_char, cap: usize) -> i64 {
+    let bad_every = env_u64("CUPTI_ABI_TEST_DOUBLE_BAD_EVERY", 0);
+    let mut truth = Vec::with_capacity(n as usize);
+    let (mut placed, mut skipped) = (0i64, 0u64);
+    let t = Instant::now();
+    let sn = snap();
+    for _ in 0..n {
+        let i = NEXT.fetch_add(1, Ordering::AcqRel);
+        match make(i, bad_every, &sn) {
+            Some((rec, tr)) => {
+                if place(&rec) {
+                    placed += 1;
+                    truth.push(tr.line);
+                }
+            }
+            None => skipped += 1,
+        }
+    }
+    let elapsed = t.elapsed().as_nanos();
+    if let Ok(path) = std::env::var("CUPTI_ABI_TEST_DOUBLE_TRUTH") {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            for l in &truth {
+                let _ = writeln!(f, "{l}");
+            }
+        }
+    }
+    let summary = summary(placed, skipped, elapsed);
+    if !out.is_null() && cap > 0 {
+        let b = summary.as_bytes();
+        let k = b.len().min(cap - 1);
+        // SAFETY: the caller gives `cap` writable bytes at `out`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr().cast::<c_char>(), out, k);
+            *out.add(k) = 0;
+        }
+    }
+    placed
+}
+
+fn summary(placed: i64, skipped: u64, elapsed_ns: u128) -> String {
+    let (kinds, rt, drv, forbidden, ts_cb) =
+        reg(|r| (r.kinds.clone(), r.runtime_apis.len(), r.driver_apis.len(), r.forbidden.clone(), r.timestamp.is_some()));
+    stats(|s| {
+        format!(
+            "{{\"placed\":{placed},\"skipped\":{skipped},\"elapsed_ns\":{elapsed_ns},\"requests\":{},\"completes\":{},\"max_request_ns\":{},\"max_complete_ns\":{},\"delivered\":{},\"no_buffer\":{},\"kinds\":[{}],\"runtime_apis\":{rt},\"driver_apis\":{drv},\"forbidden\":{:?},\"timestamp_callback\":{ts_cb},\"version\":{}}}",
+            s.requests,
+            s.completes,
+            s.max_request_ns,
+            s.max_complete_ns,
+            s.delivered,
+            s.no_buffer,
+            kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(","),
+            forbidden,
+            version()
+        )
+    })
+}
+
+/// Waits until every placed record has been handed to the library (full
+/// buffers by the worker; the partial one needs the library to flush).
+/// Returns 1 when done, 0 on timeout.
+#[no_mangle]
+pub extern "C" fn cupti_abi_test_double_wait_delivered(timeout_ms: u64) -> c_int {
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    while Instant::now() < deadline {
+        let partial = CUR.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| c.used > 0);
+        let pending = WORKER.get().map_or(0, |w| *w.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if !partial && pending == 0 {
+            return 1;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    0
+}

@@ -1,0 +1,113 @@
+//! `cargo xtask bench-correlator [--requests N]`: the correlator's throughput
+//! on one core and the process's peak memory, on a synthetic recording shaped
+//! like the testbed's (HTTP + SSE + engine IPC records per request).
+
+use anyhow::Result;
+use hopscope::correlate::{Config, Correlator};
+use hopscope::event::{ConnKey, Dir};
+use hopscope::model::{EngineEvent, EngineOutput, HttpRole, PrefillStats, Record, SseKind, Usage};
+use std::time::Instant;
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Records of `n` requests, 4 in flight at a time, 32 content chunks each.
+fn synth(n: u64) -> Vec<Record> {
+    let mut out = Vec::with_capacity(n as usize * 44);
+    let ipc_out = ConnKey { tgid: 2, fd: 9, ino: 1 };
+    for i in 0..n {
+        let conn = ConnKey { tgid: 1, fd: 10 + (i % 4) as i32, ino: 100 + (i % 4) };
+        let seq = (i / 4) as u32;
+        let t = i * 1_000_000;
+        let id = format!("chatcmpl-{i:016x}");
+        let eid = format!("{id}-0badf00d");
+        out.push(Record::HttpRequest {
+            conn,
+            role: HttpRole::Server,
+            seq,
+            start_ns: t,
+            end_ns: t + 10_000,
+            tid: 1,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            headers: vec![("x-session-id".into(), format!("chain-{}", i % 64))],
+            body_len: 4000,
+            stream: Some(true),
+            model: None,
+            ready_ns: Some(t),
+        });
+        out.push(Record::EngineRequest {
+            conn: ipc_out,
+            ts_ns: t + 20_000,
+            tid: 1,
+            dir: Dir::Out,
+            request_id: eid.clone(),
+            external_req_id: Some(id.clone()),
+            prompt_tokens: Some(1000),
+            max_tokens: Some(32),
+            arrival_time_s: None,
+            traceparent: None,
+            data_parallel_rank: None,
+            truncated: false,
+        });
+        out.push(Record::HttpResponse { conn, role: HttpRole::Server, seq, ts_ns: t + 30_000, tid: 1, status: 200, headers: vec![("content-type".into(), "text/event-stream".into())] });
+        for k in 0..32u64 {
+            let ts = t + 100_000 + k * 20_000;
+            out.push(Record::EngineOutputs {
+                conn: ipc_out,
+                ts_ns: ts - 5_000,
+                tid: 3,
+                dir: Dir::Out,
+                engine_index: Some(0),
+                timestamp_s: Some((ts - 6_000) as f64 / 1e9),
+                outputs: vec![EngineOutput {
+                    request_id: eid.clone(),
+                    new_tokens: 1,
+                    finish_reason: (k == 31).then_some(1),
+                    events: if k == 0 { vec![EngineEvent { kind: 2, timestamp_s: (t + 50_000) as f64 / 1e9 }] } else { vec![] },
+                    prefill: (k == 0).then(|| PrefillStats { prompt_tokens: Some(1000), cached_tokens: Some(900), ..PrefillStats::default() }),
+                }],
+                outputs_total: Some(1),
+                finished_requests: vec![],
+                truncated: false,
+            });
+            out.push(Record::Sse { conn, seq, ts_ns: ts, kind: SseKind::Content, id: Some(id.clone()), content_bytes: 4, finish_reason: None, usage: None });
+        }
+        let end = t + 800_000;
+        let usage = Usage { prompt_tokens: Some(1000), completion_tokens: Some(32), cached_tokens: Some(900) };
+        out.push(Record::Sse { conn, seq, ts_ns: end, kind: SseKind::Usage, id: Some(id.clone()), content_bytes: 0, finish_reason: None, usage: Some(usage) });
+        out.push(Record::Sse { conn, seq, ts_ns: end + 1, kind: SseKind::Done, id: None, content_bytes: 0, finish_reason: None, usage: None });
+        out.push(Record::HttpResponseEnd { conn, seq, ts_ns: end + 2, body_len: 9000 });
+    }
+    out.sort_by_key(Record::ts_ns);
+    out
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    if cfg!(debug_assertions) {
+        // Figures from a debug build mean nothing: rerun optimised.
+        return crate::run(crate::cargo().args(["run", "--quiet", "--release", "-p", "xtask", "--", "bench-correlator"]).args(args));
+    }
+    let n: u64 = args.iter().position(|a| a == "--requests").and_then(|i| args.get(i + 1)).map_or(Ok(100_000), |s| s.parse())?;
+    let records = synth(n);
+    let before = peak_rss_mib();
+    let t = Instant::now();
+    let mut c = Correlator::new(Config::default());
+    for r in &records {
+        c.ingest(r);
+    }
+    let a = c.finish();
+    let dt = t.elapsed().as_secs_f64();
+    assert_eq!(a.requests.len() as u64, n);
+    assert!(a.requests.iter().all(|r| r.engine.is_some()), "every synthetic request joins its engine request");
+    println!("correlator, one core, synthetic testbed-shaped recording ({n} requests, {} records):", records.len());
+    println!("  {:.2} M records/s ({dt:.2} s)   (goal >= 2 M/s)", records.len() as f64 / dt / 1e6);
+    println!("  peak RSS {:.0} MiB (records in memory: {:.0} MiB before correlating)", peak_rss_mib(), before);
+    Ok(())
+}

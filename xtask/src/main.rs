@@ -73,9 +73,37 @@ pub(crate) fn cargo() -> Command {
     c
 }
 
+/// CUPTI headers and the cu12 libcupti from PyPI's wheels, unpacked under
+/// target/cupti-headers: the bindings drift test and the real-libcupti loader
+/// test use them (they run for real instead of skipping). Fetched once.
+fn cupti_wheels(py: &Path) -> Result<()> {
+    let dir = root().join("target/cupti-headers");
+    if dir.join("nvidia/cu13/include/cupti.h").exists() && dir.join("nvidia/cuda_cupti/lib/libcupti.so.12").exists() {
+        return Ok(());
+    }
+    let wheels = dir.join("wheels");
+    run(Command::new(py)
+        .args(["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "-d"])
+        .arg(&wheels)
+        .args(["nvidia-cuda-cupti==13.4.92", "nvidia-cuda-runtime==13.4.92", "nvidia-cuda-crt==13.4.92", "nvidia-cuda-cupti-cu12==12.9.79"]))
+    .context("downloading the CUPTI wheels")?;
+    let unpack = r#"
+import pathlib, sys, zipfile
+out = pathlib.Path(sys.argv[1])
+for w in (out / "wheels").glob("*.whl"):
+    with zipfile.ZipFile(w) as z:
+        for n in z.namelist():
+            if n.startswith("nvidia/cu13/include/") or n.startswith("nvidia/cuda_cupti/lib/"):
+                z.extract(n, out)
+"#;
+    run(Command::new(py).args(["-c", unpack]).arg(&dir)).context("unpacking the CUPTI wheels")
+}
+
 fn setup() -> Result<PathBuf> {
     ensure_tracefs()?;
-    venv_python()
+    let py = venv_python()?;
+    cupti_wheels(&py)?;
+    Ok(py)
 }
 
 fn test(args: &[String]) -> Result<()> {

@@ -7,7 +7,7 @@
 //! DIR/client.jsonl (the client's own timings), DIR/truth.jsonl (the
 //! testbed's ground truth, which hopscope never reads).
 
-use crate::{cargo, ensure_tracefs, root, run, venv_python};
+use crate::{cargo, ensure_toolchain, ensure_tracefs, root, run, venv_python};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -42,6 +42,7 @@ pub fn run_demo(args: &[String]) -> Result<()> {
     let out = PathBuf::from(arg(args, "--out").unwrap_or_else(|| "demo-out".into()));
     let out = if out.is_absolute() { out } else { std::env::current_dir()?.join(out) };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    ensure_toolchain()?;
     ensure_tracefs()?;
     let py = venv_python()?;
     run(cargo().args(["build", "--release", "-p", "hopscope"]))?;

@@ -99,7 +99,26 @@ for w in (out / "wheels").glob("*.whl"):
     run(Command::new(py).args(["-c", unpack]).arg(&dir)).context("unpacking the CUPTI wheels")
 }
 
+/// clang-19 builds the eBPF programs; without it the agent is built with a
+/// placeholder and refuses to record. On a fresh Debian/Ubuntu machine, as
+/// root, install the toolchain instead of failing later.
+pub(crate) fn ensure_toolchain() -> Result<()> {
+    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok_and(|o| o.status.success());
+    if have("clang-19") || std::env::var_os("CLANG").is_some() {
+        return Ok(());
+    }
+    if !is_root() || !have("apt-get") {
+        eprintln!("xtask: WARNING: clang-19 not found: install it (apt-get install clang-19 llvm-19 libbpf-dev bpftool); the agent will refuse to record without it");
+        return Ok(());
+    }
+    eprintln!("xtask: installing clang-19, llvm-19, libbpf-dev, bpftool (eBPF toolchain)");
+    run(Command::new("apt-get").args(["update", "-qq"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get").args(["install", "-y", "-qq", "clang-19", "llvm-19", "libbpf-dev", "bpftool"]).env("DEBIAN_FRONTEND", "noninteractive"))
+        .context("installing the eBPF toolchain")
+}
+
 fn setup() -> Result<PathBuf> {
+    ensure_toolchain()?;
     ensure_tracefs()?;
     let py = venv_python()?;
     cupti_wheels(&py)?;

@@ -7,6 +7,7 @@
 //! chokepoint for direct libc calls.
 
 pub mod correlate;
+pub mod doctor;
 pub mod event;
 pub mod model;
 pub mod pipeline;

@@ -42,6 +42,16 @@ enum Cmd {
         #[arg(last = true, required = true, num_args = 1..)]
         cmd: Vec<String>,
     },
+    /// What this machine supports and what to fix (loads the eBPF programs
+    /// when privileged, to prove they pass the verifier here).
+    Doctor {
+        /// Skip the test load of the eBPF programs.
+        #[arg(long)]
+        no_load: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Per-request and per-chain figures from a recording.
     Report {
         file: PathBuf,
@@ -115,6 +125,7 @@ fn main() {
         Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
         Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
         Cmd::Report { file, json, chain_header } => report_cmd(file, json, chain_header),
+        Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Trace { file, output } => trace_cmd(file, output),
     };
     if let Err(e) = res {
@@ -126,6 +137,24 @@ fn main() {
         eprintln!("{msg}");
         std::process::exit(1);
     }
+}
+
+fn doctor_cmd(load: bool, json: bool) -> Result<()> {
+    let checks = hopscope::doctor::run(load);
+    if json {
+        let v: Vec<serde_json::Value> = checks
+            .iter()
+            .map(|c| serde_json::json!({"check": c.what, "level": format!("{:?}", c.level).to_lowercase(), "detail": c.detail}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", hopscope::doctor::render(&checks));
+    }
+    let failed = checks.iter().filter(|c| c.level == hopscope::doctor::Level::Fail).count();
+    if failed > 0 {
+        bail!("{failed} check(s) failed: fix the FAIL lines above");
+    }
+    Ok(())
 }
 
 fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result<()> {

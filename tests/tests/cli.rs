@@ -75,3 +75,17 @@ fn a_killed_agent_leaves_a_readable_recording_and_reports_are_deterministic() {
         assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, c["content_ns"].as_array().unwrap().len());
     }
 }
+
+#[test]
+fn doctor_loads_the_programs_and_says_what_is_there() {
+    let Some(_serial) = privileged("doctor_loads_the_programs_and_says_what_is_there") else { return };
+    let out = hopscope(&["doctor"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for check in ["kernel", "btf", "tracefs", "privileges", "ebpf build", "ebpf load"] {
+        let line = text.lines().find(|l| l[6..].starts_with(check)).unwrap_or_else(|| panic!("no {check} line in\n{text}"));
+        assert!(line.starts_with("ok"), "{line}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&hopscope(&["doctor", "--json", "--no-load"]).stdout).unwrap();
+    assert!(json.as_array().unwrap().iter().all(|c| c["level"] != "fail"), "{json}");
+}

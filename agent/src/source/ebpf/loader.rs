@@ -212,7 +212,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SourceError {
 }
 
 /// Effective capabilities allow loading tracing programs.
-fn privileged() -> bool {
+pub(crate) fn privileged() -> bool {
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
@@ -226,7 +226,7 @@ fn privileged() -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
-fn tracefs_mounted() -> bool {
+pub(crate) fn tracefs_mounted() -> bool {
     ["/sys/kernel/tracing/events/syscalls", "/sys/kernel/debug/tracing/events/syscalls"]
         .iter()
         .any(|p| Path::new(p).is_dir())

@@ -237,21 +237,32 @@ static __always_inline void fill_hdr(struct hs_hdr *h, __u64 ts, __u32 size, __u
 	h->_pad[2] = 0;
 }
 
-/* The struct file behind `fd` of the current task, or NULL. */
+/* The struct file behind `fd` of the current task, or NULL.
+ *
+ * task -> files -> fdt -> {max_fds, fd} are read through the trusted BTF
+ * pointer bpf_get_current_task_btf() returns: plain loads the verifier turns
+ * into fault-safe PROBE_MEM loads, ~1 ns each instead of a helper call
+ * (~25 ns) per hop. The fd array slot and everything below it are reached
+ * through bpf_probe_read_kernel. */
 static __always_inline struct file *fd_file(int fd)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct files_struct *files;
+	struct fdtable *fdt;
 	struct file **fds;
 	struct file *file = NULL;
-	unsigned int max_fds;
 
-	if (!fdt || fd < 0)
+	if (fd < 0)
 		return NULL;
-	max_fds = BPF_CORE_READ(fdt, max_fds);
-	if ((unsigned int)fd >= max_fds)
+	files = task->files;
+	if (!files)
 		return NULL;
-	fds = BPF_CORE_READ(fdt, fd);
+	fdt = files->fdt;
+	if (!fdt)
+		return NULL;
+	if ((unsigned int)fd >= fdt->max_fds)
+		return NULL;
+	fds = fdt->fd;
 	if (!fds)
 		return NULL;
 	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) != 0)

@@ -232,10 +232,6 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if !mib.is_power_of_two() || mib > 1024 {
         bail!("--ringbuf-mib must be a power of two up to 1024");
     }
-    if sys::euid() != 0 {
-        // The loader re-checks capabilities; this catches the common case early.
-        eprintln!("hopscope: note: not running as root; loading eBPF needs CAP_BPF, CAP_PERFMON (and CAP_SYS_RESOURCE on old kernels)");
-    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;

@@ -89,3 +89,20 @@ fn doctor_loads_the_programs_and_says_what_is_there() {
     let json: serde_json::Value = serde_json::from_slice(&hopscope(&["doctor", "--json", "--no-load"]).stdout).unwrap();
     assert!(json.as_array().unwrap().iter().all(|c| c["level"] != "fail"), "{json}");
 }
+
+#[test]
+fn an_unprivileged_user_gets_one_line_saying_which_capabilities_are_needed() {
+    let Some(_serial) = privileged("an_unprivileged_user_gets_one_line_saying_which_capabilities_are_needed") else { return };
+    let dir = scratch("cli-nobody");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(hopscope_bin())
+        .args(["record", "--pid", "1", "--duration", "1s", "-o"])
+        .arg(dir.join("x.hop"))
+        .output()
+        .expect("setpriv (util-linux) runs hopscope as nobody");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("run as root or grant CAP_BPF,CAP_PERFMON"), "{err}");
+}

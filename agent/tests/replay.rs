@@ -1,0 +1,261 @@
+//! Replay: small recordings made by the testbed under `hopscope run`
+//! (tests/fixtures/README.md says how) give exactly the report they gave when
+//! they were made, through the library path `recording::Reader` →
+//! `Correlator` → `sink::report::build` → JSON. The goldens were written by
+//! `hopscope report FILE --json` from the workspace root, so the CLI and the
+//! library must agree byte for byte too.
+//!
+//! Beside the byte comparison, each fixture is checked for what the client
+//! really did (its `*.client.jsonl`: chains, hops, ids, token counts) and for
+//! the partition's invariants, so a golden regenerated after an intentional
+//! change still has to tell the truth.
+
+use hopscope::correlate::{engine, Analysis, Config, Correlator};
+use hopscope::model::Record;
+use hopscope::recording::{Meta, Reader};
+use hopscope::sink::report;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+const FIXTURES: [&str; 3] = ["chain3", "queue2", "tp_chunked"];
+
+fn fixture(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(file)
+}
+
+/// The path the goldens name: `hopscope report` was run from the workspace root.
+fn report_path(name: &str) -> String {
+    format!("agent/tests/fixtures/{name}.hop")
+}
+
+struct Replayed {
+    meta: Meta,
+    records: Vec<Record>,
+    analysis: Analysis,
+    read_error: Option<String>,
+}
+
+/// Reads a recording from bytes the way `hopscope report` does (streamed,
+/// keeping what precedes a damaged tail) and correlates it.
+fn replay_bytes(bytes: &[u8]) -> Replayed {
+    let mut reader = Reader::new(bytes).expect("fixture header reads");
+    let meta = reader.meta().clone();
+    let mut c = Correlator::new(Config { chain_header: meta.chain_header.clone() });
+    let mut records = Vec::new();
+    let read_error = loop {
+        match reader.next_record() {
+            Ok(Some(r)) => {
+                c.ingest(&r);
+                records.push(r);
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    Replayed { meta, records, analysis: c.finish(), read_error }
+}
+
+fn replay(name: &str) -> Replayed {
+    let bytes = std::fs::read(fixture(&format!("{name}.hop"))).expect("fixture present");
+    replay_bytes(&bytes)
+}
+
+/// The report JSON exactly as `hopscope report FILE --json` prints it.
+fn report_text(name: &str) -> String {
+    let r = replay(name);
+    let rep = report::build(&report_path(name), &r.meta, &r.analysis, r.read_error);
+    let mut s = serde_json::to_string_pretty(&rep).expect("report serializes");
+    s.push('\n');
+    s
+}
+
+fn golden(name: &str) -> String {
+    std::fs::read_to_string(fixture(&format!("{name}.report.json"))).expect("golden present")
+}
+
+fn client(name: &str) -> Vec<Value> {
+    std::fs::read_to_string(fixture(&format!("{name}.client.jsonl")))
+        .expect("client log present")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("client line is json"))
+        .collect()
+}
+
+fn assert_matches_golden(name: &str) {
+    let got = report_text(name);
+    let want = golden(name);
+    if got != want {
+        let line = got.lines().zip(want.lines()).position(|(a, b)| a != b).unwrap_or_else(|| got.lines().count().min(want.lines().count()));
+        panic!(
+            "{name}: the report differs from tests/fixtures/{name}.report.json at line {}:\n  got:  {:?}\n  want: {:?}\n\
+             If the change is intended, regenerate the goldens (tests/fixtures/README.md) and review the diff.",
+            line + 1,
+            got.lines().nth(line),
+            want.lines().nth(line)
+        );
+    }
+}
+
+#[test]
+fn chain3_report_equals_its_golden_json_byte_for_byte() {
+    assert_matches_golden("chain3");
+}
+
+#[test]
+fn queue2_report_equals_its_golden_json_byte_for_byte() {
+    assert_matches_golden("queue2");
+}
+
+#[test]
+fn tp_chunked_report_equals_its_golden_json_byte_for_byte() {
+    assert_matches_golden("tp_chunked");
+}
+
+#[test]
+fn replaying_the_same_fixture_twice_gives_byte_identical_reports() {
+    for name in FIXTURES {
+        assert_eq!(report_text(name), report_text(name), "{name}");
+        assert_eq!(replay(name).analysis, replay(name).analysis, "{name}");
+    }
+}
+
+#[test]
+fn fixtures_read_cleanly_and_lose_nothing() {
+    for name in FIXTURES {
+        let r = replay(name);
+        assert!(r.read_error.is_none(), "{name}: {:?}", r.read_error);
+        assert!(!r.meta.capture_payload, "{name}");
+        assert!(!r.meta.gpu, "{name}");
+        let losses: Vec<_> = r.analysis.drops.iter().filter(|(k, v)| **v > 0 && report::is_loss(k)).collect();
+        assert!(losses.is_empty(), "{name}: {losses:?}");
+    }
+}
+
+/// Every streamed chat request: phases cover [arrive, done] exactly, none is
+/// negative, and the marks are in order with nothing clamped.
+#[test]
+fn fixture_phases_add_up_to_e2e_and_are_non_negative() {
+    for name in FIXTURES {
+        let r = replay(name);
+        let mut checked = 0;
+        for q in r.analysis.requests.iter().filter(|q| q.path == "/v1/chat/completions") {
+            let p = engine::partition(q);
+            let parts = [p.frontend, p.queue, p.prefill, p.first_output, p.decode];
+            assert!(parts.iter().all(|x| x.is_some()), "{name} {}: every phase known from the IPC: {p:?}", q.id);
+            let parts: Vec<f64> = parts.iter().map(|x| x.unwrap()).collect();
+            assert!(parts.iter().all(|&x| x >= 0.0), "{name} {}: {p:?}", q.id);
+            let e2e = q.e2e_ms().expect("finished");
+            assert!((parts.iter().sum::<f64>() - e2e).abs() < 1e-6, "{name} {}: {p:?} vs e2e {e2e}", q.id);
+            let m = engine::marks(q).expect("engine joined");
+            assert_eq!(m.clamped, 0, "{name} {}: the real recording's marks are already in order: {m:?}", q.id);
+            let seq = [m.arrive, m.submit, m.scheduled, m.first_token.unwrap(), m.ttft.unwrap(), m.done];
+            assert!(seq.windows(2).all(|w| w[0] <= w[1]), "{name} {}: {m:?}", q.id);
+            checked += 1;
+        }
+        assert_eq!(checked, client(name).len(), "{name}: one checked request per hop the client sent");
+    }
+}
+
+/// The chains and hops the client really made, with its ids and token counts,
+/// come out of the report (the golden) in hop order.
+#[test]
+fn fixture_reports_show_the_chains_and_hops_the_client_made() {
+    for name in FIXTURES {
+        let rep: Value = serde_json::from_str(&golden(name)).unwrap();
+        let hops = client(name);
+        let mut by_chain: BTreeMap<i64, Vec<&Value>> = BTreeMap::new();
+        for h in &hops {
+            by_chain.entry(h["chain"].as_i64().unwrap()).or_default().push(h);
+        }
+        let chains = rep["chains"].as_array().unwrap();
+        // One chain per client chain, plus the /health probe on its own connection.
+        assert_eq!(chains.len(), by_chain.len() + 1, "{name}");
+        for (c, hs) in &by_chain {
+            let key = match hs[0]["traceparent"].as_str() {
+                Some(tp) => tp.split('-').nth(1).unwrap().to_owned(),
+                None => hs[0]["session_id"].as_str().unwrap().to_owned(),
+            };
+            let chain = chains.iter().find(|ch| ch["chain"] == key.as_str()).unwrap_or_else(|| panic!("{name}: chain {c} ({key}) missing"));
+            let want_source = if hs[0]["traceparent"].is_string() { "traceparent" } else { "header" };
+            assert_eq!(chain["source"], want_source, "{name} chain {c}");
+            let ids: Vec<&str> = hs.iter().map(|h| h["id"].as_str().unwrap()).collect();
+            let got: Vec<&str> = chain["hops"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+            assert_eq!(got, ids, "{name} chain {c}: hops in order");
+            for h in hs {
+                let q = rep["requests"].as_array().unwrap().iter().find(|q| q["id"] == h["id"]).unwrap();
+                assert_eq!(q["hop"], h["hop"], "{name} {}", h["id"]);
+                assert_eq!(q["status"], 200);
+                assert_eq!(q["phase_source"], "ipc");
+                assert_eq!(q["streamed"], true);
+                for k in ["prompt_tokens", "cached_tokens", "completion_tokens"] {
+                    assert_eq!(q[k], h[k], "{name} {} {k}", h["id"]);
+                }
+                assert_eq!(q["content_chunks"], h["content_chunks"], "{name} {}", h["id"]);
+                assert_eq!(q["x_request_id"], h["x_request_id"], "{name} {}", h["id"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn queue2_with_one_running_sequence_shows_queueing() {
+    // --max-num-seqs 1 and two concurrent chains: one hop-1 waits for the other.
+    let r = replay("queue2");
+    let worst = r.analysis.requests.iter().filter_map(|q| engine::partition(q).queue).fold(0.0, f64::max);
+    assert!(worst > 50.0, "a hop-1 queued behind the other chain's hop-1 (worst queue {worst} ms)");
+}
+
+#[test]
+fn tp_chunked_without_engine_events_schedules_from_steps_and_submits() {
+    // --disable-log-stats: no SCHEDULED events on the IPC.
+    let r = replay("tp_chunked");
+    for q in r.analysis.requests.iter().filter_map(|q| q.engine.as_ref()) {
+        assert_ne!(q.scheduled_source, "event", "{q:?}");
+    }
+}
+
+/// Recordings are payload-free: none of the prompt text the client sent
+/// (system prompt, instructions, the seeded task words) is in the file or in
+/// any decoded record, and no raw-payload record is there.
+#[test]
+fn fixtures_hold_no_prompt_text() {
+    // The first words of each fixture's seeded task text (chain_client.py
+    // task_text with --task-seed 4242, 4343/4344, 4444/4445).
+    let planted = [
+        "careful senior software engineer",
+        "Task: build a small tool",
+        "implement the plan",
+        "profile buffer queue device host",
+        "trace service profile phase response",
+        "context retry handler protocol eviction",
+        "capture trace worker timeout memory",
+        "engine backend policy socket frontend",
+    ];
+    for name in FIXTURES {
+        let bytes = std::fs::read(fixture(&format!("{name}.hop"))).unwrap();
+        let r = replay(name);
+        assert!(!r.records.iter().any(|x| matches!(x, Record::RawIo { .. })), "{name}");
+        let decoded = format!("{:?}", r.records);
+        for p in planted {
+            assert!(!decoded.contains(p), "{name}: decoded records contain {p:?}");
+            assert!(!bytes.windows(p.len()).any(|w| w == p.as_bytes()), "{name}: file contains {p:?}");
+        }
+    }
+}
+
+/// A recording cut short still replays: what precedes the cut is reported and
+/// the error names the offset.
+#[test]
+fn truncated_fixture_gives_a_partial_report_naming_the_offset() {
+    let bytes = std::fs::read(fixture("chain3.hop")).unwrap();
+    let full = replay_bytes(&bytes);
+    let cut = replay_bytes(&bytes[..bytes.len() * 2 / 3]);
+    let err = cut.read_error.as_deref().expect("the cut is reported");
+    assert!(err.contains("offset"), "{err}");
+    assert!(!cut.records.is_empty() && cut.records.len() < full.records.len(), "{} of {}", cut.records.len(), full.records.len());
+    assert_eq!(cut.records[..], full.records[..cut.records.len()], "the readable part is the file's prefix");
+    let rep = report::build("cut.hop", &cut.meta, &cut.analysis, cut.read_error.clone());
+    assert_eq!(rep.recording.read_error.as_deref(), Some(err));
+    serde_json::to_string(&rep).expect("partial report serializes");
+}

@@ -70,6 +70,16 @@ enum Cmd {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
+    /// Compare two recordings: per matched hop and overall, TTFT/ITL/E2E
+    /// changes as sums of phase deltas, token and GPU kernel deltas
+    /// (docs/diff.md).
+    Diff {
+        before: PathBuf,
+        after: PathBuf,
+        /// Machine-readable output (schema 1, see docs/diff.md).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -98,6 +108,10 @@ struct RecordOpts {
     /// No live status line.
     #[arg(long, short)]
     quiet: bool,
+    /// CUPTI injection library for `run` (default: $HOPSCOPE_CUPTI_INJECTION,
+    /// else libhopscope_cupti.so next to hopscope).
+    #[arg(long, value_name = "PATH")]
+    cupti_lib: Option<PathBuf>,
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
@@ -127,6 +141,7 @@ fn main() {
         Cmd::Report { file, json, chain_header } => report_cmd(file, json, chain_header),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Trace { file, output } => trace_cmd(file, output),
+        Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
     if let Err(e) = res {
         // One clear line: the error and its causes.
@@ -185,6 +200,41 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result
     Ok(())
 }
 
+fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
+    use hopscope::sink::diff;
+    // Each recording correlated with its own chain header, exactly as `report` does.
+    let load = |file: &PathBuf| -> Result<(report::Report, Option<String>)> {
+        let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+        let meta = reader.meta().clone();
+        let mut c = Correlator::new(correlate::Config { chain_header: meta.chain_header.clone() });
+        let read_error = loop {
+            match reader.next_record() {
+                Ok(Some(r)) => c.ingest(&r),
+                Ok(None) => break None,
+                Err(e) => break Some(e.to_string()),
+            }
+        };
+        let analysis = c.finish();
+        Ok((report::build(&file.display().to_string(), &meta, &analysis, read_error.clone()), read_error))
+    };
+    let (b, b_err) = load(&before)?;
+    let (a, a_err) = load(&after)?;
+    let d = diff::compare(&b, &a);
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &d)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(diff::render_text(&d).as_bytes())?;
+    }
+    for (file, e) in [(&before, b_err), (&after, a_err)] {
+        if let Some(e) = e {
+            eprintln!("hopscope: warning: {}: {e}; the diff covers the readable part", file.display());
+        }
+    }
+    Ok(())
+}
+
 fn trace_cmd(file: PathBuf, output: Option<PathBuf>) -> Result<()> {
     use hopscope::sink::perfetto;
     let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
@@ -237,6 +287,15 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
     }
 
+    // GPU: the CUPTI injection library in each CUDA process of the tree
+    // streams its records to a private socket (source::cupti, docs/gpu.md).
+    // `run` injects it; `record` can only listen for a server started with
+    // the env line printed below.
+    use hopscope::source::cupti::{self, GpuConfig, GpuReceiver};
+    let injection = match cupti::find_injection_lib(opts.cupti_lib.as_deref()) {
+        Ok(found) => found,
+        Err(e) => bail!("cannot use the CUPTI injection library: {e}"),
+    };
     let cfg = EbpfConfig {
         pids: pids.clone(),
         capture_len: opts.capture_bytes,
@@ -245,14 +304,64 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         ..EbpfConfig::default()
     };
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
+    let mut gpu = if !cmd.is_empty() && injection.is_none() {
+        eprintln!(
+            "hopscope: note: {} not found next to hopscope (use --cupti-lib PATH or {}): recording without GPU",
+            cupti::INJECTION_LIB_NAME,
+            cupti::INJECTION_LIB_ENV
+        );
+        None
+    } else {
+        let mut gcfg = GpuConfig::default();
+        if cmd.is_empty() {
+            // A server started by hand is not necessarily below the traced
+            // pids: accept our uid and the traced processes' owners, and let
+            // the owner (when not us) reach the socket.
+            use std::os::unix::fs::MetadataExt;
+            gcfg.trusted_uids.push(sys::euid());
+            for p in &pids {
+                if let Ok(uid) = std::fs::metadata(format!("/proc/{p}")).map(|m| m.uid()) {
+                    if !gcfg.trusted_uids.contains(&uid) {
+                        gcfg.trusted_uids.push(uid);
+                        if sys::euid() == 0 {
+                            gcfg.socket_owner = gcfg.socket_owner.or(Some(uid));
+                        }
+                    }
+                }
+            }
+        }
+        match GpuReceiver::bind(gcfg) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("hopscope: note: {e}: recording without GPU");
+                None
+            }
+        }
+    };
+    if let (true, Some(g)) = (cmd.is_empty(), &gpu) {
+        let lib = injection.as_ref().map_or_else(|| format!("/path/to/{}", cupti::INJECTION_LIB_NAME), |p| p.display().to_string());
+        eprintln!(
+            "hopscope: gpu: to record GPU activity too, start the server with {}={lib} {}={}",
+            cupti::INJECTION_ENV,
+            cupti::SOCKET_ENV,
+            g.socket_path().display()
+        );
+    }
     // `run`: the command is in the traced set before it execs (pipe handshake).
     let mut child = None;
     if let Some((prog, args)) = cmd.split_first() {
         let mut c = std::process::Command::new(prog);
         c.args(args);
+        if let (Some(lib), Some(g)) = (&injection, &gpu) {
+            c.env(cupti::INJECTION_ENV, lib).env(cupti::SOCKET_ENV, g.socket_path());
+            eprintln!("hopscope: gpu: injecting {} (socket {})", lib.display(), g.socket_path().display());
+        }
         let c = source.spawn(c).with_context(|| format!("cannot launch {prog:?}"))?;
         pids.push(c.id());
         child = Some(c);
+    }
+    if let Some(g) = &gpu {
+        g.set_traced(source.targets());
     }
     let start_ns = sys::monotonic_ns();
     let meta = Meta {
@@ -280,6 +389,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let mut last_events = 0u64;
     let status_tty = std::io::stderr().is_terminal();
     let mut child_status = None;
+    let mut last_traced = Instant::now();
     loop {
         let mut err = None;
         source
@@ -297,14 +407,30 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         if let Some(e) = err {
             return Err(e).context("writing the recording");
         }
+        if let Some(g) = gpu.as_mut() {
+            // GPU records go to the pipeline's merge (they arrive late).
+            if last_traced.elapsed() >= Duration::from_millis(100) {
+                g.set_traced(source.targets());
+                last_traced = Instant::now();
+            }
+            g.drain(|r| pipe.push_gpu(r));
+            pipe.advance_gpu(sys::monotonic_ns(), g.connected()).context("writing the recording")?;
+            for n in g.take_notes() {
+                eprintln!("hopscope: note: {n}");
+            }
+        }
         if last_tick.elapsed() >= Duration::from_secs(1) {
-            let kernel = kernel_counters(&source);
+            let mut kernel = kernel_counters(&source);
+            if let Some(g) = &gpu {
+                kernel.extend(g.counters());
+            }
             pipe.tick(sys::monotonic_ns(), &kernel).context("writing the recording")?;
             if !opts.quiet {
                 let st = pipe.stats();
                 let drops: u64 = pipe.drop_counters(&kernel).iter().filter(|(k, _)| report::is_loss(k)).map(|(_, v)| v).sum();
                 let rate = (st.events - last_events) as f64 / last_tick.elapsed().as_secs_f64();
-                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests  drops {}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
+                let gpu_part = gpu.as_ref().map(|g| format!("  gpu {:>8} records", g.records())).unwrap_or_default();
+                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests{gpu_part}  drops {}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
                 if status_tty {
                     eprint!("\r{line}   ");
                 } else {
@@ -333,11 +459,30 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if status_tty && !opts.quiet {
         eprintln!();
     }
+    let mut gpu_records = None;
+    if let Some(g) = gpu.as_mut() {
+        // The command's CUDA processes flush at exit; their last records are
+        // on the way until their connections end (bounded wait).
+        if child_status.is_some() && !g.wait_idle(Duration::from_secs(3), |r| pipe.push_gpu(r)) {
+            eprintln!("hopscope: note: a gpu connection was still open 3 s after the command exited; recording what arrived");
+        }
+        g.shutdown(|r| pipe.push_gpu(r));
+        for n in g.take_notes() {
+            eprintln!("hopscope: note: {n}");
+        }
+    }
     // Final drain of whatever the kernel still holds.
     drain(&mut source, &mut pipe)?;
-    let kernel = kernel_counters(&source);
+    let mut kernel = kernel_counters(&source);
+    if let Some(g) = &gpu {
+        kernel.extend(g.counters());
+        gpu_records = Some(g.records());
+    }
     let (_, stats) = pipe.finish(sys::monotonic_ns(), &kernel).context("finishing the recording")?;
     drop(source);
+    if gpu_records.is_some_and(|n| n > 0) {
+        cupti::mark_recording_gpu(&opts.output).with_context(|| format!("marking {} as holding gpu records", opts.output.display()))?;
+    }
     if let Some(mut c) = child {
         if child_status.is_none() {
             // `run` owns the command: when recording ends first, stop it too.
@@ -346,11 +491,12 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         }
     }
     eprintln!(
-        "hopscope: wrote {} ({} events, {} records, {} http requests{})",
+        "hopscope: wrote {} ({} events, {} records, {} http requests{}{})",
         opts.output.display(),
         stats.events,
         stats.records,
         stats.http_requests,
+        gpu_records.map(|n| format!(", {n} gpu records")).unwrap_or_default(),
         child_status.map(|s| format!(", command exited with {s}")).unwrap_or_default()
     );
     Ok(())

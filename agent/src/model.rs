@@ -248,6 +248,151 @@ pub enum Record {
         /// The capture cut the message: later outputs and fields are missing.
         truncated: bool,
     },
+    // ---- GPU (CUPTI injection, `source::cupti`). Every `pid` is the peer's
+    // pid as the agent's kernel sees it (SO_PEERCRED, the same namespace as the
+    // eBPF tgids); every time is CLOCK_MONOTONIC ns, converted by the sender.
+    /// A CUDA process connected its injection library (the wire's hello).
+    /// Timed when the agent accepted it.
+    GpuProcess {
+        ts_ns: u64,
+        pid: u32,
+        ppid: u32,
+        /// The pid the process reported itself (differs from `pid` only across
+        /// pid namespaces).
+        own_pid: u32,
+        comm: String,
+        /// `cuptiGetVersion` (12.4=22 … 13.4=130401).
+        cupti_version: u32,
+        /// 1: CUPTI's timestamp callback (CLOCK_MONOTONIC); 2: calibrated offset.
+        clock: u8,
+        /// The sender's enabled-kinds bits (hopscope-gpu-wire `enabled`).
+        enabled: u32,
+        /// CLOCK_MONOTONIC when the injection library initialised.
+        init_ns: u64,
+        /// Which libcupti the process used.
+        cupti_lib: String,
+    },
+    /// One CUDA device as the process's driver reported it.
+    GpuDevice {
+        ts_ns: u64,
+        pid: u32,
+        device: u32,
+        name: String,
+        cc_major: u32,
+        cc_minor: u32,
+        sm_count: u32,
+        total_mem_bytes: u64,
+        /// `cuDriverGetVersion` (e.g. 13000).
+        driver_version: u32,
+    },
+    /// A kernel execution (also each kernel node of a CUDA graph launch).
+    GpuKernel {
+        /// Start on the GPU.
+        ts_ns: u64,
+        end_ns: u64,
+        pid: u32,
+        device: u32,
+        context: u32,
+        stream: u32,
+        /// Equals the launching [`Record::GpuApi`]'s (the graph launch's for graph nodes).
+        correlation_id: u32,
+        /// Nonzero when the kernel ran as a node of a CUDA graph.
+        graph_id: u32,
+        graph_node_id: u64,
+        /// The (mangled) kernel name; empty when CUPTI gave none.
+        name: String,
+        grid: [u32; 3],
+        block: [u32; 3],
+        static_shared_mem: u32,
+        dynamic_shared_mem: u32,
+        registers_per_thread: u16,
+    },
+    /// A memory copy (peer-to-peer copies carry `peer`).
+    GpuMemcpy {
+        ts_ns: u64,
+        end_ns: u64,
+        pid: u32,
+        device: u32,
+        context: u32,
+        stream: u32,
+        /// CUpti_ActivityMemcpyKind, raw (1 HtoD, 2 DtoH, 8 DtoD, 10 PtoP, …).
+        kind: u8,
+        /// CUpti_ActivityMemoryKind of source and destination, raw (2 pageable, 3 pinned, 4 device, …).
+        src_kind: u8,
+        dst_kind: u8,
+        /// CUpti_ActivityFlag bits, raw (bit 0: async).
+        flags: u8,
+        bytes: u64,
+        correlation_id: u32,
+        runtime_correlation_id: u32,
+        graph_id: u32,
+        graph_node_id: u64,
+        peer: Option<GpuPeer>,
+    },
+    GpuMemset {
+        ts_ns: u64,
+        end_ns: u64,
+        pid: u32,
+        device: u32,
+        context: u32,
+        stream: u32,
+        bytes: u64,
+        value: u32,
+        /// CUpti_ActivityMemoryKind, raw.
+        memory_kind: u16,
+        flags: u16,
+        correlation_id: u32,
+        graph_id: u32,
+        graph_node_id: u64,
+    },
+    /// A synchronization the host waited on.
+    GpuSync {
+        ts_ns: u64,
+        end_ns: u64,
+        pid: u32,
+        /// CUpti_ActivitySynchronizationType, raw (1 event sync, 2 stream wait
+        /// event, 3 stream sync, 4 context sync).
+        sync_type: u32,
+        context: u32,
+        stream: Option<u32>,
+        correlation_id: u32,
+        cuda_event: Option<u32>,
+    },
+    /// A host-side CUDA API call the injection traces (kernel and graph
+    /// launches, copies, memsets, host syncs: filtered by the sender).
+    GpuApi {
+        ts_ns: u64,
+        end_ns: u64,
+        pid: u32,
+        tid: u32,
+        /// 1 runtime, 2 driver.
+        domain: u8,
+        /// 1 kernel launch, 2 graph launch, 3 memcpy, 4 memset, 5 sync.
+        class: u8,
+        /// CUPTI callback id in `domain`.
+        cbid: u32,
+        /// The API function's name (`cudaLaunchKernel`, `cuGraphLaunch`, …).
+        name: String,
+        correlation_id: u32,
+        return_value: u32,
+    },
+    /// The sender's CUPTI-clock→CLOCK_MONOTONIC offset (calibrated clock mode
+    /// only; already applied to every timestamp), and how well it is known.
+    GpuCalibration {
+        ts_ns: u64,
+        pid: u32,
+        offset_ns: i64,
+        error_ns: u64,
+    },
+}
+
+/// The peer side of a peer-to-peer copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPeer {
+    pub src_device: u32,
+    pub src_context: u32,
+    pub dst_device: u32,
+    pub dst_context: u32,
 }
 
 /// vLLM `EngineCoreEvent`: `kind` QUEUED=1, SCHEDULED=2, PREEMPTED=3.
@@ -301,7 +446,15 @@ impl Record {
             | Record::RawIo { ts_ns, .. }
             | Record::EngineRequest { ts_ns, .. }
             | Record::EngineAbort { ts_ns, .. }
-            | Record::EngineOutputs { ts_ns, .. } => *ts_ns,
+            | Record::EngineOutputs { ts_ns, .. }
+            | Record::GpuProcess { ts_ns, .. }
+            | Record::GpuDevice { ts_ns, .. }
+            | Record::GpuKernel { ts_ns, .. }
+            | Record::GpuMemcpy { ts_ns, .. }
+            | Record::GpuMemset { ts_ns, .. }
+            | Record::GpuSync { ts_ns, .. }
+            | Record::GpuApi { ts_ns, .. }
+            | Record::GpuCalibration { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }
     }

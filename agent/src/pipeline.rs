@@ -1,18 +1,84 @@
 //! Live path from kernel events to the recording: a small reorder window (the
 //! ring buffer is shared by all CPUs, so neighbours can arrive a few µs out of
 //! order), the wire decoders, and the recording writer.
+//!
+//! GPU records (`source::cupti`) arrive much later than the kernel events of
+//! the same moment: CUPTI hands over activity buffers when they fill or are
+//! flushed (every 250 ms by default), a record exists only once its activity
+//! ended, and the sender batches. The correlator ingests the file in order,
+//! so the two streams are merged here rather than written side by side:
+//!
+//! - GPU records wait in their own heap, ordered by start time;
+//! - records decoded from kernel events wait in a FIFO (their decoder order is
+//!   kept as is: the correlator relies on it, e.g. a request before its
+//!   response);
+//! - while a GPU connection is open (and for one window after), both are
+//!   released up to `now - GPU_REORDER_WINDOW_NS`, always taking the older
+//!   head first;
+//! - while a GPU receiver listens but nothing is connected, records are held
+//!   `GPU_STANDBY_WINDOW_NS`, so that a process connecting now (its hello is
+//!   stamped when the agent reads it, its first activities come later) finds
+//!   the file not yet past its first records — the main loop notices a new
+//!   connection within one poll;
+//! - without a GPU receiver ([`Pipeline::advance_gpu`] never called) nothing
+//!   is held back and the pipeline behaves exactly as before.
+//!
+//! A time-based horizon rather than "latest GPU timestamp - margin": a GPU
+//! that goes idle sends nothing, and the kernel-side records must not wait for
+//! it forever. A GPU record older than what was already written (longer
+//! kernel, slower flush than the window) is still written, out of order, and
+//! counted as `gpu_records_late`; consumers that need GPU records in strict
+//! order must not assume more (the kernel totals of the report do not).
 
 use crate::event::KEvent;
 use crate::model::Record;
 use crate::proto::{DecoderConfig, WireDecoder};
 use crate::recording::{RecordingError, Writer};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::io::Write;
 
 /// Events are held this long (by their own timestamps) before release, so that
 /// the decoders see each connection's syscalls in order.
 pub const REORDER_WINDOW_NS: u64 = 20_000_000;
+
+/// While GPU sources are connected, records are held this long (agent clock)
+/// so that GPU records, which arrive late, merge in timestamp order: the
+/// sender's flush period (250 ms) + its batching and report period + the
+/// longest activity we expect to see whole, with room to spare.
+pub const GPU_REORDER_WINDOW_NS: u64 = 2_000_000_000;
+
+/// While a GPU receiver listens with nothing connected, records are held
+/// this long: more than the main loop's poll period.
+pub const GPU_STANDBY_WINDOW_NS: u64 = 250_000_000;
+
+/// Most records held for the GPU merge (memory bound); past it the oldest are
+/// written regardless of the horizon.
+const MAX_HELD: usize = 1 << 20;
+
+/// A GPU record waiting for the merge, ordered by (start time, arrival).
+struct HeldGpu {
+    ts: u64,
+    seq: u64,
+    rec: Record,
+}
+
+impl PartialEq for HeldGpu {
+    fn eq(&self, o: &Self) -> bool {
+        (self.ts, self.seq) == (o.ts, o.seq)
+    }
+}
+impl Eq for HeldGpu {}
+impl PartialOrd for HeldGpu {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for HeldGpu {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.ts, self.seq).cmp(&(o.ts, o.seq))
+    }
+}
 
 struct Held {
     ts: u64,
@@ -47,6 +113,10 @@ pub struct PipelineStats {
     pub events_invalid: u64,
     pub records: u64,
     pub http_requests: u64,
+    /// GPU records written.
+    pub gpu_records: u64,
+    /// GPU records older than records already written (written anyway).
+    pub gpu_records_late: u64,
 }
 
 pub struct Pipeline<W: Write> {
@@ -58,6 +128,18 @@ pub struct Pipeline<W: Write> {
     writer: Writer<W>,
     out: Vec<Record>,
     stats: PipelineStats,
+    /// Decoded kernel-side records waiting for the GPU merge (decoder order).
+    cpu_q: VecDeque<Record>,
+    gpu_q: BinaryHeap<Reverse<HeldGpu>>,
+    gpu_seq: u64,
+    /// Agent time until which records are held for GPU merging (0: never held).
+    gpu_hold_until_ns: u64,
+    /// A GPU receiver exists ([`Pipeline::advance_gpu`] was called).
+    gpu_standby: bool,
+    /// What the last clock-driven call allowed out (u64::MAX: no holding).
+    horizon: u64,
+    /// Newest timestamp written to the file.
+    written_ts: u64,
 }
 
 impl<W: Write> Pipeline<W> {
@@ -71,7 +153,76 @@ impl<W: Write> Pipeline<W> {
             writer,
             out: Vec::new(),
             stats: PipelineStats::default(),
+            cpu_q: VecDeque::new(),
+            gpu_q: BinaryHeap::new(),
+            gpu_seq: 0,
+            gpu_hold_until_ns: 0,
+            gpu_standby: false,
+            horizon: u64::MAX,
+            written_ts: 0,
         }
+    }
+
+    /// Takes one validated GPU record (any order); it is written once the GPU
+    /// horizon (see [`Pipeline::advance_gpu`]) passes it.
+    pub fn push_gpu(&mut self, rec: Record) {
+        self.gpu_seq += 1;
+        self.gpu_q.push(Reverse(HeldGpu { ts: rec.ts_ns(), seq: self.gpu_seq, rec }));
+    }
+
+    /// Moves the GPU horizon to `now_ns` (CLOCK_MONOTONIC): while `connected`
+    /// (any GPU source open) and for one window after, records are written up
+    /// to `now_ns - GPU_REORDER_WINDOW_NS`; otherwise up to
+    /// `now_ns - GPU_STANDBY_WINDOW_NS`. Call it often (every poll) while a
+    /// GPU receiver exists.
+    pub fn advance_gpu(&mut self, now_ns: u64, connected: bool) -> Result<(), RecordingError> {
+        self.gpu_standby = true;
+        if connected {
+            self.gpu_hold_until_ns = now_ns.saturating_add(GPU_REORDER_WINDOW_NS);
+        }
+        self.set_horizon(now_ns);
+        self.emit(self.horizon)
+    }
+
+    fn set_horizon(&mut self, now_ns: u64) {
+        self.horizon = if now_ns < self.gpu_hold_until_ns {
+            now_ns.saturating_sub(GPU_REORDER_WINDOW_NS)
+        } else if self.gpu_standby {
+            now_ns.saturating_sub(GPU_STANDBY_WINDOW_NS)
+        } else {
+            u64::MAX
+        };
+    }
+
+    /// Writes queued records with timestamps up to `horizon`, merging the two
+    /// queues by timestamp (kernel-side first on ties). A kernel-side record
+    /// stays queued while its timestamp is past the horizon, and so does
+    /// everything decoded after it.
+    /// Past [`MAX_HELD`] queued records, the oldest go out regardless.
+    fn emit(&mut self, horizon: u64) -> Result<(), RecordingError> {
+        loop {
+            let horizon = if self.cpu_q.len() + self.gpu_q.len() > MAX_HELD { u64::MAX } else { horizon };
+            let cpu = self.cpu_q.front().map(Record::ts_ns).filter(|t| *t <= horizon);
+            let gpu = self.gpu_q.peek().map(|Reverse(h)| h.ts).filter(|t| *t <= horizon);
+            let rec = match (cpu, gpu) {
+                (None, None) => return Ok(()),
+                (Some(c), Some(g)) if g < c => self.pop_gpu(),
+                (Some(_), _) => self.cpu_q.pop_front(),
+                (None, Some(_)) => self.pop_gpu(),
+            };
+            let Some(rec) = rec else { return Ok(()) };
+            self.written_ts = self.written_ts.max(rec.ts_ns());
+            self.writer.push(&rec)?;
+        }
+    }
+
+    fn pop_gpu(&mut self) -> Option<Record> {
+        let Reverse(h) = self.gpu_q.pop()?;
+        self.stats.gpu_records += 1;
+        if h.ts < self.written_ts {
+            self.stats.gpu_records_late += 1;
+        }
+        Some(h.rec)
     }
 
     pub fn stats(&self) -> PipelineStats {
@@ -137,9 +288,9 @@ impl<W: Write> Pipeline<W> {
                 self.stats.http_requests += 1;
             }
             self.stats.records += 1;
-            self.writer.push(&r)?;
+            self.cpu_q.push_back(r);
         }
-        Ok(())
+        self.emit(self.horizon)
     }
 
     /// Periodic work at `now_ns` (CLOCK_MONOTONIC): releases events that are
@@ -149,9 +300,12 @@ impl<W: Write> Pipeline<W> {
         let until = now_ns.saturating_sub(REORDER_WINDOW_NS);
         self.release(until)?;
         // Stamped at the release horizon, not `now`: every event still held is
-        // newer, so the file stays in timestamp order.
+        // newer, so the file stays in timestamp order. Queued behind decoded
+        // records (the GPU merge may hold them).
         let drops = self.drop_counters(kernel);
-        self.writer.push(&Record::Drops { ts_ns: until.max(self.released_ts), counters: drops })?;
+        self.cpu_q.push_back(Record::Drops { ts_ns: until.max(self.released_ts), counters: drops });
+        self.set_horizon(now_ns);
+        self.emit(self.horizon)?;
         self.writer.tick(now_ns)
     }
 
@@ -161,6 +315,9 @@ impl<W: Write> Pipeline<W> {
         v.extend(self.decoder.counters().into_iter().map(|(k, n)| (k.to_owned(), n)));
         v.push(("events_late".into(), self.stats.events_late));
         v.push(("events_invalid".into(), self.stats.events_invalid));
+        if self.stats.gpu_records > 0 || !self.gpu_q.is_empty() {
+            v.push(("gpu_records_late".into(), self.stats.gpu_records_late));
+        }
         v
     }
 
@@ -169,8 +326,9 @@ impl<W: Write> Pipeline<W> {
         self.release(u64::MAX)?;
         self.decoder.finish(&mut self.out);
         self.flush_out()?;
+        self.emit(u64::MAX)?;
         let drops = self.drop_counters(kernel);
-        self.writer.push(&Record::Drops { ts_ns: now_ns.max(self.released_ts), counters: drops })?;
+        self.writer.push(&Record::Drops { ts_ns: now_ns.max(self.released_ts).max(self.written_ts), counters: drops })?;
         let stats = self.stats;
         Ok((self.writer.finish(now_ns)?, stats))
     }

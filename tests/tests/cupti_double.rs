@@ -10,11 +10,7 @@
 //! target/cupti-double (a separate target dir: the surrounding `cargo test`
 //! holds the lock on target/).
 
-// The wire crate is dependency-free; compiled in here so this test needs no
-// manifest change in tests/.
-#[path = "../../hopscope-gpu-wire/src/lib.rs"]
-#[allow(dead_code)]
-mod gpu_wire;
+use hopscope_gpu_wire as gpu_wire;
 
 use gpu_wire::{ClockSource, Counter, Message};
 use hopscope_integration::{scratch, workspace};

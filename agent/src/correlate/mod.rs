@@ -4,6 +4,7 @@
 //! give the same [`Analysis`].
 
 pub mod engine;
+pub mod wire_steps;
 
 use crate::event::ConnKey;
 use crate::model::{HttpRole, Record, SseKind, Usage};
@@ -123,6 +124,42 @@ pub struct Analysis {
     pub last_ns: Option<u64>,
     /// Engine steps that produced outputs, in order (from the IPC).
     pub steps: Vec<engine::Step>,
+    /// GPU kernels by name over the whole recording, most GPU time first.
+    pub kernels: Vec<KernelStat>,
+}
+
+/// Executions of one kernel name (all processes and devices together).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelStat {
+    pub name: String,
+    pub count: u64,
+    /// Sum of end - start.
+    pub gpu_ns: u64,
+}
+
+/// Kernel totals by name. Order-independent (GPU records may reach the
+/// recording a little out of timestamp order), deterministic output.
+#[derive(Debug, Default)]
+pub struct KernelTotals {
+    by_name: HashMap<String, (u64, u64)>,
+}
+
+impl KernelTotals {
+    pub fn add(&mut self, name: &str, start_ns: u64, end_ns: u64) {
+        let e = match self.by_name.get_mut(name) {
+            Some(e) => e,
+            None => self.by_name.entry(name.to_owned()).or_default(),
+        };
+        e.0 += 1;
+        e.1 += end_ns.saturating_sub(start_ns);
+    }
+
+    /// Most GPU time first; ties by name.
+    pub fn finish(self) -> Vec<KernelStat> {
+        let mut v: Vec<KernelStat> = self.by_name.into_iter().map(|(name, (count, gpu_ns))| KernelStat { name, count, gpu_ns }).collect();
+        v.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
+        v
+    }
 }
 
 /// Nanoseconds to milliseconds.
@@ -167,6 +204,7 @@ pub struct Correlator {
     woke: HashMap<u32, engine::Woke>,
     first_ns: Option<u64>,
     last_ns: Option<u64>,
+    kernels: KernelTotals,
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -191,6 +229,7 @@ impl Correlator {
             woke: HashMap::new(),
             first_ns: None,
             last_ns: None,
+            kernels: KernelTotals::default(),
         }
     }
 
@@ -329,6 +368,7 @@ impl Correlator {
             Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. } => self.engine.ingest(rec, &self.woke),
             Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
+            Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),
             Record::Drops { counters, .. } => {
                 // Cumulative snapshots: the latest wins.
                 for (k, v) in counters {
@@ -383,7 +423,7 @@ impl Correlator {
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns, steps }
+        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.kernels.finish() }
     }
 }
 

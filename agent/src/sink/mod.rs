@@ -1,4 +1,5 @@
 //! Sinks: where analyses go.
 
+pub mod diff;
 pub mod perfetto;
 pub mod report;

@@ -193,6 +193,9 @@ fn request_out(r: &Request) -> RequestOut {
     }
 }
 
+/// How many kernels the report lists.
+pub const TOP_KERNELS: usize = 20;
+
 /// Builds the schema-1 report.
 pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<String>) -> Report {
     let duration_ms = match (analysis.first_ns, analysis.last_ns) {
@@ -246,7 +249,17 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
         },
         requests,
         chains,
-        kernels: Vec::new(),
+        // Top kernels by total GPU time (CUPTI records, every process).
+        kernels: analysis
+            .kernels
+            .iter()
+            .take(TOP_KERNELS)
+            .map(|k| KernelOut {
+                name: if k.name.is_empty() { "<unnamed>".into() } else { k.name.clone() },
+                count: k.count,
+                gpu_ms: ms(k.gpu_ns),
+            })
+            .collect(),
     }
 }
 
@@ -361,6 +374,12 @@ pub fn is_loss(name: &str) -> bool {
         "engine_steps_from_reader",
         "upgrades",
         "attach_mid_stream",
+        // GPU source (source::cupti): connections and records, not losses.
+        "gpu_conns",
+        "gpu_records",
+        "gpu_records_decoded",
+        "gpu_records_sent",
+        "gpu_connects",
     ];
     !ACTIVITY.contains(&name)
 }

@@ -1,3 +1,4 @@
 //! Sources: thin adapters that turn bytes from the outside world into validated events.
 
+pub mod cupti;
 pub mod ebpf;

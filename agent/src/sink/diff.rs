@@ -1,0 +1,1875 @@
+//! `hopscope diff BEFORE.hop AFTER.hop`: what changed between two recordings,
+//! per matched request/hop and in aggregate, explained as phase deltas.
+//!
+//! Input is two schema-1 reports ([`report::build`](super::report::build)),
+//! so every figure is the one `hopscope report` shows. The partition
+//! guarantees Σ phases = E2E and frontend+queue+prefill(+kv)+first_output =
+//! TTFT, so ΔE2E and ΔTTFT are *sums* of phase deltas; whatever a side could
+//! not attribute (a null phase) is shown as `unexplained`, never guessed.
+//! The JSON shape is documented in docs/diff.md (schema 1: add, never rename).
+
+use crate::correlate::percentile;
+use crate::sink::report::{KernelOut, Report, RequestOut};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+pub const SCHEMA: u32 = 1;
+
+/// The partition's phases in time order. The first five end at the first
+/// content chunk: they add up to TTFT.
+pub const PHASES: [&str; 6] = ["frontend", "queue", "prefill", "kv_transfer", "first_output", "decode"];
+const TTFT_PHASES: usize = 5;
+
+/// A metric that moved less than this (ms) is reported as unchanged.
+pub const NOISE_MS: f64 = 0.05;
+/// A phase moving in the metric's direction by at least this share of the
+/// metric's change gets a cause of its own (the dominant phase always does).
+const CAUSE_SHARE: f64 = 0.2;
+
+// ---------------------------------------------------------------- shapes
+
+/// A value on both sides and its change (after - before); `delta` is null
+/// unless both sides are known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Delta {
+    pub before: Option<f64>,
+    pub after: Option<f64>,
+    pub delta: Option<f64>,
+}
+
+impl Delta {
+    pub fn of(before: Option<f64>, after: Option<f64>) -> Delta {
+        Delta { before, after, delta: before.zip(after).map(|(b, a)| a - b) }
+    }
+}
+
+/// A count on both sides and its change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CountDelta {
+    pub before: Option<u64>,
+    pub after: Option<u64>,
+    pub delta: Option<i64>,
+}
+
+impl CountDelta {
+    pub fn of(before: Option<u64>, after: Option<u64>) -> CountDelta {
+        CountDelta { before, after, delta: before.zip(after).map(|(b, a)| a as i64 - b as i64) }
+    }
+    fn as_delta(self) -> Delta {
+        Delta::of(self.before.map(|v| v as f64), self.after.map(|v| v as f64))
+    }
+}
+
+/// Mean, median and p90 of a metric on both sides (over the pairs where both
+/// are known); each `delta` is after - before of that statistic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Stats {
+    pub mean: Delta,
+    pub p50: Delta,
+    pub p90: Delta,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PhaseDeltas {
+    pub frontend: Delta,
+    pub queue: Delta,
+    pub prefill: Delta,
+    pub kv_transfer: Delta,
+    pub first_output: Delta,
+    pub decode: Delta,
+}
+
+impl PhaseDeltas {
+    /// In [`PHASES`] order.
+    pub fn as_array(&self) -> [Delta; 6] {
+        [self.frontend, self.queue, self.prefill, self.kv_transfer, self.first_output, self.decode]
+    }
+    fn from_array(a: [Delta; 6]) -> PhaseDeltas {
+        PhaseDeltas { frontend: a[0], queue: a[1], prefill: a[2], kv_transfer: a[3], first_output: a[4], decode: a[5] }
+    }
+}
+
+/// Token counts: `computed` = prompt - cached (what prefill had to compute).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Tokens<T> {
+    pub prompt: T,
+    pub cached: T,
+    pub computed: T,
+    pub completion: T,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GpuDeltas {
+    pub prefill: Delta,
+    pub decode: Delta,
+    pub kv_transfer: Delta,
+}
+
+/// Δdecode split exactly in three: the gaps got longer (`itl_rate_ms` =
+/// gaps_before × Δmean ITL), there were more gaps (`token_count_ms` = Δgaps ×
+/// mean ITL after), and the stream's end after the last content chunk
+/// (`tail_ms`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DecodeSplit {
+    pub itl_rate_ms: f64,
+    pub token_count_ms: f64,
+    pub tail_ms: f64,
+}
+
+/// One phase's part of a metric's change.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Contribution {
+    pub phase: &'static str,
+    pub delta_ms: f64,
+    /// delta_ms / the metric's delta (null when the metric did not move).
+    pub share: Option<f64>,
+}
+
+/// A named reason for a phase's change, with the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cause {
+    /// Stable name, e.g. `fewer_cached_tokens` (docs/diff.md lists them).
+    pub cause: &'static str,
+    pub phase: &'static str,
+    pub delta_ms: f64,
+    pub detail: String,
+}
+
+/// A metric's change as the sum of phase deltas.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// `ttft` or `e2e`.
+    pub metric: &'static str,
+    pub delta_ms: Option<f64>,
+    /// delta_ms / before.
+    pub relative: Option<f64>,
+    /// Phases with a known delta, biggest |delta| first.
+    pub contributions: Vec<Contribution>,
+    pub sum_of_phases_ms: Option<f64>,
+    /// delta_ms - sum_of_phases_ms: what the phases could not account for
+    /// (a phase unknown on one side); 0 up to rounding when all are known.
+    pub unexplained_ms: Option<f64>,
+    /// The phase that moved most in the metric's direction; null when the
+    /// metric is unknown or the unexplained part moved more.
+    pub dominant_phase: Option<&'static str>,
+    pub unchanged: bool,
+    /// Dominant phase's cause first.
+    pub causes: Vec<Cause>,
+    pub summary: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explain {
+    pub ttft: Explanation,
+    pub e2e: Explanation,
+}
+
+/// One matched request: BEFORE's and AFTER's figures side by side.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pair {
+    /// `chain 1 hop 2` or `POST /v1/chat/completions #3`.
+    pub key: String,
+    /// `chain` (i-th explicit chain, hop index) or `path` (path and prompt size order).
+    pub by: &'static str,
+    /// 1-based position of the chain in arrival order (chain matches only).
+    pub chain_index: Option<usize>,
+    pub hop: Option<u32>,
+    pub method: String,
+    pub path: String,
+    pub before_id: String,
+    pub after_id: String,
+    /// An inference request on both sides (content or token counts): only
+    /// these enter the aggregates.
+    pub generation: bool,
+    pub ttft_ms: Delta,
+    pub e2e_ms: Delta,
+    pub itl_mean_ms: Delta,
+    pub itl_p90_ms: Delta,
+    pub phases_ms: PhaseDeltas,
+    pub decode_split_ms: Option<DecodeSplit>,
+    pub tokens: Tokens<CountDelta>,
+    pub steps: CountDelta,
+    pub preemptions: CountDelta,
+    pub interference_ms: Delta,
+    pub gpu_ms: GpuDeltas,
+    pub explain: Explain,
+}
+
+/// Aggregate over a set of generation pairs: per-metric statistics, and the
+/// mean of every per-pair delta (so the phase means add up to the mean ΔE2E).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Aggregate {
+    /// The hop index, for per-hop aggregates; null overall.
+    pub hop: Option<u32>,
+    pub requests: usize,
+    pub ttft_ms: Stats,
+    pub e2e_ms: Stats,
+    pub itl_mean_ms: Stats,
+    pub itl_p90_ms: Stats,
+    pub phases_ms: PhaseDeltas,
+    pub decode_split_ms: Option<DecodeSplit>,
+    pub tokens: Tokens<Delta>,
+    pub steps: Delta,
+    pub preemptions: Delta,
+    pub interference_ms: Delta,
+    pub gpu_ms: GpuDeltas,
+    pub explain: Explain,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unmatched {
+    pub id: String,
+    pub method: String,
+    pub path: String,
+    pub chain: Option<String>,
+    pub hop: Option<u32>,
+    pub prompt_tokens: Option<u64>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Matching {
+    /// `chain` when both recordings have explicit chains (traceparent or
+    /// header keys), else `path`.
+    pub mode: &'static str,
+    pub matched: usize,
+    pub by_chain: usize,
+    pub by_path: usize,
+    pub unmatched_before: Vec<Unmatched>,
+    pub unmatched_after: Vec<Unmatched>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SideInfo {
+    pub path: String,
+    pub requests: usize,
+    /// Chains with an explicit key (traceparent or header).
+    pub chains: usize,
+    pub gpu: bool,
+    pub read_error: Option<String>,
+    pub hopscope_version: String,
+}
+
+/// GPU time per normalised kernel name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelDiff {
+    pub before_gpu_ms: f64,
+    pub after_gpu_ms: f64,
+    pub delta_gpu_ms: f64,
+    pub before_count: u64,
+    pub after_count: u64,
+    /// Biggest |delta_gpu_ms| first.
+    pub rows: Vec<KernelRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelRow {
+    /// [`normalize_kernel_name`] of every variant.
+    pub name: String,
+    pub before_count: u64,
+    pub after_count: u64,
+    pub before_gpu_ms: f64,
+    pub after_gpu_ms: f64,
+    pub delta_gpu_ms: f64,
+    /// Δ split exactly: calls got slower (before_count × Δmean per call) and
+    /// there were more calls (Δcount × mean per call after).
+    pub per_call_ms: f64,
+    pub calls_ms: f64,
+    /// delta_gpu_ms / the total delta (null when the total did not move).
+    pub share: Option<f64>,
+    /// `changed`, `new` (after only), `gone` (before only) or `same`.
+    pub status: &'static str,
+    /// The raw names merged into this row, sorted.
+    pub variants: Vec<String>,
+}
+
+/// `hopscope diff --json` (docs/diff.md).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diff {
+    pub schema: u32,
+    pub before: SideInfo,
+    pub after: SideInfo,
+    pub matching: Matching,
+    /// One line: the biggest change, its dominant phase and cause.
+    pub headline: String,
+    pub overall: Aggregate,
+    /// Per hop index across chain-matched pairs.
+    pub hops: Vec<Aggregate>,
+    pub pairs: Vec<Pair>,
+    /// Null when neither recording has GPU kernels.
+    pub kernels: Option<KernelDiff>,
+}
+
+// ---------------------------------------------------------------- per request
+
+/// One request's figures, as the report gives them.
+#[derive(Debug, Clone, Default)]
+struct View {
+    ttft: Option<f64>,
+    e2e: Option<f64>,
+    itl_mean: Option<f64>,
+    itl_p90: Option<f64>,
+    itl_gaps: usize,
+    itl_sum: f64,
+    phases: [Option<f64>; 6],
+    prompt: Option<u64>,
+    cached: Option<u64>,
+    computed: Option<u64>,
+    completion: Option<u64>,
+    steps: Option<u64>,
+    preemptions: Option<u64>,
+    interference: Option<f64>,
+    gpu: [Option<f64>; 3],
+    generation: bool,
+}
+
+fn view(q: &RequestOut) -> View {
+    let p = &q.phases_ms;
+    let itl_sum: f64 = q.itl_ms.iter().sum();
+    View {
+        ttft: q.ttft_ms,
+        e2e: q.e2e_ms,
+        itl_mean: (!q.itl_ms.is_empty()).then(|| itl_sum / q.itl_ms.len() as f64),
+        itl_p90: q.itl_p90_ms,
+        itl_gaps: q.itl_ms.len(),
+        itl_sum,
+        phases: [p.frontend, p.queue, p.prefill, p.kv_transfer, p.first_output, p.decode],
+        prompt: q.prompt_tokens,
+        cached: q.cached_tokens,
+        computed: q.prompt_tokens.zip(q.cached_tokens).map(|(p, c)| p.saturating_sub(c)),
+        completion: q.completion_tokens,
+        steps: q.steps,
+        preemptions: q.preemptions.map(u64::from),
+        interference: q.interference_ms,
+        gpu: [q.gpu_ms.prefill, q.gpu_ms.decode, q.gpu_ms.kv_transfer],
+        generation: q.ttft_ms.is_some() || q.prompt_tokens.is_some() || q.engine_request_id.is_some(),
+    }
+}
+
+fn decode_split(b: &View, a: &View, decode: Delta) -> Option<DecodeSplit> {
+    let d = decode.delta?;
+    if b.itl_gaps == 0 && a.itl_gaps == 0 {
+        return None;
+    }
+    let mean = |v: &View| if v.itl_gaps == 0 { 0.0 } else { v.itl_sum / v.itl_gaps as f64 };
+    let (mb, ma) = (mean(b), mean(a));
+    let itl_rate_ms = b.itl_gaps as f64 * (ma - mb);
+    let token_count_ms = (a.itl_gaps as f64 - b.itl_gaps as f64) * ma;
+    Some(DecodeSplit { itl_rate_ms, token_count_ms, tail_ms: d - itl_rate_ms - token_count_ms })
+}
+
+fn pair_of(key: String, by: &'static str, chain_index: Option<usize>, hop: Option<u32>, qb: &RequestOut, qa: &RequestOut) -> Pair {
+    let (b, a) = (view(qb), view(qa));
+    let phases = PhaseDeltas::from_array(std::array::from_fn(|i| Delta::of(b.phases[i], a.phases[i])));
+    let tokens = Tokens {
+        prompt: CountDelta::of(b.prompt, a.prompt),
+        cached: CountDelta::of(b.cached, a.cached),
+        computed: CountDelta::of(b.computed, a.computed),
+        completion: CountDelta::of(b.completion, a.completion),
+    };
+    let split = decode_split(&b, &a, phases.decode);
+    let preemptions = CountDelta::of(b.preemptions, a.preemptions);
+    let interference_ms = Delta::of(b.interference, a.interference);
+    let ttft_ms = Delta::of(b.ttft, a.ttft);
+    let e2e_ms = Delta::of(b.e2e, a.e2e);
+    let ctx = Ctx {
+        tokens: Tokens { prompt: tokens.prompt.as_delta(), cached: tokens.cached.as_delta(), computed: tokens.computed.as_delta(), completion: tokens.completion.as_delta() },
+        preemptions: preemptions.as_delta().delta,
+        interference: interference_ms.delta,
+        split,
+        prefill: phases.prefill,
+    };
+    Pair {
+        key,
+        by,
+        chain_index,
+        hop,
+        method: qa.method.clone(),
+        path: qa.path.clone(),
+        before_id: qb.id.clone(),
+        after_id: qa.id.clone(),
+        generation: b.generation && a.generation,
+        itl_mean_ms: Delta::of(b.itl_mean, a.itl_mean),
+        itl_p90_ms: Delta::of(b.itl_p90, a.itl_p90),
+        decode_split_ms: split,
+        steps: CountDelta::of(b.steps, a.steps),
+        preemptions,
+        interference_ms,
+        gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
+        explain: explain_both(ttft_ms, e2e_ms, &phases, &ctx),
+        ttft_ms,
+        e2e_ms,
+        phases_ms: phases,
+        tokens,
+    }
+}
+
+// ---------------------------------------------------------------- explanations
+
+/// What the causes may cite.
+struct Ctx {
+    tokens: Tokens<Delta>,
+    preemptions: Option<f64>,
+    interference: Option<f64>,
+    split: Option<DecodeSplit>,
+    prefill: Delta,
+}
+
+fn explain_both(ttft: Delta, e2e: Delta, phases: &PhaseDeltas, ctx: &Ctx) -> Explain {
+    let arr = phases.as_array();
+    let named: Vec<(&'static str, Option<f64>)> = PHASES.iter().zip(arr.iter()).map(|(n, d)| (*n, d.delta)).collect();
+    Explain { ttft: explain("ttft", ttft, &named[..TTFT_PHASES], ctx), e2e: explain("e2e", e2e, &named, ctx) }
+}
+
+fn sign(x: f64) -> f64 {
+    if x < 0.0 {
+        -1.0
+    } else {
+        1.0
+    }
+}
+
+fn explain(metric: &'static str, m: Delta, phases: &[(&'static str, Option<f64>)], ctx: &Ctx) -> Explanation {
+    let label = metric.to_ascii_uppercase();
+    let known: Vec<(&'static str, f64)> = phases.iter().filter_map(|(n, d)| d.map(|d| (*n, d))).collect();
+    let Some(delta) = m.delta else {
+        return Explanation {
+            metric,
+            delta_ms: None,
+            relative: None,
+            contributions: Vec::new(),
+            sum_of_phases_ms: None,
+            unexplained_ms: None,
+            dominant_phase: None,
+            unchanged: false,
+            causes: Vec::new(),
+            summary: format!("{label} not known on both sides"),
+        };
+    };
+    let sum: Option<f64> = (!known.is_empty()).then(|| known.iter().map(|(_, d)| d).sum());
+    let unexplained = delta - sum.unwrap_or(0.0);
+    let mut contributions: Vec<Contribution> =
+        known.iter().map(|&(phase, d)| Contribution { phase, delta_ms: d, share: (delta != 0.0).then(|| d / delta) }).collect();
+    // Biggest first; ties keep time order.
+    contributions.sort_by(|x, y| y.delta_ms.abs().total_cmp(&x.delta_ms.abs()));
+    let s = sign(delta);
+    let dominant = contributions
+        .iter()
+        .filter(|c| c.delta_ms * s > 0.0)
+        .max_by(|x, y| (x.delta_ms * s).total_cmp(&(y.delta_ms * s)))
+        .filter(|c| c.delta_ms * s >= unexplained * s || unexplained.abs() < 0.01)
+        .map(|c| c.phase);
+    let unchanged = delta.abs() < NOISE_MS;
+    let mut causes = Vec::new();
+    if !unchanged {
+        let mut order: Vec<&Contribution> = contributions.iter().filter(|c| c.delta_ms * s > 0.0).collect();
+        order.sort_by_key(|c| Some(c.phase) != dominant);
+        for c in order {
+            if Some(c.phase) == dominant || c.delta_ms * s >= CAUSE_SHARE * delta.abs() {
+                causes.push(cause_of(c.phase, c.delta_ms, ctx));
+            }
+        }
+    }
+    let relative = m.before.filter(|b| *b > 0.0).map(|b| delta / b);
+    let rel = relative.map(|r| format!(" ({:+.1}%)", r * 100.0)).unwrap_or_default();
+    let summary = if unchanged {
+        format!("{label} unchanged ({delta:+.2} ms)")
+    } else {
+        match dominant {
+            Some(p) => {
+                let d = contributions.iter().find(|c| c.phase == p).map_or(0.0, |c| c.delta_ms);
+                let share = d / delta * 100.0;
+                let mut t = format!("{label} {delta:+.2} ms{rel}: {p} {d:+.2} ms ({share:.0}%)");
+                if let Some(c) = causes.first() {
+                    let _ = write!(t, "; cause: {}", c.detail);
+                }
+                t
+            }
+            None if sum.is_none() => format!("{label} {delta:+.2} ms{rel}: no phases known on both sides"),
+            None => format!("{label} {delta:+.2} ms{rel}: mostly unattributed ({unexplained:+.2} ms: a phase is unknown on one side)"),
+        }
+    };
+    Explanation {
+        metric,
+        delta_ms: Some(delta),
+        relative,
+        contributions,
+        sum_of_phases_ms: sum,
+        unexplained_ms: Some(unexplained),
+        dominant_phase: dominant,
+        unchanged,
+        causes,
+        summary,
+    }
+}
+
+/// `+1,234` style token counts (means may be fractional).
+fn tok(x: f64) -> String {
+    if (x - x.round()).abs() < 0.05 {
+        format!("{:+.0}", x)
+    } else {
+        format!("{x:+.1}")
+    }
+}
+
+fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
+    let up = d > 0.0;
+    let t = &ctx.tokens;
+    let (cached, computed, prompt, completion) = (t.cached.delta, t.computed.delta, t.prompt.delta, t.completion.delta);
+    let moved = |x: Option<f64>, dir: f64| x.is_some_and(|v| v * dir >= 0.5);
+    let dir = if up { 1.0 } else { -1.0 };
+    let (cause, detail): (&'static str, String) = match phase {
+        "prefill" => {
+            if moved(cached, -dir) && moved(computed, dir) {
+                let name = if up { "fewer_cached_tokens" } else { "more_cached_tokens" };
+                let what = if up { "prefix-cache hits fell" } else { "prefix-cache hits rose" };
+                (name, format!("{what}: cached {} ⇒ computed {} prompt tokens ⇒ prefill {d:+.2} ms", tok(cached.unwrap()), tok(computed.unwrap())))
+            } else if moved(prompt, dir) && moved(computed, dir) {
+                let name = if up { "longer_prompt" } else { "shorter_prompt" };
+                (name, format!("prompt {} ⇒ computed {} tokens ⇒ prefill {d:+.2} ms", tok(prompt.unwrap()), tok(computed.unwrap())))
+            } else if moved(computed, dir) {
+                let name = if up { "more_computed_tokens" } else { "fewer_computed_tokens" };
+                (name, format!("computed {} prompt tokens ⇒ prefill {d:+.2} ms", tok(computed.unwrap())))
+            } else {
+                let name = if up { "slower_prefill" } else { "faster_prefill" };
+                let per_token = match (ctx.prefill.before, ctx.prefill.after, t.computed.before, t.computed.after) {
+                    (Some(pb), Some(pa), Some(cb), Some(ca)) if cb > 0.0 && ca > 0.0 => {
+                        format!(" ({:.3} → {:.3} ms per computed token)", pb / cb, pa / ca)
+                    }
+                    _ => String::new(),
+                };
+                let toks = if computed.is_some() { "same computed tokens" } else { "computed tokens unknown" };
+                (name, format!("{toks}, prefill {d:+.2} ms{per_token}"))
+            }
+        }
+        "queue" => {
+            if up && moved(ctx.preemptions, 1.0) {
+                ("preemptions", format!("preemptions {} ⇒ queue {d:+.2} ms", tok(ctx.preemptions.unwrap())))
+            } else if up {
+                ("more_queueing", format!("waited {d:+.2} ms longer to be scheduled (busier engine or fewer free slots)"))
+            } else {
+                ("less_queueing", format!("scheduled {:.2} ms sooner", -d))
+            }
+        }
+        "decode" => decode_cause(d, ctx, completion),
+        "frontend" => {
+            if up {
+                ("slower_frontend", format!("arrival to engine submit {d:+.2} ms (HTTP handling, tokenisation, IPC hand-off)"))
+            } else {
+                ("faster_frontend", format!("arrival to engine submit {d:+.2} ms"))
+            }
+        }
+        "first_output" => {
+            if up {
+                ("slower_output_path", format!("first token to its SSE write {d:+.2} ms (detokenise, output IPC, stream)"))
+            } else {
+                ("faster_output_path", format!("first token to its SSE write {d:+.2} ms"))
+            }
+        }
+        _ => {
+            if up {
+                ("more_kv_transfer", format!("KV-cache transfer {d:+.2} ms"))
+            } else {
+                ("less_kv_transfer", format!("KV-cache transfer {d:+.2} ms"))
+            }
+        }
+    };
+    Cause { cause, phase, delta_ms: d, detail }
+}
+
+fn decode_cause(d: f64, ctx: &Ctx, completion: Option<f64>) -> (&'static str, String) {
+    let up = d > 0.0;
+    let s = sign(d);
+    let interference = ctx.interference.filter(|i| i * s > 0.0);
+    if let Some(sp) = ctx.split {
+        let parts = [("rate", sp.itl_rate_ms), ("count", sp.token_count_ms), ("tail", sp.tail_ms)];
+        let (which, v) = parts.iter().copied().max_by(|x, y| (x.1 * s).total_cmp(&(y.1 * s))).unwrap();
+        match which {
+            "rate" => {
+                if let Some(i) = interference.filter(|i| i.abs() >= 0.5 * v.abs()) {
+                    let name = if up { "interference" } else { "less_interference" };
+                    return (name, format!("co-batched prefills {i:+.2} ms ⇒ inter-token gaps {v:+.2} ms in all ⇒ decode {d:+.2} ms"));
+                }
+                if up && ctx.preemptions.is_some_and(|p| p >= 0.5) {
+                    return ("preemptions", format!("preemptions {} ⇒ decode {d:+.2} ms", tok(ctx.preemptions.unwrap())));
+                }
+                let name = if up { "slower_decode_steps" } else { "faster_decode_steps" };
+                return (name, format!("inter-token gaps {v:+.2} ms in all ⇒ decode {d:+.2} ms"));
+            }
+            "count" => {
+                let name = if up { "more_output_tokens" } else { "fewer_output_tokens" };
+                let toks = completion.map(|c| format!("completion {} tokens, ", tok(c))).unwrap_or_default();
+                return (name, format!("{toks}{v:+.2} ms of streamed gaps ⇒ decode {d:+.2} ms"));
+            }
+            _ => {
+                let name = if up { "slower_stream_end" } else { "faster_stream_end" };
+                return (name, format!("last content chunk to end of response {v:+.2} ms"));
+            }
+        }
+    }
+    if completion.is_some_and(|c| c * s >= 0.5) {
+        let name = if up { "more_output_tokens" } else { "fewer_output_tokens" };
+        return (name, format!("completion {} tokens ⇒ decode {d:+.2} ms", tok(completion.unwrap())));
+    }
+    if let Some(i) = interference {
+        let name = if up { "interference" } else { "less_interference" };
+        return (name, format!("co-batched prefills {i:+.2} ms ⇒ decode {d:+.2} ms"));
+    }
+    let name = if up { "slower_decode_steps" } else { "faster_decode_steps" };
+    (name, format!("decode {d:+.2} ms with the same output"))
+}
+
+// ---------------------------------------------------------------- aggregates
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Mean of each side and of the per-pair deltas, over pairs known on both sides.
+fn mean_delta(items: impl Iterator<Item = Delta>) -> Delta {
+    let (mut b, mut a, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    for x in items {
+        if let (Some(xb), Some(xa), Some(xd)) = (x.before, x.after, x.delta) {
+            b.push(xb);
+            a.push(xa);
+            d.push(xd);
+        }
+    }
+    Delta { before: mean(&b), after: mean(&a), delta: mean(&d) }
+}
+
+fn stats(items: impl Iterator<Item = Delta>) -> Stats {
+    let items: Vec<Delta> = items.filter(|x| x.delta.is_some()).collect();
+    let mut b: Vec<f64> = items.iter().filter_map(|x| x.before).collect();
+    let mut a: Vec<f64> = items.iter().filter_map(|x| x.after).collect();
+    b.sort_by(f64::total_cmp);
+    a.sort_by(f64::total_cmp);
+    let pct = |p: f64| Delta::of(percentile(&b, p), percentile(&a, p));
+    Stats { mean: mean_delta(items.iter().copied()), p50: pct(50.0), p90: pct(90.0) }
+}
+
+fn aggregate(hop: Option<u32>, pairs: &[&Pair]) -> Aggregate {
+    let phases = PhaseDeltas::from_array(std::array::from_fn(|i| mean_delta(pairs.iter().map(|p| p.phases_ms.as_array()[i]))));
+    let splits: Vec<DecodeSplit> = pairs.iter().filter_map(|p| p.decode_split_ms).collect();
+    let decode_split_ms = (!splits.is_empty()).then(|| {
+        let n = splits.len() as f64;
+        DecodeSplit {
+            itl_rate_ms: splits.iter().map(|s| s.itl_rate_ms).sum::<f64>() / n,
+            token_count_ms: splits.iter().map(|s| s.token_count_ms).sum::<f64>() / n,
+            tail_ms: splits.iter().map(|s| s.tail_ms).sum::<f64>() / n,
+        }
+    });
+    let tk = |f: fn(&Tokens<CountDelta>) -> CountDelta| mean_delta(pairs.iter().map(|p| f(&p.tokens).as_delta()));
+    let tokens = Tokens { prompt: tk(|t| t.prompt), cached: tk(|t| t.cached), computed: tk(|t| t.computed), completion: tk(|t| t.completion) };
+    let preemptions = mean_delta(pairs.iter().map(|p| p.preemptions.as_delta()));
+    let interference_ms = mean_delta(pairs.iter().map(|p| p.interference_ms));
+    let ttft_ms = stats(pairs.iter().map(|p| p.ttft_ms));
+    let e2e_ms = stats(pairs.iter().map(|p| p.e2e_ms));
+    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, split: decode_split_ms, prefill: phases.prefill };
+    Aggregate {
+        hop,
+        requests: pairs.len(),
+        explain: explain_both(ttft_ms.mean, e2e_ms.mean, &phases, &ctx),
+        ttft_ms,
+        e2e_ms,
+        itl_mean_ms: stats(pairs.iter().map(|p| p.itl_mean_ms)),
+        itl_p90_ms: stats(pairs.iter().map(|p| p.itl_p90_ms)),
+        phases_ms: phases,
+        decode_split_ms,
+        tokens,
+        steps: mean_delta(pairs.iter().map(|p| p.steps.as_delta())),
+        preemptions,
+        interference_ms,
+        gpu_ms: GpuDeltas {
+            prefill: mean_delta(pairs.iter().map(|p| p.gpu_ms.prefill)),
+            decode: mean_delta(pairs.iter().map(|p| p.gpu_ms.decode)),
+            kv_transfer: mean_delta(pairs.iter().map(|p| p.gpu_ms.kv_transfer)),
+        },
+    }
+}
+
+// ---------------------------------------------------------------- matching
+
+fn explicit(source: &str) -> bool {
+    source == "traceparent" || source == "header"
+}
+
+/// Explicit chains in arrival order (the report's chain order), each its
+/// requests' indexes in hop order.
+fn explicit_chains(rep: &Report) -> Vec<Vec<usize>> {
+    let mut members: HashMap<(&str, &str), Vec<(u32, usize)>> = HashMap::new();
+    for (i, q) in rep.requests.iter().enumerate() {
+        if let Some(c) = q.chain.as_deref().filter(|_| explicit(&q.chain_source)) {
+            members.entry((c, q.chain_source.as_str())).or_default().push((q.hop.unwrap_or(0), i));
+        }
+    }
+    rep.chains
+        .iter()
+        .filter(|c| explicit(&c.source))
+        .filter_map(|c| members.remove(&(c.chain.as_str(), c.source.as_str())))
+        .map(|mut v| {
+            v.sort();
+            v.into_iter().map(|(_, i)| i).collect()
+        })
+        .collect()
+}
+
+fn unmatched(q: &RequestOut, reason: String) -> Unmatched {
+    Unmatched {
+        id: q.id.clone(),
+        method: q.method.clone(),
+        path: q.path.clone(),
+        chain: q.chain.clone().filter(|_| explicit(&q.chain_source)),
+        hop: q.hop,
+        prompt_tokens: q.prompt_tokens,
+        reason,
+    }
+}
+
+/// The i-th explicit chain of BEFORE with the i-th of AFTER, hop by hop,
+/// when both have explicit chains; every other request by (method, path),
+/// in prompt-size order (prompt tokens, then request bytes, then arrival).
+fn match_requests(b: &Report, a: &Report) -> (Vec<Pair>, Matching) {
+    let (cb, ca) = (explicit_chains(b), explicit_chains(a));
+    let chain_mode = !cb.is_empty() && !ca.is_empty();
+    let mut used_b = vec![false; b.requests.len()];
+    let mut used_a = vec![false; a.requests.len()];
+    let mut pairs = Vec::new();
+    let (mut un_b, mut un_a) = (Vec::new(), Vec::new());
+    if chain_mode {
+        for ci in 0..cb.len().max(ca.len()) {
+            let (hb, ha) = (cb.get(ci).map_or(&[][..], Vec::as_slice), ca.get(ci).map_or(&[][..], Vec::as_slice));
+            for j in 0..hb.len().max(ha.len()) {
+                let hop = j as u32 + 1;
+                match (hb.get(j), ha.get(j)) {
+                    (Some(&ib), Some(&ia)) => {
+                        used_b[ib] = true;
+                        used_a[ia] = true;
+                        pairs.push(pair_of(format!("chain {} hop {hop}", ci + 1), "chain", Some(ci + 1), Some(hop), &b.requests[ib], &a.requests[ia]));
+                    }
+                    (Some(&ib), None) => {
+                        used_b[ib] = true;
+                        let why = if ha.is_empty() { format!("AFTER has no chain {}", ci + 1) } else { format!("AFTER's chain {} has no hop {hop}", ci + 1) };
+                        un_b.push(unmatched(&b.requests[ib], why));
+                    }
+                    (None, Some(&ia)) => {
+                        used_a[ia] = true;
+                        let why = if hb.is_empty() { format!("BEFORE has no chain {}", ci + 1) } else { format!("BEFORE's chain {} has no hop {hop}", ci + 1) };
+                        un_a.push(unmatched(&a.requests[ia], why));
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+    }
+    let by_chain = pairs.len();
+    // The rest: by method and path, in prompt-size order.
+    type Group = BTreeMap<(String, String), Vec<usize>>;
+    let group = |rep: &Report, used: &[bool]| -> Group {
+        let mut g: Group = BTreeMap::new();
+        for (i, q) in rep.requests.iter().enumerate().filter(|(i, _)| !used[*i]) {
+            g.entry((q.method.clone(), q.path.clone())).or_default().push(i);
+        }
+        for v in g.values_mut() {
+            v.sort_by_key(|&i| {
+                let q = &rep.requests[i];
+                (q.prompt_tokens.is_none(), q.prompt_tokens.unwrap_or(0), q.request_bytes, q.arrive_ns)
+            });
+        }
+        g
+    };
+    let (gb, ga) = (group(b, &used_b), group(a, &used_a));
+    let mut keys: Vec<&(String, String)> = gb.keys().chain(ga.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let size = |q: &RequestOut| q.prompt_tokens.unwrap_or(q.request_bytes) as f64;
+    for k in keys {
+        let (vb, va) = (gb.get(k).map_or(&[][..], Vec::as_slice), ga.get(k).map_or(&[][..], Vec::as_slice));
+        let sb: Vec<f64> = vb.iter().map(|&i| size(&b.requests[i])).collect();
+        let sa: Vec<f64> = va.iter().map(|&i| size(&a.requests[i])).collect();
+        let (mut hit_b, mut hit_a) = (vec![false; vb.len()], vec![false; va.len()]);
+        for (n, (jb, ja)) in align(&sb, &sa).into_iter().enumerate() {
+            hit_b[jb] = true;
+            hit_a[ja] = true;
+            pairs.push(pair_of(format!("{} {} #{}", k.0, k.1, n + 1), "path", None, None, &b.requests[vb[jb]], &a.requests[va[ja]]));
+        }
+        for (j, _) in hit_b.iter().enumerate().filter(|(_, h)| !**h) {
+            un_b.push(unmatched(&b.requests[vb[j]], format!("AFTER has only {} {} {} (nearest prompt sizes paired)", va.len(), k.0, k.1)));
+        }
+        for (j, _) in hit_a.iter().enumerate().filter(|(_, h)| !**h) {
+            un_a.push(unmatched(&a.requests[va[j]], format!("BEFORE has only {} {} {} (nearest prompt sizes paired)", vb.len(), k.0, k.1)));
+        }
+    }
+    let matching = Matching {
+        mode: if chain_mode { "chain" } else { "path" },
+        matched: pairs.len(),
+        by_chain,
+        by_path: pairs.len() - by_chain,
+        unmatched_before: un_b,
+        unmatched_after: un_a,
+    };
+    (pairs, matching)
+}
+
+/// Order-preserving pairing of two size-sorted lists: equal lengths pair in
+/// order; otherwise the longer list's extras are the ones whose skipping
+/// leaves the smallest total size difference (dynamic programming over the
+/// skips; plain order pairing when that would be too large). Returns (index
+/// in `b`, index in `a`) pairs.
+fn align(b: &[f64], a: &[f64]) -> Vec<(usize, usize)> {
+    let swap = b.len() > a.len();
+    let (short, long) = if swap { (a, b) } else { (b, a) };
+    let (n, skips) = (short.len(), long.len() - short.len());
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(n);
+    if skips == 0 || n == 0 || n.saturating_mul(skips + 1) > 4_000_000 {
+        out.extend((0..n).map(|i| (i, i)));
+    } else {
+        // cost[i][j]: the first i of `short` paired with the first i + j of `long`.
+        let w = skips + 1;
+        let mut cost = vec![f64::INFINITY; (n + 1) * w];
+        let mut took = vec![false; (n + 1) * w];
+        cost[..w].fill(0.0);
+        for i in 1..=n {
+            for j in 0..w {
+                let pair = cost[(i - 1) * w + j] + (short[i - 1] - long[i - 1 + j]).abs();
+                let skip = if j > 0 { cost[i * w + j - 1] } else { f64::INFINITY };
+                if pair <= skip {
+                    cost[i * w + j] = pair;
+                    took[i * w + j] = true;
+                } else {
+                    cost[i * w + j] = skip;
+                }
+            }
+        }
+        let (mut i, mut j) = (n, skips);
+        while i > 0 {
+            if took[i * w + j] {
+                out.push((i - 1, i - 1 + j));
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+        }
+        out.reverse();
+    }
+    if swap {
+        out.iter().map(|&(s, l)| (l, s)).collect()
+    } else {
+        out
+    }
+}
+
+// ---------------------------------------------------------------- the diff
+
+fn side(rep: &Report) -> SideInfo {
+    SideInfo {
+        path: rep.recording.path.clone(),
+        requests: rep.requests.len(),
+        chains: rep.chains.iter().filter(|c| explicit(&c.source)).count(),
+        gpu: rep.recording.gpu,
+        read_error: rep.recording.read_error.clone(),
+        hopscope_version: rep.recording.hopscope_version.clone(),
+    }
+}
+
+/// Compares two reports: BEFORE and AFTER.
+pub fn compare(before: &Report, after: &Report) -> Diff {
+    let (pairs, matching) = match_requests(before, after);
+    let gen: Vec<&Pair> = pairs.iter().filter(|p| p.generation).collect();
+    let overall = aggregate(None, &gen);
+    let mut by_hop: BTreeMap<u32, Vec<&Pair>> = BTreeMap::new();
+    for p in gen.iter().filter(|p| p.by == "chain") {
+        if let Some(h) = p.hop {
+            by_hop.entry(h).or_default().push(p);
+        }
+    }
+    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v)).collect();
+    let kernels = compare_kernels(&before.kernels, &after.kernels);
+    let headline = headline(&overall, &hops, &matching, kernels.as_ref());
+    Diff { schema: SCHEMA, before: side(before), after: side(after), matching, headline, overall, hops, pairs, kernels }
+}
+
+/// `1-3`, `2, 4` (consecutive runs collapsed).
+fn ranges(v: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i { format!("{}-{}", v[i], v[j]) } else { v[i].to_string() });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// The one line: TTFT when it carries at least half of the E2E change, else
+/// E2E; the hops where it concentrates; dominant phase and cause.
+fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, kernels: Option<&KernelDiff>) -> String {
+    if overall.requests == 0 {
+        return format!("no inference requests matched ({} matched in all, {} unmatched before, {} after)", m.matched, m.unmatched_before.len(), m.unmatched_after.len());
+    }
+    let (t, e) = (&overall.explain.ttft, &overall.explain.e2e);
+    let use_ttft = match (t.delta_ms, e.delta_ms) {
+        (Some(dt), Some(de)) => dt.abs() >= 0.5 * de.abs(),
+        (Some(_), None) => true,
+        _ => false,
+    };
+    let x = if use_ttft { t } else { e };
+    let mut line = format!("mean over {} request{}", overall.requests, if overall.requests == 1 { "" } else { "s" });
+    if let Some(d) = x.delta_ms.filter(|_| !x.unchanged && hops.len() > 1) {
+        let per: Vec<(u32, f64)> = hops
+            .iter()
+            .filter_map(|h| {
+                let ex = if use_ttft { &h.explain.ttft } else { &h.explain.e2e };
+                Some((h.hop?, ex.delta_ms?))
+            })
+            .collect();
+        let max = per.iter().map(|(_, v)| v * sign(d)).fold(0.0, f64::max);
+        let hot: Vec<u32> = per.iter().filter(|(_, v)| v * sign(d) >= 0.25 * max && v * sign(d) > 0.0).map(|(h, _)| *h).collect();
+        if !hot.is_empty() && hot.len() < per.len() {
+            let _ = write!(line, ", mostly hop{} {}", if hot.len() == 1 { "" } else { "s" }, ranges(&hot));
+        }
+    }
+    let _ = write!(line, ": {}", x.summary);
+    if let Some(k) = kernels.and_then(|k| k.rows.first().filter(|r| r.delta_gpu_ms.abs() >= NOISE_MS).map(|r| (k, r))) {
+        let _ = write!(line, "; GPU {:+.2} ms, most in {} ({:+.2} ms)", k.0.delta_gpu_ms, k.1.name, k.1.delta_gpu_ms);
+    }
+    line
+}
+
+// ---------------------------------------------------------------- kernels
+
+/// GPU time by normalised kernel name; None when neither side has kernels.
+/// Takes the report's `kernels` lists (name, count, gpu_ms).
+pub fn compare_kernels(before: &[KernelOut], after: &[KernelOut]) -> Option<KernelDiff> {
+    if before.is_empty() && after.is_empty() {
+        return None;
+    }
+    #[derive(Default)]
+    struct Acc {
+        bc: u64,
+        ac: u64,
+        bms: f64,
+        ams: f64,
+        variants: Vec<String>,
+    }
+    let mut rows: BTreeMap<String, Acc> = BTreeMap::new();
+    for (k, after_side) in before.iter().map(|k| (k, false)).chain(after.iter().map(|k| (k, true))) {
+        let acc = rows.entry(normalize_kernel_name(&k.name)).or_default();
+        if after_side {
+            acc.ac += k.count;
+            acc.ams += k.gpu_ms;
+        } else {
+            acc.bc += k.count;
+            acc.bms += k.gpu_ms;
+        }
+        if !acc.variants.contains(&k.name) {
+            acc.variants.push(k.name.clone());
+        }
+    }
+    let before_gpu_ms: f64 = before.iter().map(|k| k.gpu_ms).sum();
+    let after_gpu_ms: f64 = after.iter().map(|k| k.gpu_ms).sum();
+    let total = after_gpu_ms - before_gpu_ms;
+    let mut rows: Vec<KernelRow> = rows
+        .into_iter()
+        .map(|(name, mut acc)| {
+            acc.variants.sort();
+            let per = |ms: f64, n: u64| if n == 0 { 0.0 } else { ms / n as f64 };
+            let (mb, ma) = (per(acc.bms, acc.bc), per(acc.ams, acc.ac));
+            let delta = acc.ams - acc.bms;
+            let per_call_ms = acc.bc as f64 * (ma - mb);
+            let status = match (acc.bc > 0 || acc.bms > 0.0, acc.ac > 0 || acc.ams > 0.0) {
+                (false, true) => "new",
+                (true, false) => "gone",
+                _ if acc.bc == acc.ac && delta.abs() < 1e-9 => "same",
+                _ => "changed",
+            };
+            KernelRow {
+                name,
+                before_count: acc.bc,
+                after_count: acc.ac,
+                before_gpu_ms: acc.bms,
+                after_gpu_ms: acc.ams,
+                delta_gpu_ms: delta,
+                per_call_ms,
+                calls_ms: delta - per_call_ms,
+                share: (total.abs() > 1e-12).then(|| delta / total),
+                status,
+                variants: acc.variants,
+            }
+        })
+        .collect();
+    rows.sort_by(|x, y| y.delta_gpu_ms.abs().total_cmp(&x.delta_gpu_ms.abs()).then_with(|| y.after_gpu_ms.total_cmp(&x.after_gpu_ms)).then_with(|| x.name.cmp(&y.name)));
+    Some(KernelDiff {
+        before_gpu_ms,
+        after_gpu_ms,
+        delta_gpu_ms: total,
+        before_count: before.iter().map(|k| k.count).sum(),
+        after_count: after.iter().map(|k| k.count).sum(),
+        rows,
+    })
+}
+
+/// Removes every balanced `open…close` group outside the others (nested
+/// groups go with their parent), e.g. template arguments and parameter lists.
+fn strip_groups(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut depth = 0usize;
+    for c in s.chars() {
+        match c {
+            '<' | '(' | '[' | '{' => depth += 1,
+            '>' | ')' | ']' | '}' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The first top-level template argument of `name<…>`, if any.
+fn first_template_arg(s: &str) -> Option<&str> {
+    let open = s.find('<')?;
+    let mut depth = 0usize;
+    for (i, c) in s[open..].char_indices() {
+        match c {
+            '<' | '(' | '[' | '{' => depth += 1,
+            '>' | ')' | ']' | '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(&s[open + 1..open + i]);
+                }
+            }
+            ',' if depth == 1 => return Some(&s[open + 1..open + i]),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Generic launch wrappers whose identity is their first template argument
+/// (`cutlass::Kernel2<gemm…>`, `flash::device_kernel<flash::enable_sm90_or_later<FlashAttnFwdSm90<…>>>`).
+fn is_wrapper(name: &str) -> bool {
+    let last = name.rsplit("::").next().unwrap_or(name);
+    last == "device_kernel"
+        || last.starts_with("enable_sm")
+        || last.strip_prefix("Kernel").is_some_and(|r| r.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A token of `_`-separated name parts that encodes a configuration, not an identity.
+fn is_config_token(t: &str) -> bool {
+    if t.is_empty() {
+        return true;
+    }
+    let b = t.as_bytes();
+    // Numeric suffixes (`triton_poi_fused_add_0`).
+    if b.iter().all(u8::is_ascii_digit) {
+        return true;
+    }
+    // Tile/cluster shapes: `128x64`, `64x4`, `tilesize128x128x64`, `warpgroupsize1x1x1`, `5x`.
+    let letters = b.iter().take_while(|c| c.is_ascii_alphabetic()).count();
+    let dims = &t[letters..];
+    if !dims.is_empty() && dims.as_bytes()[0].is_ascii_digit() && dims.contains('x') && dims.bytes().all(|c| c.is_ascii_digit() || c == b'x') {
+        return true;
+    }
+    // Load width, pipeline stages, alignment, split-k: `ldg8`, `stages`, `stage3`, `align8`, `splitk4`.
+    const KNOBS: &[&str] = &["ldg", "stage", "stages", "nstage", "align", "splitk", "swizzle", "unroll"];
+    let (word, digits) = t.split_at(letters);
+    if KNOBS.contains(&word) && !digits.is_empty() && digits.bytes().all(|c| c.is_ascii_digit()) {
+        return true;
+    }
+    if t == "stages" || t == "f2f" {
+        return true;
+    }
+    // Hashes: 8+ hex digits with both digits and letters (not dtype runs like `bf16bf16`).
+    if t.len() >= 8
+        && b.iter().all(u8::is_ascii_hexdigit)
+        && b.iter().any(u8::is_ascii_digit)
+        && b.iter().any(u8::is_ascii_alphabetic)
+        && !["f16", "f32", "f64"].iter().any(|d| t.contains(d))
+    {
+        return true;
+    }
+    // Triton argument signatures: `0d1d2d3de4de`.
+    is_triton_signature(t)
+}
+
+fn is_triton_signature(t: &str) -> bool {
+    let b = t.as_bytes();
+    let (mut i, mut groups) = (0, 0);
+    while i < b.len() {
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start || i >= b.len() || b[i] != b'd' {
+            return false;
+        }
+        i += 1;
+        if i < b.len() && b[i] == b'e' {
+            i += 1;
+        }
+        groups += 1;
+    }
+    groups >= 2
+}
+
+fn normalize_component(c: &str) -> String {
+    let lead = c.len() - c.trim_start_matches('_').len();
+    let kept: Vec<&str> = c[lead..].split('_').filter(|t| !is_config_token(t)).collect();
+    if kept.is_empty() {
+        return c.to_owned();
+    }
+    format!("{}{}", &c[..lead], kept.join("_"))
+}
+
+/// Outer name of an Itanium-mangled symbol (`_ZN4vllm30reshape_and_cache_flash_kernelI…`
+/// → `vllm::reshape_and_cache_flash_kernel`), descending into the first
+/// template argument of launch wrappers. None if it is not one.
+fn demangle_outer(s: &str) -> Option<String> {
+    fn source_name(s: &str) -> Option<(&str, &str)> {
+        let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+        let n: usize = s[..digits].parse().ok()?;
+        let rest = &s[digits..];
+        (n > 0 && rest.len() >= n && rest.is_char_boundary(n)).then(|| (&rest[..n], &rest[n..]))
+    }
+    fn name(s: &str) -> Option<(Vec<String>, &str)> {
+        let mut parts = Vec::new();
+        if let Some(mut rest) = s.strip_prefix('N') {
+            // CV-qualifiers of member functions.
+            rest = rest.trim_start_matches(['K', 'V', 'r']);
+            if let Some(r) = rest.strip_prefix("St") {
+                parts.push("std".to_owned());
+                rest = r;
+            }
+            while let Some((p, r)) = source_name(rest) {
+                parts.push(p.to_owned());
+                rest = r;
+                if rest.starts_with('I') {
+                    // Template args of an inner component: skip this nested
+                    // name's tail rather than parse the args.
+                    return Some((parts, rest));
+                }
+            }
+            Some((parts, rest.strip_prefix('E').unwrap_or(rest)))
+        } else {
+            let s = s.strip_prefix("St").map_or(s, |r| {
+                parts.push("std".to_owned());
+                r
+            });
+            let (p, r) = source_name(s)?;
+            parts.push(p.to_owned());
+            Some((parts, r))
+        }
+    }
+    let body = s.strip_prefix("_Z")?;
+    let (parts, rest) = name(body)?;
+    let joined = parts.join("::");
+    if is_wrapper(&joined) {
+        if let Some((inner, _)) = rest.strip_prefix('I').and_then(name) {
+            let inner = inner.join("::");
+            return Some(if is_wrapper(&inner) { demangle_outer(&format!("_Z{}", &rest[1..])).unwrap_or(inner) } else { inner });
+        }
+    }
+    Some(joined)
+}
+
+/// One name per kernel, whatever its template arguments, parameter list,
+/// tile configuration or numeric suffix: `void flash_fwd_kernel<Flash_fwd_kernel_traits<…>, true>(Flash_fwd_params)`
+/// → `flash_fwd_kernel`; `ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn`
+/// → `ampere_bf16_s16816gemm_bf16_tn`; `triton_poi_fused_add_0` → `triton_poi_fused_add`.
+/// Namespaces stay. Generic launch wrappers (`cutlass::Kernel2<G>`,
+/// `flash::device_kernel<…>`) are named by what they launch. Idempotent.
+pub fn normalize_kernel_name(name: &str) -> String {
+    let s = name.trim();
+    if let Some(d) = demangle_outer(s) {
+        return normalize_kernel_name(&d);
+    }
+    let s = s.replace("(anonymous namespace)::", "").replace("{anonymous}::", "");
+    let s = s.strip_prefix("void ").unwrap_or(&s).trim_start();
+    let outer = strip_groups(s);
+    let outer = outer.trim().trim_start_matches("void ").trim();
+    // `name` is the last whitespace-separated word (drops return types and
+    // trailing qualifiers such as ` const`, ` [clone .kd]`).
+    let outer = outer.split_whitespace().rfind(|w| *w != "const" && *w != "volatile").unwrap_or(outer);
+    if is_wrapper(outer) {
+        if let Some(arg) = first_template_arg(s) {
+            let inner = normalize_kernel_name(arg);
+            if !inner.is_empty() && !inner.bytes().all(|b| b.is_ascii_digit()) {
+                return inner;
+            }
+        }
+    }
+    let parts: Vec<String> = outer.split("::").map(str::to_owned).collect();
+    let Some((last, ns)) = parts.split_last() else { return outer.to_owned() };
+    let mut out = ns.join("::");
+    if !out.is_empty() {
+        out.push_str("::");
+    }
+    out.push_str(&normalize_component(last));
+    out.trim_end_matches('_').to_owned()
+}
+
+// ---------------------------------------------------------------- text
+
+fn f(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.2}"))
+}
+
+fn fd(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:+.2}"))
+}
+
+fn ft(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), tok)
+}
+
+fn trunc(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// Pairs shown one by one in the text (the JSON has them all).
+const TEXT_PAIRS: usize = 30;
+
+/// The human diff: headline, what changed (biggest first), per hop, per
+/// request, GPU kernels when present, what did not match.
+pub fn render_text(d: &Diff) -> String {
+    let mut s = String::new();
+    let side = |x: &SideInfo| format!("{} ({} requests, {} chains)", x.path, x.requests, x.chains);
+    let _ = writeln!(s, "before  {}", side(&d.before));
+    let _ = writeln!(s, "after   {}", side(&d.after));
+    for (w, x) in [("BEFORE", &d.before), ("AFTER", &d.after)] {
+        if let Some(e) = &x.read_error {
+            let _ = writeln!(s, "WARNING: {w} ends early: {e} (the diff covers what precedes it)");
+        }
+    }
+    let m = &d.matching;
+    let _ = writeln!(
+        s,
+        "matched {} requests ({} by chain position, {} by path and prompt size); unmatched: {} before, {} after",
+        m.matched,
+        m.by_chain,
+        m.by_path,
+        m.unmatched_before.len(),
+        m.unmatched_after.len()
+    );
+    let _ = writeln!(s, "\n{}", d.headline);
+
+    let o = &d.overall;
+    if o.requests > 0 {
+        let _ = writeln!(s, "\noverall ({} inference requests)        before     after     delta", o.requests);
+        for (name, st) in [("ttft_ms", &o.ttft_ms), ("e2e_ms", &o.e2e_ms), ("itl_mean_ms", &o.itl_mean_ms), ("itl_p90_ms", &o.itl_p90_ms)] {
+            for (stat, x) in [("mean", st.mean), ("p50", st.p50), ("p90", st.p90)] {
+                let _ = writeln!(s, "  {:<12} {:<4}               {:>9} {:>9} {:>9}", name, stat, f(x.before), f(x.after), fd(x.delta));
+            }
+        }
+        let _ = writeln!(s, "\nwhat changed (mean per request, biggest first)");
+        let _ = writeln!(s, "  {:<14} {:>9} {:>9} {:>9} {:>8} {:>8}", "phase", "before", "after", "delta", "of ΔTTFT", "of ΔE2E");
+        let ph = o.phases_ms.as_array();
+        let share = |ex: &Explanation, p: &str| ex.contributions.iter().find(|c| c.phase == p).and_then(|c| c.share).map_or("-".into(), |x| format!("{:.0}%", x * 100.0));
+        for c in &o.explain.e2e.contributions {
+            let i = PHASES.iter().position(|p| *p == c.phase).unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "  {:<14} {:>9} {:>9} {:>9} {:>8} {:>8}",
+                c.phase,
+                f(ph[i].before),
+                f(ph[i].after),
+                fd(ph[i].delta),
+                if i < TTFT_PHASES { share(&o.explain.ttft, c.phase) } else { "-".into() },
+                share(&o.explain.e2e, c.phase)
+            );
+        }
+        for ex in [&o.explain.ttft, &o.explain.e2e] {
+            let _ = writeln!(s, "  Σ phases {:+.3} ms = Δ{} {} ms (unexplained {})", ex.sum_of_phases_ms.unwrap_or(0.0), ex.metric.to_ascii_uppercase(), fd(ex.delta_ms), fd(ex.unexplained_ms));
+        }
+        if let Some(sp) = o.decode_split_ms {
+            let _ = writeln!(s, "  decode = gaps longer {:+.2} + more gaps {:+.2} + stream end {:+.2} ms", sp.itl_rate_ms, sp.token_count_ms, sp.tail_ms);
+        }
+        let t = &o.tokens;
+        let _ = writeln!(
+            s,
+            "  tokens (mean): prompt {}, cached {}, computed {}, completion {}; steps {}, preemptions {}, interference {} ms",
+            ft(t.prompt.delta),
+            ft(t.cached.delta),
+            ft(t.computed.delta),
+            ft(t.completion.delta),
+            ft(o.steps.delta),
+            ft(o.preemptions.delta),
+            fd(o.interference_ms.delta)
+        );
+        for ex in [&o.explain.ttft, &o.explain.e2e] {
+            for c in &ex.causes {
+                let _ = writeln!(s, "  cause ({}, {}): {} — {}", ex.metric, c.phase, c.cause, c.detail);
+            }
+        }
+    }
+
+    if !d.hops.is_empty() {
+        let _ = writeln!(s, "\nper hop (chain-matched, means)");
+        let _ = writeln!(
+            s,
+            "  {:>3} {:>3} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>7}  dominant (ttft) / cause",
+            "hop", "n", "ttft_bef", "ttft_aft", "Δttft", "Δe2e", "Δfront", "Δqueue", "Δprefill", "Δ1st", "Δdecode", "Δitl_avg", "Δcached", "Δcomp", "Δout"
+        );
+        for h in &d.hops {
+            let p = &h.phases_ms;
+            let ex = &h.explain.ttft;
+            let why = match (ex.dominant_phase, ex.causes.first()) {
+                _ if ex.unchanged => "unchanged".to_owned(),
+                (Some(dp), Some(c)) => format!("{dp} / {}", c.cause),
+                (Some(dp), None) => dp.to_owned(),
+                _ => "-".to_owned(),
+            };
+            let _ = writeln!(
+                s,
+                "  {:>3} {:>3} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>7}  {}",
+                h.hop.unwrap_or(0),
+                h.requests,
+                f(h.ttft_ms.mean.before),
+                f(h.ttft_ms.mean.after),
+                fd(h.ttft_ms.mean.delta),
+                fd(h.e2e_ms.mean.delta),
+                fd(p.frontend.delta),
+                fd(p.queue.delta),
+                fd(p.prefill.delta),
+                fd(p.first_output.delta),
+                fd(p.decode.delta),
+                fd(h.itl_mean_ms.mean.delta),
+                ft(h.tokens.cached.delta),
+                ft(h.tokens.computed.delta),
+                ft(h.tokens.completion.delta),
+                why
+            );
+        }
+    }
+
+    let gen: Vec<&Pair> = d.pairs.iter().filter(|p| p.generation).collect();
+    if !gen.is_empty() {
+        let mut shown = gen.clone();
+        let note = if shown.len() > TEXT_PAIRS {
+            shown.sort_by(|x, y| y.e2e_ms.delta.unwrap_or(0.0).abs().total_cmp(&x.e2e_ms.delta.unwrap_or(0.0).abs()));
+            shown.truncate(TEXT_PAIRS);
+            format!(", the {TEXT_PAIRS} biggest |ΔE2E| of {}", gen.len())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(s, "\nper request{note}");
+        let _ = writeln!(
+            s,
+            "  {:<30} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7}  summary",
+            "pair", "ttft_bef", "ttft_aft", "Δttft", "Δe2e", "Δprefill", "Δdecode", "Δcached", "Δout"
+        );
+        for p in shown {
+            let _ = writeln!(
+                s,
+                "  {:<30} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7}  {}",
+                trunc(&p.key, 30),
+                f(p.ttft_ms.before),
+                f(p.ttft_ms.after),
+                fd(p.ttft_ms.delta),
+                fd(p.e2e_ms.delta),
+                fd(p.phases_ms.prefill.delta),
+                fd(p.phases_ms.decode.delta),
+                p.tokens.cached.delta.map_or("-".into(), |x| format!("{x:+}")),
+                p.tokens.completion.delta.map_or("-".into(), |x| format!("{x:+}")),
+                p.explain.ttft.summary
+            );
+        }
+    }
+    let other = d.pairs.len() - gen.len();
+    if other > 0 {
+        let _ = writeln!(s, "  (+{other} other matched requests without inference, e.g. health checks: in --json)");
+    }
+
+    if let Some(k) = &d.kernels {
+        let _ = writeln!(
+            s,
+            "\nGPU kernels (normalised names): {:.2} → {:.2} ms ({:+.2} ms), {} → {} launches",
+            k.before_gpu_ms, k.after_gpu_ms, k.delta_gpu_ms, k.before_count, k.after_count
+        );
+        let _ = writeln!(s, "  {:<48} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6}  status", "kernel", "n_bef", "n_aft", "ms_bef", "ms_aft", "Δms", "per_call", "calls", "share");
+        for r in k.rows.iter().take(20) {
+            let _ = writeln!(
+                s,
+                "  {:<48} {:>8} {:>8} {:>10.3} {:>10.3} {:>+9.3} {:>+9.3} {:>+9.3} {:>6}  {}{}",
+                trunc(&r.name, 48),
+                r.before_count,
+                r.after_count,
+                r.before_gpu_ms,
+                r.after_gpu_ms,
+                r.delta_gpu_ms,
+                r.per_call_ms,
+                r.calls_ms,
+                r.share.map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+                r.status,
+                if r.variants.len() > 1 { format!(" ({} variants)", r.variants.len()) } else { String::new() }
+            );
+        }
+        if k.rows.len() > 20 {
+            let _ = writeln!(s, "  … {} more in --json", k.rows.len() - 20);
+        }
+    }
+
+    for (w, v) in [("BEFORE", &m.unmatched_before), ("AFTER", &m.unmatched_after)] {
+        if v.is_empty() {
+            continue;
+        }
+        let mut by: BTreeMap<String, usize> = BTreeMap::new();
+        for u in v.iter() {
+            *by.entry(format!("{} {}", u.method, u.path)).or_default() += 1;
+        }
+        let list: Vec<String> = by.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        let _ = writeln!(s, "\nunmatched in {w}: {}", list.join(", "));
+        for u in v.iter().take(10) {
+            let _ = writeln!(s, "  {:<34} {}", trunc(&u.id, 34), u.reason);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::correlate::engine::EnginePhases;
+    use crate::correlate::{Analysis, Chain, ChainSource, Request};
+    use crate::event::ConnKey;
+    use crate::model::Usage;
+    use crate::recording::Meta;
+    use crate::sink::report;
+
+    const MS: u64 = 1_000_000;
+
+    /// Phase lengths of a synthetic request (whole ms so everything adds up exactly).
+    #[derive(Clone, Copy)]
+    struct Shape {
+        frontend: u64,
+        queue: u64,
+        prefill: u64,
+        first_output: u64,
+        /// Content chunks after the first, `itl` ms apart; then `tail` ms to done.
+        gaps: u64,
+        itl: u64,
+        tail: u64,
+        prompt: u64,
+        cached: u64,
+        completion: u64,
+    }
+
+    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5 };
+
+    fn request(i: usize, at: u64, chain: &str, source: ChainSource, s: Shape) -> Request {
+        let submit = at + s.frontend * MS;
+        let scheduled = submit + s.queue * MS;
+        let first_token = scheduled + s.prefill * MS;
+        let ttft = first_token + s.first_output * MS;
+        let content_ns: Vec<u64> = (0..=s.gaps).map(|k| ttft + k * s.itl * MS).collect();
+        let done = content_ns.last().unwrap() + s.tail * MS;
+        Request {
+            conn: ConnKey { tgid: 1, fd: 10 + i as i32, ino: i as u64 },
+            seq: 0,
+            id: format!("chatcmpl-{chain}-{i}"),
+            x_request_id: None,
+            traceparent: None,
+            chain: chain.to_owned(),
+            chain_source: source,
+            hop: 0,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            status: Some(200),
+            arrive_ns: at,
+            wire_arrive_ns: None,
+            request_end_ns: at,
+            response_head_ns: Some(at),
+            ttft_ns: Some(ttft),
+            done_ns: Some(done),
+            response_end_ns: Some(done),
+            content_ns,
+            request_bytes: 100 + s.prompt,
+            response_bytes: Some(1000),
+            streamed: true,
+            usage: Usage { prompt_tokens: Some(s.prompt), completion_tokens: Some(s.completion), cached_tokens: Some(s.cached) },
+            finish_reason: Some("length".into()),
+            engine: Some(EnginePhases {
+                engine_request_id: format!("chatcmpl-{chain}-{i}-0123abcd"),
+                submit_ns: submit,
+                scheduled_ns: Some(scheduled),
+                first_token_ns: Some(first_token),
+                steps: s.completion as u32,
+                preemptions: 0,
+                prompt_tokens: Some(s.prompt),
+                cached_tokens: Some(s.cached),
+                computed_tokens: Some(s.prompt - s.cached),
+                interference_ns: 0,
+                interference_from: vec![],
+                scheduled_source: "event",
+            }),
+        }
+    }
+
+    /// Requests grouped into chains the way the correlator does (hop = arrival order).
+    fn analysis(mut requests: Vec<Request>) -> Analysis {
+        requests.sort_by_key(|r| r.arrive_ns);
+        let mut chains: Vec<Chain> = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            match chains.iter_mut().find(|c| c.chain == r.chain) {
+                Some(c) => c.hops.push(i),
+                None => chains.push(Chain { chain: r.chain.clone(), source: r.chain_source, hops: vec![i] }),
+            }
+        }
+        for c in &chains {
+            for (n, &i) in c.hops.iter().enumerate() {
+                requests[i].hop = n as u32 + 1;
+            }
+        }
+        Analysis { requests, chains, ..Analysis::default() }
+    }
+
+    fn rep(name: &str, a: &Analysis) -> Report {
+        let meta = Meta {
+            format_version: 1,
+            hopscope_version: "test".into(),
+            created_unix_s: 0,
+            start_ns: 0,
+            pids: vec![1],
+            command: vec![],
+            kernel: "test".into(),
+            hostname: "test".into(),
+            chain_header: "x-session-id".into(),
+            capture_len: 4096,
+            capture_payload: false,
+            gpu: false,
+        };
+        report::build(name, &meta, a, None)
+    }
+
+    /// A 3-hop chain; `hop` gives each hop's shape.
+    fn chain(name: &str, start: u64, hop: impl Fn(u32) -> Shape) -> Vec<Request> {
+        (1..=3).map(|h| request(h as usize, start + u64::from(h) * 1000 * MS, name, ChainSource::Header, hop(h))).collect()
+    }
+
+    /// BEFORE: the prefix cache serves all but 100 tokens of hops 2-3. AFTER:
+    /// nothing is cached, so prefill computes everything (0.05 ms per token).
+    fn cache_lost() -> Diff {
+        let before = chain("s-before", 0, |h| if h == 1 { BASE } else { Shape { prompt: 400 * u64::from(h), cached: 400 * u64::from(h) - 100, prefill: 5, ..BASE } });
+        let after = chain("s-after", 0, |h| if h == 1 { BASE } else { Shape { prompt: 400 * u64::from(h), cached: 0, prefill: 20 * u64::from(h), ..BASE } });
+        compare(&rep("before.hop", &analysis(before)), &rep("after.hop", &analysis(after)))
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn chains_with_explicit_keys_match_by_position_and_hop_even_when_keys_differ() {
+        let d = cache_lost();
+        assert_eq!(d.matching.mode, "chain");
+        assert_eq!((d.matching.matched, d.matching.by_chain, d.matching.by_path), (3, 3, 0));
+        let keys: Vec<&str> = d.pairs.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["chain 1 hop 1", "chain 1 hop 2", "chain 1 hop 3"]);
+        assert_eq!(d.pairs[1].before_id, "chatcmpl-s-before-2");
+        assert_eq!(d.pairs[1].after_id, "chatcmpl-s-after-2");
+        assert!(d.matching.unmatched_before.is_empty() && d.matching.unmatched_after.is_empty());
+    }
+
+    #[test]
+    fn lost_prefix_cache_names_prefill_and_fewer_cached_tokens_for_the_later_hops() {
+        let d = cache_lost();
+        let h1 = &d.hops[0];
+        assert!(h1.explain.ttft.unchanged, "hop 1 is the same: {}", h1.explain.ttft.summary);
+        assert!(h1.explain.ttft.causes.is_empty());
+        for (h, want) in [(&d.hops[1], 35.0), (&d.hops[2], 55.0)] {
+            let ex = &h.explain.ttft;
+            assert_eq!(ex.delta_ms, Some(want), "hop {:?}", h.hop);
+            assert_eq!(ex.dominant_phase, Some("prefill"));
+            assert_eq!(ex.causes[0].cause, "fewer_cached_tokens", "{:?}", ex.causes);
+            assert!(close(ex.contributions[0].share.unwrap(), 1.0));
+            assert!(ex.summary.contains("cached -"), "{}", ex.summary);
+        }
+        assert_eq!(d.hops[1].tokens.cached.delta, Some(-700.0));
+        assert_eq!(d.hops[1].tokens.computed.delta, Some(700.0));
+        assert!(d.headline.contains("prefill") && d.headline.contains("prefix-cache hits fell"), "{}", d.headline);
+        assert!(d.headline.starts_with("mean over 3 requests, mostly hops 2-3: TTFT +30.00 ms"), "{}", d.headline);
+    }
+
+    #[test]
+    fn phase_deltas_add_up_to_the_e2e_and_ttft_deltas_per_pair_per_hop_and_overall() {
+        let d = cache_lost();
+        let check = |p: &PhaseDeltas, ttft: Option<f64>, e2e: Option<f64>, what: &str| {
+            let a = p.as_array();
+            let all: f64 = a.iter().filter_map(|x| x.delta).sum();
+            let pre: f64 = a[..TTFT_PHASES].iter().filter_map(|x| x.delta).sum();
+            assert!(close(all, e2e.unwrap()), "{what}: Σ {all} vs ΔE2E {e2e:?}");
+            assert!(close(pre, ttft.unwrap()), "{what}: Σ {pre} vs ΔTTFT {ttft:?}");
+        };
+        for p in &d.pairs {
+            check(&p.phases_ms, p.ttft_ms.delta, p.e2e_ms.delta, &p.key);
+            assert!(p.explain.e2e.unexplained_ms.unwrap().abs() < 1e-9);
+        }
+        for h in d.hops.iter().chain([&d.overall]) {
+            check(&h.phases_ms, h.ttft_ms.mean.delta, h.e2e_ms.mean.delta, &format!("{:?}", h.hop));
+        }
+        assert!(close(d.overall.e2e_ms.mean.delta.unwrap(), (35.0 + 55.0) / 3.0));
+        assert_eq!(d.pairs[2].phases_ms.kv_transfer.delta, None, "kv_transfer unknown stays null");
+    }
+
+    #[test]
+    fn overall_percentiles_compare_each_side_s_own_percentile() {
+        let d = cache_lost();
+        // TTFT before: 14, 9, 9; after: 14, 44, 64.
+        assert_eq!(d.overall.ttft_ms.p50, Delta { before: Some(9.0), after: Some(44.0), delta: Some(35.0) });
+        assert!(close(d.overall.ttft_ms.p90.after.unwrap(), 60.0));
+        assert!(close(d.overall.ttft_ms.mean.before.unwrap(), 32.0 / 3.0));
+    }
+
+    #[test]
+    fn slower_inter_token_gaps_are_a_decode_cause_split_exactly() {
+        let before = chain("a", 0, |_| BASE);
+        let after = chain("b", 0, |_| Shape { itl: 8, ..BASE });
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let p = &d.pairs[0];
+        assert_eq!(p.itl_mean_ms.delta, Some(3.0));
+        let sp = p.decode_split_ms.unwrap();
+        assert!(close(sp.itl_rate_ms, 12.0) && close(sp.token_count_ms, 0.0) && close(sp.tail_ms, 0.0));
+        let e2e = &p.explain.e2e;
+        assert_eq!(e2e.dominant_phase, Some("decode"));
+        assert_eq!(e2e.causes[0].cause, "slower_decode_steps");
+        assert!(p.explain.ttft.unchanged);
+        assert!(d.headline.contains("E2E +12.00 ms"), "E2E, not TTFT, leads when TTFT did not move: {}", d.headline);
+    }
+
+    #[test]
+    fn more_output_tokens_are_told_apart_from_slower_steps() {
+        let before = chain("a", 0, |_| BASE);
+        let after = chain("b", 0, |_| Shape { gaps: 9, completion: 10, ..BASE });
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let sp = d.pairs[0].decode_split_ms.unwrap();
+        assert!(close(sp.token_count_ms, 25.0) && close(sp.itl_rate_ms, 0.0));
+        assert_eq!(d.pairs[0].explain.e2e.causes[0].cause, "more_output_tokens");
+        assert_eq!(d.pairs[0].tokens.completion.delta, Some(5));
+    }
+
+    #[test]
+    fn queueing_and_a_faster_phase_are_both_visible_and_still_add_up() {
+        let before = chain("a", 0, |_| BASE);
+        let after = chain("b", 0, |_| Shape { queue: 21, frontend: 1, ..BASE });
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let ex = &d.overall.explain.ttft;
+        assert_eq!(ex.delta_ms, Some(19.0));
+        assert_eq!(ex.dominant_phase, Some("queue"));
+        assert_eq!(ex.causes[0].cause, "more_queueing");
+        assert_eq!(ex.contributions[0].phase, "queue");
+        assert_eq!(ex.contributions[1].phase, "frontend");
+        assert!(close(ex.contributions[1].delta_ms, -1.0));
+    }
+
+    #[test]
+    fn same_prefill_tokens_but_slower_prefill_is_slower_prefill_not_a_cache_effect() {
+        let before = chain("a", 0, |_| BASE);
+        let after = chain("b", 0, |_| Shape { prefill: 30, ..BASE });
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let c = &d.overall.explain.ttft.causes[0];
+        assert_eq!(c.cause, "slower_prefill");
+        assert!(c.detail.contains("0.025 → 0.075 ms per computed token"), "{}", c.detail);
+    }
+
+    #[test]
+    fn without_explicit_chains_requests_match_by_path_and_prompt_size_and_extras_are_unmatched() {
+        let conn = |i, at, prompt| request(i, at, &format!("conn:{i}"), ChainSource::Connection, Shape { prompt, ..BASE });
+        // Arrival order differs between the runs; prompt sizes pair them.
+        let before = vec![conn(1, 0, 300), conn(2, 100 * MS, 100), conn(3, 200 * MS, 200)];
+        let after = vec![conn(4, 0, 100), conn(5, 100 * MS, 300)];
+        let mut health = request(6, 50 * MS, "conn:6", ChainSource::Connection, BASE);
+        health.method = "GET".into();
+        health.path = "/health".into();
+        let mut after = analysis(after);
+        after.requests.push(health);
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &after));
+        assert_eq!(d.matching.mode, "path");
+        let got: Vec<(&str, &str, &str)> = d.pairs.iter().map(|p| (p.key.as_str(), p.before_id.as_str(), p.after_id.as_str())).collect();
+        assert_eq!(got, [("POST /v1/chat/completions #1", "chatcmpl-conn:2-2", "chatcmpl-conn:4-4"), ("POST /v1/chat/completions #2", "chatcmpl-conn:1-1", "chatcmpl-conn:5-5")]);
+        assert_eq!(d.matching.unmatched_before.len(), 1);
+        assert_eq!(d.matching.unmatched_before[0].id, "chatcmpl-conn:3-3", "the 200-token prompt has no counterpart");
+        assert_eq!(d.matching.unmatched_after.len(), 1);
+        assert_eq!(d.matching.unmatched_after[0].path, "/health");
+        assert!(d.hops.is_empty());
+        let text = render_text(&d);
+        assert!(text.contains("unmatched in AFTER: GET /health ×1"), "{text}");
+    }
+
+    #[test]
+    fn size_alignment_skips_the_extras_that_fit_worst_on_either_side() {
+        assert_eq!(align(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]), [(0, 0), (1, 1), (2, 2)]);
+        assert_eq!(align(&[100.0, 200.0, 300.0], &[100.0, 300.0]), [(0, 0), (2, 1)]);
+        assert_eq!(align(&[50.0], &[10.0, 20.0, 48.0, 90.0]), [(0, 2)]);
+        assert_eq!(align(&[], &[1.0]), []);
+    }
+
+    #[test]
+    fn extra_hops_and_chains_are_reported_unmatched_on_their_side() {
+        let before = chain("a", 0, |_| BASE);
+        let mut after = chain("b", 0, |_| BASE);
+        after.pop();
+        after.extend(chain("c", 10_000 * MS, |_| BASE));
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        assert_eq!(d.matching.by_chain, 2);
+        assert_eq!(d.matching.unmatched_before.len(), 1);
+        assert_eq!(d.matching.unmatched_before[0].reason, "AFTER's chain 1 has no hop 3");
+        assert_eq!(d.matching.unmatched_after.len(), 3);
+        assert!(d.matching.unmatched_after.iter().all(|u| u.reason == "BEFORE has no chain 2"));
+    }
+
+    #[test]
+    fn a_wire_only_side_leaves_the_rest_unexplained_instead_of_guessing() {
+        let before = chain("a", 0, |_| BASE);
+        let mut after = chain("b", 0, |_| Shape { prefill: 30, ..BASE });
+        for r in &mut after {
+            r.engine = None;
+        }
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let ex = &d.pairs[0].explain.ttft;
+        assert_eq!(ex.sum_of_phases_ms, None);
+        assert_eq!(ex.dominant_phase, None);
+        assert!(ex.summary.contains("no phases known"), "{}", ex.summary);
+        let e2e = &d.pairs[0].explain.e2e;
+        assert_eq!(e2e.contributions.len(), 1, "only decode is known on the wire");
+        assert!(close(e2e.unexplained_ms.unwrap(), 20.0));
+        assert_eq!(e2e.dominant_phase, None);
+    }
+
+    #[test]
+    fn json_has_the_documented_top_level_keys_and_kernels_is_null_without_gpu() {
+        let v = serde_json::to_value(cache_lost()).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for k in ["schema", "before", "after", "matching", "headline", "overall", "hops", "pairs", "kernels"] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+        assert_eq!(v["schema"], 1);
+        assert!(v["kernels"].is_null());
+        assert_eq!(v["hops"][1]["explain"]["ttft"]["dominant_phase"], "prefill");
+        assert_eq!(v["pairs"][1]["tokens"]["cached"]["delta"], -700);
+        assert!(v["pairs"][0]["phases_ms"]["kv_transfer"]["delta"].is_null());
+    }
+
+    #[test]
+    fn the_text_leads_with_the_headline_and_lists_biggest_phase_first() {
+        let d = cache_lost();
+        let t = render_text(&d);
+        assert!(t.contains(&d.headline));
+        let changed = t.split("what changed").nth(1).unwrap();
+        let first_row = changed.lines().nth(2).unwrap();
+        assert!(first_row.trim_start().starts_with("prefill"), "{changed}");
+        assert!(t.contains("fewer_cached_tokens"));
+        assert!(!t.contains("GPU kernels"), "no kernel section without kernels");
+    }
+
+    // ------------------------------------------------------------ kernels
+
+    fn k(name: &str, count: u64, gpu_ms: f64) -> KernelOut {
+        KernelOut { name: name.into(), count, gpu_ms }
+    }
+
+    #[test]
+    fn kernel_names_lose_templates_parameters_configs_and_suffixes() {
+        let cases = [
+            (
+                "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false, false, cutlass::half_t, Flash_kernel_traits<128, 64, 64, 4, cutlass::half_t> >, true, false, false, false, true, true, false>(Flash_fwd_params)",
+                "flash_fwd_kernel",
+            ),
+            ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "ampere_bf16_s16816gemm_bf16_tn"),
+            ("ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn", "ampere_bf16_s16816gemm_bf16_tn"),
+            (
+                "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+                "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_execute_segment_k_off_kernel_cublas",
+            ),
+            (
+                "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__6x_cublas",
+                "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_execute_segment_k_off_kernel_cublas",
+            ),
+            (
+                "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16*, __nv_bfloat16*, long const*, long, long, long, long, int, int, int, float const*, float const*)",
+                "vllm::reshape_and_cache_flash_kernel",
+            ),
+            ("triton_poi_fused_add_0", "triton_poi_fused_add"),
+            ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_12", "triton_red_fused_to_copy_add_mean_mul_pow_rsqrt"),
+            ("_fwd_kernel_0d1d2d3de4de5de", "_fwd_kernel"),
+            ("fused_moe_kernel_5f3a9c2b1e", "fused_moe_kernel"),
+            (
+                "void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4, at::native::templates::cuda::normal_and_transform<float, float>(at::TensorIteratorBase&, at::CUDAGeneratorImpl*)::{lambda(curandStatePhilox4_32_10*)#2}>(long, at::PhiloxCudaState, float)",
+                "at::native::distribution_elementwise_grid_stride_kernel",
+            ),
+            (
+                "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8::Params)",
+                "cutlass_wmma_tensorop_bf16_s161616gemm_bf16_tn",
+            ),
+            (
+                "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, 128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, true, false>, flash::CollectiveEpilogueFwd<cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cutlass::bfloat16_t, cutlass::arch::Sm90, 256, true, false, false, false>, flash::VarlenDynamicPersistentTileScheduler<128, 256, 128, false, true, true> > > >(flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<…> >::Params)",
+                "flash::FlashAttnFwdSm90",
+            ),
+            ("_ZN4vllm30reshape_and_cache_flash_kernelI13__nv_bfloat16S1_LNS_18Fp8KVCacheDataTypeE0EEvPKT_S6_PT0_S8_PKlliiiiiPKfSE_", "vllm::reshape_and_cache_flash_kernel"),
+            ("_Z16flash_fwd_kernelI23Flash_fwd_kernel_traitsILi128ELi64ELi64ELi4ELb0ELb0EN7cutlass6half_tEEEv16Flash_fwd_params", "flash_fwd_kernel"),
+            ("_ZN7cutlass7Kernel2I66cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8EEvNT_6ParamsE", "cutlass_tensorop_bf16_s16816gemm_relu_bf16_tn"),
+            ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float> >(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float>, float, float)", "gemv2T_kernel_val"),
+            ("memcpy32_post", "memcpy32_post"),
+        ];
+        for (raw, want) in cases {
+            let got = normalize_kernel_name(raw);
+            assert_eq!(got, want, "{raw}");
+            assert_eq!(normalize_kernel_name(&got), got, "idempotent on {got}");
+        }
+    }
+
+    #[test]
+    fn kernel_variants_merge_into_one_row_and_rows_lead_with_the_biggest_change() {
+        let before = [
+            k("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false, false, cutlass::half_t>, true>(Flash_fwd_params)", 10, 20.0),
+            k("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", 100, 50.0),
+            k("triton_poi_fused_add_0", 40, 4.0),
+        ];
+        let after = [
+            k("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false, false, cutlass::half_t>, true>(Flash_fwd_params)", 6, 15.0),
+            k("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 8, false, false, cutlass::half_t>, false>(Flash_fwd_params)", 4, 45.0),
+            k("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", 100, 50.0),
+            k("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(long)", 10, 1.0),
+        ];
+        let kd = compare_kernels(&before, &after).expect("kernels present");
+        assert!(close(kd.before_gpu_ms, 74.0) && close(kd.after_gpu_ms, 111.0) && close(kd.delta_gpu_ms, 37.0));
+        let first = &kd.rows[0];
+        assert_eq!(first.name, "flash_fwd_kernel");
+        assert_eq!((first.before_count, first.after_count), (10, 10));
+        assert!(close(first.delta_gpu_ms, 40.0) && close(first.per_call_ms, 40.0) && close(first.calls_ms, 0.0));
+        assert_eq!(first.variants.len(), 2);
+        assert_eq!(first.status, "changed");
+        let by = |n: &str| kd.rows.iter().find(|r| r.name == n).unwrap();
+        assert_eq!(by("triton_poi_fused_add").status, "gone");
+        assert_eq!(by("vllm::reshape_and_cache_flash_kernel").status, "new");
+        assert_eq!(by("ampere_bf16_s16816gemm_bf16_tn").status, "same");
+        let sum: f64 = kd.rows.iter().map(|r| r.delta_gpu_ms).sum();
+        assert!(close(sum, kd.delta_gpu_ms), "rows add up to the total");
+        assert!(compare_kernels(&[], &[]).is_none());
+    }
+
+    #[test]
+    fn the_kernel_section_appears_in_the_diff_and_text_only_when_kernels_exist() {
+        let before = analysis(chain("a", 0, |_| BASE));
+        let after = analysis(chain("b", 0, |_| BASE));
+        let (mut rb, mut ra) = (rep("b", &before), rep("a", &after));
+        rb.kernels = vec![k("triton_poi_fused_add_0", 4, 1.0)];
+        ra.kernels = vec![k("triton_poi_fused_add_1", 8, 3.0)];
+        let d = compare(&rb, &ra);
+        let kd = d.kernels.as_ref().unwrap();
+        assert_eq!(kd.rows.len(), 1);
+        assert!(close(kd.rows[0].per_call_ms, 0.5) && close(kd.rows[0].calls_ms, 1.5));
+        let t = render_text(&d);
+        assert!(t.contains("GPU kernels (normalised names)") && t.contains("triton_poi_fused_add"), "{t}");
+        assert!(d.headline.contains("GPU +2.00 ms, most in triton_poi_fused_add"), "{}", d.headline);
+    }
+}

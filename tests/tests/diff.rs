@@ -1,0 +1,122 @@
+//! `hopscope diff` on two real recordings of the testbed: the same 3-hop
+//! chain, once with the prefix cache and once without. Hops 2-3 re-send the
+//! previous hops' prompt; with the cache they compute only the new tokens,
+//! without it they prefill everything. The diff must say so: TTFT up, prefill
+//! the dominant phase, fewer cached tokens the cause, and the phase deltas
+//! adding up to the E2E delta.
+
+use hopscope_integration::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const CHAIN: &[&str] = &["--chains", "1", "--hops", "3", "--max-tokens", "16", "--task-seed", "1"];
+
+/// Records the testbed under `hopscope run` while the chain client runs once.
+fn record(name: &str, serve_args: &[&str]) -> PathBuf {
+    let dir = scratch(name);
+    let port = free_port();
+    let py = python();
+    let serve = workspace().join("examples/serve.py");
+    let mut cmd: Vec<String> = vec![py.display().to_string(), serve.display().to_string(), "--port".into(), port.to_string()];
+    cmd.extend(serve_args.iter().map(|s| s.to_string()));
+    let cmd_ref: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    // As in attribution.rs: one BLAS thread leaves the small machine's cores
+    // to the ZMQ I/O threads whose writes hopscope times.
+    std::env::set_var("OPENBLAS_NUM_THREADS", "1");
+    std::env::set_var("OMP_NUM_THREADS", "1");
+    let rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
+    wait_healthy(port, Duration::from_secs(60));
+    let out = Command::new(&py)
+        .arg(workspace().join("examples/chain_client.py"))
+        .args(["--base-url", &format!("http://127.0.0.1:{port}"), "--quiet"])
+        .args(CHAIN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
+    rec.stop()
+}
+
+fn diff(before: &PathBuf, after: &PathBuf, json: bool) -> String {
+    let mut c = Command::new(hopscope_bin());
+    c.arg("diff").arg(before).arg(after);
+    if json {
+        c.arg("--json");
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "diff failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("expected a number, got {v}"))
+}
+
+/// Σ of the known phase deltas.
+fn phase_sum(phases: &Value, names: &[&str]) -> f64 {
+    names.iter().filter_map(|p| phases[*p]["delta"].as_f64()).sum()
+}
+
+const ALL: [&str; 6] = ["frontend", "queue", "prefill", "kv_transfer", "first_output", "decode"];
+
+#[test]
+fn diff_blames_prefill_and_fewer_cached_tokens_when_the_prefix_cache_is_disabled() {
+    let Some(_serial) = privileged("diff_blames_prefill_and_fewer_cached_tokens_when_the_prefix_cache_is_disabled") else { return };
+    let before = record("diff-cache", &[]);
+    let after = record("diff-nocache", &["--no-prefix-cache"]);
+
+    let text = diff(&before, &after, false);
+    eprintln!("{text}");
+    let d: Value = serde_json::from_str(&diff(&before, &after, true)).expect("diff --json is json");
+    assert_eq!(d["schema"], 1);
+    assert!(text.contains(d["headline"].as_str().unwrap()), "the text leads with the JSON's headline");
+
+    // The chain client sends x-session-id: both recordings have one explicit
+    // chain, matched hop by hop although the keys differ.
+    assert_eq!(d["matching"]["mode"], "chain");
+    assert_eq!(d["matching"]["by_chain"], 3, "{}", d["matching"]);
+    let chain_pairs: Vec<&Value> = d["pairs"].as_array().unwrap().iter().filter(|p| p["by"] == "chain").collect();
+    assert_eq!(chain_pairs.len(), 3);
+
+    // Every matched pair: the phase deltas add up to the E2E delta.
+    for p in d["pairs"].as_array().unwrap().iter().filter(|p| p["generation"] == true) {
+        let e2e = f(&p["e2e_ms"]["delta"]);
+        let sum = phase_sum(&p["phases_ms"], &ALL);
+        assert!((sum - e2e).abs() <= 0.01, "{}: Σ phase deltas {sum:.4} ms vs ΔE2E {e2e:.4} ms", p["key"]);
+        assert!(f(&p["explain"]["e2e"]["unexplained_ms"]).abs() <= 0.01, "{}", p["key"]);
+        eprintln!(
+            "{}: ΔTTFT {:+.2} ms, Δprefill {:+.2} ms, ΔE2E {:+.2} ms = Σ phases {:+.2} ms; cached {} -> {}",
+            p["key"],
+            f(&p["ttft_ms"]["delta"]),
+            f(&p["phases_ms"]["prefill"]["delta"]),
+            e2e,
+            sum,
+            p["tokens"]["cached"]["before"],
+            p["tokens"]["cached"]["after"]
+        );
+    }
+    // And per hop index and overall, for the means.
+    for agg in d["hops"].as_array().unwrap().iter().chain([&d["overall"]]) {
+        let e2e = f(&agg["e2e_ms"]["mean"]["delta"]);
+        let sum = phase_sum(&agg["phases_ms"], &ALL);
+        assert!((sum - e2e).abs() <= 0.01, "hop {}: Σ phase deltas {sum:.4} ms vs mean ΔE2E {e2e:.4} ms", agg["hop"]);
+    }
+
+    // Hops 2-3: the cache served most of the prompt before, nothing after.
+    let hops = d["hops"].as_array().unwrap();
+    assert_eq!(hops.len(), 3);
+    for h in &hops[1..] {
+        let hop = &h["hop"];
+        let t = &h["tokens"];
+        assert!(f(&t["cached"]["before"]) > 0.0 && f(&t["cached"]["after"]) == 0.0, "hop {hop}: cached {}", t["cached"]);
+        assert!(f(&t["computed"]["delta"]) > 0.0, "hop {hop}: computed {}", t["computed"]);
+        let ex = &h["explain"]["ttft"];
+        assert!(f(&ex["delta_ms"]) > 0.0, "hop {hop}: TTFT rose: {}", ex["summary"]);
+        assert_eq!(ex["dominant_phase"], "prefill", "hop {hop}: {}", ex["summary"]);
+        assert_eq!(ex["causes"][0]["cause"], "fewer_cached_tokens", "hop {hop}: {}", ex["summary"]);
+        eprintln!("hop {hop}: {}", ex["summary"].as_str().unwrap());
+    }
+    assert!(text.contains("fewer_cached_tokens"), "{text}");
+    assert!(d["kernels"].is_null(), "no GPU in these recordings");
+}

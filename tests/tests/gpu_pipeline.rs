@@ -1,0 +1,347 @@
+//! The GPU side of the agent end to end, without a GPU: `hopscope run`
+//! launches two host processes of the CUPTI ABI TEST DOUBLE (tests/cupti-double)
+//! at once, with the real injection library (libhopscope_cupti.so) injected
+//! by hopscope itself. The test double delivers synthetic records through the
+//! injection's real buffer callbacks; hopscope's receiver (source::cupti)
+//! must admit both processes, reject a peer from outside the traced tree,
+//! merge the records into the recording in timestamp order, and report them.
+//!
+//! This exercises the agent side of the GPU path (socket, peer credentials,
+//! wire validation, names, ordering, drop accounting, report) with a test
+//! double of the CUPTI boundary. It says nothing about real GPUs: that is
+//! scripts/gpu-check.sh.
+//!
+//! Needs root and tracefs (real eBPF, for the CPU side and the traced tree).
+
+use hopscope::model::Record;
+use hopscope_gpu_wire as wire;
+use hopscope_integration::{hopscope_bin, privileged, scratch, workspace};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+struct Artifacts {
+    injection: PathBuf,
+    double: PathBuf,
+    host: PathBuf,
+}
+
+/// The injection library and the test double, built into their own target
+/// dir (the surrounding `cargo test` holds the lock on target/).
+fn artifacts() -> Artifacts {
+    let target = workspace().join("target/cupti-double");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace())
+        .args(["build", "--quiet", "-p", "agent-cupti", "-p", "cupti-abi-test-double", "--target-dir"])
+        .arg(&target)
+        .output()
+        .expect("running cargo build");
+    assert!(out.status.success(), "building the injection library and the test double failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let d = target.join("debug");
+    let a = Artifacts { injection: d.join("libhopscope_cupti.so"), double: d.join("libcupti_abi_test_double.so"), host: d.join("cupti-abi-test-double-host") };
+    for p in [&a.injection, &a.double, &a.host] {
+        assert!(p.exists(), "{} not built", p.display());
+    }
+    a
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn truth(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The name a truth line's kernel must carry in the report.
+fn report_name(t: &Value) -> String {
+    match t["name"].as_str() {
+        None => "<unnamed>".into(),
+        Some(n) => wire::truncate_str(n, wire::MAX_STR).to_owned(),
+    }
+}
+
+fn kind_of(r: &Record) -> Option<&'static str> {
+    Some(match r {
+        Record::GpuKernel { .. } => "kernel",
+        Record::GpuMemcpy { peer: None, .. } => "memcpy",
+        Record::GpuMemcpy { peer: Some(_), .. } => "memcpy_peer",
+        Record::GpuMemset { .. } => "memset",
+        Record::GpuSync { .. } => "sync",
+        Record::GpuApi { .. } => "api",
+        _ => return None,
+    })
+}
+
+/// (pid, correlation id, start, end) of a GPU activity record.
+fn activity(r: &Record) -> Option<(u32, u32, u64, u64)> {
+    Some(match r {
+        Record::GpuKernel { pid, correlation_id, ts_ns, end_ns, .. }
+        | Record::GpuMemcpy { pid, correlation_id, ts_ns, end_ns, .. }
+        | Record::GpuMemset { pid, correlation_id, ts_ns, end_ns, .. }
+        | Record::GpuSync { pid, correlation_id, ts_ns, end_ns, .. }
+        | Record::GpuApi { pid, correlation_id, ts_ns, end_ns, .. } => (*pid, *correlation_id, *ts_ns, *end_ns),
+        _ => return None,
+    })
+}
+
+#[test]
+fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_kernels() {
+    let Some(_serial) = privileged("hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_kernels") else { return };
+    let a = artifacts();
+    let dir = scratch("gpu-pipeline");
+    let out = dir.join("run.hop");
+    let go = dir.join("go");
+    let (n, bad_every) = (3000u64, 61u64);
+    // Two CUDA-like processes at once, each with its own truth file; both
+    // connect at init and wait for `go` before emitting records.
+    let host = |truth: &str| {
+        format!(
+            "CUPTI_ABI_TEST_DOUBLE_TRUTH={} {} wait-file:{} run:{n} wait-delivered:30000",
+            dir.join(truth).display(),
+            a.host.display(),
+            go.display()
+        )
+    };
+    let script = format!("{} & {} & wait", host("truth-a.jsonl"), host("truth-b.jsonl"));
+    let mut hs = Command::new(hopscope_bin());
+    for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "VIRTUAL_ENV"] {
+        hs.env_remove(k);
+    }
+    hs.env("HOPSCOPE_CUPTI_LIB", &a.double)
+        .env("CUPTI_ABI_TEST_DOUBLE", &a.double)
+        .env("CUPTI_ABI_TEST_DOUBLE_VERSION", "130401")
+        .env("CUPTI_ABI_TEST_DOUBLE_BAD_EVERY", bad_every.to_string())
+        .env("HOPSCOPE_CUPTI_FLUSH_MS", "50")
+        .env("HOPSCOPE_GPU_REPORT_MS", "100")
+        .env("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000")
+        .arg("run")
+        .arg("-o")
+        .arg(&out)
+        .arg("--quiet")
+        .arg("--cupti-lib")
+        .arg(&a.injection)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = hs.spawn().expect("spawning hopscope");
+    let (tx, rx) = channel::<String>();
+    let err = child.stderr.take().unwrap();
+    let stderr_thread = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l.clone());
+            all.push_str(&l);
+            all.push('\n');
+        }
+        all
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let stdout_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+
+    // hopscope names its socket when it injects the library.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let socket = loop {
+        let l = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("hopscope announced the gpu socket");
+        if let Some(rest) = l.strip_prefix("hopscope: gpu: injecting ") {
+            let s = rest.split("(socket ").nth(1).expect("socket in the line").trim_end_matches(')');
+            break PathBuf::from(s);
+        }
+    };
+    let meta = std::fs::metadata(socket.parent().unwrap()).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700, "private socket directory");
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // A peer from outside the traced tree (this test process, root like
+    // hopscope, but not below the command) speaks perfect wire: rejected.
+    let mut rogue = UnixStream::connect(&socket).expect("connecting as an outsider");
+    let now = std::time::Instant::now();
+    let mut frames = Vec::new();
+    wire::Message::Hello(wire::Hello {
+        pid: std::process::id(),
+        ppid: 1,
+        cupti_version: 130401,
+        clock: wire::ClockSource::Callback,
+        enabled: 1,
+        init_mono_ns: 1,
+        struct_sizes: [0; 6],
+        cupti_lib: "rogue".into(),
+        comm: "rogue".into(),
+    })
+    .encode(&mut frames);
+    wire::Message::Name(wire::Name { id: 1, name: "rogue_kernel".into() }).encode(&mut frames);
+    rogue.write_all(&frames).unwrap();
+    rogue.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 8];
+    let closed = match rogue.read(&mut b) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    };
+    assert!(closed, "the agent closes an outsider's connection (waited {:?})", now.elapsed());
+    drop(rogue);
+
+    std::fs::write(&go, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("hopscope run did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = stderr_thread.join().unwrap();
+    let stdout = stdout_thread.join().unwrap();
+    assert!(status.success(), "hopscope run failed: {stderr}");
+    assert!(stderr.contains("not in the traced process tree"), "the rejection is explained: {stderr}");
+    let host_pids: Vec<u32> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("HOST "))
+        .map(|j| serde_json::from_str::<Value>(j).unwrap())
+        .filter(|v| v["step"] == "init")
+        .map(|v| {
+            assert_eq!(v["rc"], 1, "InitializeInjection succeeded: {v}");
+            u(&v["pid"]) as u32
+        })
+        .collect();
+    assert_eq!(host_pids.len(), 2, "{stdout}");
+    assert!(!socket.exists() && !socket.parent().unwrap().exists(), "the socket directory is removed");
+
+    // ---- The recording.
+    let loaded = hopscope::recording::load(&out).unwrap();
+    assert!(loaded.error.is_none(), "{:?}", loaded.error);
+    assert!(loaded.meta.gpu, "meta says a GPU source contributed");
+    let recs = &loaded.records;
+
+    // Truth: which process wrote which file is found by its timestamps.
+    let truths = [truth(&dir.join("truth-a.jsonl")), truth(&dir.join("truth-b.jsonl"))];
+    let mut by_key: HashMap<(u32, u32), &Record> = HashMap::new();
+    let mut kinds: BTreeMap<(u32, &str), u64> = BTreeMap::new();
+    for r in recs {
+        if let Some((pid, corr, _, _)) = activity(r) {
+            assert!(by_key.insert((pid, corr), r).is_none(), "record ({pid}, {corr}) twice");
+            *kinds.entry((pid, kind_of(r).unwrap())).or_default() += 1;
+        }
+    }
+    let mut want_kernels: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut bad: BTreeMap<String, u64> = BTreeMap::new();
+    let mut good_total = 0u64;
+    for t in &truths {
+        assert_eq!(t.len() as u64, n);
+        let first_good = t.iter().find(|t| t["bad"].is_null()).unwrap();
+        let pid = *host_pids
+            .iter()
+            .find(|p| by_key.get(&(**p, u(&first_good["corr"]) as u32)).and_then(|r| activity(r)).map(|(_, _, s, _)| s) == Some(u(&first_good["start"])))
+            .expect("a host process whose records carry this truth file's timestamps");
+        let mut want_kinds: BTreeMap<&str, u64> = BTreeMap::new();
+        for t in t {
+            if let Some(b) = t["bad"].as_str() {
+                *bad.entry(b.to_owned()).or_default() += 1;
+                assert!(!by_key.contains_key(&(pid, u(&t["corr"]) as u32)), "a bad record was recorded: {t}");
+                continue;
+            }
+            good_total += 1;
+            let kind = t["kind"].as_str().unwrap();
+            *want_kinds.entry(kind).or_default() += 1;
+            let r = by_key.get(&(pid, u(&t["corr"]) as u32)).unwrap_or_else(|| panic!("record {t} of pid {pid} missing"));
+            // CLOCK_MONOTONIC end to end: exactly the double's timestamps (callback clock).
+            let (_, _, s, e) = activity(r).unwrap();
+            assert_eq!((s, e), (u(&t["start"]), u(&t["end"])), "timestamps of {t}");
+            assert_eq!(kind_of(r), Some(kind));
+            if let Record::GpuKernel { name, grid, graph_id, .. } = r {
+                let want = report_name(t);
+                assert_eq!(if name.is_empty() { "<unnamed>" } else { name.as_str() }, want, "interned name resolved");
+                assert_eq!(grid[0] as u64, u(&t["grid"][0]));
+                assert_eq!(*graph_id as u64, u(&t["graph_id"]));
+                let w = want_kernels.entry(want).or_default();
+                w.0 += 1;
+                w.1 += e - s;
+            }
+        }
+        let got_kinds: BTreeMap<&str, u64> = kinds.iter().filter(|((p, _), _)| *p == pid).map(|((_, k), v)| (*k, *v)).collect();
+        assert_eq!(got_kinds, want_kinds, "records per kind of pid {pid}");
+    }
+    assert_eq!(by_key.len() as u64, good_total, "nothing but the test double's good records (no rogue ones)");
+    assert!(recs.iter().filter(|r| matches!(r, Record::GpuProcess { .. })).count() == 2);
+    assert!(!recs.iter().any(|r| matches!(r, Record::GpuKernel { name, .. } if name == "rogue_kernel")));
+
+    // GPU and CPU on one clock: each process's GPU records lie between its
+    // exec and its exit as eBPF saw them.
+    for pid in &host_pids {
+        let exec = recs.iter().find_map(|r| match r {
+            Record::Proc { tgid, op: hopscope::event::ProcOp::Exec, ts_ns, .. } if tgid == pid => Some(*ts_ns),
+            _ => None,
+        });
+        let exit = recs.iter().find_map(|r| match r {
+            Record::Proc { tgid, op: hopscope::event::ProcOp::Exit, ts_ns, .. } if tgid == pid => Some(*ts_ns),
+            _ => None,
+        });
+        let (exec, exit) = (exec.expect("exec of the host seen by eBPF"), exit.expect("exit of the host seen by eBPF"));
+        let spans: Vec<(u64, u64)> = by_key.iter().filter(|((p, _), _)| p == pid).map(|(_, r)| activity(r).map(|(_, _, s, e)| (s, e)).unwrap()).collect();
+        let (first, last) = (spans.iter().map(|s| s.0).min().unwrap(), spans.iter().map(|s| s.1).max().unwrap());
+        assert!(exec < first && last < exit, "pid {pid}: exec {exec} < gpu [{first}, {last}] < exit {exit}");
+    }
+
+    // In timestamp order: the kernel-side events (already ordered by the 20 ms
+    // window) and the GPU records merged between them.
+    let ordered: Vec<(u64, &str)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Proc { ts_ns, .. } | Record::OffCpu { ts_ns, .. } => Some((*ts_ns, "cpu")),
+            r => kind_of(r).map(|k| (r.ts_ns(), k)),
+        })
+        .collect();
+    let disorder: Vec<_> = ordered.windows(2).filter(|w| w[1].0 < w[0].0).take(5).collect();
+    assert!(disorder.is_empty(), "records out of order: {disorder:?}");
+
+    // ---- The report.
+    let rep = Command::new(hopscope_bin()).args(["report", "--json"]).arg(&out).output().unwrap();
+    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
+    let rep: Value = serde_json::from_slice(&rep.stdout).unwrap();
+    assert_eq!(rep["recording"]["gpu"], true);
+    let kernels = rep["kernels"].as_array().unwrap();
+    assert_eq!(kernels.len(), want_kernels.len(), "every synthetic kernel name, once: {kernels:#?}");
+    let mut last_ms = f64::INFINITY;
+    for k in kernels {
+        let name = k["name"].as_str().unwrap();
+        let (count, ns) = want_kernels.get(name).unwrap_or_else(|| panic!("unexpected kernel {name:.80}"));
+        assert_eq!(u(&k["count"]), *count, "count of {name:.80}");
+        let ms = k["gpu_ms"].as_f64().unwrap();
+        assert!((ms - *ns as f64 / 1e6).abs() <= 1e-9 * ms.max(1.0), "gpu_ms of {name:.80}: {ms} vs {ns} ns");
+        assert!(ms <= last_ms, "most GPU time first");
+        last_ms = ms;
+    }
+    let drops = &rep["recording"]["drops"];
+    let d = |k: &str| drops[k].as_u64().unwrap_or_else(|| panic!("drop counter {k} missing: {drops}"));
+    for b in ["zero", "reversed", "future", "past"] {
+        assert!(bad.get(b).copied().unwrap_or(0) > 0, "the run covers {b} timestamps");
+        assert_eq!(d(&format!("gpu_bad_timestamp_{b}")), bad[b], "the injection's {b} drops reach the report");
+    }
+    assert_eq!((d("gpu_conns"), d("gpu_conns_rejected")), (2, 1), "two hosts admitted, the outsider rejected");
+    assert_eq!((d("gpu_frames_invalid"), d("gpu_conns_broken"), d("gpu_frames_torn")), (0, 0, 0));
+    assert_eq!(d("gpu_records_sent"), good_total, "the senders' own count");
+    assert_eq!(d("gpu_records_decoded"), good_total);
+    for k in ["gpu_dropped_queue_full", "gpu_dropped_no_agent", "gpu_dropped_send_error", "gpu_cupti_dropped", "gpu_records_late", "gpu_records_implausible", "gpu_names_unknown"] {
+        assert_eq!(d(k), 0, "{k}");
+    }
+    assert_eq!(d("gpu_name_truncated"), 2, "the 70 000-byte name is cut once per process");
+    eprintln!(
+        "gpu pipeline: {good_total} test-double records from 2 processes recorded in order, {} kernel names reported, {} bad timestamps counted, 1 outsider rejected",
+        kernels.len(),
+        bad.values().sum::<u64>()
+    );
+}

@@ -61,6 +61,10 @@ enum Cmd {
         /// Chain key header, when it differs from the one used at record time.
         #[arg(long)]
         chain_header: Option<String>,
+        /// Ignore the engine IPC and attribute from the wire alone (what a
+        /// server with an unknown IPC gets; for comparing the two).
+        #[arg(long)]
+        no_ipc: bool,
     },
     /// Perfetto protobuf trace of a recording: open it in ui.perfetto.dev
     /// (what each track shows: docs/perfetto.md).
@@ -138,7 +142,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
         Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
-        Cmd::Report { file, json, chain_header } => report_cmd(file, json, chain_header),
+        Cmd::Report { file, json, chain_header, no_ipc } => report_cmd(file, json, chain_header, no_ipc),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Trace { file, output } => trace_cmd(file, output),
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
@@ -172,11 +176,13 @@ fn doctor_cmd(load: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result<()> {
-    // Streamed: memory follows the requests, not the recording's length.
-    let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
+/// Reads a recording and correlates it, streaming (memory follows the open
+/// requests, not the file's length). The error that stopped the read early,
+/// if any, comes back with the partial analysis.
+fn analyze(file: &PathBuf, chain_header: Option<String>, use_ipc: bool) -> Result<(Meta, correlate::Analysis, Option<String>)> {
+    let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
     let meta = reader.meta().clone();
-    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()) };
+    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()), use_ipc };
     let mut c = Correlator::new(cfg);
     let read_error = loop {
         match reader.next_record() {
@@ -185,7 +191,11 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>) -> Result
             Err(e) => break Some(e.to_string()),
         }
     };
-    let analysis = c.finish();
+    Ok((meta, c.finish(), read_error))
+}
+
+fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool) -> Result<()> {
+    let (meta, analysis, read_error) = analyze(&file, chain_header, !no_ipc)?;
     let rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
     let mut out = std::io::stdout().lock();
     if json {
@@ -204,17 +214,7 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
     use hopscope::sink::diff;
     // Each recording correlated with its own chain header, exactly as `report` does.
     let load = |file: &PathBuf| -> Result<(report::Report, Option<String>)> {
-        let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
-        let meta = reader.meta().clone();
-        let mut c = Correlator::new(correlate::Config { chain_header: meta.chain_header.clone() });
-        let read_error = loop {
-            match reader.next_record() {
-                Ok(Some(r)) => c.ingest(&r),
-                Ok(None) => break None,
-                Err(e) => break Some(e.to_string()),
-            }
-        };
-        let analysis = c.finish();
+        let (meta, analysis, read_error) = analyze(file, None, true)?;
         Ok((report::build(&file.display().to_string(), &meta, &analysis, read_error.clone()), read_error))
     };
     let (b, b_err) = load(&before)?;
@@ -239,7 +239,7 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>) -> Result<()> {
     use hopscope::sink::perfetto;
     let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
     let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
-    let mut c = Correlator::new(correlate::Config { chain_header: loaded.meta.chain_header.clone() });
+    let mut c = Correlator::new(correlate::Config { chain_header: loaded.meta.chain_header.clone(), use_ipc: true });
     for r in &loaded.records {
         c.ingest(r);
     }

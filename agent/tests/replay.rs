@@ -41,7 +41,7 @@ struct Replayed {
 fn replay_bytes(bytes: &[u8]) -> Replayed {
     let mut reader = Reader::new(bytes).expect("fixture header reads");
     let meta = reader.meta().clone();
-    let mut c = Correlator::new(Config { chain_header: meta.chain_header.clone() });
+    let mut c = Correlator::new(Config { chain_header: meta.chain_header.clone(), use_ipc: true });
     let mut records = Vec::new();
     let read_error = loop {
         match reader.next_record() {

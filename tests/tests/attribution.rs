@@ -223,3 +223,39 @@ fn without_engine_events_the_step_fallback_stays_within_its_bound() {
     eprintln!("no engine events: worst queue error {worst:.3} ms (step fallback)");
     assert!(worst <= 50.0, "step fallback queue error {worst:.3} ms");
 }
+
+/// The fallback for servers whose IPC hopscope cannot decode: steps from
+/// bursts of SSE writes (`report --no-ipc`). Per request, the number of
+/// steps it took part in is compared with the truth's output steps; the
+/// accuracy is printed and held under a bound so it cannot regress silently.
+#[test]
+fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
+    let Some(_serial) = privileged("without_the_ipc_sse_write_clusters_count_each_requests_steps") else { return };
+    let run = run_testbed("attr-noipc", &["--max-num-seqs", "2"], &[&["--chains", "3", "--hops", "2", "--max-tokens", "24"]]);
+    let out = std::process::Command::new(hopscope_bin()).arg("report").arg(&run.hop).args(["--json", "--no-ipc"]).output().unwrap();
+    assert!(out.status.success());
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    let mut truth_steps: HashMap<String, i64> = HashMap::new();
+    for t in run.truth.iter().filter(|t| t["type"] == "step") {
+        for o in t["outputs"].as_array().into_iter().flatten() {
+            *truth_steps.entry(o.as_str().unwrap().to_owned()).or_default() += 1;
+        }
+    }
+    let (mut exact, mut n, mut abs_err, mut total) = (0, 0, 0i64, 0i64);
+    for r in rep["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        assert_eq!(r["steps_source"], "sse-clusters", "no IPC: steps from the wire");
+        assert_eq!(r["phase_source"], "wire");
+        let h = http[r["id"].as_str().unwrap()];
+        let eid = h["engine_request_ids"][0].as_str().unwrap();
+        let want = truth_steps[eid];
+        let got = r["steps"].as_i64().unwrap();
+        exact += (got == want) as i32;
+        abs_err += (got - want).abs();
+        total += want;
+        n += 1;
+    }
+    let rel = abs_err as f64 / total as f64;
+    eprintln!("sse-cluster steps: {exact}/{n} requests exact, total |error| {abs_err} of {total} steps ({:.1} %)", rel * 100.0);
+    assert!(rel <= 0.05, "step count error {:.1} % > 5 %", rel * 100.0);
+}

@@ -15,11 +15,14 @@ use std::collections::{BTreeMap, HashMap};
 pub struct Config {
     /// Header naming the chain when no `traceparent` is present (lower case).
     pub chain_header: String,
+    /// Use the engine IPC records. Off: attribute from the wire alone, as for a
+    /// server whose IPC hopscope cannot decode (and to measure that fallback).
+    pub use_ipc: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { chain_header: "x-session-id".into() }
+        Config { chain_header: "x-session-id".into(), use_ipc: true }
     }
 }
 
@@ -70,6 +73,9 @@ pub struct Request {
     pub finish_reason: Option<String>,
     /// What the engine IPC said about this request, when it was decoded.
     pub engine: Option<engine::EnginePhases>,
+    /// Steps and interference from clusters of SSE writes, when the IPC did
+    /// not explain this request.
+    pub wire_steps: Option<wire_steps::WireSteps>,
 }
 
 impl Request {
@@ -293,6 +299,7 @@ impl Correlator {
                     usage: Usage::default(),
                     finish_reason: None,
                     engine: None,
+                    wire_steps: None,
                 });
                 if self.open.insert((*conn, *seq), idx).is_some() {
                     self.count("requests_duplicated");
@@ -365,7 +372,11 @@ impl Correlator {
                     None => self.count("response_ends_without_request"),
                 }
             }
-            Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. } => self.engine.ingest(rec, &self.woke),
+            Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. } => {
+                if self.cfg.use_ipc {
+                    self.engine.ingest(rec, &self.woke);
+                }
+            }
             Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),
@@ -410,6 +421,14 @@ impl Correlator {
             by_chain.entry((r.chain.clone(), r.chain_source as u8)).or_default().push(i);
         }
         let steps = engine::attach(&mut self.requests, std::mem::take(&mut self.engine), &mut self.own);
+        // Requests the IPC did not explain get their steps from the wire.
+        let clusters = wire_steps::clusters(&self.requests, wire_steps::DEFAULT_GAP_NS);
+        let per = wire_steps::attribute(&self.requests, &clusters);
+        for (r, w) in self.requests.iter_mut().zip(per) {
+            if r.engine.is_none() && w.steps > 0 {
+                r.wire_steps = Some(w);
+            }
+        }
         let mut chains = Vec::new();
         for ((chain, _), hops) in by_chain {
             for (n, &i) in hops.iter().enumerate() {

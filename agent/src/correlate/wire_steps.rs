@@ -123,6 +123,7 @@ mod tests {
             usage: Usage::default(),
             finish_reason: None,
             engine: None,
+            wire_steps: None,
         }
     }
 

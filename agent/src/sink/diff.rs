@@ -1512,6 +1512,7 @@ mod tests {
                 interference_from: vec![],
                 scheduled_source: "event",
             }),
+            wire_steps: None,
         }
     }
 

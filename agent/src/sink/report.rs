@@ -107,6 +107,10 @@ pub struct RequestOut {
     pub computed_tokens: Option<u64>,
     /// Marks found out of order and clamped so the phases still add up.
     pub marks_clamped: u32,
+    /// Where `steps` and `interference_ms` came from: "ipc" (the engine's
+    /// output messages) or "sse-clusters" (bursts of SSE writes: the fallback
+    /// for servers whose IPC is unknown); null when neither saw the request.
+    pub steps_source: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -131,8 +135,9 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-fn request_out(r: &Request) -> RequestOut {
+fn request_out(r: &Request, all: &[Request]) -> RequestOut {
     let e = r.engine.as_ref();
+    let w = r.wire_steps.as_ref();
     let part = partition(r);
     let itl = r.itl_ms();
     let s = sorted(itl.clone());
@@ -169,8 +174,8 @@ fn request_out(r: &Request) -> RequestOut {
             decode: part.decode,
         },
         gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
-        interference_ms: e.map(|e| ms(e.interference_ns)),
-        steps: e.map(|e| u64::from(e.steps)),
+        interference_ms: e.map(|e| ms(e.interference_ns)).or(w.map(|w| ms(w.interference_ns))),
+        steps: e.map(|e| u64::from(e.steps)).or(w.map(|w| u64::from(w.steps))),
         chain_source: serde_json::to_value(r.chain_source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
         content_chunks: r.content_ns.len(),
         streamed: r.streamed,
@@ -187,9 +192,18 @@ fn request_out(r: &Request) -> RequestOut {
         engine_request_id: e.map(|e| e.engine_request_id.clone()),
         scheduled_source: e.map(|e| e.scheduled_source.to_owned()),
         preemptions: e.map(|e| e.preemptions),
-        interference_from: e.map(|e| e.interference_from.clone()).unwrap_or_default(),
+        interference_from: match (e, w) {
+            (Some(e), _) => e.interference_from.clone(),
+            (None, Some(w)) => w.interference_from.iter().filter_map(|&i| all.get(i).map(|o| o.id.clone())).collect(),
+            (None, None) => Vec::new(),
+        },
         computed_tokens: e.and_then(|e| e.computed_tokens),
         marks_clamped: part.clamped,
+        steps_source: match (e, w) {
+            (Some(_), _) => Some("ipc".into()),
+            (None, Some(_)) => Some("sse-clusters".into()),
+            (None, None) => None,
+        },
     }
 }
 
@@ -203,7 +217,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
         (Some(f), Some(l)) => ms(l.saturating_sub(if meta.start_ns > 0 && meta.start_ns <= f { meta.start_ns } else { f })),
         _ => 0.0,
     };
-    let requests: Vec<RequestOut> = analysis.requests.iter().map(request_out).collect();
+    let requests: Vec<RequestOut> = analysis.requests.iter().map(|r| request_out(r, &analysis.requests)).collect();
     let chains = analysis
         .chains
         .iter()

@@ -116,6 +116,10 @@ struct RecordOpts {
     /// else libhopscope_cupti.so next to hopscope).
     #[arg(long, value_name = "PATH")]
     cupti_lib: Option<PathBuf>,
+    /// Also write a Perfetto trace of the recording when it stops (the same
+    /// as `hopscope trace` on the output).
+    #[arg(long, value_name = "FILE.pftrace")]
+    perfetto: Option<PathBuf>,
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
@@ -499,6 +503,9 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         gpu_records.map(|n| format!(", {n} gpu records")).unwrap_or_default(),
         child_status.map(|s| format!(", command exited with {s}")).unwrap_or_default()
     );
+    if let Some(p) = opts.perfetto {
+        trace_cmd(opts.output.clone(), Some(p))?;
+    }
     Ok(())
 }
 

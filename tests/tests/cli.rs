@@ -106,3 +106,26 @@ fn an_unprivileged_user_gets_one_line_saying_which_capabilities_are_needed() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("run as root or grant CAP_BPF,CAP_PERFMON"), "{err}");
 }
+
+#[test]
+fn record_with_perfetto_writes_a_valid_trace_when_it_stops() {
+    let Some(_serial) = privileged("record_with_perfetto_writes_a_valid_trace_when_it_stops") else { return };
+    let dir = scratch("cli-perfetto");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let trace = dir.join("live.pftrace");
+    let rec = Recording::run(
+        &dir.join("run.hop"),
+        &["--perfetto", trace.to_str().unwrap()],
+        &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()],
+    );
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "2", "--sdk", "raw"]);
+    rec.stop();
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).expect("trace written")).unwrap_or_else(|e| panic!("{e}"));
+    for c in read_jsonl(&out) {
+        assert!(summary.track(c["id"].as_str().unwrap()).is_some(), "request track for {}", c["id"]);
+    }
+}

@@ -132,6 +132,22 @@ pub struct Analysis {
     pub steps: Vec<engine::Step>,
     /// GPU kernels by name over the whole recording, most GPU time first.
     pub kernels: Vec<KernelStat>,
+    /// The GPUs the injected processes reported, by device and model.
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// One GPU as an injected process described it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GpuInfo {
+    pub device: u32,
+    pub name: String,
+    pub compute_capability: String,
+    pub sm_count: u32,
+    pub total_mem_bytes: u64,
+    /// `cuDriverGetVersion`, e.g. 13000.
+    pub driver_version: u32,
+    /// Processes that used it.
+    pub pids: Vec<u32>,
 }
 
 /// Executions of one kernel name (all processes and devices together).
@@ -211,6 +227,7 @@ pub struct Correlator {
     first_ns: Option<u64>,
     last_ns: Option<u64>,
     kernels: KernelTotals,
+    gpus: Vec<GpuInfo>,
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -236,6 +253,7 @@ impl Correlator {
             first_ns: None,
             last_ns: None,
             kernels: KernelTotals::default(),
+            gpus: Vec::new(),
         }
     }
 
@@ -380,6 +398,24 @@ impl Correlator {
             Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),
+            Record::GpuDevice { pid, device, name, cc_major, cc_minor, sm_count, total_mem_bytes, driver_version, .. } => {
+                match self.gpus.iter_mut().find(|g| g.device == *device && g.name == *name) {
+                    Some(g) => {
+                        if !g.pids.contains(pid) {
+                            g.pids.push(*pid);
+                        }
+                    }
+                    None => self.gpus.push(GpuInfo {
+                        device: *device,
+                        name: name.clone(),
+                        compute_capability: format!("{cc_major}.{cc_minor}"),
+                        sm_count: *sm_count,
+                        total_mem_bytes: *total_mem_bytes,
+                        driver_version: *driver_version,
+                        pids: vec![*pid],
+                    }),
+                }
+            }
             Record::Drops { counters, .. } => {
                 // Cumulative snapshots: the latest wins.
                 for (k, v) in counters {
@@ -442,7 +478,7 @@ impl Correlator {
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.kernels.finish() }
+        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.kernels.finish(), gpus: self.gpus }
     }
 }
 

@@ -28,6 +28,8 @@ pub struct RecordingInfo {
     pub read_error: Option<String>,
     pub hopscope_version: String,
     pub kernel: String,
+    /// GPUs reported by the injected processes (model, driver, memory).
+    pub gpus: Vec<crate::correlate::GpuInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -260,6 +262,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             read_error,
             hopscope_version: meta.hopscope_version.clone(),
             kernel: meta.kernel.clone(),
+            gpus: analysis.gpus.clone(),
         },
         requests,
         chains,
@@ -350,6 +353,25 @@ pub fn render_text(rep: &Report) -> String {
                 opt_u(q.cached_tokens),
                 opt(q.e2e_ms),
             );
+        }
+    }
+    for g in &r.gpus {
+        let _ = writeln!(
+            s,
+            "gpu {}: {} (cc {}, {} SMs, {:.0} GiB, driver {}) used by pids {:?}",
+            g.device,
+            g.name,
+            g.compute_capability,
+            g.sm_count,
+            g.total_mem_bytes as f64 / (1u64 << 30) as f64,
+            g.driver_version,
+            g.pids
+        );
+    }
+    if !rep.kernels.is_empty() {
+        let _ = writeln!(s, "\ngpu kernels (top by GPU time)\n  {:>10} {:>8}  name", "gpu_ms", "count");
+        for k in &rep.kernels {
+            let _ = writeln!(s, "  {:>10.3} {:>8}  {}", k.gpu_ms, k.count, trunc(&k.name, 100));
         }
     }
     let _ = writeln!(s, "\ndrops and anomalies (cumulative)");

@@ -132,6 +132,8 @@ pub struct EngineSide {
     /// engine is traced; used at the end if it never was.
     held_in: Vec<(u64, Option<u64>, Vec<EngineOutput>)>,
     seen_writer: bool,
+    /// Per writer thread, the write whose wake-up an ADD already claimed.
+    wake_claimed: HashMap<u32, u64>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -160,17 +162,29 @@ impl EngineSide {
     pub fn ingest(&mut self, rec: &Record, woke: &HashMap<u32, Woke>) {
         match rec {
             Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, .. } => {
-                let r = self.req(request_id);
+                let ri = self.idx(request_id) as usize;
                 let writer = *dir == Dir::Out;
                 // The writer's syscall wins; the first copy seen otherwise.
-                if r.submit_ns.is_none() || (writer && !r.submit_from_writer) {
-                    r.submit_wake_ns = match woke.get(tid) {
-                        Some(w) if writer => w.woken_for(*ts_ns),
+                let (has_submit, from_writer) = (self.reqs[ri].submit_ns.is_some(), self.reqs[ri].submit_from_writer);
+                if !has_submit || (writer && !from_writer) {
+                    // ZMQ batches messages: several ADDs can leave in one
+                    // write. Only the first was handed over when the thread
+                    // woke; the later ones were sent while it was already
+                    // awake, so they keep the write time.
+                    let claimed = writer && self.wake_claimed.get(tid) == Some(ts_ns);
+                    let wake = match woke.get(tid) {
+                        Some(w) if writer && !claimed => w.woken_for(*ts_ns),
                         _ => None,
                     };
+                    if writer {
+                        self.wake_claimed.insert(*tid, *ts_ns);
+                    }
+                    let r = &mut self.reqs[ri];
+                    r.submit_wake_ns = wake;
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
                 }
+                let r = &mut self.reqs[ri];
                 if r.external_id.is_none() {
                     r.external_id.clone_from(external_req_id);
                 }

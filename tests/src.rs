@@ -179,3 +179,45 @@ pub fn p(values: &[f64], pct: f64) -> f64 {
     let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
     v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
 }
+
+/// A recording of the testbed (examples/serve.py with `serve_args`) made by
+/// `hopscope run`, with the chain client run once per entry of `clients`.
+pub struct TestbedRun {
+    pub hop: PathBuf,
+    /// The testbed's ground truth (JSONL), which hopscope never reads.
+    pub truth: PathBuf,
+}
+
+pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
+    let dir = scratch(name);
+    let port = free_port();
+    let py = python();
+    let truth = dir.join("truth.jsonl");
+    let serve = workspace().join("examples/serve.py");
+    let mut cmd: Vec<String> =
+        vec![py.display().to_string(), serve.display().to_string(), "--port".into(), port.to_string(), "--ground-truth".into(), truth.display().to_string()];
+    cmd.extend(serve_args.iter().map(|s| s.to_string()));
+    let cmd_ref: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    // One BLAS thread: on a 2-core machine a multi-threaded numpy engine starves
+    // ZMQ's I/O threads, whose writes (what hopscope times) then lag the
+    // application's send() calls (what the truth stamps) by milliseconds. A
+    // real inference server has cores to spare for them.
+    std::env::set_var("OPENBLAS_NUM_THREADS", "1");
+    std::env::set_var("OMP_NUM_THREADS", "1");
+    let rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
+    wait_healthy(port, Duration::from_secs(60));
+    let base = format!("http://127.0.0.1:{port}");
+    for args in clients {
+        // The client runs niced, for the same reason.
+        let out = Command::new("nice")
+            .args(["-n", "10"])
+            .arg(&py)
+            .arg(workspace().join("examples/chain_client.py"))
+            .args(["--base-url", &base, "--quiet"])
+            .args(*args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    TestbedRun { hop: rec.stop(), truth }
+}

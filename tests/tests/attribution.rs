@@ -15,7 +15,6 @@
 use hopscope_integration::*;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
 
 struct Run {
     report: Value,
@@ -24,39 +23,8 @@ struct Run {
 }
 
 fn run_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> Run {
-    let dir = scratch(name);
-    let port = free_port();
-    let py = python();
-    let truth = dir.join("truth.jsonl");
-    let serve = workspace().join("examples/serve.py");
-    let mut cmd: Vec<String> = vec![py.display().to_string(), serve.display().to_string(), "--port".into(), port.to_string(), "--ground-truth".into(), truth.display().to_string()];
-    cmd.extend(serve_args.iter().map(|s| s.to_string()));
-    let cmd_ref: Vec<&str> = cmd.iter().map(String::as_str).collect();
-    // One BLAS thread: on a 2-core machine a multi-threaded numpy engine starves
-    // ZMQ's I/O threads, whose writes (what hopscope times) then lag the
-    // application's send() calls (what the truth stamps) by milliseconds. A
-    // real inference server has cores to spare for them.
-    std::env::set_var("OPENBLAS_NUM_THREADS", "1");
-    std::env::set_var("OMP_NUM_THREADS", "1");
-    let rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
-    wait_healthy(port, Duration::from_secs(60));
-    let base = format!("http://127.0.0.1:{port}");
-    for args in clients {
-        // The client runs niced: on 2 cores it would otherwise compete with the
-        // server's ZMQ I/O threads, whose wire writes then lag the
-        // application's send() calls that the truth stamps.
-        let out = std::process::Command::new("nice")
-            .args(["-n", "10"])
-            .arg(&py)
-            .arg(workspace().join("examples/chain_client.py"))
-            .args(["--base-url", &base, "--quiet"])
-            .args(*args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let path = rec.stop();
-    Run { report: report_json(&path), truth: read_jsonl(&truth), hop: path }
+    let t = record_testbed(name, serve_args, clients);
+    Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), hop: t.hop }
 }
 
 fn ns(v: &Value, k: &str) -> i64 {

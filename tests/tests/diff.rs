@@ -9,33 +9,12 @@ use hopscope_integration::*;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 const CHAIN: &[&str] = &["--chains", "1", "--hops", "3", "--max-tokens", "16", "--task-seed", "1"];
 
 /// Records the testbed under `hopscope run` while the chain client runs once.
 fn record(name: &str, serve_args: &[&str]) -> PathBuf {
-    let dir = scratch(name);
-    let port = free_port();
-    let py = python();
-    let serve = workspace().join("examples/serve.py");
-    let mut cmd: Vec<String> = vec![py.display().to_string(), serve.display().to_string(), "--port".into(), port.to_string()];
-    cmd.extend(serve_args.iter().map(|s| s.to_string()));
-    let cmd_ref: Vec<&str> = cmd.iter().map(String::as_str).collect();
-    // As in attribution.rs: one BLAS thread leaves the small machine's cores
-    // to the ZMQ I/O threads whose writes hopscope times.
-    std::env::set_var("OPENBLAS_NUM_THREADS", "1");
-    std::env::set_var("OMP_NUM_THREADS", "1");
-    let rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
-    wait_healthy(port, Duration::from_secs(60));
-    let out = Command::new(&py)
-        .arg(workspace().join("examples/chain_client.py"))
-        .args(["--base-url", &format!("http://127.0.0.1:{port}"), "--quiet"])
-        .args(CHAIN)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
-    rec.stop()
+    record_testbed(name, serve_args, &[CHAIN]).hop
 }
 
 fn diff(before: &PathBuf, after: &PathBuf, json: bool) -> String {

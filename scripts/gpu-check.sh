@@ -18,6 +18,9 @@
 #   5 overhead     torch decode-like loop (CUDA graph replay and eager), side by side:
 #                  untraced vs hopscope (with a draining listener) vs torch.profiler
 #   6 ebpf         if target/release/hopscope exists: does the eBPF side load here?
+#   7 testbed      the torch testbed (CUDA graphs) under `hopscope run` with eBPF + CUPTI and
+#                  4 chains x 3 hops: recording, report, Perfetto trace, ground truth
+#                  (needs .whl from examples/gpu/fetch_wheels.sh)
 # Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
 set -u
 cd "$(dirname "$0")/.."
@@ -198,6 +201,49 @@ if [ -x "$AGENT" ]; then
   note "ebpf: rc=$? $(tail -2 "$OUT/ebpf.log" | tr '\n' ' ' | cut -c1-300)"
 else
   note "ebpf: skipped ($AGENT not carried)"
+fi
+
+step "7 testbed"
+# The torch testbed on the GPU under `hopscope run` (eBPF + CUPTI injection), with a chain:
+# recording, report and Perfetto trace, and the testbed's own ground truth beside them.
+# Needs the wheels the image lacks (examples/gpu/fetch_wheels.sh → .whl) and the agent +
+# injection library carried.
+TB_DEVICE="${TESTBED_DEVICE:-cuda}"   # cpu: dry-run this step on a machine without a GPU
+TB_ARGS="${TESTBED_ARGS:---cuda-graphs}"
+if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tb-site .whl/*.whl \
+    >"$OUT/testbed-pip.log" 2>&1 || note "testbed: wheel install failed (see testbed-pip.log)"
+  W=/tmp/tb-work; rm -rf "$W"; mkdir -p "$W"
+  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout 240 "$AGENT" run --quiet \
+      -o "$OUT/testbed.hop" --cupti-lib "$INJ" -- \
+      $PY -m testbed.serve --device "$TB_DEVICE" $TB_ARGS --port 0 --port-file "$W/port" \
+      --ground-truth "$OUT/testbed.truth.jsonl" >"$OUT/testbed-agent.log" 2>&1 &
+  APID=$!
+  for _ in $(seq 900); do [ -f "$W/port" ] && break; kill -0 $APID 2>/dev/null || break; sleep 0.1; done
+  if [ -f "$W/port" ]; then
+    PYTHONPATH="/tmp/tb-site" timeout 120 $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$W/port")" \
+      --chains 4 --hops 3 --max-tokens 64 --traceparent --out "$OUT/testbed.client.jsonl" \
+      >"$OUT/testbed-client.log" 2>&1
+    note "testbed: client rc=$? $(tail -1 "$OUT/testbed-client.log" | cut -c1-200)"
+  else
+    note "testbed: server did not come up (see testbed-agent.log)"
+  fi
+  kill -INT $APID 2>/dev/null; wait $APID; note "testbed: hopscope rc=$?"
+  "$AGENT" report "$OUT/testbed.hop" >"$OUT/testbed.report.txt" 2>&1
+  "$AGENT" report "$OUT/testbed.hop" --json >"$OUT/testbed.report.json" 2>>"$OUT/testbed.report.txt"
+  "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.pftrace" >>"$OUT/testbed.report.txt" 2>&1
+  $PY - "$OUT/testbed.report.json" <<'PYEOF' | tee -a "$SUMMARY"
+import json, sys
+r = json.load(open(sys.argv[1]))
+reqs = [q for q in r["requests"] if q["path"].startswith("/v1/")]
+print(f"testbed: {len(reqs)} requests, gpu={r['recording']['gpu']}, gpus={[g['name'] for g in r['recording'].get('gpus', [])]}")
+print("testbed: phase sources", sorted({q["phase_source"] for q in reqs}))
+for k in r["kernels"][:5]:
+    print(f"testbed kernel: {k['gpu_ms']:.2f} ms x{k['count']} {k['name'][:90]}")
+print("testbed drops:", {k: v for k, v in r["recording"]["drops"].items() if v and k.startswith(("gpu_", "kernel_ringbuf", "zmtp_desync"))})
+PYEOF
+else
+  note "testbed: skipped (needs $AGENT, $INJ and .whl from examples/gpu/fetch_wheels.sh)"
 fi
 
 note "total: $(( $(date +%s) - T0 )) s"

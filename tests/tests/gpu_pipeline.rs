@@ -339,6 +339,17 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
         assert_eq!(d(k), 0, "{k}");
     }
     assert_eq!(d("gpu_name_truncated"), 2, "the 70 000-byte name is cut once per process");
+    // ---- The Perfetto trace: every kernel, copy and memset on a GPU stream track.
+    let trace = out.with_extension("pftrace");
+    let t = Command::new(hopscope_bin()).arg("trace").arg(&out).arg("-o").arg(&trace).output().unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
+    let gpu_tracks: Vec<_> = summary.tracks.iter().filter(|t| t.name.starts_with("GPU ")).collect();
+    assert!(!gpu_tracks.is_empty(), "GPU stream tracks");
+    let drawn: u64 = gpu_tracks.iter().map(|t| t.slices.values().sum::<u64>()).sum();
+    let activities = recs.iter().filter(|r| matches!(r, Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. })).count() as u64;
+    assert_eq!(drawn, activities, "one slice per kernel, copy and memset");
+
     eprintln!(
         "gpu pipeline: {good_total} test-double records from 2 processes recorded in order, {} kernel names reported, {} bad timestamps counted, 1 outsider rejected",
         kernels.len(),

@@ -78,6 +78,11 @@ pub struct TraceStats {
     /// Off-CPU records that could not be drawn: switch-out after switch-in, or
     /// overlapping the thread's previous interval (lost scheduler events).
     pub offcpu_skipped: u64,
+    /// GPU kernels, copies and memsets drawn on stream tracks.
+    pub gpu_slices: u64,
+    /// GPU records not drawn: end before start, or more overlap on one
+    /// stream than the overlap lanes hold.
+    pub gpu_skipped: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +119,7 @@ enum Item {
     PhaseBegin { req: u32, phase: Phase },
     Chunk { req: u32 },
     StepBegin { step: u32, track: TrackId },
+    GpuBegin { rec: u32, track: TrackId },
     StepEnd { step: u32, track: TrackId },
     OffCpuBegin { rec: u32, track: TrackId },
     RunQueueBegin { track: TrackId },
@@ -165,6 +171,23 @@ fn process_names(records: &[Record]) -> HashMap<u32, String> {
         }
     }
     best.into_iter().map(|(pid, (_, c))| (pid, c.to_owned())).collect()
+}
+
+/// CUpti_ActivityMemcpyKind as a slice name.
+fn memcpy_name(kind: u8) -> &'static str {
+    match kind {
+        1 => "memcpy HtoD",
+        2 => "memcpy DtoH",
+        3 => "memcpy HtoA",
+        4 => "memcpy AtoH",
+        5 => "memcpy AtoA",
+        6 => "memcpy AtoD",
+        7 => "memcpy DtoA",
+        8 => "memcpy DtoD",
+        9 => "memcpy HtoH",
+        10 => "memcpy PtoP",
+        _ => "memcpy",
+    }
 }
 
 fn state_name(prev_state: u32) -> &'static str {
@@ -242,6 +265,9 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
             }
             Record::OffCpu { tgid, .. } => {
                 pids.insert(*tgid);
+            }
+            Record::GpuKernel { pid, .. } | Record::GpuMemcpy { pid, .. } | Record::GpuMemset { pid, .. } => {
+                pids.insert(*pid);
             }
             _ => {}
         }
@@ -374,6 +400,47 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
         stats.offcpu_slices += 1;
     }
 
+    // GPU work: one track per (process, device, stream) under the process. A
+    // stream runs its work in order; an item that starts before the previous
+    // one ended (clock jitter, or CUPTI's per-node graph records) goes to an
+    // overlap lane, since slices on one track must nest.
+    const GPU_LANES: u32 = 4;
+    let mut gpu: Vec<(u64, u64, u32, u32, u32, usize)> = Vec::new();
+    for (i, rec) in records.iter().enumerate() {
+        let (ts, end, pid, device, stream) = match rec {
+            Record::GpuKernel { ts_ns, end_ns, pid, device, stream, .. }
+            | Record::GpuMemcpy { ts_ns, end_ns, pid, device, stream, .. }
+            | Record::GpuMemset { ts_ns, end_ns, pid, device, stream, .. } => (*ts_ns, *end_ns, *pid, *device, *stream),
+            _ => continue,
+        };
+        if end < ts || ts < t0 {
+            stats.gpu_skipped += 1;
+            continue;
+        }
+        gpu.push((ts, end, pid, device, stream, i));
+    }
+    gpu.sort_unstable();
+    let mut lanes: HashMap<(u32, u32, u32, u32), (TrackId, u64)> = HashMap::new();
+    for (ts, end, pid, device, stream, i) in gpu {
+        let lane = (0..GPU_LANES).find(|&l| lanes.get(&(pid, device, stream, l)).is_none_or(|&(_, free)| free <= ts));
+        let Some(lane) = lane else {
+            stats.gpu_skipped += 1;
+            continue;
+        };
+        let track = match lanes.get(&(pid, device, stream, lane)) {
+            Some(&(t, _)) => t,
+            None => {
+                let parent = w.process_track(pid, &pname(pid));
+                let name = if lane == 0 { format!("GPU {device} stream {stream}") } else { format!("GPU {device} stream {stream} (overlap {lane})") };
+                w.track(&name, TrackOpts { parent: Some(parent), ..TrackOpts::default() })
+            }
+        };
+        lanes.insert((pid, device, stream, lane), (track, end));
+        items.push(Timed { ts, item: Item::GpuBegin { rec: i as u32, track } });
+        items.push(Timed { ts: end, item: Item::End { track } });
+        stats.gpu_slices += 1;
+    }
+
     // Stable: items of one track keep their listed (nesting) order at equal times.
     items.sort_by_key(|t| t.ts);
 
@@ -502,6 +569,28 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
             Item::Chunk { req } => {
                 w.instant(ts, request_tracks[req as usize], &Event::named(names::CHUNK))?;
             }
+            Item::GpuBegin { rec, track } => match &records[rec as usize] {
+                Record::GpuKernel { name, grid, block, graph_id, correlation_id, .. } => {
+                    let (g, b) = (format!("{}x{}x{}", grid[0], grid[1], grid[2]), format!("{}x{}x{}", block[0], block[1], block[2]));
+                    let args = [
+                        Arg::str("grid", &g),
+                        Arg::str("block", &b),
+                        Arg::u64("graph_id", *graph_id as u64),
+                        Arg::u64("correlation_id", *correlation_id as u64),
+                    ];
+                    let name = if name.is_empty() { "<unnamed kernel>" } else { name.as_str() };
+                    w.begin(ts, track, &Event::named(name).args(&args))?;
+                }
+                Record::GpuMemcpy { kind, bytes, graph_id, .. } => {
+                    let args = [Arg::u64("bytes", *bytes), Arg::u64("graph_id", *graph_id as u64)];
+                    w.begin(ts, track, &Event::named(memcpy_name(*kind)).args(&args))?;
+                }
+                Record::GpuMemset { bytes, .. } => {
+                    let args = [Arg::u64("bytes", *bytes)];
+                    w.begin(ts, track, &Event::named("memset").args(&args))?;
+                }
+                _ => {}
+            },
             Item::StepBegin { step, track } | Item::StepEnd { step, track } => {
                 let st = &analysis.steps[step as usize];
                 let tokens: u64 = st.members.iter().map(|m| m.1).sum();

@@ -120,6 +120,17 @@ struct RecordOpts {
     /// as `hopscope trace` on the output).
     #[arg(long, value_name = "FILE.pftrace")]
     perfetto: Option<PathBuf>,
+    /// Serve live Prometheus metrics at http://ADDR:PORT/metrics (a bare port
+    /// binds 127.0.0.1).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
+    metrics: Option<std::net::SocketAddr>,
+}
+
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse().map_err(|_| format!("invalid --metrics address {s:?}: expected ADDR:PORT (e.g. 127.0.0.1:9464) or a port"))
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
@@ -385,6 +396,13 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let writer = Writer::create(&opts.output, &meta).with_context(|| format!("creating {}", opts.output.display()))?;
     let dcfg = DecoderConfig { chain_header: meta.chain_header.clone(), capture_payload: opts.capture_payload, ..DecoderConfig::default() };
     let mut pipe = Pipeline::new(dcfg, writer);
+    if let Some(addr) = opts.metrics {
+        let live = std::sync::Arc::new(std::sync::Mutex::new(hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header)));
+        let bound = hopscope::sink::metrics::serve(addr, std::sync::Arc::clone(&live)).with_context(|| format!("cannot serve metrics on {addr}"))?;
+        pipe.set_metrics(live);
+        let scope = if bound.ip().is_loopback() { "" } else { " (NOT loopback: reachable from the network)" };
+        eprintln!("hopscope: metrics on http://{bound}/metrics{scope}");
+    }
     let what = if cmd.is_empty() { format!("pids {pids:?}") } else { format!("{:?} (pid {})", cmd.join(" "), pids[0]) };
     eprintln!("hopscope: recording {what} to {} (Ctrl-C to stop)", opts.output.display());
 

@@ -126,6 +126,8 @@ pub struct Pipeline<W: Write> {
     released_ts: u64,
     decoder: WireDecoder,
     writer: Writer<W>,
+    /// Live Prometheus metrics fed with every record written (`--metrics`).
+    metrics: Option<std::sync::Arc<std::sync::Mutex<crate::sink::metrics::LiveMetrics>>>,
     out: Vec<Record>,
     stats: PipelineStats,
     /// Decoded kernel-side records waiting for the GPU merge (decoder order).
@@ -151,6 +153,7 @@ impl<W: Write> Pipeline<W> {
             released_ts: 0,
             decoder: WireDecoder::new(decoder_cfg),
             writer,
+            metrics: None,
             out: Vec::new(),
             stats: PipelineStats::default(),
             cpu_q: VecDeque::new(),
@@ -213,6 +216,20 @@ impl<W: Write> Pipeline<W> {
             let Some(rec) = rec else { return Ok(()) };
             self.written_ts = self.written_ts.max(rec.ts_ns());
             self.writer.push(&rec)?;
+            self.observe(&rec);
+        }
+    }
+
+    /// Feeds live metrics, when `--metrics` asked for them.
+    pub fn set_metrics(&mut self, m: std::sync::Arc<std::sync::Mutex<crate::sink::metrics::LiveMetrics>>) {
+        self.metrics = Some(m);
+    }
+
+    fn observe(&self, rec: &Record) {
+        if let Some(m) = &self.metrics {
+            if let Ok(mut m) = m.lock() {
+                m.observe(rec);
+            }
         }
     }
 

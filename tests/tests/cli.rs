@@ -129,3 +129,42 @@ fn record_with_perfetto_writes_a_valid_trace_when_it_stops() {
         assert!(summary.track(c["id"].as_str().unwrap()).is_some(), "request track for {}", c["id"]);
     }
 }
+
+/// `--metrics`: scraped during the recording and parsed with the reference
+/// Python parser (prometheus_client), the histograms count every request.
+#[test]
+fn metrics_endpoint_serves_vllm_style_histograms_during_the_recording() {
+    let Some(_serial) = privileged("metrics_endpoint_serves_vllm_style_histograms_during_the_recording") else { return };
+    let dir = scratch("cli-metrics");
+    let port = free_port();
+    let mport = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let rec = Recording::run(
+        &dir.join("run.hop"),
+        &["--metrics", &format!("127.0.0.1:{mport}"), "--chain-header", "x-session-id"],
+        &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()],
+    );
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "4", "--concurrent", "2x2", "--sdk", "raw", "--session", "s1"]);
+    // Records reach the metrics when they leave the reorder window and the tick.
+    std::thread::sleep(Duration::from_millis(1500));
+    let scraped: serde_json::Value = serde_json::from_str(&run_py("scrape.py", &[&format!("http://127.0.0.1:{mport}/metrics")])).unwrap();
+    rec.stop();
+    let n = read_jsonl(&out).len() as f64;
+    let count = |fam: &str, sample: &str| -> f64 {
+        scraped[fam]["samples"].as_array().unwrap_or_else(|| panic!("no family {fam}: {scraped}")).iter().filter(|s| s[0] == sample).map(|s| s[2].as_f64().unwrap()).sum()
+    };
+    assert_eq!(scraped["hopscope_time_to_first_token_seconds"]["type"], "histogram");
+    assert_eq!(count("hopscope_time_to_first_token_seconds", "hopscope_time_to_first_token_seconds_count"), n);
+    // Every answered request, the health checks included.
+    assert!(count("hopscope_e2e_request_latency_seconds", "hopscope_e2e_request_latency_seconds_count") >= n);
+    // 12 chunks per request: 11 gaps each.
+    assert_eq!(count("hopscope_inter_token_latency_seconds", "hopscope_inter_token_latency_seconds_count"), n * 11.0);
+    // All 8 requests share the session header: hops 1..8.
+    let hops = count("hopscope_hop_time_to_first_token_seconds", "hopscope_hop_time_to_first_token_seconds_count");
+    assert_eq!(hops, n);
+    assert!(count("hopscope_requests", "hopscope_requests_total") >= n, "{}", scraped["hopscope_requests"]);
+    assert!(count("hopscope_generation_tokens", "hopscope_generation_tokens_total") >= n * 12.0);
+}

@@ -2,4 +2,5 @@
 
 pub mod diff;
 pub mod perfetto;
+pub mod metrics;
 pub mod report;

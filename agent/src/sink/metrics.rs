@@ -1,0 +1,239 @@
+//! Live Prometheus metrics while recording (`record --metrics 127.0.0.1:9464`).
+//!
+//! [`LiveMetrics`] watches the records as they are written and keeps
+//! histograms with vLLM's names and buckets under a `hopscope_` prefix
+//! (`vllm:time_to_first_token_seconds` → `hopscope_time_to_first_token_seconds`),
+//! plus the per-hop-index TTFT vLLM cannot see. [`serve`] answers `GET
+//! /metrics` in the text exposition format from a thread of its own.
+
+use crate::correlate::trace_id;
+use crate::event::ConnKey;
+use crate::model::{HttpRole, Record, SseKind};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+
+/// vLLM's buckets (vllm/v1/metrics/loggers.py), in seconds.
+const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
+const ITL_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const E2E_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+
+#[derive(Debug, Clone)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
+    }
+}
+
+struct Open {
+    arrive_ns: u64,
+    hop: u32,
+    ttft_ns: Option<u64>,
+    last_content_ns: Option<u64>,
+}
+
+/// Metrics built from the live record stream.
+pub struct LiveMetrics {
+    open: HashMap<(ConnKey, u32), Open>,
+    hops: HashMap<String, u32>,
+    chain_header: String,
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    ttft_by_hop: BTreeMap<u32, Histogram>,
+    requests: BTreeMap<u16, u64>,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    drops: Vec<(String, u64)>,
+}
+
+/// Hop indexes past this share the last series (bounded label cardinality).
+const MAX_HOP_LABEL: u32 = 16;
+
+impl LiveMetrics {
+    pub fn new(chain_header: &str) -> Self {
+        LiveMetrics {
+            open: HashMap::new(),
+            hops: HashMap::new(),
+            chain_header: chain_header.to_ascii_lowercase(),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            ttft_by_hop: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            drops: Vec::new(),
+        }
+    }
+
+    pub fn observe(&mut self, rec: &Record) {
+        match rec {
+            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, headers, .. } => {
+                let get = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.as_str());
+                let chain = get("traceparent")
+                    .and_then(trace_id)
+                    .map(str::to_owned)
+                    .or_else(|| get(&self.chain_header).map(str::to_owned))
+                    .unwrap_or_else(|| format!("conn:{}:{}:{}", conn.tgid, conn.fd, conn.ino));
+                let hop = self.hops.entry(chain).or_default();
+                *hop += 1;
+                self.open.insert((*conn, *seq), Open { arrive_ns: *start_ns, hop: *hop, ttft_ns: None, last_content_ns: None });
+                // Bounded: a client that never finishes cannot grow this forever.
+                if self.open.len() > 1 << 16 {
+                    let oldest = self.open.iter().min_by_key(|(_, o)| o.arrive_ns).map(|(k, _)| *k);
+                    if let Some(k) = oldest {
+                        self.open.remove(&k);
+                    }
+                }
+                if self.hops.len() > 1 << 16 {
+                    self.hops.clear();
+                }
+            }
+            Record::Sse { conn, seq, ts_ns, kind, usage, .. } => {
+                if let Some(u) = usage {
+                    self.prompt_tokens += u.prompt_tokens.unwrap_or(0);
+                    self.generation_tokens += u.completion_tokens.unwrap_or(0);
+                }
+                let Some(o) = self.open.get_mut(&(*conn, *seq)) else { return };
+                if *kind == SseKind::Content {
+                    match o.last_content_ns {
+                        Some(last) => self.itl.observe(ts_ns.saturating_sub(last) as f64 / 1e9),
+                        None => {
+                            let ttft = ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9;
+                            self.ttft.observe(ttft);
+                            self.ttft_by_hop.entry(o.hop.min(MAX_HOP_LABEL)).or_insert_with(|| Histogram::new(TTFT_BUCKETS)).observe(ttft);
+                            o.ttft_ns = Some(*ts_ns);
+                        }
+                    }
+                    o.last_content_ns = Some(*ts_ns);
+                }
+            }
+            Record::ResponseBody { usage: Some(u), .. } => {
+                self.prompt_tokens += u.prompt_tokens.unwrap_or(0);
+                self.generation_tokens += u.completion_tokens.unwrap_or(0);
+            }
+            Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. } => {
+                if self.open.contains_key(&(*conn, *seq)) {
+                    *self.requests.entry(*status).or_default() += 1;
+                }
+            }
+            Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
+                if let Some(o) = self.open.remove(&(*conn, *seq)) {
+                    self.e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9);
+                }
+            }
+            Record::Drops { counters, .. } => self.drops.clone_from(counters),
+            _ => {}
+        }
+    }
+
+    /// The text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let hist = |s: &mut String, name: &str, help: &str, h: &Histogram| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+            h.render(s, name, "");
+        };
+        hist(&mut s, "hopscope_time_to_first_token_seconds", "Wire TTFT: request's first byte read to the write of its first content chunk.", &self.ttft);
+        hist(&mut s, "hopscope_inter_token_latency_seconds", "Gaps between consecutive content chunks, as written to the socket.", &self.itl);
+        hist(&mut s, "hopscope_e2e_request_latency_seconds", "Request's first byte read to the write of its last byte.", &self.e2e);
+        let name = "hopscope_hop_time_to_first_token_seconds";
+        let _ = writeln!(s, "# HELP {name} TTFT by hop index within a chain (traceparent, chain header, or connection).\n# TYPE {name} histogram");
+        for (hop, h) in &self.ttft_by_hop {
+            let label = if *hop == MAX_HOP_LABEL { format!("{MAX_HOP_LABEL}+") } else { hop.to_string() };
+            h.render(&mut s, name, &format!("hop=\"{label}\""));
+        }
+        let _ = writeln!(s, "# HELP hopscope_requests_total HTTP requests answered, by status.\n# TYPE hopscope_requests_total counter");
+        for (status, n) in &self.requests {
+            let _ = writeln!(s, "hopscope_requests_total{{status=\"{status}\"}} {n}");
+        }
+        let _ = writeln!(s, "# HELP hopscope_prompt_tokens_total Prompt tokens, from usage objects.\n# TYPE hopscope_prompt_tokens_total counter");
+        let _ = writeln!(s, "hopscope_prompt_tokens_total {}", self.prompt_tokens);
+        let _ = writeln!(s, "# HELP hopscope_generation_tokens_total Generated tokens, from usage objects.\n# TYPE hopscope_generation_tokens_total counter");
+        let _ = writeln!(s, "hopscope_generation_tokens_total {}", self.generation_tokens);
+        let _ = writeln!(s, "# HELP hopscope_drops_total hopscope's loss and anomaly counters (see the report).\n# TYPE hopscope_drops_total counter");
+        for (k, v) in &self.drops {
+            if crate::sink::report::is_loss(k) {
+                let _ = writeln!(s, "hopscope_drops_total{{counter=\"{k}\"}} {v}");
+            }
+        }
+        s
+    }
+}
+
+/// Binds `addr` and answers `GET /metrics` from a thread; returns the bound
+/// address. Listening beyond loopback is allowed but said out loud.
+pub fn serve(addr: SocketAddr, metrics: Arc<Mutex<LiveMetrics>>) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new().name("hopscope-metrics".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+            let mut buf = [0u8; 2048];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if req.starts_with("GET /metrics") {
+                ("200 OK", metrics.lock().map(|m| m.render()).unwrap_or_default())
+            } else {
+                ("404 Not Found", "try /metrics\n".to_owned())
+            };
+            let _ = write!(
+                c,
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    })?;
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_count_everything() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        for v in [0.05, 0.5, 5.0] {
+            h.observe(v);
+        }
+        let mut s = String::new();
+        h.render(&mut s, "x", "");
+        assert!(s.contains("x_bucket{le=\"0.1\"} 1\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"1\"} 2\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
+        assert!(s.contains("x_count 3\n"), "{s}");
+    }
+}

@@ -52,6 +52,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Send a recording's per-request spans elsewhere.
+    Export {
+        #[command(subcommand)]
+        to: ExportTo,
+    },
     /// Per-request and per-chain figures from a recording.
     Report {
         file: PathBuf,
@@ -83,6 +88,18 @@ enum Cmd {
         /// Machine-readable output (schema 1, see docs/diff.md).
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ExportTo {
+    /// OTLP/HTTP protobuf: one span per request, a child per phase, joined to
+    /// the caller's trace when the request carried `traceparent`.
+    Otlp {
+        file: PathBuf,
+        /// Collector endpoint, e.g. http://127.0.0.1:4318 (/v1/traces is appended).
+        #[arg(long)]
+        endpoint: String,
     },
 }
 
@@ -120,6 +137,10 @@ struct RecordOpts {
     /// as `hopscope trace` on the output).
     #[arg(long, value_name = "FILE.pftrace")]
     perfetto: Option<PathBuf>,
+    /// Export per-request spans to this OTLP/HTTP endpoint when recording
+    /// stops (e.g. http://127.0.0.1:4318), as `hopscope export otlp` does.
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
     /// Serve live Prometheus metrics at http://ADDR:PORT/metrics (a bare port
     /// binds 127.0.0.1).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
@@ -159,6 +180,7 @@ fn main() {
         Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
         Cmd::Report { file, json, chain_header, no_ipc } => report_cmd(file, json, chain_header, no_ipc),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
+        Cmd::Export { to: ExportTo::Otlp { file, endpoint } } => otlp_cmd(&file, &endpoint),
         Cmd::Trace { file, output } => trace_cmd(file, output),
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
@@ -171,6 +193,18 @@ fn main() {
         eprintln!("{msg}");
         std::process::exit(1);
     }
+}
+
+fn otlp_cmd(file: &PathBuf, endpoint: &str) -> Result<()> {
+    let (meta, analysis, read_error) = analyze(file, None, true)?;
+    let rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
+    let req = hopscope::sink::otlp::build(&meta, &analysis, &rep.requests);
+    let n = hopscope::sink::otlp::send(endpoint, &req).context("exporting spans")?;
+    eprintln!("hopscope: exported {n} spans ({} requests) to {endpoint}", rep.requests.len());
+    if let Some(e) = read_error {
+        eprintln!("hopscope: warning: {e}; the export covers the readable part");
+    }
+    Ok(())
 }
 
 fn doctor_cmd(load: bool, json: bool) -> Result<()> {
@@ -384,6 +418,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         hopscope_version: env!("CARGO_PKG_VERSION").into(),
         created_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         start_ns,
+        start_unix_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
         pids: pids.clone(),
         command: cmd.clone(),
         kernel: sys::kernel_release(),
@@ -523,6 +558,9 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     );
     if let Some(p) = opts.perfetto {
         trace_cmd(opts.output.clone(), Some(p))?;
+    }
+    if let Some(url) = &opts.otlp {
+        otlp_cmd(&opts.output, url)?;
     }
     Ok(())
 }

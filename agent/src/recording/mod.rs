@@ -35,6 +35,10 @@ pub struct Meta {
     pub created_unix_s: u64,
     /// CLOCK_MONOTONIC ns when recording started.
     pub start_ns: u64,
+    /// Unix time (ns) read right after `start_ns`: maps the recording's
+    /// monotonic times to wall-clock ones (OTLP export). 0 in older files.
+    #[serde(default)]
+    pub start_unix_ns: u64,
     /// The root pids asked for (the tree below them is followed).
     pub pids: Vec<u32>,
     /// `hopscope run`: the command launched.

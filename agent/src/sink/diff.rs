@@ -1540,6 +1540,7 @@ mod tests {
             hopscope_version: "test".into(),
             created_unix_s: 0,
             start_ns: 0,
+            start_unix_ns: 0,
             pids: vec![1],
             command: vec![],
             kernel: "test".into(),

@@ -3,4 +3,5 @@
 pub mod diff;
 pub mod perfetto;
 pub mod metrics;
+pub mod otlp;
 pub mod report;

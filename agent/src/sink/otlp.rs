@@ -1,0 +1,300 @@
+//! OTLP/HTTP protobuf export of per-request spans (`hopscope export otlp`,
+//! `record --otlp`).
+//!
+//! One SERVER span per HTTP request, with a child span per phase of the
+//! partition. A request that carried a W3C `traceparent` joins the caller's
+//! trace (same trace id, parent = the caller's span); others get a trace id
+//! derived from their chain key, so a chain's hops share one trace.
+//! Attributes follow the OpenTelemetry GenAI conventions and vLLM's span
+//! names (`gen_ai.latency.*`), plus hopscope's own (`hopscope.*`).
+//!
+//! The message subset is written by hand with prost; field numbers are those
+//! of opentelemetry-proto (`opentelemetry/proto/trace/v1/trace.proto`,
+//! `common/v1/common.proto`, `collector/trace/v1/trace_service.proto`), and the
+//! test decodes our bytes with the reference Python bindings.
+
+use crate::correlate::engine::marks;
+use crate::correlate::{Analysis, Request};
+use crate::recording::Meta;
+use crate::sink::report::{Phases, RequestOut};
+use prost::Message;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ExportTraceServiceRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub resource_spans: Vec<ResourceSpans>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ResourceSpans {
+    #[prost(message, optional, tag = "1")]
+    pub resource: Option<Resource>,
+    #[prost(message, repeated, tag = "2")]
+    pub scope_spans: Vec<ScopeSpans>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Resource {
+    #[prost(message, repeated, tag = "1")]
+    pub attributes: Vec<KeyValue>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ScopeSpans {
+    #[prost(message, optional, tag = "1")]
+    pub scope: Option<InstrumentationScope>,
+    #[prost(message, repeated, tag = "2")]
+    pub spans: Vec<Span>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct InstrumentationScope {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Span {
+    #[prost(bytes = "vec", tag = "1")]
+    pub trace_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub span_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    pub parent_span_id: Vec<u8>,
+    #[prost(string, tag = "5")]
+    pub name: String,
+    /// SPAN_KIND_INTERNAL = 1, SPAN_KIND_SERVER = 2.
+    #[prost(int32, tag = "6")]
+    pub kind: i32,
+    #[prost(fixed64, tag = "7")]
+    pub start_time_unix_nano: u64,
+    #[prost(fixed64, tag = "8")]
+    pub end_time_unix_nano: u64,
+    #[prost(message, repeated, tag = "9")]
+    pub attributes: Vec<KeyValue>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct KeyValue {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(message, optional, tag = "2")]
+    pub value: Option<AnyValue>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct AnyValue {
+    #[prost(oneof = "Value", tags = "1, 2, 3, 4")]
+    pub value: Option<Value>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Value {
+    #[prost(string, tag = "1")]
+    Str(String),
+    #[prost(bool, tag = "2")]
+    Bool(bool),
+    #[prost(int64, tag = "3")]
+    Int(i64),
+    #[prost(double, tag = "4")]
+    Double(f64),
+}
+
+fn kv(key: &str, v: Value) -> KeyValue {
+    KeyValue { key: key.to_owned(), value: Some(AnyValue { value: Some(v) }) }
+}
+
+fn s(key: &str, v: &str) -> KeyValue {
+    kv(key, Value::Str(v.to_owned()))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    #[error("invalid otlp endpoint {0:?}: expected http://HOST:PORT[/path] (https is not supported; use a local collector)")]
+    Endpoint(String),
+    #[error("cannot reach the otlp endpoint {endpoint}")]
+    Connect { endpoint: String, source: std::io::Error },
+    #[error("otlp endpoint {endpoint} answered {status}")]
+    Status { endpoint: String, status: String },
+}
+
+/// FNV-1a, 64 bit: stable ids from strings (no randomness: the same recording
+/// always exports the same ids).
+fn fnv(data: &[u8], seed: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for b in data {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn hex_bytes(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0).then_some(())?;
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Trace id and parent span id: the caller's, from a valid `traceparent`.
+fn caller(r: &Request) -> Option<(Vec<u8>, Vec<u8>)> {
+    let tp = r.traceparent.as_deref()?;
+    let id = crate::correlate::trace_id(tp)?;
+    let parent = tp.trim().split('-').nth(2)?;
+    Some((hex_bytes(id)?, hex_bytes(parent)?))
+}
+
+/// Builds the export: `reqs` are the report's rows (same order as
+/// `analysis.requests`), so attributes match `hopscope report` exactly.
+pub fn build(meta: &Meta, analysis: &Analysis, reqs: &[RequestOut]) -> ExportTraceServiceRequest {
+    // CLOCK_MONOTONIC → Unix time, from the pair stamped when recording began.
+    let start_unix = if meta.start_unix_ns > 0 { meta.start_unix_ns } else { meta.created_unix_s.saturating_mul(1_000_000_000) };
+    let offset = start_unix as i128 - meta.start_ns as i128;
+    let unix = |mono: u64| (mono as i128 + offset).max(0) as u64;
+    let mut spans = Vec::new();
+    for (r, q) in analysis.requests.iter().zip(reqs) {
+        let Some(done) = r.done_ns else { continue };
+        let (trace_id, parent) = caller(r).unwrap_or_else(|| {
+            let a = fnv(r.chain.as_bytes(), 1).to_be_bytes();
+            let b = fnv(r.chain.as_bytes(), 2).to_be_bytes();
+            ([a, b].concat(), Vec::new())
+        });
+        let span_id = fnv(format!("{}/{}/{}/{}", r.id, r.conn.tgid, r.conn.ino, r.seq).as_bytes(), 3).to_be_bytes().to_vec();
+        let mut attrs = vec![
+            s("gen_ai.request.id", &r.id),
+            s("http.request.method", &r.method),
+            s("url.path", &r.path),
+            s("hopscope.chain", &r.chain),
+            kv("hopscope.hop", Value::Int(r.hop as i64)),
+            kv("process.pid", Value::Int(r.conn.tgid as i64)),
+        ];
+        if let Some(st) = r.status {
+            attrs.push(kv("http.response.status_code", Value::Int(st as i64)));
+        }
+        let mut int = |k: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                attrs.push(kv(k, Value::Int(v as i64)));
+            }
+        };
+        int("gen_ai.usage.prompt_tokens", q.prompt_tokens);
+        int("gen_ai.usage.completion_tokens", q.completion_tokens);
+        int("hopscope.cached_tokens", q.cached_tokens);
+        int("hopscope.steps", q.steps);
+        let secs = |ms: Option<f64>| ms.map(|m| Value::Double(m / 1e3));
+        let p: &Phases = &q.phases_ms;
+        for (k, v) in [
+            ("gen_ai.latency.time_to_first_token", secs(q.ttft_ms)),
+            ("gen_ai.latency.e2e", secs(q.e2e_ms)),
+            ("gen_ai.latency.time_in_queue", secs(p.queue)),
+            ("gen_ai.latency.time_in_model_prefill", secs(p.prefill)),
+            ("gen_ai.latency.time_in_model_decode", secs(p.decode)),
+            ("hopscope.latency.frontend", secs(p.frontend)),
+            ("hopscope.latency.first_output", secs(p.first_output)),
+            ("hopscope.latency.kv_transfer", secs(p.kv_transfer)),
+            ("hopscope.latency.interference", secs(q.interference_ms)),
+            ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
+        ] {
+            if let Some(v) = v {
+                attrs.push(kv(k, v));
+            }
+        }
+        spans.push(Span {
+            trace_id: trace_id.clone(),
+            span_id: span_id.clone(),
+            parent_span_id: parent,
+            name: format!("{} {}", r.method, r.path),
+            kind: 2,
+            start_time_unix_nano: unix(r.arrive_ns),
+            end_time_unix_nano: unix(done),
+            attributes: attrs,
+        });
+        // Child spans: the partition's phases, when the engine was joined.
+        if let Some(m) = marks(r) {
+            let first = m.first_token.unwrap_or(m.scheduled);
+            let ttft = m.ttft.unwrap_or(first);
+            let phases = [("frontend", m.arrive, m.submit), ("queue", m.submit, m.scheduled), ("prefill", m.scheduled, first), ("first_output", first, ttft), ("decode", ttft, m.done)];
+            for (k, (name, a, b)) in phases.into_iter().enumerate() {
+                if b <= a {
+                    continue;
+                }
+                spans.push(Span {
+                    trace_id: trace_id.clone(),
+                    span_id: fnv(&span_id, 10 + k as u64).to_be_bytes().to_vec(),
+                    parent_span_id: span_id.clone(),
+                    name: name.to_owned(),
+                    kind: 1,
+                    start_time_unix_nano: unix(a),
+                    end_time_unix_nano: unix(b),
+                    attributes: vec![s("hopscope.phase", name)],
+                });
+            }
+        }
+    }
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![
+                    s("service.name", "hopscope"),
+                    s("host.name", &meta.hostname),
+                    s("hopscope.version", &meta.hopscope_version),
+                ],
+            }),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope { name: "hopscope".into(), version: meta.hopscope_version.clone() }),
+                spans,
+            }],
+        }],
+    }
+}
+
+/// POSTs the export to `endpoint` (`http://host:port`, `/v1/traces` appended
+/// unless a path is given) as OTLP/HTTP protobuf. Returns the span count.
+pub fn send(endpoint: &str, req: &ExportTraceServiceRequest) -> Result<usize, OtlpError> {
+    let rest = endpoint.strip_prefix("http://").ok_or_else(|| OtlpError::Endpoint(endpoint.to_owned()))?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) if i + 1 < rest.len() => (&rest[..i], &rest[i..]),
+        Some(i) => (&rest[..i], "/v1/traces"),
+        None => (rest, "/v1/traces"),
+    };
+    if hostport.is_empty() {
+        return Err(OtlpError::Endpoint(endpoint.to_owned()));
+    }
+    let body = req.encode_to_vec();
+    let connect = |e| OtlpError::Connect { endpoint: endpoint.to_owned(), source: e };
+    let mut c = TcpStream::connect(hostport).map_err(connect)?;
+    c.set_read_timeout(Some(Duration::from_secs(10))).map_err(connect)?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).and_then(|_| c.write_all(&body)).map_err(connect)?;
+    let mut resp = Vec::new();
+    let _ = c.read_to_end(&mut resp);
+    let status_line = String::from_utf8_lossy(&resp).lines().next().unwrap_or("no response").to_owned();
+    if !status_line.split_whitespace().nth(1).is_some_and(|c| c.starts_with('2')) {
+        return Err(OtlpError::Status { endpoint: endpoint.to_owned(), status: status_line });
+    }
+    Ok(req.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_and_traceparents_parse() {
+        assert_eq!(fnv(b"chain", 1), fnv(b"chain", 1));
+        assert_ne!(fnv(b"chain", 1), fnv(b"chain", 2));
+        assert_eq!(hex_bytes("00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(hex_bytes("0g"), None);
+    }
+
+    #[test]
+    fn endpoints_without_http_are_refused_with_a_clear_error() {
+        let e = send("https://collector:4318", &ExportTraceServiceRequest::default()).unwrap_err().to_string();
+        assert!(e.contains("https is not supported"), "{e}");
+    }
+}

@@ -60,6 +60,7 @@ fn meta() -> Meta {
         hopscope_version: "0.1.0-test".into(),
         created_unix_s: 1_790_000_000,
         start_ns: T0 - 20 * MS,
+        start_unix_ns: 0,
         pids: vec![FRONTEND],
         command: vec![],
         kernel: "6.18.0".into(),

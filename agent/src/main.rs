@@ -195,7 +195,7 @@ fn main() {
     }
 }
 
-fn otlp_cmd(file: &PathBuf, endpoint: &str) -> Result<()> {
+fn otlp_cmd(file: &std::path::Path, endpoint: &str) -> Result<()> {
     let (meta, analysis, read_error) = analyze(file, None, true)?;
     let rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
     let req = hopscope::sink::otlp::build(&meta, &analysis, &rep.requests);
@@ -228,7 +228,7 @@ fn doctor_cmd(load: bool, json: bool) -> Result<()> {
 /// Reads a recording and correlates it, streaming (memory follows the open
 /// requests, not the file's length). The error that stopped the read early,
 /// if any, comes back with the partial analysis.
-fn analyze(file: &PathBuf, chain_header: Option<String>, use_ipc: bool) -> Result<(Meta, correlate::Analysis, Option<String>)> {
+fn analyze(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool) -> Result<(Meta, correlate::Analysis, Option<String>)> {
     let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
     let meta = reader.meta().clone();
     let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()), use_ipc };

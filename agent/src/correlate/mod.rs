@@ -390,11 +390,10 @@ impl Correlator {
                     None => self.count("response_ends_without_request"),
                 }
             }
-            Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. } => {
-                if self.cfg.use_ipc {
+            Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }
+                if self.cfg.use_ipc => {
                     self.engine.ingest(rec, &self.woke);
                 }
-            }
             Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),

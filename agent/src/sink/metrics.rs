@@ -143,11 +143,10 @@ impl LiveMetrics {
                 self.prompt_tokens += u.prompt_tokens.unwrap_or(0);
                 self.generation_tokens += u.completion_tokens.unwrap_or(0);
             }
-            Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. } => {
-                if self.open.contains_key(&(*conn, *seq)) {
+            Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. }
+                if self.open.contains_key(&(*conn, *seq)) => {
                     *self.requests.entry(*status).or_default() += 1;
                 }
-            }
             Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
                 if let Some(o) = self.open.remove(&(*conn, *seq)) {
                     self.e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9);

@@ -135,7 +135,7 @@ fn fnv(data: &[u8], seed: u64) -> u64 {
 }
 
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
-    (s.len() % 2 == 0).then_some(())?;
+    s.len().is_multiple_of(2).then_some(())?;
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 

@@ -3,29 +3,20 @@
 //! and checks the captured events byte for byte.
 //!
 //! Not root / no tracefs: every test prints a loud SKIPPED line and returns.
-//! Tests take a global lock: each loads its own copy of the programs, and the
+//! Tests hold the shared serial guard (`hopscope_integration::privileged`): each
+//! loads its own copy of the programs, and the
 //! timing checks (off-CPU) want a quiet machine.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use hopscope_integration::privileged;
 use hopscope::event::{ConnOp, Dir, Family, IoEvent, KEvent, ProcOp, Syscall};
 use hopscope::source::ebpf::{EbpfConfig, EbpfSource, SourceError};
 
-/// Root and tracefs present; otherwise the shared helper prints a loud SKIPPED
-/// line. (This file keeps its own lock below, taken by each test.)
-fn privileged(test: &str) -> bool {
-    hopscope_integration::privileged(test).is_some()
-}
 
-static LOCK: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A Python program that prints one `ready …` line, waits for `go` on stdin,
 /// does its work, prints `done …` and exits. stdin/stdout are pipes, which
@@ -168,10 +159,7 @@ fn assert_no_self_events(evs: &[KEvent]) {
 
 #[test]
 fn tcp_accept_request_response_and_close_are_captured_but_never_the_agents_own_io() {
-    if !privileged("tcp_accept_request_response_and_close_are_captured_but_never_the_agents_own_io") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("tcp_accept_request_response_and_close_are_captured_but_never_the_agents_own_io") else { return };
     // The test process is the agent *and* the root of the traced tree: the
     // python server is its child, so both are in `targets`; only the kernel's
     // self_tgid check keeps the agent's own client I/O out.
@@ -265,10 +253,7 @@ out("done", len(req))
 
 #[test]
 fn unix_socketpair_bytes_are_captured_with_the_unix_family() {
-    if !privileged("unix_socketpair_bytes_are_captured_with_the_unix_family") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("unix_socketpair_bytes_are_captured_with_the_unix_family") else { return };
     let mut py = Py::spawn(
         r#"
 a, b = socket.socketpair()
@@ -308,10 +293,7 @@ out("done", got1.decode(), got2.decode())
 
 #[test]
 fn writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order() {
-    if !privileged("writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order") else { return };
     let mut py = Py::spawn(
         r#"
 a, b = socket.socketpair()
@@ -351,10 +333,7 @@ out("done", n, data.decode(), rest.decode())
 
 #[test]
 fn writes_longer_than_capture_len_are_truncated_and_counted() {
-    if !privileged("writes_longer_than_capture_len_are_truncated_and_counted") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("writes_longer_than_capture_len_are_truncated_and_counted") else { return };
     let mut py = Py::spawn(
         r#"
 a, b = socket.socketpair()
@@ -386,10 +365,7 @@ out("done", got)
 
 #[test]
 fn a_forked_child_of_the_target_is_followed_and_its_exit_reported() {
-    if !privileged("a_forked_child_of_the_target_is_followed_and_its_exit_reported") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("a_forked_child_of_the_target_is_followed_and_its_exit_reported") else { return };
     let mut py = Py::spawn(
         r#"
 a, b = socket.socketpair()
@@ -440,10 +416,7 @@ out("done", pid, got.decode())
 
 #[test]
 fn a_thread_sleeping_20ms_appears_as_an_off_cpu_interval_of_about_20ms() {
-    if !privileged("a_thread_sleeping_20ms_appears_as_an_off_cpu_interval_of_about_20ms") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("a_thread_sleeping_20ms_appears_as_an_off_cpu_interval_of_about_20ms") else { return };
     let mut py = Py::spawn(
         r#"
 tids = []
@@ -500,10 +473,7 @@ out("done")
 
 #[test]
 fn a_spawned_command_is_traced_from_its_first_syscall() {
-    if !privileged("a_spawned_command_is_traced_from_its_first_syscall") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("a_spawned_command_is_traced_from_its_first_syscall") else { return };
     let mut src = start(vec![], |c| c.enable_bpf_stats = true);
     // No `go` handshake: the very first socket I/O of the program must be seen.
     let mut cmd = Command::new("python3");
@@ -536,10 +506,7 @@ fn a_spawned_command_is_traced_from_its_first_syscall() {
 
 #[test]
 fn spawn_of_a_missing_program_fails_without_hanging() {
-    if !privileged("spawn_of_a_missing_program_fails_without_hanging") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("spawn_of_a_missing_program_fails_without_hanging") else { return };
     let mut src = start(vec![], |_| {});
     let err = src.spawn(Command::new("/nonexistent/hopscope-test-binary")).unwrap_err();
     assert!(matches!(err, SourceError::Io { .. }), "{err:?}");
@@ -547,10 +514,7 @@ fn spawn_of_a_missing_program_fails_without_hanging() {
 
 #[test]
 fn start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_globals() {
-    if !privileged("start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_globals") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_globals") else { return };
     let pid = 0x3fff_fff0;
     match EbpfSource::start(EbpfConfig { pids: vec![pid], ..EbpfConfig::default() }) {
         Err(SourceError::PidNotFound(p)) => assert_eq!(p, pid),
@@ -569,10 +533,7 @@ fn start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_glob
 
 #[test]
 fn full_capture_of_4096_bytes_is_exact_for_one_buffer_and_for_iovecs() {
-    if !privileged("full_capture_of_4096_bytes_is_exact_for_one_buffer_and_for_iovecs") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("full_capture_of_4096_bytes_is_exact_for_one_buffer_and_for_iovecs") else { return };
     let mut py = Py::spawn(
         r#"
 a, b = socket.socketpair()
@@ -608,10 +569,7 @@ out("done")
 
 #[test]
 fn a_full_ring_buffer_counts_lost_records_and_forced_wakeups() {
-    if !privileged("a_full_ring_buffer_counts_lost_records_and_forced_wakeups") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("a_full_ring_buffer_counts_lost_records_and_forced_wakeups") else { return };
     let mut py = Py::spawn(
         r#"
 a, b = socket.socketpair()
@@ -645,10 +603,7 @@ out("done")
 #[test]
 #[ignore]
 fn measure_program_cost() {
-    if !privileged("measure_program_cost") {
-        return;
-    }
-    let _g = lock();
+    let Some(_serial) = privileged("measure_program_cost") else { return };
     let body = r#"
 a, b = socket.socketpair()
 out("ready")

@@ -384,6 +384,44 @@ pub enum Record {
         offset_ns: i64,
         error_ns: u64,
     },
+    // ---- Added in format version 2.
+    /// One NVML sample of one GPU (`source::nvml`), taken every `--nvml-period`.
+    /// Fields NVML does not support on a device are `None`.
+    GpuSample {
+        ts_ns: u64,
+        /// NVML device index.
+        device: u32,
+        /// Device memory in use by all processes, and the device's total.
+        mem_used_bytes: u64,
+        mem_total_bytes: u64,
+        /// Memory used by each traced process on this device: (pid, bytes).
+        process_mem: Vec<(u32, u64)>,
+        /// SM and memory-controller utilisation over NVML's last sample period, %.
+        sm_util_pct: Option<u32>,
+        mem_util_pct: Option<u32>,
+        /// PCIe throughput, KiB/s (NVML samples it over 20 ms).
+        pcie_tx_kib_s: Option<u32>,
+        pcie_rx_kib_s: Option<u32>,
+        /// NVLink data bytes moved since the previous sample, summed over links,
+        /// as a rate in KiB/s.
+        nvlink_tx_kib_s: Option<u64>,
+        nvlink_rx_kib_s: Option<u64>,
+    },
+    /// vLLM engine IPC: `EngineCoreOutputs.scheduler_stats` (sent when the
+    /// server logs stats, vLLM's default), one per step that carried it.
+    EngineStats {
+        conn: ConnKey,
+        ts_ns: u64,
+        engine_index: Option<u64>,
+        running: Option<u64>,
+        waiting: Option<u64>,
+        /// `kv_cache_usage`, 0..1.
+        kv_cache_usage: Option<f64>,
+        step_counter: Option<u64>,
+        /// `prefix_cache_stats`: queries and hits (tokens) since the last stats.
+        prefix_cache_queries: Option<u64>,
+        prefix_cache_hits: Option<u64>,
+    },
 }
 
 /// The peer side of a peer-to-peer copy.
@@ -454,7 +492,9 @@ impl Record {
             | Record::GpuMemset { ts_ns, .. }
             | Record::GpuSync { ts_ns, .. }
             | Record::GpuApi { ts_ns, .. }
-            | Record::GpuCalibration { ts_ns, .. } => *ts_ns,
+            | Record::GpuCalibration { ts_ns, .. }
+            | Record::GpuSample { ts_ns, .. }
+            | Record::EngineStats { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }
     }

@@ -17,7 +17,10 @@ use std::path::{Path, PathBuf};
 
 pub const MAGIC: &[u8; 8] = b"HOPSCOPE";
 pub const BLOCK_MAGIC: &[u8; 4] = b"HSB1";
-pub const FORMAT_VERSION: u32 = 1;
+/// 1: session 1's records; 2: adds `GpuSample` and `EngineStats`.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this reader still decodes (records are append-only).
+pub const MIN_FORMAT_VERSION: u32 = 1;
 /// Upper bound for one block's raw and compressed size and for the metadata: a
 /// reader never allocates more than this for one length field.
 pub const MAX_BLOCK_BYTES: u32 = 64 << 20;
@@ -62,7 +65,7 @@ pub enum RecordingError {
     Io(#[from] io::Error),
     #[error("not a hopscope recording (bad magic at offset 0)")]
     BadMagic,
-    #[error("recording format version {0} is not supported by this hopscope (supports {FORMAT_VERSION}): upgrade hopscope")]
+    #[error("recording format version {0} is not supported by this hopscope (supports {MIN_FORMAT_VERSION} to {FORMAT_VERSION}): upgrade hopscope")]
     Version(u32),
     #[error("recording is truncated at offset {offset}: {what}")]
     Truncated { offset: u64, what: &'static str },
@@ -223,7 +226,8 @@ impl<R: Read> Reader<R> {
             return Err(RecordingError::BadMagic);
         }
         let version = le32(&head[8..12]);
-        if version != FORMAT_VERSION {
+        // Records are only ever appended, so older files decode as they are.
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(RecordingError::Version(version));
         }
         let meta_len = le32(&head[12..16]);

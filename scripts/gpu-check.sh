@@ -19,8 +19,11 @@
 #                  untraced vs hopscope (with a draining listener) vs torch.profiler
 #   6 ebpf         if target/release/hopscope exists: does the eBPF side load here?
 #   7 testbed      the torch testbed (CUDA graphs) under `hopscope run` with eBPF + CUPTI and
-#                  4 chains x 3 hops: recording, report, Perfetto trace, ground truth
+#                  4 chains x 3 hops: recording, report, Perfetto trace, ground truth, and
+#                  the CUPTI step ends against the truth (examples/gpu/check_gpu_steps.py)
 #                  (needs .whl from examples/gpu/fetch_wheels.sh)
+#   8 nvml         `hopscope record --nvml-period 50` of a CUDA process holding 1 GiB: the
+#                  report's NVML samples and peak GPU memory (the real libnvidia-ml path)
 # Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
 set -u
 cd "$(dirname "$0")/.."
@@ -242,8 +245,36 @@ for k in r["kernels"][:5]:
     print(f"testbed kernel: {k['gpu_ms']:.2f} ms x{k['count']} {k['name'][:90]}")
 print("testbed drops:", {k: v for k, v in r["recording"]["drops"].items() if v and k.startswith(("gpu_", "kernel_ringbuf", "zmtp_desync"))})
 PYEOF
+  # CUPTI step ends against the testbed's own (issue #5: within 50 µs).
+  $PY examples/gpu/check_gpu_steps.py "$OUT/testbed.report.json" "$OUT/testbed.truth.jsonl" --tolerance-us 50 2>&1 | tee -a "$SUMMARY"
 else
   note "testbed: skipped (needs $AGENT, $INJ and .whl from examples/gpu/fetch_wheels.sh)"
+fi
+
+step "8 nvml"
+# The real NVML path (source::nvml): a CUDA process holding 1 GiB, recorded with
+# --nvml-period 50; the report must show the samples and that process's memory.
+if [ -x "$AGENT" ]; then
+  "$AGENT" doctor --no-load 2>&1 | grep -E "^(ok|warn|FAIL) +nvml" | tee -a "$SUMMARY"
+  $PY -c "import torch, time; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); time.sleep(8)" \
+    >"$OUT/nvml-holder.log" 2>&1 &
+  HOLDER=$!
+  sleep 3   # CUDA context + allocation
+  timeout 30 "$AGENT" record --pid $HOLDER --nvml-period 50 --duration 4s --quiet -o "$OUT/nvml.hop" >"$OUT/nvml.log" 2>&1
+  note "nvml: record rc=$? $(grep -i nvml "$OUT/nvml.log" | tr '\n' ' ' | cut -c1-300)"
+  wait $HOLDER
+  "$AGENT" report "$OUT/nvml.hop" --json >"$OUT/nvml.report.json" 2>>"$OUT/nvml.log"
+  $PY - "$OUT/nvml.report.json" <<'PYEOF' | tee -a "$SUMMARY"
+import json, sys
+r = json.load(open(sys.argv[1]))
+s, d = r["summary"], r["recording"]["drops"]
+peak = s.get("peak_gpu_mem_bytes")
+print(f"nvml: {s['gpu_samples']} samples (4 s at 50 ms per GPU: ~80 per GPU), peak traced-process memory "
+      f"{peak} bytes ({'OK' if peak and peak >= 1 << 30 else 'FAIL'}: the holder has >= 1 GiB)")
+print("nvml counters:", {k: v for k, v in d.items() if k.startswith("nvml_")})
+PYEOF
+else
+  note "nvml: skipped ($AGENT not carried)"
 fi
 
 note "total: $(( $(date +%s) - T0 )) s"

@@ -221,3 +221,162 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
     }
     TestbedRun { hop: rec.stop(), truth }
 }
+
+/// `hopscope ARGS…` in the background with stdout and stderr collected
+/// (fault and privacy tests read the agent's lines and signal it).
+pub struct Agent {
+    pub child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Everything read so far from stderr and stdout (a process the agent
+    /// launched may hold the pipes open after the agent is gone).
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Agent {
+        use std::io::BufRead;
+        let mut c = Command::new(hopscope_bin());
+        for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "VIRTUAL_ENV"] {
+            c.env_remove(k);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning hopscope");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let (stderr, stdout) = (std::sync::Arc::new(std::sync::Mutex::new(String::new())), std::sync::Arc::new(std::sync::Mutex::new(String::new())));
+        let err = child.stderr.take().unwrap();
+        let err_buf = std::sync::Arc::clone(&stderr);
+        let r1 = std::thread::spawn(move || {
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l.clone());
+                let mut b = err_buf.lock().unwrap();
+                b.push_str(&l);
+                b.push('\n');
+            }
+        });
+        let out = child.stdout.take().unwrap();
+        let out_buf = std::sync::Arc::clone(&stdout);
+        let r2 = std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let mut b = out_buf.lock().unwrap();
+                b.push_str(&l);
+                b.push('\n');
+            }
+        });
+        Agent { child, lines, stderr, stdout, readers: vec![r1, r2] }
+    }
+
+    /// The first stderr line starting with `prefix` (panics after `timeout`).
+    pub fn wait_line(&self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("hopscope printed no line starting with {prefix:?} within {timeout:?}"),
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything on the agent's stdout so far (a launched command's output goes there too).
+    pub fn stdout_so_far(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.child.id());
+    }
+
+    /// Waits (≤ `timeout`, then SIGKILL and panic) for exit: (status,
+    /// stdout, stderr); the output is what arrived up to 5 s after the exit.
+    pub fn wait(mut self, timeout: Duration) -> (std::process::ExitStatus, String, String) {
+        let deadline = Instant::now() + timeout;
+        let st = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("hopscope still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let drained = Instant::now() + Duration::from_secs(5);
+        while self.readers.iter().any(|r| !r.is_finished()) && Instant::now() < drained {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = self.stdout.lock().unwrap().clone();
+        let err = self.stderr.lock().unwrap().clone();
+        (st, out, err)
+    }
+
+    /// SIGINT, then [`Agent::wait`]; panics unless hopscope exits 0.
+    pub fn stop(self) -> (String, String) {
+        self.signal(libc::SIGINT);
+        let (st, out, err) = self.wait(Duration::from_secs(120));
+        assert!(st.success(), "hopscope exited with {st}: {err}");
+        (out, err)
+    }
+}
+
+/// A test that panics must not leave the agent (and the server it launched) behind.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The CUPTI injection library, the CUPTI ABI test double and its host
+/// program, built into target/cupti-double (the surrounding `cargo test`
+/// holds the lock on target/): (injection, double, host).
+pub fn cupti_double_artifacts() -> (PathBuf, PathBuf, PathBuf) {
+    let target = workspace().join("target/cupti-double");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace())
+        .args(["build", "--quiet", "-p", "agent-cupti", "-p", "cupti-abi-test-double", "--target-dir"])
+        .arg(&target)
+        .output()
+        .expect("running cargo build");
+    assert!(out.status.success(), "building the injection library and the test double failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let d = target.join("debug");
+    let a = (d.join("libhopscope_cupti.so"), d.join("libcupti_abi_test_double.so"), d.join("cupti-abi-test-double-host"));
+    for p in [&a.0, &a.1, &a.2] {
+        assert!(p.exists(), "{} not built", p.display());
+    }
+    a
+}
+
+/// tests/fixtures/otlp_receiver.py, listening: (process, port, spans file).
+pub fn otlp_receiver(dir: &Path) -> (Child, u16, PathBuf) {
+    let (out, port_file) = (dir.join("spans.jsonl"), dir.join("otlp.port"));
+    let rx = Command::new(python()).arg(fixture("otlp_receiver.py")).arg("--out").arg(&out).arg("--port-file").arg(&port_file).stderr(Stdio::inherit()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&port_file).ok().and_then(|p| p.trim().parse().ok()) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the OTLP receiver did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (rx, port, out)
+}

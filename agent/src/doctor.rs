@@ -60,8 +60,11 @@ pub fn run(load: bool) -> Vec<Check> {
     } else {
         check("btf", Level::Fail, "kernel lacks BTF (CONFIG_DEBUG_INFO_BTF): use a distribution kernel built with it")
     });
+    let unreadable = ebpf::tracefs_unreadable();
     out.push(if ebpf::tracefs_mounted() {
         check("tracefs", Level::Ok, "mounted")
+    } else if unreadable {
+        check("tracefs", Level::Fail, "not readable by this user (root-only): run as uid 0 or add CAP_DAC_READ_SEARCH (docs/deploy.md)")
     } else {
         check("tracefs", Level::Fail, "not mounted: run `mount -t tracefs nodev /sys/kernel/tracing`")
     });
@@ -105,18 +108,81 @@ pub fn run(load: bool) -> Vec<Check> {
             }
         }
     }
-    match find_lib(&["libcupti.so", "libcupti.so.13", "libcupti.so.12"], &[]) {
-        Some(p) => out.push(check("cupti", Level::Ok, p)),
-        None => out.push(check(
-            "cupti",
+    out.extend(gpu_checks());
+    out
+}
+
+/// Where the injection library looks for libcupti inside the server
+/// (agent-cupti/src/locate.rs) after a copy the process already loaded:
+/// `HOPSCOPE_CUPTI_LIB`, then the CUDA wheels in its Python env.
+const CUPTI_WHEELS: [&str; 2] = ["nvidia/cu13/lib/libcupti.so.13", "nvidia/cuda_cupti/lib/libcupti.so.12"];
+
+/// Python package directories a server on this machine likely runs from:
+/// `$VIRTUAL_ENV`, `./.venv`, the system interpreters'.
+fn python_package_dirs() -> Vec<std::path::PathBuf> {
+    let mut roots: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        roots.push(Path::new(&v).join("lib"));
+    }
+    roots.push(Path::new(".venv/lib").to_owned());
+    roots.push("/usr/local/lib".into());
+    roots.push("/usr/lib".into());
+    let mut out = Vec::new();
+    for r in roots {
+        let Ok(rd) = std::fs::read_dir(&r) else { continue };
+        let mut pys: Vec<std::path::PathBuf> = rd.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("python3")).map(|e| e.path()).collect();
+        pys.sort();
+        for py in pys {
+            for sub in ["site-packages", "dist-packages"] {
+                let d = py.join(sub);
+                if d.is_dir() && !out.contains(&d) {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The first CUDA-wheel libcupti under `dirs`.
+fn find_cupti_wheel(dirs: &[std::path::PathBuf]) -> Option<std::path::PathBuf> {
+    CUPTI_WHEELS.iter().flat_map(|rel| dirs.iter().map(move |d| d.join(rel))).find(|p| p.exists())
+}
+
+/// The GPU side: the injection library `run` hands to the server, the
+/// libcupti it will find there, and NVML (driver) for `--nvml-period`.
+fn gpu_checks() -> Vec<Check> {
+    use crate::source::cupti;
+    let mut out = Vec::new();
+    out.push(match cupti::find_injection_lib(None) {
+        Ok(Some(p)) => check("injection", Level::Ok, p.display().to_string()),
+        Ok(None) => check(
+            "injection",
             Level::Warn,
-            "no system libcupti: the injection library looks in the server's Python env (nvidia-cuda-cupti wheel) or HOPSCOPE_CUPTI_LIB",
-        )),
-    }
-    match find_lib(&["libnvidia-ml.so.1", "libnvidia-ml.so"], &[]) {
-        Some(p) => out.push(check("nvml", Level::Ok, p)),
-        None => out.push(check("nvml", Level::Warn, "no NVIDIA driver (libnvidia-ml): GPU counters unavailable; wire and IPC tracing work without a GPU")),
-    }
+            format!("{} not next to hopscope: `run` records without GPU kernels; build it (cargo build -p agent-cupti) or set {}", cupti::INJECTION_LIB_NAME, cupti::INJECTION_LIB_ENV),
+        ),
+        Err(e) => check("injection", Level::Warn, format!("{e}: `run` records without GPU kernels")),
+    });
+    let env = std::env::var_os("HOPSCOPE_CUPTI_LIB").filter(|v| !v.is_empty());
+    let system = find_lib(&["libcupti.so.13", "libcupti.so.12", "libcupti.so"], &["/usr/local/cuda/extras/CUPTI/lib64"]);
+    out.push(match (env, find_cupti_wheel(&python_package_dirs())) {
+        (Some(p), _) if Path::new(&p).exists() => check("cupti", Level::Ok, format!("HOPSCOPE_CUPTI_LIB={}", Path::new(&p).display())),
+        (Some(p), _) => check("cupti", Level::Fail, format!("HOPSCOPE_CUPTI_LIB={} does not exist: point it at a libcupti.so.12/.13", Path::new(&p).display())),
+        (None, Some(w)) => check("cupti", Level::Ok, format!("{} (CUDA wheel; the server must run from this Python env)", w.display())),
+        (None, None) => match system {
+            Some(p) => check("cupti", Level::Warn, format!("only a system copy at {p}: the injection library does not search system paths; start the server with HOPSCOPE_CUPTI_LIB={p}")),
+            None => check(
+                "cupti",
+                Level::Warn,
+                "no libcupti found: pip install the CUDA CUPTI wheel matching the server's CUDA (e.g. nvidia-cuda-cupti-cu12) in its env, or set HOPSCOPE_CUPTI_LIB; wire and IPC tracing work without it",
+            ),
+        },
+    });
+    let probe = crate::source::nvml::probe(None);
+    out.push(match probe.result {
+        Ok((driver, names)) => check("nvml", Level::Ok, format!("driver {driver}, {} GPU(s): {}", names.len(), names.join(", "))),
+        Err(why) => check("nvml", Level::Warn, format!("{}; GPU samples need the NVIDIA driver (or --nvml-period 0 to stop trying)", why.trim_end_matches(": recording without GPU samples"))),
+    });
     out
 }
 
@@ -150,5 +216,40 @@ mod tests {
         let text = render(&[check("btf", Level::Ok, "x"), check("tracefs", Level::Fail, "mount it")]);
         assert_eq!(text.lines().count(), 2);
         assert!(text.lines().nth(1).unwrap().starts_with("FAIL  tracefs"));
+    }
+
+    #[test]
+    fn doctor_finds_a_cupti_wheel_where_the_injection_library_looks() {
+        let root = std::env::temp_dir().join(format!("hopscope-doctor-{}", std::process::id()));
+        let site = root.join("site-packages");
+        let lib = site.join("nvidia/cuda_cupti/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        assert_eq!(find_cupti_wheel(std::slice::from_ref(&site)), None);
+        std::fs::write(lib.join("libcupti.so.12"), b"").unwrap();
+        assert_eq!(find_cupti_wheel(std::slice::from_ref(&site)), Some(lib.join("libcupti.so.12")));
+        // The CUDA 13 wheel wins over 12, as in agent-cupti's search without a runtime hint.
+        let lib13 = site.join("nvidia/cu13/lib");
+        std::fs::create_dir_all(&lib13).unwrap();
+        std::fs::write(lib13.join("libcupti.so.13"), b"").unwrap();
+        assert_eq!(find_cupti_wheel(&[site]), Some(lib13.join("libcupti.so.13")));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn doctor_reports_nvml_and_cupti_with_what_to_fix() {
+        let checks = gpu_checks();
+        let names: Vec<&str> = checks.iter().map(|c| c.what).collect();
+        assert_eq!(names, ["injection", "cupti", "nvml"]);
+        let nvml = &checks[2];
+        // This machine has no NVIDIA driver unless HOPSCOPE_NVML_LIB points at one.
+        if std::env::var_os(crate::source::nvml::LIB_ENV).is_none() && !Path::new("/dev/nvidiactl").exists() {
+            assert_eq!(nvml.level, Level::Warn);
+            assert!(nvml.detail.contains("no NVIDIA driver here") && nvml.detail.contains("--nvml-period 0"), "{}", nvml.detail);
+        }
+        for c in &checks {
+            if c.level != Level::Ok {
+                assert!(c.detail.contains("set ") || c.detail.contains("pip install") || c.detail.contains("build it") || c.detail.contains("NVIDIA driver"), "says what to do: {}", c.detail);
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod event;
 pub mod model;
 pub mod pipeline;
+pub mod privilege;
 pub mod proto;
 pub mod recording;
 pub mod sink;

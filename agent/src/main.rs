@@ -70,6 +70,10 @@ enum Cmd {
         /// server with an unknown IPC gets; for comparing the two).
         #[arg(long)]
         no_ipc: bool,
+        /// Percentiles of the summary's TTFT/TPOT/ITL/E2EL distributions, as
+        /// `vllm bench serve --metric-percentiles` (default 99).
+        #[arg(long, value_name = "P,P,...", value_delimiter = ',', value_parser = hopscope::sink::summary::parse_percentile)]
+        percentiles: Option<Vec<f64>>,
     },
     /// Perfetto protobuf trace of a recording: open it in ui.perfetto.dev
     /// (what each track shows: docs/perfetto.md).
@@ -78,6 +82,10 @@ enum Cmd {
         /// Trace file to write (default: FILE with the extension .pftrace).
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
+        /// Write packets uncompressed (for debugging the encoding; by default
+        /// they are zlib-compressed in batches, which Perfetto reads natively).
+        #[arg(long)]
+        no_compress: bool,
     },
     /// Compare two recordings: per matched hop and overall, TTFT/ITL/E2E
     /// changes as sums of phase deltas, token and GPU kernel deltas
@@ -133,8 +141,10 @@ struct RecordOpts {
     /// else libhopscope_cupti.so next to hopscope).
     #[arg(long, value_name = "PATH")]
     cupti_lib: Option<PathBuf>,
-    /// Also write a Perfetto trace of the recording when it stops (the same
-    /// as `hopscope trace` on the output).
+    /// Also write a Perfetto trace, live: threads, GPU streams, engine steps
+    /// and counters grow while recording (flushed every second); chains and
+    /// requests are added when it stops. `hopscope trace` on the output adds
+    /// the flows from requests to steps and kernels.
     #[arg(long, value_name = "FILE.pftrace")]
     perfetto: Option<PathBuf>,
     /// Export per-request spans to this OTLP/HTTP endpoint when recording
@@ -145,6 +155,22 @@ struct RecordOpts {
     /// binds 127.0.0.1).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
+    /// NVML sampling period for GPU memory (per traced process), utilisation
+    /// and PCIe throughput: milliseconds, or with a unit (50ms, 1s); 0 turns
+    /// it off. Without an NVIDIA driver this is one note, not an error.
+    #[arg(long, value_name = "MS", value_parser = parse_period, default_value = "100")]
+    nvml_period: Duration,
+    /// NVML library to load (default: $HOPSCOPE_NVML_LIB, else libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH", hide = true)]
+    nvml_lib: Option<PathBuf>,
+}
+
+/// A plain number is milliseconds; otherwise as `parse_duration`.
+fn parse_period(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<u64>() {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => parse_duration(s),
+    }
 }
 
 fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -178,10 +204,10 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
         Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
-        Cmd::Report { file, json, chain_header, no_ipc } => report_cmd(file, json, chain_header, no_ipc),
+        Cmd::Report { file, json, chain_header, no_ipc, percentiles } => report_cmd(file, json, chain_header, no_ipc, percentiles),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Export { to: ExportTo::Otlp { file, endpoint } } => otlp_cmd(&file, &endpoint),
-        Cmd::Trace { file, output } => trace_cmd(file, output),
+        Cmd::Trace { file, output, no_compress } => trace_cmd(file, output, no_compress),
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
     if let Err(e) = res {
@@ -229,13 +255,22 @@ fn doctor_cmd(load: bool, json: bool) -> Result<()> {
 /// requests, not the file's length). The error that stopped the read early,
 /// if any, comes back with the partial analysis.
 fn analyze(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool) -> Result<(Meta, correlate::Analysis, Option<String>)> {
+    analyze_with(file, chain_header, use_ipc, |_| {})
+}
+
+/// [`analyze`], also showing every record to `each` (what the correlator
+/// does not keep, e.g. the NVML samples).
+fn analyze_with(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool, mut each: impl FnMut(&hopscope::model::Record)) -> Result<(Meta, correlate::Analysis, Option<String>)> {
     let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
     let meta = reader.meta().clone();
     let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()), use_ipc };
     let mut c = Correlator::new(cfg);
     let read_error = loop {
         match reader.next_record() {
-            Ok(Some(r)) => c.ingest(&r),
+            Ok(Some(r)) => {
+                each(&r);
+                c.ingest(&r)
+            }
             Ok(None) => break None,
             Err(e) => break Some(e.to_string()),
         }
@@ -243,9 +278,27 @@ fn analyze(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool) 
     Ok((meta, c.finish(), read_error))
 }
 
-fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool) -> Result<()> {
-    let (meta, analysis, read_error) = analyze(&file, chain_header, !no_ipc)?;
-    let rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
+fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool, percentiles: Option<Vec<f64>>) -> Result<()> {
+    use hopscope::sink::summary;
+    if json {
+        // Streamed: memory follows the open requests, not the recording's length.
+        let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
+        let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| reader.meta().chain_header.clone()), use_ipc: !no_ipc };
+        let p = percentiles.unwrap_or_else(|| summary::DEFAULT_PERCENTILES.to_vec());
+        let read_error = report::write_json(&mut reader, &file.display().to_string(), cfg, &p, std::io::stdout().lock()).context("writing the report")?;
+        if let Some(e) = read_error {
+            eprintln!("hopscope: warning: {e}; the report covers the readable part");
+        }
+        return Ok(());
+    }
+    let mut gpu_mem = summary::GpuMemIndex::default();
+    let (meta, analysis, read_error) = analyze_with(&file, chain_header, !no_ipc, |r| gpu_mem.ingest(r))?;
+    let mut rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
+    gpu_mem.apply(&mut rep.requests, &mut rep.summary);
+    if let Some(p) = percentiles {
+        rep.summary = summary::compute(&rep.requests, &rep.chains, &p);
+        gpu_mem.apply(&mut rep.requests, &mut rep.summary);
+    }
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &rep)?;
@@ -284,7 +337,7 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn trace_cmd(file: PathBuf, output: Option<PathBuf>) -> Result<()> {
+fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool) -> Result<()> {
     use hopscope::sink::perfetto;
     let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
     let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -296,7 +349,8 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>) -> Result<()> {
     let read_error = loaded.error.as_ref().map(|e| e.to_string());
     let out = std::fs::File::create(&output).with_context(|| format!("creating {}", output.display()))?;
     let input = perfetto::TraceInput { meta: &loaded.meta, records: &loaded.records, analysis: &analysis, read_error: read_error.as_deref() };
-    let stats = match perfetto::write_trace(std::io::BufWriter::new(out), input) {
+    let enc = if no_compress { perfetto::Encoding::PLAIN } else { perfetto::Encoding::default() };
+    let stats = match perfetto::write_trace_with(std::io::BufWriter::new(out), input, enc) {
         Ok((_, stats)) => stats,
         Err(e) => {
             // A half-written trace would only confuse the UI.
@@ -309,6 +363,16 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>) -> Result<()> {
     }
     if stats.offcpu_skipped > 0 {
         eprintln!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
+    }
+    if stats.step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped > 0 {
+        eprintln!(
+            "hopscope: flows: {} request→step, {} step→kernel; {} left out (over {} per slice, or to an undrawn phase), {} step members without a request",
+            stats.step_flows,
+            stats.kernel_flows,
+            stats.flows_capped,
+            perfetto::FLOW_CAP,
+            stats.flows_unmapped
+        );
     }
     eprintln!(
         "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
@@ -353,6 +417,12 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         ..EbpfConfig::default()
     };
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
+    // Least privilege: the programs are attached; before any thread starts
+    // (capabilities are per thread), keep only what recording still needs.
+    match hopscope::privilege::drop_after_attach() {
+        Ok(d) => eprintln!("hopscope: attached; capabilities now {}", hopscope::privilege::names(d.kept)),
+        Err(e) => eprintln!("hopscope: warning: {e}: recording with the capabilities it was started with"),
+    }
     let mut gpu = if !cmd.is_empty() && injection.is_none() {
         eprintln!(
             "hopscope: note: {} not found next to hopscope (use --cupti-lib PATH or {}): recording without GPU",
@@ -412,6 +482,19 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if let Some(g) = &gpu {
         g.set_traced(source.targets());
     }
+    // NVML: its own thread; without a driver, one note and no samples.
+    use hopscope::source::nvml::{NvmlConfig, NvmlSampler};
+    let mut nvml = if opts.nvml_period.is_zero() {
+        None
+    } else {
+        match NvmlSampler::start(NvmlConfig { period: opts.nvml_period, lib: opts.nvml_lib.clone(), traced: source.targets() }) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("hopscope: note: cannot start the NVML sampler thread ({e}): recording without GPU samples");
+                None
+            }
+        }
+    };
     let start_ns = sys::monotonic_ns();
     let meta = Meta {
         format_version: FORMAT_VERSION,
@@ -431,6 +514,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let writer = Writer::create(&opts.output, &meta).with_context(|| format!("creating {}", opts.output.display()))?;
     let dcfg = DecoderConfig { chain_header: meta.chain_header.clone(), capture_payload: opts.capture_payload, ..DecoderConfig::default() };
     let mut pipe = Pipeline::new(dcfg, writer);
+    let live_trace = match &opts.perfetto {
+        Some(p) => Some(start_live_trace(p, &meta, &mut pipe)?),
+        None => None,
+    };
     if let Some(addr) = opts.metrics {
         let live = std::sync::Arc::new(std::sync::Mutex::new(hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header)));
         let bound = hopscope::sink::metrics::serve(addr, std::sync::Arc::clone(&live)).with_context(|| format!("cannot serve metrics on {addr}"))?;
@@ -447,6 +534,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let status_tty = std::io::stderr().is_terminal();
     let mut child_status = None;
     let mut last_traced = Instant::now();
+    let mut nvml_traced = Instant::now();
     loop {
         let mut err = None;
         source
@@ -476,10 +564,23 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 eprintln!("hopscope: note: {n}");
             }
         }
+        if let Some(s) = &nvml {
+            if nvml_traced.elapsed() >= Duration::from_millis(100) {
+                s.set_traced(source.targets());
+                nvml_traced = Instant::now();
+            }
+            s.drain(|r| pipe.push_sample(r));
+            for n in s.take_notes() {
+                eprintln!("hopscope: note: {n}");
+            }
+        }
         if last_tick.elapsed() >= Duration::from_secs(1) {
             let mut kernel = kernel_counters(&source);
             if let Some(g) = &gpu {
                 kernel.extend(g.counters());
+            }
+            if let Some(s) = &nvml {
+                kernel.extend(s.counters());
             }
             pipe.tick(sys::monotonic_ns(), &kernel).context("writing the recording")?;
             if !opts.quiet {
@@ -528,9 +629,18 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             eprintln!("hopscope: note: {n}");
         }
     }
+    if let Some(s) = nvml.as_mut() {
+        s.shutdown(|r| pipe.push_sample(r));
+        for n in s.take_notes() {
+            eprintln!("hopscope: note: {n}");
+        }
+    }
     // Final drain of whatever the kernel still holds.
     drain(&mut source, &mut pipe)?;
     let mut kernel = kernel_counters(&source);
+    if let Some(s) = &nvml {
+        kernel.extend(s.counters());
+    }
     if let Some(g) = &gpu {
         kernel.extend(g.counters());
         gpu_records = Some(g.records());
@@ -556,12 +666,57 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         gpu_records.map(|n| format!(", {n} gpu records")).unwrap_or_default(),
         child_status.map(|s| format!(", command exited with {s}")).unwrap_or_default()
     );
-    if let Some(p) = opts.perfetto {
-        trace_cmd(opts.output.clone(), Some(p))?;
+    if let (Some(p), Some(live)) = (&opts.perfetto, live_trace) {
+        finish_live_trace(p, &opts.output, live)?;
     }
     if let Some(url) = &opts.otlp {
         otlp_cmd(&opts.output, url)?;
     }
+    Ok(())
+}
+
+/// `record --perfetto`: the live trace and the first error writing it.
+type LiveTrace = std::rc::Rc<std::cell::RefCell<(Option<hopscope::sink::perfetto::live::LiveTrace<std::io::BufWriter<std::fs::File>>>, Option<hopscope::sink::perfetto::PerfettoError>)>>;
+
+/// Starts the live trace and has the pipeline feed it every record it writes.
+fn start_live_trace<W: Write>(path: &std::path::Path, meta: &Meta, pipe: &mut Pipeline<W>) -> Result<LiveTrace> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let t = hopscope::sink::perfetto::live::LiveTrace::new(std::io::BufWriter::new(f), meta).with_context(|| format!("writing {}", path.display()))?;
+    let cell: LiveTrace = std::rc::Rc::new(std::cell::RefCell::new((Some(t), None)));
+    let tap = std::rc::Rc::clone(&cell);
+    pipe.set_tap(Box::new(move |r| {
+        let mut s = tap.borrow_mut();
+        let (t, err) = &mut *s;
+        if err.is_none() {
+            if let Some(t) = t.as_mut() {
+                if let Err(e) = t.push(r) {
+                    *err = Some(e);
+                }
+            }
+        }
+    }));
+    Ok(cell)
+}
+
+/// Appends the requests (from the finished recording's analysis) to the live trace.
+fn finish_live_trace(path: &std::path::Path, recording: &std::path::Path, live: LiveTrace) -> Result<()> {
+    let (t, err) = std::rc::Rc::try_unwrap(live).map_err(|_| anyhow::anyhow!("the live trace is still in use (a bug); run `hopscope trace` on the recording"))?.into_inner();
+    if let Some(e) = err {
+        return Err(e).with_context(|| format!("writing {} (readable up to the failure; `hopscope trace {}` writes it again)", path.display(), recording.display()));
+    }
+    let Some(t) = t else { return Ok(()) };
+    let (meta, analysis, read_error) = analyze_with(recording, None, true, |_| {})?;
+    let (_, stats) = t.finish(&meta, &analysis, read_error.as_deref()).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
+        path.display(),
+        stats.requests,
+        stats.chains,
+        stats.writer.slices,
+        stats.writer.instants,
+        stats.writer.counter_values,
+        stats.writer.bytes
+    );
     Ok(())
 }
 

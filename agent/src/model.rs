@@ -166,10 +166,13 @@ pub enum Record {
     },
     /// An off-CPU interval of a traced thread.
     OffCpu {
+        /// Switch-in (the interval's end).
         ts_ns: u64,
         tgid: u32,
         tid: u32,
+        /// Switch-out (the interval's start), a timestamp, not a duration.
         off_ns: u64,
+        /// The wake-up before the switch-in, when seen (run-queue delay = ts_ns − wake_ns).
         wake_ns: Option<u64>,
         prev_state: u32,
     },
@@ -317,7 +320,7 @@ pub enum Record {
         stream: u32,
         /// CUpti_ActivityMemcpyKind, raw (1 HtoD, 2 DtoH, 8 DtoD, 10 PtoP, …).
         kind: u8,
-        /// CUpti_ActivityMemoryKind of source and destination, raw (2 pageable, 3 pinned, 4 device, …).
+        /// CUpti_ActivityMemoryKind of source and destination, raw (1 pageable, 2 pinned, 3 device, 4 array, 5 managed, …).
         src_kind: u8,
         dst_kind: u8,
         /// CUpti_ActivityFlag bits, raw (bit 0: async).

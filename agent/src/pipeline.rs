@@ -103,6 +103,9 @@ impl Ord for Held {
     }
 }
 
+/// Sees every record the pipeline writes ([`Pipeline::set_tap`]).
+pub type Tap = Box<dyn FnMut(&Record)>;
+
 /// Counters the pipeline itself keeps (loss is data).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PipelineStats {
@@ -128,6 +131,8 @@ pub struct Pipeline<W: Write> {
     writer: Writer<W>,
     /// Live Prometheus metrics fed with every record written (`--metrics`).
     metrics: Option<std::sync::Arc<std::sync::Mutex<crate::sink::metrics::LiveMetrics>>>,
+    /// Sees every record written, in file order (`record --perfetto`).
+    tap: Option<Tap>,
     out: Vec<Record>,
     stats: PipelineStats,
     /// Decoded kernel-side records waiting for the GPU merge (decoder order).
@@ -142,6 +147,12 @@ pub struct Pipeline<W: Write> {
     horizon: u64,
     /// Newest timestamp written to the file.
     written_ts: u64,
+    /// Sampler records (NVML, `push_sample`), in time order.
+    sample_q: VecDeque<Record>,
+    /// Kernel time every event before which has been released (the tick's
+    /// horizon): samples wait for it so they never pass older events still
+    /// in the reorder window.
+    tick_until: u64,
 }
 
 impl<W: Write> Pipeline<W> {
@@ -154,6 +165,7 @@ impl<W: Write> Pipeline<W> {
             decoder: WireDecoder::new(decoder_cfg),
             writer,
             metrics: None,
+            tap: None,
             out: Vec::new(),
             stats: PipelineStats::default(),
             cpu_q: VecDeque::new(),
@@ -163,7 +175,16 @@ impl<W: Write> Pipeline<W> {
             gpu_standby: false,
             horizon: u64::MAX,
             written_ts: 0,
+            sample_q: VecDeque::new(),
+            tick_until: 0,
         }
+    }
+
+    /// Takes one sampler record (NVML), timestamped when it was taken, in
+    /// time order. It is written once the kernel-side events before it have
+    /// left the reorder window (and the GPU horizon, when there is one).
+    pub fn push_sample(&mut self, rec: Record) {
+        self.sample_q.push_back(rec);
     }
 
     /// Takes one validated GPU record (any order); it is written once the GPU
@@ -204,9 +225,21 @@ impl<W: Write> Pipeline<W> {
     /// Past [`MAX_HELD`] queued records, the oldest go out regardless.
     fn emit(&mut self, horizon: u64) -> Result<(), RecordingError> {
         loop {
-            let horizon = if self.cpu_q.len() + self.gpu_q.len() > MAX_HELD { u64::MAX } else { horizon };
+            let full = self.cpu_q.len() + self.gpu_q.len() + self.sample_q.len() > MAX_HELD;
+            let horizon = if full { u64::MAX } else { horizon };
             let cpu = self.cpu_q.front().map(Record::ts_ns).filter(|t| *t <= horizon);
             let gpu = self.gpu_q.peek().map(|Reverse(h)| h.ts).filter(|t| *t <= horizon);
+            let released = if full { u64::MAX } else { self.released_ts.max(self.tick_until) };
+            let smp = self.sample_q.front().map(Record::ts_ns).filter(|t| *t <= horizon && *t <= released);
+            if let Some(t) = smp {
+                if cpu.is_none_or(|c| t < c) && gpu.is_none_or(|g| t < g) {
+                    let Some(rec) = self.sample_q.pop_front() else { return Ok(()) };
+                    self.written_ts = self.written_ts.max(rec.ts_ns());
+                    self.writer.push(&rec)?;
+                    self.observe(&rec);
+                    continue;
+                }
+            }
             let rec = match (cpu, gpu) {
                 (None, None) => return Ok(()),
                 (Some(c), Some(g)) if g < c => self.pop_gpu(),
@@ -225,7 +258,15 @@ impl<W: Write> Pipeline<W> {
         self.metrics = Some(m);
     }
 
-    fn observe(&self, rec: &Record) {
+    /// Hands every record written to `tap`, in file (timestamp) order.
+    pub fn set_tap(&mut self, tap: Tap) {
+        self.tap = Some(tap);
+    }
+
+    fn observe(&mut self, rec: &Record) {
+        if let Some(t) = &mut self.tap {
+            t(rec);
+        }
         if let Some(m) = &self.metrics {
             if let Ok(mut m) = m.lock() {
                 m.observe(rec);
@@ -316,6 +357,7 @@ impl<W: Write> Pipeline<W> {
     pub fn tick(&mut self, now_ns: u64, kernel: &[(String, u64)]) -> Result<(), RecordingError> {
         let until = now_ns.saturating_sub(REORDER_WINDOW_NS);
         self.release(until)?;
+        self.tick_until = self.tick_until.max(until);
         // Stamped at the release horizon, not `now`: every event still held is
         // newer, so the file stays in timestamp order. Queued behind decoded
         // records (the GPU merge may hold them).
@@ -341,6 +383,7 @@ impl<W: Write> Pipeline<W> {
     /// Drains everything, writes the final drop snapshot and seals the file.
     pub fn finish(mut self, now_ns: u64, kernel: &[(String, u64)]) -> Result<(W, PipelineStats), RecordingError> {
         self.release(u64::MAX)?;
+        self.tick_until = u64::MAX;
         self.decoder.finish(&mut self.out);
         self.flush_out()?;
         self.emit(u64::MAX)?;

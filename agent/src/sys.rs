@@ -45,6 +45,94 @@ pub fn proc_state(pid: u32) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
+/// The calling thread's capability sets (effective, permitted, inheritable)
+/// as 64-bit masks (bit n = capability n).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapSets {
+    pub effective: u64,
+    pub permitted: u64,
+    pub inheritable: u64,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// capget(2) for the calling thread.
+pub fn capget() -> std::io::Result<CapSets> {
+    let mut hdr = CapHeader { version: CAP_VERSION_3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: version 3 makes the kernel read one header and write exactly two
+    // CapData structs; both point to live, writable, correctly laid out memory.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &raw mut hdr, data.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok(CapSets {
+        effective: join(data[0].effective, data[1].effective),
+        permitted: join(data[0].permitted, data[1].permitted),
+        inheritable: join(data[0].inheritable, data[1].inheritable),
+    })
+}
+
+/// capset(2) for the calling thread (only that thread: call it before other
+/// threads exist for it to cover the process).
+pub fn capset(sets: CapSets) -> std::io::Result<()> {
+    let hdr = CapHeader { version: CAP_VERSION_3, pid: 0 };
+    let split = |v: u64| (v as u32, (v >> 32) as u32);
+    let (e0, e1) = split(sets.effective);
+    let (p0, p1) = split(sets.permitted);
+    let (i0, i1) = split(sets.inheritable);
+    let data = [CapData { effective: e0, permitted: p0, inheritable: i0 }, CapData { effective: e1, permitted: p1, inheritable: i1 }];
+    // SAFETY: the kernel reads one header and two CapData structs, all live
+    // and laid out as `struct __user_cap_header_struct` / `__user_cap_data_struct`.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &raw const hdr, data.as_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes capability `cap` from the calling thread's bounding set
+/// (needs CAP_SETPCAP in the effective set).
+pub fn capbset_drop(cap: u32) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only; errors come back through errno.
+    let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Clears the calling thread's ambient capability set.
+pub fn clear_ambient_caps() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only; errors come back through errno.
+    let rc = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The highest capability number this kernel knows.
+pub fn cap_last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1113,3 +1113,197 @@ fn fixture_streams_without_scheduler_records_keep_everything_but_the_submit() {
         }
     }
 }
+
+/// Moves every time in a record by `d` ns (engine seconds too).
+fn offset(r: &mut Record, d: u64) {
+    let s = d as f64 / 1e9;
+    match r {
+        Record::HttpRequest { start_ns, end_ns, ready_ns, .. } => {
+            *start_ns += d;
+            *end_ns += d;
+            if let Some(x) = ready_ns {
+                *x += d;
+            }
+        }
+        Record::OffCpu { ts_ns, wake_ns, off_ns, .. } => {
+            *ts_ns += d;
+            *off_ns += d;
+            if let Some(x) = wake_ns {
+                *x += d;
+            }
+        }
+        Record::UnixIo { ts_ns, enter_ns, .. } => {
+            *ts_ns += d;
+            *enter_ns += d;
+        }
+        Record::EngineOutputs { ts_ns, timestamp_s, outputs, .. } => {
+            *ts_ns += d;
+            if let Some(t) = timestamp_s {
+                *t += s;
+            }
+            for o in outputs {
+                for e in &mut o.events {
+                    e.timestamp_s += s;
+                }
+            }
+        }
+        Record::ConnOpen { ts_ns, .. }
+        | Record::ConnClose { ts_ns, .. }
+        | Record::HttpResponse { ts_ns, .. }
+        | Record::Sse { ts_ns, .. }
+        | Record::ResponseBody { ts_ns, .. }
+        | Record::HttpResponseEnd { ts_ns, .. }
+        | Record::Unparsed { ts_ns, .. }
+        | Record::Proc { ts_ns, .. }
+        | Record::Drops { ts_ns, .. }
+        | Record::RawIo { ts_ns, .. }
+        | Record::EngineRequest { ts_ns, .. }
+        | Record::EngineAbort { ts_ns, .. } => *ts_ns += d,
+        #[allow(unreachable_patterns)]
+        _ => {}
+    }
+}
+
+#[test]
+fn requests_handed_out_at_random_horizons_are_exactly_the_all_at_once_ones() {
+    // Several synthetic runs a few seconds apart (longer than the settle
+    // window), so that requests become final while the stream goes on.
+    let early = std::cell::Cell::new(0u64);
+    for_cases("streaming", cases(150), |seed| {
+        let mut rng = Rng::new(seed);
+        let mut recs: Vec<Record> = Vec::new();
+        let mut at = 0;
+        // A recording sees the engine's side of the IPC throughout or never
+        // (switching mid-way is counted, not replayed exactly).
+        let writer = |s: &Synthetic| s.records.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
+        let mut k = 0u64;
+        let mut first_writer = None;
+        for _ in 0..rng.range(2, 6) {
+            let s = loop {
+                k += 1;
+                let s = synthetic(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9)));
+                if *first_writer.get_or_insert(writer(&s)) == writer(&s) {
+                    break s;
+                }
+            };
+            for mut r in s.records {
+                offset(&mut r, at);
+                recs.push(r);
+            }
+            at += rng.range(1_000, 6_000) * MS;
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let whole = check(&recs, &format!("streaming {seed:#x}"));
+
+        let mut c = Correlator::new(Config::default());
+        let (mut got, mut steps) = (Vec::new(), Vec::new());
+        let p = [0.001, 0.01, 0.2][rng.below(3)];
+        for r in &recs {
+            c.ingest(r);
+            if rng.chance(p) {
+                let out = c.drain_final(r.ts_ns());
+                early.set(early.get() + out.len() as u64);
+                got.extend(out);
+                if rng.chance(0.5) {
+                    steps.extend(c.take_steps());
+                }
+            }
+        }
+        let tail = c.finish_streaming();
+        got.extend(tail.requests);
+        steps.extend(tail.steps);
+        assert_eq!(got.len(), whole.requests.len());
+        for (g, w) in got.iter().zip(&whole.requests) {
+            assert_eq!(g, w, "the same request, streamed or not");
+        }
+        assert_eq!(steps, whole.steps);
+        assert_eq!(tail.drops, whole.drops, "the same counters");
+        assert_eq!(hopscope::correlate::chains_of(&got), whole.chains, "the same chains and hops");
+        for r in &got {
+            let p = partition(r);
+            if let (Some(e2e), Some(_)) = (r.e2e_ms(), r.engine.as_ref()) {
+                let sum: f64 = [p.frontend, p.queue, p.prefill, p.first_output, p.decode].iter().flatten().sum();
+                assert!((sum - e2e).abs() <= 1e-6, "{}: phases add up to {sum}, e2e {e2e}", r.id);
+            }
+        }
+    });
+    assert!(early.get() > 0, "some requests were handed out before the end");
+}
+
+#[test]
+fn the_streamed_json_report_of_a_long_recording_equals_the_in_memory_one() {
+    for_cases("streamed-json", cases(12), |seed| {
+        let mut rng = Rng::new(seed);
+        let mut recs: Vec<Record> = Vec::new();
+        let (mut at, mut k) = (0, 0u64);
+        let writer = |s: &Synthetic| s.records.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
+        let mut first_writer = None;
+        for _ in 0..rng.range(3, 8) {
+            let s = loop {
+                k += 1;
+                let s = synthetic(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9)));
+                if *first_writer.get_or_insert(writer(&s)) == writer(&s) {
+                    break s;
+                }
+            };
+            for mut r in s.records {
+                offset(&mut r, at);
+                recs.push(r);
+            }
+            at += rng.range(3_000, 9_000) * MS;
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let mut w = recording::Writer::new(Vec::new(), &Meta::default()).expect("writer");
+        for r in &recs {
+            w.push(r).expect("push");
+        }
+        let bytes = w.finish(recs.last().map_or(0, Record::ts_ns)).expect("finish");
+        let mut reader = recording::Reader::new(&bytes[..]).expect("reader");
+        let meta = reader.meta().clone();
+        let mut got = Vec::new();
+        let err = report::write_json(&mut reader, "prop.hop", Config::default(), hopscope::sink::summary::DEFAULT_PERCENTILES, &mut got).expect("streamed report");
+        assert_eq!(err, None);
+        let want = serde_json::to_string_pretty(&report::build("prop.hop", &meta, &run(&recs), None)).expect("report serializes") + "\n";
+        assert_eq!(String::from_utf8(got).expect("utf-8"), want);
+    });
+}
+
+#[test]
+fn damaged_streams_handed_out_at_random_horizons_give_every_request_exactly_once() {
+    for_cases("streaming-damaged", cases(150), |seed| {
+        let mut rng = Rng::new(seed);
+        let mut recs: Vec<Record> = Vec::new();
+        let mut at = 0;
+        for k in 0..rng.range(2, 5) {
+            for mut r in synthetic(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9))).records {
+                offset(&mut r, at);
+                recs.push(r);
+            }
+            at += rng.range(1_000, 6_000) * MS;
+        }
+        recs.sort_by_key(Record::ts_ns);
+        for _ in 0..rng.range(1, 3) {
+            mutate(&mut recs, ALL[rng.below(ALL.len())], &mut rng);
+        }
+        let mut c = Correlator::new(Config::default());
+        let mut got = Vec::new();
+        let mut now = 0;
+        for r in &recs {
+            c.ingest(r);
+            now = now.max(r.ts_ns());
+            if rng.chance(0.05) {
+                got.extend(c.drain_final(now));
+            }
+        }
+        let tail = c.finish_streaming();
+        got.extend(tail.requests);
+        assert_eq!(got.len(), recs.iter().filter_map(server_key).count(), "every request handed out once");
+        // Hops count up by one per chain in the order they were handed out.
+        let mut hops: HashMap<(String, u8), u32> = HashMap::new();
+        for r in &got {
+            let h = hops.entry((r.chain.clone(), r.chain_source as u8)).or_default();
+            *h += 1;
+            assert_eq!(r.hop, *h, "chain {} hop numbers", r.chain);
+        }
+    });
+}

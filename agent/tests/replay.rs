@@ -259,3 +259,31 @@ fn truncated_fixture_gives_a_partial_report_naming_the_offset() {
     assert_eq!(rep.recording.read_error.as_deref(), Some(err));
     serde_json::to_string(&rep).expect("partial report serializes");
 }
+
+/// What `hopscope report --json` prints: the report written while the
+/// recording is read.
+fn streamed_text(bytes: &[u8], path: &str) -> (String, Option<String>) {
+    let mut reader = Reader::new(bytes).expect("fixture header reads");
+    let cfg = Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+    let mut out = Vec::new();
+    let err = report::write_json(&mut reader, path, cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut out).expect("the report writes");
+    (String::from_utf8(out).expect("utf-8 json"), err)
+}
+
+#[test]
+fn streamed_json_report_equals_the_in_memory_report_byte_for_byte() {
+    for name in FIXTURES {
+        let bytes = std::fs::read(fixture(&format!("{name}.hop"))).expect("fixture present");
+        let (got, err) = streamed_text(&bytes, &report_path(name));
+        assert_eq!(err, None, "{name}");
+        assert_eq!(got, report_text(name), "{name}");
+    }
+    // A damaged tail: the readable part, and the error, as in memory.
+    let bytes = std::fs::read(fixture("chain3.hop")).expect("fixture present");
+    let cut = &bytes[..bytes.len() * 2 / 3];
+    let r = replay_bytes(cut);
+    let rep = report::build("cut.hop", &r.meta, &r.analysis, r.read_error.clone());
+    let (got, err) = streamed_text(cut, "cut.hop");
+    assert_eq!(err, r.read_error);
+    assert_eq!(got, serde_json::to_string_pretty(&rep).expect("report serializes") + "\n");
+}

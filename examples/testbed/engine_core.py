@@ -226,9 +226,13 @@ class EngineCoreProc:
             r = by_id.get(c.req_id)
             if r is not None:
                 r.truth["kv_copies"].append({k: rec[k] for k in ("start_ns", "end_ns", "bytes", "dir")})
+        # As vLLM: the step's stats ride on client 0's message, which is sent even when no
+        # request got tokens this step (a partial prefill chunk).
+        stats = self.sched.make_stats(self.kv.usage)
         msg = None
-        if outputs:
-            msg = EngineCoreOutputs(engine_index=self.cfg.engine_index, outputs=outputs)
+        if outputs or stats is not None:
+            msg = EngineCoreOutputs(engine_index=self.cfg.engine_index, outputs=outputs,
+                                    scheduler_stats=stats)
         t_end = time.monotonic_ns()
         step_rec = None
         if self.truth.enabled:

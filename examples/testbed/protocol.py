@@ -11,6 +11,7 @@ structs, so every field is always on the wire) and the same field ORDER, so that
 * EngineCoreOutput    19 fields (request_id … error)
 * EngineCoreEvent      map {"type", "timestamp"}   (plain msgspec.Struct)
 * PrefillStats         map with all 6 keys         (a dataclass in vLLM: every field by name)
+* SchedulerStats       map with all 12 keys        (a dataclass in vLLM; PrefixCacheStats inside too)
 * SamplingParams       map of non-default keys     (msgspec.Struct, omit_defaults=True)
 
 Fields the testbed never fills are typed ``Any`` and left ``None``.
@@ -130,6 +131,37 @@ class PrefillStats(msgspec.Struct):
     num_cache_creation_tokens: int = 0
 
 
+class PrefixCacheStats(msgspec.Struct):
+    """vLLM 0.33.0 PrefixCacheStats (a dataclass there; all fields by name on the wire).
+    Counts since the previous SchedulerStats: lookups, tokens looked up, tokens hit."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+
+class SchedulerStats(msgspec.Struct):
+    """vLLM 0.33.0 SchedulerStats (a dataclass there; all fields by name on the wire), sent in
+    EngineCoreOutputs.scheduler_stats on every step while stats logging is on (the default)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    step_counter: int = 0
+    current_wave: int = 0
+    kv_cache_usage: float = 0.0
+    encoder_cache_usage: float = 0.0
+    prefix_cache_stats: PrefixCacheStats = msgspec.field(default_factory=PrefixCacheStats)
+    connector_prefix_cache_stats: Optional[PrefixCacheStats] = None
+    spec_decoding_stats: Any = None
+    kv_connector_stats: Optional[dict] = None
+    waiting_lora_adapters: dict = {}
+    running_lora_adapters: dict = {}
+
+
 class EngineCoreRequest(
     msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 ):  # type: ignore[call-arg]
@@ -190,7 +222,7 @@ class EngineCoreOutputs(
 ):  # type: ignore[call-arg]
     engine_index: int = 0  # 0
     outputs: list[EngineCoreOutput] = []  # 1
-    scheduler_stats: Any = None  # 2
+    scheduler_stats: Any = None  # 2  SchedulerStats when stats logging is on
     timestamp: float = 0.0  # 3  time.monotonic() when the step's output is built
     utility_output: Any = None  # 4
     finished_requests: Optional[set[str]] = None  # 5

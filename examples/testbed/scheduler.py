@@ -32,7 +32,9 @@ from .protocol import (
     EngineCoreRequest,
     FinishReason,
     PrefillStats,
+    PrefixCacheStats,
     SamplingParams,
+    SchedulerStats,
 )
 from .tokenizer import EOS_ID
 
@@ -150,6 +152,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.step_counter = 0
         self.num_preemptions = 0
+        # Prefix-cache lookups since the last make_stats() (vLLM's PrefixCacheStats).
+        self.prefix_requests = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     # ------------------------------------------------------------ requests
     def add_request(self, ecr: EngineCoreRequest, arrive_ns: int) -> Request:
@@ -178,6 +184,17 @@ class Scheduler:
             self._finish(req, FinishReason.ABORT)
             done.append(req)
         return done
+
+    def make_stats(self, kv_cache_usage: float) -> Optional[SchedulerStats]:
+        """vLLM's Scheduler.make_stats(): None unless stats logging is on; resets the prefix counts."""
+        if not self.log_stats:
+            return None
+        pcs = PrefixCacheStats(requests=self.prefix_requests, queries=self.prefix_queries,
+                               hits=self.prefix_hits)
+        self.prefix_requests = self.prefix_queries = self.prefix_hits = 0
+        return SchedulerStats(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+                              step_counter=self.step_counter, current_wave=0,
+                              kv_cache_usage=float(kv_cache_usage), prefix_cache_stats=pcs)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -222,6 +239,11 @@ class Scheduler:
                 if req.num_computed_tokens == 0 and not req.skip_cache:
                     local, ext = self.kv.get_computed_blocks(req.block_hashes, req.num_tokens)
                 num_computed = (len(local) + ext) * self.block_size
+                if req.num_computed_tokens == 0 and not req.skip_cache:
+                    # vLLM counts device-cache hits here; connector (host) hits go elsewhere.
+                    self.prefix_requests += 1
+                    self.prefix_queries += req.num_tokens
+                    self.prefix_hits += len(local) * self.block_size
                 num_new = min(req.num_tokens - num_computed, budget)
                 if not self.kv.allocate_slots(req.request_id, num_computed, num_new, req.block_hashes, local, ext):
                     break

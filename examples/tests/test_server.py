@@ -18,6 +18,7 @@ import pytest
 from openai import OpenAI
 
 from helpers import FIXTURES, Testbed, parse_zmtp, ready_properties, run_chains
+from testbed.protocol import PrefixCacheStats, SchedulerStats
 from testbed.truth import read_truth
 
 MODEL = "hopscope-testbed"
@@ -176,7 +177,13 @@ def test_ipc_bytes_side_by_side_with_vllm_0_33_0(tb):
         assert fr.flags == (0x02 if len(fr.body) > 255 else 0x00)
         msg = msgspec.msgpack.decode(fr.body)
         assert len(msg) == len(fx_msg) == 9
-        _assert_same_shape(msg[:1] + msg[2:], fx_msg[:1] + fx_msg[2:])
+        # scheduler_stats (2): the fixture was captured with stats logging off (nil); the testbed
+        # logs stats, as vLLM does by default: a map with SchedulerStats' fields by name.
+        _assert_same_shape(msg[:1] + msg[3:], fx_msg[:1] + fx_msg[3:])
+        assert fx_msg[2] is None
+        assert list(msg[2]) == list(SchedulerStats.__struct_fields__)
+        assert list(msg[2]["prefix_cache_stats"]) == list(PrefixCacheStats.__struct_fields__)
+        assert 0.0 <= msg[2]["kv_cache_usage"] <= 1.0 and msg[2]["step_counter"] >= 1
         assert abs(msg[3] - time.monotonic()) < 120  # time.monotonic() seconds
         for o in msg[1]:
             assert len(o) == 19

@@ -193,3 +193,25 @@ def test_seeded_sampling_is_reproducible():
 
     assert gen(7) == gen(7)
     assert np.array(gen(7)).shape == (8,)
+
+
+def test_scheduler_stats_count_prefix_lookups_and_reset():
+    """SchedulerStats as vLLM's make_stats(): queues, KV usage, prefix-cache tokens since last."""
+    sched, runner = _engine(budget=64, bs=4)
+    prompt = list(range(40, 60))  # 20 tokens: 5 blocks, 4 cacheable (the last token is recomputed)
+    sched.add_request(_ecr("a", prompt, max_tokens=2), 0)
+    sched.add_request(_ecr("b", prompt[:12] + [99] * 8, max_tokens=2), 0)
+    first = sched.make_stats(0.0)
+    assert (first.num_running_reqs, first.num_waiting_reqs, first.prefix_cache_stats.queries) == (0, 2, 0)
+    _run(sched, runner)
+    st = sched.make_stats(0.25)
+    # Both looked up in the first step, before either was cached: 40 tokens queried, 0 hit.
+    assert (st.prefix_cache_stats.requests, st.prefix_cache_stats.queries, st.prefix_cache_stats.hits) == (2, 40, 0)
+    assert st.kv_cache_usage == 0.25 and st.step_counter == sched.step_counter
+    sched.add_request(_ecr("c", prompt, max_tokens=2), 0)
+    _run(sched, runner)
+    again = sched.make_stats(0.0)
+    assert (again.prefix_cache_stats.requests, again.prefix_cache_stats.queries, again.prefix_cache_stats.hits) == (1, 20, 16)
+    off, _ = _engine()
+    off.log_stats = False
+    assert off.make_stats(0.5) is None

@@ -2,14 +2,18 @@
 //! (`perfetto_protos` 0.51.1, generated from Perfetto's own .proto files):
 //! proves the field numbers of hopscope's hand-written prost subset, runs the
 //! invariant checker and compares the trace's structure with a golden one.
-//! Unprivileged: no eBPF, synthetic records.
+//! Traces are compressed (`compressed_packets`): the outer packets are
+//! decoded with the official schema too, and their batches inflated and
+//! decoded packet by packet; one test inflates them with zlib itself.
+//! Unprivileged except the live tests: no eBPF, synthetic records.
 
 use hopscope::correlate::{Analysis, Config, Correlator};
-use hopscope::event::{ConnKey, ProcOp};
-use hopscope::model::{HttpRole, Record, SseKind, Usage};
+use hopscope::event::{ConnKey, Dir, ProcOp};
+use hopscope::model::{EngineOutput, HttpRole, Record, SseKind, Usage};
 use hopscope::recording::{Meta, Writer, FORMAT_VERSION};
-use hopscope::sink::perfetto::{check, proto, write_trace, TraceInput};
-use hopscope_integration::{hopscope_bin, scratch};
+use hopscope::sink::perfetto::{check, proto, write_trace, write_trace_with, Encoding, TraceInput};
+use hopscope_integration::{fixture, free_port, hopscope_bin, privileged, python, read_jsonl, run_py, scratch, wait_healthy, Recording};
+use std::time::Duration;
 use perfetto_protos as pp;
 use protobuf::{Enum, Message};
 
@@ -125,10 +129,35 @@ fn no_unknown(what: &str, f: &protobuf::SpecialFields) {
     assert!(unknown.is_empty(), "{what}: field numbers {unknown:?} are not in Perfetto's schema");
 }
 
+/// The official decode, compressed batches inflated and their packets
+/// decoded in their place (as trace processor reads them).
 fn official(bytes: &[u8]) -> proto::Trace {
     let t = pp::trace::Trace::parse_from_bytes(bytes).expect("Perfetto's schema decodes the trace");
     no_unknown("Trace", &t.special_fields);
-    proto::Trace { packet: t.packet.iter().map(packet).collect() }
+    let mut out = Vec::with_capacity(t.packet.len());
+    for p in &t.packet {
+        if !p.has_compressed_packets() {
+            out.push(packet(p));
+            continue;
+        }
+        let mut only = pp::trace_packet::TracePacket::new();
+        only.set_compressed_packets(p.compressed_packets().to_vec());
+        assert_eq!(p, &only, "an outer packet carries compressed_packets only (trace processor ignores the rest)");
+        let inner = check::inflate(p.compressed_packets()).expect("a batch inflates");
+        let inner = pp::trace::Trace::parse_from_bytes(&inner).expect("Perfetto's schema decodes the packets in a batch");
+        no_unknown("Trace in compressed_packets", &inner.special_fields);
+        for q in &inner.packet {
+            assert!(!q.has_compressed_packets(), "a batch inside a batch");
+            out.push(packet(q));
+        }
+    }
+    proto::Trace { packet: out }
+}
+
+/// The `compressed_packets` payloads of a trace file, read with Perfetto's schema.
+fn batches(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let t = pp::trace::Trace::parse_from_bytes(bytes).expect("Perfetto's schema decodes the trace");
+    t.packet.iter().filter(|p| p.has_compressed_packets()).map(|p| p.compressed_packets().to_vec()).collect()
 }
 
 fn packet(p: &pp::trace_packet::TracePacket) -> proto::TracePacket {
@@ -289,12 +318,18 @@ fn track_descriptor(d: &pp::track_descriptor::TrackDescriptor) -> proto::TrackDe
 #[test]
 fn perfettos_own_schema_reads_every_field_hopscope_writes_with_the_same_value() {
     let bytes = trace_bytes(&small_chain_recording());
+    assert_eq!(batches(&bytes).len(), 1, "compressed: one batch for a small trace");
     let ours = check::decode(&bytes).expect("hopscope's subset decodes its own trace");
     let theirs = official(&bytes);
     assert_eq!(theirs.packet.len(), ours.packet.len());
     for (i, (a, b)) in theirs.packet.iter().zip(&ours.packet).enumerate() {
         assert_eq!(a, b, "packet {i} reads differently through Perfetto's schema");
     }
+    // Uncompressed, the file is those packets one after the other.
+    let a = analyse(&small_chain_recording());
+    let plain = write_trace_with(Vec::new(), TraceInput { meta: &meta(), records: &small_chain_recording(), analysis: &a, read_error: None }, Encoding::PLAIN).unwrap().0;
+    assert!(batches(&plain).is_empty());
+    assert_eq!(official(&plain), theirs);
     // Enum values the writer uses mean what Perfetto says they mean.
     use pp::track_event::track_event::Type;
     assert_eq!(Type::TYPE_SLICE_BEGIN.value(), proto::EventType::SliceBegin as i32);
@@ -325,11 +360,12 @@ fn perfettos_own_schema_reads_every_field_hopscope_writes_with_the_same_value() 
     assert!(descs().any(|d| d.child_ordering.is_some()) && descs().any(|d| d.sibling_order_rank.is_some()));
 }
 
+// Loss counters are listed in the order they first lost something.
 const GOLDEN: &str = "\
 hopscope [track] !recording×1
+  drops: unparsed_bytes [counter] values×2
   drops: kernel_ringbuf_full [counter] values×2
   drops: requests_unfinished [counter] values×2
-  drops: unparsed_bytes [counter] values×2
 vllm-api (pid 4242) [process]
 EngineCore (pid 4300) [process]
 Chains [track]
@@ -397,6 +433,14 @@ fn hopscope_trace_turns_a_recording_file_into_a_checked_perfetto_trace() {
     let res = std::process::Command::new(hopscope_bin()).args(["trace", hop.to_str().unwrap()]).output().unwrap();
     assert!(res.status.success());
     assert_eq!(std::fs::read(dir.join("run.pftrace")).unwrap(), bytes);
+    // --no-compress: the same packets, one by one.
+    let plain = dir.join("plain.pftrace");
+    let res = std::process::Command::new(hopscope_bin()).args(["trace", "--no-compress", hop.to_str().unwrap(), "-o", plain.to_str().unwrap()]).output().unwrap();
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let plain = std::fs::read(&plain).unwrap();
+    assert!(batches(&plain).is_empty() && !batches(&bytes).is_empty());
+    assert_eq!(official(&plain), official(&bytes));
+    assert!(bytes.len() * 2 < plain.len(), "compressed {} of {} bytes", bytes.len(), plain.len());
     // Not a recording: one clear line, no trace left behind.
     let bad = dir.join("bad.hop");
     std::fs::write(&bad, b"definitely not a recording").unwrap();
@@ -405,4 +449,236 @@ fn hopscope_trace_turns_a_recording_file_into_a_checked_perfetto_trace() {
     assert!(!res.status.success());
     assert!(err.contains("not a hopscope recording") && err.trim().lines().count() == 1, "{err}");
     assert!(!dir.join("bad.pftrace").exists());
+}
+
+/// The small chain recording plus what the engine and the GPU add: engine
+/// IPC for chatcmpl-5-0 (its ADD, a step per token), kernels on two streams
+/// of the engine inside those steps, KV-cache stats and NVML samples.
+fn engine_and_gpu_recording() -> Vec<Record> {
+    let mut r = small_chain_recording();
+    let id = "chatcmpl-5-0-0123abcd";
+    r.push(Record::EngineRequest {
+        conn: ConnKey { tgid: FRONTEND, fd: 40, ino: 40 },
+        ts_ns: T0 + MS,
+        tid: FRONTEND,
+        dir: Dir::Out,
+        request_id: id.into(),
+        external_req_id: Some("chatcmpl-5-0".into()),
+        prompt_tokens: Some(100),
+        max_tokens: None,
+        arrival_time_s: None,
+        traceparent: None,
+        data_parallel_rank: None,
+        truncated: false,
+    });
+    let ends: Vec<u64> = (0..4).map(|k| T0 + 3 * MS + k * 2 * MS).collect();
+    for (k, &end) in ends.iter().enumerate() {
+        r.push(Record::EngineOutputs {
+            conn: ConnKey { tgid: ENGINE, fd: 41, ino: 41 },
+            ts_ns: end + 30_000,
+            tid: ENGINE,
+            dir: Dir::Out,
+            engine_index: Some(0),
+            timestamp_s: Some(end as f64 / 1e9),
+            outputs: vec![EngineOutput { request_id: id.into(), new_tokens: 1, finish_reason: (k == 3).then_some(0), events: vec![], prefill: None }],
+            outputs_total: Some(1),
+            finished_requests: vec![],
+            truncated: false,
+        });
+        r.push(Record::EngineStats { conn: ConnKey { tgid: ENGINE, fd: 41, ino: 41 }, ts_ns: end + 30_000, engine_index: Some(0), running: Some(1), waiting: Some(0), kv_cache_usage: Some(0.1 * k as f64), step_counter: Some(k as u64), prefix_cache_queries: None, prefix_cache_hits: None });
+        if k > 0 {
+            for j in 0..3u64 {
+                r.push(Record::GpuKernel {
+                    ts_ns: ends[k - 1] + 100_000 + j * 300_000,
+                    end_ns: ends[k - 1] + 300_000 + j * 300_000,
+                    pid: ENGINE,
+                    device: 0,
+                    context: 1,
+                    stream: 7 + (j % 2) as u32,
+                    correlation_id: (k * 10 + j as usize) as u32,
+                    graph_id: 0,
+                    graph_node_id: 0,
+                    name: format!("kernel_{j}"),
+                    grid: [108, 1, 1],
+                    block: [256, 1, 1],
+                    static_shared_mem: 0,
+                    dynamic_shared_mem: 0,
+                    registers_per_thread: 32,
+                });
+            }
+        }
+    }
+    r.push(Record::GpuSample {
+        ts_ns: T0 + 5 * MS,
+        device: 0,
+        mem_used_bytes: 40 << 30,
+        mem_total_bytes: 80 << 30,
+        process_mem: vec![(ENGINE, 38 << 30)],
+        sm_util_pct: Some(87),
+        mem_util_pct: None,
+        pcie_tx_kib_s: None,
+        pcie_rx_kib_s: None,
+        nvlink_tx_kib_s: None,
+        nvlink_rx_kib_s: None,
+    });
+    r.sort_by_key(Record::ts_ns);
+    r
+}
+
+#[test]
+fn flows_steps_kernels_counters_and_delta_timestamps_read_the_same_through_perfettos_schema() {
+    let recs = engine_and_gpu_recording();
+    let a = analyse(&recs);
+    // Small batches: every sequence's interning, defaults and incremental
+    // clock span several batches.
+    let bytes = write_trace_with(Vec::new(), TraceInput { meta: &meta(), records: &recs, analysis: &a, read_error: None }, Encoding { batch_bytes: 512, ..Encoding::COMPRESSED }).unwrap().0;
+    assert!(batches(&bytes).len() > 5, "{} batches", batches(&bytes).len());
+    let ours = check::decode(&bytes).expect("hopscope's subset decodes its own trace");
+    let theirs = official(&bytes);
+    assert_eq!(theirs, official(&trace_bytes(&recs)), "the same packets whatever the batch size");
+    assert_eq!(theirs.packet.len(), ours.packet.len());
+    for (i, (a, b)) in theirs.packet.iter().zip(&ours.packet).enumerate() {
+        assert_eq!(a, b, "packet {i} reads differently through Perfetto's schema");
+    }
+    let s = check::check(&theirs).unwrap_or_else(|e| panic!("{e}"));
+    // hop→request ×6, prefill→first step, decode→3 steps, each of the 3 steps
+    // with kernels → its first and last kernel.
+    assert_eq!(s.flows, 6 + 1 + 3 + 3 * 2, "{}", s.render());
+    for name in ["Engine steps", "Server", "output tokens/s", "KV-cache usage %", "GPU 0 memory used", "GPU 0 SM utilisation %", "running requests", "waiting requests", "GPU 0 stream 7", "GPU 0 stream 8"] {
+        assert!(s.track(name).is_some(), "no {name} track in\n{}", s.render());
+    }
+    // The compact encoding: sequence-scoped incremental clocks, a sequence
+    // per GPU stream whose events omit their track.
+    assert!(ours.packet.iter().any(|p| matches!(&p.data, Some(proto::Data::ClockSnapshot(c)) if c.clocks.iter().any(|k| k.clock_id == Some(64) && k.is_incremental == Some(true)))));
+    assert!(ours.packet.iter().any(|p| p.trace_packet_defaults.as_ref().is_some_and(|d| d.track_event_defaults.as_ref().is_some_and(|t| t.track_uuid.is_some()))));
+    assert!(ours.packet.iter().any(|p| matches!(&p.data, Some(proto::Data::TrackEvent(e)) if e.track_uuid.is_none())));
+    assert!(ours.packet.iter().any(|p| matches!(&p.data, Some(proto::Data::TrackEvent(e)) if e.double_counter_value.is_some())));
+    assert_eq!(pp::counter_descriptor::counter_descriptor::Unit::UNIT_SIZE_BYTES.value(), proto::CounterUnit::SizeBytes as i32);
+    let ids: std::collections::BTreeSet<u32> = ours.packet.iter().filter_map(|p| p.trusted_packet_sequence_id).collect();
+    assert!(ids.len() >= 5, "main, requests, steps, two streams, counters: {ids:?}");
+}
+
+/// The batches are what zlib itself (the C library trace processor links;
+/// Python's `zlib` module wraps it) inflates: with the zlib wrapper strictly
+/// (window bits 15), and in trace processor's mode (`inflateInit2(32 +
+/// MAX_WBITS)`: zlib or gzip header), to the same bytes the checker inflates.
+#[test]
+fn compressed_batches_inflate_with_zlib_itself_as_trace_processor_inflates_them() {
+    use std::io::Write as _;
+    let recs = engine_and_gpu_recording();
+    let a = analyse(&recs);
+    let bytes = write_trace_with(Vec::new(), TraceInput { meta: &meta(), records: &recs, analysis: &a, read_error: None }, Encoding { batch_bytes: 2048, ..Encoding::COMPRESSED }).unwrap().0;
+    let zs = batches(&bytes);
+    assert!(zs.len() > 2, "{} batches", zs.len());
+    const PY: &str = r#"
+import struct, sys, zlib
+data, out, i = sys.stdin.buffer.read(), sys.stdout.buffer, 0
+while i < len(data):
+    (n,) = struct.unpack_from("<I", data, i)
+    z = data[i + 4 : i + 4 + n]
+    i += 4 + n
+    strict = zlib.decompress(z, 15)
+    d = zlib.decompressobj(32 + 15)
+    auto = d.decompress(z) + d.flush()
+    assert strict == auto and d.eof and not d.unused_data, "zlib and auto-detect disagree"
+    out.write(struct.pack("<I", len(strict)) + strict)
+sys.stderr.write(zlib.ZLIB_RUNTIME_VERSION)
+"#;
+    let mut child = std::process::Command::new(python())
+        .args(["-c", PY])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running python");
+    let mut input = Vec::new();
+    for z in &zs {
+        input.extend_from_slice(&(z.len() as u32).to_le_bytes());
+        input.extend_from_slice(z);
+    }
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let res = child.wait_with_output().unwrap();
+    assert!(res.status.success(), "zlib refused a batch: {}", String::from_utf8_lossy(&res.stderr));
+    assert!(!res.stderr.is_empty(), "zlib's version");
+    let mut at = 0;
+    let mut inflated = Vec::new();
+    while at < res.stdout.len() {
+        let n = u32::from_le_bytes(res.stdout[at..at + 4].try_into().unwrap()) as usize;
+        inflated.push(res.stdout[at + 4..at + 4 + n].to_vec());
+        at += 4 + n;
+    }
+    let ours: Vec<Vec<u8>> = zs.iter().map(|z| check::inflate(z).unwrap()).collect();
+    assert_eq!(inflated, ours, "zlib inflates each batch to what the checker reads");
+    // Concatenated, the batches are the plain trace's bytes.
+    let plain = write_trace_with(Vec::new(), TraceInput { meta: &meta(), records: &recs, analysis: &a, read_error: None }, Encoding::PLAIN).unwrap().0;
+    assert_eq!(inflated.concat(), plain);
+}
+
+/// `record --perfetto`: the trace grows while recording — read mid-recording
+/// it decodes with Perfetto's schema and passes the checker — and ends with
+/// every request.
+#[test]
+fn record_with_perfetto_writes_the_trace_live_and_completes_it_when_recording_stops() {
+    let Some(_serial) = privileged("record_with_perfetto_writes_the_trace_live_and_completes_it_when_recording_stops") else { return };
+    let dir = scratch("perfetto-live");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let trace = dir.join("live.pftrace");
+    let rec = Recording::run(&dir.join("run.hop"), &["--perfetto", trace.to_str().unwrap()], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "3", "--sdk", "raw"]);
+    // Records leave the reorder window and the file is flushed every second.
+    let mut sizes = Vec::new();
+    let mut mid = None;
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(1200));
+        let bytes = std::fs::read(&trace).expect("the trace exists while recording");
+        let part = check::complete_packets(&bytes).to_vec();
+        sizes.push(part.len());
+        mid = Some(part);
+    }
+    let mid = mid.unwrap();
+    assert!(batches(&mid).len() >= 2, "compressed, a batch per flush");
+    let s = check::check(&official(&mid)).unwrap_or_else(|e| panic!("mid-recording trace: {e}"));
+    assert!(s.tracks.iter().any(|t| t.kind == "thread" && t.slices.get("off-cpu").is_some_and(|n| *n > 0)), "off-CPU slices while recording:\n{}", s.render());
+    assert!(s.track("Requests").is_none(), "requests are appended when recording stops");
+    assert!(sizes[0] > 0 && sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+    rec.stop();
+    let bytes = std::fs::read(&trace).unwrap();
+    assert!(bytes.starts_with(&mid), "the live part is kept as it was written");
+    let s = check::check(&official(&bytes)).unwrap_or_else(|e| panic!("{e}"));
+    for c in read_jsonl(&out) {
+        assert!(s.track(c["id"].as_str().unwrap()).is_some(), "request track for {}", c["id"]);
+    }
+}
+
+/// A recorder killed with SIGKILL leaves a live trace that is readable up to
+/// its last flush: whole packets decode with Perfetto's schema and pass the
+/// checker (no open slices), with what was recorded until then.
+#[test]
+fn a_killed_recorder_leaves_a_readable_trace_up_to_its_last_flush() {
+    let Some(_serial) = privileged("a_killed_recorder_leaves_a_readable_trace_up_to_its_last_flush") else { return };
+    let dir = scratch("perfetto-killed");
+    let port = free_port();
+    let mut server = std::process::Command::new(python()).arg(fixture("sse_server.py")).args(["--port", &port.to_string()]).spawn().expect("spawning the server");
+    wait_healthy(port, Duration::from_secs(30));
+    let trace = dir.join("killed.pftrace");
+    let mut rec = Recording::record(&dir.join("run.hop"), &[server.id()], &["--perfetto", trace.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "2", "--sdk", "raw"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    rec.child.kill().expect("SIGKILL hopscope");
+    rec.child.wait().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let bytes = std::fs::read(&trace).expect("the live trace exists");
+    let part = check::complete_packets(&bytes);
+    assert!(part.len() + 4096 >= bytes.len(), "at most a partial buffer is cut: {} of {} bytes", part.len(), bytes.len());
+    assert!(!batches(part).is_empty(), "compressed batches");
+    let s = check::check(&official(part)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.tracks.iter().any(|t| t.kind == "thread" && t.slices.get("off-cpu").is_some_and(|n| *n > 0)), "off-CPU slices up to the kill:\n{}", s.render());
+    assert!(s.track("Requests").is_none(), "requests are appended only by a recorder that stops");
 }

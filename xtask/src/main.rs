@@ -6,11 +6,14 @@
 //!   Python testbed tests). Run as root for the eBPF tests.
 //! - `demo [--out DIR]`: testbed + chain client under `hopscope run`, then the report.
 //! - `bench`: overhead and per-program cost figures, side by side in one run.
+//! - `fuzz [--seconds N] [TARGET…]`: the decoders' libFuzzer targets (fuzz/), bounded.
 
 mod bench;
 mod bench_correlate;
+mod bench_memory;
 mod codegen;
 mod demo;
+mod fuzz;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -150,8 +153,10 @@ fn main() -> Result<()> {
         "test" => test(rest),
         "bench" => bench::run(rest),
         "bench-correlator" => bench_correlate::run(rest),
+        "bench-memory" => bench_memory::run(rest),
         "demo" => demo::run_demo(rest),
         "codegen-cupti" => codegen::run(rest),
+        "fuzz" => fuzz::run(rest),
         other => bail!("unknown task {other:?}: expected setup, test, demo or bench"),
     }
 }

@@ -95,14 +95,22 @@ pub struct EngineReq {
     pub preempted_ns: Vec<u64>,
     /// End of the step that produced the first token (writer's syscall).
     pub first_token_ns: Option<u64>,
-    /// Index into the step list of the step that produced the first token.
+    /// Number (in output order) of the step that produced the first token.
     pub first_step: Option<usize>,
+    /// End of the step before the first-token step, if there was one.
+    pub first_step_prev_end_ns: Option<u64>,
     pub steps: u32,
     pub new_tokens: u64,
     pub finish_reason: Option<u8>,
     pub finished_ns: Option<u64>,
     pub prefill: Option<PrefillStats>,
     pub aborted: bool,
+    /// Decode time lost to co-batched prefills, and whose (charged step by step).
+    pub interference_ns: u64,
+    pub interference_from: Vec<String>,
+    /// Latest record that touched it: it may be forgotten once this is past
+    /// the horizon and no unsettled HTTP request can claim it.
+    pub last_ns: u64,
 }
 
 /// An engine step that produced outputs (one EngineCoreOutputs message).
@@ -116,41 +124,116 @@ pub struct Step {
     /// when the engine keeps the CPUs busy: that lag belongs to the output
     /// path, not to compute.
     pub sent_ns: u64,
-    /// (engine request index into [`Analysis`]'s engine requests order,
+    /// (engine request number, in first-seen order over the whole recording,
     /// new tokens, first tokens of that request?).
     pub members: Vec<(u32, u64, bool)>,
 }
 
+/// How many recent pure-decode step durations the interference baseline
+/// looks at. The baseline is causal (a step is judged against the steps
+/// before it) so that a request's interference is known when its last step
+/// is, whatever comes later: that is what lets the correlator hand requests
+/// out while the recording is still being read. 1024 steps is 10-50 s of a
+/// busy vLLM engine: long enough to be stable, short enough to follow load.
+pub const BASELINE_WINDOW: usize = 1024;
+
+/// The median of the last [`BASELINE_WINDOW`] values pushed (upper median,
+/// as `sorted[len / 2]`). Pushing is O(1); the median is selected when asked
+/// (only steps that carried a prefill ask).
+#[derive(Debug, Default, Clone)]
+pub struct RollingMedian {
+    recent: std::collections::VecDeque<u64>,
+    scratch: Vec<u64>,
+}
+
+impl RollingMedian {
+    pub fn push(&mut self, v: u64) {
+        if self.recent.len() == BASELINE_WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(v);
+    }
+
+    pub fn median(&mut self) -> Option<u64> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        self.scratch.clear();
+        self.scratch.extend(self.recent.iter().copied());
+        let mid = self.scratch.len() / 2;
+        Some(*self.scratch.select_nth_unstable(mid).1)
+    }
+}
+
 #[derive(Default)]
 pub struct EngineSide {
-    /// Engine requests in first-seen order, and their index by id.
-    reqs: Vec<EngineReq>,
-    index: HashMap<String, u32>,
-    /// Steps built from the writer's copies (Out), as they come.
+    /// Engine requests not yet claimed or forgotten, by number; the number by
+    /// id, and the numbers by every key an HTTP request may know them by
+    /// ([`http_key_of`]).
+    reqs: super::FxMap<u32, EngineReq>,
+    index: super::FxMap<String, u32>,
+    by_key: HashMap<String, Vec<u32>>,
+    next: u32,
+    /// Steps built so far and not yet taken.
     steps: Vec<Step>,
+    steps_seen: usize,
+    last_step_end: Option<u64>,
+    baseline: RollingMedian,
     /// The reader's copies (In), held only until a writer's copy shows the
-    /// engine is traced; used at the end if it never was.
-    held_in: Vec<(u64, Option<u64>, Vec<EngineOutput>)>,
+    /// engine is traced; used once past the horizon (or at the end) if it
+    /// never was.
+    held_in: std::collections::VecDeque<(u64, Option<u64>, Vec<EngineOutput>)>,
     seen_writer: bool,
+    from_reader: bool,
     /// Per writer thread, the write whose wake-up an ADD already claimed.
     wake_claimed: HashMap<u32, u64>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
 impl EngineSide {
+    fn count(&mut self, what: &'static str) {
+        *self.counters.entry(what).or_default() += 1;
+    }
+
+    fn index_keys(&mut self, i: u32) {
+        let Some(e) = self.reqs.get(&i) else { return };
+        for k in http_key_of(e) {
+            let v = self.by_key.entry(k).or_default();
+            if !v.contains(&i) {
+                v.push(i);
+            }
+        }
+    }
+
     fn idx(&mut self, id: &str) -> u32 {
         if let Some(&i) = self.index.get(id) {
             return i;
         }
-        let i = self.reqs.len() as u32;
-        self.reqs.push(EngineReq { request_id: id.to_owned(), ..EngineReq::default() });
+        let i = self.next;
+        self.next += 1;
+        self.reqs.insert(i, EngineReq { request_id: id.to_owned(), ..EngineReq::default() });
         self.index.insert(id.to_owned(), i);
+        self.index_keys(i);
         i
     }
 
     fn req(&mut self, id: &str) -> &mut EngineReq {
         let i = self.idx(id);
-        &mut self.reqs[i as usize]
+        self.reqs.get_mut(&i).expect("idx inserts")
+    }
+
+    fn forget(&mut self, i: u32) -> Option<EngineReq> {
+        let e = self.reqs.remove(&i)?;
+        self.index.remove(&e.request_id);
+        for k in http_key_of(&e) {
+            if let Some(v) = self.by_key.get_mut(&k) {
+                v.retain(|&x| x != i);
+                if v.is_empty() {
+                    self.by_key.remove(&k);
+                }
+            }
+        }
+        Some(e)
     }
 
     /// `woke`: per thread, its last switch-in and the wake-up before it (from
@@ -162,10 +245,11 @@ impl EngineSide {
     pub fn ingest(&mut self, rec: &Record, woke: &HashMap<u32, Woke>) {
         match rec {
             Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, .. } => {
-                let ri = self.idx(request_id) as usize;
+                let ri = self.idx(request_id);
                 let writer = *dir == Dir::Out;
+                let r = &self.reqs[&ri];
                 // The writer's syscall wins; the first copy seen otherwise.
-                let (has_submit, from_writer) = (self.reqs[ri].submit_ns.is_some(), self.reqs[ri].submit_from_writer);
+                let (has_submit, from_writer) = (r.submit_ns.is_some(), r.submit_from_writer);
                 if !has_submit || (writer && !from_writer) {
                     // ZMQ batches messages: several ADDs can leave in one
                     // write. Only the first was handed over when the thread
@@ -179,22 +263,29 @@ impl EngineSide {
                     if writer {
                         self.wake_claimed.insert(*tid, *ts_ns);
                     }
-                    let r = &mut self.reqs[ri];
+                    let r = self.reqs.get_mut(&ri).expect("idx inserts");
                     r.submit_wake_ns = wake;
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
                 }
-                let r = &mut self.reqs[ri];
+                let r = self.reqs.get_mut(&ri).expect("idx inserts");
+                r.last_ns = r.last_ns.max(*ts_ns);
+                let new_ext = r.external_id.is_none() && external_req_id.is_some();
                 if r.external_id.is_none() {
                     r.external_id.clone_from(external_req_id);
                 }
                 if r.prompt_tokens.is_none() {
                     r.prompt_tokens = *prompt_tokens;
                 }
+                if new_ext {
+                    self.index_keys(ri);
+                }
             }
-            Record::EngineAbort { request_ids, .. } => {
+            Record::EngineAbort { ts_ns, request_ids, .. } => {
                 for id in request_ids {
-                    self.req(id).aborted = true;
+                    let r = self.req(id);
+                    r.aborted = true;
+                    r.last_ns = r.last_ns.max(*ts_ns);
                 }
             }
             Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, .. } => {
@@ -203,11 +294,17 @@ impl EngineSide {
                     Dir::Out => {
                         if !self.seen_writer {
                             self.seen_writer = true;
-                            self.held_in = Vec::new();
+                            self.held_in = Default::default();
+                            if self.from_reader {
+                                // Read all at once, the reader's copies would
+                                // all have been dropped; those already settled
+                                // stay steps.
+                                self.count("engine_writer_after_reader_steps");
+                            }
                         }
                         self.step(*ts_ns, built, outputs);
                     }
-                    Dir::In if !self.seen_writer => self.held_in.push((*ts_ns, built, outputs.clone())),
+                    Dir::In if !self.seen_writer => self.held_in.push_back((*ts_ns, built, outputs.clone())),
                     Dir::In => {}
                 }
             }
@@ -215,29 +312,46 @@ impl EngineSide {
         }
     }
 
-    /// One step from one EngineCoreOutputs message.
+    /// One step from one EngineCoreOutputs message. Interference is charged
+    /// here: a step that carried someone's first token (their prefill) and
+    /// took longer than the baseline of recent pure-decode steps cost the
+    /// excess to every member already decoding.
     fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, outputs: &[EngineOutput]) {
         // A built time after the write is impossible (clock or decode error):
         // fall back to the write.
         let end_ns = match built_ns {
             Some(b) if b <= sent_ns => b,
             Some(_) => {
-                *self.counters.entry("engine_timestamp_after_send").or_default() += 1;
+                self.count("engine_timestamp_after_send");
                 sent_ns
             }
             None => sent_ns,
         };
-        let idx = self.steps.len();
+        let idx = self.steps_seen;
+        self.steps_seen += 1;
+        let dur = self.last_step_end.map(|p| end_ns.saturating_sub(p));
+        let prev_end = self.last_step_end;
+        self.last_step_end = Some(end_ns);
         let mut members = Vec::with_capacity(outputs.len());
+        let mut decoding: Vec<u32> = Vec::new();
+        let mut newcomers: Vec<String> = Vec::new();
         for o in outputs {
             let ri = self.idx(&o.request_id);
-            let r = &mut self.reqs[ri as usize];
+            let r = self.reqs.get_mut(&ri).expect("idx inserts");
+            r.last_ns = r.last_ns.max(sent_ns);
             r.steps += 1;
             r.new_tokens += o.new_tokens;
             let first = o.new_tokens > 0 && r.first_token_ns.is_none();
             if first {
                 r.first_token_ns = Some(end_ns);
                 r.first_step = Some(idx);
+                r.first_step_prev_end_ns = prev_end;
+                let name = r.external_id.clone().unwrap_or_else(|| r.request_id.clone());
+                if !newcomers.contains(&name) {
+                    newcomers.push(name);
+                }
+            } else if r.first_step.is_some_and(|f| f < idx) {
+                decoding.push(ri);
             }
             for ev in &o.events {
                 let Some(t) = s_to_ns(ev.timestamp_s) else { continue };
@@ -257,19 +371,151 @@ impl EngineSide {
             }
             members.push((ri, o.new_tokens, first));
         }
+        match (dur, newcomers.is_empty()) {
+            (Some(d), true) => self.baseline.push(d),
+            (Some(d), false) => {
+                if let Some(med) = self.baseline.median().filter(|&m| d > m) {
+                    for ri in decoding {
+                        let Some(r) = self.reqs.get_mut(&ri) else { continue };
+                        r.interference_ns += d - med;
+                        for n in &newcomers {
+                            if !r.interference_from.contains(n) {
+                                r.interference_from.push(n.clone());
+                            }
+                        }
+                    }
+                }
+            }
+            (None, _) => {}
+        }
         self.steps.push(Step { end_ns, sent_ns, members });
     }
 
-    /// Ends the engine side: steps (from the writer when it was traced, else
-    /// from the reader) and per-request marks.
-    pub fn finish(mut self) -> (Vec<EngineReq>, Vec<Step>, BTreeMap<&'static str, u64>) {
-        if !self.seen_writer && !self.held_in.is_empty() {
-            *self.counters.entry("engine_steps_from_reader").or_default() += 1;
-            for (sent, built, outputs) in std::mem::take(&mut self.held_in) {
-                self.step(sent, built, &outputs);
+    /// Reader's copies older than `horizon` become steps when no writer's copy
+    /// has been seen: the engine side is not traced, and holding them longer
+    /// would hold the recording.
+    pub fn settle(&mut self, horizon_ns: u64) {
+        if self.seen_writer {
+            return;
+        }
+        while self.held_in.front().is_some_and(|h| h.0 < horizon_ns) {
+            let (sent, built, outputs) = self.held_in.pop_front().expect("front checked");
+            if !self.from_reader {
+                self.from_reader = true;
+                self.count("engine_steps_from_reader");
+            }
+            self.step(sent, built, &outputs);
+        }
+    }
+
+    /// Steps built since the last call, in output order.
+    pub fn take_steps(&mut self) -> Vec<Step> {
+        std::mem::take(&mut self.steps)
+    }
+
+    /// The engine request for an HTTP request, when it becomes final: every
+    /// unclaimed engine request that names it (its id or x-request-id, see
+    /// [`http_key_of`]) and was submitted while it was served is claimed by
+    /// it; the first one seen carries the partition, the others are counted
+    /// as extra (n > 1, several prompts). HTTP requests become final in
+    /// arrival order, so each engine request goes to the earliest HTTP
+    /// request that fits, as when every request was known.
+    pub fn claim(&mut self, r: &Request) -> Option<EnginePhases> {
+        let mut hits: Vec<u32> = Vec::new();
+        for name in std::iter::once(&r.id).chain(r.x_request_id.as_ref()) {
+            for &i in self.by_key.get(name.as_str()).into_iter().flatten() {
+                let Some(submit) = self.reqs.get(&i).and_then(|e| e.submit_ns) else { continue };
+                if r.arrive_ns <= submit && r.done_ns.is_none_or(|d| submit <= d) && !hits.contains(&i) {
+                    hits.push(i);
+                }
             }
         }
-        (self.reqs, self.steps, self.counters)
+        hits.sort_unstable();
+        let mut claimed = hits.into_iter().filter_map(|i| self.forget(i));
+        let e = claimed.next()?;
+        let extra = claimed.count() as u64;
+        if extra > 0 {
+            *self.counters.entry("engine_requests_extra").or_default() += extra;
+        }
+        self.count("engine_requests_linked");
+        // The wake-up is the hand-over only if it happened while the HTTP
+        // request was being served; an earlier one woke the thread for
+        // something else.
+        let submit = e.submit_ns.expect("claimed requests have a submit");
+        let submit = match e.submit_wake_ns {
+            Some(w) if w >= r.arrive_ns => w,
+            _ => submit,
+        };
+        let (scheduled_ns, scheduled_source) = match e.scheduled_ns {
+            Some(t) => (Some(t), "event"),
+            None => match (e.first_step, e.first_step_prev_end_ns) {
+                // The step producing the first token started after the one before it ended.
+                (Some(_), Some(p)) if p >= submit => (Some(p), "step"),
+                (Some(_), _) => (Some(submit), "submit"),
+                (None, _) => (None, "submit"),
+            },
+        };
+        let prefill = e.prefill.unwrap_or_default();
+        Some(EnginePhases {
+            submit_ns: submit,
+            scheduled_ns,
+            first_token_ns: e.first_token_ns,
+            steps: e.steps,
+            preemptions: e.preempted_ns.len() as u32,
+            prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
+            cached_tokens: prefill.cached_tokens,
+            computed_tokens: prefill.computed_tokens,
+            interference_ns: e.interference_ns,
+            interference_from: e.interference_from,
+            scheduled_source,
+            engine_request_id: e.request_id,
+        })
+    }
+
+    /// Forgets engine requests no HTTP request can claim any more: untouched
+    /// since before `horizon_ns`, and submitted before `oldest_unsettled_ns`
+    /// (the earliest arrival among HTTP requests not yet final; a claim needs
+    /// arrival <= submit). Each is counted once, as at the end.
+    pub fn forget_unclaimable(&mut self, horizon_ns: u64, oldest_unsettled_ns: Option<u64>) {
+        let gone: Vec<u32> = self
+            .reqs
+            .iter()
+            .filter(|(_, e)| e.last_ns < horizon_ns && e.submit_ns.is_none_or(|s| oldest_unsettled_ns.is_none_or(|o| s < o)))
+            .map(|(&i, _)| i)
+            .collect();
+        for i in gone {
+            if let Some(e) = self.forget(i) {
+                self.count(if e.submit_ns.is_some() { "engine_requests_unlinked" } else { "engine_outputs_without_request" });
+            }
+        }
+    }
+
+    /// Ends a replay of the engine side alone (no HTTP claims): every engine
+    /// request in first-seen order (what [`Step::members`] number), the steps
+    /// not taken, the counters.
+    pub fn finish(mut self) -> (Vec<EngineReq>, Vec<Step>, BTreeMap<&'static str, u64>) {
+        self.settle(u64::MAX);
+        let mut reqs: Vec<(u32, EngineReq)> = self.reqs.drain().collect();
+        reqs.sort_unstable_by_key(|r| r.0);
+        (reqs.into_iter().map(|r| r.1).collect(), self.steps, self.counters)
+    }
+
+    /// Ends the engine side: the reader's copies if the writer was never
+    /// traced, then every engine request left unclaimed is counted.
+    pub fn close(&mut self) {
+        self.settle(u64::MAX);
+        let mut left: Vec<u32> = self.reqs.keys().copied().collect();
+        left.sort_unstable();
+        for i in left {
+            if let Some(e) = self.forget(i) {
+                self.count(if e.submit_ns.is_some() { "engine_requests_unlinked" } else { "engine_outputs_without_request" });
+            }
+        }
+    }
+
+    /// Engine requests held (not yet claimed or forgotten).
+    pub fn open_requests(&self) -> usize {
+        self.reqs.len()
     }
 }
 
@@ -405,120 +651,6 @@ pub fn partition(r: &Request) -> Partition {
     }
     p.clamped = m.clamped;
     p
-}
-
-/// Joins engine requests to HTTP requests and computes their engine phases.
-pub fn attach(requests: &mut [Request], engine: EngineSide, own: &mut BTreeMap<&'static str, u64>) -> Vec<Step> {
-    let (reqs, steps, counters) = engine.finish();
-    for (k, v) in counters {
-        *own.entry(k).or_default() += v;
-    }
-    // HTTP requests by the ids the engine may know them by.
-    let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
-    for (i, r) in requests.iter().enumerate() {
-        by_key.entry(r.id.clone()).or_default().push(i);
-        if let Some(x) = &r.x_request_id {
-            by_key.entry(x.clone()).or_default().push(i);
-        }
-    }
-    // Median duration of steps with no request's first token in them (pure
-    // decode, as far as the outputs tell): the baseline for interference.
-    let dur = |k: usize| -> Option<u64> { (k > 0).then(|| steps[k].end_ns.saturating_sub(steps[k - 1].end_ns)) };
-    let mut pure: Vec<u64> = (1..steps.len()).filter(|&k| steps[k].members.iter().all(|m| !m.2)).filter_map(dur).collect();
-    pure.sort_unstable();
-    let median = pure.get(pure.len() / 2).copied();
-    // Step index by member, for the per-request walk.
-    let mut member_steps: Vec<Vec<usize>> = vec![Vec::new(); reqs.len()];
-    for (k, s) in steps.iter().enumerate() {
-        for m in &s.members {
-            member_steps[m.0 as usize].push(k);
-        }
-    }
-    let mut linked = 0u64;
-    for (ri, e) in reqs.iter().enumerate() {
-        let id = &e.request_id;
-        let Some(submit) = e.submit_ns else {
-            *own.entry("engine_outputs_without_request").or_default() += 1;
-            continue;
-        };
-        // The HTTP request that submitted it: id match, and the submit inside it.
-        let hit = http_key_of(e).iter().find_map(|k| {
-            by_key.get(k.as_str()).and_then(|v| {
-                v.iter().copied().find(|&i| {
-                    let r = &requests[i];
-                    r.arrive_ns <= submit && r.done_ns.is_none_or(|d| submit <= d)
-                })
-            })
-        });
-        let Some(i) = hit else {
-            *own.entry("engine_requests_unlinked").or_default() += 1;
-            continue;
-        };
-        if requests[i].engine.is_some() {
-            // n > 1 or several prompts: the first engine request carries the partition.
-            *own.entry("engine_requests_extra").or_default() += 1;
-            continue;
-        }
-        // The wake-up is the hand-over only if it happened while the HTTP
-        // request was being served; an earlier one woke the thread for
-        // something else.
-        let submit = match e.submit_wake_ns {
-            Some(w) if w >= requests[i].arrive_ns => w,
-            _ => submit,
-        };
-        let (scheduled_ns, scheduled_source) = match e.scheduled_ns {
-            Some(t) => (Some(t), "event"),
-            None => match e.first_step {
-                // The step producing the first token started after the one before it ended.
-                Some(k) if k > 0 && steps[k - 1].end_ns >= submit => (Some(steps[k - 1].end_ns), "step"),
-                Some(_) => (Some(submit), "submit"),
-                None => (None, "submit"),
-            },
-        };
-        let mut interference_ns = 0u64;
-        let mut from: Vec<String> = Vec::new();
-        if let (Some(first), Some(med)) = (e.first_step, median) {
-            for &k in &member_steps[ri] {
-                if k <= first {
-                    continue;
-                }
-                let others: Vec<u32> = steps[k].members.iter().filter(|m| m.2 && m.0 as usize != ri).map(|m| m.0).collect();
-                if others.is_empty() {
-                    continue;
-                }
-                if let Some(d) = dur(k) {
-                    if d > med {
-                        interference_ns += d - med;
-                        for o in others {
-                            let x = &reqs[o as usize];
-                            let name = x.external_id.clone().unwrap_or_else(|| x.request_id.clone());
-                            if !from.contains(&name) {
-                                from.push(name);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let prefill = e.prefill.unwrap_or_default();
-        requests[i].engine = Some(EnginePhases {
-            engine_request_id: id.clone(),
-            submit_ns: submit,
-            scheduled_ns,
-            first_token_ns: e.first_token_ns,
-            steps: e.steps,
-            preemptions: e.preempted_ns.len() as u32,
-            prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
-            cached_tokens: prefill.cached_tokens,
-            computed_tokens: prefill.computed_tokens,
-            interference_ns,
-            interference_from: from,
-            scheduled_source,
-        });
-        linked += 1;
-    }
-    *own.entry("engine_requests_linked").or_default() += linked;
-    steps
 }
 
 #[cfg(test)]

@@ -4,11 +4,15 @@
 //! give the same [`Analysis`].
 
 pub mod engine;
+pub mod gpu;
+pub mod oncpu;
 pub mod wire_steps;
+
+pub use engine::Step;
 
 use crate::event::ConnKey;
 use crate::model::{HttpRole, Record, SseKind, Usage};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// How requests are grouped into chains.
 #[derive(Debug, Clone)]
@@ -76,6 +80,12 @@ pub struct Request {
     /// Steps and interference from clusters of SSE writes, when the IPC did
     /// not explain this request.
     pub wire_steps: Option<wire_steps::WireSteps>,
+    /// GPU time by phase and KV copies on its path (`correlate::gpu`), when
+    /// the IPC explained it and a GPU source recorded.
+    pub gpu: Option<gpu::GpuShare>,
+    /// Compute of the engine steps that carried it, and where it came from
+    /// (the GPU steps, else the engine thread's on-CPU time).
+    pub compute: Option<gpu::RequestCompute>,
 }
 
 impl Request {
@@ -134,6 +144,10 @@ pub struct Analysis {
     pub kernels: Vec<KernelStat>,
     /// The GPUs the injected processes reported, by device and model.
     pub gpus: Vec<GpuInfo>,
+    /// Engine steps found in the CUPTI records (`correlate::gpu`), in order.
+    pub gpu_steps: Vec<gpu::GpuStep>,
+    /// Compute of each engine output step that has a figure, and its source.
+    pub step_compute: Vec<gpu::StepCompute>,
 }
 
 /// One GPU as an injected process described it.
@@ -215,10 +229,66 @@ pub fn trace_id(traceparent: &str) -> Option<&str> {
     Some(id)
 }
 
+/// How long after the latest record a request's own records can still come
+/// (the engine's last outputs after the HTTP response ended, a reader's copy
+/// of an IPC message, records reordered by the recording's window). A request
+/// is final [`SETTLE_NS`] + [`wire_steps::MAX_CLUSTER_NS`] after its response
+/// ended; see [`Correlator::drain_final`].
+pub const SETTLE_NS: u64 = 2_000_000_000;
+
+/// A request still open this long after it arrived stops holding back the
+/// requests behind it: it is handed out unfinished (counted as
+/// `requests_final_while_open`), and what comes for it later is counted as
+/// orphaned. This bounds the reorder buffer to the requests that arrive in
+/// this time.
+pub const MAX_OPEN_NS: u64 = 300_000_000_000;
+
+/// FxHash (rustc's): request numbers and connection keys are not chosen by
+/// an adversary, and SipHash was a tenth of the correlator's time.
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_i32(&mut self, v: i32) {
+        self.write_u64(v as u32 as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map with [`FxHasher`].
+pub type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
+/// Report order: arrival, then connection and sequence, then first seen.
+type OrderKey = (u64, ConnKey, u32, u64);
+
 pub struct Correlator {
     cfg: Config,
-    requests: Vec<Request>,
-    open: HashMap<(ConnKey, u32), usize>,
+    /// Requests not yet handed out, by number (first-seen order), and their
+    /// report order.
+    live: FxMap<u64, Request>,
+    order: BTreeSet<OrderKey>,
+    next: u64,
+    open: FxMap<(ConnKey, u32), u64>,
+    /// The last request handed out: a request arriving before it is late.
+    emitted_up_to: Option<OrderKey>,
+    /// Per chain key: hops handed out so far, by key source.
+    hops: HashMap<String, [u32; 3]>,
+    wire: wire_steps::Clusters,
     drops: BTreeMap<String, u64>,
     own: BTreeMap<&'static str, u64>,
     engine: engine::EngineSide,
@@ -228,6 +298,8 @@ pub struct Correlator {
     last_ns: Option<u64>,
     kernels: KernelTotals,
     gpus: Vec<GpuInfo>,
+    /// GPU steps, GPU shares, KV copies and step compute per engine request.
+    attribution: gpu::Attribution,
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -244,8 +316,13 @@ impl Correlator {
     pub fn new(cfg: Config) -> Self {
         Correlator {
             cfg,
-            requests: Vec::new(),
-            open: HashMap::new(),
+            live: FxMap::default(),
+            order: BTreeSet::new(),
+            next: 0,
+            open: FxMap::default(),
+            emitted_up_to: None,
+            hops: HashMap::new(),
+            wire: wire_steps::Clusters::new(wire_steps::DEFAULT_GAP_NS),
             drops: BTreeMap::new(),
             own: BTreeMap::new(),
             engine: engine::EngineSide::default(),
@@ -254,6 +331,7 @@ impl Correlator {
             last_ns: None,
             kernels: KernelTotals::default(),
             gpus: Vec::new(),
+            attribution: gpu::Attribution::new(),
         }
     }
 
@@ -263,7 +341,7 @@ impl Correlator {
 
     fn request_mut(&mut self, conn: ConnKey, seq: u32) -> Option<&mut Request> {
         match self.open.get(&(conn, seq)) {
-            Some(&i) => self.requests.get_mut(i),
+            Some(i) => self.live.get_mut(i),
             None => None,
         }
     }
@@ -275,6 +353,7 @@ impl Correlator {
             self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
             self.last_ns = Some(self.last_ns.map_or(ts, |l| l.max(ts)));
         }
+        self.attribution.ingest(rec);
         match rec {
             Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, method, path, headers, body_len, stream, ready_ns, .. } => {
                 // A readable-since older than the read by more than a minute is a
@@ -290,8 +369,15 @@ impl Correlator {
                 let x_request_id = header(headers, "x-request-id").map(str::to_owned);
                 let traceparent = header(headers, "traceparent").map(str::to_owned);
                 let (chain, chain_source) = self.chain_key(*conn, headers);
-                let idx = self.requests.len();
-                self.requests.push(Request {
+                let n = self.next;
+                self.next += 1;
+                let key = (*start_ns, *conn, *seq, n);
+                if self.emitted_up_to.is_some_and(|e| key < e) {
+                    // Requests after it in report order are already out.
+                    self.count("requests_late");
+                }
+                self.order.insert(key);
+                self.live.insert(n, Request {
                     conn: *conn,
                     seq: *seq,
                     id: String::new(),
@@ -318,8 +404,10 @@ impl Correlator {
                     finish_reason: None,
                     engine: None,
                     wire_steps: None,
+                    gpu: None,
+                    compute: None,
                 });
-                if self.open.insert((*conn, *seq), idx).is_some() {
+                if self.open.insert((*conn, *seq), n).is_some() {
                     self.count("requests_duplicated");
                 }
             }
@@ -335,7 +423,11 @@ impl Correlator {
                 }
             }
             Record::Sse { conn, seq, ts_ns, kind, id, finish_reason, usage, .. } => {
-                let Some(r) = self.request_mut(*conn, *seq) else {
+                let Some(&n) = self.open.get(&(*conn, *seq)) else {
+                    self.count("sse_without_request");
+                    return;
+                };
+                let Some(r) = self.live.get_mut(&n) else {
                     self.count("sse_without_request");
                     return;
                 };
@@ -348,17 +440,24 @@ impl Correlator {
                 if *kind == SseKind::Done && r.done_ns.is_none() {
                     r.done_ns = Some(*ts_ns);
                 }
+                let mut first_chunk = None;
                 if *kind == SseKind::Content {
                     if r.ttft_ns.is_none() {
                         r.ttft_ns = Some(*ts_ns);
                     }
                     r.content_ns.push(*ts_ns);
+                    first_chunk = Some(r.content_ns.len() == 1);
                 }
                 if let Some(u) = usage {
                     merge_usage(&mut r.usage, u);
                 }
                 if finish_reason.is_some() {
                     r.finish_reason.clone_from(finish_reason);
+                }
+                if let Some(first) = first_chunk {
+                    if let Some(c) = self.wire.write(*ts_ns, n, first) {
+                        self.apply_cluster(c);
+                    }
                 }
             }
             Record::ResponseBody { conn, seq, id, usage, finish_reason, .. } => {
@@ -380,9 +479,8 @@ impl Correlator {
             }
             Record::HttpResponseEnd { conn, seq, ts_ns, body_len } => {
                 let key = (*conn, *seq);
-                match self.open.remove(&key) {
-                    Some(i) => {
-                        let r = &mut self.requests[i];
+                match self.open.remove(&key).and_then(|n| self.live.get_mut(&n)) {
+                    Some(r) => {
                         r.response_end_ns = Some(*ts_ns);
                         r.done_ns = r.done_ns.or(Some(*ts_ns));
                         r.response_bytes = Some(*body_len);
@@ -437,48 +535,184 @@ impl Correlator {
         (format!("conn:{}:{}:{}", conn.tgid, conn.fd, conn.ino), ChainSource::Connection)
     }
 
-    /// Ends the analysis: names requests, orders hops, builds chains.
-    pub fn finish(mut self) -> Analysis {
+    /// A closed wire cluster: a step for each member, and the excess charged
+    /// to the members already decoding, naming the newcomers.
+    fn apply_cluster(&mut self, c: wire_steps::Closed) {
+        let names: Vec<(u64, String)> = if c.excess_ns > 0 { c.newcomers.iter().filter_map(|&n| self.live.get(&n).map(|r| (n, name_of(r)))).collect() } else { Vec::new() };
+        for &(n, first) in &c.members {
+            let Some(r) = self.live.get_mut(&n) else {
+                // Handed out before its last cluster closed: a late record.
+                self.count("wire_steps_late");
+                continue;
+            };
+            let w = r.wire_steps.get_or_insert_with(Default::default);
+            w.steps += 1;
+            if !first && c.excess_ns > 0 {
+                w.interference_ns += c.excess_ns;
+                for (o, name) in &names {
+                    if *o != n && !w.interference_from.contains(name) {
+                        w.interference_from.push(name.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands out the next request in report order: names it, joins its
+    /// engine request, numbers its hop.
+    fn emit(&mut self, key: OrderKey) -> Option<Request> {
+        self.order.remove(&key);
+        let mut r = self.live.remove(&key.3)?;
+        if self.open.get(&(r.conn, r.seq)) == Some(&key.3) {
+            self.open.remove(&(r.conn, r.seq));
+        }
+        if r.id.is_empty() {
+            r.id = name_of(&r);
+        }
+        r.engine = self.engine.claim(&r);
+        if let Some(e) = &r.engine {
+            (r.gpu, r.compute) = self.attribution.take(&e.engine_request_id);
+        }
+        // Requests the IPC did not explain keep their steps from the wire.
+        if r.engine.is_some() || r.wire_steps.as_ref().is_some_and(|w| w.steps == 0) {
+            r.wire_steps = None;
+        }
+        let hops = match self.hops.get_mut(r.chain.as_str()) {
+            Some(h) => h,
+            None => self.hops.entry(r.chain.clone()).or_default(),
+        };
+        let hop = &mut hops[r.chain_source as usize];
+        *hop += 1;
+        r.hop = *hop;
+        self.emitted_up_to = Some(self.emitted_up_to.map_or(key, |e| e.max(key)));
+        Some(r)
+    }
+
+    /// Takes the requests that are final at `now_ns` (the latest record's
+    /// time when reading a recording; the clock when live), in report order
+    /// (arrival, then connection and sequence).
+    ///
+    /// Final: every record that can still change the request is past. With
+    /// `horizon = now_ns - SETTLE_NS`, a request is final when its response
+    /// ended at or before `horizon - MAX_CLUSTER_NS` (its engine outputs, its
+    /// engine request's claim and its wire clusters are then settled), and
+    /// every request before it in report order was handed out (the reorder
+    /// buffer: what arrived since the oldest open request, at most
+    /// [`MAX_OPEN_NS`] of arrivals). Records in timestamp order never touch a
+    /// request after it is final; ones that do anyway are counted
+    /// (`requests_late`, `wire_steps_late`, or as orphans). Handing requests
+    /// out at any horizons gives the same requests as [`Correlator::finish`].
+    pub fn drain_final(&mut self, now_ns: u64) -> Vec<Request> {
+        let horizon = now_ns.saturating_sub(SETTLE_NS);
+        if self.cfg.use_ipc {
+            self.engine.settle(horizon);
+        }
+        if let Some(c) = self.wire.settle(horizon) {
+            self.apply_cluster(c);
+        }
+        let cut = horizon.saturating_sub(wire_steps::MAX_CLUSTER_NS);
+        let mut out = Vec::new();
+        while let Some(&key) = self.order.first() {
+            let Some(r) = self.live.get(&key.3) else {
+                self.order.remove(&key);
+                continue;
+            };
+            let open = self.open.get(&(r.conn, r.seq)) == Some(&key.3);
+            // A request displaced by a duplicate of its (connection, seq)
+            // never ends: nothing reaches it after its last write.
+            let settled = r.response_end_ns.or_else(|| (!open).then(|| r.content_ns.last().copied().max(r.response_head_ns).unwrap_or(r.request_end_ns)));
+            let ended = settled.is_some_and(|e| e <= cut);
+            if open && key.0.saturating_add(MAX_OPEN_NS) <= cut {
+                self.count("requests_final_while_open");
+            } else if open || !ended {
+                break;
+            }
+            out.extend(self.emit(key));
+        }
+        let oldest = self.order.first().map(|k| k.0);
+        self.engine.forget_unclaimable(horizon, oldest);
+        self.attribution.forget_untaken();
+        out
+    }
+
+    /// Engine steps built since the last call, in output order (all of them
+    /// end up in [`Analysis::steps`] when nobody takes them).
+    pub fn take_steps(&mut self) -> Vec<Step> {
+        self.engine.take_steps()
+    }
+
+    /// What is held: requests not yet handed out, engine requests not yet
+    /// claimed. Both follow the open requests, not the recording's length.
+    pub fn held(&self) -> (usize, usize) {
+        (self.live.len(), self.engine.open_requests())
+    }
+
+    /// Ends a streamed analysis: the requests not handed out yet (in report
+    /// order, open ones unfinished), the steps not taken, the counters and
+    /// totals. `chains` stays empty: whoever took the requests as they came
+    /// has them.
+    pub fn finish_streaming(mut self) -> Analysis {
         let unfinished = self.open.len() as u64;
         if unfinished > 0 {
             self.own.insert("requests_unfinished", unfinished);
         }
-        // Requests in arrival order; ties broken by connection and sequence for determinism.
-        self.requests.sort_by_key(|r| (r.arrive_ns, r.conn, r.seq));
-        let mut by_chain: BTreeMap<(String, u8), Vec<usize>> = BTreeMap::new();
-        for (i, r) in self.requests.iter_mut().enumerate() {
-            if r.id.is_empty() {
-                r.id = match &r.x_request_id {
-                    Some(x) => x.clone(),
-                    None => format!("conn:{}:{}:{}", r.conn.tgid, r.conn.fd, r.seq),
-                };
-            }
-            by_chain.entry((r.chain.clone(), r.chain_source as u8)).or_default().push(i);
+        if self.cfg.use_ipc {
+            self.engine.settle(u64::MAX);
         }
-        let steps = engine::attach(&mut self.requests, std::mem::take(&mut self.engine), &mut self.own);
-        // Requests the IPC did not explain get their steps from the wire.
-        let clusters = wire_steps::clusters(&self.requests, wire_steps::DEFAULT_GAP_NS);
-        let per = wire_steps::attribute(&self.requests, &clusters);
-        for (r, w) in self.requests.iter_mut().zip(per) {
-            if r.engine.is_none() && w.steps > 0 {
-                r.wire_steps = Some(w);
-            }
+        if let Some(c) = self.wire.close() {
+            self.apply_cluster(c);
         }
-        let mut chains = Vec::new();
-        for ((chain, _), hops) in by_chain {
-            for (n, &i) in hops.iter().enumerate() {
-                self.requests[i].hop = n as u32 + 1;
-            }
-            let source = self.requests[hops[0]].chain_source;
-            chains.push(Chain { chain, source, hops });
-        }
-        chains.sort_by_key(|c| (self.requests[c.hops[0]].arrive_ns, c.chain.clone()));
+        self.attribution.finish();
+        let keys: Vec<OrderKey> = self.order.iter().copied().collect();
+        let requests: Vec<Request> = keys.into_iter().filter_map(|k| self.emit(k)).collect();
+        self.engine.close();
+        let steps = self.engine.take_steps();
+        self.own.entry("engine_requests_linked").or_default();
         let mut drops = self.drops;
+        for (k, v) in std::mem::take(&mut self.engine.counters) {
+            *self.own.entry(k).or_default() += v;
+        }
+        for (k, v) in std::mem::take(&mut self.attribution.counters) {
+            *self.own.entry(k).or_default() += v;
+        }
+        let (gpu_steps, step_compute) = self.attribution.take_steps();
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests: self.requests, chains, drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.kernels.finish(), gpus: self.gpus }
+        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.kernels.finish(), gpus: self.gpus, gpu_steps, step_compute }
     }
+
+    /// Ends the analysis all at once: every request, in report order, with
+    /// its chain.
+    pub fn finish(self) -> Analysis {
+        let mut a = self.finish_streaming();
+        a.chains = chains_of(&a.requests);
+        a
+    }
+}
+
+/// The name a request is known by: the id the server gave it, else its
+/// `x-request-id`, else its connection and sequence.
+fn name_of(r: &Request) -> String {
+    if !r.id.is_empty() {
+        return r.id.clone();
+    }
+    match &r.x_request_id {
+        Some(x) => x.clone(),
+        None => format!("conn:{}:{}:{}", r.conn.tgid, r.conn.fd, r.seq),
+    }
+}
+
+/// Chains of requests in report order: hops in arrival order, chains by
+/// their first hop's arrival, then name.
+pub fn chains_of(requests: &[Request]) -> Vec<Chain> {
+    let mut by_chain: BTreeMap<(&str, u8), Vec<usize>> = BTreeMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        by_chain.entry((r.chain.as_str(), r.chain_source as u8)).or_default().push(i);
+    }
+    let mut chains: Vec<Chain> = by_chain.into_iter().map(|((chain, _), hops)| Chain { chain: chain.to_owned(), source: requests[hops[0]].chain_source, hops }).collect();
+    chains.sort_by(|a, b| requests[a.hops[0]].arrive_ns.cmp(&requests[b.hops[0]].arrive_ns).then_with(|| a.chain.cmp(&b.chain)));
+    chains
 }
 
 #[cfg(test)]
@@ -613,8 +847,46 @@ mod tests {
     fn percentile_matches_numpy_linear_interpolation() {
         let v = [1.0, 2.0, 3.0, 4.0];
         assert_eq!(percentile(&v, 50.0), Some(2.5));
-        assert_eq!(percentile(&v, 90.0), Some(3.7000000000000002));
+        assert!((percentile(&v, 90.0).unwrap() - 3.7).abs() < 1e-12);
         assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn an_open_request_holds_back_later_ones_until_it_has_been_open_too_long() {
+        const S: u64 = 1_000_000_000;
+        let mut c = Correlator::new(Config::default());
+        c.ingest(&req(conn(5), 0, S, &[]));
+        for r in exchange(conn(6), 0, 2 * S, 2, &[]) {
+            c.ingest(&r);
+        }
+        assert!(c.drain_final(60 * S).is_empty(), "the open request comes first in report order");
+        assert_eq!(c.held().0, 2);
+        let out = c.drain_final(S + MAX_OPEN_NS + SETTLE_NS + wire_steps::MAX_CLUSTER_NS);
+        assert_eq!(out.iter().map(|r| (r.conn.fd, r.done_ns.is_some())).collect::<Vec<_>>(), vec![(5, false), (6, true)]);
+        assert_eq!(c.held(), (0, 0));
+        // What comes for it later is an orphan, and a request arriving before
+        // ones already handed out is late.
+        c.ingest(&sse(conn(5), 0, 400 * S, SseKind::Content, None));
+        c.ingest(&req(conn(7), 0, S / 2, &[]));
+        let a = c.finish_streaming();
+        assert_eq!(a.requests.len(), 1);
+        for (k, v) in [("requests_final_while_open", 1), ("sse_without_request", 1), ("requests_late", 1), ("requests_unfinished", 1)] {
+            assert_eq!(a.drops.get(k), Some(&v), "{k}");
+        }
+    }
+
+    #[test]
+    fn a_request_is_final_once_the_settle_window_is_past_its_end() {
+        let mut c = Correlator::new(Config::default());
+        for r in exchange(conn(5), 0, 1_000_000_000, 3, &[]) {
+            c.ingest(&r);
+        }
+        let end = 1_000_000_000 + 5_000_000 + 3 * 2_000_000 + 200;
+        let settle = SETTLE_NS + wire_steps::MAX_CLUSTER_NS;
+        assert!(c.drain_final(end + settle - 1).is_empty());
+        let out = c.drain_final(end + settle);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].hop, out[0].id.as_str(), out[0].wire_steps.as_ref().map(|w| w.steps)), (1, "chatcmpl-0", Some(3)));
     }
 
     #[test]

@@ -14,41 +14,22 @@
 //! output steps when steps are longer than the frontend's write burst; with
 //! very short steps, neighbouring steps merge.
 
-use super::Request;
+use super::engine::RollingMedian;
 
 /// Silence between two content writes that separates two steps.
 pub const DEFAULT_GAP_NS: u64 = 1_000_000;
+
+/// A burst longer than this is cut: a step's writes take far less, and an
+/// unbroken stream of writes (a saturated frontend) would otherwise make one
+/// cluster that never ends and holds every request in it.
+pub const MAX_CLUSTER_NS: u64 = 500_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
     pub start_ns: u64,
     pub end_ns: u64,
-    /// (request index, this is the request's first content chunk).
-    pub members: Vec<(usize, bool)>,
-}
-
-/// Clusters of content writes over all requests, in time order.
-pub fn clusters(requests: &[Request], gap_ns: u64) -> Vec<Cluster> {
-    let mut writes: Vec<(u64, usize, bool)> = Vec::new();
-    for (i, r) in requests.iter().enumerate() {
-        for (k, &t) in r.content_ns.iter().enumerate() {
-            writes.push((t, i, k == 0));
-        }
-    }
-    writes.sort_unstable();
-    let mut out: Vec<Cluster> = Vec::new();
-    for (t, i, first) in writes {
-        match out.last_mut() {
-            Some(c) if t.saturating_sub(c.end_ns) <= gap_ns => {
-                c.end_ns = t;
-                if !c.members.iter().any(|m| m.0 == i) {
-                    c.members.push((i, first));
-                }
-            }
-            _ => out.push(Cluster { start_ns: t, end_ns: t, members: vec![(i, first)] }),
-        }
-    }
-    out
+    /// (request number, this is the request's first content chunk).
+    pub members: Vec<(u64, bool)>,
 }
 
 /// What the wire says about one request's steps.
@@ -56,35 +37,130 @@ pub fn clusters(requests: &[Request], gap_ns: u64) -> Vec<Cluster> {
 pub struct WireSteps {
     pub steps: u32,
     pub interference_ns: u64,
-    /// Indexes of the requests whose first tokens came in the slowed steps.
-    pub interference_from: Vec<usize>,
+    /// Ids of the requests whose first tokens came in the slowed steps.
+    pub interference_from: Vec<String>,
 }
 
-/// Per request (same order as `requests`).
-pub fn attribute(requests: &[Request], clusters: &[Cluster]) -> Vec<WireSteps> {
+/// A closed cluster's verdict for its members: each gets a step, and the
+/// ones already decoding get `excess_ns` charged to `newcomers`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Closed {
+    pub members: Vec<(u64, bool)>,
+    pub excess_ns: u64,
+    pub newcomers: Vec<u64>,
+}
+
+/// Content writes → clusters, as they come (timestamp order). A cluster is
+/// judged when it closes: its start's spacing from the previous cluster's
+/// start, against the median spacing of recent clusters with nobody's first
+/// token in them (causal, as the engine baseline: see
+/// [`super::engine::BASELINE_WINDOW`]).
+#[derive(Debug, Default)]
+pub struct Clusters {
+    gap_ns: u64,
+    open: Option<Cluster>,
+    /// The open cluster's members, once it has many (a saturated frontend).
+    members: std::collections::HashSet<u64>,
+    last_start: Option<u64>,
+    baseline: RollingMedian,
+}
+
+impl Clusters {
+    pub fn new(gap_ns: u64) -> Self {
+        Clusters { gap_ns, ..Clusters::default() }
+    }
+
+    /// One content write of request `req`; `first`: its first content chunk.
+    /// Returns the cluster this write closed, if any.
+    pub fn write(&mut self, t: u64, req: u64, first: bool) -> Option<Closed> {
+        if let Some(c) = self.open.as_mut() {
+            if t.saturating_sub(c.end_ns) <= self.gap_ns && t.saturating_sub(c.start_ns) < MAX_CLUSTER_NS {
+                c.end_ns = c.end_ns.max(t);
+                let known = if c.members.len() < 32 {
+                    c.members.iter().any(|m| m.0 == req)
+                } else {
+                    if self.members.is_empty() {
+                        self.members.extend(c.members.iter().map(|m| m.0));
+                    }
+                    !self.members.insert(req)
+                };
+                if !known {
+                    c.members.push((req, first));
+                }
+                return None;
+            }
+        }
+        let closed = self.close();
+        self.open = Some(Cluster { start_ns: t, end_ns: t, members: vec![(req, first)] });
+        closed
+    }
+
+    /// Closes the open cluster if no later write can join it: `horizon_ns`
+    /// is a time every record still to come is after.
+    pub fn settle(&mut self, horizon_ns: u64) -> Option<Closed> {
+        let c = self.open.as_ref()?;
+        if c.end_ns.saturating_add(self.gap_ns) < horizon_ns || c.start_ns.saturating_add(MAX_CLUSTER_NS) <= horizon_ns {
+            self.close()
+        } else {
+            None
+        }
+    }
+
+    /// Closes the open cluster (end of the recording).
+    pub fn close(&mut self) -> Option<Closed> {
+        let c = self.open.take()?;
+        self.members.clear();
+        let spacing = self.last_start.map(|s| c.start_ns.saturating_sub(s));
+        self.last_start = Some(c.start_ns);
+        let newcomers: Vec<u64> = c.members.iter().filter(|m| m.1).map(|m| m.0).collect();
+        let mut excess_ns = 0;
+        match spacing {
+            Some(d) if newcomers.is_empty() => self.baseline.push(d),
+            Some(d) => {
+                if let Some(m) = self.baseline.median().filter(|&m| d > m) {
+                    excess_ns = d - m;
+                }
+            }
+            None => {}
+        }
+        Some(Closed { members: c.members, excess_ns, newcomers })
+    }
+}
+
+/// Per request of `requests` (one slice of content write times each), what
+/// the clusters say: the all-at-once form of [`Clusters`], for tests and tools.
+pub fn attribute(requests: &[&[u64]], gap_ns: u64) -> Vec<WireSteps> {
+    let mut writes: Vec<(u64, usize, bool)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        for (k, &t) in r.iter().enumerate() {
+            writes.push((t, i, k == 0));
+        }
+    }
+    writes.sort_unstable();
     let mut out = vec![WireSteps::default(); requests.len()];
-    let spacing = |k: usize| (k > 0).then(|| clusters[k].start_ns.saturating_sub(clusters[k - 1].start_ns));
-    let mut pure: Vec<u64> = (1..clusters.len()).filter(|&k| clusters[k].members.iter().all(|m| !m.1)).filter_map(spacing).collect();
-    pure.sort_unstable();
-    let median = pure.get(pure.len() / 2).copied();
-    for (k, c) in clusters.iter().enumerate() {
-        let newcomers: Vec<usize> = c.members.iter().filter(|m| m.1).map(|m| m.0).collect();
-        let excess = match (spacing(k), median) {
-            (Some(d), Some(m)) if d > m && !newcomers.is_empty() => d - m,
-            _ => 0,
-        };
+    let mut cs = Clusters::new(gap_ns);
+    let mut apply = |c: Closed| {
         for &(i, first) in &c.members {
-            let w = &mut out[i];
+            let w = &mut out[i as usize];
             w.steps += 1;
-            if !first && excess > 0 {
-                w.interference_ns += excess;
-                for &n in &newcomers {
-                    if n != i && !w.interference_from.contains(&n) {
-                        w.interference_from.push(n);
+            if !first && c.excess_ns > 0 {
+                w.interference_ns += c.excess_ns;
+                for &n in &c.newcomers {
+                    let name = format!("r{n}");
+                    if n != i && !w.interference_from.contains(&name) {
+                        w.interference_from.push(name);
                     }
                 }
             }
         }
+    };
+    for (t, i, first) in writes {
+        if let Some(c) = cs.write(t, i as u64, first) {
+            apply(c);
+        }
+    }
+    if let Some(c) = cs.close() {
+        apply(c);
     }
     out
 }
@@ -92,63 +168,49 @@ pub fn attribute(requests: &[Request], clusters: &[Cluster]) -> Vec<WireSteps> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::correlate::{ChainSource, Request};
-    use crate::event::ConnKey;
-    use crate::model::Usage;
 
-    fn req(fd: i32, content_ms: &[u64]) -> Request {
-        Request {
-            conn: ConnKey { tgid: 1, fd, ino: fd as u64 },
-            seq: 0,
-            id: format!("r{fd}"),
-            x_request_id: None,
-            traceparent: None,
-            chain: String::new(),
-            chain_source: ChainSource::Connection,
-            hop: 1,
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            status: Some(200),
-            arrive_ns: 0,
-            wire_arrive_ns: None,
-            request_end_ns: 0,
-            response_head_ns: None,
-            ttft_ns: content_ms.first().map(|m| m * 1_000_000),
-            done_ns: None,
-            response_end_ns: None,
-            content_ns: content_ms.iter().map(|m| m * 1_000_000).collect(),
-            request_bytes: 0,
-            response_bytes: None,
-            streamed: true,
-            usage: Usage::default(),
-            finish_reason: None,
-            engine: None,
-            wire_steps: None,
-        }
+    fn ms(v: &[u64]) -> Vec<u64> {
+        v.iter().map(|m| m * 1_000_000).collect()
     }
 
     #[test]
     fn bursts_of_writes_become_steps_and_a_late_prefill_step_is_interference() {
         // A decodes every 10 ms; B's first token arrives in a step that took 40 ms.
-        let a = req(5, &[10, 20, 30, 70, 80]);
-        let b = req(6, &[70, 80]);
-        let reqs = vec![a, b];
-        let cs = clusters(&reqs, DEFAULT_GAP_NS);
-        assert_eq!(cs.len(), 5);
-        assert_eq!(cs[3].members, vec![(0, false), (1, true)]);
-        let w = attribute(&reqs, &cs);
+        let (a, b) = (ms(&[10, 20, 30, 70, 80]), ms(&[70, 80]));
+        let w = attribute(&[&a, &b], DEFAULT_GAP_NS);
         assert_eq!(w[0].steps, 5);
         assert_eq!(w[0].interference_ns, 30_000_000, "40 ms step against a 10 ms median");
-        assert_eq!(w[0].interference_from, vec![1]);
+        assert_eq!(w[0].interference_from, vec!["r1".to_string()]);
         assert_eq!(w[1].steps, 2);
         assert_eq!(w[1].interference_ns, 0, "its own prefill is not interference");
     }
 
     #[test]
     fn writes_within_the_gap_merge_and_a_silence_splits() {
-        let reqs = vec![req(5, &[10, 12]), req(6, &[10])];
-        let cs = clusters(&reqs, 1_000_000);
-        assert_eq!(cs.len(), 2);
-        assert_eq!(cs[0].members.len(), 2);
+        let mut cs = Clusters::new(1_000_000);
+        assert_eq!(cs.write(10_000_000, 0, true), None);
+        assert_eq!(cs.write(10_000_000, 1, true), None);
+        assert_eq!(cs.write(10_500_000, 0, false), None, "within the gap: same cluster");
+        let c = cs.write(12_000_000, 0, false).expect("a 1.5 ms silence closes the first cluster");
+        assert_eq!(c.members, vec![(0, true), (1, true)]);
+        assert_eq!(cs.close().expect("the second cluster").members, vec![(0, false)]);
+    }
+
+    #[test]
+    fn an_unbroken_stream_of_writes_is_cut_at_the_longest_cluster() {
+        let mut cs = Clusters::new(1_000_000);
+        let mut closed = 0;
+        for k in 0..2_000u64 {
+            closed += usize::from(cs.write(k * 500_000, 0, k == 0).is_some());
+        }
+        assert_eq!(closed, 1, "999.5 ms of writes 0.5 ms apart: one cut at 500 ms");
+    }
+
+    #[test]
+    fn a_cluster_closes_once_the_horizon_is_past_its_gap() {
+        let mut cs = Clusters::new(1_000_000);
+        cs.write(5_000_000, 3, true);
+        assert_eq!(cs.settle(6_000_000), None, "a write at 6 ms could still join");
+        assert_eq!(cs.settle(6_000_001).map(|c| c.members), Some(vec![(3, true)]));
     }
 }

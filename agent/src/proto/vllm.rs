@@ -89,6 +89,11 @@ ipc_counters! {
     ipc_outputs_truncated,
     /// Streams evicted because `MAX_STREAMS` were followed.
     ipc_streams_evicted,
+    /// `scheduler_stats` decoded (one per step that carried them).
+    ipc_stats,
+    /// `scheduler_stats` present but in no shape we know (not a map, or none
+    /// of the known keys): the step's stats are lost.
+    ipc_stats_undecoded,
 }
 
 /// What one message turned out to be.
@@ -128,6 +133,20 @@ pub(crate) struct Outputs {
     pub finished_requests: Vec<String>,
     pub utility: bool,
     pub truncated: bool,
+    pub stats: Option<SchedStats>,
+}
+
+/// Decoded `SchedulerStats` (a dataclass: a map with every field by name,
+/// vllm-wire.md §2). Fields missing from a version are `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct SchedStats {
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    pub step_counter: Option<u64>,
+    pub current_wave: Option<u64>,
+    pub kv_cache_usage: Option<f64>,
+    pub prefix_cache_queries: Option<u64>,
+    pub prefix_cache_hits: Option<u64>,
 }
 
 /// Side facts of a classification (for counters).
@@ -138,6 +157,8 @@ pub(crate) struct Notes {
     pub tail_recovered: bool,
     pub truncated_fields: u64,
     pub outputs_lost: u64,
+    /// `scheduler_stats` was there but could not be read.
+    pub stats_undecoded: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -628,10 +649,11 @@ fn decode_outputs(buf: &[u8], notes: &mut Notes) -> Ipc {
     let Some((len, items)) = d.value.as_array() else {
         return Ipc::Unknown;
     };
-    // (engine_index, outputs, timestamp, utility, finished_requests) positions.
-    let (ei, oi, ti, ui, fi) = match len {
-        4 => (None, 0, 2, 3, None),
-        n if n >= 7 => (Some(0), 1, 3, 4, Some(5)),
+    // (engine_index, outputs, scheduler_stats, timestamp, utility,
+    // finished_requests) positions.
+    let (ei, oi, si, ti, ui, fi) = match len {
+        4 => (None, 0, 1, 2, 3, None),
+        n if n >= 7 => (Some(0), 1, 2, 3, 4, Some(5)),
         _ => return Ipc::Unknown,
     };
     if !OUTS_KNOWN.contains(&len) {
@@ -699,10 +721,51 @@ fn decode_outputs(buf: &[u8], notes: &mut Notes) -> Ipc {
             Err(()) => notes.truncated_fields += 1,
         }
     }
-    if o.utility && o.outputs.is_empty() && o.outputs_total == Some(0) {
+    match item(len, items, si) {
+        Ok(Some(v)) => o.stats = sched_stats(v, notes),
+        Ok(None) => {}
+        Err(()) => notes.truncated_fields += 1,
+    }
+    if o.utility && o.outputs.is_empty() && o.outputs_total == Some(0) && o.stats.is_none() {
         return Ipc::UtilityOutput;
     }
     Ipc::Outputs(o)
+}
+
+/// `SchedulerStats` by key name: tolerant of fields added, removed or
+/// reordered across versions; ints where floats are expected are accepted
+/// (`kv_cache_usage` of an idle engine may be encoded as `0`).
+fn sched_stats(v: &Value, notes: &mut Notes) -> Option<SchedStats> {
+    match v {
+        Value::Nil => return None,
+        Value::Map { .. } => {}
+        Value::Truncated(_) => {
+            notes.truncated_fields += 1;
+            return None;
+        }
+        _ => {
+            notes.stats_undecoded = true;
+            return None;
+        }
+    }
+    let num = |k: &str| v.get(k).and_then(Value::as_u64);
+    let float = |x: &Value| x.as_f64().or_else(|| x.as_u64().map(|i| i as f64));
+    let prefix = v.get("prefix_cache_stats");
+    let pnum = |k: &str| prefix.and_then(|p| p.get(k)).and_then(Value::as_u64);
+    let st = SchedStats {
+        running: num("num_running_reqs"),
+        waiting: num("num_waiting_reqs"),
+        step_counter: num("step_counter"),
+        current_wave: num("current_wave"),
+        kv_cache_usage: v.get("kv_cache_usage").and_then(float).filter(|u| u.is_finite()),
+        prefix_cache_queries: pnum("queries"),
+        prefix_cache_hits: pnum("hits"),
+    };
+    if st == SchedStats::default() {
+        notes.stats_undecoded = true;
+        return None;
+    }
+    Some(st)
 }
 
 /// One `EngineCoreOutput`: `Ok(None)` if it fits no layout, `Err(())` if the
@@ -902,6 +965,8 @@ pub(crate) struct IpcDecoder {
     lim: zmtp::Limits,
     z: zmtp::Stats,
     c: IpcCounters,
+    /// A writer-side (engine) copy of the outputs stream carried stats.
+    stats_writer_seen: bool,
 }
 
 impl IpcDecoder {
@@ -964,6 +1029,7 @@ impl IpcDecoder {
         self.c.ipc_truncated_fields += n.truncated_fields;
         self.c.ipc_tail_recovered += u64::from(n.tail_recovered);
         self.c.ipc_outputs_truncated += n.outputs_lost;
+        self.c.ipc_stats_undecoded += u64::from(n.stats_undecoded);
         match ipc {
             Ipc::Add(r) => {
                 self.c.ipc_add += 1;
@@ -1002,6 +1068,26 @@ impl IpcDecoder {
                 self.c.ipc_outputs += 1;
                 if o.utility {
                     self.c.ipc_utility_outputs += 1;
+                }
+                // Both ends of the output socket may be traced: the writer's
+                // copy is the one kept once seen (as the correlator does for
+                // outputs); the reader's stands in until then.
+                if io.dir == Dir::Out {
+                    self.stats_writer_seen = true;
+                }
+                if let Some(st) = o.stats.filter(|_| io.dir == Dir::Out || !self.stats_writer_seen) {
+                    self.c.ipc_stats += 1;
+                    out.push(Record::EngineStats {
+                        conn: io.conn,
+                        ts_ns: m.ts_ns,
+                        engine_index: o.engine_index,
+                        running: st.running,
+                        waiting: st.waiting,
+                        kv_cache_usage: st.kv_cache_usage,
+                        step_counter: st.step_counter,
+                        prefix_cache_queries: st.prefix_cache_queries,
+                        prefix_cache_hits: st.prefix_cache_hits,
+                    });
                 }
                 if o.outputs.is_empty()
                     && o.finished_requests.is_empty()
@@ -2501,5 +2587,126 @@ mod tests {
         let dbg = format!("{out:?}");
         assert!(!dbg.contains("100000") && !dbg.contains("100049"), "{dbg}");
         assert_eq!(engine_records(&out).len(), 1);
+    }
+
+    // ---------------------------------------------------- scheduler_stats
+
+    /// vLLM 0.33.0's `SchedulerStats` as msgspec encodes the dataclass: every
+    /// field by name (the testbed sends the same keys).
+    fn sched_stats_v(running: i64, waiting: i64, step: i64, usage: V<'static>, queries: i64, hits: i64) -> V<'static> {
+        V::M(vec![
+            ("num_running_reqs", V::I(running)),
+            ("num_waiting_reqs", V::I(waiting)),
+            ("step_counter", V::I(step)),
+            ("current_wave", V::I(0)),
+            ("kv_cache_usage", usage),
+            ("encoder_cache_usage", V::F(0.0)),
+            (
+                "prefix_cache_stats",
+                V::M(vec![
+                    ("reset", V::B(false)),
+                    ("requests", V::I(2)),
+                    ("queries", V::I(queries)),
+                    ("hits", V::I(hits)),
+                    ("preempted_requests", V::I(0)),
+                    ("preempted_queries", V::I(0)),
+                    ("preempted_hits", V::I(0)),
+                ]),
+            ),
+            ("connector_prefix_cache_stats", V::Nil),
+            ("spec_decoding_stats", V::Nil),
+            ("kv_connector_stats", V::Nil),
+            ("waiting_lora_adapters", V::M(vec![])),
+            ("running_lora_adapters", V::M(vec![])),
+        ])
+    }
+
+    fn outputs_033(outputs: Vec<V<'static>>, stats: V<'static>) -> V<'static> {
+        V::A(vec![V::I(0), V::A(outputs), stats, V::F(501.5), V::Nil, V::Nil, V::Nil, V::Nil, V::Nil])
+    }
+
+    #[test]
+    fn vllm_scheduler_stats_decode_by_field_name() {
+        let outer = outputs_033(vec![output_of_len(19, None, 0)], sched_stats_v(3, 2, 41, V::F(0.375), 96, 64));
+        let (ipc, n) = classify_one(&outputs_msg(outer));
+        let Ipc::Outputs(o) = ipc else { panic!("{ipc:?}") };
+        assert!(!n.stats_undecoded);
+        assert_eq!(
+            o.stats,
+            Some(SchedStats {
+                running: Some(3),
+                waiting: Some(2),
+                step_counter: Some(41),
+                current_wave: Some(0),
+                kv_cache_usage: Some(0.375),
+                prefix_cache_queries: Some(96),
+                prefix_cache_hits: Some(64),
+            })
+        );
+        assert_eq!(o.outputs.len(), 1);
+        // Another version: fields reordered, some gone, new ones added, an
+        // idle engine's usage encoded as an int.
+        let drifted = V::M(vec![
+            ("future_field", V::A(vec![V::I(1)])),
+            ("kv_cache_usage", V::I(0)),
+            ("num_waiting_reqs", V::I(7)),
+            ("num_running_reqs", V::I(0)),
+        ]);
+        let (ipc, n) = classify_one(&outputs_msg(outputs_033(vec![], drifted)));
+        let Ipc::Outputs(o) = ipc else { panic!("{ipc:?}") };
+        assert!(!n.stats_undecoded);
+        let st = o.stats.unwrap();
+        assert_eq!((st.running, st.waiting, st.kv_cache_usage, st.step_counter, st.prefix_cache_hits), (Some(0), Some(7), Some(0.0), None, None));
+        // The 2025-02 four-field layout carries stats at index 1.
+        let old = V::A(vec![V::A(vec![]), sched_stats_v(1, 0, 5, V::F(0.5), 10, 0), V::F(3.0), V::Nil]);
+        let (ipc, _) = classify_one(&outputs_msg(old));
+        let Ipc::Outputs(o) = ipc else { panic!("{ipc:?}") };
+        assert_eq!(o.stats.map(|s| (s.running, s.step_counter, s.kv_cache_usage)), Some((Some(1), Some(5), Some(0.5))));
+    }
+
+    #[test]
+    fn vllm_scheduler_stats_in_an_unknown_shape_are_counted_and_the_outputs_kept() {
+        for stats in [V::A(vec![V::I(3), V::I(2)]), V::M(vec![("nothing_we_know", V::I(1))]), V::S("x")] {
+            let (ipc, n) = classify_one(&outputs_msg(outputs_033(vec![output_of_len(19, Some(0), 0)], stats)));
+            let Ipc::Outputs(o) = ipc else { panic!("{ipc:?}") };
+            assert!(n.stats_undecoded);
+            assert_eq!((o.stats, o.outputs.len()), (None, 1));
+        }
+        // Stats off (vLLM's --disable-log-stats): nil, nothing counted.
+        let (_, n) = classify_one(&outputs_msg(outputs_033(vec![output_of_len(19, Some(0), 0)], V::Nil)));
+        assert!(!n.stats_undecoded);
+    }
+
+    #[test]
+    fn vllm_scheduler_stats_become_engine_stats_records_once_per_step() {
+        let Some(d) = fixture_dir() else { return };
+        let mut dec = WireDecoder::new(DecoderConfig::default());
+        // A step with no outputs still carries stats (vLLM attaches them to
+        // client 0's message): it must not be skipped.
+        let m1 = outputs_msg(outputs_033(vec![], sched_stats_v(0, 4, 7, V::F(0.25), 0, 0)));
+        let m2 = outputs_msg(outputs_033(vec![output_of_len(19, None, 0)], sched_stats_v(1, 3, 8, V::F(0.5), 32, 16)));
+        let m3 = outputs_msg(outputs_033(vec![output_of_len(19, Some(0), 0)], V::S("garbled")));
+        // The reader's copy alone first (only the API server traced)…
+        let reader = [handshake(&d, "PULL", None), m1.clone()].concat();
+        let out = run(&mut dec, &[unix_io(FRONT, Dir::In, 10, &reader, reader.len() as u64)]);
+        let stats: Vec<&Record> = out.iter().filter(|r| matches!(r, Record::EngineStats { .. })).collect();
+        assert_eq!(stats.len(), 1);
+        // …then both ends: the writer's copy only.
+        let writer = [handshake(&d, "PUSH", None), m2.clone(), m3.clone()].concat();
+        let reader2 = [m2, m3].concat();
+        let out = run(
+            &mut dec,
+            &[unix_io(ENGINE, Dir::Out, 20, &writer, writer.len() as u64), unix_io(FRONT, Dir::In, 30, &reader2, reader2.len() as u64)],
+        );
+        let stats: Vec<&Record> = out.iter().filter(|r| matches!(r, Record::EngineStats { .. })).collect();
+        assert_eq!(stats.len(), 1, "{stats:?}");
+        let Record::EngineStats { conn, ts_ns, engine_index, running, waiting, kv_cache_usage, step_counter, prefix_cache_queries, prefix_cache_hits } = stats[0] else { unreachable!() };
+        assert_eq!((*conn, *ts_ns, *engine_index), (ENGINE, 20, Some(0)));
+        assert_eq!((*running, *waiting, *step_counter, *kv_cache_usage), (Some(1), Some(3), Some(8), Some(0.5)));
+        assert_eq!((*prefix_cache_queries, *prefix_cache_hits), (Some(32), Some(16)));
+        assert_eq!(counter(&dec, "ipc_stats"), 2);
+        // The garbled stats, seen on both ends.
+        assert_eq!(counter(&dec, "ipc_stats_undecoded"), 2);
+        assert_eq!(counter(&dec, "ipc_unknown_layout"), 0);
     }
 }

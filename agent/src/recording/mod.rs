@@ -440,6 +440,47 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_or_invalid_header_names_its_offset() {
+        assert!(matches!(Reader::new(&b""[..]), Err(RecordingError::Truncated { offset: 0, what: "empty file" })));
+        assert!(matches!(Reader::new(&b"HOPSCOPE\x02\x00"[..]), Err(RecordingError::Truncated { offset: 10, what: "file header" })));
+        let bytes = write(1, None);
+        let meta_len = le32(&bytes[12..16]) as usize;
+        match Reader::new(&bytes[..16 + meta_len / 2]) {
+            Err(RecordingError::Truncated { offset, what: "metadata" }) => assert_eq!(offset as usize, 16 + meta_len / 2),
+            other => panic!("{:?}", other.err()),
+        }
+        let mut bad_json = bytes.clone();
+        bad_json[16] = b'[';
+        let e = Reader::new(&bad_json[..]).err().expect("invalid metadata is an error");
+        assert!(matches!(e, RecordingError::Corrupt { offset: 16, .. }), "{e}");
+        assert!(e.to_string().contains("metadata is not valid json"), "{e}");
+    }
+
+    #[test]
+    fn a_block_claiming_more_records_than_it_holds_is_corrupt_and_reading_stops_there() {
+        let mut bytes = write(30, Some(10));
+        let meta_len = le32(&bytes[12..16]) as usize;
+        let first = 16 + meta_len;
+        let second = first + BLOCK_HEADER_LEN + le32(&bytes[first + 8..first + 12]) as usize;
+        // The count is outside the checksum (which covers the compressed body).
+        bytes[second + 16..second + 20].copy_from_slice(&11u32.to_le_bytes());
+        let mut r = Reader::new(&bytes[..]).unwrap();
+        let mut got = 0;
+        let err = loop {
+            match r.next_record() {
+                Ok(Some(_)) => got += 1,
+                Ok(None) => panic!("the bad count must be reported"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, 10, "the first block survives");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("corrupt at offset {}", second + BLOCK_HEADER_LEN)) && msg.contains("record 10 of 11"), "{msg}");
+        assert!(matches!(r.next_record(), Ok(None)), "nothing is read past the first problem");
+        assert_eq!(r.offset() as usize, second, "the offset stays at the damaged block");
+    }
+
+    #[test]
     fn tick_seals_a_block_once_a_second_has_passed() {
         let mut w = Writer::new(Vec::new(), &meta()).unwrap();
         w.push(&rec(0)).unwrap();

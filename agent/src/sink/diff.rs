@@ -1513,6 +1513,8 @@ mod tests {
                 scheduled_source: "event",
             }),
             wire_steps: None,
+            gpu: None,
+            compute: None,
         }
     }
 

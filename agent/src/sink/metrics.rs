@@ -75,6 +75,19 @@ pub struct LiveMetrics {
     prompt_tokens: u64,
     generation_tokens: u64,
     drops: Vec<(String, u64)>,
+    /// Per engine index: the latest `scheduler_stats` and the prefix-cache totals.
+    engines: BTreeMap<u64, EngineGauges>,
+    /// Per device: the latest NVML sample (memory used, SM utilisation).
+    gpus: BTreeMap<u32, (u64, Option<u32>)>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct EngineGauges {
+    running: Option<u64>,
+    waiting: Option<u64>,
+    kv_cache_usage: Option<f64>,
+    prefix_queries: u64,
+    prefix_hits: u64,
 }
 
 /// Hop indexes past this share the last series (bounded label cardinality).
@@ -94,6 +107,8 @@ impl LiveMetrics {
             prompt_tokens: 0,
             generation_tokens: 0,
             drops: Vec::new(),
+            engines: BTreeMap::new(),
+            gpus: BTreeMap::new(),
         }
     }
 
@@ -153,6 +168,24 @@ impl LiveMetrics {
                 }
             }
             Record::Drops { counters, .. } => self.drops.clone_from(counters),
+            Record::EngineStats { engine_index, running, waiting, kv_cache_usage, prefix_cache_queries, prefix_cache_hits, .. } => {
+                // Bounded by the engines of one server (data-parallel ranks).
+                if self.engines.len() >= 256 && !self.engines.contains_key(&engine_index.unwrap_or(0)) {
+                    return;
+                }
+                let e = self.engines.entry(engine_index.unwrap_or(0)).or_default();
+                // Gauges keep the last value seen; a field this version does not send stays absent.
+                e.running = running.or(e.running);
+                e.waiting = waiting.or(e.waiting);
+                e.kv_cache_usage = kv_cache_usage.or(e.kv_cache_usage);
+                // vLLM sends the counts since its previous stats: they add up.
+                e.prefix_queries += prefix_cache_queries.unwrap_or(0);
+                e.prefix_hits += prefix_cache_hits.unwrap_or(0);
+            }
+            // Bounded: at most 64 devices get a series.
+            Record::GpuSample { device, mem_used_bytes, sm_util_pct, .. } if self.gpus.len() < 64 || self.gpus.contains_key(device) => {
+                self.gpus.insert(*device, (*mem_used_bytes, *sm_util_pct));
+            }
             _ => {}
         }
     }
@@ -181,6 +214,33 @@ impl LiveMetrics {
         let _ = writeln!(s, "hopscope_prompt_tokens_total {}", self.prompt_tokens);
         let _ = writeln!(s, "# HELP hopscope_generation_tokens_total Generated tokens, from usage objects.\n# TYPE hopscope_generation_tokens_total counter");
         let _ = writeln!(s, "hopscope_generation_tokens_total {}", self.generation_tokens);
+        if !self.engines.is_empty() {
+            let gauge = |s: &mut String, name: &str, help: &str, kind: &str, get: &dyn Fn(&EngineGauges) -> Option<f64>| {
+                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for (i, e) in &self.engines {
+                    if let Some(v) = get(e) {
+                        let _ = writeln!(s, "{name}{{engine=\"{i}\"}} {v}");
+                    }
+                }
+            };
+            gauge(&mut s, "hopscope_num_requests_running", "Requests in the engine's running batch (vLLM scheduler_stats).", "gauge", &|e| e.running.map(|v| v as f64));
+            gauge(&mut s, "hopscope_num_requests_waiting", "Requests waiting to be scheduled (vLLM scheduler_stats).", "gauge", &|e| e.waiting.map(|v| v as f64));
+            gauge(&mut s, "hopscope_kv_cache_usage_perc", "KV-cache usage, 1 = full (vLLM's kv_cache_usage_perc).", "gauge", &|e| e.kv_cache_usage);
+            gauge(&mut s, "hopscope_prefix_cache_queries_total", "Prefix-cache tokens looked up (vLLM scheduler_stats).", "counter", &|e| Some(e.prefix_queries as f64));
+            gauge(&mut s, "hopscope_prefix_cache_hits_total", "Prefix-cache tokens hit (vLLM scheduler_stats).", "counter", &|e| Some(e.prefix_hits as f64));
+        }
+        if !self.gpus.is_empty() {
+            let _ = writeln!(s, "# HELP hopscope_gpu_memory_used_bytes Device memory in use, all processes (NVML).\n# TYPE hopscope_gpu_memory_used_bytes gauge");
+            for (d, (used, _)) in &self.gpus {
+                let _ = writeln!(s, "hopscope_gpu_memory_used_bytes{{device=\"{d}\"}} {used}");
+            }
+            let _ = writeln!(s, "# HELP hopscope_gpu_utilization_perc SM utilisation over NVML's last period, percent (NVML).\n# TYPE hopscope_gpu_utilization_perc gauge");
+            for (d, (_, sm)) in &self.gpus {
+                if let Some(u) = sm {
+                    let _ = writeln!(s, "hopscope_gpu_utilization_perc{{device=\"{d}\"}} {u}");
+                }
+            }
+        }
         let _ = writeln!(s, "# HELP hopscope_drops_total hopscope's loss and anomaly counters (see the report).\n# TYPE hopscope_drops_total counter");
         for (k, v) in &self.drops {
             if crate::sink::report::is_loss(k) {
@@ -234,5 +294,52 @@ mod tests {
         assert!(s.contains("x_bucket{le=\"1\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
         assert!(s.contains("x_count 3\n"), "{s}");
+    }
+
+    #[test]
+    fn scheduler_stats_and_nvml_samples_become_vllm_named_gauges() {
+        let conn = ConnKey { tgid: 1, fd: 2, ino: 3 };
+        let stats = |ts_ns, running, kv, q, h| Record::EngineStats {
+            conn,
+            ts_ns,
+            engine_index: Some(0),
+            running: Some(running),
+            waiting: Some(4),
+            kv_cache_usage: Some(kv),
+            step_counter: Some(ts_ns),
+            prefix_cache_queries: Some(q),
+            prefix_cache_hits: Some(h),
+        };
+        let mut m = LiveMetrics::new("x-session-id");
+        m.observe(&stats(1, 3, 0.25, 100, 40));
+        m.observe(&stats(2, 2, 0.5, 50, 10));
+        m.observe(&Record::GpuSample {
+            ts_ns: 3,
+            device: 1,
+            mem_used_bytes: 123_456,
+            mem_total_bytes: 1 << 30,
+            process_mem: vec![],
+            sm_util_pct: Some(37),
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        });
+        let s = m.render();
+        for line in [
+            "# TYPE hopscope_kv_cache_usage_perc gauge",
+            "hopscope_kv_cache_usage_perc{engine=\"0\"} 0.5",
+            "hopscope_num_requests_running{engine=\"0\"} 2",
+            "hopscope_num_requests_waiting{engine=\"0\"} 4",
+            "hopscope_prefix_cache_queries_total{engine=\"0\"} 150",
+            "hopscope_prefix_cache_hits_total{engine=\"0\"} 50",
+            "hopscope_gpu_memory_used_bytes{device=\"1\"} 123456",
+            "hopscope_gpu_utilization_perc{device=\"1\"} 37",
+        ] {
+            assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
+        }
+        let empty = LiveMetrics::new("x").render();
+        assert!(!empty.contains("kv_cache") && !empty.contains("gpu_memory"), "no series before any value: {empty}");
     }
 }

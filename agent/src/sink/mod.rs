@@ -5,3 +5,4 @@ pub mod perfetto;
 pub mod metrics;
 pub mod otlp;
 pub mod report;
+pub mod summary;

@@ -15,6 +15,12 @@ pub struct Report {
     pub requests: Vec<RequestOut>,
     pub chains: Vec<ChainOut>,
     pub kernels: Vec<KernelOut>,
+    /// Run-level figures in `vllm bench serve`'s terms (sink::summary).
+    pub summary: crate::sink::summary::Summary,
+    /// Engine steps found in the CUPTI records, in order (docs/attribution.md).
+    pub gpu_steps: Vec<GpuStepOut>,
+    /// Compute per engine output step, where a figure exists, and its source.
+    pub step_compute: Vec<StepComputeOut>,
 }
 
 #[derive(Debug, Serialize)]
@@ -113,6 +119,53 @@ pub struct RequestOut {
     /// output messages) or "sse-clusters" (bursts of SSE writes: the fallback
     /// for servers whose IPC is unknown); null when neither saw the request.
     pub steps_source: Option<String>,
+    /// Largest GPU memory of the traced processes (all devices) while the
+    /// request was in flight, from the NVML samples; null without samples.
+    pub peak_gpu_mem_bytes: Option<u64>,
+    /// Compute of the engine steps that carried the request, not split among
+    /// their members: prefill (up to its first token) and decode; null when
+    /// no step of it has a figure (docs/attribution.md).
+    pub compute_ms: Option<ComputeMs>,
+    /// Where `compute_ms` came from: "cupti" (the GPU time of the matched GPU
+    /// steps) or "oncpu" (the engine thread's on-CPU time, without a GPU).
+    pub compute_source: Option<String>,
+    /// GPU steps the request's `gpu_ms` came from.
+    pub gpu_steps: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ComputeMs {
+    pub prefill: Option<f64>,
+    pub decode: Option<f64>,
+    /// Steps with a figure.
+    pub steps: u32,
+}
+
+/// One engine step found in the CUPTI records (docs/attribution.md).
+#[derive(Debug, Serialize)]
+pub struct GpuStepOut {
+    /// The host's synchronize on the step-end copy returned.
+    pub end_ns: u64,
+    /// The step-end copy finished on the GPU.
+    pub gpu_end_ns: u64,
+    pub start_ns: u64,
+    /// GPU busy time (the slowest rank's).
+    pub gpu_ms: f64,
+    /// New tokens, from the `reshape_and_cache*` grid; null without such kernels.
+    pub tokens: Option<u64>,
+    pub kernels: u32,
+    pub graph_kernels: u32,
+    /// The processes (ranks) that ran it.
+    pub pids: Vec<u32>,
+}
+
+/// One engine output step's compute.
+#[derive(Debug, Serialize)]
+pub struct StepComputeOut {
+    pub end_ns: u64,
+    pub compute_ms: f64,
+    /// "cupti" or "oncpu".
+    pub source: crate::correlate::gpu::ComputeSource,
 }
 
 #[derive(Debug, Serialize)]
@@ -137,12 +190,25 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-fn request_out(r: &Request, all: &[Request]) -> RequestOut {
+/// One request as the report shows it.
+pub fn request_out(r: &Request) -> RequestOut {
     let e = r.engine.as_ref();
     let w = r.wire_steps.as_ref();
     let part = partition(r);
     let itl = r.itl_ms();
     let s = sorted(itl.clone());
+    // KV copies on the critical path are carved out of the phase they fell
+    // in, so the phases still add up (docs/attribution.md).
+    let g = r.gpu.as_ref();
+    let (mut queue, mut prefill) = (part.queue, part.prefill);
+    let kv_transfer = g.filter(|_| e.is_some()).map(|g| {
+        let q = queue.map_or(0.0, |x| ms(g.kv_queue_ns).min(x));
+        let p = prefill.map_or(0.0, |x| ms(g.kv_prefill_ns).min(x));
+        queue = queue.map(|x| x - q);
+        prefill = prefill.map(|x| x - p);
+        q + p
+    });
+    let c = r.compute.as_ref();
     RequestOut {
         id: r.id.clone(),
         x_request_id: r.x_request_id.clone(),
@@ -165,17 +231,10 @@ fn request_out(r: &Request, all: &[Request]) -> RequestOut {
         completion_tokens: r.usage.completion_tokens,
         cached_tokens: r.usage.cached_tokens.or(e.and_then(|e| e.cached_tokens)),
         // Wire alone shows decode (first content chunk → end); the engine IPC
-        // adds frontend, queue, prefill and first_output. KV copies need the
-        // GPU source: kv_transfer stays null until it is there.
-        phases_ms: Phases {
-            frontend: part.frontend,
-            queue: part.queue,
-            prefill: part.prefill,
-            kv_transfer: None,
-            first_output: part.first_output,
-            decode: part.decode,
-        },
-        gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
+        // adds frontend, queue, prefill and first_output; the GPU source
+        // kv_transfer.
+        phases_ms: Phases { frontend: part.frontend, queue, prefill, kv_transfer, first_output: part.first_output, decode: part.decode },
+        gpu_ms: GpuMs { prefill: g.map(|g| ms(g.prefill_ns)), decode: g.map(|g| ms(g.decode_ns)), kv_transfer: g.map(|g| ms(g.kv_gpu_ns)) },
         interference_ms: e.map(|e| ms(e.interference_ns)).or(w.map(|w| ms(w.interference_ns))),
         steps: e.map(|e| u64::from(e.steps)).or(w.map(|w| u64::from(w.steps))),
         chain_source: serde_json::to_value(r.chain_source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
@@ -196,7 +255,7 @@ fn request_out(r: &Request, all: &[Request]) -> RequestOut {
         preemptions: e.map(|e| e.preemptions),
         interference_from: match (e, w) {
             (Some(e), _) => e.interference_from.clone(),
-            (None, Some(w)) => w.interference_from.iter().filter_map(|&i| all.get(i).map(|o| o.id.clone())).collect(),
+            (None, Some(w)) => w.interference_from.clone(),
             (None, None) => Vec::new(),
         },
         computed_tokens: e.and_then(|e| e.computed_tokens),
@@ -206,6 +265,10 @@ fn request_out(r: &Request, all: &[Request]) -> RequestOut {
             (None, Some(_)) => Some("sse-clusters".into()),
             (None, None) => None,
         },
+        peak_gpu_mem_bytes: None,
+        compute_ms: c.map(|c| ComputeMs { prefill: c.prefill_ns.map(ms), decode: c.decode_ns.map(ms), steps: c.steps }),
+        compute_source: c.and_then(|c| serde_json::to_value(c.source).ok()).and_then(|v| v.as_str().map(str::to_owned)),
+        gpu_steps: g.map(|g| g.steps),
     }
 }
 
@@ -219,8 +282,8 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
         (Some(f), Some(l)) => ms(l.saturating_sub(if meta.start_ns > 0 && meta.start_ns <= f { meta.start_ns } else { f })),
         _ => 0.0,
     };
-    let requests: Vec<RequestOut> = analysis.requests.iter().map(|r| request_out(r, &analysis.requests)).collect();
-    let chains = analysis
+    let requests: Vec<RequestOut> = analysis.requests.iter().map(request_out).collect();
+    let chains: Vec<ChainOut> = analysis
         .chains
         .iter()
         .map(|c| {
@@ -251,8 +314,10 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             }
         })
         .collect();
+    let summary = crate::sink::summary::compute(&requests, &chains, crate::sink::summary::DEFAULT_PERCENTILES);
     Report {
         schema: 1,
+        summary,
         recording: RecordingInfo {
             path: path.to_owned(),
             duration_ms,
@@ -277,6 +342,21 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
                 gpu_ms: ms(k.gpu_ns),
             })
             .collect(),
+        gpu_steps: analysis
+            .gpu_steps
+            .iter()
+            .map(|g| GpuStepOut {
+                end_ns: g.end_ns,
+                gpu_end_ns: g.gpu_end_ns,
+                start_ns: g.start_ns,
+                gpu_ms: ms(g.gpu_ns),
+                tokens: g.tokens,
+                kernels: g.kernels(),
+                graph_kernels: g.graph_kernels(),
+                pids: g.ranks.iter().map(|r| r.pid).collect(),
+            })
+            .collect(),
+        step_compute: analysis.step_compute.iter().map(|c| StepComputeOut { end_ns: c.end_ns, compute_ms: ms(c.compute_ns), source: c.source }).collect(),
     }
 }
 
@@ -368,6 +448,7 @@ pub fn render_text(rep: &Report) -> String {
             g.pids
         );
     }
+    let _ = write!(s, "\n{}", crate::sink::summary::render_text(&rep.summary));
     if !rep.kernels.is_empty() {
         let _ = writeln!(s, "\ngpu kernels (top by GPU time)\n  {:>10} {:>8}  name", "gpu_ms", "count");
         for k in &rep.kernels {
@@ -404,6 +485,7 @@ pub fn is_loss(name: &str) -> bool {
         "ipc_abort",
         "ipc_handshake",
         "ipc_utility",
+        "ipc_stats",
         "zmtp_streams",
         "resyncs",
         "engine_requests_linked",
@@ -416,6 +498,15 @@ pub fn is_loss(name: &str) -> bool {
         "gpu_records_decoded",
         "gpu_records_sent",
         "gpu_connects",
+        // NVML sampler (source::nvml).
+        "nvml_devices",
+        "nvml_samples",
+        // Step attribution (correlate::gpu, correlate::oncpu): what was
+        // inferred or is not a step's, not what was lost.
+        "gpu_step_copies_unsynced",
+        "gpu_records_outside_steps",
+        "oncpu_windows_assumed",
+        "oncpu_steps_without_start",
     ];
     !ACTIVITY.contains(&name)
 }
@@ -428,4 +519,647 @@ fn trunc(s: &str, n: usize) -> String {
         t.push('…');
         t
     }
+}
+
+// ------------------------------------------------------------- streaming
+//
+// `hopscope report --json` on a long recording: requests are written as the
+// correlator hands them out (`Correlator::drain_final`), so memory follows the
+// open requests. The JSON is byte for byte what `build` + `to_writer_pretty`
+// give: the requests go to an unlinked spool file (already indented) while the
+// recording is read, and are spliced into the `"requests"` array when the
+// rest of the report (counters, chains, summary) is known at the end.
+//
+// What is kept for the end, per request: its chain's hop entry (id, TTFT,
+// prefix-cache hit: ~70 bytes) and its summary figures (below).
+
+use crate::correlate::{ChainSource, Config, Correlator};
+use crate::sink::summary::{self, ChainHitRate, Dist, GpuMemIndex, ReqView, Summary};
+use std::collections::HashMap;
+use std::io::{self, Read, Seek, Write};
+
+/// Chains as their hops come, in report order, without keeping the hops in
+/// memory: each hop (id, TTFT, prefix-cache hit) goes to an unlinked spool
+/// file; per chain only its totals stay (first arrival, last end, prefix-cache
+/// totals, hop count: ~100 bytes with its key), plus 16 bytes per hop (where
+/// it is in the spool, which chain) to put hops back in chain order at the end.
+#[derive(Debug)]
+pub struct ChainBook {
+    /// Chain number by key and key source.
+    index: HashMap<Box<str>, [u32; 3]>,
+    chains: Vec<ChainAgg>,
+    spool: io::BufWriter<std::fs::File>,
+    spooled: u64,
+    hop_at: Vec<u64>,
+    chain_of: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct ChainAgg {
+    first_arrive_ns: u64,
+    last_done_ns: Option<u64>,
+    all_done: bool,
+    source: ChainSource,
+    hops: u32,
+    cached_tokens: u64,
+    prompt_tokens: u64,
+    hops_unknown: usize,
+}
+
+/// A chain's hop in the spool: TTFT and prefix-cache hit as f64 bits (NaN:
+/// unknown), the id's length, the id.
+const HOP_HEAD: usize = 20;
+
+fn opt_bits(v: Option<f64>) -> [u8; 8] {
+    v.unwrap_or(f64::NAN).to_bits().to_le_bytes()
+}
+
+fn bits_opt(b: &[u8]) -> Option<f64> {
+    let v = f64::from_bits(u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    (!v.is_nan()).then_some(v)
+}
+
+impl ChainBook {
+    pub fn new() -> io::Result<Self> {
+        Ok(ChainBook { index: HashMap::new(), chains: Vec::new(), spool: io::BufWriter::with_capacity(1 << 16, spool_file()?), spooled: 0, hop_at: Vec::new(), chain_of: Vec::new() })
+    }
+
+    /// The next hop of its chain (requests in report order).
+    pub fn add(&mut self, r: &Request, q: &RequestOut) -> io::Result<()> {
+        let n = self.chains.len() as u32;
+        let slots = match self.index.get_mut(r.chain.as_str()) {
+            Some(s) => s,
+            None => self.index.entry(Box::from(r.chain.as_str())).or_insert([u32::MAX; 3]),
+        };
+        let slot = &mut slots[r.chain_source as usize];
+        if *slot == u32::MAX {
+            *slot = n;
+        }
+        let i = *slot as usize;
+        if i == self.chains.len() {
+            self.chains.push(ChainAgg { first_arrive_ns: r.arrive_ns, last_done_ns: None, all_done: true, source: r.chain_source, hops: 0, cached_tokens: 0, prompt_tokens: 0, hops_unknown: 0 });
+        }
+        let c = &mut self.chains[i];
+        c.hops += 1;
+        match r.done_ns {
+            Some(d) => c.last_done_ns = Some(c.last_done_ns.map_or(d, |l| l.max(d))),
+            None => c.all_done = false,
+        }
+        match (q.cached_tokens, q.prompt_tokens) {
+            (Some(ca), Some(p)) => {
+                c.cached_tokens += ca;
+                c.prompt_tokens += p;
+            }
+            _ => c.hops_unknown += 1,
+        }
+        let hit = match (q.cached_tokens, q.prompt_tokens) {
+            (Some(ca), Some(p)) if p > 0 => Some(ca as f64 / p as f64),
+            _ => None,
+        };
+        self.hop_at.push(self.spooled);
+        self.chain_of.push(i as u32);
+        self.spool.write_all(&opt_bits(q.ttft_ms))?;
+        self.spool.write_all(&opt_bits(hit))?;
+        self.spool.write_all(&(q.id.len() as u32).to_le_bytes())?;
+        self.spool.write_all(q.id.as_bytes())?;
+        self.spooled += (HOP_HEAD + q.id.len()) as u64;
+        Ok(())
+    }
+
+    /// The chains in report order (first hop's arrival, then name, as
+    /// `build`), ready to be written, and the hit rates the summary lists.
+    pub fn finish(self) -> io::Result<(ChainsOut, Vec<ChainHitRate>)> {
+        let file = self.spool.into_inner().map_err(io::IntoInnerError::into_error)?;
+        let mut names: Vec<Box<str>> = vec![Box::from(""); self.chains.len()];
+        for (name, slots) in self.index {
+            for i in slots.into_iter().filter(|&i| i != u32::MAX) {
+                names[i as usize] = name.clone();
+            }
+        }
+        let chains = self.chains;
+        let mut order: Vec<u32> = (0..chains.len() as u32).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&chains[a as usize], &chains[b as usize]);
+            (x.first_arrive_ns, &names[a as usize], x.source as u8).cmp(&(y.first_arrive_ns, &names[b as usize], y.source as u8))
+        });
+        // Hops grouped by chain, in report order within each (counting sort).
+        let mut start = vec![0u32; chains.len()];
+        let mut at = 0u32;
+        for &c in &order {
+            start[c as usize] = at;
+            at += chains[c as usize].hops;
+        }
+        let mut by_chain = vec![0u32; self.chain_of.len()];
+        for (s, &c) in self.chain_of.iter().enumerate() {
+            by_chain[start[c as usize] as usize] = s as u32;
+            start[c as usize] += 1;
+        }
+        let mut hits = Vec::new();
+        for &c in &order {
+            let x = &chains[c as usize];
+            let source = source_name(x.source);
+            if x.hops > 1 || source != "connection" {
+                hits.push(ChainHitRate {
+                    chain: names[c as usize].to_string(),
+                    cached_tokens: x.cached_tokens,
+                    prompt_tokens: x.prompt_tokens,
+                    hit_rate: (x.prompt_tokens > 0).then(|| x.cached_tokens as f64 / x.prompt_tokens as f64),
+                    hops_unknown: x.hops_unknown,
+                });
+            }
+        }
+        Ok((ChainsOut { file, chains, names, order, by_chain, hop_at: self.hop_at }, hits))
+    }
+}
+
+fn source_name(s: ChainSource) -> String {
+    serde_json::to_value(s).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// The report's chains, written one by one from the spool.
+pub struct ChainsOut {
+    file: std::fs::File,
+    chains: Vec<ChainAgg>,
+    names: Vec<Box<str>>,
+    order: Vec<u32>,
+    by_chain: Vec<u32>,
+    hop_at: Vec<u64>,
+}
+
+impl ChainsOut {
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Writes the chains as the elements of the report's `chains` array.
+    fn write(&self, w: &mut dyn Write) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut at = 0usize;
+        let mut head = [0u8; HOP_HEAD];
+        let mut id = Vec::new();
+        for (k, &c) in self.order.iter().enumerate() {
+            let x = &self.chains[c as usize];
+            let mut out = ChainOut {
+                chain: self.names[c as usize].to_string(),
+                hops: Vec::with_capacity(x.hops as usize),
+                e2e_ms: None,
+                ttft_ms: Vec::with_capacity(x.hops as usize),
+                prefix_cache_hit: Vec::with_capacity(x.hops as usize),
+                source: source_name(x.source),
+            };
+            if x.all_done {
+                out.e2e_ms = x.last_done_ns.map(|l| ms(l.saturating_sub(x.first_arrive_ns)));
+            }
+            for &s in &self.by_chain[at..at + x.hops as usize] {
+                let off = self.hop_at[s as usize];
+                self.file.read_exact_at(&mut head, off)?;
+                id.resize(u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) as usize, 0);
+                self.file.read_exact_at(&mut id, off + HOP_HEAD as u64)?;
+                out.ttft_ms.push(bits_opt(&head[0..8]));
+                out.prefix_cache_hit.push(bits_opt(&head[8..16]));
+                out.hops.push(String::from_utf8_lossy(&id).into_owned());
+            }
+            at += x.hops as usize;
+            if k > 0 {
+                w.write_all(b",")?;
+            }
+            newline(w, 2)?;
+            out.serialize(&mut serde_json::Serializer::with_formatter(&mut *w, Nested { level: 2, has_value: false }))?;
+        }
+        Ok(())
+    }
+}
+
+/// Requests whose summary figures are kept whole (then the summary is
+/// exactly `summary::compute`'s); past this, or past [`EXACT_ITLS`] pooled
+/// ITLs, the per-request figures (TTFT, TPOT, E2EL, interactivity: 8 bytes
+/// each per completed request) stay exact and the pooled ITLs go to a
+/// log-bucketed sketch (0.05% relative error, fixed size).
+pub const EXACT_REQUESTS: usize = 100_000;
+pub const EXACT_ITLS: usize = 1_000_000;
+
+#[derive(Debug, Clone, Default)]
+struct Kept {
+    status: Option<u16>,
+    arrive_ns: u64,
+    done_ns: Option<u64>,
+    ttft_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+    itl_ms: Box<[f64]>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    peak_gpu_mem_bytes: Option<u64>,
+}
+
+/// Pooled ITLs beyond [`EXACT_ITLS`]: counts per bucket of relative width
+/// 0.1% (value = 1 ns * 1.001^k), with exact count, sum and sum of squares.
+#[derive(Debug, Default)]
+struct ItlSketch {
+    buckets: BTreeMap<i32, u64>,
+    n: u64,
+    sum: f64,
+    sum_sq: f64,
+}
+
+const SKETCH_BASE: f64 = 1.001;
+const SKETCH_MIN_MS: f64 = 1e-6;
+
+impl ItlSketch {
+    fn add(&mut self, x: f64) {
+        let k = if x > SKETCH_MIN_MS { ((x / SKETCH_MIN_MS).ln() / SKETCH_BASE.ln()).floor() as i32 } else { -1 };
+        *self.buckets.entry(k).or_default() += 1;
+        self.n += 1;
+        self.sum += x;
+        self.sum_sq += x * x;
+    }
+
+    fn value(k: i32) -> f64 {
+        if k < 0 {
+            0.0
+        } else {
+            SKETCH_MIN_MS * SKETCH_BASE.powf(f64::from(k) + 0.5)
+        }
+    }
+
+    /// The value of rank `i` (0-based, in sorted order).
+    fn at(&self, i: u64) -> f64 {
+        let mut seen = 0;
+        for (&k, &c) in &self.buckets {
+            seen += c;
+            if i < seen {
+                return Self::value(k);
+            }
+        }
+        self.buckets.keys().next_back().map_or(0.0, |&k| Self::value(k))
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        let rank = (p / 100.0).clamp(0.0, 1.0) * (self.n - 1) as f64;
+        let (lo, hi) = (self.at(rank.floor() as u64), self.at(rank.ceil() as u64));
+        lo + (hi - lo) * (rank - rank.floor())
+    }
+
+    fn dist(&self, percentiles: &[f64]) -> Option<Dist> {
+        if self.n == 0 {
+            return None;
+        }
+        let n = self.n as f64;
+        let mean = self.sum / n;
+        Some(Dist {
+            n: self.n as usize,
+            mean,
+            median: self.percentile(50.0),
+            std: (self.sum_sq / n - mean * mean).max(0.0).sqrt(),
+            percentiles: percentiles.iter().map(|&p| (summary::percentile_key(p), self.percentile(p))).collect(),
+        })
+    }
+}
+
+/// The summary's inputs, request by request.
+#[derive(Debug, Default)]
+pub struct SummaryAcc {
+    exact: Vec<Kept>,
+    exact_itls: usize,
+    sketched: bool,
+    completed: usize,
+    not_completed: usize,
+    ttfts: Vec<f64>,
+    tpots: Vec<f64>,
+    e2els: Vec<f64>,
+    per_token_s: Vec<f64>,
+    itls: ItlSketch,
+    total_in: u64,
+    total_out: u64,
+    tokens_unknown: usize,
+    first_ns: Option<u64>,
+    last_ns: Option<u64>,
+    peak_gpu_mem_bytes: Option<u64>,
+}
+
+impl SummaryAcc {
+    pub fn add(&mut self, q: &RequestOut) {
+        let k = Kept {
+            status: q.status,
+            arrive_ns: q.arrive_ns,
+            done_ns: q.done_ns,
+            ttft_ms: q.ttft_ms,
+            e2e_ms: q.e2e_ms,
+            itl_ms: q.itl_ms.clone().into_boxed_slice(),
+            prompt_tokens: q.prompt_tokens,
+            completion_tokens: q.completion_tokens,
+            cached_tokens: q.cached_tokens,
+            peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
+        };
+        if self.sketched {
+            return self.fold(k);
+        }
+        self.exact_itls += k.itl_ms.len();
+        self.exact.push(k);
+        if self.exact.len() > EXACT_REQUESTS || self.exact_itls > EXACT_ITLS {
+            self.sketched = true;
+            for k in std::mem::take(&mut self.exact) {
+                self.fold(k);
+            }
+        }
+    }
+
+    /// `summary::compute_views`, one request at a time.
+    fn fold(&mut self, q: Kept) {
+        self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
+        let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) else {
+            self.not_completed += 1;
+            return;
+        };
+        self.completed += 1;
+        self.e2els.push(e2e);
+        if let Some(t) = q.ttft_ms {
+            self.ttfts.push(t);
+        }
+        for &x in q.itl_ms.iter() {
+            self.itls.add(x);
+        }
+        match (q.prompt_tokens, q.completion_tokens) {
+            (Some(i), Some(o)) => {
+                self.total_in += i;
+                self.total_out += o;
+            }
+            _ => self.tokens_unknown += 1,
+        }
+        if let Some(o) = q.completion_tokens {
+            if let Some(t) = q.ttft_ms.and_then(|t| summary::tpot_ms(e2e, t, o)) {
+                self.tpots.push(t);
+            }
+            if o > 0 {
+                self.per_token_s.push(e2e / 1e3 / o as f64);
+            }
+        }
+        self.first_ns = Some(self.first_ns.map_or(q.arrive_ns, |f| f.min(q.arrive_ns)));
+        if let Some(d) = q.done_ns {
+            self.last_ns = Some(self.last_ns.map_or(d, |l| l.max(d)));
+        }
+    }
+
+    pub fn finish(mut self, chains: Vec<ChainHitRate>, percentiles: &[f64]) -> Summary {
+        if !self.sketched {
+            let views: Vec<ReqView> = self
+                .exact
+                .iter()
+                .map(|k| ReqView {
+                    id: "",
+                    status: k.status,
+                    arrive_ns: k.arrive_ns,
+                    done_ns: k.done_ns,
+                    ttft_ms: k.ttft_ms,
+                    e2e_ms: k.e2e_ms,
+                    itl_ms: &k.itl_ms,
+                    prompt_tokens: k.prompt_tokens,
+                    completion_tokens: k.completion_tokens,
+                    cached_tokens: k.cached_tokens,
+                    peak_gpu_mem_bytes: k.peak_gpu_mem_bytes,
+                })
+                .collect();
+            let mut s = summary::compute_views(&views, &[], percentiles);
+            s.chains = chains;
+            return s;
+        }
+        let duration_s = match (self.first_ns, self.last_ns) {
+            (Some(f), Some(l)) if l > f => Some((l - f) as f64 / 1e9),
+            _ => None,
+        };
+        let rate = |x: f64| duration_s.map(|d| x / d);
+        self.per_token_s.sort_by(f64::total_cmp);
+        Summary {
+            completed: self.completed,
+            not_completed: self.not_completed,
+            duration_s,
+            total_input_tokens: self.total_in,
+            total_output_tokens: self.total_out,
+            tokens_unknown: self.tokens_unknown,
+            request_throughput: rate(self.completed as f64),
+            output_throughput: rate(self.total_out as f64),
+            total_token_throughput: rate((self.total_in + self.total_out) as f64),
+            percentiles: percentiles.to_vec(),
+            ttft_ms: summary::dist(&self.ttfts, percentiles),
+            tpot_ms: summary::dist(&self.tpots, percentiles),
+            itl_ms: self.itls.dist(percentiles),
+            e2el_ms: summary::dist(&self.e2els, percentiles),
+            interactivity_p90_tok_s: percentile(&self.per_token_s, 90.0).filter(|p| *p > 0.0).map(|p| 1.0 / p),
+            chains,
+            gpu_samples: 0,
+            peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
+        }
+    }
+}
+
+/// serde_json's pretty layout (two spaces a level) starting `level` levels
+/// deep: a request serialized alone as an element of the report's
+/// `requests` array, each newline and its indent written at once.
+struct Nested {
+    level: usize,
+    has_value: bool,
+}
+
+const NEWLINE_INDENT: &[u8] = b"\n                                                                ";
+
+fn newline<W: ?Sized + Write>(w: &mut W, level: usize) -> io::Result<()> {
+    let n = 2 * level;
+    if n < NEWLINE_INDENT.len() {
+        return w.write_all(&NEWLINE_INDENT[..=n]);
+    }
+    w.write_all(b"\n")?;
+    (0..level).try_for_each(|_| w.write_all(b"  "))
+}
+
+impl serde_json::ser::Formatter for Nested {
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(b"[")
+    }
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            newline(w, self.level)?;
+        }
+        w.write_all(b"]")
+    }
+    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        newline(w, self.level)
+    }
+    fn end_array_value<W: ?Sized + Write>(&mut self, _w: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(b"{")
+    }
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            newline(w, self.level)?;
+        }
+        w.write_all(b"}")
+    }
+    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        newline(w, self.level)
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+    fn end_object_value<W: ?Sized + Write>(&mut self, _w: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+}
+
+/// What goes inside a spliced array.
+type Fill<'a, W> = Box<dyn FnMut(&mut W) -> io::Result<()> + 'a>;
+
+/// Writes the report through to `out`, replacing the empty `"requests": []`
+/// and then `"chains": []` of the top-level object with the spooled arrays.
+struct Splice<'a, W: Write> {
+    out: W,
+    head: Vec<u8>,
+    /// Arrays still to splice, in order: the marker, and what goes inside
+    /// `[` … `\n  ]` (nothing: the marker stays as it is).
+    todo: std::collections::VecDeque<(&'static [u8], Option<Fill<'a, W>>)>,
+}
+
+impl<W: Write> Write for Splice<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.todo.is_empty() {
+            return self.out.write(buf);
+        }
+        self.head.extend_from_slice(buf);
+        // Nothing before them (schema, recording, requests) can hold the
+        // markers: a quote inside a JSON string is escaped.
+        while let Some((marker, _)) = self.todo.front() {
+            let Some(at) = self.head.windows(marker.len()).position(|w| w == *marker) else { break };
+            let (marker, fill) = self.todo.pop_front().expect("front checked");
+            self.out.write_all(&self.head[..at])?;
+            match fill {
+                Some(mut fill) => {
+                    self.out.write_all(&marker[..marker.len() - 1])?;
+                    fill(&mut self.out)?;
+                    self.out.write_all(b"\n  ]")?;
+                }
+                None => self.out.write_all(marker)?,
+            }
+            self.head.drain(..at + marker.len());
+        }
+        if self.todo.is_empty() {
+            let rest = std::mem::take(&mut self.head);
+            self.out.write_all(&rest)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// An unlinked file in the temporary directory: gone with the process.
+fn spool_file() -> io::Result<std::fs::File> {
+    let dir = std::env::temp_dir();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let path = dir.join(format!(".hopscope-report-{}-{nanos}.json", std::process::id()));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(|e| {
+        io::Error::new(e.kind(), format!("creating the report's spool file {}: {e} (set TMPDIR to a writable directory)", path.display()))
+    })?;
+    std::fs::remove_file(&path)?;
+    Ok(f)
+}
+
+/// The schema-1 JSON report of a recording, written while it is read (what
+/// `hopscope report --json` prints): the same bytes as [`build`] serialized
+/// pretty, with memory that follows the open requests. Returns the error that
+/// stopped the read early, if any (the report covers what precedes it).
+pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, path: &str, cfg: Config, percentiles: &[f64], out: W) -> io::Result<Option<String>> {
+    let meta = reader.meta().clone();
+    let mut c = Correlator::new(cfg);
+    let mut gpu_mem = GpuMemIndex::default();
+    let mut spool = spool_file()?;
+    let mut w = io::BufWriter::with_capacity(1 << 16, &mut spool);
+    let (mut chains, mut acc, mut written) = (ChainBook::new()?, SummaryAcc::default(), 0usize);
+    let mut put = |r: &Request, gpu_mem: &GpuMemIndex, w: &mut io::BufWriter<&mut std::fs::File>| -> io::Result<()> {
+        let mut q = request_out(r);
+        if gpu_mem.samples() > 0 {
+            q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
+        }
+        // The array's opening `[` is the splice's: elements are two levels deep.
+        if written > 0 {
+            w.write_all(b",")?;
+        }
+        newline(w, 2)?;
+        let mut ser = serde_json::Serializer::with_formatter(&mut *w, Nested { level: 2, has_value: false });
+        q.serialize(&mut ser)?;
+        written += 1;
+        chains.add(r, &q)?;
+        acc.add(&q);
+        Ok(())
+    };
+    // Hand out final requests every few thousand records, or every 250 ms
+    // of recording time, whichever comes first.
+    let (mut now, mut n, mut next_drain, mut prev_ts) = (0u64, 0u64, 0u64, 0u64);
+    let read_error = loop {
+        match reader.next_record() {
+            Ok(Some(r)) => {
+                gpu_mem.ingest(&r);
+                c.ingest(&r);
+                // Two records in a row must agree for the clock to move: one
+                // corrupt far-future time would hand out every request early.
+                now = now.max(prev_ts.min(r.ts_ns()));
+                prev_ts = r.ts_ns();
+                n += 1;
+                if n % 4096 == 0 || now >= next_drain {
+                    next_drain = now.saturating_add(250_000_000);
+                    for r in c.drain_final(now) {
+                        put(&r, &gpu_mem, &mut w)?;
+                    }
+                    // The report has no use for steps (the trace has).
+                    c.take_steps();
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    let mut tail = c.finish_streaming();
+    for r in std::mem::take(&mut tail.requests) {
+        put(&r, &gpu_mem, &mut w)?;
+    }
+    w.flush()?;
+    drop(w);
+    let mut rep = build(path, &meta, &tail, read_error.clone());
+    let (chain_outs, hits) = chains.finish()?;
+    rep.summary = acc.finish(hits, percentiles);
+    gpu_mem.apply(&mut [], &mut rep.summary);
+    let mut todo: std::collections::VecDeque<(&'static [u8], Option<Fill<W>>)> = Default::default();
+    let spool = &mut spool;
+    todo.push_back((
+        b"\"requests\": []",
+        (written > 0).then(|| {
+            Box::new(move |o: &mut W| {
+                spool.seek(io::SeekFrom::Start(0))?;
+                io::copy(spool, o).map(drop)
+            }) as Fill<W>
+        }),
+    ));
+    let has_chains = chain_outs.len() > 0;
+    todo.push_back((b"\"chains\": []", has_chains.then(|| Box::new(move |o: &mut W| chain_outs.write(o)) as Fill<W>)));
+    let mut out = io::BufWriter::with_capacity(1 << 16, Splice { out, head: Vec::new(), todo });
+    serde_json::to_writer_pretty(&mut out, &rep)?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(read_error)
 }

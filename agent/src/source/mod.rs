@@ -2,3 +2,4 @@
 
 pub mod cupti;
 pub mod ebpf;
+pub mod nvml;

@@ -2,6 +2,10 @@
 //! structure summary golden tests compare (track names, slice names and
 //! counts per track, never bytes).
 //!
+//! Compressed batches (`TracePacket.compressed_packets`) are inflated and
+//! their packets checked in their place, as trace processor reads them; an
+//! outer packet must carry nothing else (trace processor ignores the rest).
+//!
 //! Rules checked (per `trusted_packet_sequence_id`):
 //! - every packet names a non-zero sequence id;
 //! - the first packet of a sequence sets `SEQ_INCREMENTAL_STATE_CLEARED`; every
@@ -11,16 +15,23 @@
 //!   never redefined to something else;
 //! - every track uuid an event or a descriptor's parent refers to was
 //!   described earlier; no uuid is described twice differently;
-//! - track events carry a timestamp in a known clock, timestamps never go
-//!   backwards on a sequence;
+//! - track events carry a timestamp in a known clock: a builtin one, or a
+//!   sequence-scoped clock (64–127) that a clock snapshot on the same
+//!   sequence tied to a builtin clock; an incremental clock's timestamps are
+//!   deltas from the sequence's previous timestamp on it, starting at the
+//!   snapshot's value; resolved timestamps never go backwards on a sequence;
+//! - an event without a track uuid takes its sequence's
+//!   `TrackEventDefaults.track_uuid`, which must be set;
 //! - slice begins and ends balance per track and nest (an end closes the
 //!   innermost open slice, never before it began); counter values go only to
 //!   counter tracks and slices never do;
-//! - every flow that starts is terminated later, and nothing terminates a
-//!   flow that did not start.
+//! - in timestamp order (as trace processor links them), every flow that
+//!   starts is terminated or continued later, and nothing terminates a flow
+//!   that did not start.
 
 use super::proto::{self, Data, EventType, Trace};
 use prost::Message;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
@@ -28,6 +39,8 @@ use std::fmt::Write as _;
 pub enum CheckError {
     #[error("trace does not decode: {0}")]
     Decode(#[from] prost::DecodeError),
+    #[error("packet {packet}'s compressed_packets: {why}")]
+    Compressed { packet: usize, why: String },
     #[error("{} invariant violation(s), first: {}", .0.len(), .0.iter().take(10).cloned().collect::<Vec<_>>().join("; "))]
     Violations(Vec<String>),
 }
@@ -53,7 +66,10 @@ pub struct TrackSummary {
 /// A trace's structure, in descriptor order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
+    /// TracePackets, those inside compressed batches counted one by one.
     pub packets: u64,
+    /// Compressed batches (outer packets with `compressed_packets`).
+    pub batches: u64,
     pub tracks: Vec<TrackSummary>,
     pub slices: u64,
     pub instants: u64,
@@ -107,8 +123,118 @@ struct SeqState {
     event_names: HashMap<u64, String>,
     arg_names: HashMap<u64, String>,
     string_values: HashMap<u64, Vec<u8>>,
+    /// The defaults' clock and track.
     clock: Option<u32>,
+    default_track: Option<u64>,
+    /// Sequence-scoped clocks the snapshots defined.
+    clocks: HashMap<u32, CustomClock>,
+    /// Resolved (builtin-clock) time of the last timestamp.
     last_ts: Option<u64>,
+}
+
+struct CustomClock {
+    incremental: bool,
+    /// The clock's value and the builtin clock's at the snapshot.
+    at_clock: u64,
+    at_builtin: u64,
+    /// The clock's value at the last packet on it (incremental clocks).
+    last: u64,
+}
+
+fn is_builtin(clock: u32) -> bool {
+    matches!(clock, proto::BUILTIN_CLOCK_MONOTONIC | proto::BUILTIN_CLOCK_BOOTTIME | proto::BUILTIN_CLOCK_REALTIME)
+}
+
+impl SeqState {
+    /// Applies what `p` does to the sequence's state before its payload is
+    /// read: a clear, new defaults, a clock snapshot.
+    fn apply(&mut self, p: &proto::TracePacket, clears: bool) -> Result<(), String> {
+        if clears {
+            self.event_names.clear();
+            self.arg_names.clear();
+            self.string_values.clear();
+            self.clock = None;
+            self.default_track = None;
+            self.clocks.clear();
+        }
+        if let Some(d) = &p.trace_packet_defaults {
+            self.clock = d.timestamp_clock_id;
+            self.default_track = d.track_event_defaults.as_ref().and_then(|t| t.track_uuid);
+        }
+        if let Some(Data::ClockSnapshot(cs)) = &p.data {
+            if cs.clocks.is_empty() {
+                return Err("clock snapshot without clocks".into());
+            }
+            let anchor = cs.clocks.iter().find(|c| c.clock_id.is_some_and(is_builtin)).and_then(|c| c.timestamp);
+            for c in cs.clocks.iter().filter(|c| c.clock_id.is_some_and(|id| (64..=127).contains(&id))) {
+                let Some(at_builtin) = anchor else {
+                    return Err("clock snapshot defines a sequence clock but no builtin clock to tie it to".into());
+                };
+                let at_clock = c.timestamp.unwrap_or(0);
+                self.clocks.insert(c.clock_id.unwrap_or(0), CustomClock { incremental: c.is_incremental == Some(true), at_clock, at_builtin, last: at_clock });
+            }
+        }
+        Ok(())
+    }
+
+    /// The packet's timestamp in the builtin clock, when it has one.
+    fn resolve(&mut self, p: &proto::TracePacket) -> Result<Option<u64>, String> {
+        let Some(raw) = p.timestamp else { return Ok(None) };
+        match p.timestamp_clock_id.or(self.clock) {
+            Some(c) if is_builtin(c) => Ok(Some(raw)),
+            Some(c) => {
+                let Some(cc) = self.clocks.get_mut(&c) else {
+                    return Err(format!("timestamp in clock {c}, which no clock snapshot on this sequence defined"));
+                };
+                let v = if cc.incremental { cc.last.checked_add(raw).ok_or("incremental timestamp overflows")? } else { raw };
+                if cc.incremental {
+                    cc.last = v;
+                }
+                let abs = (cc.at_builtin + v).checked_sub(cc.at_clock).ok_or_else(|| format!("timestamp {v} in clock {c} before its snapshot"))?;
+                Ok(Some(abs))
+            }
+            None => Err("timestamp in no clock (no defaults, no timestamp_clock_id)".into()),
+        }
+    }
+}
+
+/// `trace` with every timestamp resolved to the builtin clock (and
+/// `timestamp_clock_id` cleared), every track event naming its track
+/// (sequence defaults filled in) and interned event and annotation names
+/// copied into their `name` fields (iids kept; they are per sequence): what
+/// tests read times, tracks and names from. Packets whose timestamp does not
+/// resolve keep none; `check` says why.
+pub fn flatten(trace: &Trace) -> Trace {
+    let mut seqs: HashMap<u32, SeqState> = HashMap::new();
+    // A batch that does not inflate stays as it is; `check` says why.
+    let mut out = expand(trace).map_or_else(|_| trace.clone(), |(t, _)| t.into_owned());
+    for p in &mut out.packet {
+        let seq = seqs.entry(p.trusted_packet_sequence_id.unwrap_or(0)).or_default();
+        let clears = p.sequence_flags.unwrap_or(0) & proto::SEQ_INCREMENTAL_STATE_CLEARED != 0 || p.incremental_state_cleared == Some(true);
+        let _ = seq.apply(p, clears);
+        if let Some(i) = &p.interned_data {
+            for e in &i.event_names {
+                seq.event_names.insert(e.iid.unwrap_or(0), e.name.clone().unwrap_or_default());
+            }
+            for e in &i.debug_annotation_names {
+                seq.arg_names.insert(e.iid.unwrap_or(0), e.name.clone().unwrap_or_default());
+            }
+        }
+        p.timestamp = seq.resolve(p).ok().flatten();
+        p.timestamp_clock_id = None;
+        if let Some(Data::TrackEvent(e)) = &mut p.data {
+            e.track_uuid = e.track_uuid.or(seq.default_track);
+            if let Some(n) = e.name_iid.and_then(|i| seq.event_names.get(&i)) {
+                e.name = Some(n.clone());
+            }
+            for d in &mut e.debug_annotations {
+                if let Some(n) = d.name_iid.and_then(|i| seq.arg_names.get(&i)) {
+                    d.name = Some(n.clone());
+                }
+            }
+        }
+    }
+    out
 }
 
 struct TrackState {
@@ -119,23 +245,86 @@ struct TrackState {
     open: Vec<u64>,
 }
 
-/// Decodes `bytes` (a `Trace`) with hopscope's schema subset.
+/// The longest prefix of `bytes` made of whole `Trace.packet` fields: what a
+/// reader of a trace still being written (or cut by a crash) can decode. A
+/// compressed batch is one such field: a cut one is left out whole.
+pub fn complete_packets(bytes: &[u8]) -> &[u8] {
+    let mut at = 0;
+    while at < bytes.len() {
+        let mut rest = &bytes[at..];
+        let before = rest.len();
+        let Ok(key) = prost::encoding::decode_varint(&mut rest) else { break };
+        let Ok(len) = prost::encoding::decode_varint(&mut rest) else { break };
+        let head = before - rest.len();
+        if key != ((proto::TRACE_PACKET_FIELD as u64) << 3 | 2) || (rest.len() as u64) < len {
+            break;
+        }
+        at += head + len as usize;
+    }
+    &bytes[..at]
+}
+
+/// Decodes `bytes` (a `Trace`) with hopscope's schema subset, compressed
+/// batches replaced by the packets they hold.
 pub fn decode(bytes: &[u8]) -> Result<Trace, CheckError> {
-    Ok(Trace::decode(bytes)?)
+    Ok(expand(&Trace::decode(bytes)?)?.0.into_owned())
 }
 
 /// Decodes `bytes` (a `Trace`) with hopscope's schema subset and checks it.
 pub fn check_bytes(bytes: &[u8]) -> Result<Summary, CheckError> {
-    check(&decode(bytes)?)
+    check(&Trace::decode(bytes)?)
 }
 
-/// Checks a decoded trace; the summary when it passes, every violation otherwise.
+/// A batch inflates to at most this much (hopscope writes 64 KiB batches;
+/// Perfetto asks for compressed packets under 512 KB): a bound on what a
+/// corrupt or hostile file can make the checker allocate.
+const MAX_INFLATED: usize = 256 << 20;
+
+/// Inflates one `compressed_packets` payload (a zlib stream) into the bytes
+/// of a `Trace`.
+pub fn inflate(zlib: &[u8]) -> Result<Vec<u8>, String> {
+    miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(zlib, MAX_INFLATED).map_err(|e| format!("does not inflate as zlib: {e}"))
+}
+
+/// `trace` with every compressed batch replaced by its packets, in place
+/// (borrowed when there is none), and the number of batches.
+fn expand(trace: &Trace) -> Result<(Cow<'_, Trace>, u64), CheckError> {
+    if !trace.packet.iter().any(|p| matches!(p.data, Some(Data::CompressedPackets(_)))) {
+        return Ok((Cow::Borrowed(trace), 0));
+    }
+    let mut out = Trace { packet: Vec::with_capacity(trace.packet.len()) };
+    let mut batches = 0;
+    for (i, p) in trace.packet.iter().enumerate() {
+        let Some(Data::CompressedPackets(z)) = &p.data else {
+            out.packet.push(p.clone());
+            continue;
+        };
+        let err = |why: String| CheckError::Compressed { packet: i, why };
+        if *p != (proto::TracePacket { data: p.data.clone(), ..Default::default() }) {
+            return Err(err("the packet carries other fields too, which trace processor ignores".into()));
+        }
+        let inner = Trace::decode(&inflate(z).map_err(err)?[..]).map_err(|e| err(format!("inflated, does not decode as a Trace: {e}")))?;
+        if inner.packet.iter().any(|q| matches!(q.data, Some(Data::CompressedPackets(_)))) {
+            return Err(err("a compressed batch inside a compressed batch".into()));
+        }
+        out.packet.extend(inner.packet);
+        batches += 1;
+    }
+    Ok((Cow::Owned(out), batches))
+}
+
+/// Checks a decoded trace (compressed batches are expanded first); the
+/// summary when it passes, every violation otherwise.
 pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
+    let (trace, batches) = expand(trace)?;
+    let trace = &*trace;
     let mut v: Vec<String> = Vec::new();
     let mut seqs: HashMap<u32, SeqState> = HashMap::new();
     let mut tracks: HashMap<u64, TrackState> = HashMap::new();
-    let mut summary = Summary { packets: trace.packet.len() as u64, ..Summary::default() };
-    let mut open_flows: HashMap<u64, usize> = HashMap::new();
+    let mut summary = Summary { packets: trace.packet.len() as u64, batches, ..Summary::default() };
+    // (resolved time, packet, flows started, flows terminated): linked after
+    // the pass, in time order, as trace processor links them.
+    let mut flow_events: Vec<(u64, usize, Vec<u64>, Vec<u64>)> = Vec::new();
 
     for (pi, p) in trace.packet.iter().enumerate() {
         let at = |what: String| format!("packet {pi}: {what}");
@@ -153,14 +342,8 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
             v.push(at("later packet does not set SEQ_NEEDS_INCREMENTAL_STATE".into()));
         }
         seq.started = true;
-        if clears {
-            seq.event_names.clear();
-            seq.arg_names.clear();
-            seq.string_values.clear();
-            seq.clock = None;
-        }
-        if let Some(d) = &p.trace_packet_defaults {
-            seq.clock = d.timestamp_clock_id;
+        if let Err(e) = seq.apply(p, clears) {
+            v.push(at(e));
         }
         if let Some(i) = &p.interned_data {
             for e in &i.event_names {
@@ -173,7 +356,14 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
                 intern(&mut seq.string_values, e.iid, e.str.clone().unwrap_or_default(), "string value", &mut v, pi);
             }
         }
-        if let Some(ts) = p.timestamp {
+        let resolved = match seq.resolve(p) {
+            Ok(ts) => ts,
+            Err(e) => {
+                v.push(at(e));
+                None
+            }
+        };
+        if let Some(ts) = resolved {
             if let Some(last) = seq.last_ts {
                 if ts < last {
                     v.push(at(format!("timestamp {ts} before the sequence's previous {last}")));
@@ -184,11 +374,9 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
             summary.last_ts = Some(summary.last_ts.map_or(ts, |l| l.max(ts)));
         }
         match &p.data {
-            Some(Data::ClockSnapshot(cs)) => {
-                if cs.clocks.is_empty() {
-                    v.push(at("clock snapshot without clocks".into()));
-                }
-            }
+            Some(Data::ClockSnapshot(_)) => {}
+            // Expanded above; nested ones are refused there.
+            Some(Data::CompressedPackets(_)) => v.push(at("compressed_packets left after expanding".into())),
             Some(Data::TrackDescriptor(d)) => {
                 let Some(uuid) = d.uuid.filter(|u| *u != 0) else {
                     v.push(at("track descriptor without uuid".into()));
@@ -221,16 +409,14 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
                 summary.tracks.push(TrackSummary { uuid, name, parent, kind, rank: d.sibling_order_rank, ..TrackSummary::default() });
             }
             Some(Data::TrackEvent(e)) => {
-                let Some(ts) = p.timestamp else {
-                    v.push(at("track event without timestamp".into()));
+                let Some(ts) = resolved else {
+                    if p.timestamp.is_none() {
+                        v.push(at("track event without timestamp".into()));
+                    }
                     continue;
                 };
-                let clock = p.timestamp_clock_id.or(seq.clock);
-                if !matches!(clock, Some(proto::BUILTIN_CLOCK_MONOTONIC | proto::BUILTIN_CLOCK_BOOTTIME | proto::BUILTIN_CLOCK_REALTIME)) {
-                    v.push(at(format!("track event in unknown clock {clock:?}")));
-                }
-                let Some(uuid) = e.track_uuid else {
-                    v.push(at("track event without track_uuid".into()));
+                let Some(uuid) = e.track_uuid.or(seq.default_track) else {
+                    v.push(at("track event without track_uuid, and no default track on its sequence".into()));
                     continue;
                 };
                 let Some(track) = tracks.get_mut(&uuid) else {
@@ -296,16 +482,8 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
                     }
                     _ => v.push(at(format!("track event of unknown type {:?}", e.r#type))),
                 }
-                for id in &e.flow_ids {
-                    // Naming an open flow again continues it through this slice.
-                    open_flows.insert(*id, pi);
-                }
-                for id in &e.terminating_flow_ids {
-                    if open_flows.remove(id).is_some() {
-                        summary.flows += 1;
-                    } else {
-                        v.push(at(format!("flow {id} terminates without having started")));
-                    }
+                if !e.flow_ids.is_empty() || !e.terminating_flow_ids.is_empty() {
+                    flow_events.push((ts, pi, e.flow_ids.clone(), e.terminating_flow_ids.clone()));
                 }
             }
             None => {
@@ -320,9 +498,34 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
     for (uuid, n) in open {
         v.push(format!("track {uuid}: {n} slice(s) never end"));
     }
-    let mut flows: Vec<_> = open_flows.into_iter().collect();
+    // Flows in time order (stable: file order at equal times). Naming an open
+    // flow again links it to this slice and continues it from here; a flow
+    // left open at the end is fine only if it linked something.
+    flow_events.sort_by_key(|f| f.0);
+    let mut open_flows: HashMap<u64, (usize, bool)> = HashMap::new();
+    for (_, pi, starts, ends) in flow_events {
+        for id in ends {
+            if open_flows.remove(&id).is_some() {
+                summary.flows += 1;
+            } else {
+                v.push(format!("packet {pi}: flow {id} terminates without having started"));
+            }
+        }
+        for id in starts {
+            match open_flows.get_mut(&id) {
+                Some(f) => {
+                    summary.flows += 1;
+                    *f = (pi, true);
+                }
+                None => {
+                    open_flows.insert(id, (pi, false));
+                }
+            }
+        }
+    }
+    let mut flows: Vec<_> = open_flows.into_iter().filter(|(_, (_, linked))| !linked).collect();
     flows.sort();
-    for (id, pi) in flows {
+    for (id, (pi, _)) in flows {
         v.push(format!("flow {id} (from packet {pi}) never terminates"));
     }
     if v.is_empty() {

@@ -3,21 +3,29 @@
 //!
 //! - [`proto`]: the hand-written prost subset of Perfetto's schema;
 //! - [`writer`]: the streaming TracePacket writer (interning, track
-//!   descriptors before use, incremental-state flags, balanced slices);
+//!   descriptors before use, incremental-state flags, delta timestamps,
+//!   balanced slices);
 //! - [`check`]: the invariant checker and structure summary tests run on
 //!   every trace hopscope writes;
-//! - this module: the layout — which tracks exist and what goes on them.
+//! - [`raw`]: the record-driven tracks (threads, GPU streams, engine steps,
+//!   server and loss counters), drawn record by record;
+//! - [`live`]: `record --perfetto`, the trace written while recording;
+//! - this module: the request-driven tracks (chains, requests and their
+//!   phases, request counters), drawn from the correlator's analysis, and
+//!   `write_trace`, the whole trace from a loaded recording.
 //!
-//! The layout first lists every timeline item (a compact `(ts, what)` pair,
-//! 24 bytes, far smaller than the records it comes from), sorts them stably
-//! by time and then streams them through the writer, so the trace is written
-//! in timestamp order with bounded writer memory. Items of one track are
-//! listed in their nesting order, and the stable sort keeps that order among
-//! equal timestamps. Engine steps, GPU kernels and copies will be further item
-//! kinds on further tracks (see docs/perfetto.md, "later").
+//! The trace is written in two parts, each in time order on its own packet
+//! sequences: first the record-driven tracks (as records come), then the
+//! request-driven ones on a sequence of their own (requests are final only
+//! when the correlator is done). The request part lists every timeline item
+//! (a compact `(ts, what)` pair), sorts them stably by time and streams them
+//! through the writer; items of one track are listed in their nesting order,
+//! and the stable sort keeps that order among equal timestamps.
 
 pub mod check;
+pub mod live;
 pub mod proto;
+pub mod raw;
 pub mod writer;
 
 #[cfg(test)]
@@ -27,9 +35,10 @@ use crate::correlate::{Analysis, Request};
 use crate::model::Record;
 use crate::recording::Meta;
 use proto::{ChildOrdering, CounterUnit};
-use std::collections::{BTreeSet, HashMap};
+use raw::{RawLayout, RawStats, StepClock, StepInfo};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Write;
-pub use writer::{Arg, Event, PerfettoError, TrackId, TrackOpts, TraceWriter, Value, WriterStats};
+pub use writer::{Arg, Encoding, Event, PerfettoError, TrackId, TrackOpts, TraceWriter, Value, WriterStats};
 
 /// Names used in the trace (tests and docs refer to them).
 pub mod names {
@@ -51,6 +60,13 @@ pub mod names {
     pub const CHUNK: &str = "chunk";
     pub const OFF_CPU: &str = "off-cpu";
     pub const RUN_QUEUE: &str = "run queue";
+    pub const SERVER: &str = "Server";
+    pub const RUNNING: &str = "running requests";
+    pub const WAITING_REQS: &str = "waiting requests";
+    pub const TOKENS_PER_S: &str = "output tokens/s";
+    pub const KV_CACHE: &str = "KV-cache usage %";
+    pub const GPU_MEM: &str = "memory used";
+    pub const SM_UTIL: &str = "SM utilisation %";
 }
 
 /// What the trace is made from.
@@ -83,9 +99,41 @@ pub struct TraceStats {
     /// GPU records not drawn: end before start, or more overlap on one
     /// stream than the overlap lanes hold.
     pub gpu_skipped: u64,
+    pub steps: u64,
+    /// Steps that ended before the previous one (not drawn).
+    pub steps_skipped: u64,
+    /// Counter samples older than their track's previous one (not drawn).
+    pub counter_values_skipped: u64,
+    /// Flows from a request's prefill/decode slice to the engine steps that
+    /// served it, and from a step to its first and last kernel.
+    pub step_flows: u64,
+    pub kernel_flows: u64,
+    /// Request→step flows left out: beyond [`FLOW_CAP`] per slice, or to a
+    /// phase slice that has no duration and so is not drawn.
+    pub flows_capped: u64,
+    /// Step members whose engine request maps to no drawn request (not
+    /// joined to an HTTP request, or the step list could not be replayed).
+    pub flows_unmapped: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl TraceStats {
+    fn add_raw(&mut self, r: &RawStats) {
+        self.offcpu_slices = r.offcpu_slices;
+        self.offcpu_skipped = r.offcpu_skipped;
+        self.gpu_slices = r.gpu_slices;
+        self.gpu_skipped = r.gpu_skipped;
+        self.steps = r.steps;
+        self.steps_skipped = r.steps_skipped;
+        self.counter_values_skipped = r.counter_values_skipped;
+    }
+}
+
+/// The most flows a request's prefill or decode slice gets to the steps that
+/// served it: the first and the last `FLOW_CAP / 2` (a long decode has
+/// hundreds of steps; the arrows would hide the timeline).
+pub const FLOW_CAP: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Phase {
     ReadDelay,
     Waiting,
@@ -110,7 +158,15 @@ impl Phase {
     }
 }
 
-/// One thing to draw at one time. Indexes point into the input.
+/// Counters that move by +1/-1 as intervals begin and end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    InFlight = 0,
+    Running = 1,
+    Waiting = 2,
+}
+
+/// One request-part thing to draw at one time. Indexes point into the analysis.
 #[derive(Debug, Clone, Copy)]
 enum Item {
     Meta,
@@ -118,14 +174,9 @@ enum Item {
     RequestBegin { req: u32 },
     PhaseBegin { req: u32, phase: Phase },
     Chunk { req: u32 },
-    StepBegin { step: u32, track: TrackId },
-    GpuBegin { rec: u32, track: TrackId },
-    StepEnd { step: u32, track: TrackId },
-    OffCpuBegin { rec: u32, track: TrackId },
-    RunQueueBegin { track: TrackId },
     End { track: TrackId },
-    InFlight { delta: i32 },
-    DropSnapshot { rec: u32 },
+    /// A change of one of the request-level counters.
+    Level { which: Level, delta: i32 },
     DropFinal,
 }
 
@@ -135,78 +186,72 @@ struct Timed {
     item: Item,
 }
 
-/// The span a request's slice covers: from the wire arrival (else the read of
-/// its first byte) to the write of its last byte, or to the end of the
-/// recording when it never finished.
-fn request_span(r: &Request, recording_end: u64) -> (u64, u64) {
-    let start = r.wire_arrive_ns.filter(|w| *w <= r.arrive_ns).unwrap_or(r.arrive_ns);
-    let end = match r.done_ns {
-        Some(d) => d,
-        None => {
-            let seen = [Some(r.request_end_ns), r.response_head_ns, r.ttft_ns, r.content_ns.last().copied()];
-            seen.into_iter().flatten().fold(recording_end, u64::max)
-        }
-    };
-    (start, end.max(start))
+/// A slice's flow ends: flows it starts and flows it terminates. Which end
+/// starts a flow is decided by time (trace processor links flows in
+/// timestamp order); when both ends begin at the same time on different
+/// sequences their order is not fixed, so both name the flow in `flow_ids`
+/// (whichever comes first starts it, the other continues it).
+#[derive(Debug, Clone, Default)]
+pub struct Ends {
+    pub start: Vec<u64>,
+    pub end: Vec<u64>,
 }
 
-/// The name Perfetto shows for a process: its comm from the recording's
-/// process events (exec wins over exit over fork), else "pid N".
-fn process_names(records: &[Record]) -> HashMap<u32, String> {
-    let mut best: HashMap<u32, (u8, &str)> = HashMap::new();
-    for r in records {
-        if let Record::Proc { op, child_tgid, comm, .. } = r {
-            if comm.is_empty() {
-                continue;
+/// Flows between the two parts of the trace, planned before either is
+/// written (offline only: a live trace writes steps and kernels before the
+/// requests they served are known).
+#[derive(Default)]
+struct Flows {
+    steps: Vec<Ends>,
+    kernels: HashMap<u32, Ends>,
+    phases: HashMap<(u32, Phase), Ends>,
+}
+
+impl Flows {
+    /// Links `a` (beginning at `ta`) and `b` (at `tb`) with flow `id`.
+    fn link(id: u64, a: &mut Ends, ta: u64, b: &mut Ends, tb: u64) {
+        match ta.cmp(&tb) {
+            std::cmp::Ordering::Less => {
+                a.start.push(id);
+                b.end.push(id);
             }
-            let rank = match op {
-                crate::event::ProcOp::Fork => 1,
-                crate::event::ProcOp::Exit => 2,
-                crate::event::ProcOp::Exec => 3,
-            };
-            let e = best.entry(*child_tgid).or_insert((rank, comm));
-            if rank >= e.0 {
-                *e = (rank, comm);
+            std::cmp::Ordering::Greater => {
+                b.start.push(id);
+                a.end.push(id);
+            }
+            std::cmp::Ordering::Equal => {
+                a.start.push(id);
+                b.start.push(id);
             }
         }
     }
-    best.into_iter().map(|(pid, (_, c))| (pid, c.to_owned())).collect()
 }
 
-/// CUpti_ActivityMemcpyKind as a slice name.
-fn memcpy_name(kind: u8) -> &'static str {
-    match kind {
-        1 => "memcpy HtoD",
-        2 => "memcpy DtoH",
-        3 => "memcpy HtoA",
-        4 => "memcpy AtoH",
-        5 => "memcpy AtoA",
-        6 => "memcpy AtoD",
-        7 => "memcpy DtoA",
-        8 => "memcpy DtoD",
-        9 => "memcpy HtoH",
-        10 => "memcpy PtoP",
-        _ => "memcpy",
+/// The phases drawn inside a request's slice `[arrive, end]`: with the engine
+/// IPC joined, the partition's; else what the wire alone shows. Only spans
+/// with a duration.
+fn phase_spans(r: &Request, arrive: u64, end: u64) -> Vec<(u64, u64, Phase)> {
+    let engine_marks = crate::correlate::engine::marks(r).filter(|m| m.arrive == arrive && m.done == end);
+    let mut spans = Vec::new();
+    if let Some(m) = engine_marks {
+        spans.extend([(m.arrive, m.submit, Phase::Frontend), (m.submit, m.scheduled, Phase::Queue)]);
+        match (m.first_token, m.ttft) {
+            (Some(f), Some(t)) => spans.extend([(m.scheduled, f, Phase::Prefill), (f, t, Phase::FirstOutput), (t, m.done, Phase::Decode)]),
+            (Some(f), None) => spans.extend([(m.scheduled, f, Phase::Prefill), (f, m.done, Phase::Decode)]),
+            (None, Some(t)) => spans.extend([(m.scheduled, t, Phase::Prefill), (t, m.done, Phase::Decode)]),
+            (None, None) => spans.push((m.scheduled, m.done, Phase::Prefill)),
+        }
+    } else if let Some(ttft) = r.ttft_ns {
+        let ttft = ttft.clamp(arrive, end);
+        spans.extend([(arrive, ttft, Phase::Waiting), (ttft, end, Phase::Decode)]);
     }
+    spans.retain(|(a, b, _)| b > a);
+    spans
 }
 
-fn state_name(prev_state: u32) -> &'static str {
-    // Linux task states at switch-out (include/linux/sched.h).
-    match prev_state {
-        0 => "preempted",
-        1 => "sleeping",
-        2 => "uninterruptible",
-        _ => "other",
-    }
-}
-
-/// Writes the trace of `input` into `out` (wrap files in a `BufWriter`) and
-/// returns the writer's output and what was drawn.
-pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceStats), PerfettoError> {
-    let TraceInput { meta, records, analysis, read_error } = input;
-    let mut stats = TraceStats { requests: analysis.requests.len() as u64, chains: analysis.chains.len() as u64, ..TraceStats::default() };
-
-    // Time bounds: the recording's start (when known) to its last event.
+/// The trace's time bounds for a loaded recording: from the recording's
+/// start (or anything earlier it shows) to its last event.
+fn bounds(meta: &Meta, records: &[Record], analysis: &Analysis) -> (u64, u64) {
     let mut t0 = analysis.first_ns.unwrap_or(u64::MAX);
     if meta.start_ns > 0 {
         t0 = t0.min(meta.start_ns);
@@ -222,39 +267,159 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
     if t0 == u64::MAX {
         t0 = 0;
     }
-    let mut t_end = analysis.last_ns.unwrap_or(t0).max(t0);
+    let t_end = end_of(analysis, t0, records.last().map_or(t0, Record::ts_ns));
+    (t0, t_end)
+}
+
+fn end_of(analysis: &Analysis, t0: u64, last_record: u64) -> u64 {
+    let mut t_end = analysis.last_ns.unwrap_or(t0).max(t0).max(last_record);
     for r in &analysis.requests {
         t_end = t_end.max(request_span(r, t0).1);
     }
+    t_end
+}
 
-    let mut w = TraceWriter::new(out, t0)?;
-    let mut items: Vec<Timed> = Vec::new();
-    items.push(Timed { ts: t0, item: Item::Meta });
-
-    // Metadata and loss.
-    let meta_track = w.track(names::META_TRACK, TrackOpts { rank: Some(0), ..TrackOpts::default() });
-    // Counter tracks for what was lost; activity counters (events seen, …) only
-    // go to the metadata.
-    let lossy: Vec<(&str, u64)> =
-        analysis.drops.iter().filter(|(k, v)| **v > 0 && crate::sink::report::is_loss(k)).map(|(k, v)| (k.as_str(), *v)).collect();
-    let mut drop_tracks: HashMap<&str, TrackId> = HashMap::new();
-    for (name, _) in &lossy {
-        let t = w.counter_track(&format!("{}{name}", names::DROPS_PREFIX), CounterUnit::Count, TrackOpts { parent: Some(meta_track), ..TrackOpts::default() });
-        drop_tracks.insert(name, t);
+/// Plans the flows request phase → engine steps → first and last kernel.
+fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &Analysis, t0: u64, t_end: u64, stats: &mut TraceStats) -> Flows {
+    let mut flows = Flows { steps: vec![Ends::default(); analysis.steps.len()], ..Flows::default() };
+    if analysis.steps.is_empty() {
+        return flows;
     }
-    for (i, rec) in records.iter().enumerate() {
-        if let Record::Drops { ts_ns, counters } = rec {
-            if counters.iter().any(|(k, _)| drop_tracks.contains_key(k.as_str())) {
-                items.push(Timed { ts: (*ts_ns).clamp(t0, t_end), item: Item::DropSnapshot { rec: i as u32 } });
+    // Where each step is drawn (the raw part's rule), None when it is not.
+    let mut clock = StepClock::default();
+    let step_span: Vec<Option<(u64, u64)>> = analysis.steps.iter().map(|st| clock.next(st.end_ns).map(|(a, _)| (a.max(t0), st.end_ns.max(a.max(t0))))).collect();
+
+    // Each request's steps: those that carried its prefill (up to its first
+    // token, chunked-prefill steps before it included), then its decode steps.
+    let mut served: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); analysis.requests.len()];
+    let map = engine_request_map(records, analysis);
+    let mut first_seen: HashSet<u32> = HashSet::new();
+    for (k, st) in analysis.steps.iter().enumerate() {
+        for &(ei, _, first) in &st.members {
+            let Some(ri) = map.as_ref().and_then(|m| m.get(ei as usize).copied().flatten()) else {
+                stats.flows_unmapped += 1;
+                continue;
+            };
+            if step_span[k].is_none() {
+                stats.flows_capped += 1;
+            } else {
+                let (pre, dec) = &mut served[ri as usize];
+                if first_seen.contains(&ei) { dec } else { pre }.push(k as u32);
+            }
+            if first {
+                first_seen.insert(ei);
             }
         }
     }
-    if !lossy.is_empty() {
-        items.push(Timed { ts: t_end, item: Item::DropFinal });
+    for (i, r) in analysis.requests.iter().enumerate() {
+        let (pre, dec) = std::mem::take(&mut served[i]);
+        let (start, end) = request_span(r, t_end);
+        let arrive = r.arrive_ns.clamp(start, end);
+        let spans = phase_spans(r, arrive, end);
+        for (steps, phase) in [(pre, Phase::Prefill), (dec, Phase::Decode)] {
+            let Some(&(at, _, _)) = spans.iter().find(|s| s.2 == phase) else {
+                // Not drawn (no engine marks, or no duration).
+                stats.flows_capped += steps.len() as u64;
+                continue;
+            };
+            let (steps, left_out) = capped(&steps);
+            stats.flows_capped += left_out;
+            let mut ends = Ends::default();
+            for k in steps {
+                let id = w.new_flow_id();
+                let (ta, _) = step_span[k as usize].expect("only drawn steps are served");
+                Flows::link(id, &mut ends, at, &mut flows.steps[k as usize], ta);
+                stats.step_flows += 1;
+            }
+            flows.phases.insert((i as u32, phase), ends);
+        }
     }
 
-    // Processes: every pid the recording names.
-    let pnames = process_names(records);
+    // Kernels of the engine (the processes that write its step outputs, and
+    // their children: tensor-parallel workers) whose GPU start falls in a
+    // step's span ran for that step. Without a traced writer every process's
+    // kernels count. The lanes are placed as the raw part will place them,
+    // so only kernels that get a slice get a flow.
+    let mut engine_pids: HashSet<u32> = HashSet::new();
+    for rec in records {
+        if let Record::EngineOutputs { conn, dir: crate::event::Dir::Out, .. } = rec {
+            engine_pids.insert(conn.tgid);
+        }
+    }
+    for rec in records {
+        if let Record::Proc { op: crate::event::ProcOp::Fork, tgid, child_tgid, .. } = rec {
+            if engine_pids.contains(tgid) {
+                engine_pids.insert(*child_tgid);
+            }
+        }
+    }
+    let mut spans: Vec<(u64, u64, u32)> = step_span.iter().enumerate().filter_map(|(k, s)| s.map(|(a, b)| (a, b, k as u32))).collect();
+    spans.sort_unstable();
+    // Per step: its first and last kernel, as (GPU start, record index).
+    type FirstLast = Option<((u64, u32), (u64, u32))>;
+    let mut step_kernels: Vec<FirstLast> = vec![None; analysis.steps.len()];
+    let mut lanes = raw::Lanes::default();
+    for (i, rec) in records.iter().enumerate() {
+        let Some((ts, end, pid, device, stream)) = raw::gpu_item(rec) else { continue };
+        if end < ts || ts < t0 || lanes.place((pid, device, stream), ts, end).is_none() {
+            continue;
+        }
+        if !matches!(rec, Record::GpuKernel { .. }) || !(engine_pids.is_empty() || engine_pids.contains(&pid)) {
+            continue;
+        }
+        if let Some(k) = step_at(&spans, ts) {
+            let e = step_kernels[k as usize].get_or_insert(((ts, i as u32), (ts, i as u32)));
+            e.0 = e.0.min((ts, i as u32));
+            e.1 = e.1.max((ts, i as u32));
+        }
+    }
+    for (k, fl) in step_kernels.iter().enumerate() {
+        let Some(((t_first, first), (t_last, last))) = *fl else { continue };
+        let (ta, _) = step_span[k].expect("kernels only go to drawn steps");
+        let ends = if first == last { vec![(first, t_first)] } else { vec![(first, t_first), (last, t_last)] };
+        for (rec, tk) in ends {
+            let id = w.new_flow_id();
+            Flows::link(id, &mut flows.steps[k], ta, flows.kernels.entry(rec).or_default(), tk);
+            stats.kernel_flows += 1;
+        }
+    }
+    flows
+}
+
+/// The request part's group tracks; declared before the raw part offline so
+/// the UI lists them in this order.
+struct Groups {
+    chains: TrackId,
+    requests: TrackId,
+}
+
+fn groups<W: Write>(w: &mut TraceWriter<W>) -> Result<Groups, PerfettoError> {
+    let chains = w.track(names::CHAINS, TrackOpts { rank: Some(1), child_ordering: Some(ChildOrdering::Explicit), ..TrackOpts::default() });
+    let requests = w.track(names::REQUESTS, TrackOpts { rank: Some(2), child_ordering: Some(ChildOrdering::Explicit), ..TrackOpts::default() });
+    w.describe(chains)?;
+    w.describe(requests)?;
+    Ok(Groups { chains, requests })
+}
+
+/// Writes the trace of `input` into `out` (wrap files in a `BufWriter`),
+/// compressed, and returns the writer's output and what was drawn.
+pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceStats), PerfettoError> {
+    write_trace_with(out, input, Encoding::default())
+}
+
+/// [`write_trace`] with the given encoding.
+pub fn write_trace_with<W: Write>(out: W, input: TraceInput<'_>, enc: Encoding) -> Result<(W, TraceStats), PerfettoError> {
+    let TraceInput { meta, records, analysis, .. } = input;
+    let mut stats = TraceStats::default();
+    let (t0, t_end) = bounds(meta, records, analysis);
+    let mut w = TraceWriter::with_encoding(out, t0, enc)?;
+    let mut raw = RawLayout::new(t0, false);
+    for r in records {
+        raw.names.note(r);
+    }
+    // Every process the recording names, described up front so empty ones show too.
+    let meta_track = raw.meta_track(&mut w);
+    w.describe(meta_track)?;
     let mut pids: BTreeSet<u32> = meta.pids.iter().copied().collect();
     pids.extend(analysis.requests.iter().map(|r| r.conn.tgid));
     for rec in records {
@@ -273,12 +438,59 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
         }
     }
     pids.remove(&0);
-    let pname = |pid: u32| pnames.get(&pid).cloned().unwrap_or_else(|| format!("pid {pid}"));
-    let process_tracks: Vec<TrackId> = pids.iter().map(|&pid| w.process_track(pid, &pname(pid))).collect();
-    stats.processes = process_tracks.len() as u64;
+    for &pid in &pids {
+        let t = raw.process(&mut w, pid);
+        w.describe(t)?;
+    }
+    let g = groups(&mut w)?;
+    let flows = plan_flows(&mut w, records, analysis, t0, t_end, &mut stats);
+
+    // The record-driven part: records in order, then the engine steps.
+    for (i, rec) in records.iter().enumerate() {
+        raw.push(&mut w, rec, flows.kernels.get(&(i as u32)))?;
+    }
+    for (k, st) in analysis.steps.iter().enumerate() {
+        let info = StepInfo {
+            index: k as u64,
+            end_ns: st.end_ns,
+            sent_ns: st.sent_ns,
+            requests: st.members.len() as u64,
+            new_tokens: st.members.iter().map(|m| m.1).sum(),
+            first_tokens: st.members.iter().filter(|m| m.2).count() as u64,
+        };
+        raw.step(&mut w, &info, flows.steps.get(k))?;
+    }
+
+    write_requests(&mut w, &mut raw, &g, input, Some(&flows), t0, t_end, &mut stats)?;
+    stats.processes = w.processes() as u64;
+    let (out, ws) = w.finish()?;
+    stats.writer = ws;
+    Ok((out, stats))
+}
+
+/// The request-driven part, on a sequence of its own: the metadata instant,
+/// chains, requests with their phases, chunks and flows, the in-flight,
+/// running and waiting counters, and the loss counters' final values.
+#[allow(clippy::too_many_arguments)]
+fn write_requests<W: Write>(
+    w: &mut TraceWriter<W>,
+    raw: &mut RawLayout,
+    g: &Groups,
+    input: TraceInput<'_>,
+    flows: Option<&Flows>,
+    t0: u64,
+    t_end: u64,
+    stats: &mut TraceStats,
+) -> Result<(), PerfettoError> {
+    let TraceInput { meta, analysis, read_error, .. } = input;
+    stats.requests = analysis.requests.len() as u64;
+    stats.chains = analysis.chains.len() as u64;
+    stats.add_raw(&raw.stats);
+    w.use_new_sequence();
+    let meta_track = raw.meta_track(w);
+    let mut items: Vec<Timed> = vec![Timed { ts: t0, item: Item::Meta }];
 
     // Chains: one track per chain (plus a lane per overlap), one slice per hop.
-    let chains_group = w.track(names::CHAINS, TrackOpts { rank: Some(1), child_ordering: Some(ChildOrdering::Explicit), ..TrackOpts::default() });
     let mut flow_of: Vec<Option<u64>> = vec![None; analysis.requests.len()];
     let mut rank = 0;
     for c in &analysis.chains {
@@ -290,7 +502,7 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
                 Some(l) => l,
                 None => {
                     let name = if lanes.is_empty() { c.chain.clone() } else { format!("{} (overlap {})", c.chain, lanes.len()) };
-                    let t = w.track(&name, TrackOpts { parent: Some(chains_group), rank: Some(rank), ..TrackOpts::default() });
+                    let t = w.track(&name, TrackOpts { parent: Some(g.chains), rank: Some(rank), ..TrackOpts::default() });
                     rank += 1;
                     lanes.push((t, 0));
                     lanes.len() - 1
@@ -306,164 +518,88 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
     }
 
     // Requests: one track each, the request slice with its phases and chunks.
-    let requests_group = w.track(names::REQUESTS, TrackOpts { rank: Some(2), child_ordering: Some(ChildOrdering::Explicit), ..TrackOpts::default() });
-    let in_flight = w.counter_track(names::IN_FLIGHT, CounterUnit::Count, TrackOpts { parent: Some(requests_group), rank: Some(0), ..TrackOpts::default() });
+    let in_flight = w.counter_track(names::IN_FLIGHT, CounterUnit::Count, TrackOpts { parent: Some(g.requests), rank: Some(0), ..TrackOpts::default() });
+    let mut level_tracks: [Option<TrackId>; 3] = [Some(in_flight), None, None];
     let mut request_tracks = Vec::with_capacity(analysis.requests.len());
+    let mut levels: Vec<Timed> = Vec::new();
     for (i, r) in analysis.requests.iter().enumerate() {
-        let track = w.track(&r.id, TrackOpts { parent: Some(requests_group), rank: Some(i.min(i32::MAX as usize - 1) as i32 + 1), ..TrackOpts::default() });
+        let track = w.track(&r.id, TrackOpts { parent: Some(g.requests), rank: Some(i.min(i32::MAX as usize - 1) as i32 + 1), ..TrackOpts::default() });
         request_tracks.push(track);
         let req = i as u32;
         let (start, end) = request_span(r, t_end);
         let arrive = r.arrive_ns.clamp(start, end);
         items.push(Timed { ts: start, item: Item::RequestBegin { req } });
-        items.push(Timed { ts: start, item: Item::InFlight { delta: 1 } });
+        items.push(Timed { ts: start, item: Item::Level { which: Level::InFlight, delta: 1 } });
         if start < arrive {
             items.push(Timed { ts: start, item: Item::PhaseBegin { req, phase: Phase::ReadDelay } });
             items.push(Timed { ts: arrive, item: Item::End { track } });
         }
-        // With the engine IPC joined, the partition's phases; else what the
-        // wire alone shows.
-        let engine_marks = crate::correlate::engine::marks(r).filter(|m| m.arrive == arrive && m.done == end);
-        if let Some(m) = engine_marks {
-            let mut spans = vec![(m.arrive, m.submit, Phase::Frontend), (m.submit, m.scheduled, Phase::Queue)];
-            match (m.first_token, m.ttft) {
-                (Some(f), Some(t)) => spans.extend([(m.scheduled, f, Phase::Prefill), (f, t, Phase::FirstOutput), (t, m.done, Phase::Decode)]),
-                (Some(f), None) => spans.extend([(m.scheduled, f, Phase::Prefill), (f, m.done, Phase::Decode)]),
-                (None, Some(t)) => spans.extend([(m.scheduled, t, Phase::Prefill), (t, m.done, Phase::Decode)]),
-                (None, None) => spans.push((m.scheduled, m.done, Phase::Prefill)),
+        let spans = phase_spans(r, arrive, end);
+        // Without the engine, chunks are listed inside the decode slice
+        // (from the first one on), which stays open until they are.
+        let engine = crate::correlate::engine::marks(r).is_some_and(|m| m.arrive == arrive && m.done == end);
+        let wire_ttft = r.ttft_ns.filter(|_| !engine).map(|t| t.clamp(arrive, end));
+        let open_decode = wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode);
+        for &(a, b, phase) in &spans {
+            items.push(Timed { ts: a, item: Item::PhaseBegin { req, phase } });
+            if !(open_decode && phase == Phase::Decode) {
+                items.push(Timed { ts: b, item: Item::End { track } });
             }
-            for (a, b, phase) in spans {
-                if b > a {
-                    items.push(Timed { ts: a, item: Item::PhaseBegin { req, phase } });
-                    items.push(Timed { ts: b, item: Item::End { track } });
-                }
-            }
-            let mut at = arrive;
+        }
+        if engine || wire_ttft.is_some() {
+            let mut at = wire_ttft.unwrap_or(arrive);
             for &c in &r.content_ns {
                 at = c.clamp(at, end);
                 items.push(Timed { ts: at, item: Item::Chunk { req } });
             }
-        } else if let Some(ttft) = r.ttft_ns {
-            let ttft = ttft.clamp(arrive, end);
-            items.push(Timed { ts: arrive, item: Item::PhaseBegin { req, phase: Phase::Waiting } });
-            items.push(Timed { ts: ttft, item: Item::End { track } });
-            items.push(Timed { ts: ttft, item: Item::PhaseBegin { req, phase: Phase::Decode } });
-            let mut at = ttft;
-            for &c in &r.content_ns {
-                at = c.clamp(at, end);
-                items.push(Timed { ts: at, item: Item::Chunk { req } });
-            }
+        }
+        if open_decode {
             items.push(Timed { ts: end, item: Item::End { track } });
         }
         items.push(Timed { ts: end, item: Item::End { track } });
-        items.push(Timed { ts: end, item: Item::InFlight { delta: -1 } });
-    }
-
-    // Engine steps that produced outputs (from the IPC). A step spans from the
-    // previous step's end when the engine went straight on (gap under
-    // STEP_GAP_NS); otherwise only its end is known: an instant.
-    const STEP_GAP_NS: u64 = 250_000_000;
-    if !analysis.steps.is_empty() {
-        let steps_track = w.track(names::STEPS, TrackOpts { rank: Some(3), ..TrackOpts::default() });
-        let mut prev: Option<u64> = None;
-        for (k, st) in analysis.steps.iter().enumerate() {
-            let end = st.end_ns;
-            match prev {
-                Some(p) if p < end && end - p <= STEP_GAP_NS => {
-                    items.push(Timed { ts: p, item: Item::StepBegin { step: k as u32, track: steps_track } });
-                    items.push(Timed { ts: end, item: Item::End { track: steps_track } });
+        items.push(Timed { ts: end, item: Item::Level { which: Level::InFlight, delta: -1 } });
+        // Waiting (submitted to the engine, not scheduled) and running
+        // (scheduled, not finished), from the partition's marks.
+        if let Some(m) = crate::correlate::engine::marks(r) {
+            for (a, b, which) in [(m.submit, m.scheduled, Level::Waiting), (m.scheduled, m.done, Level::Running)] {
+                if b > a {
+                    levels.push(Timed { ts: a, item: Item::Level { which, delta: 1 } });
+                    levels.push(Timed { ts: b, item: Item::Level { which, delta: -1 } });
                 }
-                _ => items.push(Timed { ts: end, item: Item::StepEnd { step: k as u32, track: steps_track } }),
             }
-            prev = Some(prev.map_or(end, |p| p.max(end)));
         }
     }
-
-    // Off-CPU intervals on their threads' tracks.
-    let mut thread_free_at: HashMap<(u32, u32), u64> = HashMap::new();
-    for (i, rec) in records.iter().enumerate() {
-        let Record::OffCpu { ts_ns, tgid, tid, off_ns, wake_ns, .. } = rec else { continue };
-        let free_at = thread_free_at.get(&(*tgid, *tid)).copied().unwrap_or(0);
-        if off_ns > ts_ns || *off_ns < free_at {
-            stats.offcpu_skipped += 1;
-            continue;
-        }
-        thread_free_at.insert((*tgid, *tid), *ts_ns);
-        let name = (tid == tgid).then(|| pname(*tgid));
-        let track = w.thread_track(*tgid, *tid, name.as_deref());
-        items.push(Timed { ts: *off_ns, item: Item::OffCpuBegin { rec: i as u32, track } });
-        if let Some(wake) = wake_ns.filter(|wk| (*off_ns..=*ts_ns).contains(wk)) {
-            items.push(Timed { ts: wake, item: Item::RunQueueBegin { track } });
-            items.push(Timed { ts: *ts_ns, item: Item::End { track } });
-        }
-        items.push(Timed { ts: *ts_ns, item: Item::End { track } });
-        stats.offcpu_slices += 1;
+    if !levels.is_empty() {
+        let server = raw.server(w);
+        level_tracks[Level::Running as usize] = Some(w.counter_track(names::RUNNING, CounterUnit::Count, TrackOpts { parent: Some(server), ..TrackOpts::default() }));
+        level_tracks[Level::Waiting as usize] = Some(w.counter_track(names::WAITING_REQS, CounterUnit::Count, TrackOpts { parent: Some(server), ..TrackOpts::default() }));
+        items.extend(levels);
     }
-
-    // GPU work: one track per (process, device, stream) under the process. A
-    // stream runs its work in order; an item that starts before the previous
-    // one ended (clock jitter, or CUPTI's per-node graph records) goes to an
-    // overlap lane, since slices on one track must nest.
-    const GPU_LANES: u32 = 4;
-    let mut gpu: Vec<(u64, u64, u32, u32, u32, usize)> = Vec::new();
-    for (i, rec) in records.iter().enumerate() {
-        let (ts, end, pid, device, stream) = match rec {
-            Record::GpuKernel { ts_ns, end_ns, pid, device, stream, .. }
-            | Record::GpuMemcpy { ts_ns, end_ns, pid, device, stream, .. }
-            | Record::GpuMemset { ts_ns, end_ns, pid, device, stream, .. } => (*ts_ns, *end_ns, *pid, *device, *stream),
-            _ => continue,
-        };
-        if end < ts || ts < t0 {
-            stats.gpu_skipped += 1;
-            continue;
-        }
-        gpu.push((ts, end, pid, device, stream, i));
-    }
-    gpu.sort_unstable();
-    let mut lanes: HashMap<(u32, u32, u32, u32), (TrackId, u64)> = HashMap::new();
-    for (ts, end, pid, device, stream, i) in gpu {
-        let lane = (0..GPU_LANES).find(|&l| lanes.get(&(pid, device, stream, l)).is_none_or(|&(_, free)| free <= ts));
-        let Some(lane) = lane else {
-            stats.gpu_skipped += 1;
-            continue;
-        };
-        let track = match lanes.get(&(pid, device, stream, lane)) {
-            Some(&(t, _)) => t,
-            None => {
-                let parent = w.process_track(pid, &pname(pid));
-                let name = if lane == 0 { format!("GPU {device} stream {stream}") } else { format!("GPU {device} stream {stream} (overlap {lane})") };
-                w.track(&name, TrackOpts { parent: Some(parent), ..TrackOpts::default() })
-            }
-        };
-        lanes.insert((pid, device, stream, lane), (track, end));
-        items.push(Timed { ts, item: Item::GpuBegin { rec: i as u32, track } });
-        items.push(Timed { ts: end, item: Item::End { track } });
-        stats.gpu_slices += 1;
-    }
+    items.push(Timed { ts: t_end, item: Item::DropFinal });
 
     // Stable: items of one track keep their listed (nesting) order at equal times.
     items.sort_by_key(|t| t.ts);
 
-    let mut in_flight_now: i64 = 0;
-    let mut in_flight_shown: Option<i64> = None;
-    let mut drops_shown: HashMap<&str, u64> = HashMap::new();
+    let no_ends = Ends::default();
+    let phase_ends = |req: u32, phase: Phase| flows.and_then(|f| f.phases.get(&(req, phase))).unwrap_or(&no_ends);
+    let mut open_hops: HashSet<u64> = HashSet::new();
+    let mut level_now = [0i64; 3];
+    let mut level_shown: [Option<i64>; 3] = [None; 3];
     let mut cur_ts = t0;
     for Timed { ts, item } in items {
         if ts > cur_ts {
-            if in_flight_shown != Some(in_flight_now) {
-                w.counter(cur_ts, in_flight, in_flight_now)?;
-                in_flight_shown = Some(in_flight_now);
+            for (l, t) in level_tracks.iter().enumerate() {
+                if let Some(t) = *t {
+                    if level_shown[l] != Some(level_now[l]) {
+                        w.counter(cur_ts, t, level_now[l])?;
+                        level_shown[l] = Some(level_now[l]);
+                    }
+                }
             }
             cur_ts = ts;
         }
         match item {
             Item::Meta => {
-                w.describe(meta_track)?;
-                for t in &process_tracks {
-                    w.describe(*t)?;
-                }
-                w.describe(chains_group)?;
-                w.describe(requests_group)?;
                 let pids = meta.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
                 let command = meta.command.join(" ");
                 let mut a = vec![
@@ -489,17 +625,26 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
                 for ((_, v), n) in analysis.drops.iter().zip(&drop_names) {
                     a.push(Arg::u64(n, *v));
                 }
+                // What the trace itself left out (see TraceStats).
+                a.extend([
+                    Arg::u64("trace.offcpu_skipped", stats.offcpu_skipped),
+                    Arg::u64("trace.gpu_skipped", stats.gpu_skipped),
+                    Arg::u64("trace.steps_skipped", stats.steps_skipped),
+                    Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
+                    Arg::u64("trace.flows_capped", stats.flows_capped),
+                    Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
+                ]);
                 w.instant(ts, meta_track, &Event::named(names::META_EVENT).args(&a))?;
-                for (name, _) in &lossy {
-                    w.counter(ts, drop_tracks[name], 0)?;
-                    drops_shown.insert(name, 0);
+                for (l, t) in level_tracks.iter().enumerate() {
+                    if let Some(t) = *t {
+                        w.counter(ts, t, 0)?;
+                        level_shown[l] = Some(0);
+                    }
                 }
-                w.counter(ts, in_flight, 0)?;
-                in_flight_shown = Some(0);
             }
             Item::HopBegin { req, track } => {
                 let r = &analysis.requests[req as usize];
-                let mut args = Vec::with_capacity(20);
+                let mut args = Vec::with_capacity(8);
                 args.push(Arg::str("id", &r.id));
                 args.push(Arg::u64("hop", r.hop as u64));
                 if let Some(v) = r.ttft_ms() {
@@ -515,8 +660,10 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
                     args.push(Arg::bool("unfinished", true));
                 }
                 let name = format!("hop {}", r.hop);
-                let flows = flow_of[req as usize].as_slice();
-                w.begin(ts, track, &Event::named(&name).args(&args).flows(flows))?;
+                // Same sequence, same time as its request: the hop is written first.
+                let ids = flow_of[req as usize].as_slice();
+                open_hops.extend(ids);
+                w.begin(ts, track, &Event::named(&name).args(&args).flows(ids))?;
             }
             Item::RequestBegin { req } => {
                 let r = &analysis.requests[req as usize];
@@ -560,96 +707,122 @@ pub fn write_trace<W: Write>(out: W, input: TraceInput<'_>) -> Result<(W, TraceS
                 if r.done_ns.is_none() {
                     args.push(Arg::bool("unfinished", true));
                 }
-                let flows = flow_of[req as usize].as_slice();
-                w.begin(ts, request_tracks[req as usize], &Event::named(&r.id).args(&args).terminating_flows(flows))?;
+                let ids: Vec<u64> = flow_of[req as usize].iter().copied().filter(|id| open_hops.remove(id)).collect();
+                w.begin(ts, request_tracks[req as usize], &Event::named(&r.id).args(&args).terminating_flows(&ids))?;
             }
             Item::PhaseBegin { req, phase } => {
-                w.begin(ts, request_tracks[req as usize], &Event::named(phase.name()))?;
+                let e = phase_ends(req, phase);
+                w.begin(ts, request_tracks[req as usize], &Event::named(phase.name()).flows(&e.start).terminating_flows(&e.end))?;
             }
             Item::Chunk { req } => {
                 w.instant(ts, request_tracks[req as usize], &Event::named(names::CHUNK))?;
             }
-            Item::GpuBegin { rec, track } => match &records[rec as usize] {
-                Record::GpuKernel { name, grid, block, graph_id, correlation_id, .. } => {
-                    let (g, b) = (format!("{}x{}x{}", grid[0], grid[1], grid[2]), format!("{}x{}x{}", block[0], block[1], block[2]));
-                    let args = [
-                        Arg::str("grid", &g),
-                        Arg::str("block", &b),
-                        Arg::u64("graph_id", *graph_id as u64),
-                        Arg::u64("correlation_id", *correlation_id as u64),
-                    ];
-                    let name = if name.is_empty() { "<unnamed kernel>" } else { name.as_str() };
-                    w.begin(ts, track, &Event::named(name).args(&args))?;
-                }
-                Record::GpuMemcpy { kind, bytes, graph_id, .. } => {
-                    let args = [Arg::u64("bytes", *bytes), Arg::u64("graph_id", *graph_id as u64)];
-                    w.begin(ts, track, &Event::named(memcpy_name(*kind)).args(&args))?;
-                }
-                Record::GpuMemset { bytes, .. } => {
-                    let args = [Arg::u64("bytes", *bytes)];
-                    w.begin(ts, track, &Event::named("memset").args(&args))?;
-                }
-                _ => {}
-            },
-            Item::StepBegin { step, track } | Item::StepEnd { step, track } => {
-                let st = &analysis.steps[step as usize];
-                let tokens: u64 = st.members.iter().map(|m| m.1).sum();
-                let firsts = st.members.iter().filter(|m| m.2).count() as u64;
-                let args = [
-                    Arg::u64("step", step as u64),
-                    Arg::u64("requests", st.members.len() as u64),
-                    Arg::u64("new_tokens", tokens),
-                    Arg::u64("first_tokens", firsts),
-                    Arg::u64("sent_ns", st.sent_ns),
-                ];
-                let ev = Event::named(names::STEP).args(&args);
-                if matches!(item, Item::StepBegin { .. }) {
-                    w.begin(ts, track, &ev)?;
-                } else {
-                    w.instant(ts, track, &ev)?;
-                }
-            }
-            Item::OffCpuBegin { rec, track } => {
-                let Record::OffCpu { ts_ns, off_ns, wake_ns, prev_state, .. } = &records[rec as usize] else { continue };
-                let mut args = Vec::with_capacity(20);
-                args.push(Arg::interned("state", state_name(*prev_state)));
-                args.push(Arg::u64("prev_state", *prev_state as u64));
-                if let Some(wake) = wake_ns.filter(|wk| (*off_ns..=*ts_ns).contains(wk)) {
-                    args.push(Arg::f64("runq_delay_ms", (ts_ns - wake) as f64 / 1e6));
-                }
-                w.begin(ts, track, &Event::named(names::OFF_CPU).args(&args))?;
-            }
-            Item::RunQueueBegin { track } => {
-                w.begin(ts, track, &Event::named(names::RUN_QUEUE))?;
-            }
             Item::End { track } => w.end(ts, track)?,
-            Item::InFlight { delta } => in_flight_now += delta as i64,
-            Item::DropSnapshot { rec } => {
-                let Record::Drops { counters, .. } = &records[rec as usize] else { continue };
-                for (k, v) in counters {
-                    if let Some(&t) = drop_tracks.get(k.as_str()) {
-                        let shown = drops_shown.get_mut(k.as_str()).expect("every drop track starts shown");
-                        if *shown != *v {
-                            w.counter(ts, t, i64::try_from(*v).unwrap_or(i64::MAX))?;
-                            *shown = *v;
-                        }
-                    }
-                }
-            }
+            Item::Level { which, delta } => level_now[which as usize] += delta as i64,
             Item::DropFinal => {
-                for (name, v) in &lossy {
-                    if drops_shown.get(name) != Some(v) {
-                        w.counter(ts, drop_tracks[name], i64::try_from(*v).unwrap_or(i64::MAX))?;
-                        drops_shown.insert(name, *v);
-                    }
+                for (name, v) in &analysis.drops {
+                    raw.drop_value(w, name, ts, *v)?;
                 }
             }
         }
     }
-    if in_flight_shown != Some(in_flight_now) {
-        w.counter(cur_ts, in_flight, in_flight_now)?;
+    for (l, t) in level_tracks.iter().enumerate() {
+        if let Some(t) = *t {
+            if level_shown[l] != Some(level_now[l]) {
+                w.counter(cur_ts, t, level_now[l])?;
+            }
+        }
     }
-    let (out, ws) = w.finish()?;
-    stats.writer = ws;
-    Ok((out, stats))
+    stats.add_raw(&raw.stats);
+    Ok(())
 }
+
+/// The span a request's slice covers: from the wire arrival (else the read of
+/// its first byte) to the write of its last byte, or to the end of the
+/// recording when it never finished.
+fn request_span(r: &Request, recording_end: u64) -> (u64, u64) {
+    let start = r.wire_arrive_ns.filter(|w| *w <= r.arrive_ns).unwrap_or(r.arrive_ns);
+    let end = match r.done_ns {
+        Some(d) => d,
+        None => {
+            let seen = [Some(r.request_end_ns), r.response_head_ns, r.ttft_ns, r.content_ns.last().copied()];
+            seen.into_iter().flatten().fold(recording_end, u64::max)
+        }
+    };
+    (start, end.max(start))
+}
+
+/// CUpti_ActivityMemcpyKind as a slice name.
+pub(crate) fn memcpy_name(kind: u8) -> &'static str {
+    match kind {
+        1 => "memcpy HtoD",
+        2 => "memcpy DtoH",
+        3 => "memcpy HtoA",
+        4 => "memcpy AtoH",
+        5 => "memcpy AtoA",
+        6 => "memcpy AtoD",
+        7 => "memcpy DtoA",
+        8 => "memcpy DtoD",
+        9 => "memcpy HtoH",
+        10 => "memcpy PtoP",
+        _ => "memcpy",
+    }
+}
+
+pub(crate) fn state_name(prev_state: u32) -> &'static str {
+    // Linux task states at switch-out (include/linux/sched.h).
+    match prev_state {
+        0 => "preempted",
+        1 => "sleeping",
+        2 => "uninterruptible",
+        _ => "other",
+    }
+}
+
+/// The engine's request order (what [`Step::members`](crate::correlate::engine::Step)
+/// index) mapped to `analysis.requests`: the engine side is replayed over the
+/// same records, in the same order, as the correlator saw them, so its
+/// first-seen order is the correlator's; each engine request then maps to the
+/// HTTP request that carries its id. `None` when the replay does not give the
+/// analysis's steps back (then no request→step flow can be trusted).
+fn engine_request_map(records: &[Record], analysis: &Analysis) -> Option<Vec<Option<u32>>> {
+    use crate::correlate::engine::{EngineSide, Woke};
+    let mut side = EngineSide::default();
+    // Wake-ups only move submit times, never the request order.
+    let woke: HashMap<u32, Woke> = HashMap::new();
+    for r in records {
+        if matches!(r, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
+            side.ingest(r, &woke);
+        }
+    }
+    let (reqs, steps, _) = side.finish();
+    let same = steps.len() == analysis.steps.len() && steps.iter().zip(&analysis.steps).all(|(a, b)| a.end_ns == b.end_ns && a.members == b.members);
+    if !same {
+        return None;
+    }
+    let by_id: HashMap<&str, u32> =
+        analysis.requests.iter().enumerate().filter_map(|(i, r)| r.engine.as_ref().map(|e| (e.engine_request_id.as_str(), i as u32))).collect();
+    Some(reqs.iter().map(|e| by_id.get(e.request_id.as_str()).copied()).collect())
+}
+
+/// The step whose drawn span `[start, end]` holds `ts` (a kernel's GPU
+/// start). `spans` are (start, end, step), sorted by start, not overlapping
+/// except at their bounds, where the later step wins.
+fn step_at(spans: &[(u64, u64, u32)], ts: u64) -> Option<u32> {
+    let i = spans.partition_point(|s| s.0 <= ts);
+    let (start, end, k) = *spans.get(i.checked_sub(1)?)?;
+    (start <= ts && ts <= end).then_some(k)
+}
+
+/// The first and last `FLOW_CAP / 2` of `steps` (all of them when that many
+/// or fewer), and how many were left out.
+fn capped(steps: &[u32]) -> (Vec<u32>, u64) {
+    if steps.len() <= FLOW_CAP {
+        return (steps.to_vec(), 0);
+    }
+    let half = FLOW_CAP / 2;
+    let mut v = steps[..half].to_vec();
+    v.extend_from_slice(&steps[steps.len() - half..]);
+    (v, (steps.len() - FLOW_CAP) as u64)
+}
+

@@ -28,6 +28,9 @@ pub struct Trace {
 /// The `Trace.packet` field number.
 pub const TRACE_PACKET_FIELD: u32 = 1;
 
+/// The `TracePacket.compressed_packets` field number.
+pub const COMPRESSED_PACKETS_FIELD: u32 = 50;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TracePacket {
     #[prost(uint64, optional, tag = "8")]
@@ -50,7 +53,7 @@ pub struct TracePacket {
     pub previous_packet_dropped: Option<bool>,
     #[prost(bool, optional, tag = "87")]
     pub first_packet_on_sequence: Option<bool>,
-    #[prost(oneof = "Data", tags = "6, 11, 60")]
+    #[prost(oneof = "Data", tags = "6, 11, 60, 50")]
     pub data: Option<Data>,
 }
 
@@ -63,6 +66,13 @@ pub enum Data {
     TrackEvent(TrackEvent),
     #[prost(message, tag = "60")]
     TrackDescriptor(TrackDescriptor),
+    /// `compressed_packets`: a zlib stream of a serialized `Trace` (inner
+    /// packets, each framed as `Trace.packet`). Trace processor inflates it
+    /// and reads the inner packets in its place, ignoring every other field
+    /// of this packet. The writer frames it by hand (`writer::Encoding`);
+    /// `check::decode` expands it.
+    #[prost(bytes = "vec", tag = "50")]
+    CompressedPackets(Vec<u8>),
 }
 
 /// `TracePacket.SequenceFlags`.

@@ -77,8 +77,10 @@ fn checked(bytes: &[u8]) -> Summary {
     check::check_bytes(bytes).unwrap_or_else(|e| panic!("trace fails the checker: {e}"))
 }
 
+/// The trace with absolute timestamps and every event naming its track
+/// (compressed batches expanded).
 fn decode(bytes: &[u8]) -> Trace {
-    Trace::decode(bytes).expect("trace decodes")
+    check::flatten(&check::decode(bytes).expect("trace decodes"))
 }
 
 fn events(t: &Trace) -> impl Iterator<Item = (u64, &proto::TrackEvent)> {
@@ -98,7 +100,7 @@ fn writer_output_round_trips_and_passes_the_checker() {
     let mut w = TraceWriter::new(Vec::new(), 10).unwrap();
     let g = w.track("group", TrackOpts { child_ordering: Some(ChildOrdering::Explicit), ..TrackOpts::default() });
     let a = w.track("a", TrackOpts { parent: Some(g), rank: Some(1), ..TrackOpts::default() });
-    let th = w.thread_track(7, 8, None);
+    let th = w.thread_track(7, 8, None, false);
     let c = w.counter_track("c", CounterUnit::Count, TrackOpts::default());
     let f = w.new_flow_id();
     let args = [Arg::str("s", "x"), Arg::interned("i", "y"), Arg::u64("u", 1), Arg::i64("n", -1), Arg::f64("f", 0.5), Arg::bool("b", true)];
@@ -138,10 +140,11 @@ fn first_packet_clears_incremental_state_and_makes_monotonic_the_trace_clock() {
     assert_eq!(p.trusted_packet_sequence_id, Some(writer::SEQUENCE_ID));
     assert_eq!(p.sequence_flags, Some(proto::SEQ_INCREMENTAL_STATE_CLEARED));
     assert_eq!(p.first_packet_on_sequence, Some(true));
-    assert_eq!(p.trace_packet_defaults.as_ref().and_then(|d| d.timestamp_clock_id), Some(proto::BUILTIN_CLOCK_MONOTONIC));
+    assert_eq!(p.trace_packet_defaults.as_ref().and_then(|d| d.timestamp_clock_id), Some(writer::INCREMENTAL_CLOCK_ID));
     let Some(Data::ClockSnapshot(cs)) = &p.data else { panic!("first packet is a clock snapshot: {p:?}") };
     assert_eq!(cs.primary_trace_clock, Some(proto::BUILTIN_CLOCK_MONOTONIC as i32));
-    assert_eq!(cs.clocks[0].timestamp, Some(123));
+    let clocks: Vec<(Option<u32>, Option<u64>, Option<bool>)> = cs.clocks.iter().map(|c| (c.clock_id, c.timestamp, c.is_incremental)).collect();
+    assert_eq!(clocks, vec![(Some(proto::BUILTIN_CLOCK_MONOTONIC), Some(123), None), (Some(writer::INCREMENTAL_CLOCK_ID), Some(123), Some(true))]);
 }
 
 #[test]
@@ -154,7 +157,7 @@ fn names_and_values_are_interned_once_then_referred_to_by_iid() {
     }
     let (bytes, st) = w.finish().unwrap();
     assert_eq!(st.interned, 3, "one event name, one annotation name, one value");
-    let t = decode(&bytes);
+    let t = check::decode(&bytes).unwrap();
     let defs: usize = t.packet.iter().filter_map(|p| p.interned_data.as_ref()).map(|i| i.event_names.len() + i.debug_annotation_names.len() + i.debug_annotation_string_values.len()).sum();
     assert_eq!(defs, 3);
     assert!(events(&t).all(|(_, e)| e.name.is_none()), "names travel as iids only");
@@ -179,6 +182,7 @@ fn descriptors_are_written_before_first_use_parents_first_and_only_once() {
         Some(Data::TrackDescriptor(d)) if d.uuid == Some(child.uuid()) => "child",
         Some(Data::TrackDescriptor(_)) => "other",
         Some(Data::TrackEvent(_)) => "event",
+        Some(Data::CompressedPackets(_)) => "compressed",
         None => "none",
     }).collect();
     assert_eq!(kinds, ["clock", "g", "child", "event", "event"]);
@@ -265,20 +269,10 @@ fn requests_nest_read_delay_waiting_and_decode_with_an_instant_per_chunk() {
     );
     // The request slice says what it is.
     let (_, begin) = events(&t).find(|(_, e)| e.track_uuid == Some(r.uuid)).unwrap();
-    let arg_names: Vec<String> = begin.debug_annotations.iter().map(|d| iid_name(&t, d.name_iid.unwrap())).collect();
+    let arg_names: Vec<String> = begin.debug_annotations.iter().map(|d| d.name.clone().unwrap()).collect();
     for want in ["id", "chain", "hop", "status", "method", "path", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "read_delay_ms"] {
         assert!(arg_names.iter().any(|n| n == want), "{want} missing from {arg_names:?}");
     }
-}
-
-fn iid_name(t: &Trace, iid: u64) -> String {
-    t.packet
-        .iter()
-        .filter_map(|p| p.interned_data.as_ref())
-        .flat_map(|i| i.debug_annotation_names.iter())
-        .find(|n| n.iid == Some(iid))
-        .and_then(|n| n.name.clone())
-        .expect("interned")
 }
 
 #[test]
@@ -294,7 +288,7 @@ fn an_unfinished_request_ends_at_the_recording_end_and_says_so() {
     let last_end = events(&t).filter(|(_, e)| e.track_uuid == Some(r.uuid)).map(|(ts, _)| ts).max().unwrap();
     assert_eq!(last_end, T0 + 50 * MS, "open until the last record");
     let (_, begin) = events(&t).find(|(_, e)| e.track_uuid == Some(r.uuid)).unwrap();
-    assert!(begin.debug_annotations.iter().any(|d| iid_name(&t, d.name_iid.unwrap()) == "unfinished" && d.bool_value == Some(true)));
+    assert!(begin.debug_annotations.iter().any(|d| d.name.clone().unwrap() == "unfinished" && d.bool_value == Some(true)));
 }
 
 #[test]
@@ -353,7 +347,7 @@ fn metadata_lists_every_counter_and_nonzero_loss_counters_get_counter_tracks() {
     assert_eq!(meta.instants.get(names::META_EVENT), Some(&1));
     let (ts, e) = events(&t).find(|(_, e)| e.track_uuid == Some(meta.uuid) && e.r#type == Some(3)).unwrap();
     assert_eq!(ts, meta_start(), "at the start of the recording");
-    let arg = |n: &str| e.debug_annotations.iter().find(|d| iid_name(&t, d.name_iid.unwrap()) == n).cloned();
+    let arg = |n: &str| e.debug_annotations.iter().find(|d| d.name.clone().unwrap() == n).cloned();
     assert_eq!(arg("drops.gap_bytes").and_then(|d| d.uint_value), Some(0));
     assert_eq!(arg("drops.kernel_ringbuf_full").and_then(|d| d.uint_value), Some(9));
     assert_eq!(arg("drops.kernel_events").and_then(|d| d.uint_value), Some(500));
@@ -450,33 +444,70 @@ fn checker_rejects_unbalanced_slices_backwards_time_and_open_flows() {
     assert!(violations(vec![first(), desc(1, None), t]).contains("flow 78 terminates without having started"));
 }
 
-/// Bytes per slice and writer throughput, for docs/perfetto.md. Run with
-/// `cargo test --release -p hopscope perfetto::tests::bench -- --ignored --nocapture`.
+/// Bytes per slice and writer throughput, for docs/perfetto.md and
+/// docs/benchmarks.md. Run with
+/// `cargo test --release -p hopscope --lib perfetto::tests::bench -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark: prints figures"]
 fn bench_bytes_per_slice_and_writer_throughput() {
     const N: u64 = 1_000_000;
-    // Raw writer: N slices on 64 tracks with 32 distinct names, no args (the
-    // shape of GPU kernel slices), at realistic monotonic timestamps.
-    let mut w = TraceWriter::new(std::io::sink(), T0).unwrap();
-    let tracks: Vec<TrackId> = (0..64).map(|i| w.track(&format!("stream {i}"), TrackOpts::default())).collect();
-    let names: Vec<String> = (0..32).map(|i| format!("kernel_{i}")).collect();
-    let start = std::time::Instant::now();
-    for i in 0..N {
-        let t = tracks[(i % 64) as usize];
-        let ts = T0 + i * 1_500;
-        w.begin(ts, t, &Event::named(&names[(i % 32) as usize])).unwrap();
-        w.end(ts + 1_000, t).unwrap_or_else(|_| unreachable!());
+    let report = |what: &str, st: WriterStats, el: f64| {
+        println!(
+            "{what}: {} slices, {:.1} bytes/slice (begin+end) written, {:.1} uncompressed, {} batches, {:.2} M events/s, {:.0} MB/s in",
+            st.slices,
+            st.bytes as f64 / st.slices as f64,
+            st.raw_bytes as f64 / st.slices as f64,
+            st.batches,
+            st.events() as f64 / el / 1e6,
+            st.raw_bytes as f64 / el / 1e6
+        )
+    };
+    let level = |l: u8| Encoding { level: l, ..Encoding::COMPRESSED };
+    // GPU kernel slices as the layout writes them: 8 streams, each on its own
+    // sequence, kernels back to back (2-40 us long, 1-3 us apart), 64 names.
+    // PERFETTO_BENCH_OUT=FILE keeps the default encoding's trace.
+    for (what, enc) in [("plain", Encoding::PLAIN), ("zlib level 1 (default)", Encoding::COMPRESSED), ("zlib level 6 (traced's)", level(6))] {
+        let out: Box<dyn std::io::Write> = match std::env::var_os("PERFETTO_BENCH_OUT").filter(|_| enc == Encoding::default()) {
+            Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).unwrap())),
+            None => Box::new(std::io::sink()),
+        };
+        let mut w = TraceWriter::with_encoding(out, T0, enc).unwrap();
+        let streams: Vec<TrackId> = (0..8).map(|i| w.track(&format!("GPU 0 stream {i}"), TrackOpts { own_sequence: true, ..TrackOpts::default() })).collect();
+        let names: Vec<String> = (0..64).map(|i| format!("void at::native::kernel_{i}<float, 4>(at::TensorIterator&)")).collect();
+        let mut at = [T0; 8];
+        let start = std::time::Instant::now();
+        for i in 0..N {
+            let s = (i % 8) as usize;
+            // A cheap deterministic spread of durations and gaps.
+            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            let (dur, gap) = (2_000 + h % 38_000, 1_000 + (h >> 8) % 2_000);
+            w.begin(at[s], streams[s], &Event::named(&names[(h % 64) as usize])).unwrap();
+            w.end(at[s] + dur, streams[s]).unwrap_or_else(|_| unreachable!());
+            at[s] += dur + gap;
+        }
+        let cap = w.buffer_capacity();
+        let (_, st) = w.finish().unwrap();
+        let el = start.elapsed().as_secs_f64();
+        report(&format!("kernel slices (8 streams, own sequences), {what}"), st, el);
+        println!("  writer buffers: {cap} bytes");
     }
-    let el = start.elapsed().as_secs_f64();
-    let (_, st) = w.finish().unwrap();
-    println!(
-        "raw slices: {} slices, {:.1} bytes/slice (begin+end), {:.2} M events/s, {:.0} MB/s",
-        st.slices,
-        st.bytes as f64 / st.slices as f64,
-        st.events() as f64 / el / 1e6,
-        st.bytes as f64 / el / 1e6
-    );
+    // The shape of the previous figure: 64 tracks on the main sequence, 32
+    // names, a slice every 1.5 us across all tracks.
+    for (what, enc) in [("plain", Encoding::PLAIN), ("zlib level 1 (default)", Encoding::COMPRESSED)] {
+        let mut w = TraceWriter::with_encoding(std::io::sink(), T0, enc).unwrap();
+        let tracks: Vec<TrackId> = (0..64).map(|i| w.track(&format!("stream {i}"), TrackOpts::default())).collect();
+        let names: Vec<String> = (0..32).map(|i| format!("kernel_{i}")).collect();
+        let start = std::time::Instant::now();
+        for i in 0..N {
+            let t = tracks[(i % 64) as usize];
+            let ts = T0 + i * 1_500;
+            w.begin(ts, t, &Event::named(&names[(i % 32) as usize])).unwrap();
+            w.end(ts + 1_000, t).unwrap_or_else(|_| unreachable!());
+        }
+        let (_, st) = w.finish().unwrap();
+        let el = start.elapsed().as_secs_f64();
+        report(&format!("raw slices (64 tracks, main sequence), {what}"), st, el);
+    }
     // Full layout: 2000 requests × 50 chunks in 500 chains of 4 hops, off-CPU on 8 threads.
     let mut recs = Vec::new();
     for c in 0..500u64 {
@@ -491,18 +522,536 @@ fn bench_bytes_per_slice_and_writer_throughput() {
     let recs = sorted(recs);
     let analysis = analyse(&recs);
     let m = meta();
-    let start = std::time::Instant::now();
-    let (_, st) = write_trace(std::io::sink(), TraceInput { meta: &m, records: &recs, analysis: &analysis, read_error: None }).unwrap();
-    let el = start.elapsed().as_secs_f64();
-    println!(
-        "layout: {} requests, {} slices, {} instants, {} counter values, {} bytes ({:.1} bytes/event), {:.2} M events/s, {:.0} ms",
-        st.requests,
-        st.writer.slices,
-        st.writer.instants,
-        st.writer.counter_values,
-        st.writer.bytes,
-        st.writer.bytes as f64 / st.writer.events() as f64,
-        st.writer.events() as f64 / el / 1e6,
-        el * 1e3
-    );
+    // Kernel records through the layout (with their args: grid, block,
+    // correlation id): 200 k kernels on 4 streams of one process.
+    let mut kernels: Vec<Record> = (0..200_000u64)
+        .map(|i| {
+            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            let mut k = kernel(T0 + (i / 4) * 12_000, 2_000 + h % 8_000, &format!("void at::native::kernel_{}<float, 4>(at::TensorIterator&)", h % 64));
+            if let Record::GpuKernel { stream, correlation_id, grid, .. } = &mut k {
+                *stream = (i % 4) as u32;
+                *correlation_id = i as u32 + 1_000_000;
+                grid[0] = 1 + (h % 16) as u32 * 108;
+            }
+            k
+        })
+        .collect();
+    kernels.sort_by_key(Record::ts_ns);
+    let ka = analyse(&kernels);
+    for (what, enc) in [("plain", Encoding::PLAIN), ("zlib level 1 (default)", Encoding::COMPRESSED)] {
+        let start = std::time::Instant::now();
+        let (_, st) = write_trace_with(std::io::sink(), TraceInput { meta: &m, records: &kernels, analysis: &ka, read_error: None }, enc).unwrap();
+        let el = start.elapsed().as_secs_f64();
+        println!(
+            "layout kernels, {what}: {} kernel slices, {:.1} bytes/kernel slice with args written ({:.1} uncompressed; all packets / slices), {:.2} M events/s",
+            st.gpu_slices,
+            st.writer.bytes as f64 / st.gpu_slices as f64,
+            st.writer.raw_bytes as f64 / st.gpu_slices as f64,
+            st.writer.events() as f64 / el / 1e6
+        );
+    }
+    for (what, enc) in [("plain", Encoding::PLAIN), ("zlib level 1 (default)", Encoding::COMPRESSED)] {
+        let start = std::time::Instant::now();
+        let (_, st) = write_trace_with(std::io::sink(), TraceInput { meta: &m, records: &recs, analysis: &analysis, read_error: None }, enc).unwrap();
+        let el = start.elapsed().as_secs_f64();
+        println!(
+            "layout, {what}: {} requests, {} slices, {} instants, {} counter values, {} bytes ({:.1} bytes/event; {:.1} uncompressed), {:.2} M events/s, {:.0} ms",
+            st.requests,
+            st.writer.slices,
+            st.writer.instants,
+            st.writer.counter_values,
+            st.writer.bytes,
+            st.writer.bytes as f64 / st.writer.events() as f64,
+            st.writer.raw_bytes as f64 / st.writer.events() as f64,
+            st.writer.events() as f64 / el / 1e6,
+            el * 1e3
+        );
+    }
+}
+
+// ---- flows: request phases → engine steps → kernels ----
+
+const ENGINE: u32 = 4300;
+
+/// Engine IPC for one request `id` (the HTTP request `chatcmpl-…`): the ADD
+/// at `submit`, then one step per entry of `steps` (built time, new tokens).
+fn engine_steps(id: &str, submit: u64, steps: &[(u64, u64)]) -> Vec<Record> {
+    use crate::event::Dir;
+    use crate::model::EngineOutput;
+    let ipc = ConnKey { tgid: 4242, fd: 30, ino: 30 };
+    let out = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
+    let mut v = vec![Record::EngineRequest {
+        conn: ipc,
+        ts_ns: submit,
+        tid: 4242,
+        dir: Dir::Out,
+        request_id: format!("{id}-0123abcd"),
+        external_req_id: Some(id.into()),
+        prompt_tokens: Some(40),
+        max_tokens: None,
+        arrival_time_s: None,
+        traceparent: None,
+        data_parallel_rank: None,
+        truncated: false,
+    }];
+    for &(built, tokens) in steps {
+        v.push(Record::EngineOutputs {
+            conn: out,
+            ts_ns: built + 50_000,
+            tid: ENGINE,
+            dir: Dir::Out,
+            engine_index: Some(0),
+            timestamp_s: Some(built as f64 / 1e9),
+            outputs: vec![EngineOutput { request_id: format!("{id}-0123abcd"), new_tokens: tokens, finish_reason: None, events: vec![], prefill: None }],
+            outputs_total: Some(1),
+            finished_requests: vec![],
+            truncated: false,
+        });
+    }
+    v
+}
+
+fn kernel(ts: u64, dur: u64, name: &str) -> Record {
+    Record::GpuKernel {
+        ts_ns: ts,
+        end_ns: ts + dur,
+        pid: ENGINE,
+        device: 0,
+        context: 1,
+        stream: 7,
+        correlation_id: 1,
+        graph_id: 0,
+        graph_node_id: 0,
+        name: name.into(),
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        static_shared_mem: 0,
+        dynamic_shared_mem: 0,
+        registers_per_thread: 32,
+    }
+}
+
+/// A request with 12 content chunks; its engine ran a chunked-prefill step
+/// (no token) at +2 ms, the first-token step at +4 ms and 12 decode steps
+/// 2 ms apart from +6 ms; three kernels ran in every step after the first.
+fn served_request() -> (Vec<Record>, Vec<u64>) {
+    let mut recs = exchange(conn(5), 0, T0, 12, "s1");
+    let mut steps = vec![(T0 + 2 * MS, 0), (T0 + 4 * MS, 1)];
+    steps.extend((0..12).map(|k| (T0 + 6 * MS + k * 2 * MS, 1)));
+    recs.extend(engine_steps("chatcmpl-5-0", T0 + MS, &steps));
+    let ends: Vec<u64> = steps.iter().map(|s| s.0).collect();
+    for w in ends.windows(2) {
+        for j in 0..3 {
+            recs.push(kernel(w[0] + 100_000 + j * 200_000, 50_000, &format!("k{j}")));
+        }
+    }
+    (sorted(recs), ends)
+}
+
+/// Per flow id, the names of the events at its two ends, with their `step` arg.
+fn flow_ends(t: &Trace) -> HashMap<u64, Vec<(String, Option<u64>)>> {
+    let step_arg = |e: &proto::TrackEvent| e.debug_annotations.iter().find(|d| d.name.clone().unwrap() == "step").and_then(|d| d.uint_value);
+    let mut out: HashMap<u64, Vec<(String, Option<u64>)>> = HashMap::new();
+    for (_, e) in events(t) {
+        for id in e.flow_ids.iter().chain(&e.terminating_flow_ids) {
+            out.entry(*id).or_default().push((e.name.clone().unwrap(), step_arg(e)));
+        }
+    }
+    out
+}
+
+#[test]
+fn prefill_and_decode_slices_flow_to_their_steps_and_steps_to_their_first_and_last_kernel() {
+    let (recs, _) = served_request();
+    let (bytes, st) = trace_of(&recs);
+    let s = checked(&bytes);
+    // Prefill: the chunked step 0 and the first-token step 1. Decode: steps
+    // 2..=13, capped to the first and last four.
+    assert_eq!((st.step_flows, st.flows_capped, st.flows_unmapped), (2 + 8, 4, 0));
+    assert_eq!(st.kernel_flows, 13 * 2, "13 steps with kernels, a flow to the first and the last");
+    assert_eq!(s.flows, 1 + 10 + 26, "hop→request, request→step, step→kernel");
+    let t = decode(&bytes);
+    let ends = flow_ends(&t);
+    let mut prefill: Vec<u64> = ends.values().filter(|v| v[0].0 == "prefill" || v[1].0 == "prefill").filter_map(|v| v.iter().find_map(|e| e.1)).collect();
+    prefill.sort();
+    assert_eq!(prefill, vec![0, 1]);
+    let mut decode: Vec<u64> = ends.values().filter(|v| v.iter().any(|e| e.0 == "decode")).filter_map(|v| v.iter().find_map(|e| e.1)).collect();
+    decode.sort();
+    assert_eq!(decode, vec![2, 3, 4, 5, 10, 11, 12, 13]);
+    let mut kernels: Vec<(u64, String)> = ends.values().filter(|v| v.iter().any(|e| e.0.starts_with('k'))).map(|v| (v.iter().find_map(|e| e.1).unwrap(), v.iter().find(|e| e.0.starts_with('k')).unwrap().0.clone())).collect();
+    kernels.sort();
+    assert_eq!(kernels.len(), 26);
+    assert_eq!(&kernels[..2], &[(1, "k0".to_owned()), (1, "k2".to_owned())], "step 1's first and last kernel");
+    assert!(ends.values().all(|v| v.len() == 2), "every flow has exactly two ends");
+}
+
+#[test]
+fn kernels_of_other_processes_or_outside_every_step_get_no_flow() {
+    let (mut recs, ends) = served_request();
+    let mut other = kernel(ends[1] + 100_000, 10_000, "other");
+    if let Record::GpuKernel { pid, .. } = &mut other {
+        *pid = 9999;
+    }
+    recs.push(other);
+    recs.push(kernel(ends[ends.len() - 1] + 5 * MS, 10_000, "after"));
+    let (bytes, st) = trace_of(&sorted(recs));
+    checked(&bytes);
+    assert_eq!(st.kernel_flows, 26);
+    let t = decode(&bytes);
+    assert!(flow_ends(&t).values().flatten().all(|e| e.0 != "other" && e.0 != "after"));
+}
+
+#[test]
+fn engine_requests_not_joined_to_an_http_request_are_counted_not_drawn() {
+    let mut recs = exchange(conn(5), 0, T0, 2, "s1");
+    recs.extend(engine_steps("chatcmpl-unknown", T0 + MS, &[(T0 + 2 * MS, 1), (T0 + 4 * MS, 1)]));
+    let (bytes, st) = trace_of(&sorted(recs));
+    checked(&bytes);
+    assert_eq!((st.step_flows, st.flows_unmapped), (0, 2));
+}
+
+// ---- server counters ----
+
+fn counter_f64_series(t: &Trace, s: &Summary, track: &str) -> Vec<(u64, f64)> {
+    let uuid = s.track(track).unwrap_or_else(|| panic!("no track {track}")).uuid;
+    events(t).filter(|(_, e)| e.track_uuid == Some(uuid)).map(|(ts, e)| (ts, e.double_counter_value.expect("double counter"))).collect()
+}
+
+#[test]
+fn running_and_waiting_requests_follow_the_engine_partition() {
+    let (recs, _) = served_request();
+    let (bytes, _) = trace_of(&recs);
+    let s = checked(&bytes);
+    let t = decode(&bytes);
+    let server = s.track(names::SERVER).expect("a Server group");
+    assert_eq!(s.track(names::RUNNING).unwrap().parent, Some(server.uuid));
+    let done = T0 + 5 * MS + 12 * 2 * MS + 100; // the [DONE] write
+    assert_eq!(counter_series(&t, &s, names::WAITING_REQS), vec![(meta_start(), 0), (T0 + MS, 1), (T0 + 2 * MS, 0)], "submitted at +1 ms, scheduled when step 0 ended");
+    assert_eq!(counter_series(&t, &s, names::RUNNING), vec![(meta_start(), 0), (T0 + 2 * MS, 1), (done, 0)]);
+}
+
+#[test]
+fn output_tokens_per_second_counts_the_tokens_of_the_steps_in_the_last_second() {
+    let mut recs = exchange(conn(5), 0, T0, 1, "s1");
+    let steps: Vec<(u64, u64)> = (0..5).map(|k| (T0 + k * 400 * MS, 1 + k % 2)).collect();
+    recs.extend(engine_steps("chatcmpl-x", T0, &steps));
+    let (bytes, _) = trace_of(&sorted(recs));
+    let s = checked(&bytes);
+    let t = decode(&bytes);
+    let series = counter_f64_series(&t, &s, names::TOKENS_PER_S);
+    // Tokens 1, 2, 1, 2, 1 at 0, 0.4, 0.8, 1.2, 1.6 s: the window (t-1 s, t].
+    let want = [1.0, 3.0, 4.0, 5.0, 4.0];
+    assert_eq!(series.len(), 5);
+    for ((ts, v), (k, w)) in series.iter().zip(want.iter().enumerate()) {
+        assert_eq!(*ts, T0 + k as u64 * 400 * MS);
+        assert!((v - w).abs() < 1e-9, "step {k}: {v} tokens/s, want {w}");
+    }
+}
+
+#[test]
+fn kv_cache_usage_and_gpu_memory_and_sm_utilisation_become_counters() {
+    let mut recs = exchange(conn(5), 0, T0, 1, "s1");
+    let ipc = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
+    for (k, u) in [0.25, 0.5].into_iter().enumerate() {
+        let ts = T0 + k as u64 * MS;
+        recs.push(Record::EngineStats { conn: ipc, ts_ns: ts, engine_index: Some(0), running: Some(1), waiting: Some(0), kv_cache_usage: Some(u), step_counter: None, prefix_cache_queries: None, prefix_cache_hits: None });
+    }
+    recs.push(Record::EngineStats { conn: ipc, ts_ns: T0 + 3 * MS, engine_index: Some(0), running: Some(1), waiting: Some(0), kv_cache_usage: None, step_counter: None, prefix_cache_queries: None, prefix_cache_hits: None });
+    let gib = 1u64 << 30;
+    for (k, (used, mine, sm)) in [(gib, gib / 2, Some(70)), (2 * gib, gib, None)].into_iter().enumerate() {
+        recs.push(Record::GpuSample {
+            ts_ns: T0 + k as u64 * 2 * MS,
+            device: 0,
+            mem_used_bytes: used,
+            mem_total_bytes: 80 * gib,
+            process_mem: vec![(ENGINE, mine)],
+            sm_util_pct: sm,
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        });
+    }
+    let (bytes, _) = trace_of(&sorted(recs));
+    let s = checked(&bytes);
+    let t = decode(&bytes);
+    assert_eq!(counter_f64_series(&t, &s, names::KV_CACHE), vec![(T0, 25.0), (T0 + MS, 50.0)], "stats without a KV value add no point");
+    let dev = s.track("GPU 0 memory used").unwrap();
+    assert_eq!(s.track(names::SERVER).map(|g| g.uuid), dev.parent);
+    let series = |uuid: u64| events(&t).filter(|(_, e)| e.track_uuid == Some(uuid)).map(|(ts, e)| (ts, e.counter_value.unwrap())).collect::<Vec<_>>();
+    assert_eq!(series(dev.uuid), vec![(T0, gib as i64), (T0 + 2 * MS, 2 * gib as i64)]);
+    let process = s.track("pid 4300 (pid 4300)").expect("the engine's process track");
+    let mine = s.tracks.iter().find(|tr| tr.parent == Some(process.uuid) && tr.kind == "counter").expect("per-process GPU memory under its process");
+    assert_eq!(series(mine.uuid), vec![(T0, gib as i64 / 2), (T0 + 2 * MS, gib as i64)]);
+    assert_eq!(counter_series(&t, &s, "GPU 0 SM utilisation %"), vec![(T0, 70)]);
+}
+
+// ---- compact encoding: delta timestamps, a sequence per busy track ----
+
+#[test]
+fn timestamps_are_deltas_on_each_sequence_and_own_sequence_tracks_omit_their_uuid() {
+    let mut w = TraceWriter::new(Vec::new(), 1_000_000).unwrap();
+    let main = w.track("main", TrackOpts::default());
+    let gpu = w.track("gpu", TrackOpts { own_sequence: true, ..TrackOpts::default() });
+    w.begin(1_000_500, gpu, &Event::named("k")).unwrap();
+    w.instant(1_000_600, main, &Event::named("i")).unwrap();
+    w.end(1_000_700, gpu).unwrap();
+    w.begin(1_000_800, gpu, &Event::named("k")).unwrap();
+    w.end(1_001_000, gpu).unwrap();
+    let (bytes, st) = w.finish().unwrap();
+    assert_eq!(st.sequences, 2);
+    let raw = check::decode(&bytes).unwrap();
+    let on = |seq: u32| raw.packet.iter().filter(|p| p.trusted_packet_sequence_id == Some(seq) && matches!(p.data, Some(Data::TrackEvent(_)))).collect::<Vec<_>>();
+    let gpu_ts: Vec<u64> = on(2).iter().map(|p| p.timestamp.unwrap()).collect();
+    assert_eq!(gpu_ts, vec![0, 200, 100, 200], "deltas from the sequence's start at its first event");
+    assert!(on(2).iter().all(|p| matches!(&p.data, Some(Data::TrackEvent(e)) if e.track_uuid.is_none())));
+    assert_eq!(on(1).iter().map(|p| p.timestamp.unwrap()).collect::<Vec<_>>(), vec![600]);
+    let first2 = raw.packet.iter().find(|p| p.trusted_packet_sequence_id == Some(2)).unwrap();
+    assert_eq!(first2.sequence_flags, Some(proto::SEQ_INCREMENTAL_STATE_CLEARED));
+    assert_eq!(first2.trace_packet_defaults.as_ref().and_then(|d| d.track_event_defaults.as_ref()).and_then(|d| d.track_uuid), Some(gpu.uuid()));
+    // Resolved, every event is where and when it was written.
+    let s = checked(&bytes);
+    assert_eq!(s.track("gpu").unwrap().slices.get("k"), Some(&2));
+    let flat: Vec<(u64, Option<u64>)> = events(&decode(&bytes)).map(|(ts, e)| (ts, e.track_uuid)).collect();
+    let (g, m) = (Some(gpu.uuid()), Some(main.uuid()));
+    assert_eq!(flat, vec![(1_000_500, g), (1_000_600, m), (1_000_700, g), (1_000_800, g), (1_001_000, g)]);
+}
+
+#[test]
+fn writer_refuses_backwards_time_per_sequence_but_not_across_sequences() {
+    let mut w = TraceWriter::new(Vec::new(), 0).unwrap();
+    let a = w.track("a", TrackOpts { own_sequence: true, ..TrackOpts::default() });
+    let b = w.track("b", TrackOpts { own_sequence: true, ..TrackOpts::default() });
+    w.instant(100, a, &Event::named("x")).unwrap();
+    w.instant(50, b, &Event::named("x")).unwrap();
+    assert!(matches!(w.instant(99, a, &Event::named("x")), Err(PerfettoError::TimestampRegression { ts: 99, last: 100 })));
+    let (bytes, _) = w.finish().unwrap();
+    checked(&bytes);
+}
+
+#[test]
+fn checker_rejects_undefined_sequence_clocks_and_events_without_any_track() {
+    use proto::EventType::Instant;
+    let mut first64 = first();
+    first64.trace_packet_defaults = Some(proto::TracePacketDefaults { timestamp_clock_id: Some(64), track_event_defaults: None });
+    assert!(violations(vec![first64.clone(), desc(1, None), ev(1, 1, Instant)]).contains("which no clock snapshot on this sequence defined"));
+    let mut no_track = ev(1, 1, Instant);
+    if let Some(Data::TrackEvent(te)) = &mut no_track.data {
+        te.track_uuid = None;
+    }
+    assert!(violations(vec![first(), desc(1, None), no_track]).contains("no default track"));
+    // A sequence clock with no builtin clock in its snapshot cannot be placed.
+    first64.data = Some(Data::ClockSnapshot(proto::ClockSnapshot { clocks: vec![proto::Clock { clock_id: Some(64), timestamp: Some(5), is_incremental: Some(true) }], primary_trace_clock: None }));
+    assert!(violations(vec![first64]).contains("no builtin clock"));
+}
+
+// ---- live: the record-driven part as records come, requests at the end ----
+
+/// A `Write` whose bytes can be read while the writer still holds it.
+#[derive(Clone, Default)]
+struct Shared(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn live_recording() -> Vec<Record> {
+    let (mut recs, ends) = served_request();
+    recs.extend(two_chains());
+    recs.push(Record::OffCpu { ts_ns: T0 + 3 * MS, tgid: 4242, tid: 4243, off_ns: T0 + MS, wake_ns: Some(T0 + 2 * MS), prev_state: 1 });
+    recs.push(Record::Drops { ts_ns: T0 + 5 * MS, counters: vec![("kernel_ringbuf_full".into(), 0)] });
+    recs.push(Record::Drops { ts_ns: ends[5], counters: vec![("kernel_ringbuf_full".into(), 4)] });
+    sorted(recs)
+}
+
+#[test]
+fn a_live_trace_is_valid_at_every_flush_and_ends_with_the_same_tracks_as_the_offline_one() {
+    let recs = live_recording();
+    let buf = Shared::default();
+    let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
+    let mut seen_at_flush = Vec::new();
+    for r in &recs {
+        live.push(r).unwrap();
+        if matches!(r, Record::Drops { .. }) {
+            // What a reader sees now: whole packets, and a valid trace.
+            let bytes = buf.0.borrow().clone();
+            let s = checked(check::complete_packets(&bytes));
+            seen_at_flush.push((s.slices, s.track(names::REQUESTS).is_some()));
+        }
+    }
+    assert_eq!(seen_at_flush.len(), 2);
+    assert!(seen_at_flush[1].0 > seen_at_flush[0].0, "the trace grows: {seen_at_flush:?}");
+    assert!(seen_at_flush.iter().all(|(_, requests)| !requests), "requests come at the end");
+    let analysis = analyse(&recs);
+    let (_, st) = live.finish(&meta(), &analysis, None).unwrap();
+    let bytes = buf.0.borrow().clone();
+    assert_eq!(st.writer.bytes, bytes.len() as u64);
+    let live_s = checked(&bytes);
+    let (offline, ost) = trace_of(&recs);
+    let off_s = checked(&offline);
+    let lines = |s: &Summary| {
+        let mut v: Vec<String> = s.render().lines().map(str::to_owned).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(lines(&live_s), lines(&off_s), "same tracks and slices");
+    assert_eq!((st.gpu_slices, st.steps, st.offcpu_slices), (ost.gpu_slices, ost.steps, ost.offcpu_slices));
+    assert_eq!(live_s.flows, 6, "live: hop→request flows only");
+    assert!(off_s.flows > live_s.flows);
+}
+
+#[test]
+fn complete_packets_cuts_a_trace_at_its_last_whole_packet() {
+    // Plain packets, and compressed batches of ~512 bytes of packets (a cut
+    // batch is left out whole).
+    for enc in [Encoding::PLAIN, Encoding { batch_bytes: 512, ..Encoding::COMPRESSED }] {
+        let (bytes, st) = trace_with(&two_chains(), enc);
+        let whole = check::check_bytes(&bytes).unwrap().packets;
+        assert_eq!(whole, st.writer.packets);
+        for cut in [1, 2, 7, bytes.len() / 2] {
+            // Whole packets decode (slices may be left open by the cut).
+            let n = check::decode(check::complete_packets(&bytes[..bytes.len() - cut])).unwrap().packet.len() as u64;
+            assert!(n < whole && n > 0, "{enc:?} cut {cut}: {n} of {whole} packets");
+        }
+        assert_eq!(check::complete_packets(&bytes).len(), bytes.len());
+    }
+}
+
+// ---- compressed_packets ----
+
+fn trace_with(records: &[Record], enc: Encoding) -> (Vec<u8>, TraceStats) {
+    let analysis = analyse(records);
+    let m = meta();
+    write_trace_with(Vec::new(), TraceInput { meta: &m, records, analysis: &analysis, read_error: None }, enc).expect("trace writes")
+}
+
+#[test]
+fn compressed_traces_hold_exactly_the_packets_of_the_plain_trace() {
+    let (recs, _) = served_request();
+    let mut recs = recs;
+    recs.extend(two_chains());
+    let recs = sorted(recs);
+    let (plain, pst) = trace_with(&recs, Encoding::PLAIN);
+    let (packed, st) = trace_of(&recs);
+    let (small, sst) = trace_with(&recs, Encoding { batch_bytes: 300, ..Encoding::COMPRESSED });
+    let plain_t = check::decode(&plain).unwrap();
+    assert_eq!((pst.writer.batches, pst.writer.bytes, pst.writer.raw_bytes), (0, plain.len() as u64, plain.len() as u64));
+    for (bytes, st) in [(&packed, st), (&small, sst)] {
+        assert_eq!(check::decode(bytes).unwrap(), plain_t, "same packets in the same order");
+        assert_eq!((st.writer.bytes, st.writer.raw_bytes, st.writer.packets), (bytes.len() as u64, plain.len() as u64, pst.writer.packets));
+        let s = checked(bytes);
+        assert_eq!((s.batches, s.packets), (st.writer.batches, pst.writer.packets));
+        assert_eq!(s.render(), checked(&plain).render());
+    }
+    assert_eq!(st.writer.batches, 1, "a small trace is one batch");
+    // Batches of 300 bytes split sequences across batches: their interning,
+    // defaults and incremental clocks carry over (the checker resolves them).
+    assert!(sst.writer.batches >= plain.len() as u64 / 400, "{} batches for {} bytes", sst.writer.batches, plain.len());
+    assert!(packed.len() * 2 < plain.len(), "compressed {} of {} bytes", packed.len(), plain.len());
+}
+
+#[test]
+fn each_batch_is_one_outer_packet_holding_a_zlib_stream_of_trace_packets() {
+    let (bytes, st) = trace_with(&two_chains(), Encoding { batch_bytes: 1024, ..Encoding::COMPRESSED });
+    let outer = Trace::decode(&bytes[..]).unwrap();
+    assert_eq!(outer.packet.len() as u64, st.writer.batches);
+    assert!(st.writer.batches > 1);
+    let mut inner = 0;
+    for p in &outer.packet {
+        let Some(Data::CompressedPackets(z)) = &p.data else { panic!("not a compressed batch: {p:?}") };
+        assert_eq!(*p, proto::TracePacket { data: p.data.clone(), ..Default::default() }, "nothing else in the outer packet");
+        // RFC 1950 header: deflate with a 32 KiB window, check bits, no dictionary.
+        assert_eq!(z[0], 0x78);
+        assert_eq!((z[0] as u16 * 256 + z[1] as u16) % 31, 0);
+        assert_eq!(z[1] & 0x20, 0);
+        let t = Trace::decode(&check::inflate(z).unwrap()[..]).unwrap();
+        assert!(!t.packet.is_empty());
+        inner += t.packet.len() as u64;
+    }
+    assert_eq!(inner, st.writer.packets);
+}
+
+#[test]
+fn flush_writes_the_batch_so_far_and_full_batches_go_out_on_their_own() {
+    let buf = Shared::default();
+    let mut w = TraceWriter::with_encoding(buf.clone(), 0, Encoding { batch_bytes: 4096, ..Encoding::COMPRESSED }).unwrap();
+    let a = w.track("a", TrackOpts::default());
+    w.begin(1, a, &Event::named("x")).unwrap();
+    w.end(2, a).unwrap();
+    assert!(buf.0.borrow().is_empty(), "packets wait in the batch");
+    w.flush().unwrap();
+    let first = buf.0.borrow().clone();
+    let s = checked(&first);
+    assert_eq!((s.batches, s.slices), (1, 1));
+    w.flush().unwrap();
+    assert_eq!(buf.0.borrow().len(), first.len(), "an empty batch writes nothing");
+    for i in 0..2000 {
+        w.begin(10 + i * 10, a, &Event::named("x")).unwrap();
+        w.end(15 + i * 10, a).unwrap();
+    }
+    let mid = w.stats();
+    assert!(mid.batches >= 1 + mid.raw_bytes / 4096 - 1, "{mid:?}");
+    // Memory: one batch (its limit plus a packet) and one outer packet.
+    assert!(w.buffer_capacity() < 3 * (4096 + 512), "{}", w.buffer_capacity());
+    let (_, st) = w.finish().unwrap();
+    let bytes = buf.0.borrow().clone();
+    assert_eq!(st.bytes, bytes.len() as u64);
+    let s = checked(&bytes);
+    assert_eq!((s.batches, s.slices), (st.batches, 2001));
+    assert!(bytes.starts_with(&first));
+}
+
+#[test]
+fn checker_refuses_batches_that_do_not_inflate_carry_other_fields_or_nest() {
+    let (bytes, _) = trace_of(&two_chains());
+    let mut outer = Trace::decode(&bytes[..]).unwrap();
+    let why = |t: &Trace| match check::check(t) {
+        Err(CheckError::Compressed { packet, why }) => format!("{packet}: {why}"),
+        other => panic!("expected a compressed_packets error, got {other:?}"),
+    };
+    let mut extra = outer.clone();
+    extra.packet[0].trusted_packet_sequence_id = Some(1);
+    assert!(why(&extra).contains("carries other fields"), "{}", why(&extra));
+    let mut corrupt = outer.clone();
+    if let Some(Data::CompressedPackets(z)) = &mut corrupt.packet[0].data {
+        let n = z.len();
+        z[n - 1] ^= 0xff; // the Adler-32 checksum
+    }
+    assert!(why(&corrupt).contains("does not inflate"), "{}", why(&corrupt));
+    assert!(check::decode(&corrupt.encode_to_vec()).is_err());
+    // A batch holding a batch: hopscope never writes one.
+    let nested = miniz_oxide::deflate::compress_to_vec_zlib(&bytes, 1);
+    outer.packet.push(proto::TracePacket { data: Some(Data::CompressedPackets(nested)), ..Default::default() });
+    assert!(why(&outer).contains("inside a compressed batch"), "{}", why(&outer));
+}
+
+#[test]
+fn a_live_trace_skips_and_counts_late_records_instead_of_failing() {
+    let buf = Shared::default();
+    let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
+    let ipc = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
+    let stats = |ts: u64, u: f64| Record::EngineStats { conn: ipc, ts_ns: ts, engine_index: Some(0), running: None, waiting: None, kv_cache_usage: Some(u), step_counter: None, prefix_cache_queries: None, prefix_cache_hits: None };
+    let recs = [
+        kernel(T0 + 10 * MS, MS, "a"),
+        kernel(T0 + 10 * MS + MS / 2, MS, "late overlap"), // starts inside "a": overlap lane
+        kernel(meta_start() - MS, 10, "before the trace"),  // skipped
+        stats(T0 + 5 * MS, 0.5),
+        stats(T0 + 4 * MS, 0.4), // older than the previous sample: skipped
+        Record::OffCpu { ts_ns: T0 + 3 * MS, tgid: 4242, tid: 4242, off_ns: T0 + MS, wake_ns: None, prev_state: 1 },
+        Record::OffCpu { ts_ns: T0 + 4 * MS, tgid: 4242, tid: 4242, off_ns: T0 + 2 * MS, wake_ns: None, prev_state: 1 }, // overlaps
+    ];
+    for r in &recs {
+        live.push(r).unwrap();
+    }
+    let (_, st) = live.finish(&meta(), &Analysis::default(), None).unwrap();
+    assert_eq!((st.gpu_slices, st.gpu_skipped, st.counter_values_skipped, st.offcpu_slices, st.offcpu_skipped), (2, 1, 1, 1, 1));
+    let s = checked(&buf.0.borrow());
+    assert_eq!(s.track("GPU 0 stream 7 (overlap 1)").map(|t| t.slices.len()), Some(1));
 }

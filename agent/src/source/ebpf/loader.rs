@@ -86,6 +86,8 @@ pub enum SourceError {
     NotPrivileged,
     #[error("tracefs not mounted: run `mount -t tracefs nodev /sys/kernel/tracing`")]
     TracefsMissing,
+    #[error("tracefs is not readable by this user (it is root-only): run as uid 0 or add CAP_DAC_READ_SEARCH (docs/deploy.md)")]
+    TracefsUnreadable,
     #[error("kernel lacks BTF (CONFIG_DEBUG_INFO_BTF): /sys/kernel/btf/vmlinux is missing")]
     NoBtf,
     #[error("pid {0} not found")]
@@ -226,6 +228,14 @@ pub(crate) fn privileged() -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
+/// tracefs is root-only (0700): without CAP_DAC_READ_SEARCH a non-root agent
+/// holding CAP_BPF + CAP_PERFMON sees it as missing, which is not the fix to suggest.
+pub(crate) fn tracefs_unreadable() -> bool {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|p| std::fs::read_dir(p).is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied))
+}
+
 pub(crate) fn tracefs_mounted() -> bool {
     ["/sys/kernel/tracing/events/syscalls", "/sys/kernel/debug/tracing/events/syscalls"]
         .iter()
@@ -288,7 +298,7 @@ impl EbpfSource {
             return Err(SourceError::NotPrivileged);
         }
         if !tracefs_mounted() {
-            return Err(SourceError::TracefsMissing);
+            return Err(if tracefs_unreadable() { SourceError::TracefsUnreadable } else { SourceError::TracefsMissing });
         }
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(SourceError::NoBtf);

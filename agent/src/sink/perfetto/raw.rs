@@ -1,0 +1,472 @@
+//! The record-driven part of the layout: tracks whose events come straight
+//! from records in recording (timestamp) order — off-CPU intervals on thread
+//! tracks, GPU work on stream tracks, engine steps, server counters (output
+//! tokens/s, KV-cache usage, GPU memory and SM utilisation) and loss
+//! counters. It holds one small state per track, never the records, so
+//! `record --perfetto` feeds it live ([`super::live`]) and `hopscope trace`
+//! feeds it a loaded recording; both write the same tracks.
+//!
+//! Every track here is on a packet sequence of its own (a thread's off-CPU
+//! interval is known only at switch-in, after other tracks' later events;
+//! each sequence only has to stay in time order on its own).
+
+use super::writer::{Arg, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
+use super::{memcpy_name, names, proto::CounterUnit, state_name, Ends};
+use crate::event::{Dir, ProcOp};
+use crate::model::Record;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::Write;
+
+/// A step spans from the previous step's end when the engine went straight
+/// on (gap up to this); otherwise only its end is known: an instant.
+pub const STEP_GAP_NS: u64 = 250_000_000;
+/// Output tokens/s: tokens of the steps that ended in the last second.
+pub const RATE_WINDOW_NS: u64 = 1_000_000_000;
+/// Overlap lanes per GPU stream (work that overlaps the previous item).
+pub const GPU_LANES: u32 = 4;
+
+/// What the record-driven part drew and left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawStats {
+    pub offcpu_slices: u64,
+    /// Off-CPU records that could not be drawn: switch-out after switch-in, or
+    /// overlapping the thread's previous interval (lost scheduler events).
+    pub offcpu_skipped: u64,
+    pub gpu_slices: u64,
+    /// GPU records not drawn: end before start, start before the trace, or
+    /// more overlap on one stream than the overlap lanes hold.
+    pub gpu_skipped: u64,
+    pub steps: u64,
+    /// Steps that ended before the previous one (clock or decode error).
+    pub steps_skipped: u64,
+    /// Counter samples older than the track's previous one.
+    pub counter_values_skipped: u64,
+}
+
+/// Which overlap lane of its stream each GPU item goes to: the first lane
+/// free at its start. Deterministic, so the offline layout can run it ahead
+/// of drawing to know which kernels get slices (and flows).
+#[derive(Default)]
+pub struct Lanes {
+    free_at: HashMap<(u32, u32, u32, u32), u64>,
+}
+
+impl Lanes {
+    /// The lane for an item on (pid, device, stream) from `ts` to `end`, or
+    /// None when every lane is still busy.
+    pub fn place(&mut self, key: (u32, u32, u32), ts: u64, end: u64) -> Option<u32> {
+        let (pid, device, stream) = key;
+        let lane = (0..GPU_LANES).find(|&l| self.free_at.get(&(pid, device, stream, l)).is_none_or(|&free| free <= ts))?;
+        self.free_at.insert((pid, device, stream, lane), end);
+        Some(lane)
+    }
+}
+
+/// The GPU item a record is: (start, end, pid, device, stream).
+pub fn gpu_item(rec: &Record) -> Option<(u64, u64, u32, u32, u32)> {
+    match rec {
+        Record::GpuKernel { ts_ns, end_ns, pid, device, stream, .. }
+        | Record::GpuMemcpy { ts_ns, end_ns, pid, device, stream, .. }
+        | Record::GpuMemset { ts_ns, end_ns, pid, device, stream, .. } => Some((*ts_ns, *end_ns, *pid, *device, *stream)),
+        _ => None,
+    }
+}
+
+/// Where step slices go: (start, end, slice?) from a step's end, or None when
+/// it ended before the previous one.
+#[derive(Default)]
+pub struct StepClock {
+    prev: Option<u64>,
+}
+
+impl StepClock {
+    pub fn next(&mut self, end: u64) -> Option<(u64, bool)> {
+        let span = match self.prev {
+            Some(p) if end < p => return None,
+            Some(p) if p < end && end - p <= STEP_GAP_NS => (p, true),
+            _ => (end, false),
+        };
+        self.prev = Some(end);
+        Some(span)
+    }
+}
+
+/// A process's best name: its comm from exec, else exit, else fork.
+#[derive(Default)]
+pub struct ProcessNames {
+    best: HashMap<u32, (u8, String)>,
+}
+
+impl ProcessNames {
+    pub fn note(&mut self, rec: &Record) {
+        if let Record::Proc { op, child_tgid, comm, .. } = rec {
+            if comm.is_empty() {
+                return;
+            }
+            let rank = match op {
+                ProcOp::Fork => 1,
+                ProcOp::Exit => 2,
+                ProcOp::Exec => 3,
+            };
+            let e = self.best.entry(*child_tgid).or_insert((rank, comm.clone()));
+            if rank >= e.0 {
+                *e = (rank, comm.clone());
+            }
+        }
+    }
+
+    pub fn get(&self, pid: u32) -> String {
+        self.best.get(&pid).map_or_else(|| format!("pid {pid}"), |(_, c)| c.clone())
+    }
+}
+
+/// One engine step to draw.
+pub struct StepInfo {
+    pub index: u64,
+    pub end_ns: u64,
+    pub sent_ns: u64,
+    pub requests: u64,
+    pub new_tokens: u64,
+    pub first_tokens: u64,
+}
+
+/// The record-driven layout's state.
+pub struct RawLayout {
+    t0: u64,
+    pub names: ProcessNames,
+    /// Draw steps from EngineOutputs records as they come (live); otherwise
+    /// the caller passes them to [`RawLayout::step`].
+    steps_from_records: bool,
+    pub stats: RawStats,
+    thread_free_at: HashMap<(u32, u32), u64>,
+    lanes: Lanes,
+    lane_tracks: HashMap<(u32, u32, u32, u32), TrackId>,
+    steps_track: Option<TrackId>,
+    step_clock: StepClock,
+    /// Live steps: the direction steps come from (the engine's writes win
+    /// once one is seen), request ids that already got a token.
+    step_dir: Option<Dir>,
+    got_token: HashSet<String>,
+    rate: VecDeque<(u64, u64)>,
+    rate_sum: u64,
+    rate_track: Option<TrackId>,
+    server: Option<TrackId>,
+    kv_tracks: HashMap<Option<u64>, TrackId>,
+    dev_tracks: HashMap<u32, (TrackId, Option<TrackId>)>,
+    proc_mem_tracks: HashMap<(u32, u32), TrackId>,
+    /// Loss counters with a track: the track and the value last drawn.
+    pub drop_tracks: HashMap<String, (TrackId, u64)>,
+    meta_track: Option<TrackId>,
+}
+
+impl RawLayout {
+    pub fn new(t0: u64, steps_from_records: bool) -> Self {
+        RawLayout {
+            t0,
+            names: ProcessNames::default(),
+            steps_from_records,
+            stats: RawStats::default(),
+            thread_free_at: HashMap::new(),
+            lanes: Lanes::default(),
+            lane_tracks: HashMap::new(),
+            steps_track: None,
+            step_clock: StepClock::default(),
+            step_dir: None,
+            got_token: HashSet::new(),
+            rate: VecDeque::new(),
+            rate_sum: 0,
+            rate_track: None,
+            server: None,
+            kv_tracks: HashMap::new(),
+            dev_tracks: HashMap::new(),
+            proc_mem_tracks: HashMap::new(),
+            drop_tracks: HashMap::new(),
+            meta_track: None,
+        }
+    }
+
+    /// The "hopscope" root track (metadata instant, loss counters).
+    pub fn meta_track<W: Write>(&mut self, w: &mut TraceWriter<W>) -> TrackId {
+        *self.meta_track.get_or_insert_with(|| w.track(names::META_TRACK, TrackOpts { rank: Some(0), ..TrackOpts::default() }))
+    }
+
+    /// The "Server" group of counters.
+    pub fn server<W: Write>(&mut self, w: &mut TraceWriter<W>) -> TrackId {
+        *self.server.get_or_insert_with(|| w.track(names::SERVER, TrackOpts { rank: Some(4), ..TrackOpts::default() }))
+    }
+
+    pub fn process<W: Write>(&mut self, w: &mut TraceWriter<W>, pid: u32) -> TrackId {
+        w.process_track(pid, &self.names.get(pid))
+    }
+
+    fn counter_track<W: Write>(&mut self, w: &mut TraceWriter<W>, name: &str, unit: CounterUnit, parent: TrackId) -> TrackId {
+        w.counter_track(name, unit, TrackOpts { parent: Some(parent), own_sequence: true, ..TrackOpts::default() })
+    }
+
+    fn value<W: Write>(&mut self, w: &mut TraceWriter<W>, track: TrackId, ts: u64, v: CounterValue) -> Result<(), PerfettoError> {
+        if !w.in_order(track, ts) {
+            self.stats.counter_values_skipped += 1;
+            return Ok(());
+        }
+        match v {
+            CounterValue::Int(v) => w.counter(ts, track, v),
+            CounterValue::Float(v) => w.counter_f64(ts, track, v),
+        }
+    }
+
+    /// Draws what `rec` shows. `flows`: the flow ends of the record's slice
+    /// (offline only: kernels to their step).
+    pub fn push<W: Write>(&mut self, w: &mut TraceWriter<W>, rec: &Record, flows: Option<&Ends>) -> Result<(), PerfettoError> {
+        match rec {
+            Record::Proc { .. } => self.names.note(rec),
+            Record::OffCpu { ts_ns, tgid, tid, off_ns, wake_ns, prev_state } => {
+                let free_at = self.thread_free_at.get(&(*tgid, *tid)).copied().unwrap_or(0);
+                if off_ns > ts_ns || *off_ns < free_at {
+                    self.stats.offcpu_skipped += 1;
+                    return Ok(());
+                }
+                self.thread_free_at.insert((*tgid, *tid), *ts_ns);
+                // Switched out before the trace began: drawn from its start.
+                let off = (*off_ns).max(self.t0);
+                let on = (*ts_ns).max(off);
+                let name = (tid == tgid).then(|| self.names.get(*tgid));
+                self.process(w, *tgid);
+                let track = w.thread_track(*tgid, *tid, name.as_deref(), true);
+                let wake = wake_ns.filter(|wk| (*off_ns..=*ts_ns).contains(wk));
+                let mut args = Vec::with_capacity(3);
+                args.push(Arg::interned("state", state_name(*prev_state)));
+                args.push(Arg::u64("prev_state", *prev_state as u64));
+                if let Some(wk) = wake {
+                    args.push(Arg::f64("runq_delay_ms", (ts_ns - wk) as f64 / 1e6));
+                }
+                w.begin(off, track, &Event::named(names::OFF_CPU).args(&args))?;
+                if let Some(wk) = wake {
+                    w.begin(wk.max(off), track, &Event::named(names::RUN_QUEUE))?;
+                    w.end(on, track)?;
+                }
+                w.end(on, track)?;
+                self.stats.offcpu_slices += 1;
+            }
+            Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } => self.gpu(w, rec, flows)?,
+            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, .. } if self.steps_from_records => {
+                // The engine's own writes when traced, else the frontend's reads.
+                match (self.step_dir, dir) {
+                    (Some(Dir::Out), Dir::In) => return Ok(()),
+                    _ => self.step_dir = Some(*dir),
+                }
+                let built = timestamp_s.filter(|s| s.is_finite() && *s > 0.0 && *s < 1e10).map(|s| (s * 1e9).round() as u64);
+                let end_ns = built.filter(|b| b <= ts_ns).unwrap_or(*ts_ns);
+                let mut firsts = 0;
+                for o in outputs {
+                    if o.new_tokens > 0 && self.got_token.insert(o.request_id.clone()) {
+                        firsts += 1;
+                    }
+                    if o.finish_reason.is_some() {
+                        // Finished: it gets no more outputs; keeps the set small.
+                        self.got_token.remove(&o.request_id);
+                    }
+                }
+                let info = StepInfo {
+                    index: self.stats.steps + self.stats.steps_skipped,
+                    end_ns,
+                    sent_ns: *ts_ns,
+                    requests: outputs.len() as u64,
+                    new_tokens: outputs.iter().map(|o| o.new_tokens).sum(),
+                    first_tokens: firsts,
+                };
+                self.step(w, &info, None)?;
+            }
+            Record::EngineStats { ts_ns, engine_index, kv_cache_usage: Some(u), .. } => {
+                let t = match self.kv_tracks.get(engine_index) {
+                    Some(t) => *t,
+                    None => {
+                        let g = self.server(w);
+                        let name = match engine_index {
+                            Some(e) if *e > 0 => format!("{} (engine {e})", names::KV_CACHE),
+                            _ => names::KV_CACHE.to_owned(),
+                        };
+                        let t = self.counter_track(w, &name, CounterUnit::Unspecified, g);
+                        self.kv_tracks.insert(*engine_index, t);
+                        t
+                    }
+                };
+                self.value(w, t, (*ts_ns).max(self.t0), CounterValue::Float(u * 100.0))?;
+            }
+            Record::GpuSample { ts_ns, device, mem_used_bytes, process_mem, sm_util_pct, .. } => {
+                let ts = (*ts_ns).max(self.t0);
+                let (mem, sm) = match self.dev_tracks.get(device) {
+                    Some(t) => *t,
+                    None => {
+                        let g = self.server(w);
+                        let mem = self.counter_track(w, &format!("GPU {device} {}", names::GPU_MEM), CounterUnit::SizeBytes, g);
+                        self.dev_tracks.insert(*device, (mem, None));
+                        (mem, None)
+                    }
+                };
+                self.value(w, mem, ts, CounterValue::Int(i64::try_from(*mem_used_bytes).unwrap_or(i64::MAX)))?;
+                if let Some(v) = sm_util_pct {
+                    let sm = match sm {
+                        Some(t) => t,
+                        None => {
+                            let g = self.server(w);
+                            let t = self.counter_track(w, &format!("GPU {device} {}", names::SM_UTIL), CounterUnit::Unspecified, g);
+                            self.dev_tracks.insert(*device, (mem, Some(t)));
+                            t
+                        }
+                    };
+                    self.value(w, sm, ts, CounterValue::Int(*v as i64))?;
+                }
+                for (pid, bytes) in process_mem {
+                    let t = match self.proc_mem_tracks.get(&(*pid, *device)) {
+                        Some(t) => *t,
+                        None => {
+                            let parent = self.process(w, *pid);
+                            let t = self.counter_track(w, &format!("GPU {device} {}", names::GPU_MEM), CounterUnit::SizeBytes, parent);
+                            self.proc_mem_tracks.insert((*pid, *device), t);
+                            t
+                        }
+                    };
+                    self.value(w, t, ts, CounterValue::Int(i64::try_from(*bytes).unwrap_or(i64::MAX)))?;
+                }
+            }
+            Record::Drops { ts_ns, counters } => {
+                let ts = (*ts_ns).max(self.t0);
+                for (k, v) in counters {
+                    self.drop_value(w, k, ts, *v)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A loss counter's value at `ts`: its track appears when it first is
+    /// non-zero (0 at the start of the trace, then the value), and gets a
+    /// point whenever the value changes. Activity counters are not drawn.
+    pub fn drop_value<W: Write>(&mut self, w: &mut TraceWriter<W>, name: &str, ts: u64, v: u64) -> Result<(), PerfettoError> {
+        if !crate::sink::report::is_loss(name) {
+            return Ok(());
+        }
+        let v64 = i64::try_from(v).unwrap_or(i64::MAX);
+        match self.drop_tracks.get_mut(name) {
+            Some((t, shown)) if *shown != v => {
+                let t = *t;
+                *shown = v;
+                self.value(w, t, ts, CounterValue::Int(v64))?;
+            }
+            Some(_) => {}
+            None if v > 0 => {
+                let m = self.meta_track(w);
+                let t = self.counter_track(w, &format!("{}{name}", names::DROPS_PREFIX), CounterUnit::Count, m);
+                self.drop_tracks.insert(name.to_owned(), (t, v));
+                w.counter(self.t0, t, 0)?;
+                self.value(w, t, ts, CounterValue::Int(v64))?;
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn gpu<W: Write>(&mut self, w: &mut TraceWriter<W>, rec: &Record, flows: Option<&Ends>) -> Result<(), PerfettoError> {
+        let Some((ts, end, pid, device, stream)) = gpu_item(rec) else { return Ok(()) };
+        if end < ts || ts < self.t0 {
+            self.stats.gpu_skipped += 1;
+            return Ok(());
+        }
+        let Some(lane) = self.lanes.place((pid, device, stream), ts, end) else {
+            self.stats.gpu_skipped += 1;
+            return Ok(());
+        };
+        let track = match self.lane_tracks.get(&(pid, device, stream, lane)) {
+            Some(&t) => t,
+            None => {
+                let parent = self.process(w, pid);
+                let name = if lane == 0 { format!("GPU {device} stream {stream}") } else { format!("GPU {device} stream {stream} (overlap {lane})") };
+                // Kernels are most of a trace's events: a sequence per lane
+                // lets them omit the track.
+                let t = w.track(&name, TrackOpts { parent: Some(parent), own_sequence: true, ..TrackOpts::default() });
+                self.lane_tracks.insert((pid, device, stream, lane), t);
+                t
+            }
+        };
+        let (starts, ends) = flows.map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
+        match rec {
+            Record::GpuKernel { name, grid, block, graph_id, correlation_id, .. } => {
+                let (g, b) = (format!("{}x{}x{}", grid[0], grid[1], grid[2]), format!("{}x{}x{}", block[0], block[1], block[2]));
+                // Launch shapes repeat: interned. graph_id only for graph nodes.
+                let mut args = vec![Arg::interned("grid", &g), Arg::interned("block", &b), Arg::u64("correlation_id", *correlation_id as u64)];
+                if *graph_id != 0 {
+                    args.push(Arg::u64("graph_id", *graph_id as u64));
+                }
+                let name = if name.is_empty() { "<unnamed kernel>" } else { name.as_str() };
+                w.begin(ts, track, &Event::named(name).args(&args).flows(starts).terminating_flows(ends))?;
+            }
+            Record::GpuMemcpy { kind, bytes, graph_id, .. } => {
+                let args = [Arg::u64("bytes", *bytes), Arg::u64("graph_id", *graph_id as u64)];
+                w.begin(ts, track, &Event::named(memcpy_name(*kind)).args(&args))?;
+            }
+            Record::GpuMemset { bytes, .. } => {
+                let args = [Arg::u64("bytes", *bytes)];
+                w.begin(ts, track, &Event::named("memset").args(&args))?;
+            }
+            _ => {}
+        }
+        w.end(end, track)?;
+        self.stats.gpu_slices += 1;
+        Ok(())
+    }
+
+    /// Draws one engine step (in step order) and the tokens/s counter.
+    pub fn step<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &StepInfo, flows: Option<&Ends>) -> Result<(), PerfettoError> {
+        let Some((start, slice)) = self.step_clock.next(st.end_ns) else {
+            self.stats.steps_skipped += 1;
+            return Ok(());
+        };
+        let track = *self.steps_track.get_or_insert_with(|| w.track(names::STEPS, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() }));
+        let args = [
+            Arg::u64("step", st.index),
+            Arg::u64("requests", st.requests),
+            Arg::u64("new_tokens", st.new_tokens),
+            Arg::u64("first_tokens", st.first_tokens),
+            Arg::u64("sent_ns", st.sent_ns),
+        ];
+        let (starts, ends) = flows.map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
+        let ev = Event::named(names::STEP).args(&args).flows(starts).terminating_flows(ends);
+        let start = start.max(self.t0);
+        let end = st.end_ns.max(start);
+        if slice {
+            w.begin(start, track, &ev)?;
+            w.end(end, track)?;
+        } else {
+            w.instant(end, track, &ev)?;
+        }
+        self.stats.steps += 1;
+        // Tokens of the steps that ended in the last second.
+        self.rate.push_back((end, st.new_tokens));
+        self.rate_sum += st.new_tokens;
+        while let Some(&(t, n)) = self.rate.front() {
+            if t + RATE_WINDOW_NS > end {
+                break;
+            }
+            self.rate.pop_front();
+            self.rate_sum -= n;
+        }
+        let rt = match self.rate_track {
+            Some(t) => t,
+            None => {
+                let g = self.server(w);
+                let t = self.counter_track(w, names::TOKENS_PER_S, CounterUnit::Unspecified, g);
+                self.rate_track = Some(t);
+                t
+            }
+        };
+        let v = self.rate_sum as f64 * 1e9 / RATE_WINDOW_NS as f64;
+        self.value(w, rt, end, CounterValue::Float(v))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum CounterValue {
+    Int(i64),
+    Float(f64),
+}

@@ -1,0 +1,563 @@
+//! Run-level figures users compare with other tools: the latency
+//! distributions `vllm bench serve` prints (TTFT, TPOT, ITL, E2EL: mean,
+//! median, std, chosen percentiles), AgentX's P90 E2E-normalised
+//! interactivity, per-chain prefix-cache hit rates, and GPU memory peaks from
+//! the NVML samples (`source::nvml`).
+//!
+//! Definitions follow vLLM's `calculate_metrics` (`vllm/benchmarks/serve.py`,
+//! formerly `benchmarks/benchmark_serving.py`):
+//! - only successful requests count ("completed");
+//! - `tpot = (latency - ttft) / (output_len - 1)`, only for `output_len > 1`;
+//! - ITLs of every request are pooled into one list;
+//! - percentiles are `np.percentile` (linear interpolation between closest
+//!   ranks), median is the 50th, std is the population std (`np.std`);
+//! - percentile labels are `P{p}` with `p` printed as an integer when it is one.
+//!
+//! Two deliberate differences: hopscope times at the server's socket (a
+//! client's figures add its network and event loop), and a distribution with
+//! no samples is `null` where vLLM prints 0 (`np.mean([] or 0)`): unobserved is
+//! not zero. The output token count is the server's `usage.completion_tokens`
+//! (vLLM bench re-tokenises the text or uses the same usage count); requests
+//! without it are left out of TPOT and interactivity and counted.
+
+use crate::correlate::percentile;
+use crate::model::Record;
+use crate::sink::report::{ChainOut, RequestOut};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+/// What `vllm bench serve --metric-percentiles` defaults to.
+pub const DEFAULT_PERCENTILES: &[f64] = &[99.0];
+
+/// One latency distribution, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Dist {
+    pub n: usize,
+    pub mean: f64,
+    pub median: f64,
+    pub std: f64,
+    /// `"p99"` → value (keys as vLLM names them: `p99`, `p99.9`).
+    pub percentiles: BTreeMap<String, f64>,
+}
+
+/// Prefix-cache hit rate of one chain: cached / prompt tokens over the hops
+/// where both are known.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChainHitRate {
+    pub chain: String,
+    pub cached_tokens: u64,
+    pub prompt_tokens: u64,
+    pub hit_rate: Option<f64>,
+    /// Hops left out because their cached or prompt count is unknown.
+    pub hops_unknown: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Generation requests with a 2xx status and a known end (vLLM's
+    /// "successful"; see [`is_completed`]).
+    pub completed: usize,
+    /// Requests left out: error status, no status, no end seen, or not a
+    /// generation (no first token and no token count: `/health`, …).
+    pub not_completed: usize,
+    /// First arrival to last end of the completed requests, seconds.
+    pub duration_s: Option<f64>,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    /// Completed requests without `usage` token counts (out of TPOT,
+    /// interactivity and the token totals).
+    pub tokens_unknown: usize,
+    pub request_throughput: Option<f64>,
+    pub output_throughput: Option<f64>,
+    pub total_token_throughput: Option<f64>,
+    /// The percentiles computed for every distribution.
+    pub percentiles: Vec<f64>,
+    pub ttft_ms: Option<Dist>,
+    pub tpot_ms: Option<Dist>,
+    pub itl_ms: Option<Dist>,
+    pub e2el_ms: Option<Dist>,
+    /// AgentX: 1 / p90(E2E / output tokens), tokens per second.
+    pub interactivity_p90_tok_s: Option<f64>,
+    pub chains: Vec<ChainHitRate>,
+    /// NVML samples in the recording, and the largest GPU memory of the
+    /// traced processes over them (null without samples).
+    pub gpu_samples: u64,
+    pub peak_gpu_mem_bytes: Option<u64>,
+}
+
+/// `np.percentile`'s label: `99` → `p99`, `99.9` → `p99.9`.
+pub fn percentile_key(p: f64) -> String {
+    if p.fract() == 0.0 {
+        format!("p{}", p as i64)
+    } else {
+        format!("p{p}")
+    }
+}
+
+/// Parses one percentile of `--percentiles 50,90,99` (0..=100).
+pub fn parse_percentile(s: &str) -> Result<f64, String> {
+    let part = s.trim();
+    let p: f64 = part.parse().map_err(|_| format!("invalid percentile {part:?}: expected numbers like 50,90,99"))?;
+    if !(0.0..=100.0).contains(&p) {
+        return Err(format!("percentile {p} is outside 0..100"));
+    }
+    Ok(p)
+}
+
+/// Parses `50,90,99` (each in 0..=100).
+pub fn parse_percentiles(s: &str) -> Result<Vec<f64>, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        v.push(parse_percentile(part)?);
+    }
+    if v.is_empty() {
+        return Err("no percentiles given: expected e.g. 50,90,99".into());
+    }
+    Ok(v)
+}
+
+/// Mean, median, population std and the percentiles of `xs`; `None` when empty.
+pub fn dist(xs: &[f64], percentiles: &[f64]) -> Option<Dist> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut s = xs.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let mean = s.iter().sum::<f64>() / n as f64;
+    let var = s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+    Some(Dist {
+        n,
+        mean,
+        median: percentile(&s, 50.0)?,
+        std: var.sqrt(),
+        percentiles: percentiles.iter().filter_map(|&p| Some((percentile_key(p), percentile(&s, p)?))).collect(),
+    })
+}
+
+/// vLLM's TPOT of one request, ms: `(e2e - ttft) / (output_tokens - 1)` when
+/// more than one token came out.
+pub fn tpot_ms(e2e_ms: f64, ttft_ms: f64, output_tokens: u64) -> Option<f64> {
+    (output_tokens > 1).then(|| (e2e_ms - ttft_ms) / (output_tokens - 1) as f64)
+}
+
+/// The figures of one request the summary needs (a view of [`RequestOut`]).
+#[derive(Debug, Clone, Default)]
+pub struct ReqView<'a> {
+    pub id: &'a str,
+    pub status: Option<u16>,
+    pub arrive_ns: u64,
+    pub done_ns: Option<u64>,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+    pub itl_ms: &'a [f64],
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub peak_gpu_mem_bytes: Option<u64>,
+}
+
+impl<'a> From<&'a RequestOut> for ReqView<'a> {
+    fn from(q: &'a RequestOut) -> Self {
+        ReqView {
+            id: &q.id,
+            status: q.status,
+            arrive_ns: q.arrive_ns,
+            done_ns: q.done_ns,
+            ttft_ms: q.ttft_ms,
+            e2e_ms: q.e2e_ms,
+            itl_ms: &q.itl_ms,
+            prompt_tokens: q.prompt_tokens,
+            completion_tokens: q.completion_tokens,
+            cached_tokens: q.cached_tokens,
+            peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
+        }
+    }
+}
+
+/// A chain: its key and its hops' request ids, in order.
+#[derive(Debug, Clone)]
+pub struct ChainView<'a> {
+    pub chain: &'a str,
+    pub hops: &'a [String],
+}
+
+fn completed(q: &ReqView) -> bool {
+    is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)
+}
+
+/// vLLM bench's "successful request", for a server that also answers other
+/// paths: a 2xx with a known end that generated (a first token or a token
+/// count); `/health`, `/metrics` and the like are left out with the failures.
+pub fn is_completed(status: Option<u16>, e2e_ms: Option<f64>, ttft_ms: Option<f64>, completion_tokens: Option<u64>) -> bool {
+    status.is_some_and(|s| (200..300).contains(&s)) && e2e_ms.is_some() && (ttft_ms.is_some() || completion_tokens.is_some())
+}
+
+/// The summary of a report's requests and chains (chains keyed by their
+/// connection alone, with one hop, are not chains users asked about and are
+/// left out, as in the text report).
+pub fn compute(requests: &[RequestOut], chains: &[ChainOut], percentiles: &[f64]) -> Summary {
+    let reqs: Vec<ReqView> = requests.iter().map(ReqView::from).collect();
+    let chains: Vec<ChainView> = chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection").map(|c| ChainView { chain: &c.chain, hops: &c.hops }).collect();
+    compute_views(&reqs, &chains, percentiles)
+}
+
+/// [`compute`] on views.
+pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[f64]) -> Summary {
+    let done: Vec<&ReqView> = requests.iter().filter(|q| completed(q)).collect();
+    let mut ttfts = Vec::new();
+    let mut tpots = Vec::new();
+    let mut itls = Vec::new();
+    let mut e2els = Vec::new();
+    let mut per_token_s = Vec::new();
+    let (mut total_in, mut total_out, mut tokens_unknown) = (0u64, 0u64, 0usize);
+    for q in &done {
+        let e2e = q.e2e_ms.unwrap_or_default();
+        e2els.push(e2e);
+        if let Some(t) = q.ttft_ms {
+            ttfts.push(t);
+        }
+        itls.extend_from_slice(q.itl_ms);
+        match (q.prompt_tokens, q.completion_tokens) {
+            (Some(i), Some(o)) => {
+                total_in += i;
+                total_out += o;
+            }
+            _ => tokens_unknown += 1,
+        }
+        if let Some(o) = q.completion_tokens {
+            if let Some(t) = q.ttft_ms.and_then(|t| tpot_ms(e2e, t, o)) {
+                tpots.push(t);
+            }
+            if o > 0 {
+                per_token_s.push(e2e / 1e3 / o as f64);
+            }
+        }
+    }
+    let first = done.iter().map(|q| q.arrive_ns).min();
+    let last = done.iter().filter_map(|q| q.done_ns).max();
+    let duration_s = match (first, last) {
+        (Some(f), Some(l)) if l > f => Some((l - f) as f64 / 1e9),
+        _ => None,
+    };
+    let rate = |x: f64| duration_s.map(|d| x / d);
+    per_token_s.sort_by(f64::total_cmp);
+    Summary {
+        completed: done.len(),
+        not_completed: requests.len() - done.len(),
+        duration_s,
+        total_input_tokens: total_in,
+        total_output_tokens: total_out,
+        tokens_unknown,
+        request_throughput: rate(done.len() as f64),
+        output_throughput: rate(total_out as f64),
+        total_token_throughput: rate((total_in + total_out) as f64),
+        percentiles: percentiles.to_vec(),
+        ttft_ms: dist(&ttfts, percentiles),
+        tpot_ms: dist(&tpots, percentiles),
+        itl_ms: dist(&itls, percentiles),
+        e2el_ms: dist(&e2els, percentiles),
+        interactivity_p90_tok_s: percentile(&per_token_s, 90.0).filter(|p| *p > 0.0).map(|p| 1.0 / p),
+        chains: chains.iter().map(|c| chain_hit_rate(c, requests)).collect(),
+        gpu_samples: 0,
+        peak_gpu_mem_bytes: requests.iter().filter_map(|q| q.peak_gpu_mem_bytes).max(),
+    }
+}
+
+fn chain_hit_rate(c: &ChainView, requests: &[ReqView]) -> ChainHitRate {
+    let by_id: HashMap<&str, &ReqView> = requests.iter().map(|q| (q.id, q)).collect();
+    let (mut cached, mut prompt, mut unknown) = (0u64, 0u64, 0usize);
+    for id in c.hops {
+        match by_id.get(id.as_str()).and_then(|q| Some((q.cached_tokens?, q.prompt_tokens?))) {
+            Some((ca, p)) => {
+                cached += ca;
+                prompt += p;
+            }
+            None => unknown += 1,
+        }
+    }
+    ChainHitRate {
+        chain: c.chain.to_owned(),
+        cached_tokens: cached,
+        prompt_tokens: prompt,
+        hit_rate: (prompt > 0).then(|| cached as f64 / prompt as f64),
+        hops_unknown: unknown,
+    }
+}
+
+/// How long an NVML sample taken before a request arrived still describes the
+/// memory at its arrival (memory is a level; a request shorter than the
+/// sampling period would otherwise see no sample at all).
+pub const SAMPLE_MAX_AGE_NS: u64 = 1_000_000_000;
+
+/// GPU memory of the traced processes over time, from `Record::GpuSample`:
+/// one point per sampling instant, summed over devices and processes.
+#[derive(Debug, Default, Clone)]
+pub struct GpuMemIndex {
+    points: BTreeMap<u64, u64>,
+    samples: u64,
+}
+
+impl GpuMemIndex {
+    pub fn ingest(&mut self, r: &Record) {
+        if let Record::GpuSample { ts_ns, process_mem, .. } = r {
+            self.samples += 1;
+            *self.points.entry(*ts_ns).or_default() += process_mem.iter().map(|(_, b)| b).sum::<u64>();
+        }
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Largest traced-process GPU memory between `from_ns` and `to_ns`,
+    /// counting the level in effect at `from_ns` (the last earlier sample, if
+    /// younger than [`SAMPLE_MAX_AGE_NS`]).
+    pub fn peak(&self, from_ns: u64, to_ns: u64) -> Option<u64> {
+        let inside = self.points.range(from_ns..=to_ns.max(from_ns)).map(|(_, b)| *b).max();
+        let before = self.points.range(..from_ns).next_back().filter(|(t, _)| from_ns - **t <= SAMPLE_MAX_AGE_NS).map(|(_, b)| *b);
+        inside.max(before)
+    }
+
+    /// Fills each request's `peak_gpu_mem_bytes` and the summary's GPU figures.
+    pub fn apply(&self, requests: &mut [RequestOut], summary: &mut Summary) {
+        if self.samples == 0 {
+            return;
+        }
+        for q in requests.iter_mut() {
+            q.peak_gpu_mem_bytes = self.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
+        }
+        summary.gpu_samples = self.samples;
+        summary.peak_gpu_mem_bytes = self.points.values().copied().max();
+    }
+}
+
+fn line(s: &mut String, label: &str, v: impl std::fmt::Display) {
+    let _ = writeln!(s, "{:<40} {:<10}", label, v);
+}
+
+fn f2(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.2}"))
+}
+
+/// The summary in `vllm bench serve`'s layout (50-column banners, `{:<40}`
+/// labels, two decimals).
+pub fn render_text(sm: &Summary) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:=^50}", " Serving Summary (hopscope, server side) ");
+    line(&mut s, "Successful requests:", sm.completed);
+    line(&mut s, "Other requests (failed, unfinished, …):", sm.not_completed);
+    line(&mut s, "Duration (s):", f2(sm.duration_s));
+    line(&mut s, "Total input tokens:", sm.total_input_tokens);
+    line(&mut s, "Total generated tokens:", sm.total_output_tokens);
+    if sm.tokens_unknown > 0 {
+        line(&mut s, "Requests without token counts:", sm.tokens_unknown);
+    }
+    line(&mut s, "Request throughput (req/s):", f2(sm.request_throughput));
+    line(&mut s, "Output token throughput (tok/s):", f2(sm.output_throughput));
+    line(&mut s, "Total Token throughput (tok/s):", f2(sm.total_token_throughput));
+    for (title, short, d) in [
+        ("Time to First Token", "TTFT", &sm.ttft_ms),
+        ("Time per Output Token (excl. 1st token)", "TPOT", &sm.tpot_ms),
+        ("Inter-token Latency", "ITL", &sm.itl_ms),
+        ("End-to-end Latency", "E2EL", &sm.e2el_ms),
+    ] {
+        let _ = writeln!(s, "{:-^50}", title);
+        match d {
+            None => line(&mut s, &format!("{short} (ms):"), "-"),
+            Some(d) => {
+                line(&mut s, &format!("Mean {short} (ms):"), format!("{:.2}", d.mean));
+                line(&mut s, &format!("Median {short} (ms):"), format!("{:.2}", d.median));
+                for p in &sm.percentiles {
+                    let k = percentile_key(*p);
+                    if let Some(v) = d.percentiles.get(&k) {
+                        line(&mut s, &format!("P{} {short} (ms):", &k[1..]), format!("{v:.2}"));
+                    }
+                }
+            }
+        }
+    }
+    let _ = writeln!(s, "{:-^50}", "Interactivity (AgentX)");
+    line(&mut s, "P90 E2E-normalised (tok/s):", f2(sm.interactivity_p90_tok_s));
+    if !sm.chains.is_empty() {
+        let _ = writeln!(s, "{:-^50}", "Prefix cache hit rate per chain");
+        for c in &sm.chains {
+            let v = c.hit_rate.map_or_else(|| "-".into(), |h| format!("{:.2}%", h * 100.0));
+            line(&mut s, &format!("{}:", trunc(&c.chain, 38)), v);
+        }
+    }
+    if sm.gpu_samples > 0 {
+        let _ = writeln!(s, "{:-^50}", "GPU memory (NVML)");
+        line(&mut s, "Samples:", sm.gpu_samples);
+        line(&mut s, "Peak traced-process memory (MiB):", sm.peak_gpu_mem_bytes.map_or_else(|| "-".into(), |b| format!("{:.1}", b as f64 / (1u64 << 20) as f64)));
+    }
+    let _ = writeln!(s, "{}", "=".repeat(50));
+    s
+}
+
+fn trunc(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[allow(clippy::too_many_arguments)]
+    fn req<'a>(id: &'a str, status: u16, arrive_ms: u64, e2e_ms: Option<f64>, ttft_ms: f64, itl: &'a [f64], tokens: (u64, u64), cached: Option<u64>) -> ReqView<'a> {
+        ReqView {
+            id,
+            status: Some(status),
+            arrive_ns: arrive_ms * 1_000_000,
+            done_ns: e2e_ms.map(|e| arrive_ms * 1_000_000 + (e * 1e6) as u64),
+            ttft_ms: Some(ttft_ms),
+            e2e_ms,
+            itl_ms: itl,
+            prompt_tokens: Some(tokens.0),
+            completion_tokens: Some(tokens.1),
+            cached_tokens: cached,
+            peak_gpu_mem_bytes: None,
+        }
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() < 1e-9, "{a} != {b}");
+    }
+
+    fn example() -> Summary {
+        let hops = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let reqs = [
+            req("a", 200, 1000, Some(500.0), 100.0, &[10.0, 20.0, 30.0], (100, 5), Some(50)),
+            req("b", 200, 1200, Some(800.0), 200.0, &[40.0], (200, 2), Some(0)),
+            req("c", 200, 1300, Some(100.0), 100.0, &[], (10, 1), None),
+            req("d", 500, 1100, Some(5.0), 5.0, &[], (10, 0), None),
+            req("e", 200, 1400, None, 50.0, &[99.0], (10, 3), None),
+            // GET /health: 200, an end, but nothing generated.
+            ReqView { id: "h", status: Some(200), arrive_ns: 900_000_000, done_ns: Some(3_000_000_000), e2e_ms: Some(2100.0), ..ReqView::default() },
+        ];
+        let leaked: &'static [String] = Box::leak(hops.into_boxed_slice());
+        compute_views(&reqs, &[ChainView { chain: "s1", hops: leaked }], &[50.0, 90.0, 99.0])
+    }
+
+    #[test]
+    fn summary_follows_vllm_bench_definitions_on_hand_computed_numbers() {
+        let s = example();
+        // d (HTTP 500), e (no end) and h (nothing generated) are not successful requests.
+        assert_eq!((s.completed, s.not_completed), (3, 3));
+        assert_eq!((s.total_input_tokens, s.total_output_tokens), (310, 8));
+        close(s.duration_s.unwrap(), 1.0);
+        close(s.request_throughput.unwrap(), 3.0);
+        close(s.output_throughput.unwrap(), 8.0);
+        close(s.total_token_throughput.unwrap(), 318.0);
+        // TPOT: a (500-100)/(5-1) = 100, b (800-200)/(2-1) = 600; c has one token.
+        let t = s.tpot_ms.as_ref().unwrap();
+        assert_eq!(t.n, 2);
+        close(t.mean, 350.0);
+        close(t.median, 350.0);
+        close(t.std, 250.0);
+        close(t.percentiles["p99"], 595.0); // 100 + 0.99 * 500
+        // TTFT [100, 100, 200].
+        let f = s.ttft_ms.as_ref().unwrap();
+        close(f.mean, 400.0 / 3.0);
+        close(f.median, 100.0);
+        close(f.std, (20000.0f64 / 9.0).sqrt());
+        close(f.percentiles["p99"], 198.0);
+        close(f.percentiles["p90"], 180.0);
+        // ITL pooled over requests: [10, 20, 30, 40].
+        let i = s.itl_ms.as_ref().unwrap();
+        assert_eq!(i.n, 4);
+        close(i.mean, 25.0);
+        close(i.median, 25.0);
+        close(i.percentiles["p90"], 37.0);
+        close(i.percentiles["p99"], 39.7);
+        // E2EL [100, 500, 800].
+        let e = s.e2el_ms.as_ref().unwrap();
+        close(e.median, 500.0);
+        close(e.percentiles["p99"], 794.0);
+        // AgentX: E2E/token = [0.1, 0.4, 0.1] s; p90 = 0.1 + 0.8 * 0.3 = 0.34.
+        close(s.interactivity_p90_tok_s.unwrap(), 1.0 / 0.34);
+        // Chain: (50 + 0) cached of (100 + 200) prompt; c's cached count is unknown.
+        assert_eq!(s.chains.len(), 1);
+        assert_eq!((s.chains[0].cached_tokens, s.chains[0].prompt_tokens, s.chains[0].hops_unknown), (50, 300, 1));
+        close(s.chains[0].hit_rate.unwrap(), 1.0 / 6.0);
+    }
+
+    #[test]
+    fn summary_of_nothing_is_null_not_zero() {
+        let s = compute_views(&[], &[], DEFAULT_PERCENTILES);
+        assert_eq!(s.completed, 0);
+        assert!(s.ttft_ms.is_none() && s.tpot_ms.is_none() && s.itl_ms.is_none() && s.e2el_ms.is_none());
+        assert!(s.duration_s.is_none() && s.request_throughput.is_none() && s.interactivity_p90_tok_s.is_none());
+    }
+
+    #[test]
+    fn summary_percentile_labels_and_parsing_match_vllm() {
+        assert_eq!(percentile_key(99.0), "p99");
+        assert_eq!(percentile_key(99.9), "p99.9");
+        assert_eq!(parse_percentiles("50, 90,99.9").unwrap(), vec![50.0, 90.0, 99.9]);
+        assert!(parse_percentiles("101").unwrap_err().contains("outside"));
+        assert!(parse_percentiles("x").unwrap_err().contains("invalid percentile"));
+        assert!(parse_percentiles("").is_err());
+        assert_eq!(tpot_ms(500.0, 100.0, 1), None);
+        assert_eq!(tpot_ms(500.0, 100.0, 0), None);
+        assert_eq!(tpot_ms(500.0, 100.0, 3), Some(200.0));
+    }
+
+    #[test]
+    fn summary_text_uses_vllm_bench_layout() {
+        let t = render_text(&example());
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0].chars().count(), 50);
+        assert!(lines[0].starts_with("====") && lines[0].contains("Serving Summary"));
+        assert!(lines.contains(&format!("{:<40} {:<10}", "Successful requests:", 3).as_str()));
+        assert!(lines.contains(&"-----Time per Output Token (excl. 1st token)------"));
+        assert!(lines.contains(&format!("{:<40} {:<10}", "Mean TPOT (ms):", "350.00").as_str()));
+        assert!(lines.contains(&format!("{:<40} {:<10}", "Median TTFT (ms):", "100.00").as_str()));
+        assert!(lines.contains(&format!("{:<40} {:<10}", "P99 ITL (ms):", "39.70").as_str()));
+        assert!(lines.contains(&format!("{:<40} {:<10}", "P90 E2EL (ms):", "740.00").as_str()));
+        assert!(lines.contains(&format!("{:<40} {:<10}", "s1:", "16.67%").as_str()));
+        assert_eq!(*lines.last().unwrap(), "=".repeat(50));
+    }
+
+    fn sample(ts_ns: u64, device: u32, process_mem: Vec<(u32, u64)>) -> Record {
+        Record::GpuSample {
+            ts_ns,
+            device,
+            mem_used_bytes: 0,
+            mem_total_bytes: 0,
+            process_mem,
+            sm_util_pct: None,
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        }
+    }
+
+    #[test]
+    fn summary_gpu_peak_sums_devices_per_instant_and_counts_the_level_at_arrival() {
+        let mut g = GpuMemIndex::default();
+        // One instant, two devices: 600 + 400 traced bytes.
+        g.ingest(&sample(S * 9 / 10, 0, vec![(10, 600)]));
+        g.ingest(&sample(S * 9 / 10, 1, vec![(10, 300), (11, 100)]));
+        g.ingest(&sample(S * 11 / 10, 0, vec![(10, 1500)]));
+        g.ingest(&sample(S * 16 / 10, 0, vec![(10, 3000)]));
+        assert_eq!(g.samples(), 4);
+        assert_eq!(g.peak(S, S * 15 / 10), Some(1500));
+        // Shorter than the period: the level at arrival (0.1 s old).
+        assert_eq!(g.peak(S, S + 1), Some(1000));
+        // The last sample is 1.4 s older than the request: not its level.
+        assert_eq!(g.peak(3 * S, 3 * S + 1), None);
+        assert_eq!(g.peak(S * 15 / 10, 2 * S), Some(3000));
+    }
+}

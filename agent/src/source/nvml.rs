@@ -1,0 +1,366 @@
+//! NVML sampling: per-device GPU memory, per-traced-process GPU memory, SM and
+//! memory-controller utilisation and PCIe throughput, every `--nvml-period`,
+//! as `Record::GpuSample`.
+//!
+//! NVML is loaded at run time (nvml-wrapper, libloading): a machine without the
+//! NVIDIA driver gets one note and records everything else as usual. The
+//! sampler runs on its own thread and hands records over a bounded channel
+//! that the main loop drains without waiting, so a slow NVML call (they take
+//! milliseconds on some drivers) never holds up the pipeline; a full channel
+//! drops the sample and counts it.
+//!
+//! NVLink throughput stays `None`: the aggregate NVLink counters are field
+//! values with `scopeId = UINT_MAX`, which nvml-wrapper 0.13's
+//! `field_values_for` cannot set (it always asks for link 0), and the older
+//! per-link utilisation counters are gone on Hopper.
+//!
+//! Process ids come from NVML in the host's pid namespace; inside a container
+//! whose pid namespace differs they match no traced pid (docs/deploy.md).
+
+use crate::model::Record;
+use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Environment variable naming the NVML library to load instead of the
+/// driver's `libnvidia-ml.so.1` (tests point it at the NVML test double).
+pub const LIB_ENV: &str = "HOPSCOPE_NVML_LIB";
+
+/// The driver's NVML: the versioned name exists wherever the driver is
+/// installed (the bare `.so` only with development packages).
+pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+
+/// Default `--nvml-period`.
+pub const DEFAULT_PERIOD: Duration = Duration::from_millis(100);
+
+/// Samples waiting for the main loop; past this they are dropped and counted.
+const CHANNEL_CAP: usize = 4096;
+
+#[derive(Debug, Clone)]
+pub struct NvmlConfig {
+    pub period: Duration,
+    /// Library to load; `None`: `$HOPSCOPE_NVML_LIB`, else [`DEFAULT_LIB`].
+    pub lib: Option<PathBuf>,
+    /// Traced processes from the first sample on ([`NvmlSampler::set_traced`] updates them).
+    pub traced: Vec<u32>,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig { period: DEFAULT_PERIOD, lib: None, traced: Vec::new() }
+    }
+}
+
+/// The library `cfg` would load.
+pub fn lib_path(cfg_lib: Option<&std::path::Path>) -> PathBuf {
+    cfg_lib.map(PathBuf::from).or_else(|| std::env::var_os(LIB_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(DEFAULT_LIB))
+}
+
+/// Why NVML cannot be used, in words that say what to do.
+pub fn explain(lib: &std::path::Path, e: &NvmlError) -> String {
+    match e {
+        NvmlError::LibloadingError(_) => format!("no NVIDIA driver here ({} cannot be loaded): recording without GPU samples", lib.display()),
+        NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded (nvidia-smi fails too?): recording without GPU samples".into(),
+        NvmlError::NoPermission => "NVML says no permission: give hopscope access to /dev/nvidia* (the GPU device nodes): recording without GPU samples".into(),
+        NvmlError::FailedToLoadSymbol(s) => format!("{} lacks NVML function {s} (driver too old?): recording without GPU samples", lib.display()),
+        other => format!("NVML failed to start ({other}): recording without GPU samples"),
+    }
+}
+
+/// Facts about NVML on this machine (for `hopscope doctor`).
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub lib: PathBuf,
+    /// Driver version and device names, or why NVML is unusable.
+    pub result: Result<(String, Vec<String>), String>,
+}
+
+/// Loads NVML, reads the driver version and device names, unloads it.
+pub fn probe(lib: Option<&std::path::Path>) -> Probe {
+    let lib = lib_path(lib);
+    let result = init(&lib).map_err(|e| explain(&lib, &e)).and_then(|nvml| {
+        let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+        let n = nvml.device_count().map_err(|e| format!("NVML loaded but listing devices failed: {e}"))?;
+        let names = (0..n).map(|i| nvml.device_by_index(i).and_then(|d| d.name()).unwrap_or_else(|e| format!("<{e}>"))).collect();
+        Ok((driver, names))
+    });
+    Probe { lib, result }
+}
+
+fn init(lib: &std::path::Path) -> Result<Nvml, NvmlError> {
+    Nvml::builder().lib_path(OsStr::new(lib.as_os_str())).init()
+}
+
+#[derive(Default)]
+struct Stats {
+    samples: AtomicU64,
+    sample_errors: AtomicU64,
+    field_errors: AtomicU64,
+    dropped: AtomicU64,
+    devices: AtomicU64,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    traced: RwLock<HashSet<u32>>,
+    notes: Mutex<Vec<String>>,
+    stats: Stats,
+}
+
+/// A running sampler.
+pub struct NvmlSampler {
+    shared: Arc<Shared>,
+    rx: Receiver<Record>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl NvmlSampler {
+    /// Starts the sampling thread. NVML is loaded there; whether it worked
+    /// comes back as a note ([`NvmlSampler::take_notes`]), never as an error:
+    /// a machine without a GPU records everything else.
+    pub fn start(cfg: NvmlConfig) -> std::io::Result<NvmlSampler> {
+        let shared = Arc::new(Shared { stop: AtomicBool::new(false), traced: RwLock::new(cfg.traced.iter().copied().collect()), notes: Mutex::new(Vec::new()), stats: Stats::default() });
+        let (tx, rx) = sync_channel(CHANNEL_CAP);
+        let sh = Arc::clone(&shared);
+        let thread = std::thread::Builder::new().name("hopscope-nvml".into()).spawn(move || run(cfg, sh, tx))?;
+        Ok(NvmlSampler { shared, rx, thread: Some(thread) })
+    }
+
+    /// The processes whose GPU memory is kept (the traced tree).
+    pub fn set_traced(&self, pids: impl IntoIterator<Item = u32>) {
+        let mut t = self.shared.traced.write().unwrap_or_else(|e| e.into_inner());
+        t.clear();
+        t.extend(pids);
+    }
+
+    /// Hands every sample taken so far to `f`, without waiting.
+    pub fn drain(&self, mut f: impl FnMut(Record)) {
+        while let Ok(r) = self.rx.try_recv() {
+            f(r);
+        }
+    }
+
+    pub fn take_notes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.shared.notes.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// `nvml_*` counters: samples written (activity), failed samples, fields
+    /// that failed (other than "not supported"), samples dropped on a full
+    /// channel.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let s = &self.shared.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("nvml_devices".into(), get(&s.devices)),
+            ("nvml_samples".into(), get(&s.samples)),
+            ("nvml_sample_errors".into(), get(&s.sample_errors)),
+            ("nvml_field_errors".into(), get(&s.field_errors)),
+            ("nvml_samples_dropped".into(), get(&s.dropped)),
+        ]
+    }
+
+    /// Stops the thread and hands over what it still held.
+    pub fn shutdown(&mut self, f: impl FnMut(Record)) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.drain(f);
+    }
+}
+
+impl Drop for NvmlSampler {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn note(sh: &Shared, s: String) {
+    sh.notes.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+}
+
+fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
+    let lib = lib_path(cfg.lib.as_deref());
+    let nvml = match init(&lib) {
+        Ok(n) => n,
+        Err(e) => return note(&sh, format!("nvml: {}", explain(&lib, &e))),
+    };
+    let devices: Vec<(u32, Device)> = match nvml.device_count() {
+        Ok(n) => (0..n)
+            .filter_map(|i| match nvml.device_by_index(i) {
+                Ok(d) => Some((i, d)),
+                Err(e) => {
+                    note(&sh, format!("nvml: device {i} is not usable ({e}): not sampled"));
+                    None
+                }
+            })
+            .collect(),
+        Err(e) => return note(&sh, format!("nvml: listing GPUs failed ({e}): recording without GPU samples")),
+    };
+    sh.stats.devices.store(devices.len() as u64, Ordering::Relaxed);
+    let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+    note(&sh, format!("nvml: sampling {} GPU(s) every {} ms (driver {driver})", devices.len(), cfg.period.as_millis()));
+    let period_ns = cfg.period.as_nanos() as u64;
+    let mut next = crate::sys::monotonic_ns();
+    while !sh.stop.load(Ordering::Relaxed) {
+        // One timestamp per tick for every device: the report sums devices per instant.
+        let ts_ns = crate::sys::monotonic_ns();
+        let traced = sh.traced.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for (i, d) in &devices {
+            match sample(*i, d, ts_ns, &traced, &sh.stats) {
+                Some(r) => match tx.try_send(r) {
+                    Ok(()) => {
+                        sh.stats.samples.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TrySendError::Full(_)) => {
+                        sh.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TrySendError::Disconnected(_)) => return,
+                },
+                None => {
+                    sh.stats.sample_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // Fixed-rate ticks; a tick that overran starts the next one at once
+        // rather than bunching up to catch up.
+        next = next.saturating_add(period_ns).max(crate::sys::monotonic_ns());
+        while !sh.stop.load(Ordering::Relaxed) {
+            let now = crate::sys::monotonic_ns();
+            if now >= next {
+                break;
+            }
+            std::thread::sleep(Duration::from_nanos((next - now).min(20_000_000)));
+        }
+    }
+}
+
+/// A field NVML may not support on a device: `None` then, counted when it
+/// failed for another reason.
+fn field<T>(r: Result<T, NvmlError>, stats: &Stats) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(NvmlError::NotSupported) => None,
+        Err(_) => {
+            stats.field_errors.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// One device's sample; `None` when even its memory could not be read.
+fn sample(device: u32, d: &Device, ts_ns: u64, traced: &HashSet<u32>, stats: &Stats) -> Option<Record> {
+    let mem = d.memory_info().ok()?;
+    let process_mem = field(d.running_compute_processes(), stats)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| traced.contains(&p.pid))
+        .filter_map(|p| match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => Some((p.pid, b)),
+            UsedGpuMemory::Unavailable => None,
+        })
+        .collect();
+    let util = field(d.utilization_rates(), stats);
+    Some(Record::GpuSample {
+        ts_ns,
+        device,
+        mem_used_bytes: mem.used,
+        mem_total_bytes: mem.total,
+        process_mem,
+        sm_util_pct: util.as_ref().map(|u| u.gpu),
+        mem_util_pct: util.as_ref().map(|u| u.memory),
+        pcie_tx_kib_s: field(d.pcie_throughput(PcieUtilCounter::Send), stats),
+        pcie_rx_kib_s: field(d.pcie_throughput(PcieUtilCounter::Receive), stats),
+        nvlink_tx_kib_s: None,
+        nvlink_rx_kib_s: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvml_absent_library_is_a_note_not_an_error() {
+        let p = probe(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")));
+        let e = p.result.unwrap_err();
+        assert!(e.contains("no NVIDIA driver here") && e.contains("/nonexistent/libnvidia-ml.so.1"), "{e}");
+        let mut s = NvmlSampler::start(NvmlConfig { period: Duration::from_millis(10), lib: Some("/nonexistent/libnvidia-ml.so.1".into()), traced: vec![1] }).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut notes = Vec::new();
+        while notes.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            notes = s.take_notes();
+        }
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("nvml: no NVIDIA driver here"), "{notes:?}");
+        let mut n = 0;
+        s.shutdown(|_| n += 1);
+        assert_eq!(n, 0);
+        assert_eq!(s.counters().iter().map(|(_, v)| v).sum::<u64>(), 0);
+    }
+
+    #[test]
+    fn nvml_samples_never_pass_kernel_events_still_in_the_reorder_window() {
+        use crate::event::{KEvent, SchedEvent};
+        use crate::pipeline::Pipeline;
+        use crate::recording::{Meta, Reader, Writer};
+        let meta = Meta { format_version: crate::recording::FORMAT_VERSION, start_ns: 1, ..Meta::default() };
+        let mut p = Pipeline::new(Default::default(), Writer::new(Vec::new(), &meta).unwrap());
+        let off = |ts: u64| KEvent::Sched(SchedEvent { ts_ns: ts, tgid: 1, tid: 1, off_ns: ts - 1, wake_ns: None, prev_state: 1, cpu: 0 });
+        let smp = |ts_ns: u64| Record::GpuSample {
+            ts_ns,
+            device: 0,
+            mem_used_bytes: 1,
+            mem_total_bytes: 2,
+            process_mem: vec![(1, 5)],
+            sm_util_pct: None,
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        };
+        const MS: u64 = 1_000_000;
+        let base = 10_000 * MS;
+        for t in [0, 5, 10] {
+            p.push(off(base + t * MS)).unwrap();
+        }
+        // Taken at +12 ms while the +0…+10 ms events are still held: it waits for them,
+        // and for the +15 ms event that arrives after it.
+        p.push_sample(smp(base + 12 * MS));
+        p.push(off(base + 15 * MS)).unwrap();
+        p.tick(base + 100 * MS, &[]).unwrap();
+        p.push_sample(smp(base + 200 * MS));
+        p.push(off(base + 190 * MS)).unwrap();
+        let (bytes, _) = p.finish(base + 1_000 * MS, &[]).unwrap();
+        let mut rd = Reader::new(&bytes[..]).unwrap();
+        let mut seen = Vec::new();
+        while let Some(r) = rd.next_record().unwrap() {
+            if !matches!(r, Record::Drops { .. }) {
+                seen.push((r.ts_ns() - base) / MS);
+            }
+        }
+        assert_eq!(seen, [0, 5, 10, 12, 15, 190, 200], "samples in time order with the kernel events");
+    }
+
+    #[test]
+    fn nvml_lib_path_prefers_the_option_then_the_default() {
+        assert_eq!(lib_path(Some(std::path::Path::new("/x/libnvml.so"))), PathBuf::from("/x/libnvml.so"));
+        if std::env::var_os(LIB_ENV).is_none() {
+            assert_eq!(lib_path(None), PathBuf::from(DEFAULT_LIB));
+        }
+    }
+}

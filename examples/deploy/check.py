@@ -1,0 +1,31 @@
+"""Static checks of the deployment examples (there is no cluster in CI): the pod spec parses,
+has the shape docs/deploy.md describes, and asks for no more privilege than documented."""
+
+import pathlib
+import sys
+
+import yaml
+
+HERE = pathlib.Path(__file__).parent
+
+
+def main() -> int:
+    pod = yaml.safe_load((HERE / "kubernetes/vllm-with-hopscope.yaml").read_text())
+    assert pod["kind"] == "Pod" and pod["spec"]["hostPID"] is True
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    agent = containers["hopscope"]
+    sc = agent["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON"]}, sc["capabilities"]
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert mounts["/sys/kernel/tracing"]["readOnly"] is True
+    assert "/hopscope" in {m["mountPath"] for m in containers["vllm"]["volumeMounts"]}
+    assert "securityContext" not in containers["vllm"] or not containers["vllm"]["securityContext"].get("privileged")
+    args = agent["args"][0]
+    assert "--cupti-lib /hopscope/libhopscope_cupti.so" in args and "hopscope record --pid" in args
+    print("kubernetes/vllm-with-hopscope.yaml: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+//! One eBPF ring-buffer sample → a validated kernel event.
+#![no_main]
+use hopscope::event::KEvent;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(KEvent::Io(io)) = KEvent::try_from(data) {
+        assert!(io.data.len() as u64 <= io.len || io.copy_failed, "captured more than the syscall moved");
+        assert!(io.data.len() <= data.len());
+    }
+});

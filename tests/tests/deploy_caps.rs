@@ -1,0 +1,114 @@
+//! The capability sets docs/deploy.md documents, checked for real: hopscope
+//! run as a non-root user (and as uid 0 with a reduced bounding set, which is
+//! what a container with `capabilities: {drop: [ALL], add: [...]}` gets) with
+//! exactly those capabilities, through util-linux `setpriv`.
+
+use hopscope_integration::*;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn setpriv_available(test: &str) -> bool {
+    let ok = Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("\n!!!!! SKIPPED {test}: util-linux setpriv not installed: this is NOT a pass !!!!!\n");
+    }
+    ok
+}
+
+/// `setpriv` arguments: as `nobody` with these ambient capabilities, or as
+/// uid 0 with only these in the bounding set.
+fn as_nobody(caps: &str) -> Vec<String> {
+    let plus: Vec<String> = caps.split(',').map(|c| format!("+{c}")).collect();
+    let set = plus.join(",");
+    ["--reuid=nobody", "--regid=nogroup", "--clear-groups", &format!("--inh-caps={set}"), &format!("--ambient-caps={set}"), "--"].map(String::from).to_vec()
+}
+
+fn as_root_with(caps: &str) -> Vec<String> {
+    let plus: Vec<String> = caps.split(',').map(|c| format!("+{c}")).collect();
+    vec![format!("--bounding-set=-all,{}", plus.join(",")), "--".into()]
+}
+
+/// A root-owned HTTP server to trace, and its port.
+fn server(dir: &Path) -> (std::process::Child, u16) {
+    let port = free_port();
+    let child = Command::new(python())
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "http.server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, port)
+}
+
+/// `hopscope record` under `setpriv ARGS` for 3 s with one request in the middle.
+fn record_with(setpriv: &[String], pid: u32, port: u16, hop: &Path) -> Output {
+    let child = Command::new("setpriv")
+        .args(setpriv)
+        .arg(hopscope_bin())
+        .args(["record", "--quiet", "--duration", "3s", "--nvml-period", "0", "--pid", &pid.to_string(), "-o"])
+        .arg(hop)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = http_get(port, "/");
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn the_documented_capability_sets_record_and_fewer_fail_in_one_line() {
+    let test = "the_documented_capability_sets_record_and_fewer_fail_in_one_line";
+    let Some(_serial) = privileged(test) else { return };
+    if !setpriv_available(test) {
+        return;
+    }
+    let dir = scratch("deploy-caps");
+    // nobody writes its recordings here.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let (mut srv, port) = server(&dir);
+    let pid = srv.id();
+    let mut results = Vec::new();
+    for (name, args, works) in [
+        // docs/deploy.md: a non-root agent needs CAP_DAC_READ_SEARCH for tracefs (0700 root).
+        ("nobody: bpf,perfmon,dac_read_search", as_nobody("bpf,perfmon,dac_read_search"), true),
+        ("nobody: bpf,perfmon", as_nobody("bpf,perfmon"), false),
+        // uid 0 (a container's root with capabilities dropped): BPF + PERFMON suffice.
+        ("uid 0: bpf,perfmon", as_root_with("bpf,perfmon"), true),
+        ("uid 0: bpf", as_root_with("bpf"), false),
+        ("uid 0: perfmon", as_root_with("perfmon"), false),
+    ] {
+        let hop = dir.join(format!("{}.hop", results.len()));
+        let out = record_with(&args, pid, port, &hop);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if works {
+            assert!(out.status.success(), "{name}: {err}");
+            let rep = report_json(&hop);
+            let reqs = rep["requests"].as_array().unwrap();
+            assert_eq!(reqs.len(), 1, "{name}: the request was recorded: {err}");
+            assert_eq!(reqs[0]["status"].as_u64(), Some(200), "{name}");
+            assert!(err.contains("capabilities now CAP_BPF"), "{name}: only CAP_BPF is kept after attach: {err}");
+        } else {
+            assert!(!out.status.success(), "{name} must not be able to trace: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{name}: one line: {err}");
+            assert!(err.contains("tracefs") || err.contains("CAP_BPF,CAP_PERFMON"), "{name}: says what is missing: {err}");
+        }
+        results.push(format!("{name}: {}", if out.status.success() { "records" } else { "refused" }));
+    }
+    // doctor under the non-root set: every eBPF check passes (the load included).
+    let out = Command::new("setpriv").args(as_nobody("bpf,perfmon,dac_read_search")).arg(hopscope_bin()).arg("doctor").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "doctor: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.starts_with("ok    ebpf load")), "{text}");
+    let _ = srv.kill();
+    let _ = srv.wait();
+    eprintln!("capability sets: {}", results.join("; "));
+}

@@ -1,0 +1,400 @@
+//! Faults, with real processes (root): an agent killed or stopped, a ring
+//! buffer overrun, a target that dies and comes back, 10 000 connections, a
+//! damaged recording. The traced work never waits on hopscope, and every loss
+//! is a counter in the report (and the trace).
+
+use hopscope::recording::{self, Writer};
+use hopscope_integration::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn drop_count(report: &Value, counter: &str) -> u64 {
+    let drops = &report["recording"]["drops"];
+    drops[counter].as_u64().unwrap_or_else(|| panic!("counter {counter} missing: {drops}"))
+}
+
+fn sse_server_cmd(port: u16) -> Vec<String> {
+    vec![python().display().to_string(), fixture("sse_server.py").display().to_string(), "--port".into(), port.to_string()]
+}
+
+fn server_pid(port: u16) -> i32 {
+    let health = http_get(port, "/health").expect("server up");
+    serde_json::from_str::<Value>(&health).unwrap()["pid"].as_i64().unwrap() as i32
+}
+
+/// Every client request is in the report with its exact chunk count.
+fn assert_all_present(report: &Value, client: &[Value]) {
+    assert!(!client.is_empty());
+    for c in client {
+        let id = c["id"].as_str().unwrap();
+        let r = report["requests"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("{id} missing from the report"));
+        assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, c["content_ns"].as_array().unwrap().len(), "{id}");
+    }
+}
+
+/// SIGKILL 1.2 s after the last response: the recording has every request
+/// (blocks are sealed once a second); the live `--perfetto` trace (flushed
+/// once a second) decodes up to its last whole packet and reaches within
+/// 1.2 s of the kill; `hopscope trace` rebuilds the full trace, requests
+/// included, from the recording.
+#[test]
+fn sigkill_loses_at_most_the_last_second_and_the_trace_is_rebuilt_from_the_recording() {
+    let Some(_serial) = privileged("sigkill_loses_at_most_the_last_second_and_the_trace_is_rebuilt_from_the_recording") else { return };
+    let dir = scratch("faults-kill");
+    let port = free_port();
+    let (hop, live) = (dir.join("run.hop"), dir.join("live.pftrace"));
+    let cmd = sse_server_cmd(port);
+    let mut args = vec!["run", "-o", hop.to_str().unwrap(), "--quiet", "--perfetto", live.to_str().unwrap(), "--"];
+    args.extend(cmd.iter().map(String::as_str));
+    let agent = Agent::spawn(&args, &[]);
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "6", "--sdk", "raw"]);
+    std::thread::sleep(Duration::from_millis(1200));
+    agent.signal(libc::SIGKILL);
+    let (st, _, _) = agent.wait(Duration::from_secs(10));
+    assert_eq!(st.code(), None, "killed by a signal");
+    // SAFETY: plain kill(2) of the server we started (it outlives a SIGKILLed agent).
+    unsafe { libc::kill(server_pid(port), libc::SIGTERM) };
+
+    let report = report_json(&hop);
+    let client = read_jsonl(&out);
+    assert_all_present(&report, &client);
+    let live_bytes = std::fs::read(&live).expect("the live trace exists after SIGKILL");
+    let whole = hopscope::sink::perfetto::check::complete_packets(&live_bytes);
+    let live_summary = hopscope::sink::perfetto::check::check_bytes(whole).unwrap_or_else(|e| panic!("live trace up to its last whole packet: {e}"));
+    let last_client_ns = client.iter().filter_map(|c| c["done_ns"].as_u64()).max().unwrap();
+    let last_live_ns = live_summary.last_ts.expect("the live trace has timestamps");
+    assert!(last_live_ns + 1_200_000_000 >= last_client_ns, "the live trace reaches within 1.2 s of the last response: {last_live_ns} vs {last_client_ns}");
+    let rebuilt = dir.join("rebuilt.pftrace");
+    let t = std::process::Command::new(hopscope_bin()).arg("trace").arg(&hop).arg("-o").arg(&rebuilt).output().unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&rebuilt).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+    for c in &client {
+        assert!(summary.track(c["id"].as_str().unwrap()).is_some(), "request track for {}", c["id"]);
+    }
+}
+
+/// A CUDA-like process (the CUPTI ABI test double, injected by `hopscope
+/// run`) emits GPU records while the agent is SIGSTOPped for 3 s: it keeps
+/// ≥ 98 % of the speed it had with the agent running, and after SIGCONT the
+/// injection library's drop counters reach the report.
+#[test]
+fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_reach_the_report() {
+    let Some(_serial) = privileged("sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_reach_the_report") else { return };
+    let (injection, double, host) = cupti_double_artifacts();
+    let dir = scratch("faults-sigstop-gpu");
+    let hop = dir.join("run.hop");
+    let (stopped, resumed) = (dir.join("stopped"), dir.join("resumed"));
+    let n = 100_000u64;
+    let env: Vec<(&str, String)> = vec![
+        ("HOPSCOPE_CUPTI_LIB", double.display().to_string()),
+        ("CUPTI_ABI_TEST_DOUBLE", double.display().to_string()),
+        ("CUPTI_ABI_TEST_DOUBLE_VERSION", "130401".into()),
+        ("CUPTI_ABI_TEST_DOUBLE_BAD_EVERY", "0".into()),
+        ("CUPTI_ABI_TEST_DOUBLE_TRUTH", dir.join("truth.jsonl").display().to_string()),
+        ("HOPSCOPE_CUPTI_FLUSH_MS", "50".into()),
+        ("HOPSCOPE_GPU_REPORT_MS", "100".into()),
+        ("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000".into()),
+        ("HOPSCOPE_CUPTI_BUFFER_KB", "256".into()),
+        ("HOPSCOPE_GPU_QUEUE_KB", "256".into()),
+    ];
+    // Phase A with the agent running, phase B while it is stopped, a last
+    // short run after it resumed.
+    let steps = [
+        format!("run:{n}"),
+        "wait-delivered:30000".into(),
+        format!("wait-file:{}", stopped.display()),
+        format!("run:{n}"),
+        "wait-delivered:30000".into(),
+        format!("wait-file:{}", resumed.display()),
+        "run:2000".into(),
+        "wait-delivered:30000".into(),
+    ];
+    let mut args: Vec<String> = vec!["run".into(), "-o".into(), hop.display().to_string(), "--quiet".into(), "--cupti-lib".into(), injection.display().to_string(), "--".into(), host.display().to_string()];
+    args.extend(steps);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::spawn(&args, &env);
+    // The host's stdout is the agent's (inherited): its step lines say when
+    // a phase is over; its timing comes from the host's own clock.
+    agent.wait_line("hopscope: gpu: injecting", Duration::from_secs(60));
+    let delivered = |agent: &Agent| agent.stdout_so_far().lines().filter(|l| l.starts_with("HOST ") && l.contains("\"wait-delivered\"")).count();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while delivered(&agent) < 1 {
+        assert!(Instant::now() < deadline, "phase A did not finish: {}", agent.stdout_so_far());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.signal(libc::SIGSTOP);
+    let stop_at = Instant::now();
+    std::fs::write(&stopped, b"").unwrap();
+    while delivered(&agent) < 2 {
+        assert!(Instant::now() < deadline, "phase B did not finish while the agent was stopped: {}", agent.stdout_so_far());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(stop_at.elapsed()));
+    assert_eq!(sys_state(agent.pid()), Some('T'), "the agent stayed stopped through phase B");
+    agent.signal(libc::SIGCONT);
+    std::fs::write(&resumed, b"").unwrap();
+    let (st, stdout, stderr) = agent.wait(Duration::from_secs(120));
+    assert!(st.success(), "hopscope run failed: {stderr}");
+
+    let runs: Vec<Value> = stdout.lines().filter_map(|l| l.strip_prefix("HOST ")).map(|j| serde_json::from_str::<Value>(j).unwrap()).filter(|v| v["step"] == "run").collect();
+    assert_eq!(runs.len(), 3, "{stdout}");
+    let ns_per = |v: &Value| v["double"]["elapsed_ns"].as_u64().unwrap() as f64 / v["n"].as_u64().unwrap() as f64;
+    let (running, stopped_rate) = (1e9 / ns_per(&runs[0]), 1e9 / ns_per(&runs[1]));
+    assert!(stopped_rate >= 0.98 * running, "records/s with the agent stopped {stopped_rate:.0} vs running {running:.0}");
+
+    let report = report_json(&hop);
+    let (sent, queue_full, decoded) = (drop_count(&report, "gpu_records_sent"), drop_count(&report, "gpu_dropped_queue_full"), drop_count(&report, "gpu_records_decoded"));
+    assert!(queue_full > 0, "a stopped agent fills the injection's queue: {}", report["recording"]["drops"]);
+    let placed = std::fs::read_to_string(dir.join("truth.jsonl")).unwrap().lines().count() as u64;
+    assert_eq!(decoded, placed, "every record the double placed was decoded by the library");
+    assert_eq!(decoded, sent + queue_full + drop_count(&report, "gpu_dropped_send_error") + drop_count(&report, "gpu_dropped_no_agent"), "every record is sent or counted");
+    let recorded = hopscope::recording::load(&hop).unwrap().records.iter().filter(|r| matches!(r, hopscope::model::Record::GpuKernel { .. } | hopscope::model::Record::GpuMemcpy { .. } | hopscope::model::Record::GpuMemset { .. } | hopscope::model::Record::GpuSync { .. } | hopscope::model::Record::GpuApi { .. })).count() as u64;
+    assert_eq!(recorded, sent, "what the library sent is in the recording");
+    eprintln!("sigstop gpu: {running:.0} records/s running, {stopped_rate:.0} stopped; {queue_full} of {decoded} dropped (queue full) and reported");
+}
+
+fn sys_state(pid: u32) -> Option<char> {
+    hopscope::sys::proc_state(pid)
+}
+
+/// An HTTP server traced by eBPF while the agent is SIGSTOPped: the server
+/// keeps ≥ 98 % of its request rate, the 1 MiB ring buffer overflows under
+/// a token storm, and the kernel's drops are in the report after SIGCONT.
+#[test]
+fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drops_are_counted() {
+    let Some(_serial) = privileged("sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drops_are_counted") else { return };
+    let dir = scratch("faults-sigstop-http");
+    let port = free_port();
+    let hop = dir.join("run.hop");
+    let cmd = sse_server_cmd(port);
+    let mut args = vec!["run", "-o", hop.to_str().unwrap(), "--quiet", "--ringbuf-mib", "1", "--"];
+    args.extend(cmd.iter().map(String::as_str));
+    let agent = Agent::spawn(&args, &[]);
+    wait_healthy(port, Duration::from_secs(30));
+    let base = format!("http://127.0.0.1:{port}");
+    let timed = |name: &str| {
+        let out = dir.join(name);
+        let t = Instant::now();
+        run_py("sse_client.py", &["--base", &base, "--out", out.to_str().unwrap(), "--sequential", "150", "--tokens", "4", "--token-ms", "0", "--sdk", "raw"]);
+        150.0 / t.elapsed().as_secs_f64()
+    };
+    timed("warmup.jsonl");
+    let running = timed("running.jsonl");
+    agent.signal(libc::SIGSTOP);
+    let stopped = timed("stopped.jsonl");
+    // A storm while stopped: far more than 1 MiB of events.
+    let storm = dir.join("storm.jsonl");
+    run_py("sse_client.py", &["--base", &base, "--out", storm.to_str().unwrap(), "--concurrent", "4x25", "--tokens", "60", "--token-ms", "0", "--sdk", "raw"]);
+    assert_eq!(sys_state(agent.pid()), Some('T'), "the agent stayed stopped");
+    agent.signal(libc::SIGCONT);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = dir.join("after.jsonl");
+    run_py("sse_client.py", &["--base", &base, "--out", after.to_str().unwrap(), "--sequential", "3", "--sdk", "raw"]);
+    std::thread::sleep(Duration::from_millis(300));
+    agent.stop();
+    assert!(stopped >= 0.98 * running, "requests/s with the agent stopped {stopped:.1} vs running {running:.1}");
+
+    let report = report_json(&hop);
+    let full = drop_count(&report, "kernel_ringbuf_full");
+    assert!(full > 0, "the storm overflowed the ring buffer: {}", report["recording"]["drops"]);
+    // Before the stop and after the resume, nothing is lost.
+    assert_all_present(&report, &read_jsonl(&dir.join("running.jsonl")));
+    assert_all_present(&report, &read_jsonl(&after));
+    eprintln!("sigstop http: {running:.1} req/s running, {stopped:.1} stopped; {full} ring-buffer records lost and counted");
+}
+
+/// A syscall storm (4 KiB writes on a unix socketpair, as fast as Python
+/// goes) against a 1 MiB ring buffer: the kernel's losses are counted in the
+/// report JSON and drawn as a `drops:` counter track in the trace.
+#[test]
+fn a_syscall_storm_overflows_a_small_ring_buffer_and_the_drops_reach_the_report_and_the_trace() {
+    let Some(_serial) = privileged("a_syscall_storm_overflows_a_small_ring_buffer_and_the_drops_reach_the_report_and_the_trace") else { return };
+    let dir = scratch("faults-storm");
+    let hop = dir.join("run.hop");
+    let trace = dir.join("storm.pftrace");
+    let storm = "import socket, threading\n\
+a, b = socket.socketpair()\n\
+def sink():\n    while b.recv(1 << 20):\n        pass\n\
+t = threading.Thread(target=sink); t.start()\n\
+buf = b'x' * 4096\n\
+for _ in range(150000):\n    a.send(buf)\n\
+a.close(); t.join()\n";
+    let py = python();
+    let agent = Agent::spawn(&["run", "-o", hop.to_str().unwrap(), "--quiet", "--ringbuf-mib", "1", "--perfetto", trace.to_str().unwrap(), "--", py.to_str().unwrap(), "-c", storm], &[]);
+    let (st, _, err) = agent.wait(Duration::from_secs(120));
+    assert!(st.success(), "{err}");
+    let report = report_json(&hop);
+    let full = drop_count(&report, "kernel_ringbuf_full");
+    assert!(full > 0, "150 000 × 4 KiB through a 1 MiB ring buffer loses records: {}", report["recording"]["drops"]);
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).expect("trace written")).unwrap_or_else(|e| panic!("{e}"));
+    let track = summary.track("drops: kernel_ringbuf_full").unwrap_or_else(|| panic!("no drops track in {:?}", summary.tracks.iter().map(|t| &t.name).collect::<Vec<_>>()));
+    assert_eq!(track.kind, "counter");
+    eprintln!("storm: {full} ring-buffer records lost, counted in the report and the trace");
+}
+
+/// A supervisor (sh) restarts the server after it is killed: the new process
+/// (fork + exec of a child of a traced process, same port, new pid) is
+/// followed, and the requests to both incarnations are complete.
+#[test]
+fn a_target_that_dies_and_is_restarted_is_followed_through_fork_and_exec() {
+    let Some(_serial) = privileged("a_target_that_dies_and_is_restarted_is_followed_through_fork_and_exec") else { return };
+    let dir = scratch("faults-restart");
+    let port = free_port();
+    let hop = dir.join("run.hop");
+    let stop = dir.join("stop");
+    let script = format!("while [ ! -e {} ]; do {} {} --port {port}; done", stop.display(), python().display(), fixture("sse_server.py").display());
+    let agent = Agent::spawn(&["run", "-o", hop.to_str().unwrap(), "--quiet", "--", "sh", "-c", &script], &[]);
+    let base = format!("http://127.0.0.1:{port}");
+    let mut pids = Vec::new();
+    let mut outs = Vec::new();
+    for round in 0..2 {
+        wait_healthy(port, Duration::from_secs(30));
+        let pid = server_pid(port);
+        let out = dir.join(format!("client{round}.jsonl"));
+        run_py("sse_client.py", &["--base", &base, "--out", out.to_str().unwrap(), "--sequential", "3", "--concurrent", "2x2", "--sdk", "raw"]);
+        if round == 1 {
+            std::fs::write(&stop, b"").unwrap();
+        }
+        // SAFETY: plain kill(2) of the server we started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sys_state(pid as u32).is_some_and(|s| s != 'Z') {
+            assert!(Instant::now() < deadline, "server {pid} did not die");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        pids.push(pid);
+        outs.push(out);
+    }
+    assert_ne!(pids[0], pids[1]);
+    // hopscope run ends with its command (sh passes on the killed server's status).
+    let (_, _, err) = agent.wait(Duration::from_secs(60));
+    assert!(hopscope::recording::load(&hop).unwrap().error.is_none(), "{err}");
+    let report = report_json(&hop);
+    for out in &outs {
+        assert_all_present(&report, &read_jsonl(out));
+    }
+    let recs = hopscope::recording::load(&hop).unwrap().records;
+    for pid in &pids {
+        let exec = recs.iter().any(|r| matches!(r, hopscope::model::Record::Proc { tgid, op: hopscope::event::ProcOp::Exec, .. } if *tgid as i32 == *pid));
+        let exit = recs.iter().any(|r| matches!(r, hopscope::model::Record::Proc { tgid, op: hopscope::event::ProcOp::Exit, .. } if *tgid as i32 == *pid));
+        assert!(exec && exit, "exec and exit of server {pid} recorded");
+    }
+}
+
+/// 10 000 idle connections held open next to real traffic: the good
+/// requests stay exact and no connection is evicted.
+#[test]
+fn ten_thousand_idle_connections_leave_the_good_requests_exact() {
+    let Some(_serial) = privileged("ten_thousand_idle_connections_leave_the_good_requests_exact") else { return };
+    let dir = scratch("faults-10k");
+    let port = free_port();
+    let hop = dir.join("run.hop");
+    let cmd = sse_server_cmd(port);
+    // uvicorn needs a descriptor per connection.
+    let mut args = vec!["run", "-o", hop.to_str().unwrap(), "--quiet", "--", "prlimit", "--nofile=20000:20000"];
+    args.extend(cmd.iter().map(String::as_str));
+    let agent = Agent::spawn(&args, &[]);
+    wait_healthy(port, Duration::from_secs(30));
+    let port_s = port.to_string();
+    let bad = std::thread::spawn(move || run_py("bad_clients.py", &["--port", &port_s, "--idle", "10000", "--hold", "3"]));
+    std::thread::sleep(Duration::from_millis(500));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--concurrent", "3x4", "--tokens", "10", "--sdk", "raw"]);
+    let bad_out = bad.join().unwrap();
+    assert!(bad_out.contains("10000 idle connections held"), "{bad_out}");
+    agent.stop();
+    let report = report_json(&hop);
+    assert_all_present(&report, &read_jsonl(&out));
+    assert_eq!(drop_count(&report, "conns_evicted"), 0);
+    assert_eq!(drop_count(&report, "kernel_ringbuf_full"), 0, "{}", report["recording"]["drops"]);
+}
+
+/// Byte offsets of the blocks of a recording.
+fn block_offsets(bytes: &[u8]) -> Vec<usize> {
+    let le = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let mut pos = 16 + le(&bytes[12..16]);
+    let mut out = Vec::new();
+    while pos + 20 <= bytes.len() {
+        assert_eq!(&bytes[pos..pos + 4], recording::BLOCK_MAGIC);
+        out.push(pos);
+        pos += 20 + le(&bytes[pos + 8..pos + 12]);
+    }
+    out
+}
+
+/// A fixture rewritten with one block per 50 records.
+fn many_blocks(dir: &Path) -> (PathBuf, usize) {
+    let loaded = recording::load(&workspace().join("agent/tests/fixtures/chain3.hop")).unwrap();
+    assert!(loaded.error.is_none());
+    let path = dir.join("blocks.hop");
+    let mut w = Writer::create(&path, &loaded.meta).unwrap();
+    for (i, r) in loaded.records.iter().enumerate() {
+        w.push(r).unwrap();
+        if i % 50 == 49 {
+            w.seal(r.ts_ns()).unwrap();
+        }
+    }
+    let mut f = w.finish(0).unwrap();
+    std::io::Write::flush(&mut f).unwrap();
+    (path, loaded.records.len())
+}
+
+fn hopscope_out(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(hopscope_bin()).args(args).output().unwrap()
+}
+
+/// A flipped byte in a middle block and a file cut inside a block: `report`
+/// and `trace` still succeed on the readable part, the report and stderr name
+/// the exact offset, and a header that is cut short is one clear error.
+#[test]
+fn a_corrupt_or_truncated_recording_names_the_offset_and_still_gives_a_partial_report() {
+    let dir = scratch("faults-corrupt");
+    let (good, _) = many_blocks(&dir);
+    let bytes = std::fs::read(&good).unwrap();
+    let blocks = block_offsets(&bytes);
+    assert!(blocks.len() >= 6, "{} blocks", blocks.len());
+    let full = report_json(&good);
+    let all = full["requests"].as_array().unwrap().len();
+    assert!(all >= 3, "{all} requests in the fixture");
+
+    // A flipped byte in the body of the block in the middle.
+    let mid = blocks[blocks.len() / 2];
+    let mut corrupt = bytes.clone();
+    corrupt[mid + 25] ^= 0x55;
+    let cpath = dir.join("corrupt.hop");
+    std::fs::write(&cpath, &corrupt).unwrap();
+    let out = hopscope_out(&["report", "--json", cpath.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let msg = format!("corrupt at offset {mid}: block checksum mismatch");
+    assert!(rep["recording"]["read_error"].as_str().unwrap_or_default().contains(&msg), "{}", rep["recording"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&msg), "{}", String::from_utf8_lossy(&out.stderr));
+    let partial = rep["requests"].as_array().unwrap().len();
+    assert!(partial < all, "records after the damage are not read: {partial} of {all}");
+
+    // Cut inside the last block's body.
+    let last = *blocks.last().unwrap();
+    let tpath = dir.join("truncated.hop");
+    std::fs::write(&tpath, &bytes[..last + 30]).unwrap();
+    let out = hopscope_out(&["report", "--json", tpath.to_str().unwrap()]);
+    assert!(out.status.success());
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rep["recording"]["read_error"].as_str().unwrap_or_default().contains(&format!("truncated at offset {}: block body", last + 30)), "{}", rep["recording"]);
+    assert!(!rep["requests"].as_array().unwrap().is_empty(), "the sealed blocks give a partial report");
+    let trace = dir.join("t.pftrace");
+    let t = hopscope_out(&["trace", tpath.to_str().unwrap(), "-o", trace.to_str().unwrap()]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    assert!(String::from_utf8_lossy(&t.stderr).contains("the trace covers the readable part"));
+    hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+
+    // A header cut short: nothing to report, one clear line.
+    let hpath = dir.join("header.hop");
+    std::fs::write(&hpath, &bytes[..20]).unwrap();
+    let out = hopscope_out(&["report", hpath.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("truncated at offset 20: metadata"), "{err}");
+}

@@ -1,0 +1,204 @@
+//! NVML sampling end to end against the NVML test double
+//! (tests/nvml-double: libnvidia-ml's C ABI with scripted values, never a
+//! GPU): samples reach the recording with the scripted values, at the asked
+//! period, for traced pids only, and the report's per-request peak GPU memory
+//! is computed from them; without libnvidia-ml the recorder says so in one
+//! line and records as usual. The real NVML path: scripts/gpu-check.sh.
+
+use hopscope::model::Record;
+use hopscope_integration::*;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn double() -> &'static PathBuf {
+    static D: OnceLock<PathBuf> = OnceLock::new();
+    D.get_or_init(|| {
+        // Its own target dir: the test binary's cargo holds the main one.
+        let target = workspace().join("target/nvml-double");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .current_dir(workspace())
+            .args(["build", "--quiet", "-p", "nvml-test-double", "--target-dir"])
+            .arg(&target)
+            .output()
+            .expect("running cargo build");
+        assert!(out.status.success(), "building the NVML test double failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        let p = target.join("debug/libnvml_test_double.so");
+        assert!(p.exists(), "{} not built", p.display());
+        p
+    })
+}
+
+/// A plain HTTP server to trace (`python -m http.server`).
+fn http_server(dir: &Path) -> (Child, u16) {
+    let port = free_port();
+    let child = Command::new(python())
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "http.server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, port)
+}
+
+fn get(port: u16) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"), "{out}");
+}
+
+/// Records `pid` for `secs` with `extra` options while `during` runs;
+/// returns hopscope's stderr.
+fn record(hop: &Path, pid: u32, extra: &[&str], env: &[(&str, &Path)], during: impl FnOnce()) -> String {
+    let mut c = Command::new(hopscope_bin());
+    c.args(["record", "--quiet", "--duration", "3s", "--pid", &pid.to_string(), "-o"]).arg(hop).args(extra).stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let child = c.spawn().unwrap();
+    // Attach takes a moment; requests before it would not be seen.
+    std::thread::sleep(Duration::from_millis(1200));
+    during();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "hopscope record failed: {err}");
+    err
+}
+
+#[test]
+fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
+    let Some(_serial) = privileged("nvml_samples_from_the_double_reach_the_recording_and_the_report_peak") else { return };
+    let lib = double();
+    let dir = scratch("nvml-double");
+    let (mut server, port) = http_server(&dir);
+    let pid = server.id();
+    let script = dir.join("nvml.script");
+    // pid 1 is on the GPU too, but not traced: it must never appear.
+    std::fs::write(
+        &script,
+        format!(
+            "driver 555.42.02\n\
+             device total=150000000000 used=2000000 used_step=8192 sm=37 mem=12 pcie_tx=1234 pcie_rx=5678\n\
+             device total=80000000000 used=5 pcie=unsupported\n\
+             proc 0 {pid} 1000000 4096\n\
+             proc 0 1 777 0\n\
+             proc 1 {pid} 50 1\n"
+        ),
+    )
+    .unwrap();
+    let hop = dir.join("run.hop");
+    let err = record(&hop, pid, &["--nvml-period", "50", "--nvml-lib", lib.to_str().unwrap()], &[("NVML_TEST_DOUBLE_SCRIPT", &script)], || {
+        for _ in 0..3 {
+            get(port);
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let nvml_lines: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:")).collect();
+    assert_eq!(nvml_lines, ["hopscope: note: nvml: sampling 2 GPU(s) every 50 ms (driver 555.42.02)"], "{err}");
+
+    let loaded = hopscope::recording::load(&hop).unwrap();
+    assert!(loaded.error.is_none());
+    let mut by_dev: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in &loaded.records {
+        if let Record::GpuSample { device, .. } = r {
+            by_dev.entry(*device).or_default().push(r);
+        }
+    }
+    assert_eq!(by_dev.keys().copied().collect::<Vec<_>>(), [0, 1]);
+    let (d0, d1) = (&by_dev[&0], &by_dev[&1]);
+    assert_eq!(d0.len(), d1.len(), "every tick samples both devices");
+    // 3 s at 50 ms: about 60 ticks; NVML starts on the sampler thread while
+    // the recording starts, so allow the first few to be missed.
+    assert!((45..=62).contains(&d0.len()), "{} ticks in 3 s at 50 ms", d0.len());
+    let mut ts = Vec::new();
+    for (k, (a, b)) in d0.iter().zip(d1.iter()).enumerate() {
+        let k = k as u64;
+        let Record::GpuSample { ts_ns, mem_used_bytes, mem_total_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, .. } = a else { unreachable!() };
+        // The Nth read answers the scripted first value + N steps: nothing lost, nothing reordered.
+        assert_eq!(*mem_used_bytes, 2_000_000 + 8192 * k);
+        assert_eq!(*mem_total_bytes, 150_000_000_000);
+        assert_eq!(process_mem, &vec![(pid, 1_000_000 + 4096 * k)], "only the traced pid, tick {k}");
+        assert_eq!((*sm_util_pct, *mem_util_pct), (Some(37), Some(12)));
+        assert_eq!((*pcie_tx_kib_s, *pcie_rx_kib_s), (Some(1234), Some(5678)));
+        assert_eq!(*nvlink_tx_kib_s, None);
+        let Record::GpuSample { ts_ns: ts1, process_mem: pm1, pcie_tx_kib_s: tx1, mem_total_bytes: total1, .. } = b else { unreachable!() };
+        assert_eq!(ts1, ts_ns, "one timestamp per tick");
+        assert_eq!(pm1, &vec![(pid, 50 + k)]);
+        assert_eq!((*tx1, *total1), (None, 80_000_000_000), "unsupported PCIe is null, not 0");
+        ts.push(*ts_ns);
+    }
+    let mut gaps: Vec<f64> = ts.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e6).collect();
+    gaps.sort_by(f64::total_cmp);
+    let median = gaps[gaps.len() / 2];
+    assert!((45.0..=60.0).contains(&median), "median sampling period {median} ms (asked 50)");
+    assert!(gaps[0] >= 40.0, "fixed-rate ticks never bunch: shortest gap {} ms", gaps[0]);
+
+    let rep = report_json(&hop);
+    let drops = &rep["recording"]["drops"];
+    assert_eq!(drops["nvml_samples"].as_u64(), Some(2 * d0.len() as u64));
+    assert_eq!(drops["nvml_sample_errors"].as_u64(), Some(0));
+    assert_eq!(drops["nvml_field_errors"].as_u64(), Some(0), "NOT_SUPPORTED is not an error");
+    assert_eq!(drops["nvml_samples_dropped"].as_u64(), Some(0));
+    let reqs = rep["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 3, "{reqs:?}");
+    // Traced memory per tick is the sum over devices; a request's peak is
+    // the largest tick inside it or the level at its arrival.
+    let level = |k: usize| 1_000_000 + 4096 * k as u64 + 50 + k as u64;
+    for q in reqs {
+        let (a, d) = (q["arrive_ns"].as_u64().unwrap(), q["done_ns"].as_u64().unwrap());
+        let last = ts.iter().rposition(|t| *t <= d).expect("a sample before the request ended");
+        assert!(a - ts[ts.iter().rposition(|t| *t <= a).unwrap()] < 60_000_000, "the level at arrival is a fresh sample");
+        assert_eq!(q["peak_gpu_mem_bytes"].as_u64(), Some(level(last)), "request {}", q["id"]);
+    }
+    assert_eq!(rep["summary"]["gpu_samples"].as_u64(), Some(2 * d0.len() as u64));
+    assert_eq!(rep["summary"]["peak_gpu_mem_bytes"].as_u64(), Some(level(d0.len() - 1)));
+    // GETs of a file server generate nothing: not "successful requests" in vLLM bench terms.
+    assert_eq!((rep["summary"]["completed"].as_u64(), rep["summary"]["not_completed"].as_u64()), (Some(0), Some(3)));
+}
+
+#[test]
+fn without_libnvidia_ml_the_recorder_prints_one_clear_line_and_records_normally() {
+    let Some(_serial) = privileged("without_libnvidia_ml_the_recorder_prints_one_clear_line_and_records_normally") else { return };
+    let dir = scratch("nvml-absent");
+    let (mut server, port) = http_server(&dir);
+    let missing = dir.join("no-such-dir/libnvidia-ml.so.1");
+    let hop = dir.join("run.hop");
+    // Through the environment, as a machine without a driver looks to the default lookup.
+    let err = record(&hop, server.id(), &[], &[("HOPSCOPE_NVML_LIB", &missing)], || get(port));
+    let hop_off = dir.join("off.hop");
+    let err_off = record(&hop_off, server.id(), &["--nvml-period", "0"], &[("HOPSCOPE_NVML_LIB", &missing)], || get(port));
+    let _ = server.kill();
+    let _ = server.wait();
+    let nvml_lines: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:") || l.contains("NVIDIA")).collect();
+    assert_eq!(
+        nvml_lines,
+        [format!("hopscope: note: nvml: no NVIDIA driver here ({} cannot be loaded): recording without GPU samples", missing.display())],
+        "{err}"
+    );
+    assert!(!err_off.contains(" nvml:") && !err_off.contains("NVIDIA"), "--nvml-period 0 says nothing about NVML: {err_off}");
+    for h in [&hop, &hop_off] {
+        let loaded = hopscope::recording::load(h).unwrap();
+        assert!(!loaded.records.iter().any(|r| matches!(r, Record::GpuSample { .. })));
+        let rep = report_json(h);
+        assert_eq!(rep["requests"].as_array().unwrap().len(), 1, "the request was recorded");
+        assert_eq!(rep["requests"][0]["status"].as_u64(), Some(200));
+        assert!(rep["requests"][0]["peak_gpu_mem_bytes"].is_null());
+        assert!(rep["summary"]["peak_gpu_mem_bytes"].is_null());
+        assert_eq!(rep["summary"]["gpu_samples"].as_u64(), Some(0));
+    }
+}

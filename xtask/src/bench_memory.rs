@@ -1,0 +1,270 @@
+//! `cargo xtask bench-memory [--requests N] [--old]`: `hopscope report --json`
+//! on a synthetic recording of N requests (default 1 000 000), run as a child
+//! process: peak RSS (the child's own `ru_maxrss`, from wait4) and records/s
+//! on one core. The recording is made once and cached in target/bench/.
+//! `--old` also runs the in-memory path (`hopscope report`, the text
+//! tables), for the figure before streaming.
+//!
+//! The recording is shaped like a busy vLLM server traced on both ends of
+//! its IPC: 16 closed-loop clients on keep-alive connections (agent chains of
+//! 2-5 hops by `x-session-id`, some by `traceparent`, the rest by
+//! connection), a continuous-batching engine stepping every 12 ms (+8 ms when
+//! a prefill joins), each step's EngineCoreOutputs seen twice (engine write,
+//! frontend read) and the engine thread's switch-in, per request the HTTP
+//! request, the ADD (both copies), the response head, the SSE role, 8-24
+//! content chunks, usage, [DONE] and the response end.
+
+use anyhow::{bail, Context, Result};
+use hopscope::event::{ConnKey, Dir};
+use hopscope::model::{EngineEvent, EngineOutput, HttpRole, PrefillStats, Record, SseKind, Usage};
+use hopscope::recording::{Meta, Writer, FORMAT_VERSION};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const US: u64 = 1_000;
+const MS: u64 = 1_000_000;
+const CLIENTS: u64 = 16;
+/// Bump when the generator changes: the cached file is remade.
+const GENERATOR: u32 = 1;
+
+struct Req {
+    conn: ConnKey,
+    seq: u32,
+    id: String,
+    eid: String,
+    tokens: u64,
+    done: u64,
+}
+
+struct Gen {
+    out: BTreeMap<(u64, u64), Record>,
+    order: u64,
+    rng: u64,
+}
+
+impl Gen {
+    fn emit(&mut self, r: Record) {
+        self.order += 1;
+        self.out.insert((r.ts_ns(), self.order), r);
+    }
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+/// Client `c`'s `k`-th request arrives at `at`: HTTP request, ADD (both
+/// copies), response head, SSE role.
+fn arrive(g: &mut Gen, c: u64, k: u64, n: u64, at: u64) -> Req {
+    let conn = ConnKey { tgid: 1000, fd: 20 + c as i32, ino: 50_000 + c };
+    let id = format!("chatcmpl-{n:016x}");
+    let eid = format!("{id}-{:08x}", g.next() as u32);
+    // Agent chains of 2-5 hops; every 4th client's chains by traceparent,
+    // every 8th client's by the connection alone.
+    let session = k / 4;
+    let headers = match c % 8 {
+        0 => vec![],
+        4 => vec![("traceparent".into(), format!("00-{:016x}{:016x}-{:016x}-01", c + 1, session + 1, n + 1))],
+        _ => vec![("x-session-id".into(), format!("agent-{c}-{session}"))],
+    };
+    let body_len = 3000 + g.range(0, 4000);
+    g.emit(Record::HttpRequest {
+        conn,
+        role: HttpRole::Server,
+        seq: k as u32,
+        start_ns: at,
+        end_ns: at + 40 * US,
+        tid: 1001,
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        headers,
+        body_len,
+        stream: Some(true),
+        model: None,
+        ready_ns: Some(at - 20 * US),
+    });
+    let ipc = ConnKey { tgid: 1000, fd: 9, ino: 7 };
+    for (dir, dt, tid) in [(Dir::Out, 300 * US, 1002), (Dir::In, 320 * US, 2002)] {
+        g.emit(Record::EngineRequest {
+            conn: ipc,
+            ts_ns: at + dt,
+            tid,
+            dir,
+            request_id: eid.clone(),
+            external_req_id: Some(id.clone()),
+            prompt_tokens: Some(1500),
+            max_tokens: Some(24),
+            arrival_time_s: None,
+            traceparent: None,
+            data_parallel_rank: None,
+            truncated: false,
+        });
+    }
+    g.emit(Record::HttpResponse { conn, role: HttpRole::Server, seq: k as u32, ts_ns: at + 400 * US, tid: 1001, status: 200, headers: vec![("content-type".into(), "text/event-stream".into())] });
+    g.emit(Record::Sse { conn, seq: k as u32, ts_ns: at + 450 * US, kind: SseKind::Role, id: Some(id.clone()), content_bytes: 0, finish_reason: None, usage: None });
+    let tokens = g.range(8, 25);
+    Req { conn, seq: k as u32, id, eid, tokens, done: 0 }
+}
+
+/// Writes the recording; returns its record count.
+fn generate(path: &Path, requests: u64) -> Result<u64> {
+    let meta = Meta { format_version: FORMAT_VERSION, hopscope_version: "bench".into(), chain_header: "x-session-id".into(), kernel: "synthetic".into(), ..Meta::default() };
+    let tmp = path.with_extension("tmp");
+    let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut w = Writer::new(std::io::BufWriter::new(file), &meta)?;
+    let mut g = Gen { out: BTreeMap::new(), order: 0, rng: 0x9E37_79B9_7F4A_7C15 };
+    let t0 = 10_000 * 1_000 * MS;
+    let ipc = ConnKey { tgid: 1000, fd: 9, ino: 7 };
+    let mut started = 0u64;
+    let mut per_client = vec![0u64; CLIENTS as usize];
+    let mut waiting: VecDeque<(u64, u64, Req)> = VecDeque::new(); // (ready, client, req)
+    let mut running: Vec<(u64, Req)> = Vec::new();
+    for c in 0..CLIENTS {
+        let at = t0 + c * 700 * US;
+        waiting.push_back((at + 320 * US, c, arrive(&mut g, c, 0, started, at)));
+        per_client[c as usize] = 1;
+        started += 1;
+    }
+    let mut t = t0 + 2 * MS;
+    let mut written = 0u64;
+    while !(waiting.is_empty() && running.is_empty()) {
+        let mut newcomers = 0;
+        while waiting.front().is_some_and(|w| w.0 <= t) {
+            let (_, c, r) = waiting.pop_front().expect("front checked");
+            running.push((c, r));
+            newcomers += 1;
+        }
+        let end = t + 12 * MS + if newcomers > 0 { 8 * MS } else { 0 } + g.range(0, 500) * US;
+        let off_ns = t.saturating_sub(g.range(100, 900) * US);
+        g.emit(Record::OffCpu { ts_ns: t, tid: 3001, tgid: 3000, off_ns, wake_ns: Some(t - 20 * US), prev_state: 1 });
+        let mut outputs = Vec::with_capacity(running.len());
+        let mut finished = Vec::new();
+        for (i, (c, r)) in running.iter_mut().enumerate() {
+            let first = r.done == 0;
+            r.done += 1;
+            let last = r.done == r.tokens;
+            outputs.push(EngineOutput {
+                request_id: r.eid.clone(),
+                new_tokens: 1,
+                finish_reason: last.then_some(1),
+                events: if first { vec![EngineEvent { kind: 2, timestamp_s: t as f64 / 1e9 }] } else { vec![] },
+                prefill: first.then(|| PrefillStats { prompt_tokens: Some(1500), cached_tokens: Some(1024), ..PrefillStats::default() }),
+            });
+            let at = end + 150 * US + i as u64 * 8 * US;
+            g.emit(Record::Sse { conn: r.conn, seq: r.seq, ts_ns: at, kind: SseKind::Content, id: Some(r.id.clone()), content_bytes: 4, finish_reason: None, usage: None });
+            if last {
+                let usage = Usage { prompt_tokens: Some(1500), completion_tokens: Some(r.tokens), cached_tokens: Some(1024) };
+                g.emit(Record::Sse { conn: r.conn, seq: r.seq, ts_ns: at + 3 * US, kind: SseKind::Usage, id: Some(r.id.clone()), content_bytes: 0, finish_reason: Some("length".into()), usage: Some(usage) });
+                g.emit(Record::Sse { conn: r.conn, seq: r.seq, ts_ns: at + 4 * US, kind: SseKind::Done, id: None, content_bytes: 0, finish_reason: None, usage: None });
+                g.emit(Record::HttpResponseEnd { conn: r.conn, seq: r.seq, ts_ns: at + 5 * US, body_len: 200 * r.tokens });
+                finished.push((*c, at + 5 * US));
+            }
+        }
+        for (dir, dt, tid) in [(Dir::Out, 30 * US, 3002), (Dir::In, 60 * US, 1003)] {
+            g.emit(Record::EngineOutputs {
+                conn: ipc,
+                ts_ns: end + dt,
+                tid,
+                dir,
+                engine_index: Some(0),
+                timestamp_s: Some(end as f64 / 1e9),
+                outputs: outputs.clone(),
+                outputs_total: Some(outputs.len() as u64),
+                finished_requests: vec![],
+                truncated: false,
+            });
+        }
+        running.retain(|(_, r)| r.done < r.tokens);
+        for (c, ended) in finished {
+            if started < requests {
+                let at = ended + g.range(1_000, 3_000) * US;
+                let k = per_client[c as usize];
+                per_client[c as usize] += 1;
+                waiting.push_back((at + 320 * US, c, arrive(&mut g, c, k, started, at)));
+                started += 1;
+            }
+        }
+        waiting.make_contiguous().sort_by_key(|w| w.0);
+        t = end + 500 * US;
+        // Everything before the next step is final: write it in time order.
+        while let Some(e) = g.out.first_entry() {
+            if e.key().0 >= t {
+                break;
+            }
+            w.push(&e.remove())?;
+            written += 1;
+        }
+    }
+    for (_, r) in std::mem::take(&mut g.out) {
+        w.push(&r)?;
+        written += 1;
+    }
+    w.finish(t)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(written)
+}
+
+/// Runs `cmd` to completion with stdout to /dev/null: wall seconds, and the
+/// child's peak RSS in MiB (its own, from wait4: not any earlier child's).
+fn measure(cmd: &mut Command) -> Result<(f64, f64)> {
+    let t = Instant::now();
+    let child = cmd.stdout(Stdio::null()).spawn().context("starting hopscope")?;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not yet waited for; `status` and `ru` are valid for writes.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    let dt = t.elapsed().as_secs_f64();
+    if rc != pid {
+        bail!("waiting for hopscope: {}", std::io::Error::last_os_error());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("hopscope report failed (wait status {status}): run it by hand to see why");
+    }
+    Ok((dt, ru.ru_maxrss as f64 / 1024.0))
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    if cfg!(debug_assertions) {
+        // The generator is slow unoptimised: rerun optimised.
+        return crate::run(crate::cargo().args(["run", "--quiet", "--release", "-p", "xtask", "--", "bench-memory"]).args(args));
+    }
+    let n: u64 = args.iter().position(|a| a == "--requests").and_then(|i| args.get(i + 1)).map_or(Ok(1_000_000), |s| s.parse())?;
+    let old = args.iter().any(|a| a == "--old");
+    crate::run(crate::cargo().args(["build", "--quiet", "--release", "-p", "hopscope"]))?;
+    let root = crate::root();
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let hop = dir.join(format!("synthetic-{n}-g{GENERATOR}.hop"));
+    let count_file = hop.with_extension("records");
+    let records: u64 = match std::fs::read_to_string(&count_file).ok().and_then(|s| s.trim().parse().ok()).filter(|_| hop.exists()) {
+        Some(c) => c,
+        None => {
+            eprintln!("bench-memory: writing {} (once)…", hop.display());
+            let t = Instant::now();
+            let c = generate(&hop, n)?;
+            std::fs::write(&count_file, c.to_string())?;
+            eprintln!("bench-memory: {c} records in {:.1} s", t.elapsed().as_secs_f64());
+            c
+        }
+    };
+    let size = std::fs::metadata(&hop)?.len();
+    let bin: PathBuf = root.join("target/release/hopscope");
+    println!("hopscope report --json, one core, synthetic vLLM-shaped recording: {n} requests, {records} records, {:.0} MiB", size as f64 / (1 << 20) as f64);
+    let (dt, rss) = measure(Command::new(&bin).args(["report", "--json"]).arg(&hop))?;
+    println!("  streamed (report --json):  {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB   (goals: >= 2 M/s, <= 200 MB)", records as f64 / dt / 1e6);
+    if old {
+        let (dt, rss) = measure(Command::new(&bin).args(["report"]).arg(&hop))?;
+        println!("  in memory (report, text):  {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB", records as f64 / dt / 1e6);
+    }
+    Ok(())
+}

@@ -287,3 +287,56 @@ fn streamed_json_report_equals_the_in_memory_report_byte_for_byte() {
     assert_eq!(err, r.read_error);
     assert_eq!(got, serde_json::to_string_pretty(&rep).expect("report serializes") + "\n");
 }
+
+/// NVML samples of the server's process put a peak-GPU-memory column into the
+/// text report's per-hop table, with each hop's own peak.
+#[test]
+fn nvml_samples_add_each_hops_peak_gpu_memory_to_the_hop_table() {
+    let r = replay("chain3");
+    let pid = r.meta.pids[0];
+    let (first, last) = (r.analysis.first_ns.unwrap(), r.analysis.last_ns.unwrap());
+    let mib = |k: u64| (1024 + k) << 20;
+    let mut records = r.records.clone();
+    let mut k = 0;
+    let mut t = first;
+    while t <= last {
+        records.push(Record::GpuSample {
+            ts_ns: t,
+            device: 0,
+            mem_used_bytes: mib(k) + (1 << 30),
+            mem_total_bytes: 141 << 30,
+            process_mem: vec![(pid, mib(k))],
+            sm_util_pct: Some(50),
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        });
+        k += 1;
+        t += 10_000_000;
+    }
+    records.sort_by_key(Record::ts_ns);
+    let mut c = Correlator::new(Config { chain_header: r.meta.chain_header.clone(), use_ipc: true });
+    let mut gpu_mem = hopscope::sink::summary::GpuMemIndex::default();
+    for rec in &records {
+        c.ingest(rec);
+        gpu_mem.ingest(rec);
+    }
+    // As `hopscope report` does: the peaks come from the samples beside the correlator.
+    let mut rep = report::build(&report_path("chain3"), &r.meta, &c.finish(), None);
+    gpu_mem.apply(&mut rep.requests, &mut rep.summary);
+    let text = report::render_text(&rep);
+    let header = text.lines().find(|l| l.trim_start().starts_with("hop ")).expect("a hop table");
+    assert!(header.trim_end().ends_with("gpu_mem_mib"), "{header}");
+    let chain = rep.chains.iter().find(|c| c.hops.len() > 1).expect("chain3 has a multi-hop chain");
+    let rows: Vec<&str> = text.lines().skip_while(|l| !l.starts_with(&format!("chain {}", chain.chain))).skip(2).take(chain.hops.len()).collect();
+    assert_eq!(rows.len(), chain.hops.len());
+    for (row, id) in rows.iter().zip(&chain.hops) {
+        let q = rep.requests.iter().find(|q| &q.id == id).unwrap();
+        let peak = q.peak_gpu_mem_bytes.expect("every hop lies inside the sampled span");
+        assert!(peak >= mib(0) && peak < mib(k), "{peak}");
+        let shown: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
+        assert_eq!(shown, (peak >> 20) as f64, "{row}");
+    }
+}

@@ -37,6 +37,12 @@ texts.append(body["choices"][0]["text"])
 print(json.dumps(texts))
 "#;
 
+/// The longest run of `t` that any JSON or text output would carry verbatim
+/// (printable ASCII but `"` and `\\`, which JSON escapes).
+fn verbatim_run(t: &str) -> String {
+    t.split(|c: char| !(' '..='~').contains(&c) || c == '"' || c == '\\').max_by_key(|r| r.len()).unwrap_or("").to_owned()
+}
+
 fn unique_secret() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     format!("PLANTED{:x}{:x}SECRET", t, std::process::id())
@@ -144,9 +150,9 @@ fn a_planted_secret_reaches_no_recording_trace_export_metric_or_report_unless_pa
     assert!(metrics.contains("hopscope_time_to_first_token_seconds"), "{metrics}");
     let (_, agent_err) = agent.stop();
 
-    // What the client got back: long enough to be a meaningful needle.
-    let texts: Vec<&String> = completions.iter().filter(|t| t.trim().len() >= 16).collect();
-    assert!(!texts.is_empty(), "the testbed returned completions of at least 16 bytes: {completions:?}");
+    // What the client got back, as it would appear in any JSON or text output.
+    let texts: Vec<String> = completions.iter().map(|t| verbatim_run(t)).filter(|r| r.len() >= 10).collect();
+    assert!(!texts.is_empty(), "the testbed returned completions with 10 JSON-safe bytes in a row: {completions:?}");
 
     let mut outputs: Vec<(String, Vec<u8>)> = Vec::new();
     outputs.push(("run.hop (file)".into(), std::fs::read(&hop).unwrap()));
@@ -180,7 +186,7 @@ fn a_planted_secret_reaches_no_recording_trace_export_metric_or_report_unless_pa
 
     let mut needles: Vec<(&str, Vec<u8>)> = vec![("secret", secret.as_bytes().to_vec())];
     for t in &texts {
-        needles.push(("completion", t.trim().as_bytes().to_vec()));
+        needles.push(("completion", t.as_bytes().to_vec()));
     }
     for (what, bytes) in &outputs {
         for (kind, needle) in &needles {
@@ -202,12 +208,11 @@ fn a_planted_secret_reaches_no_recording_trace_export_metric_or_report_unless_pa
     let (decoded2, raw2) = decoded_recording(&hop2);
     assert!(raw2 > 0, "--capture-payload records payload");
     assert!(contains(&decoded2, secret.as_bytes()), "the planted secret is visible in a --capture-payload recording");
-    let streamed = completions2.iter().find(|t| t.trim().len() >= 16);
-    if let Some(t) = streamed {
-        // SSE splits a completion over events; its first token is in one write.
-        let first: String = t.chars().take(4).collect();
-        assert!(contains(&decoded2, first.as_bytes()), "completion bytes visible with --capture-payload");
-    }
+    // The non-streaming completion is one JSON body (a streamed one is one
+    // byte-token per SSE event, never contiguous on the wire).
+    let whole = verbatim_run(&completions2[1]);
+    assert!(whole.len() >= 10, "{completions2:?}");
+    assert!(contains(&decoded2, whole.as_bytes()), "completion bytes {whole:?} visible with --capture-payload");
     eprintln!("privacy: {} outputs scanned for the secret and {} completion texts; all clean; --capture-payload shows it", outputs.len(), texts.len());
 }
 

@@ -417,12 +417,6 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         ..EbpfConfig::default()
     };
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
-    // Least privilege: the programs are attached; before any thread starts
-    // (capabilities are per thread), keep only what recording still needs.
-    match hopscope::privilege::drop_after_attach() {
-        Ok(d) => eprintln!("hopscope: attached; capabilities now {}", hopscope::privilege::names(d.kept)),
-        Err(e) => eprintln!("hopscope: warning: {e}: recording with the capabilities it was started with"),
-    }
     let mut gpu = if !cmd.is_empty() && injection.is_none() {
         eprintln!(
             "hopscope: note: {} not found next to hopscope (use --cupti-lib PATH or {}): recording without GPU",
@@ -449,7 +443,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 }
             }
         }
-        match GpuReceiver::bind(gcfg) {
+        // Paused: no thread may start before the capability drop below.
+        match GpuReceiver::bind_paused(gcfg) {
             Ok(g) => Some(g),
             Err(e) => {
                 eprintln!("hopscope: note: {e}: recording without GPU");
@@ -479,8 +474,20 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         pids.push(c.id());
         child = Some(c);
     }
-    if let Some(g) = &gpu {
+    // Least privilege: the programs are attached and the command (if any) is
+    // launched with the capabilities hopscope was given — tracing must not
+    // change what the server may do. Before any thread starts (capabilities
+    // are per thread), keep only what recording still needs.
+    match hopscope::privilege::drop_after_attach() {
+        Ok(d) => eprintln!("hopscope: attached; capabilities now {}", hopscope::privilege::names(d.kept)),
+        Err(e) => eprintln!("hopscope: warning: {e}: recording with the capabilities it was started with"),
+    }
+    if let Some(g) = &mut gpu {
         g.set_traced(source.targets());
+        if let Err(e) = g.start_accepting() {
+            eprintln!("hopscope: note: {e}: recording without GPU");
+            gpu = None;
+        }
     }
     // NVML: its own thread; without a driver, one note and no samples.
     use hopscope::source::nvml::{NvmlConfig, NvmlSampler};

@@ -11,8 +11,8 @@
 //!
 //! Capabilities are per thread: call it before the agent starts any thread
 //! (every later thread inherits the reduced sets). A command started by
-//! `hopscope run` is forked after the drop: as root it execs with at most the
-//! kept set.
+//! `hopscope run` is forked before the drop, so it keeps the capabilities
+//! hopscope was started with.
 
 /// CAP_CHOWN: the GPU socket is handed to the traced server's owner (`record --pid`).
 pub const CAP_CHOWN: u32 = 0;

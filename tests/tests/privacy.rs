@@ -262,3 +262,43 @@ fn the_agent_keeps_exactly_its_documented_capabilities_after_attaching() {
     assert!(child_io, "a child forked after the drop is traced");
     eprintln!("capabilities after attaching: {} on {} threads", hopscope::privilege::names(hopscope::privilege::KEPT_MASK), tasks.len());
 }
+
+/// `hopscope run` forks its command before dropping capabilities: tracing does
+/// not change what the server may do (started as root, it keeps root's sets).
+#[test]
+fn hopscope_run_launches_its_command_with_the_capabilities_hopscope_was_given() {
+    let Some(_serial) = privileged("hopscope_run_launches_its_command_with_the_capabilities_hopscope_was_given") else { return };
+    let dir = scratch("privacy-run-caps");
+    let out = dir.join("child-status");
+    let hop = dir.join("run.hop");
+    let script = format!("grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status > {}", out.display());
+    let res = Command::new(hopscope_bin())
+        .args(["run", "--quiet", "--nvml-period", "0", "-o"])
+        .arg(&hop)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .expect("hopscope runs");
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(res.status.success(), "hopscope run failed: {stderr}");
+    assert!(stderr.contains("capabilities now"), "the agent dropped after launching: {stderr}");
+    let caps = |text: &str| -> Vec<(String, String)> {
+        text.lines()
+            .filter(|l| l.starts_with("Cap") && !l.starts_with("CapInh"))
+            .map(|l| {
+                let (k, v) = l.split_once(':').unwrap();
+                (k.to_string(), v.trim().to_string())
+            })
+            .collect()
+    };
+    let child = caps(&std::fs::read_to_string(&out).expect("the command ran"));
+    let ours = caps(&std::fs::read_to_string("/proc/self/status").unwrap());
+    assert_eq!(child.len(), 4, "{child:?}");
+    for (k, v) in &child {
+        if k == "CapAmb" {
+            assert_eq!(v, "0000000000000000", "ambient capabilities are not passed on");
+        } else {
+            let want = &ours.iter().find(|(o, _)| o == k).unwrap().1;
+            assert_eq!(v, want, "{k}: the command keeps what hopscope was given");
+        }
+    }
+}

@@ -168,6 +168,9 @@ pub struct GpuReceiver {
     shared: Arc<Shared>,
     rx: Receiver<Record>,
     acceptor: Option<JoinHandle<()>>,
+    /// Between [`GpuReceiver::bind_paused`] and [`GpuReceiver::start_accepting`]:
+    /// the listener and the queue's sender, waiting for the acceptor thread.
+    paused: Option<(UnixListener, mpsc::SyncSender<Record>)>,
     drained: u64,
 }
 
@@ -207,6 +210,27 @@ fn private_dir(parent: &Path) -> Result<PathBuf, GpuError> {
 impl GpuReceiver {
     /// Creates the private directory and socket and starts accepting.
     pub fn bind(cfg: GpuConfig) -> Result<GpuReceiver, GpuError> {
+        let mut g = Self::bind_paused(cfg)?;
+        g.start_accepting()?;
+        Ok(g)
+    }
+
+    /// Starts the acceptor thread of a [`GpuReceiver::bind_paused`] receiver
+    /// (no-op when it runs). Peers that connected meanwhile wait in the listen
+    /// backlog.
+    pub fn start_accepting(&mut self) -> Result<(), GpuError> {
+        let Some((listener, tx)) = self.paused.take() else { return Ok(()) };
+        let sh = Arc::clone(&self.shared);
+        let acceptor = std::thread::Builder::new().name("hopscope-gpu".into()).spawn(move || accept_loop(listener, sh, tx)).map_err(GpuError::Thread)?;
+        self.acceptor = Some(acceptor);
+        Ok(())
+    }
+
+    /// Creates the private directory and socket without starting a thread:
+    /// `record` binds before it launches the command (whose environment names
+    /// the socket) and drops capabilities, which are per thread, before any
+    /// thread starts.
+    pub fn bind_paused(cfg: GpuConfig) -> Result<GpuReceiver, GpuError> {
         let parent = cfg.parent.clone().unwrap_or_else(default_parent);
         let dir = private_dir(&parent)?;
         let path = dir.join("gpu.sock");
@@ -240,12 +264,7 @@ impl GpuReceiver {
             notes: Mutex::new(Vec::new()),
         });
         let (tx, rx) = mpsc::sync_channel(cfg.queue.max(1));
-        let sh = Arc::clone(&shared);
-        let acceptor = std::thread::Builder::new()
-            .name("hopscope-gpu".into())
-            .spawn(move || accept_loop(listener, sh, tx))
-            .map_err(|e| cleanup(GpuError::Thread(e)))?;
-        Ok(GpuReceiver { dir, path, shared, rx, acceptor: Some(acceptor), drained: 0 })
+        Ok(GpuReceiver { dir, path, shared, rx, acceptor: None, paused: Some((listener, tx)), drained: 0 })
     }
 
     /// The socket to put in [`SOCKET_ENV`].

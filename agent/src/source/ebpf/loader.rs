@@ -456,12 +456,17 @@ impl EbpfSource {
         let (pid_r, pid_w) = (pid_rx.as_raw_fd(), pid_tx.as_raw_fd());
         let (go_r, go_w) = (go_rx.as_raw_fd(), go_tx.as_raw_fd());
         // SAFETY: the closure runs in the forked child before exec, where only
-        // async-signal-safe calls are allowed: it calls close, getpid, write and
-        // read on raw fds that are open in the child (the parent keeps the
+        // async-signal-safe calls are allowed: it calls prctl with integer
+        // arguments, and close, getpid, write and read on raw fds that are open in the child (the parent keeps the
         // OwnedFds alive until spawn returns; all four are O_CLOEXEC, so none
         // leaks into the program); it allocates nothing and takes no locks.
         unsafe {
             cmd.pre_exec(move || {
+                // Ambient capabilities given to a non-root hopscope are for
+                // tracing, not for the server: it execs with what it would have
+                // had without hopscope. (Failure only means an old kernel
+                // without ambient capabilities, where there is nothing to clear.)
+                libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong);
                 // Drop the child's copies of the parent's ends, so that the parent
                 // closing `go` reads as EOF here instead of blocking forever.
                 libc::close(pid_r);

@@ -111,6 +111,8 @@ pub fn run(args: &[String]) -> Result<()> {
         if i % 4096 == 4095 {
             take(c.drain_final(r.ts_ns()));
             c.take_steps();
+            // As `report --json` does: per-step figures are spooled, not held.
+            c.take_gpu_steps();
             let h = c.held();
             held = (held.0.max(h.0), held.1.max(h.1));
         }

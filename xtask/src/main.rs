@@ -144,7 +144,7 @@ fn test(args: &[String]) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        eprintln!("usage: cargo xtask <setup|test|demo|bench> [args]");
+        eprintln!("usage: cargo xtask <setup|test|demo|bench|bench-correlator|bench-memory|fuzz|codegen-cupti> [args]");
         std::process::exit(2);
     };
     let rest = &args[1..];
@@ -157,6 +157,6 @@ fn main() -> Result<()> {
         "demo" => demo::run_demo(rest),
         "codegen-cupti" => codegen::run(rest),
         "fuzz" => fuzz::run(rest),
-        other => bail!("unknown task {other:?}: expected setup, test, demo or bench"),
+        other => bail!("unknown task {other:?}: expected setup, test, demo, bench, bench-correlator, bench-memory, fuzz or codegen-cupti"),
     }
 }

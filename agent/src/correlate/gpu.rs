@@ -547,12 +547,34 @@ pub struct GpuShare {
     pub kv_prefill_ns: u64,
     /// GPU steps it took part in.
     pub steps: u32,
+    /// Where those copies ran (the union, clipped to its first token), for
+    /// the trace: the first [`KV_SPANS_MAX`], in time order (a fixed array
+    /// keeps the share `Copy`; more are counted, `gpu_kv_spans_capped`).
+    pub kv_spans: [(u64, u64); KV_SPANS_MAX],
+    pub kv_spans_len: u8,
 }
+
+/// KV copy intervals kept per request (see [`GpuShare::kv_spans`]).
+pub const KV_SPANS_MAX: usize = 4;
 
 impl GpuShare {
     pub fn kv_wall_ns(&self) -> u64 {
         self.kv_queue_ns + self.kv_prefill_ns
     }
+    /// The KV copy intervals kept (union, time order).
+    pub fn kv_spans(&self) -> &[(u64, u64)] {
+        &self.kv_spans[..usize::from(self.kv_spans_len).min(KV_SPANS_MAX)]
+    }
+}
+
+/// The step that GPU work of one process belongs to, by the work's start:
+/// the first step whose end copy finished at or after it — work that started
+/// after the previous step's end copy and no later than this one's (the rule
+/// [`GpuSteps`] applies). `gpu_ends`: that process's step-end copies, in
+/// order. None after the last one.
+pub fn step_of(gpu_ends: &[u64], start_ns: u64) -> Option<usize> {
+    let i = gpu_ends.partition_point(|&e| e < start_ns);
+    (i < gpu_ends.len()).then_some(i)
 }
 
 /// Where a step's compute time came from.
@@ -584,6 +606,9 @@ pub struct StepCompute {
     pub end_ns: u64,
     pub compute_ns: u64,
     pub source: ComputeSource,
+    /// The matched GPU step's `gpu_end_ns` (cupti only): links the engine
+    /// step to its GPU step in the trace.
+    pub gpu_end_ns: Option<u64>,
 }
 
 /// Tokens each member contributed to a step, from (first token?, prefill
@@ -676,7 +701,7 @@ pub struct Attribution {
     gpu_seen: bool,
     seen_writer: bool,
     watermark: u64,
-    ids: HashMap<String, Eng>,
+    ids: super::FxMap<String, Eng>,
     outs: VecDeque<OutStep>,
     /// Decided GPU steps not yet matched, in order.
     gsteps: VecDeque<GpuStep>,
@@ -712,7 +737,10 @@ impl Attribution {
             Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } => self.gpu_seen = true,
             Record::OffCpu { ts_ns, tgid, tid, off_ns, .. } => self.cpu.off_cpu(*ts_ns, *tgid, *tid, *off_ns),
             Record::EngineRequest { ts_ns, request_id, prompt_tokens, .. } => {
-                let e = self.ids.entry(request_id.clone()).or_default();
+                let e = match self.ids.get_mut(request_id) {
+                    Some(e) => e,
+                    None => self.ids.entry(request_id.clone()).or_default(),
+                };
                 e.submit_ns = Some(e.submit_ns.map_or(*ts_ns, |s| s.min(*ts_ns)));
                 e.prompt_tokens = e.prompt_tokens.or(*prompt_tokens);
                 e.last_ns = ts;
@@ -728,7 +756,12 @@ impl Attribution {
                 let end = step_end_of(*ts_ns, *timestamp_s);
                 let mut members = Vec::with_capacity(outputs.len());
                 for o in outputs {
-                    let e = self.ids.entry(o.request_id.clone()).or_default();
+                    // Looked up before inserting: a request is in many steps,
+                    // and its id is copied only the first time.
+                    let e = match self.ids.get_mut(&o.request_id) {
+                        Some(e) => e,
+                        None => self.ids.entry(o.request_id.clone()).or_default(),
+                    };
                     let first = o.new_tokens > 0 && e.first_token_ns.is_none();
                     if first {
                         e.first_token_ns = Some(end);
@@ -771,7 +804,7 @@ impl Attribution {
                 continue;
             }
             let Some(members) = self.cpu_wait.remove(&c.end_ns) else { continue };
-            self.step_compute.push(StepCompute { end_ns: c.end_ns, compute_ns: c.on_cpu_ns, source: ComputeSource::Oncpu });
+            self.step_compute.push(StepCompute { end_ns: c.end_ns, compute_ns: c.on_cpu_ns, source: ComputeSource::Oncpu, gpu_end_ns: None });
             for (id, first) in members {
                 if let Some(e) = self.ids.get_mut(&id) {
                     let prefill = first || e.first_token_ns.is_none_or(|f| c.end_ns < f);
@@ -860,7 +893,7 @@ impl Attribution {
                 if known.is_empty() {
                     self.count("gpu_steps_unattributed", 1);
                 }
-                self.step_compute.push(StepCompute { end_ns: o.end_ns, compute_ns: g.gpu_ns, source: ComputeSource::Cupti });
+                self.step_compute.push(StepCompute { end_ns: o.end_ns, compute_ns: g.gpu_ns, source: ComputeSource::Cupti, gpu_end_ns: Some(g.gpu_end_ns) });
                 self.kv.extend(g.copies().filter(|c| c.is_kv()).copied());
                 for r in &mut g.ranks {
                     r.copies = Vec::new();
@@ -907,14 +940,24 @@ impl Attribution {
         }
         self.kv = keep;
         let spans: Vec<(String, Vec<(u64, u64)>)> = spans.into_iter().map(|(k, v)| (k.clone(), v)).collect();
+        let mut capped = 0;
         for (id, mut v) in spans {
             let e = self.ids.get_mut(&id).expect("known");
             let cut = e.scheduled_ns.or(e.submit_ns).unwrap_or(0);
             for (a, b) in union(&mut v) {
                 e.share.kv_queue_ns += b.min(cut).saturating_sub(a);
                 e.share.kv_prefill_ns += b.saturating_sub(a.max(cut));
+                match e.share.kv_spans.get_mut(usize::from(e.share.kv_spans_len)) {
+                    Some(slot) if b > a => {
+                        *slot = (a, b);
+                        e.share.kv_spans_len += 1;
+                    }
+                    Some(_) => {}
+                    None => capped += 1,
+                }
             }
         }
+        self.count("gpu_kv_spans_capped", capped);
     }
 
     /// The figures of an engine request (its id as on the IPC), once it is
@@ -1393,6 +1436,32 @@ mod tests {
     }
 
     #[test]
+    fn a_requests_kv_copy_intervals_are_kept_for_the_trace_up_to_the_cap_and_the_rest_counted() {
+        // A waits from 1 ms; six disjoint 100 µs onloads (two of them
+        // touching: one union interval) before its first step at 2–10 ms.
+        let mut recs = vec![add(MS, "A", 100)];
+        for k in [0, 1, 3, 5, 7, 9] {
+            let s = MS + 100 * US + k * 100 * US;
+            recs.push(copy(1000, 9, s, s + 100 * US, COPY_HTOD, MEM_PINNED, DEVICE, 1 << 20));
+        }
+        recs.extend(gpu_step(1000, 2 * MS, 8 * MS, 100));
+        recs.push(outputs(10 * MS + 100 * US, &[("A", Some((MS + 50 * US, 100)))]));
+        let mut a = attribute_all(&mut recs);
+        let (g, _) = a.take("A");
+        let g = g.expect("share");
+        let spans: Vec<(u64, u64)> = [(11, 13), (14, 15), (16, 17), (18, 19)].iter().map(|&(s, e)| (s * 100 * US, e * 100 * US)).collect();
+        assert_eq!(g.kv_spans(), &spans[..]);
+        assert_eq!(g.kv_wall_ns(), 600 * US, "the figures count every interval, kept or not");
+        assert_eq!(a.counters.get("gpu_kv_spans_capped"), Some(&1));
+    }
+
+    #[test]
+    fn work_belongs_to_the_first_step_whose_end_copy_finished_at_or_after_its_start() {
+        let ends = [10, 20, 30];
+        assert_eq!([5, 10, 11, 20, 30, 31].map(|t| step_of(&ends, t)), [Some(0), Some(0), Some(1), Some(1), Some(2), None]);
+    }
+
+    #[test]
     fn attribution_splits_each_gpu_step_by_tokens_and_puts_kv_copies_on_the_waiting_requests_path() {
         // A: 100-token prompt, prefilled alone in step 0, decodes in 1 and 3.
         // B: 50 tokens, submitted at 12 ms, its KV onloaded at 13–15 ms
@@ -1415,11 +1484,11 @@ mod tests {
         let (gb, _) = a.take("B");
         let (gc, cc) = a.take("C");
         // Step 1: 51 tokens (A 1, B 50) over 7.1 ms; step 3: 145 (A 1, C 144) over 3 ms.
-        assert_eq!(ga, Some(GpuShare { prefill_ns: 8 * MS, decode_ns: 139_216 + 20_690, kv_gpu_ns: 0, kv_queue_ns: 0, kv_prefill_ns: 0, steps: 3 }));
+        assert_eq!(ga, Some(GpuShare { prefill_ns: 8 * MS, decode_ns: 139_216 + 20_690, kv_gpu_ns: 0, kv_queue_ns: 0, kv_prefill_ns: 0, steps: 3, ..GpuShare::default() }));
         // B: its copy's 2 ms of GPU time; on its path 1 ms while queued, 1 ms once scheduled.
-        assert_eq!(gb, Some(GpuShare { prefill_ns: 6_960_784, decode_ns: 0, kv_gpu_ns: 2 * MS, kv_queue_ns: MS, kv_prefill_ns: MS, steps: 1 }));
+        assert_eq!(gb, Some(GpuShare { prefill_ns: 6_960_784, decode_ns: 0, kv_gpu_ns: 2 * MS, kv_queue_ns: MS, kv_prefill_ns: MS, steps: 1, kv_spans: [(13 * MS, 15 * MS), (0, 0), (0, 0), (0, 0)], kv_spans_len: 1 }));
         // C: all of the output-less step 2, and 144/145 of step 3.
-        assert_eq!(gc, Some(GpuShare { prefill_ns: 6 * MS + 2_979_310, decode_ns: 0, kv_gpu_ns: 0, kv_queue_ns: 0, kv_prefill_ns: 0, steps: 2 }));
+        assert_eq!(gc, Some(GpuShare { prefill_ns: 6 * MS + 2_979_310, decode_ns: 0, kv_gpu_ns: 0, kv_queue_ns: 0, kv_prefill_ns: 0, steps: 2, ..GpuShare::default() }));
         let total: u64 = [ga, gb, gc].iter().map(|g| g.unwrap().prefill_ns + g.unwrap().decode_ns).sum();
         assert_eq!(total, steps.iter().map(|s| s.gpu_ns).sum::<u64>(), "every GPU ns of every step goes to someone");
         assert_eq!(ca, Some(RequestCompute { prefill_ns: Some(8 * MS), decode_ns: Some(7_100_000 + 3 * MS), steps: 3, source: ComputeSource::Cupti }));
@@ -1544,5 +1613,41 @@ mod tests {
         let ra = an.requests.iter().find(|r| r.id == "chatcmpl-a").expect("A");
         let qa = crate::sink::report::request_out(ra);
         assert_eq!((qa.gpu_ms.prefill, qa.gpu_ms.decode, qa.phases_ms.kv_transfer), (Some(8.0), Some(0.139216), Some(0.0)));
+    }
+
+    #[test]
+    fn a_streamed_report_takes_gpu_steps_as_they_come_and_prints_what_the_in_memory_one_does() {
+        let (a, b) = ("chatcmpl-a-0123abcd", "chatcmpl-b-0123abcd");
+        let mut recs = vec![add(500 * US, a, 100), add(12 * MS, b, 50)];
+        recs.extend(http(5, 200 * US, "chatcmpl-a", &[10_500 * US, 20_500 * US], 20_700 * US));
+        recs.extend(http(6, 11_500 * US, "chatcmpl-b", &[20_600 * US], 21 * MS));
+        recs.extend(gpu_step(1000, 2 * MS, 8 * MS, 100));
+        recs.push(outputs(10 * MS + 100 * US, &[(a, Some((MS, 100)))]));
+        recs.extend(gpu_step(1000, 15 * MS, 5_100_000, 51));
+        recs.push(outputs(20 * MS + 200 * US, &[(a, None), (b, Some((14 * MS, 50)))]));
+        // Output-less steps over 6 s: the report is drained every 250 ms of
+        // recording time, so most of them are taken and spooled mid-stream.
+        for k in 1..=60u64 {
+            recs.extend(gpu_step(1000, k * 100 * MS, 2 * MS, 8));
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let meta = crate::recording::Meta::default();
+        let mut w = crate::recording::Writer::new(Vec::new(), &meta).expect("writer");
+        for r in &recs {
+            w.push(r).expect("push");
+        }
+        let bytes = w.finish(recs.last().map_or(0, Record::ts_ns)).expect("finish");
+        let mut reader = crate::recording::Reader::new(&bytes[..]).expect("reader");
+        let mut got = Vec::new();
+        let err = crate::sink::report::write_json(&mut reader, "gpu.hop", crate::correlate::Config::default(), crate::sink::summary::DEFAULT_PERCENTILES, &mut got).expect("streamed report");
+        assert_eq!(err, None);
+        let mut c = crate::correlate::Correlator::new(crate::correlate::Config::default());
+        for r in &recs {
+            c.ingest(r);
+        }
+        let an = c.finish();
+        assert_eq!(an.gpu_steps.len(), 62);
+        let want = serde_json::to_string_pretty(&crate::sink::report::build("gpu.hop", &meta, &an, None)).expect("report serializes") + "\n";
+        assert_eq!(String::from_utf8(got).expect("utf-8"), want);
     }
 }

@@ -250,10 +250,15 @@ pub struct FxHasher(u64);
 
 impl std::hash::Hasher for FxHasher {
     fn write(&mut self, bytes: &[u8]) {
-        for c in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..c.len()].copy_from_slice(c);
-            self.write_u64(u64::from_le_bytes(b));
+        // The same words as zero-padded 8-byte chunks, without the call to
+        // memcpy a variable-length copy compiles to (ids are hashed per step).
+        let mut it = bytes.chunks_exact(8);
+        for c in &mut it {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = it.remainder();
+        if !rest.is_empty() {
+            self.write_u64(rest.iter().rev().fold(0u64, |v, &b| (v << 8) | u64::from(b)));
         }
     }
     fn write_u64(&mut self, v: u64) {
@@ -287,13 +292,13 @@ pub struct Correlator {
     /// The last request handed out: a request arriving before it is late.
     emitted_up_to: Option<OrderKey>,
     /// Per chain key: hops handed out so far, by key source.
-    hops: HashMap<String, [u32; 3]>,
+    hops: FxMap<String, [u32; 3]>,
     wire: wire_steps::Clusters,
     drops: BTreeMap<String, u64>,
     own: BTreeMap<&'static str, u64>,
     engine: engine::EngineSide,
     /// Per thread: last switch-in, the wake-up before it, latest socket I/O.
-    woke: HashMap<u32, engine::Woke>,
+    woke: FxMap<u32, engine::Woke>,
     first_ns: Option<u64>,
     last_ns: Option<u64>,
     kernels: KernelTotals,
@@ -321,12 +326,12 @@ impl Correlator {
             next: 0,
             open: FxMap::default(),
             emitted_up_to: None,
-            hops: HashMap::new(),
+            hops: FxMap::default(),
             wire: wire_steps::Clusters::new(wire_steps::DEFAULT_GAP_NS),
             drops: BTreeMap::new(),
             own: BTreeMap::new(),
             engine: engine::EngineSide::default(),
-            woke: HashMap::new(),
+            woke: FxMap::default(),
             first_ns: None,
             last_ns: None,
             kernels: KernelTotals::default(),
@@ -639,6 +644,15 @@ impl Correlator {
     /// end up in [`Analysis::steps`] when nobody takes them).
     pub fn take_steps(&mut self) -> Vec<Step> {
         self.engine.take_steps()
+    }
+
+    /// GPU steps (copies dropped) and output steps' compute decided since
+    /// the last call, in order (all of them end up in [`Analysis::gpu_steps`]
+    /// and [`Analysis::step_compute`] when nobody takes them): a streamed
+    /// report takes them as they come so that they do not grow with the
+    /// recording.
+    pub fn take_gpu_steps(&mut self) -> (Vec<gpu::GpuStep>, Vec<gpu::StepCompute>) {
+        self.attribution.take_steps()
     }
 
     /// What is held: requests not yet handed out, engine requests not yet

@@ -21,7 +21,7 @@
 //! misread. With a GPU, a host thread spinning in a CUDA synchronize is on
 //! CPU too: this figure stands for step compute only without a GPU source.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 #[derive(Debug, Clone, Default)]
 struct Thread {
@@ -39,7 +39,7 @@ struct Thread {
 /// Per-thread on-CPU intervals from off-CPU records.
 #[derive(Debug, Default)]
 pub struct OnCpu {
-    threads: HashMap<u32, Thread>,
+    threads: super::FxMap<u32, Thread>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 

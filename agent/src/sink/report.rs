@@ -342,22 +342,26 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
                 gpu_ms: ms(k.gpu_ns),
             })
             .collect(),
-        gpu_steps: analysis
-            .gpu_steps
-            .iter()
-            .map(|g| GpuStepOut {
-                end_ns: g.end_ns,
-                gpu_end_ns: g.gpu_end_ns,
-                start_ns: g.start_ns,
-                gpu_ms: ms(g.gpu_ns),
-                tokens: g.tokens,
-                kernels: g.kernels(),
-                graph_kernels: g.graph_kernels(),
-                pids: g.ranks.iter().map(|r| r.pid).collect(),
-            })
-            .collect(),
-        step_compute: analysis.step_compute.iter().map(|c| StepComputeOut { end_ns: c.end_ns, compute_ms: ms(c.compute_ns), source: c.source }).collect(),
+        gpu_steps: analysis.gpu_steps.iter().map(gpu_step_out).collect(),
+        step_compute: analysis.step_compute.iter().map(step_compute_out).collect(),
     }
+}
+
+fn gpu_step_out(g: &crate::correlate::gpu::GpuStep) -> GpuStepOut {
+    GpuStepOut {
+        end_ns: g.end_ns,
+        gpu_end_ns: g.gpu_end_ns,
+        start_ns: g.start_ns,
+        gpu_ms: ms(g.gpu_ns),
+        tokens: g.tokens,
+        kernels: g.kernels(),
+        graph_kernels: g.graph_kernels(),
+        pids: g.ranks.iter().map(|r| r.pid).collect(),
+    }
+}
+
+fn step_compute_out(c: &crate::correlate::gpu::StepCompute) -> StepComputeOut {
+    StepComputeOut { end_ns: c.end_ns, compute_ms: ms(c.compute_ns), source: c.source }
 }
 
 fn opt(v: Option<f64>) -> String {
@@ -406,16 +410,19 @@ pub fn render_text(rep: &Report) -> String {
     let by_id: BTreeMap<&str, &RequestOut> = rep.requests.iter().map(|q| (q.id.as_str(), q)).collect();
     for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
         let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", c.chain, c.source, c.hops.len(), opt(c.e2e_ms));
-        let _ = writeln!(
+        // The peak GPU memory column only when NVML sampled something during the chain.
+        let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
+        let _ = write!(
             s,
             "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
             "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
         );
+        let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
         for (n, id) in c.hops.iter().enumerate() {
             let Some(q) = by_id.get(id.as_str()) else { continue };
             let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
             let p = &q.phases_ms;
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
                 n + 1,
@@ -433,6 +440,8 @@ pub fn render_text(rep: &Report) -> String {
                 opt_u(q.cached_tokens),
                 opt(q.e2e_ms),
             );
+            let mib = q.peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
+            let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
         }
     }
     for g in &r.gpus {
@@ -535,7 +544,6 @@ fn trunc(s: &str, n: usize) -> String {
 
 use crate::correlate::{ChainSource, Config, Correlator};
 use crate::sink::summary::{self, ChainHitRate, Dist, GpuMemIndex, ReqView, Summary};
-use std::collections::HashMap;
 use std::io::{self, Read, Seek, Write};
 
 /// Chains as their hops come, in report order, without keeping the hops in
@@ -546,7 +554,7 @@ use std::io::{self, Read, Seek, Write};
 #[derive(Debug)]
 pub struct ChainBook {
     /// Chain number by key and key source.
-    index: HashMap<Box<str>, [u32; 3]>,
+    index: crate::correlate::FxMap<Box<str>, [u32; 3]>,
     chains: Vec<ChainAgg>,
     spool: io::BufWriter<std::fs::File>,
     spooled: u64,
@@ -581,7 +589,7 @@ fn bits_opt(b: &[u8]) -> Option<f64> {
 
 impl ChainBook {
     pub fn new() -> io::Result<Self> {
-        Ok(ChainBook { index: HashMap::new(), chains: Vec::new(), spool: io::BufWriter::with_capacity(1 << 16, spool_file()?), spooled: 0, hop_at: Vec::new(), chain_of: Vec::new() })
+        Ok(ChainBook { index: Default::default(), chains: Vec::new(), spool: io::BufWriter::with_capacity(1 << 16, spool_file()?), spooled: 0, hop_at: Vec::new(), chain_of: Vec::new() })
     }
 
     /// The next hop of its chain (requests in report order).
@@ -838,14 +846,14 @@ pub struct SummaryAcc {
 }
 
 impl SummaryAcc {
-    pub fn add(&mut self, q: &RequestOut) {
+    pub fn add(&mut self, q: RequestOut) {
         let k = Kept {
             status: q.status,
             arrive_ns: q.arrive_ns,
             done_ns: q.done_ns,
             ttft_ms: q.ttft_ms,
             e2e_ms: q.e2e_ms,
-            itl_ms: q.itl_ms.clone().into_boxed_slice(),
+            itl_ms: q.itl_ms.into_boxed_slice(),
             prompt_tokens: q.prompt_tokens,
             completion_tokens: q.completion_tokens,
             cached_tokens: q.cached_tokens,
@@ -1043,7 +1051,18 @@ impl<W: Write> Write for Splice<'_, W> {
         // Nothing before them (schema, recording, requests) can hold the
         // markers: a quote inside a JSON string is escaped.
         while let Some((marker, _)) = self.todo.front() {
-            let Some(at) = self.head.windows(marker.len()).position(|w| w == *marker) else { break };
+            let Some(at) = self.head.windows(marker.len()).position(|w| w == *marker) else {
+                // Only a tail that may start the marker waits: what precedes
+                // it (the summary's chains, say) goes through, so it is
+                // neither held nor searched again.
+                let keep = marker.len() - 1;
+                if self.head.len() > keep {
+                    let cut = self.head.len() - keep;
+                    self.out.write_all(&self.head[..cut])?;
+                    self.head.drain(..cut);
+                }
+                break;
+            };
             let (marker, fill) = self.todo.pop_front().expect("front checked");
             self.out.write_all(&self.head[..at])?;
             match fill {
@@ -1065,6 +1084,44 @@ impl<W: Write> Write for Splice<'_, W> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+}
+
+/// Elements of a top-level array of the report, written (already indented)
+/// to an unlinked spool file as they come, spliced in at the end: the
+/// report's per-step arrays grow with the recording, not with what is open.
+struct ArraySpool {
+    w: io::BufWriter<std::fs::File>,
+    written: usize,
+}
+
+impl ArraySpool {
+    fn new() -> io::Result<Self> {
+        Ok(ArraySpool { w: io::BufWriter::with_capacity(1 << 16, spool_file()?), written: 0 })
+    }
+
+    fn push<T: Serialize>(&mut self, v: &T) -> io::Result<()> {
+        // The array's opening `[` is the splice's: elements are two levels deep.
+        if self.written > 0 {
+            self.w.write_all(b",")?;
+        }
+        newline(&mut self.w, 2)?;
+        v.serialize(&mut serde_json::Serializer::with_formatter(&mut self.w, Nested { level: 2, has_value: false }))?;
+        self.written += 1;
+        Ok(())
+    }
+
+    /// What goes inside the array's brackets, or `None` when it is empty
+    /// (the marker `[]` then stays as it is).
+    fn fill<'a, W: Write + 'a>(self) -> io::Result<Option<Fill<'a, W>>> {
+        if self.written == 0 {
+            return Ok(None);
+        }
+        let mut file = self.w.into_inner().map_err(io::IntoInnerError::into_error)?;
+        Ok(Some(Box::new(move |o: &mut W| {
+            file.seek(io::SeekFrom::Start(0))?;
+            io::copy(&mut file, o).map(drop)
+        })))
     }
 }
 
@@ -1091,6 +1148,7 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     let mut spool = spool_file()?;
     let mut w = io::BufWriter::with_capacity(1 << 16, &mut spool);
     let (mut chains, mut acc, mut written) = (ChainBook::new()?, SummaryAcc::default(), 0usize);
+    let (mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?);
     let mut put = |r: &Request, gpu_mem: &GpuMemIndex, w: &mut io::BufWriter<&mut std::fs::File>| -> io::Result<()> {
         let mut q = request_out(r);
         if gpu_mem.samples() > 0 {
@@ -1105,17 +1163,17 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
         q.serialize(&mut ser)?;
         written += 1;
         chains.add(r, &q)?;
-        acc.add(&q);
+        acc.add(q);
         Ok(())
     };
     // Hand out final requests every few thousand records, or every 250 ms
     // of recording time, whichever comes first.
     let (mut now, mut n, mut next_drain, mut prev_ts) = (0u64, 0u64, 0u64, 0u64);
     let read_error = loop {
-        match reader.next_record() {
+        match reader.next_ref() {
             Ok(Some(r)) => {
-                gpu_mem.ingest(&r);
-                c.ingest(&r);
+                gpu_mem.ingest(r);
+                c.ingest(r);
                 // Two records in a row must agree for the clock to move: one
                 // corrupt far-future time would hand out every request early.
                 now = now.max(prev_ts.min(r.ts_ns()));
@@ -1126,8 +1184,11 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
                     for r in c.drain_final(now) {
                         put(&r, &gpu_mem, &mut w)?;
                     }
-                    // The report has no use for steps (the trace has).
+                    // The report has no use for engine steps (the trace has).
                     c.take_steps();
+                    let (g, sc) = c.take_gpu_steps();
+                    g.iter().try_for_each(|g| gpu_steps.push(&gpu_step_out(g)))?;
+                    sc.iter().try_for_each(|x| step_compute.push(&step_compute_out(x)))?;
                 }
             }
             Ok(None) => break None,
@@ -1140,6 +1201,8 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     }
     w.flush()?;
     drop(w);
+    std::mem::take(&mut tail.gpu_steps).iter().try_for_each(|g| gpu_steps.push(&gpu_step_out(g)))?;
+    std::mem::take(&mut tail.step_compute).iter().try_for_each(|x| step_compute.push(&step_compute_out(x)))?;
     let mut rep = build(path, &meta, &tail, read_error.clone());
     let (chain_outs, hits) = chains.finish()?;
     rep.summary = acc.finish(hits, percentiles);
@@ -1157,6 +1220,8 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     ));
     let has_chains = chain_outs.len() > 0;
     todo.push_back((b"\"chains\": []", has_chains.then(|| Box::new(move |o: &mut W| chain_outs.write(o)) as Fill<W>)));
+    todo.push_back((b"\"gpu_steps\": []", gpu_steps.fill()?));
+    todo.push_back((b"\"step_compute\": []", step_compute.fill()?));
     let mut out = io::BufWriter::with_capacity(1 << 16, Splice { out, head: Vec::new(), todo });
     serde_json::to_writer_pretty(&mut out, &rep)?;
     out.write_all(b"\n")?;

@@ -259,14 +259,18 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
         itl_ms: dist(&itls, percentiles),
         e2el_ms: dist(&e2els, percentiles),
         interactivity_p90_tok_s: percentile(&per_token_s, 90.0).filter(|p| *p > 0.0).map(|p| 1.0 / p),
-        chains: chains.iter().map(|c| chain_hit_rate(c, requests)).collect(),
+        chains: {
+            // One lookup for every chain: built per chain it made the summary
+            // quadratic in the requests.
+            let by_id: HashMap<&str, &ReqView> = if chains.is_empty() { HashMap::new() } else { requests.iter().map(|q| (q.id, q)).collect() };
+            chains.iter().map(|c| chain_hit_rate(c, &by_id)).collect()
+        },
         gpu_samples: 0,
         peak_gpu_mem_bytes: requests.iter().filter_map(|q| q.peak_gpu_mem_bytes).max(),
     }
 }
 
-fn chain_hit_rate(c: &ChainView, requests: &[ReqView]) -> ChainHitRate {
-    let by_id: HashMap<&str, &ReqView> = requests.iter().map(|q| (q.id, q)).collect();
+fn chain_hit_rate(c: &ChainView, by_id: &HashMap<&str, &ReqView>) -> ChainHitRate {
     let (mut cached, mut prompt, mut unknown) = (0u64, 0u64, 0usize);
     for id in c.hops {
         match by_id.get(id.as_str()).and_then(|q| Some((q.cached_tokens?, q.prompt_tokens?))) {

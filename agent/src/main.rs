@@ -340,6 +340,12 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
 fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool) -> Result<()> {
     use hopscope::sink::perfetto;
     let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
+    let enc = if no_compress { perfetto::Encoding::PLAIN } else { perfetto::Encoding::default() };
+    let size = std::fs::metadata(&file).with_context(|| format!("reading {}", file.display()))?.len();
+    let full_max = std::env::var("HOPSCOPE_TRACE_FULL_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(perfetto::FULL_LAYOUT_MAX_BYTES);
+    if size > full_max {
+        return trace_streamed(&file, &output, enc, full_max);
+    }
     let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
     let mut c = Correlator::new(correlate::Config { chain_header: loaded.meta.chain_header.clone(), use_ipc: true });
     for r in &loaded.records {
@@ -349,7 +355,6 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool) -> Resul
     let read_error = loaded.error.as_ref().map(|e| e.to_string());
     let out = std::fs::File::create(&output).with_context(|| format!("creating {}", output.display()))?;
     let input = perfetto::TraceInput { meta: &loaded.meta, records: &loaded.records, analysis: &analysis, read_error: read_error.as_deref() };
-    let enc = if no_compress { perfetto::Encoding::PLAIN } else { perfetto::Encoding::default() };
     let stats = match perfetto::write_trace_with(std::io::BufWriter::new(out), input, enc) {
         Ok((_, stats)) => stats,
         Err(e) => {
@@ -682,6 +687,54 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     Ok(())
 }
 
+/// `hopscope trace` on a recording over `full_max` bytes: one streamed pass,
+/// memory bounded by the open requests; no request→step→kernel flows.
+fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscope::sink::perfetto::Encoding, full_max: u64) -> Result<()> {
+    use hopscope::sink::perfetto;
+    let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+    let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+    let out = std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let (_, stats, read_error) = match perfetto::live::write_trace_streamed(std::io::BufWriter::new(out), &mut reader, cfg, enc) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(output);
+            return Err(e).with_context(|| format!("writing {}", output.display()));
+        }
+    };
+    if let Some(e) = read_error {
+        eprintln!("hopscope: warning: {e}; the trace covers the readable part");
+    }
+    print_stream_notes(&stats, Some(full_max));
+    eprintln!(
+        "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
+        output.display(),
+        stats.requests,
+        stats.chains,
+        stats.writer.slices,
+        stats.writer.instants,
+        stats.writer.counter_values,
+        stats.writer.bytes
+    );
+    Ok(())
+}
+
+/// What a streamed request part left out.
+fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, full_max: Option<u64>) {
+    if stats.offcpu_skipped > 0 {
+        eprintln!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
+    }
+    if stats.requests_late > 0 {
+        eprintln!("hopscope: warning: {} request(s) arrived after later ones were drawn and were left out (trace.requests_late)", stats.requests_late);
+    }
+    if stats.flows_not_streamed > 0 {
+        let why = match full_max {
+            Some(m) => format!("the recording is over {m} bytes, so the trace was streamed; set HOPSCOPE_TRACE_FULL_MAX_BYTES higher for them, at the cost of memory"),
+            None => "`hopscope trace` on the recording draws them".to_owned(),
+        };
+        eprintln!("hopscope: flows: {} request→step/kernel flow(s) not drawn (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
+    }
+}
+
 /// `record --perfetto`: the live trace and the first error writing it.
 type LiveTrace = std::rc::Rc<std::cell::RefCell<(Option<hopscope::sink::perfetto::live::LiveTrace<std::io::BufWriter<std::fs::File>>>, Option<hopscope::sink::perfetto::PerfettoError>)>>;
 
@@ -712,8 +765,14 @@ fn finish_live_trace(path: &std::path::Path, recording: &std::path::Path, live: 
         return Err(e).with_context(|| format!("writing {} (readable up to the failure; `hopscope trace {}` writes it again)", path.display(), recording.display()));
     }
     let Some(t) = t else { return Ok(()) };
-    let (meta, analysis, read_error) = analyze_with(recording, None, true, |_| {})?;
-    let (_, stats) = t.finish(&meta, &analysis, read_error.as_deref()).with_context(|| format!("writing {}", path.display()))?;
+    // Streamed: finishing holds the open requests, not the recording.
+    let mut reader = recording::Reader::open(recording).with_context(|| format!("reading {}", recording.display()))?;
+    let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+    let (_, stats, read_error) = t.finish_streamed(&mut reader, cfg).with_context(|| format!("writing {}", path.display()))?;
+    if let Some(e) = read_error {
+        eprintln!("hopscope: warning: {e}; the trace's requests cover the readable part of {}", recording.display());
+    }
+    print_stream_notes(&stats, None);
     eprintln!(
         "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
         path.display(),

@@ -558,6 +558,134 @@ fn flows_steps_kernels_counters_and_delta_timestamps_read_the_same_through_perfe
     assert!(ids.len() >= 5, "main, requests, steps, two streams, counters: {ids:?}");
 }
 
+/// chatcmpl-5-0 served by an engine whose four steps (built at +3, +5, +7,
+/// +9 ms) end on the GPU as vLLM's model runner ends them (docs/attribution.md:
+/// `reshape_and_cache` with one block per new token, a gemm, the sampled ids
+/// copied into pinned memory, an event synchronize), with its KV onloaded
+/// (1 MiB pinned host → device) at +1.5–2.5 ms: submitted at +1 ms,
+/// scheduled at +2 ms.
+fn cupti_steps_recording() -> Vec<Record> {
+    use hopscope::correlate::gpu::{COPY_DTOH, COPY_HTOD, MEM_PINNED};
+    use hopscope::model::EngineEvent;
+    const DEVICE: u8 = 3;
+    let mut r = small_chain_recording();
+    let id = "chatcmpl-5-0-0123abcd";
+    r.push(Record::EngineRequest {
+        conn: ConnKey { tgid: FRONTEND, fd: 40, ino: 40 },
+        ts_ns: T0 + MS,
+        tid: FRONTEND,
+        dir: Dir::Out,
+        request_id: id.into(),
+        external_req_id: Some("chatcmpl-5-0".into()),
+        prompt_tokens: Some(100),
+        max_tokens: None,
+        arrival_time_s: None,
+        traceparent: None,
+        data_parallel_rank: None,
+        truncated: false,
+    });
+    let copy = |stream: u32, s: u64, e: u64, kind: u8, src: u8, dst: u8, bytes: u64| Record::GpuMemcpy {
+        ts_ns: s,
+        end_ns: e,
+        pid: ENGINE,
+        device: 0,
+        context: 1,
+        stream,
+        kind,
+        src_kind: src,
+        dst_kind: dst,
+        flags: 1,
+        bytes,
+        correlation_id: 2,
+        runtime_correlation_id: 0,
+        graph_id: 0,
+        graph_node_id: 0,
+        peer: None,
+    };
+    let kernel = |s: u64, name: &str, grid_x: u32| Record::GpuKernel {
+        ts_ns: s,
+        end_ns: s + MS / 2,
+        pid: ENGINE,
+        device: 0,
+        context: 1,
+        stream: 7,
+        correlation_id: 1,
+        graph_id: 0,
+        graph_node_id: 0,
+        name: name.into(),
+        grid: [grid_x, 1, 1],
+        block: [128, 1, 1],
+        static_shared_mem: 0,
+        dynamic_shared_mem: 0,
+        registers_per_thread: 32,
+    };
+    for k in 0..4u64 {
+        let b = T0 + 3 * MS + k * 2 * MS;
+        let events = if k == 0 { vec![EngineEvent { kind: 2, timestamp_s: (T0 + 2 * MS) as f64 / 1e9 }] } else { vec![] };
+        r.push(Record::EngineOutputs {
+            conn: ConnKey { tgid: ENGINE, fd: 41, ino: 41 },
+            ts_ns: b + 30_000,
+            tid: ENGINE,
+            dir: Dir::Out,
+            engine_index: Some(0),
+            timestamp_s: Some(b as f64 / 1e9),
+            outputs: vec![EngineOutput { request_id: id.into(), new_tokens: 1, finish_reason: (k == 3).then_some(0), events, prefill: None }],
+            outputs_total: Some(1),
+            finished_requests: vec![],
+            truncated: false,
+        });
+        r.push(kernel(b - 1_500_000, "vllm::reshape_and_cache_flash_kernel", if k == 0 { 100 } else { 1 }));
+        r.push(kernel(b - MS, "gemm", 108));
+        r.push(copy(7, b - 450_000, b - 400_000, COPY_DTOH, DEVICE, MEM_PINNED, 64));
+        r.push(Record::GpuSync { ts_ns: b - 1_400_000, end_ns: b - 300_000, pid: ENGINE, sync_type: 1, context: 1, stream: None, correlation_id: 3, cuda_event: Some(4) });
+    }
+    r.push(copy(9, T0 + 1_500_000, T0 + 2_500_000, COPY_HTOD, MEM_PINNED, DEVICE, 1 << 20));
+    r.sort_by_key(Record::ts_ns);
+    r
+}
+
+#[test]
+fn gpu_steps_kv_transfer_and_gpu_shares_read_the_same_through_perfettos_schema() {
+    let recs = cupti_steps_recording();
+    let a = analyse(&recs);
+    assert_eq!(a.gpu_steps.len(), 4);
+    let bytes = write_trace(Vec::new(), TraceInput { meta: &meta(), records: &recs, analysis: &a, read_error: None }).unwrap().0;
+    let ours = check::decode(&bytes).expect("hopscope's subset decodes its own trace");
+    let theirs = official(&bytes);
+    assert_eq!(theirs.packet.len(), ours.packet.len());
+    for (i, (x, y)) in theirs.packet.iter().zip(&ours.packet).enumerate() {
+        assert_eq!(x, y, "packet {i} reads differently through Perfetto's schema");
+    }
+    let s = check::check(&theirs).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = s.track("GPU steps").unwrap_or_else(|| panic!("no GPU steps track in\n{}", s.render()));
+    assert_eq!(gpu.slices.get("gpu step"), Some(&4));
+    let req = s.track("chatcmpl-5-0").unwrap();
+    assert_eq!(req.slices.get("kv transfer"), Some(&2), "{}", s.render());
+    // hop→request ×6, prefill→first step, decode→3 steps, engine step→GPU
+    // step ×4, GPU step→its first and last kernel ×4.
+    assert_eq!(s.flows, 6 + 1 + 3 + 4 + 4 * 2, "{}", s.render());
+    let flat = check::flatten(&theirs);
+    let ann = |name: &str| -> Vec<f64> {
+        flat.packet
+            .iter()
+            .filter_map(|p| match &p.data {
+                Some(proto::Data::TrackEvent(e)) => Some(e),
+                _ => None,
+            })
+            .flat_map(|e| e.debug_annotations.iter())
+            .filter(|d| d.name.as_deref() == Some(name))
+            .filter_map(|d| d.double_value)
+            .collect()
+    };
+    assert_eq!(ann("kv_transfer_ms"), vec![0.5, 0.5], "half queued, half in the prefill");
+    assert_eq!(ann("phases_ms.kv_transfer"), vec![1.0]);
+    assert_eq!(ann("phases_ms.queue"), vec![0.5]);
+    assert_eq!(ann("gpu_kv_ms"), vec![1.0]);
+    // The first step: the KV copy beside the two kernels (all within
+    // 1.5–2.5 ms), then the ids copy: 1.05 ms of GPU time.
+    assert_eq!(ann("gpu_prefill_ms"), vec![1.05, 1.05], "request and prefill slice");
+}
+
 /// The batches are what zlib itself (the C library trace processor links;
 /// Python's `zlib` module wraps it) inflates: with the zlib wrapper strictly
 /// (window bits 15), and in trace processor's mode (`inflateInit2(32 +
@@ -681,4 +809,48 @@ fn a_killed_recorder_leaves_a_readable_trace_up_to_its_last_flush() {
     let s = check::check(&official(part)).unwrap_or_else(|e| panic!("{e}"));
     assert!(s.tracks.iter().any(|t| t.kind == "thread" && t.slices.get("off-cpu").is_some_and(|n| *n > 0)), "off-CPU slices up to the kill:\n{}", s.render());
     assert!(s.track("Requests").is_none(), "requests are appended only by a recorder that stops");
+}
+
+/// `hopscope trace FILE` with the given threshold override: the trace's
+/// bytes and stderr.
+fn cli_trace(hop: &std::path::Path, out: &std::path::Path, full_max: Option<&str>) -> (Vec<u8>, String) {
+    let mut cmd = std::process::Command::new(hopscope_bin());
+    cmd.args(["trace", hop.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    match full_max {
+        Some(v) => cmd.env("HOPSCOPE_TRACE_FULL_MAX_BYTES", v),
+        None => cmd.env_remove("HOPSCOPE_TRACE_FULL_MAX_BYTES"),
+    };
+    let res = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&res.stderr).into_owned();
+    assert!(res.status.success(), "{stderr}");
+    (std::fs::read(out).unwrap(), stderr)
+}
+
+#[test]
+fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_tracks_less_the_step_flows() {
+    let dir = scratch("perfetto-streamed");
+    for (name, recs, step_flows) in [("engine", engine_and_gpu_recording(), 1 + 3 + 3 * 2), ("cupti", cupti_steps_recording(), 1 + 3 + 4 + 4 * 2)] {
+        let hop = dir.join(format!("{name}.hop"));
+        let mut w = Writer::create(&hop, &meta()).unwrap();
+        for r in &recs {
+            w.push(r).unwrap();
+        }
+        w.finish(recs.last().unwrap().ts_ns() + MS).unwrap();
+        let (full, full_err) = cli_trace(&hop, &dir.join(format!("{name}-full.pftrace")), None);
+        let (streamed, err) = cli_trace(&hop, &dir.join(format!("{name}-streamed.pftrace")), Some("0"));
+        assert!(!full_err.contains("flows_not_streamed"), "{full_err}");
+        assert!(err.contains("not drawn (trace.flows_not_streamed)") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
+        assert!(err.contains("6 requests, 3 chains"), "{err}");
+        let f = check::check(&official(&full)).unwrap_or_else(|e| panic!("{name} full: {e}"));
+        let s = check::check(&official(&streamed)).unwrap_or_else(|e| panic!("{name} streamed: {e}"));
+        let lines = |s: &check::Summary| {
+            let mut v: Vec<String> = s.render().lines().map(str::to_owned).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(lines(&s), lines(&f), "{name}: the same tracks and slices");
+        assert_eq!((s.slices, s.instants), (f.slices, f.instants), "{name}");
+        assert_eq!(f.flows, 6 + step_flows, "{name}");
+        assert_eq!(s.flows, 6, "{name}: hop→request flows only");
+    }
 }

@@ -1,7 +1,8 @@
 //! `cargo xtask bench-memory [--requests N] [--old]`: `hopscope report --json`
-//! on a synthetic recording of N requests (default 1 000 000), run as a child
-//! process: peak RSS (the child's own `ru_maxrss`, from wait4) and records/s
-//! on one core. The recording is made once and cached in target/bench/.
+//! and `hopscope trace` on a synthetic recording of N requests (default
+//! 1 000 000), each run as a child process: peak RSS (the child's own
+//! `ru_maxrss`, from wait4) and records/s on one core. The recording is made
+//! once and cached in target/bench/; the trace goes there too.
 //! `--old` also runs the in-memory path (`hopscope report`, the text
 //! tables), for the figure before streaming.
 //!
@@ -228,7 +229,7 @@ fn measure(cmd: &mut Command) -> Result<(f64, f64)> {
         bail!("waiting for hopscope: {}", std::io::Error::last_os_error());
     }
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("hopscope report failed (wait status {status}): run it by hand to see why");
+        bail!("hopscope failed (wait status {status}): run it by hand to see why");
     }
     Ok((dt, ru.ru_maxrss as f64 / 1024.0))
 }
@@ -262,6 +263,16 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("hopscope report --json, one core, synthetic vLLM-shaped recording: {n} requests, {records} records, {:.0} MiB", size as f64 / (1 << 20) as f64);
     let (dt, rss) = measure(Command::new(&bin).args(["report", "--json"]).arg(&hop))?;
     println!("  streamed (report --json):  {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB   (goals: >= 2 M/s, <= 200 MB)", records as f64 / dt / 1e6);
+    // Over its size threshold, so streamed (no request→step→kernel flows).
+    let trace = hop.with_extension("pftrace");
+    let (dt, rss) = measure(Command::new(&bin).arg("trace").arg(&hop).arg("-o").arg(&trace).stderr(Stdio::null()))?;
+    let trace_size = std::fs::metadata(&trace).map_or(0, |m| m.len());
+    println!(
+        "  streamed (trace):          {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB, trace {:.0} MiB   (goal: <= 200 MB)",
+        records as f64 / dt / 1e6,
+        trace_size as f64 / (1 << 20) as f64
+    );
+    let _ = std::fs::remove_file(&trace);
     if old {
         let (dt, rss) = measure(Command::new(&bin).args(["report"]).arg(&hop))?;
         println!("  in memory (report, text):  {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB", records as f64 / dt / 1e6);

@@ -9,22 +9,119 @@
 //! packet), so a killed recorder leaves a trace readable up to its last
 //! second.
 //!
-//! Not in a live trace: flows from requests to steps and kernels (steps and
-//! kernels are written before the requests they served are known);
-//! `hopscope trace` on the recording draws them.
+//! [`LiveTrace::finish_streamed`] re-reads the recording and streams the
+//! request part as requests become final ([`super::stream`]), so finishing
+//! holds the open requests, not the recording; [`write_trace_streamed`] is
+//! `hopscope trace` on large recordings: both parts from one pass.
+//!
+//! Not in a live or streamed trace: flows from requests to steps and kernels
+//! (steps and kernels are written before the requests they served are
+//! known); `hopscope trace` on a recording under its size threshold draws them.
 
 use super::raw::RawLayout;
+use super::stream::RequestStream;
 use super::{end_of, groups, write_requests, Encoding, PerfettoError, TraceInput, TraceStats, TraceWriter};
-use crate::correlate::Analysis;
+use crate::correlate::{Analysis, Config, Correlator};
 use crate::model::Record;
-use crate::recording::Meta;
-use std::io::Write;
+use crate::recording::{Meta, Reader};
+use std::io::{Read, Write};
+
+/// How often requests are handed out while reading: every this many records
+/// or this much recording time, whichever comes first (as `report --json`).
+const DRAIN_RECORDS: u64 = 4096;
+const DRAIN_NS: u64 = 250_000_000;
+
+/// Reads `reader` to its end (or its first unreadable block), feeding the
+/// correlator and, with `draw_records`, the record-driven tracks; hands final
+/// requests to the request stream as it goes. Returns the correlator's tail
+/// and the error that stopped the read, if any.
+fn stream_pass<R: Read, W: Write>(t: &mut LiveTrace<W>, reader: &mut Reader<R>, cfg: Config, draw_records: bool, first: Option<Record>) -> Result<(Analysis, Option<String>), PerfettoError> {
+    let mut rs = match t.req.take() {
+        Some(rs) => rs,
+        None => RequestStream::new(&mut t.w, t.t0)?,
+    };
+    let mut p = Pass { c: Correlator::new(cfg), now: 0, n: 0, next_drain: 0, prev_ts: 0, draw_records };
+    if let Some(r) = &first {
+        p.feed(t, &mut rs, r)?;
+    }
+    let read_error = loop {
+        match reader.next_ref() {
+            Ok(Some(r)) => p.feed(t, &mut rs, r)?,
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    let mut tail = p.c.finish_streaming();
+    let members: usize = std::mem::take(&mut tail.steps).iter().map(|s| s.members.len()).sum();
+    rs.count_unstreamed_flows(members as u64);
+    t.req = Some(rs);
+    Ok((tail, read_error))
+}
+
+/// One streamed read: the correlator and its clock.
+struct Pass {
+    c: Correlator,
+    now: u64,
+    n: u64,
+    next_drain: u64,
+    prev_ts: u64,
+    draw_records: bool,
+}
+
+impl Pass {
+    fn feed<W: Write>(&mut self, t: &mut LiveTrace<W>, rs: &mut RequestStream, r: &Record) -> Result<(), PerfettoError> {
+        if self.draw_records {
+            t.push(r)?;
+        }
+        self.c.ingest(r);
+        // Two records in a row must agree for the clock to move (one corrupt
+        // far-future time would hand out every request early).
+        self.now = self.now.max(self.prev_ts.min(r.ts_ns()));
+        self.prev_ts = r.ts_ns();
+        self.n += 1;
+        if self.n.is_multiple_of(DRAIN_RECORDS) || self.now >= self.next_drain {
+            self.next_drain = self.now.saturating_add(DRAIN_NS);
+            for q in self.c.drain_final(self.now) {
+                rs.push(&mut t.w, &mut t.raw, q, self.now)?;
+            }
+            // Steps are drawn from the records; their members' flows are not.
+            let members: usize = self.c.take_steps().iter().map(|s| s.members.len()).sum();
+            rs.count_unstreamed_flows(members as u64);
+            rs.advance(&mut t.w, &mut t.raw)?;
+        }
+        Ok(())
+    }
+}
+
+/// `hopscope trace` in bounded memory: one pass over the recording draws the
+/// record-driven tracks as records come and the request part as requests
+/// become final. Returns the output, what was drawn and the error that
+/// stopped the read early, if any.
+pub fn write_trace_streamed<R: Read, W: Write>(out: W, reader: &mut Reader<R>, cfg: Config, enc: Encoding) -> Result<(W, TraceStats, Option<String>), PerfettoError> {
+    let meta = reader.meta().clone();
+    // The trace starts with the recording, else (no start in its metadata)
+    // with its first record, as the whole layout does.
+    let (first, first_error) = match reader.next_record() {
+        Ok(r) => (r, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let t0 = if meta.start_ns > 0 { meta.start_ns } else { first.as_ref().map_or(0, Record::ts_ns) };
+    let mut t = LiveTrace::open(out, &meta, enc, t0, false)?;
+    if let Some(e) = first_error {
+        let (out, stats) = t.finish_tail(&meta, Analysis::default(), Some(&e))?;
+        return Ok((out, stats, Some(e)));
+    }
+    let (tail, read_error) = stream_pass(&mut t, reader, cfg, true, first)?;
+    let (out, stats) = t.finish_tail(&meta, tail, read_error.as_deref())?;
+    Ok((out, stats, read_error))
+}
 
 pub struct LiveTrace<W: Write> {
     w: TraceWriter<W>,
     raw: RawLayout,
     t0: u64,
     last_ts: u64,
+    req: Option<RequestStream>,
 }
 
 impl<W: Write> LiveTrace<W> {
@@ -36,17 +133,26 @@ impl<W: Write> LiveTrace<W> {
 
     /// [`new`](Self::new) with the given encoding.
     pub fn with_encoding(out: W, meta: &Meta, enc: Encoding) -> Result<Self, PerfettoError> {
-        let t0 = meta.start_ns;
+        Self::open(out, meta, enc, meta.start_ns, true)
+    }
+
+    /// Starts the trace at `t0`. `describe_roots`: describe the recording's
+    /// root processes now (live: they show at once), else as first used or
+    /// at the end, when the records read so far have named them (a process
+    /// track's name is fixed when it is declared).
+    fn open(out: W, meta: &Meta, enc: Encoding, t0: u64, describe_roots: bool) -> Result<Self, PerfettoError> {
         let mut w = TraceWriter::with_encoding(out, t0, enc)?;
         let mut raw = RawLayout::new(t0, true);
         let m = raw.meta_track(&mut w);
         w.describe(m)?;
-        for &pid in &meta.pids {
-            let t = raw.process(&mut w, pid);
-            w.describe(t)?;
+        if describe_roots {
+            for &pid in &meta.pids {
+                let t = raw.process(&mut w, pid);
+                w.describe(t)?;
+            }
         }
         w.flush()?;
-        Ok(LiveTrace { w, raw, t0, last_ts: t0 })
+        Ok(LiveTrace { w, raw, t0, last_ts: t0, req: None })
     }
 
     /// Draws one record (in the pipeline's output order).
@@ -76,9 +182,40 @@ impl<W: Write> LiveTrace<W> {
                 self.w.describe(t)?;
             }
         }
+        // The GPU steps are known only now (the correlator's), on their own sequence.
+        self.raw.gpu_steps(&mut self.w, &analysis.gpu_steps, &[])?;
         let g = groups(&mut self.w)?;
         let input = TraceInput { meta, records: &[], analysis, read_error };
         write_requests(&mut self.w, &mut self.raw, &g, input, None, self.t0, t_end, &mut stats)?;
+        stats.processes = self.w.processes() as u64;
+        let (out, ws) = self.w.finish()?;
+        stats.writer = ws;
+        Ok((out, stats))
+    }
+
+    /// Appends the request-driven part by reading the finished recording
+    /// once more, streamed ([`super::stream`]), and closes the trace.
+    /// Returns also the error that stopped the read early, if any.
+    pub fn finish_streamed<R: Read>(mut self, reader: &mut Reader<R>, cfg: Config) -> Result<(W, TraceStats, Option<String>), PerfettoError> {
+        let meta = reader.meta().clone();
+        let (tail, read_error) = stream_pass(&mut self, reader, cfg, false, None)?;
+        let (out, stats) = self.finish_tail(&meta, tail, read_error.as_deref())?;
+        Ok((out, stats, read_error))
+    }
+
+    fn finish_tail(mut self, meta: &Meta, mut tail: Analysis, read_error: Option<&str>) -> Result<(W, TraceStats), PerfettoError> {
+        let rs = match self.req.take() {
+            Some(rs) => rs,
+            None => RequestStream::new(&mut self.w, self.t0)?,
+        };
+        for &pid in &meta.pids {
+            let t = self.raw.process(&mut self.w, pid);
+            self.w.describe(t)?;
+        }
+        // The GPU steps are the correlator's, known at its end, on their own sequence.
+        self.raw.gpu_steps(&mut self.w, &tail.gpu_steps, &[])?;
+        let last_ts = self.last_ts;
+        let mut stats = rs.finish(&mut self.w, &mut self.raw, meta, &mut tail, last_ts, read_error)?;
         stats.processes = self.w.processes() as u64;
         let (out, ws) = self.w.finish()?;
         stats.writer = ws;

@@ -9,7 +9,10 @@
 //!   every trace hopscope writes;
 //! - [`raw`]: the record-driven tracks (threads, GPU streams, engine steps,
 //!   server and loss counters), drawn record by record;
-//! - [`live`]: `record --perfetto`, the trace written while recording;
+//! - [`live`]: `record --perfetto`, the trace written while recording, and
+//!   `write_trace_streamed` (`hopscope trace` over [`FULL_LAYOUT_MAX_BYTES`]);
+//! - [`stream`]: the request-driven tracks streamed as the correlator hands
+//!   requests out, in memory that follows the open requests;
 //! - this module: the request-driven tracks (chains, requests and their
 //!   phases, request counters), drawn from the correlator's analysis, and
 //!   `write_trace`, the whole trace from a loaded recording.
@@ -26,6 +29,7 @@ pub mod check;
 pub mod live;
 pub mod proto;
 pub mod raw;
+pub mod stream;
 pub mod writer;
 
 #[cfg(test)]
@@ -56,6 +60,9 @@ pub mod names {
     pub const FIRST_OUTPUT: &str = "first output";
     pub const STEPS: &str = "Engine steps";
     pub const STEP: &str = "step";
+    pub const GPU_STEPS: &str = "GPU steps";
+    pub const GPU_STEP: &str = "gpu step";
+    pub const KV_TRANSFER: &str = "kv transfer";
     pub const DECODE: &str = "decode";
     pub const CHUNK: &str = "chunk";
     pub const OFF_CPU: &str = "off-cpu";
@@ -114,6 +121,24 @@ pub struct TraceStats {
     /// Step members whose engine request maps to no drawn request (not
     /// joined to an HTTP request, or the step list could not be replayed).
     pub flows_unmapped: u64,
+    /// GPU steps (CUPTI step ends) drawn, and left out (overlap lanes full,
+    /// or starting before the previous one).
+    pub gpu_steps: u64,
+    pub gpu_steps_skipped: u64,
+    /// Flows from an engine step to the GPU step matched to it.
+    pub gpu_step_flows: u64,
+    /// KV transfer slices drawn inside requests' queue/prefill slices.
+    pub kv_slices: u64,
+    /// Streamed request part only ([`stream`]): requests left out because
+    /// they would start before what was already written, and step members
+    /// whose request→step flows are not drawn.
+    pub requests_late: u64,
+    pub flows_not_streamed: u64,
+    /// Streamed only: the most requests the request part held at once
+    /// (handed out by the correlator, not yet written), and its largest queue
+    /// of timeline items: what its memory follows.
+    pub held_requests_peak: u64,
+    pub held_items_peak: u64,
 }
 
 impl TraceStats {
@@ -125,8 +150,16 @@ impl TraceStats {
         self.steps = r.steps;
         self.steps_skipped = r.steps_skipped;
         self.counter_values_skipped = r.counter_values_skipped;
+        self.gpu_steps = r.gpu_steps;
+        self.gpu_steps_skipped = r.gpu_steps_skipped;
     }
 }
+
+/// `hopscope trace` lays out recordings up to this size whole (every record
+/// and request in memory, with the request→step→kernel flows); larger ones
+/// are streamed ([`live::write_trace_streamed`]) in memory that follows the
+/// open requests. `HOPSCOPE_TRACE_FULL_MAX_BYTES` overrides it.
+pub const FULL_LAYOUT_MAX_BYTES: u64 = 4 << 20;
 
 /// The most flows a request's prefill or decode slice gets to the steps that
 /// served it: the first and the last `FLOW_CAP / 2` (a long decode has
@@ -142,6 +175,7 @@ enum Phase {
     Queue,
     Prefill,
     FirstOutput,
+    KvTransfer,
 }
 
 impl Phase {
@@ -154,6 +188,7 @@ impl Phase {
             Phase::Queue => names::QUEUE,
             Phase::Prefill => names::PREFILL,
             Phase::FirstOutput => names::FIRST_OUTPUT,
+            Phase::KvTransfer => names::KV_TRANSFER,
         }
     }
 }
@@ -173,6 +208,8 @@ enum Item {
     HopBegin { req: u32, track: TrackId },
     RequestBegin { req: u32 },
     PhaseBegin { req: u32, phase: Phase },
+    /// A KV transfer slice of `ns` inside the queue or prefill slice.
+    KvBegin { req: u32, ns: u64 },
     Chunk { req: u32 },
     End { track: TrackId },
     /// A change of one of the request-level counters.
@@ -203,6 +240,7 @@ pub struct Ends {
 #[derive(Default)]
 struct Flows {
     steps: Vec<Ends>,
+    gpu_steps: Vec<Ends>,
     kernels: HashMap<u32, Ends>,
     phases: HashMap<(u32, Phase), Ends>,
 }
@@ -281,8 +319,8 @@ fn end_of(analysis: &Analysis, t0: u64, last_record: u64) -> u64 {
 
 /// Plans the flows request phase → engine steps → first and last kernel.
 fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &Analysis, t0: u64, t_end: u64, stats: &mut TraceStats) -> Flows {
-    let mut flows = Flows { steps: vec![Ends::default(); analysis.steps.len()], ..Flows::default() };
-    if analysis.steps.is_empty() {
+    let mut flows = Flows { steps: vec![Ends::default(); analysis.steps.len()], gpu_steps: vec![Ends::default(); analysis.gpu_steps.len()], ..Flows::default() };
+    if analysis.steps.is_empty() && analysis.gpu_steps.is_empty() {
         return flows;
     }
     // Where each step is drawn (the raw part's rule), None when it is not.
@@ -355,19 +393,64 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
     }
     let mut spans: Vec<(u64, u64, u32)> = step_span.iter().enumerate().filter_map(|(k, s)| s.map(|(a, b)| (a, b, k as u32))).collect();
     spans.sort_unstable();
-    // Per step: its first and last kernel, as (GPU start, record index).
+
+    // With CUPTI step ends, kernels go to the GPU step that ran them (the
+    // correlator's own rule, `gpu::step_of`, per process) and each engine
+    // step links to its matched GPU step; without them, the time rule above.
+    let gpu_steps = &analysis.gpu_steps;
+    let gpu_rule = !gpu_steps.is_empty();
+    let gpu_lanes = raw::gpu_step_lanes(gpu_steps, t0);
+    // Per process: its ranks' step-end copies in order, with (rank start, GPU step).
+    type RankEnds = (Vec<u64>, Vec<(u64, u32)>);
+    let mut rank_ends: HashMap<u32, RankEnds> = HashMap::new();
+    if gpu_rule {
+        let mut per: HashMap<u32, Vec<(u64, u64, u32)>> = HashMap::new();
+        for (g, st) in gpu_steps.iter().enumerate() {
+            for r in &st.ranks {
+                per.entry(r.pid).or_default().push((r.gpu_end_ns, r.start_ns, g as u32));
+            }
+        }
+        for (pid, mut v) in per {
+            v.sort_unstable();
+            rank_ends.insert(pid, (v.iter().map(|x| x.0).collect(), v.iter().map(|x| (x.1, x.2)).collect()));
+        }
+        let by_gpu_end: HashMap<u64, usize> = gpu_steps.iter().enumerate().map(|(g, st)| (st.gpu_end_ns, g)).collect();
+        let mut by_end: HashMap<u64, usize> = HashMap::new();
+        for (k, st) in analysis.steps.iter().enumerate() {
+            by_end.entry(st.end_ns).or_insert(k);
+        }
+        for c in &analysis.step_compute {
+            let Some(g) = c.gpu_end_ns.and_then(|e| by_gpu_end.get(&e)).copied() else { continue };
+            let Some(&k) = by_end.get(&c.end_ns) else { continue };
+            let (Some((ta, _)), Some((_, tg, _))) = (step_span[k], gpu_lanes[g]) else { continue };
+            let id = w.new_flow_id();
+            Flows::link(id, &mut flows.steps[k], ta, &mut flows.gpu_steps[g], tg);
+            stats.gpu_step_flows += 1;
+        }
+    }
+    // Per step (engine or GPU): its first and last kernel, as (GPU start, record index).
     type FirstLast = Option<((u64, u32), (u64, u32))>;
-    let mut step_kernels: Vec<FirstLast> = vec![None; analysis.steps.len()];
+    let mut step_kernels: Vec<FirstLast> = vec![None; if gpu_rule { gpu_steps.len() } else { analysis.steps.len() }];
     let mut lanes = raw::Lanes::default();
     for (i, rec) in records.iter().enumerate() {
         let Some((ts, end, pid, device, stream)) = raw::gpu_item(rec) else { continue };
         if end < ts || ts < t0 || lanes.place((pid, device, stream), ts, end).is_none() {
             continue;
         }
-        if !matches!(rec, Record::GpuKernel { .. }) || !(engine_pids.is_empty() || engine_pids.contains(&pid)) {
+        if !matches!(rec, Record::GpuKernel { .. }) {
             continue;
         }
-        if let Some(k) = step_at(&spans, ts) {
+        let k = if gpu_rule {
+            rank_ends.get(&pid).and_then(|(ends, at)| {
+                let (start, g) = at[crate::correlate::gpu::step_of(ends, ts)?];
+                (start <= ts && gpu_lanes[g as usize].is_some()).then_some(g)
+            })
+        } else if engine_pids.is_empty() || engine_pids.contains(&pid) {
+            step_at(&spans, ts)
+        } else {
+            None
+        };
+        if let Some(k) = k {
             let e = step_kernels[k as usize].get_or_insert(((ts, i as u32), (ts, i as u32)));
             e.0 = e.0.min((ts, i as u32));
             e.1 = e.1.max((ts, i as u32));
@@ -375,11 +458,16 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
     }
     for (k, fl) in step_kernels.iter().enumerate() {
         let Some(((t_first, first), (t_last, last))) = *fl else { continue };
-        let (ta, _) = step_span[k].expect("kernels only go to drawn steps");
+        let (ta, target) = if gpu_rule {
+            let (_, tg, _) = gpu_lanes[k].expect("kernels only go to drawn GPU steps");
+            (tg, &mut flows.gpu_steps[k])
+        } else {
+            (step_span[k].expect("kernels only go to drawn steps").0, &mut flows.steps[k])
+        };
         let ends = if first == last { vec![(first, t_first)] } else { vec![(first, t_first), (last, t_last)] };
         for (rec, tk) in ends {
             let id = w.new_flow_id();
-            Flows::link(id, &mut flows.steps[k], ta, flows.kernels.entry(rec).or_default(), tk);
+            Flows::link(id, target, ta, flows.kernels.entry(rec).or_default(), tk);
             stats.kernel_flows += 1;
         }
     }
@@ -460,6 +548,7 @@ pub fn write_trace_with<W: Write>(out: W, input: TraceInput<'_>, enc: Encoding) 
         };
         raw.step(&mut w, &info, flows.steps.get(k))?;
     }
+    raw.gpu_steps(&mut w, &analysis.gpu_steps, &flows.gpu_steps)?;
 
     write_requests(&mut w, &mut raw, &g, input, Some(&flows), t0, t_end, &mut stats)?;
     stats.processes = w.processes() as u64;
@@ -540,8 +629,22 @@ fn write_requests<W: Write>(
         let engine = crate::correlate::engine::marks(r).is_some_and(|m| m.arrive == arrive && m.done == end);
         let wire_ttft = r.ttft_ns.filter(|_| !engine).map(|t| t.clamp(arrive, end));
         let open_decode = wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode);
+        // The request's KV copies (their union) nest inside the queue or
+        // prefill slice they ran in, clipped to it (a copy across the
+        // scheduling gives one slice in each).
+        let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
         for &(a, b, phase) in &spans {
             items.push(Timed { ts: a, item: Item::PhaseBegin { req, phase } });
+            if engine && matches!(phase, Phase::Queue | Phase::Prefill) {
+                for &(ka, kb) in kv {
+                    let (ka, kb) = (ka.max(a), kb.min(b));
+                    if kb > ka {
+                        items.push(Timed { ts: ka, item: Item::KvBegin { req, ns: kb - ka } });
+                        items.push(Timed { ts: kb, item: Item::End { track } });
+                        stats.kv_slices += 1;
+                    }
+                }
+            }
             if !(open_decode && phase == Phase::Decode) {
                 items.push(Timed { ts: b, item: Item::End { track } });
             }
@@ -633,6 +736,7 @@ fn write_requests<W: Write>(
                     Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
                     Arg::u64("trace.flows_capped", stats.flows_capped),
                     Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
+                    Arg::u64("trace.gpu_steps_skipped", stats.gpu_steps_skipped),
                 ]);
                 w.instant(ts, meta_track, &Event::named(names::META_EVENT).args(&a))?;
                 for (l, t) in level_tracks.iter().enumerate() {
@@ -681,14 +785,48 @@ fn write_requests<W: Write>(
                 }
                 args.push(Arg::interned("method", &r.method));
                 args.push(Arg::interned("path", &r.path));
-                if let Some(v) = r.usage.prompt_tokens {
+                // The report's figures, so a reader sees the same numbers.
+                let out = crate::sink::report::request_out(r);
+                if let Some(v) = out.prompt_tokens {
                     args.push(Arg::u64("prompt_tokens", v));
                 }
                 if let Some(v) = r.usage.completion_tokens {
                     args.push(Arg::u64("completion_tokens", v));
                 }
-                if let Some(v) = r.usage.cached_tokens {
+                if let Some(v) = out.cached_tokens {
                     args.push(Arg::u64("cached_tokens", v));
+                }
+                let p = &out.phases_ms;
+                for (name, v) in [
+                    ("phases_ms.frontend", p.frontend),
+                    ("phases_ms.queue", p.queue),
+                    ("phases_ms.prefill", p.prefill),
+                    ("phases_ms.kv_transfer", p.kv_transfer),
+                    ("phases_ms.first_output", p.first_output),
+                    ("phases_ms.decode", p.decode),
+                    ("gpu_prefill_ms", out.gpu_ms.prefill),
+                    ("gpu_decode_ms", out.gpu_ms.decode),
+                    ("gpu_kv_ms", out.gpu_ms.kv_transfer),
+                    ("interference_ms", out.interference_ms),
+                ] {
+                    if let Some(v) = v {
+                        args.push(Arg::f64(name, v));
+                    }
+                }
+                let from = out.interference_from.join(",");
+                if !from.is_empty() {
+                    args.push(Arg::str("interference_from", &from));
+                }
+                if let Some(c) = &out.compute_ms {
+                    if c.prefill.is_some() || c.decode.is_some() {
+                        args.push(Arg::f64("compute_ms", c.prefill.unwrap_or(0.0) + c.decode.unwrap_or(0.0)));
+                    }
+                }
+                if let Some(s) = &out.compute_source {
+                    args.push(Arg::str("compute_source", s));
+                }
+                if let Some(n) = out.gpu_steps {
+                    args.push(Arg::u64("gpu_steps", u64::from(n)));
                 }
                 args.push(Arg::u64("content_chunks", r.content_ns.len() as u64));
                 if let Some(v) = r.ttft_ms() {
@@ -712,7 +850,13 @@ fn write_requests<W: Write>(
             }
             Item::PhaseBegin { req, phase } => {
                 let e = phase_ends(req, phase);
-                w.begin(ts, request_tracks[req as usize], &Event::named(phase.name()).flows(&e.start).terminating_flows(&e.end))?;
+                let (figures, from) = phase_args(&analysis.requests[req as usize], phase);
+                let args: Vec<Arg> = figures.iter().map(|(n, v)| Arg::f64(n, *v)).chain(from.as_deref().map(|s| Arg::str("interference_from", s))).collect();
+                w.begin(ts, request_tracks[req as usize], &Event::named(phase.name()).args(&args).flows(&e.start).terminating_flows(&e.end))?;
+            }
+            Item::KvBegin { req, ns } => {
+                let args = [Arg::f64("kv_transfer_ms", ns as f64 / 1e6)];
+                w.begin(ts, request_tracks[req as usize], &Event::named(Phase::KvTransfer.name()).args(&args))?;
             }
             Item::Chunk { req } => {
                 w.instant(ts, request_tracks[req as usize], &Event::named(names::CHUNK))?;
@@ -735,6 +879,29 @@ fn write_requests<W: Write>(
     }
     stats.add_raw(&raw.stats);
     Ok(())
+}
+
+/// A phase slice's figures, as the report gives them: the phase's
+/// `phases_ms` value (queue and prefill without the KV transfer nested in
+/// them), and for prefill/decode the request's GPU share and step compute,
+/// for decode its interference (and the ids of the requests that caused it).
+fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<String>) {
+    if matches!(phase, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer) {
+        return (Vec::new(), None);
+    }
+    let out = crate::sink::report::request_out(r);
+    let p = &out.phases_ms;
+    let c = out.compute_ms.as_ref();
+    let v = match phase {
+        Phase::Frontend => vec![("frontend_ms", p.frontend)],
+        Phase::Queue => vec![("queue_ms", p.queue)],
+        Phase::Prefill => vec![("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
+        Phase::FirstOutput => vec![("first_output_ms", p.first_output)],
+        Phase::Decode => vec![("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms)],
+        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer => vec![],
+    };
+    let from = (phase == Phase::Decode && !out.interference_from.is_empty()).then(|| out.interference_from.join(","));
+    (v.into_iter().filter_map(|(n, v)| Some((n, v?))).collect(), from)
 }
 
 /// The span a request's slice covers: from the wire arrival (else the read of

@@ -41,6 +41,41 @@ pub struct RawStats {
     pub steps_skipped: u64,
     /// Counter samples older than the track's previous one.
     pub counter_values_skipped: u64,
+    /// GPU steps (CUPTI step ends) drawn, and those left out: more overlap
+    /// than [`GPU_LANES`] lanes hold, or starting before the previous one.
+    pub gpu_steps: u64,
+    pub gpu_steps_skipped: u64,
+}
+
+/// The lane of the "GPU steps" track each GPU step is drawn on (None: not
+/// drawn), and its drawn span. With async scheduling the host waits for a
+/// step after it launched the next one, so a step's end (the sync's return)
+/// may follow the next one's start: such steps go to overlap lanes. Run by
+/// the offline layout ahead of drawing too, so only drawn steps get flows.
+pub fn gpu_step_lanes(steps: &[crate::correlate::gpu::GpuStep], t0: u64) -> Vec<Option<(u32, u64, u64)>> {
+    let mut free_at: Vec<u64> = Vec::new();
+    let mut last_start = 0;
+    steps
+        .iter()
+        .map(|g| {
+            let start = g.start_ns.max(t0);
+            let end = g.end_ns.max(start);
+            if start < last_start {
+                return None;
+            }
+            last_start = start;
+            let lane = match free_at.iter().position(|f| *f <= start) {
+                Some(l) => l,
+                None if free_at.len() < GPU_LANES as usize => {
+                    free_at.push(0);
+                    free_at.len() - 1
+                }
+                None => return None,
+            };
+            free_at[lane] = end;
+            Some((lane as u32, start, end))
+        })
+        .collect()
 }
 
 /// Which overlap lane of its stream each GPU item goes to: the first lane
@@ -142,6 +177,7 @@ pub struct RawLayout {
     lanes: Lanes,
     lane_tracks: HashMap<(u32, u32, u32, u32), TrackId>,
     steps_track: Option<TrackId>,
+    gpu_step_tracks: Vec<TrackId>,
     step_clock: StepClock,
     /// Live steps: the direction steps come from (the engine's writes win
     /// once one is seen), request ids that already got a token.
@@ -170,6 +206,7 @@ impl RawLayout {
             lanes: Lanes::default(),
             lane_tracks: HashMap::new(),
             steps_track: None,
+            gpu_step_tracks: Vec::new(),
             step_clock: StepClock::default(),
             step_dir: None,
             got_token: HashSet::new(),
@@ -413,6 +450,41 @@ impl RawLayout {
         }
         w.end(end, track)?;
         self.stats.gpu_slices += 1;
+        Ok(())
+    }
+
+    /// Draws the GPU steps (CUPTI step ends, in order) on the "GPU steps"
+    /// track and its overlap lanes; `flows[k]`: step k's flow ends.
+    pub fn gpu_steps<W: Write>(&mut self, w: &mut TraceWriter<W>, steps: &[crate::correlate::gpu::GpuStep], flows: &[Ends]) -> Result<(), PerfettoError> {
+        for (k, (g, placed)) in steps.iter().zip(gpu_step_lanes(steps, self.t0)).enumerate() {
+            let Some((lane, start, end)) = placed else {
+                self.stats.gpu_steps_skipped += 1;
+                continue;
+            };
+            while self.gpu_step_tracks.len() <= lane as usize {
+                let n = self.gpu_step_tracks.len();
+                let name = if n == 0 { names::GPU_STEPS.to_owned() } else { format!("{} (overlap {n})", names::GPU_STEPS) };
+                self.gpu_step_tracks.push(w.track(&name, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() }));
+            }
+            let pids = g.ranks.iter().map(|r| r.pid.to_string()).collect::<Vec<_>>().join(",");
+            let mut args = vec![
+                Arg::u64("step", k as u64),
+                Arg::f64("gpu_ms", g.gpu_ns as f64 / 1e6),
+                Arg::u64("gpu_end_ns", g.gpu_end_ns),
+                Arg::u64("kernels", u64::from(g.kernels())),
+                Arg::u64("graph_kernels", u64::from(g.graph_kernels())),
+                Arg::u64("ranks", g.ranks.len() as u64),
+                Arg::str("pids", &pids),
+            ];
+            if let Some(t) = g.tokens {
+                args.push(Arg::u64("tokens", t));
+            }
+            let (starts, ends) = flows.get(k).map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
+            let track = self.gpu_step_tracks[lane as usize];
+            w.begin(start, track, &Event::named(names::GPU_STEP).args(&args).flows(starts).terminating_flows(ends))?;
+            w.end(end, track)?;
+            self.stats.gpu_steps += 1;
+        }
         Ok(())
     }
 

@@ -1055,3 +1055,380 @@ fn a_live_trace_skips_and_counts_late_records_instead_of_failing() {
     let s = checked(&buf.0.borrow());
     assert_eq!(s.track("GPU 0 stream 7 (overlap 1)").map(|t| t.slices.len()), Some(1));
 }
+
+// ---- GPU attribution: CUPTI step ends, KV transfer, GPU shares ----
+
+#[allow(clippy::too_many_arguments)]
+fn gpu_copy(stream: u32, s: u64, e: u64, kind: u8, src: u8, dst: u8, bytes: u64) -> Record {
+    Record::GpuMemcpy {
+        ts_ns: s,
+        end_ns: e,
+        pid: ENGINE,
+        device: 0,
+        context: 1,
+        stream,
+        kind,
+        src_kind: src,
+        dst_kind: dst,
+        flags: 1,
+        bytes,
+        correlation_id: 2,
+        runtime_correlation_id: 0,
+        graph_id: 0,
+        graph_node_id: 0,
+        peer: None,
+    }
+}
+
+const RESHAPE: &str = "_ZN4vllm30reshape_and_cache_flash_kernelIN3c108BFloat16ES2_LNS_18Fp8KVCacheDataTypeE0EEEvPKT_S7_PT0_S9_PKllllliiPKfSD_";
+
+/// One streamed request (4 content chunks from +5 ms) served by an engine
+/// whose steps (built at +4, +6, +8, +10 ms) each end on the GPU the way
+/// vLLM's model runner does (docs/attribution.md): `reshape_and_cache`
+/// (one block per new token: 40 for the prefill, then 1) and a gemm on
+/// stream 7, the sampled ids copied to pinned memory (64 bytes) and an
+/// event synchronize returning 0.3 ms before the step's output is built.
+/// Its KV (1 MiB, pinned host → device, stream 9) is onloaded at
+/// +1.5–2.5 ms: submitted at +1 ms, scheduled at +2 ms, so half of it
+/// while queued, half in its prefill.
+fn gpu_served_request() -> Vec<Record> {
+    use crate::correlate::gpu::{COPY_DTOH, COPY_HTOD, MEM_PINNED};
+    use crate::event::Dir;
+    use crate::model::{EngineEvent, EngineOutput};
+    const DEVICE: u8 = 3;
+    let id = "chatcmpl-5-0";
+    let mut recs = exchange(conn(5), 0, T0, 4, "s1");
+    let mut engine = engine_steps(id, T0 + MS, &[]);
+    let out = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
+    for (k, b) in [4, 6, 8, 10].into_iter().map(|m| T0 + m * MS).enumerate() {
+        let events = if k == 0 { vec![EngineEvent { kind: 2, timestamp_s: (T0 + 2 * MS) as f64 / 1e9 }] } else { vec![] };
+        engine.push(Record::EngineOutputs {
+            conn: out,
+            ts_ns: b + 50_000,
+            tid: ENGINE,
+            dir: Dir::Out,
+            engine_index: Some(0),
+            timestamp_s: Some(b as f64 / 1e9),
+            outputs: vec![EngineOutput { request_id: format!("{id}-0123abcd"), new_tokens: 1, finish_reason: None, events, prefill: None }],
+            outputs_total: Some(1),
+            finished_requests: vec![],
+            truncated: false,
+        });
+        let mut reshape = kernel(b - 1_500_000, 500_000, RESHAPE);
+        if let Record::GpuKernel { grid, .. } = &mut reshape {
+            grid[0] = if k == 0 { 40 } else { 1 };
+        }
+        recs.extend([
+            reshape,
+            kernel(b - MS, 500_000, "gemm"),
+            gpu_copy(7, b - 450_000, b - 400_000, COPY_DTOH, DEVICE, MEM_PINNED, 64),
+            Record::GpuSync { ts_ns: b - 1_400_000, end_ns: b - 300_000, pid: ENGINE, sync_type: 1, context: 1, stream: None, correlation_id: 3, cuda_event: Some(4) },
+        ]);
+    }
+    recs.extend(engine);
+    recs.push(gpu_copy(9, T0 + 1_500_000, T0 + 2_500_000, COPY_HTOD, MEM_PINNED, DEVICE, 1 << 20));
+    sorted(recs)
+}
+
+fn arg_f64(e: &proto::TrackEvent, name: &str) -> Option<f64> {
+    e.debug_annotations.iter().find(|d| d.name.as_deref() == Some(name)).and_then(|d| d.double_value)
+}
+
+fn slices_named<'a>(t: &'a Trace, name: &'a str) -> impl Iterator<Item = (u64, &'a proto::TrackEvent)> + 'a {
+    events(t).filter(move |(_, e)| e.name.as_deref() == Some(name) && e.r#type == Some(proto::EventType::SliceBegin as i32))
+}
+
+#[test]
+fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_figures() {
+    let recs = gpu_served_request();
+    let analysis = analyse(&recs);
+    let r = &analysis.requests[0];
+    let g = r.gpu.expect("GPU share");
+    assert_eq!(g.kv_spans(), &[(T0 + 1_500_000, T0 + 2_500_000)]);
+    let m = meta();
+    let (bytes, st) = write_trace(Vec::new(), TraceInput { meta: &m, records: &recs, analysis: &analysis, read_error: None }).unwrap();
+    let s = checked(&bytes);
+    assert_eq!(st.kv_slices, 2, "one part while queued, one in the prefill");
+    let track = s.track("chatcmpl-5-0").expect("request track");
+    assert_eq!(track.slices.get("kv transfer"), Some(&2));
+    assert_eq!(track.max_depth, 3, "request › queue/prefill › kv transfer");
+    let t = decode(&bytes);
+    let kv: Vec<(u64, f64)> = slices_named(&t, "kv transfer").map(|(ts, e)| (ts, arg_f64(e, "kv_transfer_ms").unwrap())).collect();
+    assert_eq!(kv, vec![(T0 + 1_500_000, 0.5), (T0 + 2 * MS, 0.5)]);
+
+    // The report's figures, on the request slice and on each phase slice.
+    let out = crate::sink::report::request_out(r);
+    assert_eq!(out.phases_ms.kv_transfer, Some(1.0));
+    let (_, req) = slices_named(&t, "chatcmpl-5-0").next().unwrap();
+    assert_eq!(arg_f64(req, "phases_ms.kv_transfer"), Some(1.0));
+    assert_eq!(arg_f64(req, "phases_ms.queue"), Some(0.5), "1 ms queued less the 0.5 ms of KV in it");
+    assert_eq!(arg_f64(req, "phases_ms.prefill"), Some(1.5), "2 ms less 0.5 ms of KV");
+    assert_eq!(arg_f64(req, "phases_ms.decode"), out.phases_ms.decode);
+    assert_eq!(arg_f64(req, "gpu_kv_ms"), Some(1.0), "the copy's GPU time, all its own");
+    // Step 0's GPU time: the KV copy and the two kernels back to back
+    // (1.5–3.5 ms), then the ids copy (50 µs).
+    assert_eq!(arg_f64(req, "gpu_prefill_ms"), Some(2.05));
+    assert_eq!(arg_f64(req, "gpu_decode_ms"), Some(3.15), "three 1.05 ms decode steps");
+    assert_eq!(arg_f64(req, "gpu_decode_ms"), out.gpu_ms.decode);
+    let c = out.compute_ms.as_ref().unwrap();
+    assert_eq!((c.prefill, c.decode, c.steps), (Some(2.05), Some(3.15), 4));
+    assert_eq!(arg_f64(req, "compute_ms"), Some(c.prefill.unwrap() + c.decode.unwrap()));
+    assert_eq!(arg_f64(req, "interference_ms"), out.interference_ms);
+    assert!(out.interference_ms.is_some());
+    let source = req.debug_annotations.iter().find(|d| d.name.as_deref() == Some("compute_source")).expect("compute_source");
+    assert_eq!(source.string_value.as_deref(), Some("cupti"));
+    let (_, q) = slices_named(&t, "queue").next().unwrap();
+    assert_eq!(arg_f64(q, "queue_ms"), Some(0.5));
+    let (_, p) = slices_named(&t, "prefill").next().unwrap();
+    assert_eq!((arg_f64(p, "prefill_ms"), arg_f64(p, "gpu_prefill_ms")), (Some(1.5), Some(2.05)));
+    let (_, d) = slices_named(&t, "decode").next().unwrap();
+    assert_eq!((arg_f64(d, "gpu_decode_ms"), arg_f64(d, "interference_ms")), (out.gpu_ms.decode, out.interference_ms));
+}
+
+#[test]
+fn gpu_steps_get_a_track_engine_steps_flow_to_them_and_they_flow_to_their_kernels() {
+    let recs = gpu_served_request();
+    let (bytes, st) = trace_of(&recs);
+    let s = checked(&bytes);
+    assert_eq!((st.gpu_steps, st.gpu_steps_skipped), (4, 0));
+    let track = s.track(names::GPU_STEPS).expect("GPU steps track");
+    assert_eq!(track.slices.get(names::GPU_STEP), Some(&4));
+    assert_eq!(st.gpu_step_flows, 4, "each engine step to its matched GPU step");
+    assert_eq!(st.kernel_flows, 4 * 2, "each GPU step to its first and last kernel, not by the time rule");
+    let t = decode(&bytes);
+    let steps: Vec<(u64, u64, Option<f64>)> = slices_named(&t, names::GPU_STEP)
+        .map(|(ts, e)| (ts, e.debug_annotations.iter().find(|d| d.name.as_deref() == Some("tokens")).and_then(|d| d.uint_value).unwrap(), arg_f64(e, "gpu_ms")))
+        .collect();
+    assert_eq!(steps[0], (T0 + 1_500_000, 40, Some(2.05)), "starts with its KV copy; 40 prefill tokens");
+    assert_eq!(steps[1], (T0 + 6 * MS - 1_500_000, 1, Some(1.05)));
+    let ends = flow_ends(&t);
+    assert!(ends.values().all(|v| v.len() == 2), "every flow has exactly two ends");
+    let mut links: Vec<(String, String, Option<u64>)> = ends
+        .values()
+        .filter(|v| v.iter().any(|e| e.0 == names::GPU_STEP))
+        .map(|v| {
+            let gs = v.iter().find(|e| e.0 == names::GPU_STEP).unwrap();
+            let other = v.iter().find(|e| e.0 != names::GPU_STEP).unwrap();
+            (other.0.clone(), format!("gpu {}", gs.1.unwrap()), other.1)
+        })
+        .collect();
+    links.sort();
+    let mut want: Vec<(String, String, Option<u64>)> = Vec::new();
+    for k in 0..4u64 {
+        want.push((RESHAPE.to_owned(), format!("gpu {k}"), None));
+        want.push(("gemm".to_owned(), format!("gpu {k}"), None));
+        want.push((names::STEP.to_owned(), format!("gpu {k}"), Some(k)));
+    }
+    want.sort();
+    assert_eq!(links, want);
+    // The live trace draws the same GPU steps and KV slices at its stop.
+    let buf = Shared::default();
+    let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
+    for r in &recs {
+        live.push(r).unwrap();
+    }
+    let analysis = analyse(&recs);
+    let (_, lst) = live.finish(&meta(), &analysis, None).unwrap();
+    let ls = checked(&buf.0.borrow());
+    assert_eq!((lst.gpu_steps, lst.kv_slices), (4, 2));
+    assert_eq!(ls.track(names::GPU_STEPS).unwrap().slices.get(names::GPU_STEP), Some(&4));
+    assert_eq!(ls.track("chatcmpl-5-0").unwrap().slices.get("kv transfer"), Some(&2));
+}
+
+#[test]
+fn gpu_steps_that_overlap_go_to_a_second_lane() {
+    use crate::correlate::gpu::{GpuStep, RankStep};
+    let step = |start: u64, end: u64| GpuStep {
+        start_ns: start,
+        gpu_end_ns: end - 10,
+        end_ns: end,
+        gpu_ns: end - start,
+        tokens: None,
+        ranks: vec![RankStep { pid: ENGINE, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![] }],
+    };
+    // Async scheduling: step 1 starts before the host's wait for step 0 returned.
+    let steps = [step(T0, T0 + 3 * MS), step(T0 + 2 * MS, T0 + 5 * MS), step(T0 + 4 * MS, T0 + 6 * MS)];
+    assert_eq!(raw::gpu_step_lanes(&steps, T0 - MS).iter().map(|p| p.map(|x| x.0)).collect::<Vec<_>>(), vec![Some(0), Some(1), Some(0)]);
+    let analysis = Analysis { gpu_steps: steps.to_vec(), ..Analysis::default() };
+    let m = meta();
+    let (bytes, st) = write_trace(Vec::new(), TraceInput { meta: &m, records: &[], analysis: &analysis, read_error: None }).unwrap();
+    let s = checked(&bytes);
+    assert_eq!((st.gpu_steps, st.gpu_steps_skipped), (3, 0));
+    assert_eq!(s.track(names::GPU_STEPS).unwrap().slices.get(names::GPU_STEP), Some(&2));
+    assert_eq!(s.track("GPU steps (overlap 1)").unwrap().slices.get(names::GPU_STEP), Some(&1));
+}
+
+#[test]
+fn a_decode_slowed_by_a_neighbours_prefill_names_it_in_the_decode_and_request_args() {
+    use crate::event::Dir;
+    use crate::model::EngineOutput;
+    // A decodes in 2 ms steps; B's prefill lands in A's step at +20 ms,
+    // which takes 10 ms: A loses 8 ms to B.
+    let (a, b) = ("chatcmpl-5-0", "chatcmpl-6-0");
+    let mut recs = exchange(conn(5), 0, T0, 12, "s1");
+    recs.extend(exchange(conn(6), 0, T0 + 9 * MS, 2, "s2"));
+    recs.extend(engine_steps(a, T0 + MS, &[]));
+    recs.extend(engine_steps(b, T0 + 10 * MS, &[]));
+    let out = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
+    let step = |built: u64, members: &[&str]| Record::EngineOutputs {
+        conn: out,
+        ts_ns: built + 50_000,
+        tid: ENGINE,
+        dir: Dir::Out,
+        engine_index: Some(0),
+        timestamp_s: Some(built as f64 / 1e9),
+        outputs: members.iter().map(|id| EngineOutput { request_id: format!("{id}-0123abcd"), new_tokens: 1, finish_reason: None, events: vec![], prefill: None }).collect(),
+        outputs_total: Some(members.len() as u64),
+        finished_requests: vec![],
+        truncated: false,
+    };
+    for m in [4, 6, 8, 10] {
+        recs.push(step(T0 + m * MS, &[a]));
+    }
+    recs.push(step(T0 + 20 * MS, &[a, b]));
+    recs.push(step(T0 + 22 * MS, &[a, b]));
+    let recs = sorted(recs);
+    let analysis = analyse(&recs);
+    let ra = analysis.requests.iter().find(|r| r.id == a).unwrap();
+    let out = crate::sink::report::request_out(ra);
+    assert_eq!(out.interference_ms, Some(8.0));
+    assert_eq!(out.interference_from.len(), 1);
+    let m = meta();
+    let (bytes, _) = write_trace(Vec::new(), TraceInput { meta: &m, records: &recs, analysis: &analysis, read_error: None }).unwrap();
+    checked(&bytes);
+    let t = decode(&bytes);
+    let from = |e: &proto::TrackEvent| e.debug_annotations.iter().find(|d| d.name.as_deref() == Some("interference_from")).and_then(|d| d.string_value.clone());
+    let (_, req) = slices_named(&t, a).next().unwrap();
+    assert_eq!((arg_f64(req, "interference_ms"), from(req)), (Some(8.0), Some(out.interference_from[0].clone())));
+    let decodes: Vec<(Option<f64>, Option<String>)> = slices_named(&t, "decode").map(|(_, e)| (arg_f64(e, "interference_ms"), from(e))).collect();
+    // B's chunks were written before its engine first token here, so its
+    // decode has no duration and is not drawn: only A's decode slice.
+    assert_eq!(decodes, vec![(Some(8.0), Some(out.interference_from[0].clone()))]);
+}
+
+/// `records` as a recording file's bytes.
+fn recording_bytes(records: &[Record]) -> Vec<u8> {
+    let mut w = crate::recording::Writer::new(Vec::new(), &meta()).unwrap();
+    for r in records {
+        w.push(r).unwrap();
+    }
+    w.finish(records.last().map_or(T0, Record::ts_ns)).unwrap()
+}
+
+fn sorted_lines(s: &Summary) -> Vec<String> {
+    let mut v: Vec<String> = s.render().lines().map(str::to_owned).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_streamed_trace_draws_the_tracks_and_slices_of_the_whole_layout_without_step_flows() {
+    let recs = live_recording();
+    let file = recording_bytes(&recs);
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (bytes, st, err) = live::write_trace_streamed(Vec::new(), &mut reader, Config::default(), Encoding::default()).unwrap();
+    assert_eq!(err, None);
+    let s = checked(&bytes);
+    let (offline, ost) = trace_of(&recs);
+    let off_s = checked(&offline);
+    assert_eq!(sorted_lines(&s), sorted_lines(&off_s), "same tracks and slices");
+    assert_eq!((st.requests, st.chains, st.chain_tracks), (ost.requests, ost.chains, ost.chain_tracks));
+    assert_eq!((st.requests, st.chains, st.chain_tracks), (6, 2, 4));
+    assert_eq!((st.gpu_slices, st.steps, st.offcpu_slices, st.kv_slices), (ost.gpu_slices, ost.steps, ost.offcpu_slices, ost.kv_slices));
+    assert_eq!(s.flows, 6, "hop→request flows only");
+    // Every step member's flows are counted as not drawn.
+    let members: u64 = analyse(&recs).steps.iter().map(|st| st.members.len() as u64).sum();
+    assert!(members > 0);
+    assert_eq!(st.flows_not_streamed, members);
+    assert_eq!(st.requests_late, 0);
+    // The metadata instant says so.
+    let t = decode(&bytes);
+    let meta_ev = events(&t).find(|(_, e)| e.debug_annotations.iter().any(|d| d.name.as_deref() == Some("trace.flows_not_streamed"))).expect("metadata instant");
+    let v = meta_ev.1.debug_annotations.iter().find(|d| d.name.as_deref() == Some("trace.flows_not_streamed")).unwrap().uint_value;
+    assert_eq!(v, Some(members));
+}
+
+#[test]
+fn a_live_trace_finished_by_rereading_the_recording_matches_the_offline_tracks() {
+    let recs = live_recording();
+    let file = recording_bytes(&recs);
+    let buf = Shared::default();
+    let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
+    for r in &recs {
+        live.push(r).unwrap();
+    }
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (_, st, err) = live.finish_streamed(&mut reader, Config::default()).unwrap();
+    assert_eq!(err, None);
+    let bytes = buf.0.borrow().clone();
+    assert_eq!(st.writer.bytes, bytes.len() as u64);
+    let s = checked(&bytes);
+    let (offline, _) = trace_of(&recs);
+    assert_eq!(sorted_lines(&s), sorted_lines(&checked(&offline)), "same tracks and slices");
+    assert_eq!((st.requests, st.chains), (6, 2));
+}
+
+#[test]
+fn a_streamed_trace_holds_only_the_requests_near_the_watermark_and_retires_their_tracks() {
+    // 400 sequential requests, 1.5 s apart, each its own chain: a whole
+    // layout holds all of them; the stream a handful.
+    let mut recs = Vec::new();
+    for i in 0..400u64 {
+        recs.extend(exchange(conn(5), i as u32, T0 + i * 1_500 * MS, 3, &format!("s{i}")));
+    }
+    let recs = sorted(recs);
+    let file = recording_bytes(&recs);
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let mut t = live::LiveTrace::with_encoding(Vec::new(), &meta(), Encoding::default()).unwrap();
+    for r in &recs {
+        t.push(r).unwrap();
+    }
+    let (bytes, st, _) = t.finish_streamed(&mut reader, Config::default()).unwrap();
+    let s = checked(&bytes);
+    assert_eq!((st.requests, st.chains, st.requests_late), (400, 400, 0));
+    assert_eq!(s.children(s.track(names::REQUESTS).map(|t| t.uuid)).filter(|t| t.slices.values().sum::<u64>() > 0).count(), 400);
+    assert!(st.held_requests_peak <= 4, "held {} requests at once", st.held_requests_peak);
+    assert!(st.held_items_peak <= 60, "held {} items at once", st.held_items_peak);
+    let (offline, _) = trace_of(&recs);
+    assert_eq!(sorted_lines(&s), sorted_lines(&checked(&offline)));
+}
+
+#[test]
+fn a_retired_track_is_forgotten_by_the_writer_and_one_with_open_slices_is_not() {
+    let mut w = TraceWriter::new(Vec::new(), T0).unwrap();
+    let a = w.track("a", TrackOpts::default());
+    let b = w.track("b", TrackOpts::default());
+    w.begin(T0, a, &Event::named_once("req-1")).unwrap();
+    w.end(T0 + 1, a).unwrap();
+    w.begin(T0 + 1, b, &Event::named("x")).unwrap();
+    assert_eq!(w.tracks_held(), 2);
+    w.retire(a).unwrap();
+    w.retire(b).unwrap();
+    assert_eq!(w.tracks_held(), 1, "b has an open slice");
+    w.end(T0 + 2, b).unwrap();
+    w.retire(b).unwrap();
+    assert_eq!(w.tracks_held(), 0);
+    let (bytes, _) = w.finish().unwrap();
+    let s = checked(&bytes);
+    assert_eq!(s.track("a").unwrap().slices.get("req-1"), Some(&1), "a name written once, not interned, still names the slice");
+}
+
+#[test]
+fn a_streamed_trace_of_a_recording_without_a_start_time_starts_where_the_whole_layout_does() {
+    let recs = live_recording();
+    let m = Meta { start_ns: 0, ..meta() };
+    let mut w = crate::recording::Writer::new(Vec::new(), &m).unwrap();
+    for r in &recs {
+        w.push(r).unwrap();
+    }
+    let file = w.finish(recs.last().unwrap().ts_ns()).unwrap();
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (bytes, _, _) = live::write_trace_streamed(Vec::new(), &mut reader, Config::default(), Encoding::default()).unwrap();
+    let s = checked(&bytes);
+    let analysis = analyse(&recs);
+    let (offline, _) = write_trace(Vec::new(), TraceInput { meta: &m, records: &recs, analysis: &analysis, read_error: None }).unwrap();
+    let off = checked(&offline);
+    assert!(off.first_ts.is_some_and(|t| t > T0 - 5 * MS), "{:?}", off.first_ts);
+    assert_eq!(s.first_ts, off.first_ts);
+    assert_eq!(sorted_lines(&s), sorted_lines(&off));
+}

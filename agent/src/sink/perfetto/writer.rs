@@ -179,11 +179,18 @@ pub struct Event<'a> {
     pub flow_ids: &'a [u64],
     /// Flows that end at this slice.
     pub terminating_flow_ids: &'a [u64],
+    /// The name is written as is, not interned: for names used once (a
+    /// request's id), which would otherwise stay in the sequence's table.
+    pub unique_name: bool,
 }
 
 impl<'a> Event<'a> {
     pub fn named(name: &'a str) -> Self {
         Event { name, ..Event::default() }
+    }
+    /// A name used once (see [`Event::unique_name`]).
+    pub fn named_once(name: &'a str) -> Self {
+        Event { name, unique_name: true, ..Event::default() }
     }
     pub fn args(mut self, args: &'a [Arg<'a>]) -> Self {
         self.args = args;
@@ -305,7 +312,10 @@ pub struct TraceWriter<W: Write> {
     buf: Vec<u8>,
     /// When compressing: the batch being filled.
     batch: Option<Batch>,
-    tracks: Vec<TrackDecl>,
+    /// Declared tracks by uuid; retired ones (see [`TraceWriter::retire`])
+    /// are forgotten so that a streamed trace's memory follows its open tracks.
+    tracks: crate::correlate::FxMap<u64, TrackDecl>,
+    next_uuid: u64,
     processes: HashMap<u32, TrackId>,
     threads: HashMap<(u32, u32), TrackId>,
     seqs: Vec<Seq>,
@@ -338,7 +348,8 @@ impl<W: Write> TraceWriter<W> {
             out,
             buf: Vec::with_capacity(256),
             batch,
-            tracks: Vec::new(),
+            tracks: Default::default(),
+            next_uuid: 1,
             processes: HashMap::new(),
             threads: HashMap::new(),
             seqs: vec![Seq::new(SEQUENCE_ID, None)],
@@ -379,7 +390,8 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn declare(&mut self, mut desc: proto::TrackDescriptor, parent: Option<TrackId>, kind: Kind, name: &str, own_sequence: bool) -> TrackId {
-        let uuid = self.tracks.len() as u64 + 1;
+        let uuid = self.next_uuid;
+        self.next_uuid += 1;
         desc.uuid = Some(uuid);
         desc.parent_uuid = parent.map(TrackId::uuid);
         let seq = if own_sequence {
@@ -388,7 +400,7 @@ impl<W: Write> TraceWriter<W> {
         } else {
             self.default_seq
         };
-        self.tracks.push(TrackDecl { pending: Some(desc), seq, parent: parent.map(TrackId::uuid), kind, depth: 0, name: name.into() });
+        self.tracks.insert(uuid, TrackDecl { pending: Some(desc), seq, parent: parent.map(TrackId::uuid), kind, depth: 0, name: name.into() });
         TrackId(uuid)
     }
 
@@ -454,6 +466,33 @@ impl<W: Write> TraceWriter<W> {
         self.default_seq = self.seqs.len() - 1;
     }
 
+    /// The sequence tracks declared without `own_sequence` go on now, to
+    /// come back to with [`set_sequence`](Self::set_sequence): a streamed
+    /// trace declares tracks of two parts alternately.
+    pub fn sequence(&self) -> usize {
+        self.default_seq
+    }
+
+    pub fn set_sequence(&mut self, seq: usize) {
+        self.default_seq = seq.min(self.seqs.len() - 1);
+    }
+
+    /// Forgets a track that will get no more events (its descriptor is
+    /// written, its slices closed): a streamed trace has a track per request
+    /// and must not hold them all. Tracks with open slices stay.
+    pub fn retire(&mut self, track: TrackId) -> Result<(), PerfettoError> {
+        self.ensure_described(track)?;
+        if self.decl(track)?.depth == 0 {
+            self.tracks.remove(&track.0);
+        }
+        Ok(())
+    }
+
+    /// Tracks declared and not retired (what the writer holds per track).
+    pub fn tracks_held(&self) -> usize {
+        self.tracks.len()
+    }
+
     /// Whether an event on `track` at `ts` would keep its sequence in time
     /// order (callers skip and count what would not).
     pub fn in_order(&self, track: TrackId, ts: u64) -> bool {
@@ -480,7 +519,7 @@ impl<W: Write> TraceWriter<W> {
     /// Opens a slice on `track` at `ts`.
     pub fn begin(&mut self, ts: u64, track: TrackId, ev: &Event<'_>) -> Result<(), PerfettoError> {
         self.slice_event(ts, track, EventType::SliceBegin, Some(ev))?;
-        self.tracks[track.0 as usize - 1].depth += 1;
+        self.decl_mut(track)?.depth += 1;
         self.stats.slices += 1;
         Ok(())
     }
@@ -492,7 +531,7 @@ impl<W: Write> TraceWriter<W> {
             return Err(PerfettoError::UnbalancedEnd { uuid: track.0, name: decl.name.to_string() });
         }
         self.slice_event(ts, track, EventType::SliceEnd, None)?;
-        self.tracks[track.0 as usize - 1].depth -= 1;
+        self.decl_mut(track)?.depth -= 1;
         Ok(())
     }
 
@@ -540,10 +579,10 @@ impl<W: Write> TraceWriter<W> {
 
     /// Checks that every slice was closed, flushes, and returns the output.
     pub fn finish(mut self) -> Result<(W, WriterStats), PerfettoError> {
-        let open: u64 = self.tracks.iter().map(|t| t.depth as u64).sum();
+        let open: u64 = self.tracks.values().map(|t| t.depth as u64).sum();
         if open > 0 {
-            let (i, t) = self.tracks.iter().enumerate().find(|(_, t)| t.depth > 0).expect("an open track exists");
-            return Err(PerfettoError::OpenSlices { open, uuid: i as u64 + 1, name: t.name.to_string() });
+            let (uuid, t) = self.tracks.iter().filter(|(_, t)| t.depth > 0).min_by_key(|(u, _)| **u).expect("an open track exists");
+            return Err(PerfettoError::OpenSlices { open, uuid: *uuid, name: t.name.to_string() });
         }
         self.write_batch()?;
         self.out.flush()?;
@@ -551,7 +590,11 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn decl(&self, track: TrackId) -> Result<&TrackDecl, PerfettoError> {
-        (track.0 as usize).checked_sub(1).and_then(|i| self.tracks.get(i)).ok_or(PerfettoError::UnknownTrack(track.0))
+        self.tracks.get(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))
+    }
+
+    fn decl_mut(&mut self, track: TrackId) -> Result<&mut TrackDecl, PerfettoError> {
+        self.tracks.get_mut(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))
     }
 
     fn counter_event(&mut self, ts: u64, track: TrackId, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
@@ -583,11 +626,15 @@ impl<W: Write> TraceWriter<W> {
         let mut interned = proto::InternedData::default();
         let mut te = proto::TrackEvent { r#type: Some(ty as i32), track_uuid: self.event_track(seq, track), ..Default::default() };
         if let Some(ev) = ev {
-            let (iid, new) = self.seqs[seq].event_names.get(ev.name);
-            if new {
-                interned.event_names.push(proto::EventName { iid: Some(iid), name: Some(ev.name.to_owned()) });
+            if ev.unique_name {
+                te.name = Some(ev.name.to_owned());
+            } else {
+                let (iid, new) = self.seqs[seq].event_names.get(ev.name);
+                if new {
+                    interned.event_names.push(proto::EventName { iid: Some(iid), name: Some(ev.name.to_owned()) });
+                }
+                te.name_iid = Some(iid);
             }
-            te.name_iid = Some(iid);
             te.debug_annotations.reserve(ev.args.len());
             for a in ev.args {
                 te.debug_annotations.push(self.annotation(seq, a, &mut interned));
@@ -630,7 +677,7 @@ impl<W: Write> TraceWriter<W> {
     /// Checks that `ts` does not go backwards on `track`'s sequence (starting
     /// the sequence at `ts` if this is its first event); returns the sequence.
     fn advance(&mut self, ts: u64, track: TrackId) -> Result<usize, PerfettoError> {
-        let seq = self.tracks[track.0 as usize - 1].seq;
+        let seq = self.decl(track)?.seq;
         if !self.seqs[seq].started {
             self.start_sequence(seq, ts)?;
         }
@@ -643,13 +690,14 @@ impl<W: Write> TraceWriter<W> {
 
     /// Writes the descriptors of `track` and its undescribed ancestors, root first.
     fn ensure_described(&mut self, track: TrackId) -> Result<(), PerfettoError> {
-        if self.tracks[track.0 as usize - 1].pending.is_none() {
+        if self.decl(track)?.pending.is_none() {
             return Ok(());
         }
         let mut chain = vec![track.0];
-        let mut cur = self.tracks[track.0 as usize - 1].parent;
+        let mut cur = self.decl(track)?.parent;
         while let Some(p) = cur {
-            let d = &self.tracks[p as usize - 1];
+            // A retired ancestor was described before it was retired.
+            let Some(d) = self.tracks.get(&p) else { break };
             if d.pending.is_none() {
                 break;
             }
@@ -657,7 +705,7 @@ impl<W: Write> TraceWriter<W> {
             cur = d.parent;
         }
         for uuid in chain.into_iter().rev() {
-            let desc = self.tracks[uuid as usize - 1].pending.take().expect("pending descriptor");
+            let desc = self.tracks.get_mut(&uuid).and_then(|d| d.pending.take()).expect("pending descriptor");
             let packet = proto::TracePacket {
                 trusted_packet_sequence_id: Some(SEQUENCE_ID),
                 sequence_flags: Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),

@@ -1,0 +1,515 @@
+//! The request-driven part of a trace written as requests become final
+//! (`hopscope trace` on large recordings, `record --perfetto`'s finish):
+//! memory follows the open requests, not the recording's length.
+//!
+//! The correlator hands requests out in report order (arrival) once final;
+//! each one's timeline items (hop slice, request slice, phases, chunks,
+//! counter changes) go into a time-ordered heap. The rule for writing: an
+//! item is written once its time is before the watermark, the arrival of the
+//! latest request handed out less [`READ_SLACK_NS`]: every request handed
+//! out later arrived no earlier (report order) and its slice starts at its
+//! wire arrival, at most the read delay before that. A request that would
+//! still start before what is written (a read delay over the slack, or one
+//! the correlator counted as late) is left out and counted
+//! (`trace.requests_late`). Request tracks are retired from the writer once
+//! their slices are closed, chains idle for [`CHAIN_IDLE_NS`] too (a later
+//! hop of such a chain gets a fresh track of the same name).
+//!
+//! Left out compared with the whole-recording layout: the flows from
+//! requests to engine steps and kernels (steps and kernels are written
+//! before the requests they served are final), counted as
+//! `trace.flows_not_streamed`; the metadata instant is written last (at the
+//! trace's start, on its own track), when the request and chain counts are known.
+
+use super::raw::RawLayout;
+use super::{groups, names, phase_args, phase_spans, request_span, Groups, Item, Level, Phase, TraceStats};
+use super::{Arg, CounterUnit, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
+use crate::correlate::{Analysis, Request};
+use crate::recording::Meta;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::io::Write;
+
+/// How far before the latest handed-out request's arrival a later request's
+/// slice may start (its wire arrival before the read of its first byte).
+pub const READ_SLACK_NS: u64 = 1_000_000_000;
+
+/// A chain with no hop for this long (recording time) is forgotten.
+pub const CHAIN_IDLE_NS: u64 = 60_000_000_000;
+
+#[derive(Clone, Copy)]
+enum S {
+    I(Item),
+    /// The request's last item: its track and the request itself are forgotten.
+    Retire { req: u32, track: TrackId },
+}
+
+struct Queued {
+    ts: u64,
+    n: u64,
+    s: S,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.ts, self.n) == (o.ts, o.n)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.ts, self.n).cmp(&(o.ts, o.n))
+    }
+}
+
+struct ChainLanes {
+    lanes: Vec<(TrackId, u64)>,
+    last_end: u64,
+}
+
+/// See the module docs.
+pub struct RequestStream {
+    g: Groups,
+    seq: usize,
+    t0: u64,
+    heap: BinaryHeap<Reverse<Queued>>,
+    n: u64,
+    reqs: HashMap<u32, (Request, TrackId, Option<u64>)>,
+    next_req: u32,
+    chains: HashMap<String, ChainLanes>,
+    chain_rank: i32,
+    level_tracks: [Option<TrackId>; 3],
+    level_now: [i64; 3],
+    level_shown: [Option<i64>; 3],
+    cur_ts: Option<u64>,
+    open_hops: HashSet<u64>,
+    latest_arrive: u64,
+    written: u64,
+    last_prune: u64,
+    max_end: u64,
+    late: u64,
+    flows_not_streamed: u64,
+    stats: TraceStats,
+}
+
+impl RequestStream {
+    /// Declares the request part's groups (on the current sequence) and its
+    /// own sequence for what follows.
+    pub fn new<W: Write>(w: &mut TraceWriter<W>, t0: u64) -> Result<Self, PerfettoError> {
+        let g = groups(w)?;
+        let prev = w.sequence();
+        w.use_new_sequence();
+        let seq = w.sequence();
+        let in_flight = w.counter_track(names::IN_FLIGHT, CounterUnit::Count, TrackOpts { parent: Some(g.requests), rank: Some(0), ..TrackOpts::default() });
+        w.set_sequence(prev);
+        Ok(RequestStream {
+            g,
+            seq,
+            t0,
+            heap: BinaryHeap::new(),
+            n: 0,
+            reqs: HashMap::new(),
+            next_req: 0,
+            chains: HashMap::new(),
+            chain_rank: 0,
+            level_tracks: [Some(in_flight), None, None],
+            level_now: [0; 3],
+            level_shown: [None; 3],
+            cur_ts: None,
+            open_hops: HashSet::new(),
+            latest_arrive: 0,
+            written: 0,
+            last_prune: 0,
+            max_end: t0,
+            late: 0,
+            flows_not_streamed: 0,
+            stats: TraceStats::default(),
+        })
+    }
+
+    /// Step members whose request→step flows are not drawn.
+    pub fn count_unstreamed_flows(&mut self, n: u64) {
+        self.flows_not_streamed += n;
+    }
+
+    /// Requests and what is queued to draw (for tests and memory checks).
+    pub fn held(&self) -> (usize, usize) {
+        (self.reqs.len(), self.heap.len())
+    }
+
+    fn q(&mut self, ts: u64, s: S) {
+        self.n += 1;
+        self.heap.push(Reverse(Queued { ts, n: self.n, s }));
+    }
+
+    /// Lists a final request's items (`now`: the end of an unfinished one).
+    pub fn push<W: Write>(&mut self, w: &mut TraceWriter<W>, raw: &mut RawLayout, r: Request, now: u64) -> Result<(), PerfettoError> {
+        let (start, end) = request_span(&r, now);
+        self.latest_arrive = self.latest_arrive.max(r.arrive_ns);
+        if start < self.written || self.cur_ts.is_some_and(|c| start < c) {
+            self.late += 1;
+            return Ok(());
+        }
+        self.max_end = self.max_end.max(end);
+        if r.conn.tgid != 0 {
+            let t = raw.process(w, r.conn.tgid);
+            w.describe(t)?;
+        }
+        let prev = w.sequence();
+        w.set_sequence(self.seq);
+        let req = self.next_req;
+        self.next_req += 1;
+        self.stats.requests += 1;
+        if r.hop <= 1 {
+            self.stats.chains += 1;
+        }
+        // Chains: one track per chain (plus a lane per overlap), one slice per hop.
+        let ch = self.chains.entry(r.chain.clone()).or_insert_with(|| ChainLanes { lanes: Vec::new(), last_end: 0 });
+        let lane = match ch.lanes.iter().position(|(_, free_at)| *free_at <= start) {
+            Some(l) => l,
+            None => {
+                let name = if ch.lanes.is_empty() { r.chain.clone() } else { format!("{} (overlap {})", r.chain, ch.lanes.len()) };
+                let t = w.track(&name, TrackOpts { parent: Some(self.g.chains), rank: Some(self.chain_rank), ..TrackOpts::default() });
+                self.chain_rank = self.chain_rank.saturating_add(1);
+                ch.lanes.push((t, 0));
+                self.stats.chain_tracks += 1;
+                ch.lanes.len() - 1
+            }
+        };
+        ch.lanes[lane].1 = end;
+        ch.last_end = ch.last_end.max(end);
+        let hop_track = ch.lanes[lane].0;
+        let flow = w.new_flow_id();
+        let rank = (req as usize).min(i32::MAX as usize - 1) as i32 + 1;
+        let track = w.track(&r.id, TrackOpts { parent: Some(self.g.requests), rank: Some(rank), ..TrackOpts::default() });
+        let mut items: Vec<(u64, Item)> = vec![(start, Item::HopBegin { req, track: hop_track }), (end, Item::End { track: hop_track })];
+
+        let arrive = r.arrive_ns.clamp(start, end);
+        items.push((start, Item::RequestBegin { req }));
+        items.push((start, Item::Level { which: Level::InFlight, delta: 1 }));
+        if start < arrive {
+            items.push((start, Item::PhaseBegin { req, phase: Phase::ReadDelay }));
+            items.push((arrive, Item::End { track }));
+        }
+        let spans = phase_spans(&r, arrive, end);
+        let engine = crate::correlate::engine::marks(&r).is_some_and(|m| m.arrive == arrive && m.done == end);
+        let wire_ttft = r.ttft_ns.filter(|_| !engine).map(|t| t.clamp(arrive, end));
+        let open_decode = wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode);
+        let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
+        for &(a, b, phase) in &spans {
+            items.push((a, Item::PhaseBegin { req, phase }));
+            if engine && matches!(phase, Phase::Queue | Phase::Prefill) {
+                for &(ka, kb) in kv {
+                    let (ka, kb) = (ka.max(a), kb.min(b));
+                    if kb > ka {
+                        items.push((ka, Item::KvBegin { req, ns: kb - ka }));
+                        items.push((kb, Item::End { track }));
+                        self.stats.kv_slices += 1;
+                    }
+                }
+            }
+            if !(open_decode && phase == Phase::Decode) {
+                items.push((b, Item::End { track }));
+            }
+        }
+        if engine || wire_ttft.is_some() {
+            let mut at = wire_ttft.unwrap_or(arrive);
+            for &c in &r.content_ns {
+                at = c.clamp(at, end);
+                items.push((at, Item::Chunk { req }));
+            }
+        }
+        if open_decode {
+            items.push((end, Item::End { track }));
+        }
+        items.push((end, Item::End { track }));
+        items.push((end, Item::Level { which: Level::InFlight, delta: -1 }));
+        if let Some(m) = crate::correlate::engine::marks(&r) {
+            for (a, b, which) in [(m.submit, m.scheduled, Level::Waiting), (m.scheduled, m.done, Level::Running)] {
+                if b > a {
+                    if self.level_tracks[Level::Running as usize].is_none() {
+                        // Both, as soon as a request has engine marks (as the whole layout).
+                        let server = raw.server(w);
+                        for (l, name) in [(Level::Running, names::RUNNING), (Level::Waiting, names::WAITING_REQS)] {
+                            self.level_tracks[l as usize] = Some(w.counter_track(name, CounterUnit::Count, TrackOpts { parent: Some(server), ..TrackOpts::default() }));
+                        }
+                    }
+                    items.push((a, Item::Level { which, delta: 1 }));
+                    items.push((b, Item::Level { which, delta: -1 }));
+                }
+            }
+        }
+        w.set_sequence(prev);
+        // Stable by time: a track's items keep their nesting order at equal times.
+        items.sort_by_key(|t| t.0);
+        for (ts, item) in items {
+            self.q(ts, S::I(item));
+        }
+        self.q(end, S::Retire { req, track });
+        self.reqs.insert(req, (r, track, Some(flow)));
+        self.stats.held_requests_peak = self.stats.held_requests_peak.max(self.reqs.len() as u64);
+        self.stats.held_items_peak = self.stats.held_items_peak.max(self.heap.len() as u64);
+        Ok(())
+    }
+
+    /// Writes what no request still to come can precede.
+    pub fn advance<W: Write>(&mut self, w: &mut TraceWriter<W>, raw: &mut RawLayout) -> Result<(), PerfettoError> {
+        let mark = self.latest_arrive.saturating_sub(READ_SLACK_NS);
+        self.write_until(w, raw, mark)?;
+        if mark >= self.last_prune.saturating_add(CHAIN_IDLE_NS / 4) {
+            self.last_prune = mark;
+            let idle: Vec<String> = self.chains.iter().filter(|(_, c)| c.last_end.saturating_add(CHAIN_IDLE_NS) < self.written).map(|(k, _)| k.clone()).collect();
+            for k in idle {
+                if let Some(c) = self.chains.remove(&k) {
+                    for (t, _) in c.lanes {
+                        w.retire(t)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_until<W: Write>(&mut self, w: &mut TraceWriter<W>, raw: &mut RawLayout, mark: u64) -> Result<(), PerfettoError> {
+        while self.heap.peek().is_some_and(|Reverse(q)| q.ts < mark) {
+            let Reverse(Queued { ts, s, .. }) = self.heap.pop().expect("peeked");
+            self.draw(w, raw, ts, s)?;
+        }
+        Ok(())
+    }
+
+    fn flush_levels<W: Write>(&mut self, w: &mut TraceWriter<W>, at: u64) -> Result<(), PerfettoError> {
+        for l in 0..3 {
+            if let Some(t) = self.level_tracks[l] {
+                if self.level_shown[l] != Some(self.level_now[l]) {
+                    w.counter(at, t, self.level_now[l])?;
+                    self.level_shown[l] = Some(self.level_now[l]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn draw<W: Write>(&mut self, w: &mut TraceWriter<W>, _raw: &mut RawLayout, ts: u64, s: S) -> Result<(), PerfettoError> {
+        match self.cur_ts {
+            None => {
+                // The counters start at zero when the trace does.
+                let at = self.t0.min(ts);
+                self.flush_levels(w, at)?;
+                self.cur_ts = Some(ts);
+            }
+            Some(c) if ts > c => {
+                self.flush_levels(w, c)?;
+                self.cur_ts = Some(ts);
+            }
+            Some(_) => {}
+        }
+        self.written = self.written.max(ts);
+        let item = match s {
+            S::Retire { req, track } => {
+                self.reqs.remove(&req);
+                return w.retire(track);
+            }
+            S::I(i) => i,
+        };
+        match item {
+            Item::HopBegin { req, track } => {
+                let (r, _, flow) = &self.reqs[&req];
+                let mut args = Vec::with_capacity(8);
+                args.push(Arg::str("id", &r.id));
+                args.push(Arg::u64("hop", r.hop as u64));
+                if let Some(v) = r.ttft_ms() {
+                    args.push(Arg::f64("ttft_ms", v));
+                }
+                if let Some(v) = r.e2e_ms() {
+                    args.push(Arg::f64("e2e_ms", v));
+                }
+                if let Some(v) = r.wire_ttft_ms() {
+                    args.push(Arg::f64("wire_ttft_ms", v));
+                }
+                if r.done_ns.is_none() {
+                    args.push(Arg::bool("unfinished", true));
+                }
+                let name = format!("hop {}", r.hop);
+                let ids = flow.as_slice();
+                self.open_hops.extend(ids);
+                w.begin(ts, track, &Event::named(&name).args(&args).flows(ids))?;
+            }
+            Item::RequestBegin { req } => {
+                let (r, track, flow) = &self.reqs[&req];
+                let status = r.status.map(|s| s.to_string());
+                let finish = r.finish_reason.as_deref();
+                let mut args = Vec::with_capacity(20);
+                args.push(Arg::str("id", &r.id));
+                if let Some(x) = &r.x_request_id {
+                    args.push(Arg::str("x_request_id", x));
+                }
+                args.push(Arg::str("chain", &r.chain));
+                args.push(Arg::u64("hop", r.hop as u64));
+                if let Some(s) = &status {
+                    args.push(Arg::interned("status", s));
+                }
+                args.push(Arg::interned("method", &r.method));
+                args.push(Arg::interned("path", &r.path));
+                let out = crate::sink::report::request_out(r);
+                if let Some(v) = out.prompt_tokens {
+                    args.push(Arg::u64("prompt_tokens", v));
+                }
+                if let Some(v) = r.usage.completion_tokens {
+                    args.push(Arg::u64("completion_tokens", v));
+                }
+                if let Some(v) = out.cached_tokens {
+                    args.push(Arg::u64("cached_tokens", v));
+                }
+                let p = &out.phases_ms;
+                for (name, v) in [
+                    ("phases_ms.frontend", p.frontend),
+                    ("phases_ms.queue", p.queue),
+                    ("phases_ms.prefill", p.prefill),
+                    ("phases_ms.kv_transfer", p.kv_transfer),
+                    ("phases_ms.first_output", p.first_output),
+                    ("phases_ms.decode", p.decode),
+                    ("gpu_prefill_ms", out.gpu_ms.prefill),
+                    ("gpu_decode_ms", out.gpu_ms.decode),
+                    ("gpu_kv_ms", out.gpu_ms.kv_transfer),
+                    ("interference_ms", out.interference_ms),
+                ] {
+                    if let Some(v) = v {
+                        args.push(Arg::f64(name, v));
+                    }
+                }
+                let from = out.interference_from.join(",");
+                if !from.is_empty() {
+                    args.push(Arg::str("interference_from", &from));
+                }
+                if let Some(c) = &out.compute_ms {
+                    if c.prefill.is_some() || c.decode.is_some() {
+                        args.push(Arg::f64("compute_ms", c.prefill.unwrap_or(0.0) + c.decode.unwrap_or(0.0)));
+                    }
+                }
+                if let Some(s) = &out.compute_source {
+                    args.push(Arg::str("compute_source", s));
+                }
+                if let Some(n) = out.gpu_steps {
+                    args.push(Arg::u64("gpu_steps", u64::from(n)));
+                }
+                args.push(Arg::u64("content_chunks", r.content_ns.len() as u64));
+                if let Some(v) = r.ttft_ms() {
+                    args.push(Arg::f64("ttft_ms", v));
+                }
+                if let Some(v) = r.e2e_ms() {
+                    args.push(Arg::f64("e2e_ms", v));
+                }
+                if let Some(v) = r.read_delay_ms() {
+                    args.push(Arg::f64("read_delay_ms", v));
+                }
+                if let Some(f) = finish {
+                    args.push(Arg::interned("finish_reason", f));
+                }
+                args.push(Arg::u64("pid", r.conn.tgid as u64));
+                if r.done_ns.is_none() {
+                    args.push(Arg::bool("unfinished", true));
+                }
+                let ids: Vec<u64> = flow.iter().copied().filter(|id| self.open_hops.remove(id)).collect();
+                w.begin(ts, *track, &Event::named_once(&r.id).args(&args).terminating_flows(&ids))?;
+            }
+            Item::PhaseBegin { req, phase } => {
+                let (r, track, _) = &self.reqs[&req];
+                let (figures, from) = phase_args(r, phase);
+                let args: Vec<Arg> = figures.iter().map(|(n, v)| Arg::f64(n, *v)).chain(from.as_deref().map(|s| Arg::str("interference_from", s))).collect();
+                w.begin(ts, *track, &Event::named(phase.name()).args(&args))?;
+            }
+            Item::KvBegin { req, ns } => {
+                let track = self.reqs[&req].1;
+                let args = [Arg::f64("kv_transfer_ms", ns as f64 / 1e6)];
+                w.begin(ts, track, &Event::named(Phase::KvTransfer.name()).args(&args))?;
+            }
+            Item::Chunk { req } => {
+                let track = self.reqs[&req].1;
+                w.instant(ts, track, &Event::named(names::CHUNK))?;
+            }
+            Item::End { track } => w.end(ts, track)?,
+            Item::Level { which, delta } => self.level_now[which as usize] += delta as i64,
+            Item::Meta | Item::DropFinal => {}
+        }
+        Ok(())
+    }
+
+    /// Lists the requests the correlator still held, writes everything, the
+    /// loss counters' final values and the metadata instant.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish<W: Write>(
+        mut self,
+        w: &mut TraceWriter<W>,
+        raw: &mut RawLayout,
+        meta: &Meta,
+        tail: &mut Analysis,
+        last_ts: u64,
+        read_error: Option<&str>,
+    ) -> Result<TraceStats, PerfettoError> {
+        // The end of the recording, as the whole layout takes it: unfinished
+        // requests are drawn up to it.
+        let mut t_end = tail.last_ns.unwrap_or(self.t0).max(self.t0).max(last_ts).max(self.max_end);
+        for r in &tail.requests {
+            t_end = t_end.max(request_span(r, 0).1);
+        }
+        for r in std::mem::take(&mut tail.requests) {
+            self.push(w, raw, r, t_end)?;
+        }
+        self.write_until(w, raw, u64::MAX)?;
+        if let Some(c) = self.cur_ts {
+            self.flush_levels(w, c)?;
+        }
+        for (name, v) in &tail.drops {
+            raw.drop_value(w, name, t_end, *v)?;
+        }
+        let mut stats = self.stats;
+        stats.add_raw(&raw.stats);
+        let pids = meta.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let command = meta.command.join(" ");
+        let mut a = vec![
+            Arg::u64("format_version", meta.format_version as u64),
+            Arg::str("hopscope_version", &meta.hopscope_version),
+            Arg::u64("created_unix_s", meta.created_unix_s),
+            Arg::u64("start_ns", meta.start_ns),
+            Arg::str("pids", &pids),
+            Arg::str("command", &command),
+            Arg::str("kernel", &meta.kernel),
+            Arg::str("hostname", &meta.hostname),
+            Arg::str("chain_header", &meta.chain_header),
+            Arg::u64("capture_len", meta.capture_len as u64),
+            Arg::bool("capture_payload", meta.capture_payload),
+            Arg::bool("gpu", meta.gpu),
+            Arg::u64("requests", stats.requests),
+            Arg::u64("chains", stats.chains),
+        ];
+        if let Some(e) = read_error {
+            a.push(Arg::str("read_error", e));
+        }
+        let drop_names: Vec<String> = tail.drops.keys().map(|k| format!("drops.{k}")).collect();
+        for ((_, v), n) in tail.drops.iter().zip(&drop_names) {
+            a.push(Arg::u64(n, *v));
+        }
+        a.extend([
+            Arg::u64("trace.offcpu_skipped", stats.offcpu_skipped),
+            Arg::u64("trace.gpu_skipped", stats.gpu_skipped),
+            Arg::u64("trace.steps_skipped", stats.steps_skipped),
+            Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
+            Arg::u64("trace.flows_capped", stats.flows_capped),
+            Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
+            Arg::u64("trace.gpu_steps_skipped", stats.gpu_steps_skipped),
+            Arg::u64("trace.requests_late", self.late),
+            Arg::u64("trace.flows_not_streamed", self.flows_not_streamed),
+        ]);
+        let meta_track = raw.meta_track(w);
+        w.instant(self.t0, meta_track, &Event::named(names::META_EVENT).args(&a))?;
+        stats.requests_late = self.late;
+        stats.flows_not_streamed = self.flows_not_streamed;
+        Ok(stats)
+    }
+}

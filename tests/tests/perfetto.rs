@@ -369,10 +369,10 @@ hopscope [track] !recording×1
 vllm-api (pid 4242) [process]
 EngineCore (pid 4300) [process]
 Chains [track]
-  plan-write-review [track] hop 1×1 hop 2×1 hop 3×1
-  fanout [track] hop 1×1
-  fanout (overlap 1) [track] hop 2×1
-  late [track] hop 1×1
+  plan-write-review [track] hop 1 · TTFT 5.0 ms · E2E 11.0 ms×1 hop 2 · TTFT 5.0 ms · E2E 13.0 ms×1 hop 3 · TTFT 5.0 ms · E2E 9.0 ms×1
+  fanout [track] hop 1 · TTFT 5.0 ms · E2E 15.0 ms×1
+  fanout (overlap 1) [track] hop 2 · TTFT 5.0 ms · E2E 7.0 ms×1
+  late [track] hop 1 · TTFT 5.0 ms · unfinished×1
 Requests [track]
   in-flight requests [counter] values×13
   chatcmpl-5-0 [track] chatcmpl-5-0×1 decode×1 read delay×1 waiting for first token×1 !chunk×3

@@ -763,11 +763,11 @@ fn write_requests<W: Write>(
                 if r.done_ns.is_none() {
                     args.push(Arg::bool("unfinished", true));
                 }
-                let name = format!("hop {}", r.hop);
+                let name = hop_label(r);
                 // Same sequence, same time as its request: the hop is written first.
                 let ids = flow_of[req as usize].as_slice();
                 open_hops.extend(ids);
-                w.begin(ts, track, &Event::named(&name).args(&args).flows(ids))?;
+                w.begin(ts, track, &Event::named_once(&name).args(&args).flows(ids))?;
             }
             Item::RequestBegin { req } => {
                 let r = &analysis.requests[req as usize];
@@ -907,6 +907,21 @@ fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<St
 /// The span a request's slice covers: from the wire arrival (else the read of
 /// its first byte) to the write of its last byte, or to the end of the
 /// recording when it never finished.
+/// A hop slice's label, as the timeline shows it: `hop 2 · TTFT 20.2 ms ·
+/// E2E 133.8 ms` (figures left out when unknown). Unique per hop, so not interned.
+pub(crate) fn hop_label(r: &Request) -> String {
+    let mut name = format!("hop {}", r.hop);
+    if let Some(v) = r.ttft_ms() {
+        name.push_str(&format!(" · TTFT {v:.1} ms"));
+    }
+    match r.e2e_ms() {
+        Some(v) => name.push_str(&format!(" · E2E {v:.1} ms")),
+        None if r.done_ns.is_none() => name.push_str(" · unfinished"),
+        None => {}
+    }
+    name
+}
+
 fn request_span(r: &Request, recording_end: u64) -> (u64, u64) {
     let start = r.wire_arrive_ns.filter(|w| *w <= r.arrive_ns).unwrap_or(r.arrive_ns);
     let end = match r.done_ns {

@@ -335,10 +335,10 @@ impl RequestStream {
                 if r.done_ns.is_none() {
                     args.push(Arg::bool("unfinished", true));
                 }
-                let name = format!("hop {}", r.hop);
+                let name = super::hop_label(r);
                 let ids = flow.as_slice();
                 self.open_hops.extend(ids);
-                w.begin(ts, track, &Event::named(&name).args(&args).flows(ids))?;
+                w.begin(ts, track, &Event::named_once(&name).args(&args).flows(ids))?;
             }
             Item::RequestBegin { req } => {
                 let (r, track, flow) = &self.reqs[&req];

@@ -232,7 +232,15 @@ fn chains_get_one_hop_slice_per_request_and_overlapping_hops_get_a_second_lane()
     let chains = s.track(names::CHAINS).unwrap();
     let lanes: Vec<(&str, Vec<(&str, u64)>)> =
         s.children(Some(chains.uuid)).map(|t| (t.name.as_str(), t.slices.iter().map(|(k, v)| (k.as_str(), *v)).collect())).collect();
-    assert_eq!(lanes, vec![("s1", vec![("hop 1", 1), ("hop 2", 1), ("hop 3", 1)]), ("s2", vec![("hop 1", 1)]), ("s2 (overlap 1)", vec![("hop 2", 1)])]);
+    // Labelled as the timeline shows them: hop, TTFT and E2E.
+    assert_eq!(
+        lanes,
+        vec![
+            ("s1", vec![("hop 1 · TTFT 5.0 ms · E2E 11.0 ms", 1), ("hop 2 · TTFT 5.0 ms · E2E 9.0 ms", 1), ("hop 3 · TTFT 5.0 ms · E2E 7.0 ms", 1)]),
+            ("s2", vec![("hop 1 · TTFT 5.0 ms · E2E 13.0 ms", 1)]),
+            ("s2 (overlap 1)", vec![("hop 2 · TTFT 5.0 ms · E2E 7.0 ms", 1)])
+        ]
+    );
     assert_eq!(s.flows, 5, "one flow from every hop to its request");
 }
 

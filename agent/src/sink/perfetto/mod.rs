@@ -748,21 +748,7 @@ fn write_requests<W: Write>(
             }
             Item::HopBegin { req, track } => {
                 let r = &analysis.requests[req as usize];
-                let mut args = Vec::with_capacity(8);
-                args.push(Arg::str("id", &r.id));
-                args.push(Arg::u64("hop", r.hop as u64));
-                if let Some(v) = r.ttft_ms() {
-                    args.push(Arg::f64("ttft_ms", v));
-                }
-                if let Some(v) = r.e2e_ms() {
-                    args.push(Arg::f64("e2e_ms", v));
-                }
-                if let Some(v) = r.wire_ttft_ms() {
-                    args.push(Arg::f64("wire_ttft_ms", v));
-                }
-                if r.done_ns.is_none() {
-                    args.push(Arg::bool("unfinished", true));
-                }
+                let args = hop_args(r);
                 let name = hop_label(r);
                 // Same sequence, same time as its request: the hop is written first.
                 let ids = flow_of[req as usize].as_slice();
@@ -771,80 +757,8 @@ fn write_requests<W: Write>(
             }
             Item::RequestBegin { req } => {
                 let r = &analysis.requests[req as usize];
-                let status = r.status.map(|s| s.to_string());
-                let finish = r.finish_reason.as_deref();
-                let mut args = Vec::with_capacity(20);
-                args.push(Arg::str("id", &r.id));
-                if let Some(x) = &r.x_request_id {
-                    args.push(Arg::str("x_request_id", x));
-                }
-                args.push(Arg::str("chain", &r.chain));
-                args.push(Arg::u64("hop", r.hop as u64));
-                if let Some(s) = &status {
-                    args.push(Arg::interned("status", s));
-                }
-                args.push(Arg::interned("method", &r.method));
-                args.push(Arg::interned("path", &r.path));
-                // The report's figures, so a reader sees the same numbers.
-                let out = crate::sink::report::request_out(r);
-                if let Some(v) = out.prompt_tokens {
-                    args.push(Arg::u64("prompt_tokens", v));
-                }
-                if let Some(v) = r.usage.completion_tokens {
-                    args.push(Arg::u64("completion_tokens", v));
-                }
-                if let Some(v) = out.cached_tokens {
-                    args.push(Arg::u64("cached_tokens", v));
-                }
-                let p = &out.phases_ms;
-                for (name, v) in [
-                    ("phases_ms.frontend", p.frontend),
-                    ("phases_ms.queue", p.queue),
-                    ("phases_ms.prefill", p.prefill),
-                    ("phases_ms.kv_transfer", p.kv_transfer),
-                    ("phases_ms.first_output", p.first_output),
-                    ("phases_ms.decode", p.decode),
-                    ("gpu_prefill_ms", out.gpu_ms.prefill),
-                    ("gpu_decode_ms", out.gpu_ms.decode),
-                    ("gpu_kv_ms", out.gpu_ms.kv_transfer),
-                    ("interference_ms", out.interference_ms),
-                ] {
-                    if let Some(v) = v {
-                        args.push(Arg::f64(name, v));
-                    }
-                }
-                let from = out.interference_from.join(",");
-                if !from.is_empty() {
-                    args.push(Arg::str("interference_from", &from));
-                }
-                if let Some(c) = &out.compute_ms {
-                    if c.prefill.is_some() || c.decode.is_some() {
-                        args.push(Arg::f64("compute_ms", c.prefill.unwrap_or(0.0) + c.decode.unwrap_or(0.0)));
-                    }
-                }
-                if let Some(s) = &out.compute_source {
-                    args.push(Arg::str("compute_source", s));
-                }
-                if let Some(n) = out.gpu_steps {
-                    args.push(Arg::u64("gpu_steps", u64::from(n)));
-                }
-                args.push(Arg::u64("content_chunks", r.content_ns.len() as u64));
-                if let Some(v) = r.ttft_ms() {
-                    args.push(Arg::f64("ttft_ms", v));
-                }
-                if let Some(v) = r.e2e_ms() {
-                    args.push(Arg::f64("e2e_ms", v));
-                }
-                if let Some(v) = r.read_delay_ms() {
-                    args.push(Arg::f64("read_delay_ms", v));
-                }
-                if let Some(f) = finish {
-                    args.push(Arg::interned("finish_reason", f));
-                }
-                args.push(Arg::u64("pid", r.conn.tgid as u64));
-                if r.done_ns.is_none() {
-                    args.push(Arg::bool("unfinished", true));
-                }
+                let held = RequestArgs::of(r);
+                let args = held.args(r);
                 let ids: Vec<u64> = flow_of[req as usize].iter().copied().filter(|id| open_hops.remove(id)).collect();
                 w.begin(ts, request_tracks[req as usize], &Event::named(&r.id).args(&args).terminating_flows(&ids))?;
             }
@@ -907,6 +821,118 @@ fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<St
 /// The span a request's slice covers: from the wire arrival (else the read of
 /// its first byte) to the write of its last byte, or to the end of the
 /// recording when it never finished.
+/// A hop slice's args.
+pub(crate) fn hop_args(r: &Request) -> Vec<Arg<'_>> {
+    let mut args = Vec::with_capacity(8);
+    args.push(Arg::str("id", &r.id));
+    args.push(Arg::u64("hop", r.hop as u64));
+    if let Some(v) = r.ttft_ms() {
+        args.push(Arg::f64("ttft_ms", v));
+    }
+    if let Some(v) = r.e2e_ms() {
+        args.push(Arg::f64("e2e_ms", v));
+    }
+    if let Some(v) = r.wire_ttft_ms() {
+        args.push(Arg::f64("wire_ttft_ms", v));
+    }
+    if r.done_ns.is_none() {
+        args.push(Arg::bool("unfinished", true));
+    }
+    args
+}
+
+/// What a request slice's args borrow: the report's figures for it (so a
+/// reader sees the same numbers in the trace and the report) and the strings
+/// made for the trace.
+pub(crate) struct RequestArgs {
+    out: crate::sink::report::RequestOut,
+    status: Option<String>,
+    interference_from: String,
+}
+
+impl RequestArgs {
+    pub(crate) fn of(r: &Request) -> Self {
+        let out = crate::sink::report::request_out(r);
+        let interference_from = out.interference_from.join(",");
+        RequestArgs { out, status: r.status.map(|s| s.to_string()), interference_from }
+    }
+
+    /// The request slice's args, each only when known.
+    pub(crate) fn args<'a>(&'a self, r: &'a Request) -> Vec<Arg<'a>> {
+        let out = &self.out;
+        let mut args = Vec::with_capacity(32);
+        args.push(Arg::str("id", &r.id));
+        if let Some(x) = &r.x_request_id {
+            args.push(Arg::str("x_request_id", x));
+        }
+        args.push(Arg::str("chain", &r.chain));
+        args.push(Arg::u64("hop", r.hop as u64));
+        if let Some(s) = &self.status {
+            args.push(Arg::interned("status", s));
+        }
+        args.push(Arg::interned("method", &r.method));
+        args.push(Arg::interned("path", &r.path));
+        if let Some(v) = out.prompt_tokens {
+            args.push(Arg::u64("prompt_tokens", v));
+        }
+        if let Some(v) = r.usage.completion_tokens {
+            args.push(Arg::u64("completion_tokens", v));
+        }
+        if let Some(v) = out.cached_tokens {
+            args.push(Arg::u64("cached_tokens", v));
+        }
+        let p = &out.phases_ms;
+        for (name, v) in [
+            ("phases_ms.frontend", p.frontend),
+            ("phases_ms.queue", p.queue),
+            ("phases_ms.prefill", p.prefill),
+            ("phases_ms.kv_transfer", p.kv_transfer),
+            ("phases_ms.first_output", p.first_output),
+            ("phases_ms.decode", p.decode),
+            ("gpu_prefill_ms", out.gpu_ms.prefill),
+            ("gpu_decode_ms", out.gpu_ms.decode),
+            ("gpu_kv_ms", out.gpu_ms.kv_transfer),
+            ("interference_ms", out.interference_ms),
+        ] {
+            if let Some(v) = v {
+                args.push(Arg::f64(name, v));
+            }
+        }
+        if !self.interference_from.is_empty() {
+            args.push(Arg::str("interference_from", &self.interference_from));
+        }
+        if let Some(c) = &out.compute_ms {
+            if c.prefill.is_some() || c.decode.is_some() {
+                args.push(Arg::f64("compute_ms", c.prefill.unwrap_or(0.0) + c.decode.unwrap_or(0.0)));
+            }
+        }
+        if let Some(s) = &out.compute_source {
+            args.push(Arg::str("compute_source", s));
+        }
+        if let Some(n) = out.gpu_steps {
+            args.push(Arg::u64("gpu_steps", u64::from(n)));
+        }
+        args.push(Arg::u64("content_chunks", r.content_ns.len() as u64));
+        if let Some(v) = r.ttft_ms() {
+            args.push(Arg::f64("ttft_ms", v));
+        }
+        if let Some(v) = r.e2e_ms() {
+            args.push(Arg::f64("e2e_ms", v));
+        }
+        if let Some(v) = r.read_delay_ms() {
+            args.push(Arg::f64("read_delay_ms", v));
+        }
+        if let Some(f) = r.finish_reason.as_deref() {
+            args.push(Arg::interned("finish_reason", f));
+        }
+        args.push(Arg::u64("pid", r.conn.tgid as u64));
+        if r.done_ns.is_none() {
+            args.push(Arg::bool("unfinished", true));
+        }
+        args
+    }
+}
+
 /// A hop slice's label, as the timeline shows it: `hop 2 · TTFT 20.2 ms ·
 /// E2E 133.8 ms` (figures left out when unknown). Unique per hop, so not interned.
 pub(crate) fn hop_label(r: &Request) -> String {

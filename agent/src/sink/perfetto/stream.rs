@@ -320,21 +320,7 @@ impl RequestStream {
         match item {
             Item::HopBegin { req, track } => {
                 let (r, _, flow) = &self.reqs[&req];
-                let mut args = Vec::with_capacity(8);
-                args.push(Arg::str("id", &r.id));
-                args.push(Arg::u64("hop", r.hop as u64));
-                if let Some(v) = r.ttft_ms() {
-                    args.push(Arg::f64("ttft_ms", v));
-                }
-                if let Some(v) = r.e2e_ms() {
-                    args.push(Arg::f64("e2e_ms", v));
-                }
-                if let Some(v) = r.wire_ttft_ms() {
-                    args.push(Arg::f64("wire_ttft_ms", v));
-                }
-                if r.done_ns.is_none() {
-                    args.push(Arg::bool("unfinished", true));
-                }
+                let args = super::hop_args(r);
                 let name = super::hop_label(r);
                 let ids = flow.as_slice();
                 self.open_hops.extend(ids);
@@ -342,79 +328,8 @@ impl RequestStream {
             }
             Item::RequestBegin { req } => {
                 let (r, track, flow) = &self.reqs[&req];
-                let status = r.status.map(|s| s.to_string());
-                let finish = r.finish_reason.as_deref();
-                let mut args = Vec::with_capacity(20);
-                args.push(Arg::str("id", &r.id));
-                if let Some(x) = &r.x_request_id {
-                    args.push(Arg::str("x_request_id", x));
-                }
-                args.push(Arg::str("chain", &r.chain));
-                args.push(Arg::u64("hop", r.hop as u64));
-                if let Some(s) = &status {
-                    args.push(Arg::interned("status", s));
-                }
-                args.push(Arg::interned("method", &r.method));
-                args.push(Arg::interned("path", &r.path));
-                let out = crate::sink::report::request_out(r);
-                if let Some(v) = out.prompt_tokens {
-                    args.push(Arg::u64("prompt_tokens", v));
-                }
-                if let Some(v) = r.usage.completion_tokens {
-                    args.push(Arg::u64("completion_tokens", v));
-                }
-                if let Some(v) = out.cached_tokens {
-                    args.push(Arg::u64("cached_tokens", v));
-                }
-                let p = &out.phases_ms;
-                for (name, v) in [
-                    ("phases_ms.frontend", p.frontend),
-                    ("phases_ms.queue", p.queue),
-                    ("phases_ms.prefill", p.prefill),
-                    ("phases_ms.kv_transfer", p.kv_transfer),
-                    ("phases_ms.first_output", p.first_output),
-                    ("phases_ms.decode", p.decode),
-                    ("gpu_prefill_ms", out.gpu_ms.prefill),
-                    ("gpu_decode_ms", out.gpu_ms.decode),
-                    ("gpu_kv_ms", out.gpu_ms.kv_transfer),
-                    ("interference_ms", out.interference_ms),
-                ] {
-                    if let Some(v) = v {
-                        args.push(Arg::f64(name, v));
-                    }
-                }
-                let from = out.interference_from.join(",");
-                if !from.is_empty() {
-                    args.push(Arg::str("interference_from", &from));
-                }
-                if let Some(c) = &out.compute_ms {
-                    if c.prefill.is_some() || c.decode.is_some() {
-                        args.push(Arg::f64("compute_ms", c.prefill.unwrap_or(0.0) + c.decode.unwrap_or(0.0)));
-                    }
-                }
-                if let Some(s) = &out.compute_source {
-                    args.push(Arg::str("compute_source", s));
-                }
-                if let Some(n) = out.gpu_steps {
-                    args.push(Arg::u64("gpu_steps", u64::from(n)));
-                }
-                args.push(Arg::u64("content_chunks", r.content_ns.len() as u64));
-                if let Some(v) = r.ttft_ms() {
-                    args.push(Arg::f64("ttft_ms", v));
-                }
-                if let Some(v) = r.e2e_ms() {
-                    args.push(Arg::f64("e2e_ms", v));
-                }
-                if let Some(v) = r.read_delay_ms() {
-                    args.push(Arg::f64("read_delay_ms", v));
-                }
-                if let Some(f) = finish {
-                    args.push(Arg::interned("finish_reason", f));
-                }
-                args.push(Arg::u64("pid", r.conn.tgid as u64));
-                if r.done_ns.is_none() {
-                    args.push(Arg::bool("unfinished", true));
-                }
+                let held = super::RequestArgs::of(r);
+                let args = held.args(r);
                 let ids: Vec<u64> = flow.iter().copied().filter(|id| self.open_hops.remove(id)).collect();
                 w.begin(ts, *track, &Event::named_once(&r.id).args(&args).terminating_flows(&ids))?;
             }

@@ -73,8 +73,19 @@ impl Woke {
     }
 }
 
-fn s_to_ns(s: f64) -> Option<u64> {
+pub(crate) fn s_to_ns(s: f64) -> Option<u64> {
     (s.is_finite() && s > 0.0 && s < 1e10).then(|| (s * 1e9).round() as u64)
+}
+
+/// A step's end: the time the engine built its output, else the write that
+/// sent it. A built time after the write is impossible (clock or decode
+/// error): then the write, and `true`.
+pub(crate) fn step_end(sent_ns: u64, built_ns: Option<u64>) -> (u64, bool) {
+    match built_ns {
+        Some(b) if b <= sent_ns => (b, false),
+        Some(_) => (sent_ns, true),
+        None => (sent_ns, false),
+    }
 }
 
 /// One engine request as the IPC told it.
@@ -320,16 +331,10 @@ impl EngineSide {
     /// took longer than the baseline of recent pure-decode steps cost the
     /// excess to every member already decoding.
     fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, outputs: &[EngineOutput]) {
-        // A built time after the write is impossible (clock or decode error):
-        // fall back to the write.
-        let end_ns = match built_ns {
-            Some(b) if b <= sent_ns => b,
-            Some(_) => {
-                self.count("engine_timestamp_after_send");
-                sent_ns
-            }
-            None => sent_ns,
-        };
+        let (end_ns, impossible) = step_end(sent_ns, built_ns);
+        if impossible {
+            self.count("engine_timestamp_after_send");
+        }
         let idx = self.steps_seen;
         self.steps_seen += 1;
         let dur = self.last_step_end.map(|p| end_ns.saturating_sub(p));

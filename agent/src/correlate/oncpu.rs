@@ -123,14 +123,11 @@ fn overlap(on: &VecDeque<(u64, u64)>, a: u64, b: u64) -> u64 {
     on.range(start..).take_while(|&&(s, _)| s < b).map(|&(s, e)| e.min(b).saturating_sub(s.max(a))).sum()
 }
 
-/// A step's end as the engine side times it (`correlate::engine`): the
-/// output's `EngineCoreOutputs.timestamp` when plausible and not after the
+/// A step's end as the engine side times it (`correlate::engine::step_end`):
+/// the output's `EngineCoreOutputs.timestamp` when plausible and not after the
 /// write that sent it, else the write.
 pub fn step_end_of(sent_ns: u64, timestamp_s: Option<f64>) -> u64 {
-    match timestamp_s.filter(|s| s.is_finite() && *s > 0.0 && *s < 1e10).map(|s| (s * 1e9).round() as u64) {
-        Some(b) if b <= sent_ns => b,
-        _ => sent_ns,
-    }
+    super::engine::step_end(sent_ns, timestamp_s.and_then(super::engine::s_to_ns)).0
 }
 
 /// On-CPU time of the engine thread in one step.

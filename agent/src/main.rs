@@ -294,18 +294,12 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
     let mut gpu_mem = summary::GpuMemIndex::default();
     let (meta, analysis, read_error) = analyze_with(&file, chain_header, !no_ipc, |r| gpu_mem.ingest(r))?;
     let mut rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
-    gpu_mem.apply(&mut rep.requests, &mut rep.summary);
     if let Some(p) = percentiles {
         rep.summary = summary::compute(&rep.requests, &rep.chains, &p);
-        gpu_mem.apply(&mut rep.requests, &mut rep.summary);
     }
-    let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer_pretty(&mut out, &rep)?;
-        writeln!(out)?;
-    } else {
-        out.write_all(report::render_text(&rep).as_bytes())?;
-    }
+    // The samples set the requests' peaks and the summary's GPU figures.
+    gpu_mem.apply(&mut rep.requests, &mut rep.summary);
+    std::io::stdout().lock().write_all(report::render_text(&rep).as_bytes())?;
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the report covers the readable part");
     }

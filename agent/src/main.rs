@@ -15,6 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Decoding a recording allocates a few small strings per record and frees
+/// them soon after; glibc's malloc/free and consolidation were ~20 % of
+/// `report --json` (docs/benchmarks.md). mimalloc cut the run's CPU by ~30 %.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "hopscope", version, about = "Where did each hop's latency go? Per-request profiling of LLM inference servers with eBPF (and CUPTI).")]
 struct Cli {

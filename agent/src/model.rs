@@ -428,7 +428,7 @@ pub enum Record {
 }
 
 /// The peer side of a peer-to-peer copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuPeer {
     pub src_device: u32,
     pub src_context: u32,
@@ -437,7 +437,7 @@ pub struct GpuPeer {
 }
 
 /// vLLM `EngineCoreEvent`: `kind` QUEUED=1, SCHEDULED=2, PREEMPTED=3.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineEvent {
     pub kind: u8,
     /// Engine `time.monotonic()` (CLOCK_MONOTONIC, seconds).
@@ -457,7 +457,7 @@ pub struct PrefillStats {
 }
 
 /// One vLLM `EngineCoreOutput`: a request that got tokens (or finished) in a step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineOutput {
     pub request_id: String,
     /// Number of new token ids (the ids themselves are never kept).

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub const TARGETS: [&str; 7] = ["http_stream", "ipc_stream", "msgpack", "cupti_record", "gpu_wire", "recording", "kernel_event"];
+pub const TARGETS: [&str; 8] = ["http_stream", "ipc_stream", "msgpack", "cupti_record", "gpu_wire", "recording", "record_decode", "kernel_event"];
 
 const COVERAGE_FLAGS: &str = "-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks";
 
@@ -261,6 +261,27 @@ fn seed(target: &str, corpus: &Path) -> Result<()> {
                     let mut b = vec![mode];
                     b.extend_from_slice(&bytes);
                     seeds.push((format!("{mode}-{name}"), b));
+                }
+            }
+        }
+        "record_decode" => {
+            // The fixtures' records, re-encoded, 16 to an input (`len:u16le
+            // postcard` chunks): records of a kind follow each other, so the
+            // slots are reused, and inputs stay small enough to run fast.
+            let mut hops: Vec<PathBuf> = files_in(&root.join("agent/tests/fixtures")).into_iter().filter(|p| p.extension().is_some_and(|e| e == "hop")).collect();
+            hops.sort();
+            for f in hops {
+                let loaded = hopscope::recording::load(&f)?;
+                let name = f.file_name().unwrap().to_string_lossy().into_owned();
+                for (i, group) in loaded.records.chunks(16).enumerate() {
+                    let mut b = Vec::new();
+                    for r in group {
+                        let bytes = postcard::to_stdvec(r)?;
+                        let Ok(len) = u16::try_from(bytes.len()) else { continue };
+                        b.extend_from_slice(&len.to_le_bytes());
+                        b.extend_from_slice(&bytes);
+                    }
+                    seeds.push((format!("{name}-{i}"), b));
                 }
             }
         }

@@ -10,6 +10,8 @@
 //! Readers validate every length and checksum before trusting bytes and name the
 //! byte offset of the first problem; everything before it stays readable.
 
+pub mod fast;
+
 use crate::model::Record;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
@@ -180,13 +182,19 @@ pub struct Reader<R: Read> {
     input: R,
     meta: Meta,
     offset: u64,
-    /// The current block's records (`None` once moved out) and the next one
-    /// to hand out. It, and the two buffers below, keep their capacity from
-    /// block to block.
-    block: Vec<Option<Record>>,
-    at: usize,
+    /// The current block, decompressed (`raw[..raw_len]`); records are
+    /// decoded from it one at a time, when asked for, into `dec`'s reused
+    /// slots. The buffers keep their capacity from block to block.
     comp: Vec<u8>,
     raw: Vec<u8>,
+    raw_len: usize,
+    /// Where the next record's length prefix is in `raw`, which record of
+    /// the block it is, of how many, and the block body's file offset.
+    pos: usize,
+    index: u32,
+    count: u32,
+    body_off: u64,
+    dec: fast::RecordDecoder,
     done: bool,
 }
 
@@ -246,7 +254,20 @@ impl<R: Read> Reader<R> {
         }
         let meta: Meta = serde_json::from_slice(&json)
             .map_err(|e| RecordingError::Corrupt { offset: 16, what: format!("metadata is not valid json: {e}") })?;
-        Ok(Reader { input, meta, offset: 16 + meta_len as u64, block: Vec::new(), at: 0, comp: Vec::new(), raw: Vec::new(), done: false })
+        Ok(Reader {
+            input,
+            meta,
+            offset: 16 + meta_len as u64,
+            comp: Vec::new(),
+            raw: Vec::new(),
+            raw_len: 0,
+            pos: 0,
+            index: 0,
+            count: 0,
+            body_off: 0,
+            dec: fast::RecordDecoder::new(),
+            done: false,
+        })
     }
 
     pub fn meta(&self) -> &Meta {
@@ -260,37 +281,43 @@ impl<R: Read> Reader<R> {
 
     /// The next record, `Ok(None)` at a clean end of file.
     pub fn next_record(&mut self) -> Result<Option<Record>, RecordingError> {
-        Ok(self.advance()?.and_then(|i| self.block[i].take()))
+        Ok(self.next_ref()?.cloned())
     }
 
     /// The next record, lent until the next call: what a reader that only
-    /// looks at each record uses (records are ~200 bytes, and moving each
-    /// out was a tenth of `report --json`'s time).
+    /// looks at each record uses. It is decoded over the previous record of
+    /// its kind (`fast`), so reading this way does not allocate once the
+    /// strings have grown to size.
     pub fn next_ref(&mut self) -> Result<Option<&Record>, RecordingError> {
-        Ok(self.advance()?.and_then(|i| self.block[i].as_ref()))
+        if !self.advance()? {
+            return Ok(None);
+        }
+        match self.decode_next() {
+            Ok(()) => {}
+            Err(e) => {
+                self.done = true;
+                return Err(e);
+            }
+        }
+        Ok(self.dec.last())
     }
 
-    /// Where the next record is in `self.block`, reading a block if needed.
-    fn advance(&mut self) -> Result<Option<usize>, RecordingError> {
+    /// Whether a record is left, reading the next block if needed.
+    fn advance(&mut self) -> Result<bool, RecordingError> {
         loop {
-            if self.at < self.block.len() {
-                self.at += 1;
-                return Ok(Some(self.at - 1));
-            }
             if self.done {
-                return Ok(None);
+                return Ok(false);
             }
-            self.block.clear();
-            self.at = 0;
+            if self.index < self.count {
+                return Ok(true);
+            }
             match self.read_block() {
                 Ok(true) => {}
                 Ok(false) => {
                     self.done = true;
-                    return Ok(None);
+                    return Ok(false);
                 }
                 Err(e) => {
-                    // A damaged block gives none of its records.
-                    self.block.clear();
                     self.done = true;
                     return Err(e);
                 }
@@ -298,7 +325,24 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    /// Decodes the next block into `self.block`; `Ok(false)` at a clean end.
+    /// Decodes record `self.index` of the block at `self.pos`.
+    fn decode_next(&mut self) -> Result<(), RecordingError> {
+        let (i, count, body_off) = (self.index, self.count, self.body_off);
+        let raw = &self.raw[..self.raw_len];
+        let Some(len_bytes) = raw.get(self.pos..self.pos + 4) else {
+            return Err(RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count}: length prefix past block end") });
+        };
+        let len = le32(len_bytes) as usize;
+        let start = self.pos + 4;
+        let Some(body) = raw.get(start..start.saturating_add(len)) else {
+            return Err(RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count}: body past block end") });
+        };
+        self.dec.decode(body).map_err(|e| RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count} does not decode: {e}") })?;
+        self.pos = start + len;
+        self.index += 1;
+        Ok(())
+    }
+
     fn read_block(&mut self) -> Result<bool, RecordingError> {
         let start = self.offset;
         let mut hdr = [0u8; BLOCK_HEADER_LEN];
@@ -331,31 +375,35 @@ impl<R: Read> Reader<R> {
         raw_buf.resize(raw_len as usize, 0);
         let got = lz4_flex::block::decompress_into(comp, raw_buf)
             .map_err(|e| RecordingError::Corrupt { offset: body_off, what: format!("block does not decompress: {e}") })?;
-        let raw = &raw_buf[..got];
-        if raw.len() != raw_len as usize {
+        if got != raw_len as usize {
             return Err(RecordingError::Corrupt { offset: body_off, what: "block raw length mismatch".into() });
         }
-        // Each record takes at least its 4-byte length prefix.
-        let recs = &mut self.block;
-        recs.reserve((count as usize).min(raw.len() / 4));
+        // The framing of every record is checked before any is handed out:
+        // a block whose lengths do not add up gives none of its records.
+        // (Records are decoded when asked for; one that does not decode in a
+        // block whose checksum and framing hold — a writer bug, not damage —
+        // stops reading after the records before it.)
+        let raw = &raw_buf[..got];
         let mut pos = 0usize;
         for i in 0..count {
             let Some(len_bytes) = raw.get(pos..pos + 4) else {
                 return Err(RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count}: length prefix past block end") });
             };
-            let len = le32(len_bytes) as usize;
             pos += 4;
-            let Some(body) = raw.get(pos..pos.saturating_add(len)) else {
+            let len = le32(len_bytes) as usize;
+            if raw.get(pos..pos.saturating_add(len)).is_none() {
                 return Err(RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count}: body past block end") });
-            };
-            let rec: Record = postcard::from_bytes(body)
-                .map_err(|e| RecordingError::Corrupt { offset: body_off, what: format!("record {i} of {count} does not decode: {e}") })?;
-            recs.push(Some(rec));
+            }
             pos += len;
         }
         if pos != raw.len() {
             return Err(RecordingError::Corrupt { offset: body_off, what: "trailing bytes in block".into() });
         }
+        self.raw_len = got;
+        self.pos = 0;
+        self.index = 0;
+        self.count = count;
+        self.body_off = body_off;
         self.offset = body_off + comp_len as u64;
         Ok(true)
     }
@@ -545,5 +593,25 @@ mod tests {
         let before = w.bytes_written();
         w.tick(1_000_000_002).unwrap();
         assert!(w.bytes_written() > before, "a second-old block must be on disk");
+    }
+
+    /// Decoding alone, records/s on one core, on the recording named by
+    /// HOPSCOPE_BENCH_HOP (e.g. `cargo xtask bench-memory`'s files in
+    /// target/bench/): `HOPSCOPE_BENCH_HOP=target/bench/synthetic-20000-g1.hop
+    /// cargo test --release -p hopscope --lib recording::tests::bench_decode -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "benchmark: needs HOPSCOPE_BENCH_HOP"]
+    fn bench_decode() {
+        let path = std::env::var("HOPSCOPE_BENCH_HOP").expect("set HOPSCOPE_BENCH_HOP to a .hop file");
+        for round in 0..3 {
+            let t = std::time::Instant::now();
+            let mut r = Reader::open(Path::new(&path)).unwrap();
+            let mut n = 0u64;
+            while r.next_ref().unwrap().is_some() {
+                n += 1;
+            }
+            let dt = t.elapsed().as_secs_f64();
+            eprintln!("decode round {round}: {n} records in {dt:.3} s = {:.2} M records/s", n as f64 / dt / 1e6);
+        }
     }
 }

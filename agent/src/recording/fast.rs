@@ -1,0 +1,700 @@
+//! Postcard decoding of [`Record`]s into reused slots: the reader's fast path.
+//!
+//! Serde's derive builds every record afresh: each `String` and `Vec` in it
+//! is a new allocation, freed a moment later when the next record comes.
+//! Decoding was ~45 % of `hopscope report --json` (docs/benchmarks.md), most
+//! of it allocation. [`RecordDecoder`] keeps one record per variant and
+//! decodes the next record of that variant over it, field by field, so the
+//! strings and vectors keep their capacity: a steady recording decodes
+//! without allocating.
+//!
+//! The wire is exactly postcard's (the on-disk format is frozen): varints
+//! for integers (zigzag for signed), little-endian floats, a 0/1 byte for
+//! `bool` and `Option`, a varint length before strings and sequences, none
+//! before arrays and tuples, a varint variant index before an enum's
+//! content. The first record of each variant goes through serde (that is
+//! how a slot gets its variant); every later one through [`Dec`]. That both
+//! paths agree on every input (the same record, or both an error) is checked
+//! by the tests below and by the `record_decode` fuzz target.
+//!
+//! Drift: every variant and field is named in exhaustive patterns (no `..`),
+//! so adding a field or variant does not compile until it is decoded here
+//! too; fields are decoded in declaration order (the model's rule: add at
+//! the end), which the round-trip tests check with distinct values.
+
+use crate::event::{ConnKey, ConnOp, Dir, Family, ProcOp, Syscall};
+use crate::model::{EngineEvent, EngineOutput, GpuPeer, HttpRole, PrefillStats, Record, SseKind, Usage};
+
+/// Why a record's bytes do not decode (what postcard's errors say).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("record ends early")]
+    Eof,
+    #[error("bad varint")]
+    BadVarint,
+    #[error("bad bool")]
+    BadBool,
+    #[error("bad option tag")]
+    BadOption,
+    #[error("string is not utf-8")]
+    BadUtf8,
+    #[error("unknown {what} variant {index}")]
+    BadVariant { what: &'static str, index: u32 },
+    #[error("{0}")]
+    Serde(String),
+}
+
+type Result<T> = std::result::Result<T, DecodeError>;
+
+/// Bytes being decoded and the position in them.
+pub struct Cur<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cur<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Cur { b, at: 0 }
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Result<u8> {
+        let v = *self.b.get(self.at).ok_or(DecodeError::Eof)?;
+        self.at += 1;
+        Ok(v)
+    }
+
+    #[inline]
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or(DecodeError::Eof)?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn left(&self) -> usize {
+        self.b.len() - self.at
+    }
+
+    /// Postcard's varint for an unsigned type of `bits` bits: at most
+    /// ceil(bits / 7) bytes, the last of which may only carry the bits left.
+    #[inline]
+    fn varint(&mut self, bits: u32) -> Result<u64> {
+        let max_bytes = bits.div_ceil(7);
+        let last_max: u8 = (1u8 << (bits % 7)) - 1;
+        let mut out = 0u64;
+        for i in 0..max_bytes {
+            let v = self.pop()?;
+            out |= u64::from(v & 0x7f) << (7 * i);
+            if v & 0x80 == 0 {
+                if i == max_bytes - 1 && v > last_max {
+                    return Err(DecodeError::BadVarint);
+                }
+                return Ok(out);
+            }
+        }
+        Err(DecodeError::BadVarint)
+    }
+
+    #[inline]
+    fn u32(&mut self) -> Result<u32> {
+        // At most 5 bytes, the last one ≤ 15: the value fits.
+        Ok(self.varint(32)? as u32)
+    }
+
+    #[inline]
+    fn len(&mut self) -> Result<usize> {
+        Ok(self.varint(64)? as usize)
+    }
+}
+
+/// Decodes a value over `self`, reusing what it owns.
+pub trait Dec {
+    fn dec(&mut self, c: &mut Cur) -> Result<()>;
+}
+
+impl Dec for u8 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        *self = c.pop()?;
+        Ok(())
+    }
+}
+
+impl Dec for u16 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        *self = c.varint(16)? as u16;
+        Ok(())
+    }
+}
+
+impl Dec for u32 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        *self = c.u32()?;
+        Ok(())
+    }
+}
+
+impl Dec for u64 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        *self = c.varint(64)?;
+        Ok(())
+    }
+}
+
+impl Dec for i32 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let n = c.u32()?;
+        *self = ((n >> 1) as i32) ^ (-((n & 1) as i32));
+        Ok(())
+    }
+}
+
+impl Dec for i64 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let n = c.varint(64)?;
+        *self = ((n >> 1) as i64) ^ (-((n & 1) as i64));
+        Ok(())
+    }
+}
+
+impl Dec for f64 {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let b = c.take(8)?;
+        *self = f64::from_le_bytes(b.try_into().expect("8 bytes taken"));
+        Ok(())
+    }
+}
+
+impl Dec for bool {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        *self = match c.pop()? {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::BadBool),
+        };
+        Ok(())
+    }
+}
+
+impl Dec for String {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let n = c.len()?;
+        let s = std::str::from_utf8(c.take(n)?).map_err(|_| DecodeError::BadUtf8)?;
+        self.clear();
+        self.push_str(s);
+        Ok(())
+    }
+}
+
+impl<T: Dec + Default> Dec for Option<T> {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        match c.pop()? {
+            0 => *self = None,
+            1 => self.get_or_insert_with(T::default).dec(c)?,
+            _ => return Err(DecodeError::BadOption),
+        }
+        Ok(())
+    }
+}
+
+impl<T: Dec + Default> Dec for Vec<T> {
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let n = c.len()?;
+        // Every element takes at least one byte: a length past the bytes
+        // left is an error before anything is allocated for it.
+        if n > c.left() {
+            return Err(DecodeError::Eof);
+        }
+        self.truncate(n);
+        for i in 0..n {
+            if i < self.len() {
+                self[i].dec(c)?;
+            } else {
+                let mut v = T::default();
+                v.dec(c)?;
+                self.push(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<A: Dec, B: Dec> Dec for (A, B) {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        self.0.dec(c)?;
+        self.1.dec(c)
+    }
+}
+
+impl Dec for [u32; 3] {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        for v in self.iter_mut() {
+            v.dec(c)?;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes the named fields of a struct or variant, in the order given
+/// (the declaration order).
+macro_rules! fields {
+    ($c:expr; $($f:expr),* $(,)?) => {{
+        $( $f.dec($c)?; )*
+        Ok(())
+    }};
+}
+
+impl Dec for ConnKey {
+    #[inline]
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let ConnKey { tgid, fd, ino } = self;
+        fields!(c; tgid, fd, ino)
+    }
+}
+
+impl Dec for Usage {
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let Usage { prompt_tokens, completion_tokens, cached_tokens } = self;
+        fields!(c; prompt_tokens, completion_tokens, cached_tokens)
+    }
+}
+
+impl Dec for EngineEvent {
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let EngineEvent { kind, timestamp_s } = self;
+        fields!(c; kind, timestamp_s)
+    }
+}
+
+impl Dec for PrefillStats {
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let PrefillStats { prompt_tokens, computed_tokens, cached_tokens, local_cached_tokens, external_cached_tokens } = self;
+        fields!(c; prompt_tokens, computed_tokens, cached_tokens, local_cached_tokens, external_cached_tokens)
+    }
+}
+
+impl Dec for EngineOutput {
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let EngineOutput { request_id, new_tokens, finish_reason, events, prefill } = self;
+        fields!(c; request_id, new_tokens, finish_reason, events, prefill)
+    }
+}
+
+impl Dec for GpuPeer {
+    fn dec(&mut self, c: &mut Cur) -> Result<()> {
+        let GpuPeer { src_device, src_context, dst_device, dst_context } = self;
+        fields!(c; src_device, src_context, dst_device, dst_context)
+    }
+}
+
+/// Field-less enums: a varint variant index. `index` is an exhaustive match,
+/// so a new variant does not compile until it is listed here (in order).
+macro_rules! unit_enum {
+    ($t:ident: $($v:ident),+ $(,)?) => {
+        impl Dec for $t {
+            #[inline]
+            fn dec(&mut self, c: &mut Cur) -> Result<()> {
+                let i = c.u32()?;
+                *self = *<$t as UnitIndex>::ALL.get(i as usize).ok_or(DecodeError::BadVariant { what: stringify!($t), index: i })?;
+                Ok(())
+            }
+        }
+        impl UnitIndex for $t {
+            const ALL: &'static [$t] = &[$($t::$v),+];
+            fn index(&self) -> u32 {
+                // Exhaustive: a variant missing from the list does not compile.
+                match *self {
+                    $($t::$v)|+ => {}
+                }
+                Self::ALL.iter().position(|v| v == self).expect("every variant is listed") as u32
+            }
+        }
+    };
+}
+
+/// The variant index serde gives a field-less enum (for the drift tests).
+pub trait UnitIndex: Sized + PartialEq + 'static {
+    const ALL: &'static [Self];
+    fn index(&self) -> u32;
+}
+
+unit_enum!(Dir: In, Out);
+unit_enum!(Family: Unix, Inet, Inet6, Unknown);
+unit_enum!(ConnOp: Accept, Connect);
+unit_enum!(ProcOp: Fork, Exec, Exit);
+unit_enum!(Syscall: Read, Readv, Recvfrom, Recvmsg, Write, Writev, Sendto, Sendmsg);
+unit_enum!(HttpRole: Server, Client);
+unit_enum!(SseKind: Role, Content, Finish, Usage, Done, Error, Other);
+
+/// The variant index serde writes for `r` (its declaration order).
+pub fn variant_index(r: &Record) -> u32 {
+    match r {
+        Record::ConnOpen { .. } => 0,
+        Record::ConnClose { .. } => 1,
+        Record::HttpRequest { .. } => 2,
+        Record::HttpResponse { .. } => 3,
+        Record::Sse { .. } => 4,
+        Record::ResponseBody { .. } => 5,
+        Record::HttpResponseEnd { .. } => 6,
+        Record::Unparsed { .. } => 7,
+        Record::UnixIo { .. } => 8,
+        Record::Proc { .. } => 9,
+        Record::OffCpu { .. } => 10,
+        Record::Drops { .. } => 11,
+        Record::RawIo { .. } => 12,
+        Record::EngineRequest { .. } => 13,
+        Record::EngineAbort { .. } => 14,
+        Record::EngineOutputs { .. } => 15,
+        Record::GpuProcess { .. } => 16,
+        Record::GpuDevice { .. } => 17,
+        Record::GpuKernel { .. } => 18,
+        Record::GpuMemcpy { .. } => 19,
+        Record::GpuMemset { .. } => 20,
+        Record::GpuSync { .. } => 21,
+        Record::GpuApi { .. } => 22,
+        Record::GpuCalibration { .. } => 23,
+        Record::GpuSample { .. } => 24,
+        Record::EngineStats { .. } => 25,
+    }
+}
+
+/// Variants in the format (one past the last index).
+pub const VARIANTS: usize = 26;
+
+/// Decodes `c` (just past the variant index) over `r`, which holds a record
+/// of that variant.
+fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
+    match r {
+        Record::ConnOpen { ts_ns, conn, op, family, local, peer } => fields!(c; ts_ns, conn, op, family, local, peer),
+        Record::ConnClose { ts_ns, conn } => fields!(c; ts_ns, conn),
+        Record::HttpRequest { conn, role, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, model, ready_ns } => {
+            fields!(c; conn, role, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, model, ready_ns)
+        }
+        Record::HttpResponse { conn, role, seq, ts_ns, tid, status, headers } => fields!(c; conn, role, seq, ts_ns, tid, status, headers),
+        Record::Sse { conn, seq, ts_ns, kind, id, content_bytes, finish_reason, usage } => fields!(c; conn, seq, ts_ns, kind, id, content_bytes, finish_reason, usage),
+        Record::ResponseBody { conn, seq, ts_ns, id, usage, finish_reason } => fields!(c; conn, seq, ts_ns, id, usage, finish_reason),
+        Record::HttpResponseEnd { conn, seq, ts_ns, body_len } => fields!(c; conn, seq, ts_ns, body_len),
+        Record::Unparsed { conn, ts_ns, dir, bytes, reason } => fields!(c; conn, ts_ns, dir, bytes, reason),
+        Record::UnixIo { conn, ts_ns, enter_ns, tid, dir, len } => fields!(c; conn, ts_ns, enter_ns, tid, dir, len),
+        Record::Proc { ts_ns, tgid, op, child_tgid, exit_code, comm } => fields!(c; ts_ns, tgid, op, child_tgid, exit_code, comm),
+        Record::OffCpu { ts_ns, tgid, tid, off_ns, wake_ns, prev_state } => fields!(c; ts_ns, tgid, tid, off_ns, wake_ns, prev_state),
+        Record::Drops { ts_ns, counters } => fields!(c; ts_ns, counters),
+        Record::RawIo { conn, ts_ns, enter_ns, tid, syscall, dir, family, len, data } => fields!(c; conn, ts_ns, enter_ns, tid, syscall, dir, family, len, data),
+        Record::EngineRequest { conn, ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, max_tokens, arrival_time_s, traceparent, data_parallel_rank, truncated } => {
+            fields!(c; conn, ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, max_tokens, arrival_time_s, traceparent, data_parallel_rank, truncated)
+        }
+        Record::EngineAbort { conn, ts_ns, tid, dir, request_ids } => fields!(c; conn, ts_ns, tid, dir, request_ids),
+        Record::EngineOutputs { conn, ts_ns, tid, dir, engine_index, timestamp_s, outputs, outputs_total, finished_requests, truncated } => {
+            fields!(c; conn, ts_ns, tid, dir, engine_index, timestamp_s, outputs, outputs_total, finished_requests, truncated)
+        }
+        Record::GpuProcess { ts_ns, pid, ppid, own_pid, comm, cupti_version, clock, enabled, init_ns, cupti_lib } => {
+            fields!(c; ts_ns, pid, ppid, own_pid, comm, cupti_version, clock, enabled, init_ns, cupti_lib)
+        }
+        Record::GpuDevice { ts_ns, pid, device, name, cc_major, cc_minor, sm_count, total_mem_bytes, driver_version } => {
+            fields!(c; ts_ns, pid, device, name, cc_major, cc_minor, sm_count, total_mem_bytes, driver_version)
+        }
+        Record::GpuKernel { ts_ns, end_ns, pid, device, context, stream, correlation_id, graph_id, graph_node_id, name, grid, block, static_shared_mem, dynamic_shared_mem, registers_per_thread } => {
+            fields!(c; ts_ns, end_ns, pid, device, context, stream, correlation_id, graph_id, graph_node_id, name, grid, block, static_shared_mem, dynamic_shared_mem, registers_per_thread)
+        }
+        Record::GpuMemcpy { ts_ns, end_ns, pid, device, context, stream, kind, src_kind, dst_kind, flags, bytes, correlation_id, runtime_correlation_id, graph_id, graph_node_id, peer } => {
+            fields!(c; ts_ns, end_ns, pid, device, context, stream, kind, src_kind, dst_kind, flags, bytes, correlation_id, runtime_correlation_id, graph_id, graph_node_id, peer)
+        }
+        Record::GpuMemset { ts_ns, end_ns, pid, device, context, stream, bytes, value, memory_kind, flags, correlation_id, graph_id, graph_node_id } => {
+            fields!(c; ts_ns, end_ns, pid, device, context, stream, bytes, value, memory_kind, flags, correlation_id, graph_id, graph_node_id)
+        }
+        Record::GpuSync { ts_ns, end_ns, pid, sync_type, context, stream, correlation_id, cuda_event } => fields!(c; ts_ns, end_ns, pid, sync_type, context, stream, correlation_id, cuda_event),
+        Record::GpuApi { ts_ns, end_ns, pid, tid, domain, class, cbid, name, correlation_id, return_value } => {
+            fields!(c; ts_ns, end_ns, pid, tid, domain, class, cbid, name, correlation_id, return_value)
+        }
+        Record::GpuCalibration { ts_ns, pid, offset_ns, error_ns } => fields!(c; ts_ns, pid, offset_ns, error_ns),
+        Record::GpuSample { ts_ns, device, mem_used_bytes, mem_total_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s } => {
+            fields!(c; ts_ns, device, mem_used_bytes, mem_total_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s)
+        }
+        Record::EngineStats { conn, ts_ns, engine_index, running, waiting, kv_cache_usage, step_counter, prefix_cache_queries, prefix_cache_hits } => {
+            fields!(c; conn, ts_ns, engine_index, running, waiting, kv_cache_usage, step_counter, prefix_cache_queries, prefix_cache_hits)
+        }
+    }
+}
+
+/// One reusable record per variant; see the module docs.
+#[derive(Default)]
+pub struct RecordDecoder {
+    slots: Vec<Option<Record>>,
+    last: Option<usize>,
+}
+
+impl RecordDecoder {
+    pub fn new() -> Self {
+        RecordDecoder { slots: (0..VARIANTS).map(|_| None).collect(), last: None }
+    }
+
+    /// The record the last successful [`decode`](Self::decode) gave.
+    pub fn last(&self) -> Option<&Record> {
+        self.slots.get(self.last?)?.as_ref()
+    }
+
+    /// The record in `bytes` (postcard), lent until the next call. Trailing
+    /// bytes are ignored, as `postcard::from_bytes` does.
+    pub fn decode(&mut self, bytes: &[u8]) -> Result<&Record> {
+        self.last = None;
+        let mut c = Cur::new(bytes);
+        let tag = c.u32()?;
+        if self.slots.len() < VARIANTS {
+            self.slots.resize_with(VARIANTS, || None);
+        }
+        let Some(slot) = self.slots.get_mut(tag as usize) else {
+            return Err(DecodeError::BadVariant { what: "Record", index: tag });
+        };
+        match slot {
+            Some(r) => {
+                if let Err(e) = dec_record(r, &mut c) {
+                    // Partly overwritten: the next record of this variant
+                    // starts from serde again.
+                    *slot = None;
+                    return Err(e);
+                }
+            }
+            None => {
+                let r: Record = postcard::from_bytes(bytes).map_err(|e| DecodeError::Serde(e.to_string()))?;
+                *slot = Some(r);
+            }
+        }
+        self.last = Some(tag as usize);
+        Ok(slot.as_ref().expect("filled above"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ck(i: u64) -> ConnKey {
+        ConnKey { tgid: 1000 + i as u32, fd: -(i as i32) - 3, ino: u64::MAX - i }
+    }
+
+    /// One record of every variant, every field distinct from its
+    /// neighbours (a field decoded out of order shows as a wrong value), and
+    /// `k` varying lengths and options.
+    fn samples(k: u64) -> Vec<Record> {
+        let s = |p: &str| format!("{p}-{k}-é\u{1F600}");
+        let opt = |v: u64| if k.is_multiple_of(2) { Some(v) } else { None };
+        let opts = |p: &str| if k.is_multiple_of(3) { None } else { Some(s(p)) };
+        let n = (k % 4) as usize;
+        let usage = Usage { prompt_tokens: Some(11 + k), completion_tokens: opt(12), cached_tokens: Some(13) };
+        vec![
+            Record::ConnOpen { ts_ns: 1 + k, conn: ck(k), op: ConnOp::Connect, family: Family::Inet6, local: opts("l"), peer: Some(s("p")) },
+            Record::ConnClose { ts_ns: 2 + k, conn: ck(k + 1) },
+            Record::HttpRequest {
+                conn: ck(k + 2),
+                role: HttpRole::Client,
+                seq: 3,
+                start_ns: 4 << 40,
+                end_ns: 5 + k,
+                tid: 6,
+                method: s("POST"),
+                path: s("/v1"),
+                headers: (0..n).map(|i| (s(&format!("h{i}")), s("v"))).collect(),
+                body_len: 7,
+                stream: if k.is_multiple_of(2) { Some(true) } else { None },
+                model: opts("m"),
+                ready_ns: opt(8),
+            },
+            Record::HttpResponse { conn: ck(k + 3), role: HttpRole::Server, seq: 9, ts_ns: 10, tid: 11, status: 65535, headers: (0..n + 1).map(|i| (s("x"), s(&i.to_string()))).collect() },
+            Record::Sse { conn: ck(k + 4), seq: 12, ts_ns: 13, kind: SseKind::Other, id: opts("id"), content_bytes: u32::MAX, finish_reason: opts("stop"), usage: if k.is_multiple_of(2) { Some(usage) } else { None } },
+            Record::ResponseBody { conn: ck(k + 5), seq: 14, ts_ns: 15, id: opts("b"), usage: Some(usage), finish_reason: None },
+            Record::HttpResponseEnd { conn: ck(k + 6), seq: 16, ts_ns: 17, body_len: 18 },
+            Record::Unparsed { conn: ck(k + 7), ts_ns: 19, dir: Dir::Out, bytes: 20, reason: s("why") },
+            Record::UnixIo { conn: ck(k + 8), ts_ns: 21, enter_ns: 22, tid: 23, dir: Dir::In, len: 24 },
+            Record::Proc { ts_ns: 25, tgid: 26, op: ProcOp::Exit, child_tgid: 27, exit_code: i32::MIN + k as i32, comm: s("comm") },
+            Record::OffCpu { ts_ns: 28, tgid: 29, tid: 30, off_ns: 31, wake_ns: opt(32), prev_state: 33 },
+            Record::Drops { ts_ns: 34, counters: (0..n).map(|i| (s("c"), i as u64 * 1000)).collect() },
+            Record::RawIo { conn: ck(k + 9), ts_ns: 35, enter_ns: 36, tid: 37, syscall: Syscall::Sendmsg, dir: Dir::Out, family: Family::Unknown, len: 38, data: (0..n * 3).map(|i| i as u8 ^ 0xa5).collect() },
+            Record::EngineRequest {
+                conn: ck(k + 10),
+                ts_ns: 39,
+                tid: 40,
+                dir: Dir::Out,
+                request_id: s("req"),
+                external_req_id: opts("ext"),
+                prompt_tokens: Some(41),
+                max_tokens: opt(42),
+                arrival_time_s: Some(43.5 + k as f64),
+                traceparent: opts("tp"),
+                data_parallel_rank: opt(44),
+                truncated: k % 2 == 1,
+            },
+            Record::EngineAbort { conn: ck(k + 11), ts_ns: 45, tid: 46, dir: Dir::In, request_ids: (0..n).map(|i| s(&i.to_string())).collect() },
+            Record::EngineOutputs {
+                conn: ck(k + 12),
+                ts_ns: 47,
+                tid: 48,
+                dir: Dir::Out,
+                engine_index: opt(49),
+                timestamp_s: Some(-0.0),
+                outputs: (0..n + (k as usize % 7))
+                    .map(|i| EngineOutput {
+                        request_id: s(&format!("r{i}")),
+                        new_tokens: i as u64,
+                        finish_reason: if i.is_multiple_of(2) { Some(i as u8) } else { None },
+                        events: (0..i % 3).map(|j| EngineEvent { kind: j as u8, timestamp_s: j as f64 * 0.25 }).collect(),
+                        prefill: if i % 2 == 1 { Some(PrefillStats { prompt_tokens: Some(1), computed_tokens: None, cached_tokens: Some(3), local_cached_tokens: opt(4), external_cached_tokens: Some(5) }) } else { None },
+                    })
+                    .collect(),
+                outputs_total: Some(50),
+                finished_requests: (0..n).map(|i| s(&format!("f{i}"))).collect(),
+                truncated: k.is_multiple_of(2),
+            },
+            Record::GpuProcess { ts_ns: 51, pid: 52, ppid: 53, own_pid: 54, comm: s("py"), cupti_version: 55, clock: 56, enabled: 57, init_ns: 58, cupti_lib: s("lib") },
+            Record::GpuDevice { ts_ns: 59, pid: 60, device: 61, name: s("H200"), cc_major: 62, cc_minor: 63, sm_count: 64, total_mem_bytes: 65, driver_version: 66 },
+            Record::GpuKernel {
+                ts_ns: 67,
+                end_ns: 68,
+                pid: 69,
+                device: 70,
+                context: 71,
+                stream: 72,
+                correlation_id: 73,
+                graph_id: 74,
+                graph_node_id: 75,
+                name: s("kern"),
+                grid: [76, 77, 78 + k as u32],
+                block: [79, 80, 81],
+                static_shared_mem: 82,
+                dynamic_shared_mem: 83,
+                registers_per_thread: 84,
+            },
+            Record::GpuMemcpy {
+                ts_ns: 85,
+                end_ns: 86,
+                pid: 87,
+                device: 88,
+                context: 89,
+                stream: 90,
+                kind: 91,
+                src_kind: 92,
+                dst_kind: 93,
+                flags: 94,
+                bytes: 95,
+                correlation_id: 96,
+                runtime_correlation_id: 97,
+                graph_id: 98,
+                graph_node_id: 99,
+                peer: if k.is_multiple_of(2) { Some(GpuPeer { src_device: 100, src_context: 101, dst_device: 102, dst_context: 103 }) } else { None },
+            },
+            Record::GpuMemset { ts_ns: 104, end_ns: 105, pid: 106, device: 107, context: 108, stream: 109, bytes: 110, value: 111, memory_kind: 112, flags: 113, correlation_id: 114, graph_id: 115, graph_node_id: 116 },
+            Record::GpuSync { ts_ns: 117, end_ns: 118, pid: 119, sync_type: 120, context: 121, stream: opt(122).map(|v| v as u32), correlation_id: 123, cuda_event: Some(124) },
+            Record::GpuApi { ts_ns: 125, end_ns: 126, pid: 127, tid: 128, domain: 129, class: 130, cbid: 131, name: s("cudaLaunch"), correlation_id: 132, return_value: 133 },
+            Record::GpuCalibration { ts_ns: 134, pid: 135, offset_ns: -136 - k as i64, error_ns: 137 },
+            Record::GpuSample {
+                ts_ns: 138,
+                device: 139,
+                mem_used_bytes: 140,
+                mem_total_bytes: 141,
+                process_mem: (0..n).map(|i| (i as u32, 142 + i as u64)).collect(),
+                sm_util_pct: Some(143),
+                mem_util_pct: opt(144).map(|v| v as u32),
+                pcie_tx_kib_s: Some(145),
+                pcie_rx_kib_s: None,
+                nvlink_tx_kib_s: opt(146),
+                nvlink_rx_kib_s: Some(147),
+            },
+            Record::EngineStats { conn: ck(k + 13), ts_ns: 148, engine_index: opt(149), running: Some(150), waiting: None, kv_cache_usage: Some(0.151), step_counter: opt(152), prefix_cache_queries: Some(153), prefix_cache_hits: Some(154) },
+        ]
+    }
+
+    #[test]
+    fn samples_cover_every_variant_in_serde_order() {
+        let all = samples(0);
+        assert_eq!(all.len(), VARIANTS);
+        for (i, r) in all.iter().enumerate() {
+            assert_eq!(variant_index(r) as usize, i);
+            let bytes = postcard::to_stdvec(r).unwrap();
+            let mut c = Cur::new(&bytes);
+            assert_eq!(c.u32().unwrap(), i as u32, "serde's index of {r:?}");
+        }
+    }
+
+    #[test]
+    fn field_less_enums_have_serde_indexes() {
+        fn check<T: UnitIndex + serde::Serialize + std::fmt::Debug>() {
+            for (i, v) in T::ALL.iter().enumerate() {
+                assert_eq!(v.index() as usize, i);
+                assert_eq!(postcard::to_stdvec(v).unwrap(), vec![i as u8], "{v:?}");
+            }
+        }
+        check::<Dir>();
+        check::<Family>();
+        check::<ConnOp>();
+        check::<ProcOp>();
+        check::<Syscall>();
+        check::<HttpRole>();
+        check::<SseKind>();
+    }
+
+    /// Every variant, decoded again and again over its slot with lengths
+    /// and options that grow and shrink, equals what serde decodes.
+    #[test]
+    fn reused_slots_decode_every_variant_exactly_as_serde() {
+        let mut d = RecordDecoder::new();
+        for k in [0u64, 5, 1, 7, 2, 0, 3, 11, 6] {
+            for r in samples(k) {
+                let bytes = postcard::to_stdvec(&r).unwrap();
+                assert_eq!(d.decode(&bytes).unwrap(), &r);
+                assert_eq!(&postcard::from_bytes::<Record>(&bytes).unwrap(), &r);
+            }
+        }
+    }
+
+    /// Every prefix of every sample and single-byte changes of it: the fast
+    /// path and serde agree on the record or both fail.
+    #[test]
+    fn damaged_bytes_give_the_same_answer_as_serde() {
+        let mut d = RecordDecoder::new();
+        for r in samples(0).into_iter().chain(samples(1)) {
+            let good = postcard::to_stdvec(&r).unwrap();
+            // Prime the slot so the in-place path is the one tested.
+            d.decode(&good).unwrap();
+            let mut cases: Vec<Vec<u8>> = (0..good.len()).map(|n| good[..n].to_vec()).collect();
+            for i in 1..good.len() {
+                for v in [0x00u8, 0x01, 0x02, 0x7f, 0x80, 0xff] {
+                    let mut b = good.clone();
+                    b[i] = v;
+                    cases.push(b);
+                }
+            }
+            for b in cases {
+                // Compared re-encoded: the same bits (a NaN is not equal to itself).
+                let enc = |r: Option<&Record>| r.map(|r| postcard::to_stdvec(r).unwrap());
+                let serde = postcard::from_bytes::<Record>(&b).ok();
+                let fast = enc(d.decode(&b).ok());
+                assert_eq!(fast, enc(serde.as_ref()), "{b:?}");
+                // Back to a clean slot state for the next case.
+                d.decode(&good).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn varints_past_their_type_are_errors() {
+        let mut c = Cur::new(&[0xff, 0xff, 0xff, 0xff, 0x10]);
+        assert_eq!(c.u32(), Err(DecodeError::BadVarint));
+        let mut c = Cur::new(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert_eq!(c.u32(), Ok(u32::MAX));
+        let mut c = Cur::new(&[0xff; 10]);
+        assert_eq!(c.varint(64), Err(DecodeError::BadVarint));
+        let mut c = Cur::new(&[0x80]);
+        assert_eq!(c.u32(), Err(DecodeError::Eof));
+    }
+}

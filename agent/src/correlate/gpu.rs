@@ -32,7 +32,7 @@
 use super::oncpu::{step_end_of, EngineCompute};
 use crate::event::Dir;
 use crate::model::Record;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// CUpti_ActivityMemcpyKind (cupti-sys bindings).
 pub const COPY_HTOD: u8 = 1;
@@ -665,12 +665,16 @@ impl Eng {
     }
 }
 
-/// An engine output step: its end and (request id, first token?).
+/// An engine output step: its end and (request key, first token?).
 #[derive(Debug, Clone)]
 struct OutStep {
     end_ns: u64,
-    members: Vec<(String, bool)>,
+    members: Vec<(Key, bool)>,
 }
+
+/// An engine request's number in [`Attribution`] (its id is hashed once per
+/// output step, not once per use).
+type Key = u64;
 
 /// vLLM EngineCoreEventType SCHEDULED.
 const EV_SCHEDULED: u8 = 2;
@@ -701,7 +705,11 @@ pub struct Attribution {
     gpu_seen: bool,
     seen_writer: bool,
     watermark: u64,
-    ids: super::FxMap<String, Eng>,
+    /// Engine request id -> key, and each key's figures. A key is never
+    /// reused: a step's members that were taken or forgotten since are gone.
+    ids: super::FxMap<String, Key>,
+    eng: super::FxMap<Key, Eng>,
+    next_key: Key,
     outs: VecDeque<OutStep>,
     /// Decided GPU steps not yet matched, in order.
     gsteps: VecDeque<GpuStep>,
@@ -709,7 +717,7 @@ pub struct Attribution {
     silent: VecDeque<(u64, u64, u64)>,
     kv: VecDeque<GpuCopy>,
     /// Output steps waiting for their on-CPU figure, by end.
-    cpu_wait: BTreeMap<u64, Vec<(String, bool)>>,
+    cpu_wait: BTreeMap<u64, Vec<(Key, bool)>>,
     /// Every GPU step (copies dropped), and every output step's compute:
     /// for the report and the trace.
     steps: Vec<GpuStep>,
@@ -720,6 +728,21 @@ pub struct Attribution {
 impl Attribution {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The key of engine request `id`, made (with empty figures) when new;
+    /// the id is copied only then.
+    fn key(&mut self, id: &str) -> (Key, &mut Eng) {
+        let k = match self.ids.get(id) {
+            Some(&k) => k,
+            None => {
+                let k = self.next_key;
+                self.next_key += 1;
+                self.ids.insert(id.to_owned(), k);
+                k
+            }
+        };
+        (k, self.eng.entry(k).or_default())
     }
 
     fn count(&mut self, what: &'static str, n: u64) {
@@ -737,10 +760,7 @@ impl Attribution {
             Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } => self.gpu_seen = true,
             Record::OffCpu { ts_ns, tgid, tid, off_ns, .. } => self.cpu.off_cpu(*ts_ns, *tgid, *tid, *off_ns),
             Record::EngineRequest { ts_ns, request_id, prompt_tokens, .. } => {
-                let e = match self.ids.get_mut(request_id) {
-                    Some(e) => e,
-                    None => self.ids.entry(request_id.clone()).or_default(),
-                };
+                let (_, e) = self.key(request_id);
                 e.submit_ns = Some(e.submit_ns.map_or(*ts_ns, |s| s.min(*ts_ns)));
                 e.prompt_tokens = e.prompt_tokens.or(*prompt_tokens);
                 e.last_ns = ts;
@@ -756,12 +776,7 @@ impl Attribution {
                 let end = step_end_of(*ts_ns, *timestamp_s);
                 let mut members = Vec::with_capacity(outputs.len());
                 for o in outputs {
-                    // Looked up before inserting: a request is in many steps,
-                    // and its id is copied only the first time.
-                    let e = match self.ids.get_mut(&o.request_id) {
-                        Some(e) => e,
-                        None => self.ids.entry(o.request_id.clone()).or_default(),
-                    };
+                    let (k, e) = self.key(&o.request_id);
                     let first = o.new_tokens > 0 && e.first_token_ns.is_none();
                     if first {
                         e.first_token_ns = Some(end);
@@ -777,7 +792,7 @@ impl Attribution {
                         e.prompt_tokens = e.prompt_tokens.or(p.prompt_tokens);
                     }
                     e.last_ns = ts;
-                    members.push((o.request_id.clone(), first));
+                    members.push((k, first));
                 }
                 if !self.gpu_seen && *dir == Dir::Out && self.cpu.step_end(conn.tgid, end) {
                     self.cpu_wait.insert(end, members.clone());
@@ -805,8 +820,8 @@ impl Attribution {
             }
             let Some(members) = self.cpu_wait.remove(&c.end_ns) else { continue };
             self.step_compute.push(StepCompute { end_ns: c.end_ns, compute_ns: c.on_cpu_ns, source: ComputeSource::Oncpu, gpu_end_ns: None });
-            for (id, first) in members {
-                if let Some(e) = self.ids.get_mut(&id) {
+            for (k, first) in members {
+                if let Some(e) = self.eng.get_mut(&k) {
                     let prefill = first || e.first_token_ns.is_none_or(|f| c.end_ns < f);
                     e.add_compute(c.on_cpu_ns, prefill, ComputeSource::Oncpu);
                 }
@@ -861,10 +876,10 @@ impl Attribution {
     }
 
     fn apply(&mut self, o: OutStep, g: Option<GpuStep>) {
-        let known: Vec<(String, bool)> = o.members.into_iter().filter(|m| self.ids.contains_key(&m.0)).collect();
+        let known: Vec<(Key, bool)> = o.members.into_iter().filter(|m| self.eng.contains_key(&m.0)).collect();
         match g {
             Some(mut g) => {
-                let w: Vec<(bool, u64)> = known.iter().map(|(id, first)| (*first, self.ids[id].prefill_tokens())).collect();
+                let w: Vec<(bool, u64)> = known.iter().map(|(k, first)| (*first, self.eng[k].prefill_tokens())).collect();
                 let mut toks = member_tokens(g.tokens, &w);
                 // Tokens no output member accounts for are partial prefill
                 // chunks of requests with no output yet: that part of the
@@ -879,8 +894,8 @@ impl Attribution {
                     let part = shares.pop().expect("pushed");
                     self.silent.push_back((g.start_ns, g.end_ns, part));
                 }
-                for ((id, first), ns) in known.iter().zip(shares) {
-                    let e = self.ids.get_mut(id).expect("known");
+                for ((k, first), ns) in known.iter().zip(shares) {
+                    let e = self.eng.get_mut(k).expect("known");
                     let prefill = *first || e.first_token_ns.is_none_or(|f| o.end_ns < f);
                     e.share.steps += 1;
                     if prefill {
@@ -905,44 +920,43 @@ impl Attribution {
         }
         // First tokens claim the output-less steps of their prefill and the
         // KV copies on their path.
-        let firsts: Vec<&String> = known.iter().filter(|m| m.1).map(|m| &m.0).collect();
+        let firsts: Vec<Key> = known.iter().filter(|m| m.1).map(|m| m.0).collect();
         if firsts.is_empty() {
             return;
         }
         let mut keep = VecDeque::new();
         while let Some(s) = self.silent.pop_front() {
-            let who: Vec<&String> = firsts.iter().copied().filter(|id| self.ids[*id].scheduled_ns.or(self.ids[*id].submit_ns).is_some_and(|t| t <= s.1) && s.1 <= o.end_ns).collect();
+            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[k].scheduled_ns.or(self.eng[k].submit_ns).is_some_and(|t| t <= s.1) && s.1 <= o.end_ns).collect();
             if who.is_empty() {
                 keep.push_back(s);
                 continue;
             }
-            let w: Vec<u64> = who.iter().map(|id| self.ids[*id].prefill_tokens()).collect();
-            for (id, ns) in who.iter().zip(split_by_tokens(s.2, &w)) {
-                let e = self.ids.get_mut(*id).expect("known");
+            let w: Vec<u64> = who.iter().map(|k| self.eng[k].prefill_tokens()).collect();
+            for (k, ns) in who.iter().zip(split_by_tokens(s.2, &w)) {
+                let e = self.eng.get_mut(k).expect("known");
                 e.share.prefill_ns += ns;
                 e.share.steps += 1;
                 e.add_compute(s.2, true, ComputeSource::Cupti);
             }
         }
         self.silent = keep;
-        let mut spans: HashMap<&String, Vec<(u64, u64)>> = HashMap::new();
+        let mut spans: BTreeMap<Key, Vec<(u64, u64)>> = BTreeMap::new();
         let mut keep = VecDeque::new();
         while let Some(c) = self.kv.pop_front() {
-            let who: Vec<&String> = firsts.iter().copied().filter(|id| self.ids[*id].kv_window_start_ns() <= c.start_ns && c.start_ns <= o.end_ns).collect();
+            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[k].kv_window_start_ns() <= c.start_ns && c.start_ns <= o.end_ns).collect();
             if who.is_empty() {
                 keep.push_back(c);
                 continue;
             }
-            for (id, ns) in who.iter().zip(split_by_tokens(c.end_ns - c.start_ns, &vec![1; who.len()])) {
-                self.ids.get_mut(*id).expect("known").share.kv_gpu_ns += ns;
-                spans.entry(id).or_default().push((c.start_ns, c.end_ns.min(o.end_ns)));
+            for (k, ns) in who.iter().zip(split_by_tokens(c.end_ns - c.start_ns, &vec![1; who.len()])) {
+                self.eng.get_mut(k).expect("known").share.kv_gpu_ns += ns;
+                spans.entry(*k).or_default().push((c.start_ns, c.end_ns.min(o.end_ns)));
             }
         }
         self.kv = keep;
-        let spans: Vec<(String, Vec<(u64, u64)>)> = spans.into_iter().map(|(k, v)| (k.clone(), v)).collect();
         let mut capped = 0;
-        for (id, mut v) in spans {
-            let e = self.ids.get_mut(&id).expect("known");
+        for (k, mut v) in spans {
+            let e = self.eng.get_mut(&k).expect("known");
             let cut = e.scheduled_ns.or(e.submit_ns).unwrap_or(0);
             for (a, b) in union(&mut v) {
                 e.share.kv_queue_ns += b.min(cut).saturating_sub(a);
@@ -964,16 +978,20 @@ impl Attribution {
     /// final: its GPU share (when a GPU source exists) and the compute of its
     /// steps. Each request's figures are taken once.
     pub fn take(&mut self, engine_request_id: &str) -> (Option<GpuShare>, Option<RequestCompute>) {
-        let Some(e) = self.ids.remove(engine_request_id) else { return (None, None) };
+        let Some(e) = self.ids.remove(engine_request_id).and_then(|k| self.eng.remove(&k)) else { return (None, None) };
         (self.gpu_seen.then_some(e.share), e.compute)
     }
 
     /// Lets go of requests nobody took (not linked to an HTTP request).
     pub fn forget_untaken(&mut self) {
         let old = self.watermark.saturating_sub(UNTAKEN_NS);
-        let before = self.ids.len();
-        self.ids.retain(|_, e| e.last_ns > old);
-        let n = (before - self.ids.len()) as u64;
+        let before = self.eng.len();
+        self.eng.retain(|_, e| e.last_ns > old);
+        let n = (before - self.eng.len()) as u64;
+        if n > 0 {
+            let eng = &self.eng;
+            self.ids.retain(|_, k| eng.contains_key(k));
+        }
         self.count("attribution_requests_untaken", n);
     }
 

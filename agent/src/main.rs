@@ -291,7 +291,10 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
         let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
         let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| reader.meta().chain_header.clone()), use_ipc: !no_ipc };
         let p = percentiles.unwrap_or_else(|| summary::DEFAULT_PERCENTILES.to_vec());
-        let read_error = report::write_json(&mut reader, &file.display().to_string(), cfg, &p, std::io::stdout().lock()).context("writing the report")?;
+        // Stdout is line-buffered: unwrapped, pretty JSON would be a write(2) per few lines.
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+        let read_error = report::write_json(&mut reader, &file.display().to_string(), cfg, &p, &mut out).context("writing the report")?;
+        out.flush().context("writing the report")?;
         if let Some(e) = read_error {
             eprintln!("hopscope: warning: {e}; the report covers the readable part");
         }

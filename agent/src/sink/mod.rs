@@ -1,6 +1,7 @@
 //! Sinks: where analyses go.
 
 pub mod diff;
+pub mod json;
 pub mod perfetto;
 pub mod metrics;
 pub mod otlp;

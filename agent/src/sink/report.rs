@@ -2,7 +2,8 @@
 //! schema 1: add fields, never rename) and the human tables.
 
 use crate::correlate::engine::partition;
-use crate::correlate::{ms, percentile, Analysis, Request};
+use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
+use crate::sink::json;
 use crate::recording::Meta;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -185,18 +186,96 @@ pub struct KernelOut {
     pub gpu_ms: f64,
 }
 
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
-}
-
 /// One request as the report shows it.
 pub fn request_out(r: &Request) -> RequestOut {
+    let (mut itl, mut sorted) = (Vec::new(), Vec::new());
+    request_ref(r, &mut itl, &mut sorted).to_out()
+}
+
+/// [`RequestOut`] borrowing from its [`Request`] (and the caller's ITL
+/// buffer): what the streamed report writes without copying a string per
+/// field. [`request_ref`] is the one place the figures are computed.
+#[derive(Debug)]
+pub struct RequestRef<'a> {
+    pub id: &'a str,
+    pub x_request_id: Option<&'a str>,
+    pub traceparent: Option<&'a str>,
+    pub chain: &'a str,
+    pub hop: u32,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: Option<u16>,
+    pub arrive_ns: u64,
+    pub ttft_ns: Option<u64>,
+    pub done_ns: Option<u64>,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+    pub itl_ms: &'a [f64],
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p90_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub phases_ms: Phases,
+    pub gpu_ms: GpuMs,
+    pub interference_ms: Option<f64>,
+    pub steps: Option<u64>,
+    pub chain_source: &'static str,
+    pub content_chunks: usize,
+    pub streamed: bool,
+    pub request_bytes: u64,
+    pub response_bytes: Option<u64>,
+    pub finish_reason: Option<&'a str>,
+    pub pid: u32,
+    pub fd: i32,
+    pub wire_arrive_ns: Option<u64>,
+    pub read_delay_ms: Option<f64>,
+    pub wire_ttft_ms: Option<f64>,
+    pub wire_e2e_ms: Option<f64>,
+    pub phase_source: &'static str,
+    pub engine_request_id: Option<&'a str>,
+    pub scheduled_source: Option<&'static str>,
+    pub preemptions: Option<u32>,
+    pub interference_from: &'a [String],
+    pub computed_tokens: Option<u64>,
+    pub marks_clamped: u32,
+    pub steps_source: Option<&'static str>,
+    pub peak_gpu_mem_bytes: Option<u64>,
+    pub compute_ms: Option<ComputeMs>,
+    pub compute_source: Option<&'static str>,
+    pub gpu_steps: Option<u32>,
+}
+
+/// The report's name of a chain key's source (its serde name).
+pub fn chain_source_name(s: ChainSource) -> &'static str {
+    match s {
+        ChainSource::Traceparent => "traceparent",
+        ChainSource::Header => "header",
+        ChainSource::Connection => "connection",
+    }
+}
+
+/// The report's name of a compute source (its serde name).
+pub fn compute_source_name(s: crate::correlate::gpu::ComputeSource) -> &'static str {
+    match s {
+        crate::correlate::gpu::ComputeSource::Cupti => "cupti",
+        crate::correlate::gpu::ComputeSource::Oncpu => "oncpu",
+    }
+}
+
+/// One request as the report shows it, borrowed; `itl` and `sorted` are
+/// buffers reused from request to request (`itl` holds its ITLs after).
+pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f64>) -> RequestRef<'a> {
     let e = r.engine.as_ref();
     let w = r.wire_steps.as_ref();
     let part = partition(r);
-    let itl = r.itl_ms();
-    let s = sorted(itl.clone());
+    itl.clear();
+    itl.extend(r.content_ns.windows(2).map(|w| ms(w[1].saturating_sub(w[0]))));
+    sorted.clear();
+    sorted.extend_from_slice(itl);
+    // Values equal under total_cmp are the same bits: unstable is stable here.
+    sorted.sort_unstable_by(f64::total_cmp);
     // KV copies on the critical path are carved out of the phase they fell
     // in, so the phases still add up (docs/attribution.md).
     let g = r.gpu.as_ref();
@@ -209,23 +288,23 @@ pub fn request_out(r: &Request) -> RequestOut {
         q + p
     });
     let c = r.compute.as_ref();
-    RequestOut {
-        id: r.id.clone(),
-        x_request_id: r.x_request_id.clone(),
-        traceparent: r.traceparent.clone(),
-        chain: Some(r.chain.clone()),
-        hop: Some(r.hop),
-        method: r.method.clone(),
-        path: r.path.clone(),
+    RequestRef {
+        id: &r.id,
+        x_request_id: r.x_request_id.as_deref(),
+        traceparent: r.traceparent.as_deref(),
+        chain: &r.chain,
+        hop: r.hop,
+        method: &r.method,
+        path: &r.path,
         status: r.status,
         arrive_ns: r.arrive_ns,
         ttft_ns: r.ttft_ns,
         done_ns: r.done_ns,
         ttft_ms: r.ttft_ms(),
         e2e_ms: r.e2e_ms(),
-        itl_p50_ms: percentile(&s, 50.0),
-        itl_p90_ms: percentile(&s, 90.0),
-        itl_p99_ms: percentile(&s, 99.0),
+        itl_p50_ms: percentile(sorted, 50.0),
+        itl_p90_ms: percentile(sorted, 90.0),
+        itl_p99_ms: percentile(sorted, 99.0),
         itl_ms: itl,
         prompt_tokens: r.usage.prompt_tokens.or(e.and_then(|e| e.prompt_tokens)),
         completion_tokens: r.usage.completion_tokens,
@@ -237,38 +316,160 @@ pub fn request_out(r: &Request) -> RequestOut {
         gpu_ms: GpuMs { prefill: g.map(|g| ms(g.prefill_ns)), decode: g.map(|g| ms(g.decode_ns)), kv_transfer: g.map(|g| ms(g.kv_gpu_ns)) },
         interference_ms: e.map(|e| ms(e.interference_ns)).or(w.map(|w| ms(w.interference_ns))),
         steps: e.map(|e| u64::from(e.steps)).or(w.map(|w| u64::from(w.steps))),
-        chain_source: serde_json::to_value(r.chain_source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+        chain_source: chain_source_name(r.chain_source),
         content_chunks: r.content_ns.len(),
         streamed: r.streamed,
         request_bytes: r.request_bytes,
         response_bytes: r.response_bytes,
-        finish_reason: r.finish_reason.clone(),
+        finish_reason: r.finish_reason.as_deref(),
         pid: r.conn.tgid,
         fd: r.conn.fd,
         wire_arrive_ns: r.wire_arrive_ns,
         read_delay_ms: r.read_delay_ms(),
         wire_ttft_ms: r.wire_ttft_ms(),
         wire_e2e_ms: r.wire_e2e_ms(),
-        phase_source: if e.is_some() { "ipc" } else { "wire" }.into(),
-        engine_request_id: e.map(|e| e.engine_request_id.clone()),
-        scheduled_source: e.map(|e| e.scheduled_source.to_owned()),
+        phase_source: if e.is_some() { "ipc" } else { "wire" },
+        engine_request_id: e.map(|e| e.engine_request_id.as_str()),
+        scheduled_source: e.map(|e| e.scheduled_source),
         preemptions: e.map(|e| e.preemptions),
         interference_from: match (e, w) {
-            (Some(e), _) => e.interference_from.clone(),
-            (None, Some(w)) => w.interference_from.clone(),
-            (None, None) => Vec::new(),
+            (Some(e), _) => &e.interference_from,
+            (None, Some(w)) => &w.interference_from,
+            (None, None) => &[],
         },
         computed_tokens: e.and_then(|e| e.computed_tokens),
         marks_clamped: part.clamped,
         steps_source: match (e, w) {
-            (Some(_), _) => Some("ipc".into()),
-            (None, Some(_)) => Some("sse-clusters".into()),
+            (Some(_), _) => Some("ipc"),
+            (None, Some(_)) => Some("sse-clusters"),
             (None, None) => None,
         },
         peak_gpu_mem_bytes: None,
         compute_ms: c.map(|c| ComputeMs { prefill: c.prefill_ns.map(ms), decode: c.decode_ns.map(ms), steps: c.steps }),
-        compute_source: c.and_then(|c| serde_json::to_value(c.source).ok()).and_then(|v| v.as_str().map(str::to_owned)),
+        compute_source: c.map(|c| compute_source_name(c.source)),
         gpu_steps: g.map(|g| g.steps),
+    }
+}
+
+impl RequestRef<'_> {
+    /// The owned [`RequestOut`].
+    pub fn to_out(&self) -> RequestOut {
+        let own = |s: Option<&str>| s.map(str::to_owned);
+        RequestOut {
+            id: self.id.to_owned(),
+            x_request_id: own(self.x_request_id),
+            traceparent: own(self.traceparent),
+            chain: Some(self.chain.to_owned()),
+            hop: Some(self.hop),
+            method: self.method.to_owned(),
+            path: self.path.to_owned(),
+            status: self.status,
+            arrive_ns: self.arrive_ns,
+            ttft_ns: self.ttft_ns,
+            done_ns: self.done_ns,
+            ttft_ms: self.ttft_ms,
+            e2e_ms: self.e2e_ms,
+            itl_ms: self.itl_ms.to_vec(),
+            itl_p50_ms: self.itl_p50_ms,
+            itl_p90_ms: self.itl_p90_ms,
+            itl_p99_ms: self.itl_p99_ms,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            cached_tokens: self.cached_tokens,
+            phases_ms: Phases { ..self.phases_ms },
+            gpu_ms: GpuMs { ..self.gpu_ms },
+            interference_ms: self.interference_ms,
+            steps: self.steps,
+            chain_source: self.chain_source.to_owned(),
+            content_chunks: self.content_chunks,
+            streamed: self.streamed,
+            request_bytes: self.request_bytes,
+            response_bytes: self.response_bytes,
+            finish_reason: own(self.finish_reason),
+            pid: self.pid,
+            fd: self.fd,
+            wire_arrive_ns: self.wire_arrive_ns,
+            read_delay_ms: self.read_delay_ms,
+            wire_ttft_ms: self.wire_ttft_ms,
+            wire_e2e_ms: self.wire_e2e_ms,
+            phase_source: self.phase_source.to_owned(),
+            engine_request_id: own(self.engine_request_id),
+            scheduled_source: own(self.scheduled_source),
+            preemptions: self.preemptions,
+            interference_from: self.interference_from.to_vec(),
+            computed_tokens: self.computed_tokens,
+            marks_clamped: self.marks_clamped,
+            steps_source: own(self.steps_source),
+            peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
+            compute_ms: self.compute_ms.as_ref().map(|c| ComputeMs { ..*c }),
+            compute_source: own(self.compute_source),
+            gpu_steps: self.gpu_steps,
+        }
+    }
+
+    /// The request as `to_writer_pretty` writes [`RequestOut`], its braces at `level`.
+    pub fn write_json(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("id", self.id)
+            .field("x_request_id", &self.x_request_id)
+            .field("traceparent", &self.traceparent)
+            .field("chain", self.chain)
+            .field("hop", &self.hop)
+            .field("method", self.method)
+            .field("path", self.path)
+            .field("status", &self.status)
+            .field("arrive_ns", &self.arrive_ns)
+            .field("ttft_ns", &self.ttft_ns)
+            .field("done_ns", &self.done_ns)
+            .field("ttft_ms", &self.ttft_ms)
+            .field("e2e_ms", &self.e2e_ms)
+            .field("itl_ms", self.itl_ms)
+            .field("itl_p50_ms", &self.itl_p50_ms)
+            .field("itl_p90_ms", &self.itl_p90_ms)
+            .field("itl_p99_ms", &self.itl_p99_ms)
+            .field("prompt_tokens", &self.prompt_tokens)
+            .field("completion_tokens", &self.completion_tokens)
+            .field("cached_tokens", &self.cached_tokens);
+        let p = &self.phases_ms;
+        o.object("phases_ms", Some(p), |o, p| {
+            o.field("frontend", &p.frontend)
+                .field("queue", &p.queue)
+                .field("prefill", &p.prefill)
+                .field("kv_transfer", &p.kv_transfer)
+                .field("first_output", &p.first_output)
+                .field("decode", &p.decode);
+        });
+        o.object("gpu_ms", Some(&self.gpu_ms), |o, g| {
+            o.field("prefill", &g.prefill).field("decode", &g.decode).field("kv_transfer", &g.kv_transfer);
+        });
+        o.field("interference_ms", &self.interference_ms)
+            .field("steps", &self.steps)
+            .field("chain_source", self.chain_source)
+            .field("content_chunks", &self.content_chunks)
+            .field("streamed", &self.streamed)
+            .field("request_bytes", &self.request_bytes)
+            .field("response_bytes", &self.response_bytes)
+            .field("finish_reason", &self.finish_reason)
+            .field("pid", &self.pid)
+            .field("fd", &self.fd)
+            .field("wire_arrive_ns", &self.wire_arrive_ns)
+            .field("read_delay_ms", &self.read_delay_ms)
+            .field("wire_ttft_ms", &self.wire_ttft_ms)
+            .field("wire_e2e_ms", &self.wire_e2e_ms)
+            .field("phase_source", self.phase_source)
+            .field("engine_request_id", &self.engine_request_id)
+            .field("scheduled_source", &self.scheduled_source)
+            .field("preemptions", &self.preemptions)
+            .field("interference_from", self.interference_from)
+            .field("computed_tokens", &self.computed_tokens)
+            .field("marks_clamped", &self.marks_clamped)
+            .field("steps_source", &self.steps_source)
+            .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes);
+        o.object("compute_ms", self.compute_ms.as_ref(), |o, c| {
+            o.field("prefill", &c.prefill).field("decode", &c.decode).field("steps", &c.steps);
+        });
+        o.field("compute_source", &self.compute_source).field("gpu_steps", &self.gpu_steps);
+        o.end();
     }
 }
 
@@ -310,7 +511,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
                         }
                     })
                     .collect(),
-                source: serde_json::to_value(c.source).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                source: chain_source_name(c.source).to_owned(),
             }
         })
         .collect();
@@ -535,16 +736,20 @@ fn trunc(s: &str, n: usize) -> String {
 // `hopscope report --json` on a long recording: requests are written as the
 // correlator hands them out (`Correlator::drain_final`), so memory follows the
 // open requests. The JSON is byte for byte what `build` + `to_writer_pretty`
-// give: the requests go to an unlinked spool file (already indented) while the
-// recording is read, and are spliced into the `"requests"` array when the
-// rest of the report (counters, chains, summary) is known at the end.
+// give: the requests go to an unlinked spool file (already indented, by the
+// hand writer of sink::json) while the recording is read, and are copied into
+// the `"requests"` array when the rest of the report (counters, chains,
+// summary) is known at the end.
 //
 // What is kept for the end, per request: its chain's hop entry (id, TTFT,
 // prefix-cache hit: ~70 bytes) and its summary figures (below).
 
-use crate::correlate::{ChainSource, Config, Correlator};
-use crate::sink::summary::{self, ChainHitRate, Dist, GpuMemIndex, ReqView, Summary};
+use crate::correlate::{Config, Correlator};
+use crate::sink::summary::{self, ChainHitRate, Dist, GpuMemIndex, Summary};
 use std::io::{self, Read, Seek, Write};
+
+/// What a spool buffers before it writes to its file.
+const SPOOL_CHUNK: usize = 1 << 16;
 
 /// Chains as their hops come, in report order, without keeping the hops in
 /// memory: each hop (id, TTFT, prefix-cache hit) goes to an unlinked spool
@@ -589,11 +794,11 @@ fn bits_opt(b: &[u8]) -> Option<f64> {
 
 impl ChainBook {
     pub fn new() -> io::Result<Self> {
-        Ok(ChainBook { index: Default::default(), chains: Vec::new(), spool: io::BufWriter::with_capacity(1 << 16, spool_file()?), spooled: 0, hop_at: Vec::new(), chain_of: Vec::new() })
+        Ok(ChainBook { index: Default::default(), chains: Vec::new(), spool: io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?), spooled: 0, hop_at: Vec::new(), chain_of: Vec::new() })
     }
 
     /// The next hop of its chain (requests in report order).
-    pub fn add(&mut self, r: &Request, q: &RequestOut) -> io::Result<()> {
+    pub fn add(&mut self, r: &Request, q: &RequestRef) -> io::Result<()> {
         let n = self.chains.len() as u32;
         let slots = match self.index.get_mut(r.chain.as_str()) {
             Some(s) => s,
@@ -626,9 +831,11 @@ impl ChainBook {
         };
         self.hop_at.push(self.spooled);
         self.chain_of.push(i as u32);
-        self.spool.write_all(&opt_bits(q.ttft_ms))?;
-        self.spool.write_all(&opt_bits(hit))?;
-        self.spool.write_all(&(q.id.len() as u32).to_le_bytes())?;
+        let mut head = [0u8; HOP_HEAD];
+        head[0..8].copy_from_slice(&opt_bits(q.ttft_ms));
+        head[8..16].copy_from_slice(&opt_bits(hit));
+        head[16..20].copy_from_slice(&(q.id.len() as u32).to_le_bytes());
+        self.spool.write_all(&head)?;
         self.spool.write_all(q.id.as_bytes())?;
         self.spooled += (HOP_HEAD + q.id.len()) as u64;
         Ok(())
@@ -665,8 +872,7 @@ impl ChainBook {
         let mut hits = Vec::new();
         for &c in &order {
             let x = &chains[c as usize];
-            let source = source_name(x.source);
-            if x.hops > 1 || source != "connection" {
+            if x.hops > 1 || x.source != ChainSource::Connection {
                 hits.push(ChainHitRate {
                     chain: names[c as usize].to_string(),
                     cached_tokens: x.cached_tokens,
@@ -676,17 +882,14 @@ impl ChainBook {
                 });
             }
         }
-        Ok((ChainsOut { file, chains, names, order, by_chain, hop_at: self.hop_at }, hits))
+        Ok((ChainsOut { file, len: self.spooled, chains, names, order, by_chain, hop_at: self.hop_at }, hits))
     }
-}
-
-fn source_name(s: ChainSource) -> String {
-    serde_json::to_value(s).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// The report's chains, written one by one from the spool.
 pub struct ChainsOut {
     file: std::fs::File,
+    len: u64,
     chains: Vec<ChainAgg>,
     names: Vec<Box<str>>,
     order: Vec<u32>,
@@ -694,47 +897,101 @@ pub struct ChainsOut {
     hop_at: Vec<u64>,
 }
 
+/// Reads of a spool file through a few cached pages: a chain's hops are
+/// scattered over the spool, mostly close to each other and to the previous
+/// chain's, so a direct-mapped cache turns two reads per hop into about one
+/// per page (and never more than one read per hop).
+struct PageCache<'f> {
+    file: &'f std::fs::File,
+    len: u64,
+    /// Page number + 1 held by each slot (0: none).
+    tags: Vec<u64>,
+    pages: Vec<u8>,
+}
+
+const PAGE: usize = 4096;
+const PAGE_SLOTS: usize = 256;
+
+impl<'f> PageCache<'f> {
+    fn new(file: &'f std::fs::File, len: u64) -> Self {
+        PageCache { file, len, tags: vec![0; PAGE_SLOTS], pages: vec![0; PAGE * PAGE_SLOTS] }
+    }
+
+    fn read(&mut self, mut off: u64, dst: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut done = 0;
+        while done < dst.len() {
+            let page = off / PAGE as u64;
+            let slot = (page % PAGE_SLOTS as u64) as usize;
+            let buf = &mut self.pages[slot * PAGE..(slot + 1) * PAGE];
+            if self.tags[slot] != page + 1 {
+                let from = page * PAGE as u64;
+                let n = (self.len.saturating_sub(from) as usize).min(PAGE);
+                self.file.read_exact_at(&mut buf[..n], from)?;
+                self.tags[slot] = page + 1;
+            }
+            let at = (off % PAGE as u64) as usize;
+            let k = (PAGE - at).min(dst.len() - done);
+            dst[done..done + k].copy_from_slice(&buf[at..at + k]);
+            done += k;
+            off += k as u64;
+        }
+        Ok(())
+    }
+}
+
 impl ChainsOut {
     fn len(&self) -> usize {
         self.order.len()
     }
 
-    /// Writes the chains as the elements of the report's `chains` array.
-    fn write(&self, w: &mut dyn Write) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
+    /// Writes the chains as the elements of the report's `chains` array,
+    /// through `b` (handed to `out` whenever it holds a spool chunk).
+    fn write(&self, b: &mut Vec<u8>, out: &mut dyn Write) -> io::Result<()> {
+        let mut pages = PageCache::new(&self.file, self.len);
         let mut at = 0usize;
         let mut head = [0u8; HOP_HEAD];
-        let mut id = Vec::new();
+        let (mut ids, mut spans, mut ttfts, mut hits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (k, &c) in self.order.iter().enumerate() {
             let x = &self.chains[c as usize];
-            let mut out = ChainOut {
-                chain: self.names[c as usize].to_string(),
-                hops: Vec::with_capacity(x.hops as usize),
-                e2e_ms: None,
-                ttft_ms: Vec::with_capacity(x.hops as usize),
-                prefix_cache_hit: Vec::with_capacity(x.hops as usize),
-                source: source_name(x.source),
-            };
-            if x.all_done {
-                out.e2e_ms = x.last_done_ns.map(|l| ms(l.saturating_sub(x.first_arrive_ns)));
-            }
+            ids.clear();
+            spans.clear();
+            ttfts.clear();
+            hits.clear();
             for &s in &self.by_chain[at..at + x.hops as usize] {
                 let off = self.hop_at[s as usize];
-                self.file.read_exact_at(&mut head, off)?;
-                id.resize(u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) as usize, 0);
-                self.file.read_exact_at(&mut id, off + HOP_HEAD as u64)?;
-                out.ttft_ms.push(bits_opt(&head[0..8]));
-                out.prefix_cache_hit.push(bits_opt(&head[8..16]));
-                out.hops.push(String::from_utf8_lossy(&id).into_owned());
+                pages.read(off, &mut head)?;
+                let n = u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) as usize;
+                let from = ids.len();
+                ids.resize(from + n, 0);
+                pages.read(off + HOP_HEAD as u64, &mut ids[from..])?;
+                spans.push(from..from + n);
+                ttfts.push(bits_opt(&head[0..8]));
+                hits.push(bits_opt(&head[8..16]));
             }
             at += x.hops as usize;
             if k > 0 {
-                w.write_all(b",")?;
+                b.push(b',');
             }
-            newline(w, 2)?;
-            out.serialize(&mut serde_json::Serializer::with_formatter(&mut *w, Nested { level: 2, has_value: false }))?;
+            json::newline(b, 2);
+            let mut o = json::Obj::new(b, 2);
+            o.field("chain", &*self.names[c as usize]);
+            o.array("hops", spans.iter().map(|r| String::from_utf8_lossy(&ids[r.clone()])));
+            o.field("e2e_ms", &x.last_done_ns.filter(|_| x.all_done).map(|l| ms(l.saturating_sub(x.first_arrive_ns))));
+            o.field("ttft_ms", &ttfts[..]).field("prefix_cache_hit", &hits[..]).field("source", chain_source_name(x.source));
+            o.end();
+            if b.len() >= SPOOL_CHUNK {
+                out.write_all(b)?;
+                b.clear();
+            }
         }
         Ok(())
+    }
+}
+
+impl json::Value for std::borrow::Cow<'_, str> {
+    fn write(&self, b: &mut Vec<u8>, _: usize) {
+        json::string(b, self)
     }
 }
 
@@ -745,20 +1002,6 @@ impl ChainsOut {
 /// log-bucketed sketch (0.05% relative error, fixed size).
 pub const EXACT_REQUESTS: usize = 100_000;
 pub const EXACT_ITLS: usize = 1_000_000;
-
-#[derive(Debug, Clone, Default)]
-struct Kept {
-    status: Option<u16>,
-    arrive_ns: u64,
-    done_ns: Option<u64>,
-    ttft_ms: Option<f64>,
-    e2e_ms: Option<f64>,
-    itl_ms: Box<[f64]>,
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    cached_tokens: Option<u64>,
-    peak_gpu_mem_bytes: Option<u64>,
-}
 
 /// Pooled ITLs beyond [`EXACT_ITLS`]: counts per bucket of relative width
 /// 0.1% (value = 1 ns * 1.001^k), with exact count, sum and sum of squares.
@@ -824,11 +1067,14 @@ impl ItlSketch {
     }
 }
 
-/// The summary's inputs, request by request.
+/// The summary's inputs, request by request: `summary::compute_views`
+/// folded one request at a time (the same figures in the same order, so the
+/// same bits), with the pooled ITLs kept whole up to the limits above.
 #[derive(Debug, Default)]
 pub struct SummaryAcc {
-    exact: Vec<Kept>,
-    exact_itls: usize,
+    /// Requests and ITLs seen, completed or not (what the limits count).
+    seen: usize,
+    seen_itls: usize,
     sketched: bool,
     completed: usize,
     not_completed: usize,
@@ -836,6 +1082,8 @@ pub struct SummaryAcc {
     tpots: Vec<f64>,
     e2els: Vec<f64>,
     per_token_s: Vec<f64>,
+    /// The completed requests' ITLs, in order, until the limits are passed.
+    exact_itls: Vec<f64>,
     itls: ItlSketch,
     total_in: u64,
     total_out: u64,
@@ -846,97 +1094,59 @@ pub struct SummaryAcc {
 }
 
 impl SummaryAcc {
-    pub fn add(&mut self, q: RequestOut) {
-        let k = Kept {
-            status: q.status,
-            arrive_ns: q.arrive_ns,
-            done_ns: q.done_ns,
-            ttft_ms: q.ttft_ms,
-            e2e_ms: q.e2e_ms,
-            itl_ms: q.itl_ms.into_boxed_slice(),
-            prompt_tokens: q.prompt_tokens,
-            completion_tokens: q.completion_tokens,
-            cached_tokens: q.cached_tokens,
-            peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
-        };
-        if self.sketched {
-            return self.fold(k);
-        }
-        self.exact_itls += k.itl_ms.len();
-        self.exact.push(k);
-        if self.exact.len() > EXACT_REQUESTS || self.exact_itls > EXACT_ITLS {
-            self.sketched = true;
-            for k in std::mem::take(&mut self.exact) {
-                self.fold(k);
-            }
-        }
-    }
-
-    /// `summary::compute_views`, one request at a time.
-    fn fold(&mut self, q: Kept) {
+    pub fn add(&mut self, q: &RequestRef) {
+        self.seen += 1;
+        self.seen_itls += q.itl_ms.len();
         self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
-        let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) else {
+        if let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) {
+            self.completed += 1;
+            self.e2els.push(e2e);
+            if let Some(t) = q.ttft_ms {
+                self.ttfts.push(t);
+            }
+            if self.sketched {
+                q.itl_ms.iter().for_each(|&x| self.itls.add(x));
+            } else {
+                self.exact_itls.extend_from_slice(q.itl_ms);
+            }
+            match (q.prompt_tokens, q.completion_tokens) {
+                (Some(i), Some(o)) => {
+                    self.total_in += i;
+                    self.total_out += o;
+                }
+                _ => self.tokens_unknown += 1,
+            }
+            if let Some(o) = q.completion_tokens {
+                if let Some(t) = q.ttft_ms.and_then(|t| summary::tpot_ms(e2e, t, o)) {
+                    self.tpots.push(t);
+                }
+                if o > 0 {
+                    self.per_token_s.push(e2e / 1e3 / o as f64);
+                }
+            }
+            self.first_ns = Some(self.first_ns.map_or(q.arrive_ns, |f| f.min(q.arrive_ns)));
+            if let Some(d) = q.done_ns {
+                self.last_ns = Some(self.last_ns.map_or(d, |l| l.max(d)));
+            }
+        } else {
             self.not_completed += 1;
-            return;
-        };
-        self.completed += 1;
-        self.e2els.push(e2e);
-        if let Some(t) = q.ttft_ms {
-            self.ttfts.push(t);
         }
-        for &x in q.itl_ms.iter() {
-            self.itls.add(x);
-        }
-        match (q.prompt_tokens, q.completion_tokens) {
-            (Some(i), Some(o)) => {
-                self.total_in += i;
-                self.total_out += o;
+        if !self.sketched && (self.seen > EXACT_REQUESTS || self.seen_itls > EXACT_ITLS) {
+            self.sketched = true;
+            for x in std::mem::take(&mut self.exact_itls) {
+                self.itls.add(x);
             }
-            _ => self.tokens_unknown += 1,
-        }
-        if let Some(o) = q.completion_tokens {
-            if let Some(t) = q.ttft_ms.and_then(|t| summary::tpot_ms(e2e, t, o)) {
-                self.tpots.push(t);
-            }
-            if o > 0 {
-                self.per_token_s.push(e2e / 1e3 / o as f64);
-            }
-        }
-        self.first_ns = Some(self.first_ns.map_or(q.arrive_ns, |f| f.min(q.arrive_ns)));
-        if let Some(d) = q.done_ns {
-            self.last_ns = Some(self.last_ns.map_or(d, |l| l.max(d)));
         }
     }
 
     pub fn finish(mut self, chains: Vec<ChainHitRate>, percentiles: &[f64]) -> Summary {
-        if !self.sketched {
-            let views: Vec<ReqView> = self
-                .exact
-                .iter()
-                .map(|k| ReqView {
-                    id: "",
-                    status: k.status,
-                    arrive_ns: k.arrive_ns,
-                    done_ns: k.done_ns,
-                    ttft_ms: k.ttft_ms,
-                    e2e_ms: k.e2e_ms,
-                    itl_ms: &k.itl_ms,
-                    prompt_tokens: k.prompt_tokens,
-                    completion_tokens: k.completion_tokens,
-                    cached_tokens: k.cached_tokens,
-                    peak_gpu_mem_bytes: k.peak_gpu_mem_bytes,
-                })
-                .collect();
-            let mut s = summary::compute_views(&views, &[], percentiles);
-            s.chains = chains;
-            return s;
-        }
         let duration_s = match (self.first_ns, self.last_ns) {
             (Some(f), Some(l)) if l > f => Some((l - f) as f64 / 1e9),
             _ => None,
         };
         let rate = |x: f64| duration_s.map(|d| x / d);
-        self.per_token_s.sort_by(f64::total_cmp);
+        // Values equal under total_cmp are the same bits: unstable is stable here.
+        self.per_token_s.sort_unstable_by(f64::total_cmp);
         Summary {
             completed: self.completed,
             not_completed: self.not_completed,
@@ -948,10 +1158,10 @@ impl SummaryAcc {
             output_throughput: rate(self.total_out as f64),
             total_token_throughput: rate((self.total_in + self.total_out) as f64),
             percentiles: percentiles.to_vec(),
-            ttft_ms: summary::dist(&self.ttfts, percentiles),
-            tpot_ms: summary::dist(&self.tpots, percentiles),
-            itl_ms: self.itls.dist(percentiles),
-            e2el_ms: summary::dist(&self.e2els, percentiles),
+            ttft_ms: summary::dist_of(self.ttfts, percentiles),
+            tpot_ms: summary::dist_of(self.tpots, percentiles),
+            itl_ms: if self.sketched { self.itls.dist(percentiles) } else { summary::dist_of(self.exact_itls, percentiles) },
+            e2el_ms: summary::dist_of(self.e2els, percentiles),
             interactivity_p90_tok_s: percentile(&self.per_token_s, 90.0).filter(|p| *p > 0.0).map(|p| 1.0 / p),
             chains,
             gpu_samples: 0,
@@ -1029,100 +1239,81 @@ impl serde_json::ser::Formatter for Nested {
     }
 }
 
-/// What goes inside a spliced array.
-type Fill<'a, W> = Box<dyn FnMut(&mut W) -> io::Result<()> + 'a>;
-
-/// Writes the report through to `out`, replacing the empty `"requests": []`
-/// and then `"chains": []` of the top-level object with the spooled arrays.
-struct Splice<'a, W: Write> {
-    out: W,
-    head: Vec<u8>,
-    /// Arrays still to splice, in order: the marker, and what goes inside
-    /// `[` … `\n  ]` (nothing: the marker stays as it is).
-    todo: std::collections::VecDeque<(&'static [u8], Option<Fill<'a, W>>)>,
-}
-
-impl<W: Write> Write for Splice<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.todo.is_empty() {
-            return self.out.write(buf);
-        }
-        self.head.extend_from_slice(buf);
-        // Nothing before them (schema, recording, requests) can hold the
-        // markers: a quote inside a JSON string is escaped.
-        while let Some((marker, _)) = self.todo.front() {
-            let Some(at) = self.head.windows(marker.len()).position(|w| w == *marker) else {
-                // Only a tail that may start the marker waits: what precedes
-                // it (the summary's chains, say) goes through, so it is
-                // neither held nor searched again.
-                let keep = marker.len() - 1;
-                if self.head.len() > keep {
-                    let cut = self.head.len() - keep;
-                    self.out.write_all(&self.head[..cut])?;
-                    self.head.drain(..cut);
-                }
-                break;
-            };
-            let (marker, fill) = self.todo.pop_front().expect("front checked");
-            self.out.write_all(&self.head[..at])?;
-            match fill {
-                Some(mut fill) => {
-                    self.out.write_all(&marker[..marker.len() - 1])?;
-                    fill(&mut self.out)?;
-                    self.out.write_all(b"\n  ]")?;
-                }
-                None => self.out.write_all(marker)?,
-            }
-            self.head.drain(..at + marker.len());
-        }
-        if self.todo.is_empty() {
-            let rest = std::mem::take(&mut self.head);
-            self.out.write_all(&rest)?;
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
-    }
-}
-
 /// Elements of a top-level array of the report, written (already indented)
-/// to an unlinked spool file as they come, spliced in at the end: the
+/// to an unlinked spool file as they come, copied in at the end: the
 /// report's per-step arrays grow with the recording, not with what is open.
 struct ArraySpool {
-    w: io::BufWriter<std::fs::File>,
+    file: std::fs::File,
+    buf: Vec<u8>,
     written: usize,
 }
 
 impl ArraySpool {
     fn new() -> io::Result<Self> {
-        Ok(ArraySpool { w: io::BufWriter::with_capacity(1 << 16, spool_file()?), written: 0 })
+        Ok(ArraySpool { file: spool_file()?, buf: Vec::with_capacity(SPOOL_CHUNK + 4096), written: 0 })
     }
 
-    fn push<T: Serialize>(&mut self, v: &T) -> io::Result<()> {
-        // The array's opening `[` is the splice's: elements are two levels deep.
+    /// The next element, written by `f` (braces at level 2: the array's
+    /// opening `[` is the report's).
+    fn push(&mut self, f: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
         if self.written > 0 {
-            self.w.write_all(b",")?;
+            self.buf.push(b',');
         }
-        newline(&mut self.w, 2)?;
-        v.serialize(&mut serde_json::Serializer::with_formatter(&mut self.w, Nested { level: 2, has_value: false }))?;
+        json::newline(&mut self.buf, 2);
+        f(&mut self.buf);
         self.written += 1;
+        if self.buf.len() >= SPOOL_CHUNK {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+        }
         Ok(())
     }
 
-    /// What goes inside the array's brackets, or `None` when it is empty
-    /// (the marker `[]` then stays as it is).
-    fn fill<'a, W: Write + 'a>(self) -> io::Result<Option<Fill<'a, W>>> {
+    /// Writes `"[" elements "\n  ]"` (or `[]`) to `out`, after what `b` holds.
+    fn finish(mut self, b: &mut Vec<u8>, out: &mut dyn Write) -> io::Result<()> {
         if self.written == 0 {
-            return Ok(None);
+            b.extend_from_slice(b"[]");
+            return Ok(());
         }
-        let mut file = self.w.into_inner().map_err(io::IntoInnerError::into_error)?;
-        Ok(Some(Box::new(move |o: &mut W| {
-            file.seek(io::SeekFrom::Start(0))?;
-            io::copy(&mut file, o).map(drop)
-        })))
+        b.push(b'[');
+        out.write_all(b)?;
+        b.clear();
+        self.file.write_all(&self.buf)?;
+        self.file.seek(io::SeekFrom::Start(0))?;
+        io::copy(&mut self.file, out)?;
+        b.extend_from_slice(b"\n  ]");
+        Ok(())
     }
+}
+
+impl json::Value for GpuStepOut {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("end_ns", &self.end_ns)
+            .field("gpu_end_ns", &self.gpu_end_ns)
+            .field("start_ns", &self.start_ns)
+            .field("gpu_ms", &self.gpu_ms)
+            .field("tokens", &self.tokens)
+            .field("kernels", &self.kernels)
+            .field("graph_kernels", &self.graph_kernels)
+            .field("pids", &self.pids);
+        o.end();
+    }
+}
+
+impl json::Value for StepComputeOut {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("end_ns", &self.end_ns).field("compute_ms", &self.compute_ms).field("source", compute_source_name(self.source));
+        o.end();
+    }
+}
+
+/// `v` as serde_json writes it pretty, starting `level` levels deep (the
+/// report's small, one-off parts).
+fn serde_nested<T: Serialize + ?Sized>(b: &mut Vec<u8>, level: usize, v: &T) -> io::Result<()> {
+    v.serialize(&mut serde_json::Serializer::with_formatter(b, Nested { level, has_value: false }))?;
+    Ok(())
 }
 
 /// An unlinked file in the temporary directory: gone with the process.
@@ -1146,25 +1337,33 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     let mut c = Correlator::new(cfg);
     let mut gpu_mem = GpuMemIndex::default();
     let mut spool = spool_file()?;
-    let mut w = io::BufWriter::with_capacity(1 << 16, &mut spool);
+    let mut buf: Vec<u8> = Vec::with_capacity(SPOOL_CHUNK + (1 << 14));
     let (mut chains, mut acc, mut written) = (ChainBook::new()?, SummaryAcc::default(), 0usize);
     let (mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?);
-    let mut put = |r: &Request, gpu_mem: &GpuMemIndex, w: &mut io::BufWriter<&mut std::fs::File>| -> io::Result<()> {
-        let mut q = request_out(r);
+    let (mut itl, mut sorted) = (Vec::new(), Vec::new());
+    let mut put = |r: &Request, gpu_mem: &GpuMemIndex, buf: &mut Vec<u8>, spool: &mut std::fs::File| -> io::Result<()> {
+        let mut q = request_ref(r, &mut itl, &mut sorted);
         if gpu_mem.samples() > 0 {
             q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
         }
-        // The array's opening `[` is the splice's: elements are two levels deep.
+        // The array's opening `[` is written at the end: elements are two levels deep.
         if written > 0 {
-            w.write_all(b",")?;
+            buf.push(b',');
         }
-        newline(w, 2)?;
-        let mut ser = serde_json::Serializer::with_formatter(&mut *w, Nested { level: 2, has_value: false });
-        q.serialize(&mut ser)?;
+        json::newline(buf, 2);
+        q.write_json(buf, 2);
         written += 1;
+        if buf.len() >= SPOOL_CHUNK {
+            spool.write_all(buf)?;
+            buf.clear();
+        }
         chains.add(r, &q)?;
-        acc.add(q);
+        acc.add(&q);
         Ok(())
+    };
+    let push_steps = |g: &[crate::correlate::gpu::GpuStep], sc: &[crate::correlate::gpu::StepCompute], gpu_steps: &mut ArraySpool, step_compute: &mut ArraySpool| -> io::Result<()> {
+        g.iter().try_for_each(|g| gpu_steps.push(|b| json::Value::write(&gpu_step_out(g), b, 2)))?;
+        sc.iter().try_for_each(|x| step_compute.push(|b| json::Value::write(&step_compute_out(x), b, 2)))
     };
     // Hand out final requests every few thousand records, or every 250 ms
     // of recording time, whichever comes first.
@@ -1182,13 +1381,12 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
                 if n % 4096 == 0 || now >= next_drain {
                     next_drain = now.saturating_add(250_000_000);
                     for r in c.drain_final(now) {
-                        put(&r, &gpu_mem, &mut w)?;
+                        put(&r, &gpu_mem, &mut buf, &mut spool)?;
                     }
                     // The report has no use for engine steps (the trace has).
                     c.take_steps();
                     let (g, sc) = c.take_gpu_steps();
-                    g.iter().try_for_each(|g| gpu_steps.push(&gpu_step_out(g)))?;
-                    sc.iter().try_for_each(|x| step_compute.push(&step_compute_out(x)))?;
+                    push_steps(&g, &sc, &mut gpu_steps, &mut step_compute)?;
                 }
             }
             Ok(None) => break None,
@@ -1197,34 +1395,232 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     };
     let mut tail = c.finish_streaming();
     for r in std::mem::take(&mut tail.requests) {
-        put(&r, &gpu_mem, &mut w)?;
+        put(&r, &gpu_mem, &mut buf, &mut spool)?;
     }
-    w.flush()?;
-    drop(w);
-    std::mem::take(&mut tail.gpu_steps).iter().try_for_each(|g| gpu_steps.push(&gpu_step_out(g)))?;
-    std::mem::take(&mut tail.step_compute).iter().try_for_each(|x| step_compute.push(&step_compute_out(x)))?;
+    spool.write_all(&buf)?;
+    buf.clear();
+    push_steps(&std::mem::take(&mut tail.gpu_steps), &std::mem::take(&mut tail.step_compute), &mut gpu_steps, &mut step_compute)?;
     let mut rep = build(path, &meta, &tail, read_error.clone());
     let (chain_outs, hits) = chains.finish()?;
     rep.summary = acc.finish(hits, percentiles);
     gpu_mem.apply(&mut [], &mut rep.summary);
-    let mut todo: std::collections::VecDeque<(&'static [u8], Option<Fill<W>>)> = Default::default();
-    let spool = &mut spool;
-    todo.push_back((
-        b"\"requests\": []",
-        (written > 0).then(|| {
-            Box::new(move |o: &mut W| {
-                spool.seek(io::SeekFrom::Start(0))?;
-                io::copy(spool, o).map(drop)
-            }) as Fill<W>
-        }),
-    ));
-    let has_chains = chain_outs.len() > 0;
-    todo.push_back((b"\"chains\": []", has_chains.then(|| Box::new(move |o: &mut W| chain_outs.write(o)) as Fill<W>)));
-    todo.push_back((b"\"gpu_steps\": []", gpu_steps.fill()?));
-    todo.push_back((b"\"step_compute\": []", step_compute.fill()?));
-    let mut out = io::BufWriter::with_capacity(1 << 16, Splice { out, head: Vec::new(), todo });
-    serde_json::to_writer_pretty(&mut out, &rep)?;
-    out.write_all(b"\n")?;
+
+    // The report's top level in `Report`'s field order, the spooled arrays
+    // copied in where they go.
+    let mut out = io::BufWriter::with_capacity(SPOOL_CHUNK, out);
+    let b = &mut buf;
+    b.extend_from_slice(b"{");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"schema\": ");
+    json::uint(b, u64::from(rep.schema));
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"recording\": ");
+    serde_nested(b, 1, &rep.recording)?;
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"requests\": ");
+    if written > 0 {
+        b.push(b'[');
+        out.write_all(b)?;
+        b.clear();
+        spool.seek(io::SeekFrom::Start(0))?;
+        io::copy(&mut spool, &mut out)?;
+        b.extend_from_slice(b"\n  ]");
+    } else {
+        b.extend_from_slice(b"[]");
+    }
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"chains\": ");
+    if chain_outs.len() > 0 {
+        b.push(b'[');
+        chain_outs.write(b, &mut out)?;
+        b.extend_from_slice(b"\n  ]");
+    } else {
+        b.extend_from_slice(b"[]");
+    }
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"kernels\": ");
+    serde_nested(b, 1, &rep.kernels)?;
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"summary\": ");
+    rep.summary.write_json(b, 1, SPOOL_CHUNK, &mut out)?;
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"gpu_steps\": ");
+    gpu_steps.finish(b, &mut out)?;
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"step_compute\": ");
+    step_compute.finish(b, &mut out)?;
+    b.extend_from_slice(b"\n}\n");
+    out.write_all(b)?;
     out.flush()?;
     Ok(read_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::json::Value;
+    use crate::sink::summary::ReqView;
+
+    const NASTY: &str = "a\"b\\c/d\u{0}\u{1f}\n\t\r\u{8}\u{c}\u{7f} é 日本 🚀";
+
+    fn edge_request<'a>(itl: &'a [f64], from: &'a [String]) -> RequestRef<'a> {
+        RequestRef {
+            id: NASTY,
+            x_request_id: Some(""),
+            traceparent: None,
+            chain: "conn:1:2:3",
+            hop: u32::MAX,
+            method: "POST",
+            path: "/v1/\"x\"",
+            status: Some(200),
+            arrive_ns: u64::MAX,
+            ttft_ns: None,
+            done_ns: Some(0),
+            ttft_ms: Some(f64::NAN),
+            e2e_ms: Some(f64::INFINITY),
+            itl_ms: itl,
+            itl_p50_ms: Some(1e-300),
+            itl_p90_ms: Some(1.7976931348623157e308),
+            itl_p99_ms: None,
+            prompt_tokens: Some(0),
+            completion_tokens: None,
+            cached_tokens: Some(u64::MAX),
+            phases_ms: Phases { frontend: Some(0.1), queue: Some(-0.0), prefill: None, kv_transfer: Some(f64::NEG_INFINITY), first_output: Some(22.488), decode: Some(1e21) },
+            gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
+            interference_ms: Some(5e-324),
+            steps: None,
+            chain_source: "connection",
+            content_chunks: 0,
+            streamed: false,
+            request_bytes: 0,
+            response_bytes: None,
+            finish_reason: Some(NASTY),
+            pid: 7,
+            fd: -1,
+            wire_arrive_ns: None,
+            read_delay_ms: Some(1.0 / 3.0),
+            wire_ttft_ms: None,
+            wire_e2e_ms: Some(123456789.125),
+            phase_source: "wire",
+            engine_request_id: None,
+            scheduled_source: Some("event"),
+            preemptions: Some(0),
+            interference_from: from,
+            computed_tokens: None,
+            marks_clamped: 3,
+            steps_source: None,
+            peak_gpu_mem_bytes: Some(1 << 40),
+            compute_ms: Some(ComputeMs { prefill: None, decode: Some(f64::NAN), steps: 0 }),
+            compute_source: Some("oncpu"),
+            gpu_steps: None,
+        }
+    }
+
+    fn written(f: impl FnOnce(&mut Vec<u8>)) -> String {
+        let mut b = Vec::new();
+        f(&mut b);
+        String::from_utf8(b).expect("utf-8")
+    }
+
+    #[test]
+    fn request_writer_gives_serde_json_pretty_bytes_on_edge_values() {
+        let itls = [20.827, 0.0, f64::NAN, 1e-7, 1e16, 12.759];
+        let from = [NASTY.to_owned(), String::new()];
+        for (itl, from) in [(&itls[..], &from[..]), (&[][..], &[][..])] {
+            let q = edge_request(itl, from);
+            assert_eq!(written(|b| q.write_json(b, 0)), serde_json::to_string_pretty(&q.to_out()).unwrap());
+            let q = RequestRef { compute_ms: None, compute_source: None, x_request_id: None, ..edge_request(itl, from) };
+            assert_eq!(written(|b| q.write_json(b, 0)), serde_json::to_string_pretty(&q.to_out()).unwrap());
+        }
+    }
+
+    #[test]
+    fn step_writers_and_source_names_give_serde_json_bytes() {
+        use crate::correlate::gpu::ComputeSource;
+        for g in [
+            GpuStepOut { end_ns: 1, gpu_end_ns: u64::MAX, start_ns: 0, gpu_ms: f64::NAN, tokens: None, kernels: 0, graph_kernels: u32::MAX, pids: vec![] },
+            GpuStepOut { end_ns: 5, gpu_end_ns: 6, start_ns: 2, gpu_ms: 0.25, tokens: Some(512), kernels: 40, graph_kernels: 3, pids: vec![1, 2] },
+        ] {
+            assert_eq!(written(|b| g.write(b, 0)), serde_json::to_string_pretty(&g).unwrap());
+        }
+        for source in [ComputeSource::Cupti, ComputeSource::Oncpu] {
+            let s = StepComputeOut { end_ns: 9, compute_ms: 1e-9, source };
+            assert_eq!(written(|b| s.write(b, 0)), serde_json::to_string_pretty(&s).unwrap());
+            assert_eq!(serde_json::to_value(source).unwrap(), compute_source_name(source));
+        }
+        for s in [ChainSource::Traceparent, ChainSource::Header, ChainSource::Connection] {
+            assert_eq!(serde_json::to_value(s).unwrap(), chain_source_name(s));
+        }
+    }
+
+    fn view<'a>(q: &'a RequestRef) -> ReqView<'a> {
+        ReqView {
+            id: q.id,
+            status: q.status,
+            arrive_ns: q.arrive_ns,
+            done_ns: q.done_ns,
+            ttft_ms: q.ttft_ms,
+            e2e_ms: q.e2e_ms,
+            itl_ms: q.itl_ms,
+            prompt_tokens: q.prompt_tokens,
+            completion_tokens: q.completion_tokens,
+            cached_tokens: q.cached_tokens,
+            peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
+        }
+    }
+
+    /// `n` requests: every seventh failed, every fifth without token counts.
+    fn requests(n: usize, itls: &[Vec<f64>]) -> Vec<RequestRef<'_>> {
+        (0..n)
+            .map(|i| {
+                let arrive_ns = 1_000_000 * i as u64;
+                let e2e = 50.0 + (i % 97) as f64 * 1.5;
+                RequestRef {
+                    status: Some(if i % 7 == 3 { 500 } else { 200 }),
+                    arrive_ns,
+                    done_ns: Some(arrive_ns + (e2e * 1e6) as u64),
+                    ttft_ms: Some(10.0 + (i % 13) as f64),
+                    e2e_ms: Some(e2e),
+                    prompt_tokens: (i % 5 != 0).then_some(100 + i as u64 % 50),
+                    completion_tokens: (i % 5 != 0).then_some(1 + i as u64 % 20),
+                    peak_gpu_mem_bytes: Some(i as u64 % 1000),
+                    ..edge_request(&itls[i % itls.len()], &[])
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn summary_accumulator_is_compute_views_below_the_limits_and_sketches_only_the_itls_past_them() {
+        let itls: Vec<Vec<f64>> = (0..11).map(|k| (0..k).map(|j| 5.0 + (k * j) as f64 * 0.37).collect()).collect();
+        let p = [50.0, 90.0, 99.0, 99.9];
+        for n in [0, 1, 3000, EXACT_REQUESTS + 50] {
+            let qs = requests(n, &itls);
+            let mut acc = SummaryAcc::default();
+            qs.iter().for_each(|q| acc.add(q));
+            let got = acc.finish(Vec::new(), &p);
+            let views: Vec<ReqView> = qs.iter().map(view).collect();
+            let want = summary::compute_views(&views, &[], &p);
+            if n <= EXACT_REQUESTS {
+                assert_eq!(got, want, "{n} requests");
+                continue;
+            }
+            // Past the limit: all but the pooled ITLs stay exact; those are
+            // within the sketch's 0.05% of the exact figures.
+            assert_eq!(Summary { itl_ms: None, ..got.clone() }, Summary { itl_ms: None, ..want.clone() });
+            let (g, w) = (got.itl_ms.unwrap(), want.itl_ms.unwrap());
+            assert_eq!(g.n, w.n);
+            assert!(g.n > 400_000, "{}", g.n);
+            for (a, b) in [(g.mean, w.mean), (g.median, w.median), (g.std, w.std)].into_iter().chain(g.percentiles.values().copied().zip(w.percentiles.values().copied())) {
+                assert!((a - b).abs() <= 5e-4 * b.abs() + 1e-9, "{a} vs {b}");
+            }
+        }
+    }
 }

@@ -22,6 +22,7 @@
 
 use crate::correlate::percentile;
 use crate::model::Record;
+use crate::sink::json;
 use crate::sink::report::{ChainOut, RequestOut};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -119,11 +120,16 @@ pub fn parse_percentiles(s: &str) -> Result<Vec<f64>, String> {
 
 /// Mean, median, population std and the percentiles of `xs`; `None` when empty.
 pub fn dist(xs: &[f64], percentiles: &[f64]) -> Option<Dist> {
-    if xs.is_empty() {
+    dist_of(xs.to_vec(), percentiles)
+}
+
+/// [`dist`] of a vector it may reorder.
+pub fn dist_of(mut s: Vec<f64>, percentiles: &[f64]) -> Option<Dist> {
+    if s.is_empty() {
         return None;
     }
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
+    // Values equal under total_cmp are the same bits: unstable is stable here.
+    s.sort_unstable_by(f64::total_cmp);
     let n = s.len();
     let mean = s.iter().sum::<f64>() / n as f64;
     let var = s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
@@ -134,6 +140,62 @@ pub fn dist(xs: &[f64], percentiles: &[f64]) -> Option<Dist> {
         std: var.sqrt(),
         percentiles: percentiles.iter().filter_map(|&p| Some((percentile_key(p), percentile(&s, p)?))).collect(),
     })
+}
+
+impl json::Value for Dist {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("n", &self.n).field("mean", &self.mean).field("median", &self.median).field("std", &self.std).field("percentiles", &self.percentiles);
+        o.end();
+    }
+}
+
+impl json::Value for ChainHitRate {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("chain", &self.chain)
+            .field("cached_tokens", &self.cached_tokens)
+            .field("prompt_tokens", &self.prompt_tokens)
+            .field("hit_rate", &self.hit_rate)
+            .field("hops_unknown", &self.hops_unknown);
+        o.end();
+    }
+}
+
+/// The bytes of `to_writer_pretty` (sink::json), for the streamed report.
+impl json::Value for Summary {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        // Never handed on: nothing is written to the sink.
+        let _ = self.write_json(b, level, usize::MAX, &mut std::io::sink());
+    }
+}
+
+impl Summary {
+    /// [`json::Value::write`], handing `b` to `out` whenever it holds
+    /// `chunk` bytes: the chains' list grows with the run.
+    pub fn write_json(&self, b: &mut Vec<u8>, level: usize, chunk: usize, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        let mut o = json::Obj::new(b, level);
+        o.field("completed", &self.completed)
+            .field("not_completed", &self.not_completed)
+            .field("duration_s", &self.duration_s)
+            .field("total_input_tokens", &self.total_input_tokens)
+            .field("total_output_tokens", &self.total_output_tokens)
+            .field("tokens_unknown", &self.tokens_unknown)
+            .field("request_throughput", &self.request_throughput)
+            .field("output_throughput", &self.output_throughput)
+            .field("total_token_throughput", &self.total_token_throughput)
+            .field("percentiles", &self.percentiles)
+            .field("ttft_ms", &self.ttft_ms)
+            .field("tpot_ms", &self.tpot_ms)
+            .field("itl_ms", &self.itl_ms)
+            .field("e2el_ms", &self.e2el_ms)
+            .field("interactivity_p90_tok_s", &self.interactivity_p90_tok_s)
+            .array_flushed("chains", &self.chains, chunk, out)?
+            .field("gpu_samples", &self.gpu_samples)
+            .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes);
+        o.end();
+        Ok(())
+    }
 }
 
 /// vLLM's TPOT of one request, ms: `(e2e - ttft) / (output_tokens - 1)` when
@@ -530,6 +592,35 @@ mod tests {
         assert!(lines.contains(&format!("{:<40} {:<10}", "P90 E2EL (ms):", "740.00").as_str()));
         assert!(lines.contains(&format!("{:<40} {:<10}", "s1:", "16.67%").as_str()));
         assert_eq!(*lines.last().unwrap(), "=".repeat(50));
+    }
+
+    #[test]
+    fn summary_writer_gives_serde_json_pretty_bytes_on_edge_values() {
+        use crate::sink::json::Value;
+        let pretty = |s: &Summary| {
+            let mut b = Vec::new();
+            s.write(&mut b, 0);
+            String::from_utf8(b).unwrap()
+        };
+        let full = example();
+        let mut odd = compute_views(&[], &[], &[]);
+        odd.duration_s = Some(f64::NAN);
+        odd.request_throughput = Some(f64::INFINITY);
+        odd.peak_gpu_mem_bytes = Some(u64::MAX);
+        odd.itl_ms = Some(Dist { n: 0, mean: f64::NAN, median: -0.0, std: 1e300, percentiles: BTreeMap::new() });
+        odd.chains = vec![
+            ChainHitRate { chain: "a\"b\\c\u{1}\n é 🚀".into(), cached_tokens: 0, prompt_tokens: 0, hit_rate: None, hops_unknown: 3 },
+            ChainHitRate { chain: String::new(), cached_tokens: 1, prompt_tokens: 3, hit_rate: Some(1.0 / 3.0), hops_unknown: 0 },
+        ];
+        for s in [full, odd, compute_views(&[], &[], DEFAULT_PERCENTILES)] {
+            let want = serde_json::to_string_pretty(&s).unwrap();
+            assert_eq!(pretty(&s), want);
+            // Handed on in pieces along the way, the same bytes.
+            let (mut b, mut out) = (Vec::new(), Vec::new());
+            s.write_json(&mut b, 0, 1, &mut out).unwrap();
+            out.extend_from_slice(&b);
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
     }
 
     fn sample(ts_ns: u64, device: u32, process_mem: Vec<(u32, u64)>) -> Record {

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub const TARGETS: [&str; 8] = ["http_stream", "ipc_stream", "msgpack", "cupti_record", "gpu_wire", "recording", "record_decode", "kernel_event"];
+pub const TARGETS: [&str; 9] = ["http_stream", "ipc_stream", "msgpack", "cupti_record", "gpu_wire", "recording", "record_decode", "deflate", "kernel_event"];
 
 const COVERAGE_FLAGS: &str = "-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks";
 
@@ -284,6 +284,16 @@ fn seed(target: &str, corpus: &Path) -> Result<()> {
                     seeds.push((format!("{name}-{i}"), b));
                 }
             }
+        }
+        "deflate" => {
+            // Trace-like bytes: the fixtures' recordings (compressed blocks
+            // and all) and a repetitive text.
+            for f in files_in(&root.join("agent/tests/fixtures")).into_iter().filter(|p| p.extension().is_some_and(|e| e == "hop")) {
+                let mut b = std::fs::read(&f)?;
+                b.truncate(8_192);
+                seeds.push((f.file_name().unwrap().to_string_lossy().into_owned(), b));
+            }
+            seeds.push(("text".into(), (0..400).flat_map(|k| format!("slice {k} track {}\n", k % 7).into_bytes()).collect()));
         }
         "kernel_event" => seeds.push(("zero".into(), vec![0u8; 64])),
         other => bail!("no seeds for {other}"),

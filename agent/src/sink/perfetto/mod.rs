@@ -26,6 +26,7 @@
 //! and the stable sort keeps that order among equal timestamps.
 
 pub mod check;
+pub mod deflate;
 pub mod live;
 pub mod proto;
 pub mod raw;
@@ -179,6 +180,11 @@ enum Phase {
 }
 
 impl Phase {
+    /// Whether its slice shows report figures ([`phase_args`]).
+    fn has_figures(self) -> bool {
+        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Phase::ReadDelay => names::READ_DELAY,
@@ -800,10 +806,16 @@ fn write_requests<W: Write>(
 /// them), and for prefill/decode the request's GPU share and step compute,
 /// for decode its interference (and the ids of the requests that caused it).
 fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<String>) {
-    if matches!(phase, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer) {
+    if !phase.has_figures() {
         return (Vec::new(), None);
     }
     let out = crate::sink::report::request_out(r);
+    let from = (phase == Phase::Decode && !out.interference_from.is_empty()).then(|| out.interference_from.join(","));
+    (phase_figures(&out, phase), from)
+}
+
+/// [`phase_args`]'s figures, from the request's report figures.
+fn phase_figures(out: &crate::sink::report::RequestOut, phase: Phase) -> Vec<(&'static str, f64)> {
     let p = &out.phases_ms;
     let c = out.compute_ms.as_ref();
     let v = match phase {
@@ -814,8 +826,7 @@ fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<St
         Phase::Decode => vec![("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms)],
         Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer => vec![],
     };
-    let from = (phase == Phase::Decode && !out.interference_from.is_empty()).then(|| out.interference_from.join(","));
-    (v.into_iter().filter_map(|(n, v)| Some((n, v?))).collect(), from)
+    v.into_iter().filter_map(|(n, v)| Some((n, v?))).collect()
 }
 
 /// The span a request's slice covers: from the wire arrival (else the read of
@@ -855,6 +866,19 @@ impl RequestArgs {
         let out = crate::sink::report::request_out(r);
         let interference_from = out.interference_from.join(",");
         RequestArgs { out, status: r.status.map(|s| s.to_string()), interference_from }
+    }
+
+    /// A phase slice's args, as [`phase_args`] gives them, from the figures
+    /// held for the request slice (the report's figures are made once per request).
+    fn phase_args(&self, phase: Phase) -> Vec<Arg<'_>> {
+        if !phase.has_figures() {
+            return Vec::new();
+        }
+        let mut args: Vec<Arg<'_>> = phase_figures(&self.out, phase).into_iter().map(|(n, v)| Arg::f64(n, v)).collect();
+        if phase == Phase::Decode && !self.out.interference_from.is_empty() {
+            args.push(Arg::str("interference_from", &self.interference_from));
+        }
+        args
     }
 
     /// The request slice's args, each only when known.
@@ -936,12 +960,15 @@ impl RequestArgs {
 /// A hop slice's label, as the timeline shows it: `hop 2 · TTFT 20.2 ms ·
 /// E2E 133.8 ms` (figures left out when unknown). Unique per hop, so not interned.
 pub(crate) fn hop_label(r: &Request) -> String {
+    use std::fmt::Write as _;
     let mut name = format!("hop {}", r.hop);
     if let Some(v) = r.ttft_ms() {
-        name.push_str(&format!(" · TTFT {v:.1} ms"));
+        let _ = write!(name, " · TTFT {v:.1} ms");
     }
     match r.e2e_ms() {
-        Some(v) => name.push_str(&format!(" · E2E {v:.1} ms")),
+        Some(v) => {
+            let _ = write!(name, " · E2E {v:.1} ms");
+        }
         None if r.done_ns.is_none() => name.push_str(" · unfinished"),
         None => {}
     }

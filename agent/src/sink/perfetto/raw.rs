@@ -13,6 +13,7 @@
 use super::writer::{Arg, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
 use super::{memcpy_name, names, proto::CounterUnit, state_name, Ends};
 use crate::event::{Dir, ProcOp};
+use crate::correlate::FxMap;
 use crate::model::Record;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
@@ -83,17 +84,18 @@ pub fn gpu_step_lanes(steps: &[crate::correlate::gpu::GpuStep], t0: u64) -> Vec<
 /// of drawing to know which kernels get slices (and flows).
 #[derive(Default)]
 pub struct Lanes {
-    free_at: HashMap<(u32, u32, u32, u32), u64>,
+    /// Per (pid, device, stream): when each lane is free (None: never used).
+    free_at: FxMap<(u32, u32, u32), [Option<u64>; GPU_LANES as usize]>,
 }
 
 impl Lanes {
     /// The lane for an item on (pid, device, stream) from `ts` to `end`, or
     /// None when every lane is still busy.
     pub fn place(&mut self, key: (u32, u32, u32), ts: u64, end: u64) -> Option<u32> {
-        let (pid, device, stream) = key;
-        let lane = (0..GPU_LANES).find(|&l| self.free_at.get(&(pid, device, stream, l)).is_none_or(|&free| free <= ts))?;
-        self.free_at.insert((pid, device, stream, lane), end);
-        Some(lane)
+        let lanes = self.free_at.entry(key).or_default();
+        let lane = lanes.iter().position(|f| f.is_none_or(|free| free <= ts))?;
+        lanes[lane] = Some(end);
+        Some(lane as u32)
     }
 }
 
@@ -153,6 +155,14 @@ impl ProcessNames {
     pub fn get(&self, pid: u32) -> String {
         self.best.get(&pid).map_or_else(|| format!("pid {pid}"), |(_, c)| c.clone())
     }
+
+    /// [`get`](Self::get) without a copy when the name is known.
+    fn get_cow(&self, pid: u32) -> std::borrow::Cow<'_, str> {
+        match self.best.get(&pid) {
+            Some((_, c)) => std::borrow::Cow::Borrowed(c),
+            None => std::borrow::Cow::Owned(format!("pid {pid}")),
+        }
+    }
 }
 
 /// One engine step to draw.
@@ -173,9 +183,9 @@ pub struct RawLayout {
     /// the caller passes them to [`RawLayout::step`].
     steps_from_records: bool,
     pub stats: RawStats,
-    thread_free_at: HashMap<(u32, u32), u64>,
+    thread_free_at: FxMap<(u32, u32), u64>,
     lanes: Lanes,
-    lane_tracks: HashMap<(u32, u32, u32, u32), TrackId>,
+    lane_tracks: FxMap<(u32, u32, u32, u32), TrackId>,
     steps_track: Option<TrackId>,
     gpu_step_tracks: Vec<TrackId>,
     step_clock: StepClock,
@@ -202,9 +212,9 @@ impl RawLayout {
             names: ProcessNames::default(),
             steps_from_records,
             stats: RawStats::default(),
-            thread_free_at: HashMap::new(),
+            thread_free_at: FxMap::default(),
             lanes: Lanes::default(),
-            lane_tracks: HashMap::new(),
+            lane_tracks: FxMap::default(),
             steps_track: None,
             gpu_step_tracks: Vec::new(),
             step_clock: StepClock::default(),
@@ -233,7 +243,10 @@ impl RawLayout {
     }
 
     pub fn process<W: Write>(&mut self, w: &mut TraceWriter<W>, pid: u32) -> TrackId {
-        w.process_track(pid, &self.names.get(pid))
+        match w.known_process(pid) {
+            Some(t) => t,
+            None => w.process_track(pid, &self.names.get_cow(pid)),
+        }
     }
 
     fn counter_track<W: Write>(&mut self, w: &mut TraceWriter<W>, name: &str, unit: CounterUnit, parent: TrackId) -> TrackId {
@@ -266,17 +279,22 @@ impl RawLayout {
                 // Switched out before the trace began: drawn from its start.
                 let off = (*off_ns).max(self.t0);
                 let on = (*ts_ns).max(off);
-                let name = (tid == tgid).then(|| self.names.get(*tgid));
                 self.process(w, *tgid);
-                let track = w.thread_track(*tgid, *tid, name.as_deref(), true);
+                let track = match w.known_thread(*tgid, *tid) {
+                    Some(t) => t,
+                    None => {
+                        let name = (tid == tgid).then(|| self.names.get_cow(*tgid));
+                        w.thread_track(*tgid, *tid, name.as_deref(), true)
+                    }
+                };
                 let wake = wake_ns.filter(|wk| (*off_ns..=*ts_ns).contains(wk));
-                let mut args = Vec::with_capacity(3);
-                args.push(Arg::interned("state", state_name(*prev_state)));
-                args.push(Arg::u64("prev_state", *prev_state as u64));
-                if let Some(wk) = wake {
-                    args.push(Arg::f64("runq_delay_ms", (ts_ns - wk) as f64 / 1e6));
-                }
-                w.begin(off, track, &Event::named(names::OFF_CPU).args(&args))?;
+                let args = [
+                    Arg::interned("state", state_name(*prev_state)),
+                    Arg::u64("prev_state", *prev_state as u64),
+                    Arg::f64("runq_delay_ms", wake.map_or(0.0, |wk| (ts_ns - wk) as f64 / 1e6)),
+                ];
+                let args = if wake.is_some() { &args[..] } else { &args[..2] };
+                w.begin(off, track, &Event::named(names::OFF_CPU).args(args))?;
                 if let Some(wk) = wake {
                     w.begin(wk.max(off), track, &Event::named(names::RUN_QUEUE))?;
                     w.end(on, track)?;
@@ -429,14 +447,17 @@ impl RawLayout {
         let (starts, ends) = flows.map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
         match rec {
             Record::GpuKernel { name, grid, block, graph_id, correlation_id, .. } => {
-                let (g, b) = (format!("{}x{}x{}", grid[0], grid[1], grid[2]), format!("{}x{}x{}", block[0], block[1], block[2]));
+                let (mut gb, mut bb) = ([0u8; DIMS_MAX], [0u8; DIMS_MAX]);
                 // Launch shapes repeat: interned. graph_id only for graph nodes.
-                let mut args = vec![Arg::interned("grid", &g), Arg::interned("block", &b), Arg::u64("correlation_id", *correlation_id as u64)];
-                if *graph_id != 0 {
-                    args.push(Arg::u64("graph_id", *graph_id as u64));
-                }
+                let args = [
+                    Arg::interned("grid", dims(&mut gb, grid)),
+                    Arg::interned("block", dims(&mut bb, block)),
+                    Arg::u64("correlation_id", *correlation_id as u64),
+                    Arg::u64("graph_id", *graph_id as u64),
+                ];
+                let args = if *graph_id != 0 { &args[..] } else { &args[..3] };
                 let name = if name.is_empty() { "<unnamed kernel>" } else { name.as_str() };
-                w.begin(ts, track, &Event::named(name).args(&args).flows(starts).terminating_flows(ends))?;
+                w.begin(ts, track, &Event::named(name).args(args).flows(starts).terminating_flows(ends))?;
             }
             Record::GpuMemcpy { kind, bytes, graph_id, .. } => {
                 let args = [Arg::u64("bytes", *bytes), Arg::u64("graph_id", *graph_id as u64)];
@@ -535,6 +556,36 @@ impl RawLayout {
         let v = self.rate_sum as f64 * 1e9 / RATE_WINDOW_NS as f64;
         self.value(w, rt, end, CounterValue::Float(v))
     }
+}
+
+/// Room for a launch shape: three u32s and two separators.
+const DIMS_MAX: usize = 3 * 10 + 2;
+
+/// A launch shape as `XxYxZ` (what `format!("{}x{}x{}")` gives), written
+/// into `buf`: kernels are most records, and this runs for each one.
+fn dims<'a>(buf: &'a mut [u8; DIMS_MAX], d: &[u32; 3]) -> &'a str {
+    let mut n = 0;
+    for (i, &v) in d.iter().enumerate() {
+        if i > 0 {
+            buf[n] = b'x';
+            n += 1;
+        }
+        let mut digits = [0u8; 10];
+        let mut k = digits.len();
+        let mut v = v;
+        loop {
+            k -= 1;
+            digits[k] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        let len = digits.len() - k;
+        buf[n..n + len].copy_from_slice(&digits[k..]);
+        n += len;
+    }
+    std::str::from_utf8(&buf[..n]).expect("ascii digits")
 }
 
 #[derive(Clone, Copy)]

@@ -22,12 +22,12 @@
 //! trace's start, on its own track), when the request and chain counts are known.
 
 use super::raw::RawLayout;
-use super::{groups, names, phase_args, phase_spans, request_span, Groups, Item, Level, Phase, TraceStats};
+use super::{groups, names, phase_spans, request_span, Groups, Item, Level, Phase, RequestArgs, TraceStats};
 use super::{Arg, CounterUnit, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
-use crate::correlate::{Analysis, Request};
+use crate::correlate::{Analysis, FxMap, Request};
 use crate::recording::Meta;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashSet};
 use std::io::Write;
 
 /// How far before the latest handed-out request's arrival a later request's
@@ -40,31 +40,20 @@ pub const CHAIN_IDLE_NS: u64 = 60_000_000_000;
 #[derive(Clone, Copy)]
 enum S {
     I(Item),
-    /// The request's last item: its track and the request itself are forgotten.
-    Retire { req: u32, track: TrackId },
+    /// The request's track is forgotten (its slices are closed).
+    Retire { track: TrackId },
 }
 
-struct Queued {
-    ts: u64,
-    n: u64,
-    s: S,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, o: &Self) -> bool {
-        (self.ts, self.n) == (o.ts, o.n)
-    }
-}
-impl Eq for Queued {}
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Queued {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.ts, self.n).cmp(&(o.ts, o.n))
-    }
+/// A request handed out and not yet drawn to its end: its items in drawing
+/// order, and the next one to draw.
+struct Held {
+    r: Request,
+    track: TrackId,
+    flow: Option<u64>,
+    /// The report's figures for its slices, made at the first one that shows them.
+    args: Option<RequestArgs>,
+    items: Vec<(u64, S)>,
+    next: usize,
 }
 
 struct ChainLanes {
@@ -77,11 +66,18 @@ pub struct RequestStream {
     g: Groups,
     seq: usize,
     t0: u64,
-    heap: BinaryHeap<Reverse<Queued>>,
-    n: u64,
-    reqs: HashMap<u32, (Request, TrackId, Option<u64>)>,
+    /// The next item of every held request, by (time, request): the items
+    /// of one request are listed in order, so merging the lists by that key
+    /// draws every item in time order, ties in the order requests were
+    /// handed out and, within one, listed.
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Items listed and not yet drawn.
+    queued: usize,
+    reqs: FxMap<u32, Held>,
+    /// Requests whose track is not yet retired.
+    live: usize,
     next_req: u32,
-    chains: HashMap<String, ChainLanes>,
+    chains: FxMap<String, ChainLanes>,
     chain_rank: i32,
     level_tracks: [Option<TrackId>; 3],
     level_now: [i64; 3],
@@ -112,10 +108,11 @@ impl RequestStream {
             seq,
             t0,
             heap: BinaryHeap::new(),
-            n: 0,
-            reqs: HashMap::new(),
+            queued: 0,
+            reqs: FxMap::default(),
+            live: 0,
             next_req: 0,
-            chains: HashMap::new(),
+            chains: FxMap::default(),
             chain_rank: 0,
             level_tracks: [Some(in_flight), None, None],
             level_now: [0; 3],
@@ -139,12 +136,7 @@ impl RequestStream {
 
     /// Requests and what is queued to draw (for tests and memory checks).
     pub fn held(&self) -> (usize, usize) {
-        (self.reqs.len(), self.heap.len())
-    }
-
-    fn q(&mut self, ts: u64, s: S) {
-        self.n += 1;
-        self.heap.push(Reverse(Queued { ts, n: self.n, s }));
+        (self.live, self.queued)
     }
 
     /// Lists a final request's items (`now`: the end of an unfinished one).
@@ -169,7 +161,10 @@ impl RequestStream {
             self.stats.chains += 1;
         }
         // Chains: one track per chain (plus a lane per overlap), one slice per hop.
-        let ch = self.chains.entry(r.chain.clone()).or_insert_with(|| ChainLanes { lanes: Vec::new(), last_end: 0 });
+        if !self.chains.contains_key(&r.chain) {
+            self.chains.insert(r.chain.clone(), ChainLanes { lanes: Vec::new(), last_end: 0 });
+        }
+        let ch = self.chains.get_mut(&r.chain).expect("inserted");
         let lane = match ch.lanes.iter().position(|(_, free_at)| *free_at <= start) {
             Some(l) => l,
             None => {
@@ -187,14 +182,15 @@ impl RequestStream {
         let flow = w.new_flow_id();
         let rank = (req as usize).min(i32::MAX as usize - 1) as i32 + 1;
         let track = w.track(&r.id, TrackOpts { parent: Some(self.g.requests), rank: Some(rank), ..TrackOpts::default() });
-        let mut items: Vec<(u64, Item)> = vec![(start, Item::HopBegin { req, track: hop_track }), (end, Item::End { track: hop_track })];
+        let mut items: Vec<(u64, S)> = Vec::with_capacity(16 + 2 * r.content_ns.len());
+        items.extend([(start, S::I(Item::HopBegin { req, track: hop_track })), (end, S::I(Item::End { track: hop_track }))]);
 
         let arrive = r.arrive_ns.clamp(start, end);
-        items.push((start, Item::RequestBegin { req }));
-        items.push((start, Item::Level { which: Level::InFlight, delta: 1 }));
+        items.push((start, S::I(Item::RequestBegin { req })));
+        items.push((start, S::I(Item::Level { which: Level::InFlight, delta: 1 })));
         if start < arrive {
-            items.push((start, Item::PhaseBegin { req, phase: Phase::ReadDelay }));
-            items.push((arrive, Item::End { track }));
+            items.push((start, S::I(Item::PhaseBegin { req, phase: Phase::ReadDelay })));
+            items.push((arrive, S::I(Item::End { track })));
         }
         let spans = phase_spans(&r, arrive, end);
         let engine = crate::correlate::engine::marks(&r).is_some_and(|m| m.arrive == arrive && m.done == end);
@@ -202,33 +198,33 @@ impl RequestStream {
         let open_decode = wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode);
         let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
         for &(a, b, phase) in &spans {
-            items.push((a, Item::PhaseBegin { req, phase }));
+            items.push((a, S::I(Item::PhaseBegin { req, phase })));
             if engine && matches!(phase, Phase::Queue | Phase::Prefill) {
                 for &(ka, kb) in kv {
                     let (ka, kb) = (ka.max(a), kb.min(b));
                     if kb > ka {
-                        items.push((ka, Item::KvBegin { req, ns: kb - ka }));
-                        items.push((kb, Item::End { track }));
+                        items.push((ka, S::I(Item::KvBegin { req, ns: kb - ka })));
+                        items.push((kb, S::I(Item::End { track })));
                         self.stats.kv_slices += 1;
                     }
                 }
             }
             if !(open_decode && phase == Phase::Decode) {
-                items.push((b, Item::End { track }));
+                items.push((b, S::I(Item::End { track })));
             }
         }
         if engine || wire_ttft.is_some() {
             let mut at = wire_ttft.unwrap_or(arrive);
             for &c in &r.content_ns {
                 at = c.clamp(at, end);
-                items.push((at, Item::Chunk { req }));
+                items.push((at, S::I(Item::Chunk { req })));
             }
         }
         if open_decode {
-            items.push((end, Item::End { track }));
+            items.push((end, S::I(Item::End { track })));
         }
-        items.push((end, Item::End { track }));
-        items.push((end, Item::Level { which: Level::InFlight, delta: -1 }));
+        items.push((end, S::I(Item::End { track })));
+        items.push((end, S::I(Item::Level { which: Level::InFlight, delta: -1 })));
         if let Some(m) = crate::correlate::engine::marks(&r) {
             for (a, b, which) in [(m.submit, m.scheduled, Level::Waiting), (m.scheduled, m.done, Level::Running)] {
                 if b > a {
@@ -239,21 +235,22 @@ impl RequestStream {
                             self.level_tracks[l as usize] = Some(w.counter_track(name, CounterUnit::Count, TrackOpts { parent: Some(server), ..TrackOpts::default() }));
                         }
                     }
-                    items.push((a, Item::Level { which, delta: 1 }));
-                    items.push((b, Item::Level { which, delta: -1 }));
+                    items.push((a, S::I(Item::Level { which, delta: 1 })));
+                    items.push((b, S::I(Item::Level { which, delta: -1 })));
                 }
             }
         }
         w.set_sequence(prev);
+        // The track is retired once its items up to the request's end are drawn.
+        items.push((end, S::Retire { track }));
         // Stable by time: a track's items keep their nesting order at equal times.
         items.sort_by_key(|t| t.0);
-        for (ts, item) in items {
-            self.q(ts, S::I(item));
-        }
-        self.q(end, S::Retire { req, track });
-        self.reqs.insert(req, (r, track, Some(flow)));
-        self.stats.held_requests_peak = self.stats.held_requests_peak.max(self.reqs.len() as u64);
-        self.stats.held_items_peak = self.stats.held_items_peak.max(self.heap.len() as u64);
+        self.queued += items.len();
+        self.live += 1;
+        self.heap.push(Reverse((items[0].0, req)));
+        self.reqs.insert(req, Held { r, track, flow: Some(flow), args: None, items, next: 0 });
+        self.stats.held_requests_peak = self.stats.held_requests_peak.max(self.live as u64);
+        self.stats.held_items_peak = self.stats.held_items_peak.max(self.queued as u64);
         Ok(())
     }
 
@@ -276,9 +273,31 @@ impl RequestStream {
     }
 
     fn write_until<W: Write>(&mut self, w: &mut TraceWriter<W>, raw: &mut RawLayout, mark: u64) -> Result<(), PerfettoError> {
-        while self.heap.peek().is_some_and(|Reverse(q)| q.ts < mark) {
-            let Reverse(Queued { ts, s, .. }) = self.heap.pop().expect("peeked");
-            self.draw(w, raw, ts, s)?;
+        loop {
+            let Some(mut top) = self.heap.peek_mut() else { break };
+            let Reverse((ts, req)) = *top;
+            if ts >= mark {
+                break;
+            }
+            let h = self.reqs.get_mut(&req).expect("a queued request is held");
+            let s = h.items[h.next].1;
+            h.next += 1;
+            let last = h.next == h.items.len();
+            match h.items.get(h.next) {
+                // Its next item, in the top's place (one sift instead of a pop and a push).
+                Some(&(next, _)) => {
+                    *top = Reverse((next, req));
+                    drop(top);
+                }
+                None => {
+                    std::collections::binary_heap::PeekMut::pop(top);
+                }
+            }
+            self.queued -= 1;
+            self.draw(w, raw, ts, req, s)?;
+            if last {
+                self.reqs.remove(&req);
+            }
         }
         Ok(())
     }
@@ -295,7 +314,7 @@ impl RequestStream {
         Ok(())
     }
 
-    fn draw<W: Write>(&mut self, w: &mut TraceWriter<W>, _raw: &mut RawLayout, ts: u64, s: S) -> Result<(), PerfettoError> {
+    fn draw<W: Write>(&mut self, w: &mut TraceWriter<W>, _raw: &mut RawLayout, ts: u64, req: u32, s: S) -> Result<(), PerfettoError> {
         match self.cur_ts {
             None => {
                 // The counters start at zero when the trace does.
@@ -311,41 +330,40 @@ impl RequestStream {
         }
         self.written = self.written.max(ts);
         let item = match s {
-            S::Retire { req, track } => {
-                self.reqs.remove(&req);
+            S::Retire { track } => {
+                self.live -= 1;
                 return w.retire(track);
             }
             S::I(i) => i,
         };
         match item {
             Item::HopBegin { req, track } => {
-                let (r, _, flow) = &self.reqs[&req];
-                let args = super::hop_args(r);
-                let name = super::hop_label(r);
-                let ids = flow.as_slice();
+                let h = &self.reqs[&req];
+                let args = super::hop_args(&h.r);
+                let name = super::hop_label(&h.r);
+                let ids = h.flow.as_slice();
                 self.open_hops.extend(ids);
                 w.begin(ts, track, &Event::named_once(&name).args(&args).flows(ids))?;
             }
             Item::RequestBegin { req } => {
-                let (r, track, flow) = &self.reqs[&req];
-                let held = super::RequestArgs::of(r);
-                let args = held.args(r);
-                let ids: Vec<u64> = flow.iter().copied().filter(|id| self.open_hops.remove(id)).collect();
-                w.begin(ts, *track, &Event::named_once(&r.id).args(&args).terminating_flows(&ids))?;
+                let h = self.reqs.get_mut(&req).expect("a drawn request is held");
+                let held = h.args.get_or_insert_with(|| RequestArgs::of(&h.r));
+                let args = held.args(&h.r);
+                let ids: Vec<u64> = h.flow.iter().copied().filter(|id| self.open_hops.remove(id)).collect();
+                w.begin(ts, h.track, &Event::named_once(&h.r.id).args(&args).terminating_flows(&ids))?;
             }
             Item::PhaseBegin { req, phase } => {
-                let (r, track, _) = &self.reqs[&req];
-                let (figures, from) = phase_args(r, phase);
-                let args: Vec<Arg> = figures.iter().map(|(n, v)| Arg::f64(n, *v)).chain(from.as_deref().map(|s| Arg::str("interference_from", s))).collect();
-                w.begin(ts, *track, &Event::named(phase.name()).args(&args))?;
+                let h = self.reqs.get_mut(&req).expect("a drawn request is held");
+                let args = if phase.has_figures() { h.args.get_or_insert_with(|| RequestArgs::of(&h.r)).phase_args(phase) } else { Vec::new() };
+                w.begin(ts, h.track, &Event::named(phase.name()).args(&args))?;
             }
-            Item::KvBegin { req, ns } => {
-                let track = self.reqs[&req].1;
+            Item::KvBegin { req: _, ns } => {
+                let track = self.reqs[&req].track;
                 let args = [Arg::f64("kv_transfer_ms", ns as f64 / 1e6)];
                 w.begin(ts, track, &Event::named(Phase::KvTransfer.name()).args(&args))?;
             }
-            Item::Chunk { req } => {
-                let track = self.reqs[&req].1;
+            Item::Chunk { req: _ } => {
+                let track = self.reqs[&req].track;
                 w.instant(ts, track, &Event::named(names::CHUNK))?;
             }
             Item::End { track } => w.end(ts, track)?,

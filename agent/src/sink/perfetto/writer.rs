@@ -37,10 +37,10 @@
 //! processor inflates each batch and parses its packets in its place, with
 //! the sequences' incremental state carried across batches.
 
+use super::deflate::FastZlib;
 use super::proto::{self, ChildOrdering, CounterUnit, EventType};
 use miniz_oxide::deflate::core::{compress_to_output, create_comp_flags_from_zip_params, CompressorOxide, TDEFLFlush, TDEFLStatus};
 use prost::Message;
-use std::collections::HashMap;
 use std::io::{self, Write};
 
 /// The main sequence's id (0 is invalid in Perfetto); tracks on their own
@@ -80,10 +80,12 @@ pub struct Encoding {
     pub compress: bool,
     /// A batch is compressed and written once it holds this many bytes of
     /// packets (or at the next flush). Perfetto asks for compressed packets
-    /// under 512 KB; deflate never grows data by more than ~0.1 %, so
+    /// under 512 KB; level 1 grows incompressible data by at most 12.5 %
+    /// (fixed codes: 9 bits for some bytes), miniz_oxide by ~0.1 %, so
     /// batches up to a few hundred KiB are safe.
     pub batch_bytes: usize,
-    /// zlib level, 1 (fastest) to 9; `traced` uses 6.
+    /// zlib level, 1 (fastest) to 9; `traced` uses 6. Level 1 is hopscope's
+    /// own one-pass compressor ([`super::deflate`]), 2–9 miniz_oxide's levels.
     pub level: u8,
 }
 
@@ -91,9 +93,9 @@ impl Encoding {
     /// Every packet written as it comes, no compression.
     pub const PLAIN: Encoding = Encoding { compress: false, batch_bytes: 0, level: 0 };
     /// What traces are written with unless asked otherwise. Level 1, not
-    /// traced's 6: on kernel slices 10.9 instead of 8.5 bytes per slice, at
-    /// 4 instead of 1 M events/s (the bench in tests.rs); 64 KiB batches
-    /// bound the writer's buffers to ~100 KiB plus the compressor's ~320 KiB.
+    /// traced's 6: on kernel slices 12.3 instead of 8.5 bytes per slice, at
+    /// 5.8 instead of 1 M events/s (the bench in tests.rs); 64 KiB batches
+    /// bound the writer's buffers to ~140 KiB plus the compressor's ~70 KiB.
     pub const COMPRESSED: Encoding = Encoding { compress: true, batch_bytes: 64 << 10, level: 1 };
 }
 
@@ -258,7 +260,7 @@ struct TrackDecl {
 /// Strings sent once per sequence, then referred to by iid.
 #[derive(Default)]
 struct Interner {
-    ids: HashMap<Box<str>, u64>,
+    ids: crate::correlate::FxMap<Box<str>, u64>,
 }
 
 impl Interner {
@@ -297,9 +299,15 @@ impl Seq {
 struct Batch {
     packets: Vec<u8>,
     limit: usize,
-    zlib: Box<CompressorOxide>,
+    zlib: Compressor,
     /// The outer packet being built: framing then the zlib stream.
     outer: Vec<u8>,
+}
+
+/// Level 1: [`FastZlib`]; 2–9: miniz_oxide at that level.
+enum Compressor {
+    Fast(Box<FastZlib>),
+    Miniz(Box<CompressorOxide>),
 }
 
 /// Room for the outer packet's framing before the zlib stream: two keys of
@@ -310,14 +318,16 @@ const OUTER_HEAD: usize = 14;
 pub struct TraceWriter<W: Write> {
     out: W,
     buf: Vec<u8>,
+    /// One event's encoding in progress, reused (see [`Scratch`]).
+    scratch: Scratch,
     /// When compressing: the batch being filled.
     batch: Option<Batch>,
     /// Declared tracks by uuid; retired ones (see [`TraceWriter::retire`])
     /// are forgotten so that a streamed trace's memory follows its open tracks.
     tracks: crate::correlate::FxMap<u64, TrackDecl>,
     next_uuid: u64,
-    processes: HashMap<u32, TrackId>,
-    threads: HashMap<(u32, u32), TrackId>,
+    processes: crate::correlate::FxMap<u32, TrackId>,
+    threads: crate::correlate::FxMap<(u32, u32), TrackId>,
     seqs: Vec<Seq>,
     /// The sequence tracks declared without `own_sequence` go on.
     default_seq: usize,
@@ -340,18 +350,20 @@ impl<W: Write> TraceWriter<W> {
             // Window bits > 0: the zlib wrapper (header and Adler-32), what
             // traced's deflateInit writes and trace processor's inflate
             // expects (it auto-detects zlib or gzip, not raw deflate).
-            let flags = create_comp_flags_from_zip_params(enc.level.clamp(1, 9).into(), 15, 0);
+            let level = enc.level.clamp(1, 9);
+            let zlib = if level == 1 { Compressor::Fast(Box::default()) } else { Compressor::Miniz(Box::new(CompressorOxide::new(create_comp_flags_from_zip_params(level.into(), 15, 0)))) };
             let limit = enc.batch_bytes.max(1);
-            Batch { packets: Vec::with_capacity(limit + 256), limit, zlib: Box::new(CompressorOxide::new(flags)), outer: Vec::new() }
+            Batch { packets: Vec::with_capacity(limit + 256), limit, zlib, outer: Vec::new() }
         });
         let mut w = TraceWriter {
             out,
             buf: Vec::with_capacity(256),
+            scratch: Scratch::default(),
             batch,
             tracks: Default::default(),
             next_uuid: 1,
-            processes: HashMap::new(),
-            threads: HashMap::new(),
+            processes: Default::default(),
+            threads: Default::default(),
             seqs: vec![Seq::new(SEQUENCE_ID, None)],
             default_seq: 0,
             next_flow: 1,
@@ -402,6 +414,16 @@ impl<W: Write> TraceWriter<W> {
         };
         self.tracks.insert(uuid, TrackDecl { pending: Some(desc), seq, parent: parent.map(TrackId::uuid), kind, depth: 0, name: name.into() });
         TrackId(uuid)
+    }
+
+    /// The process's track, if declared.
+    pub fn known_process(&self, pid: u32) -> Option<TrackId> {
+        self.processes.get(&pid).copied()
+    }
+
+    /// The thread's track, if declared.
+    pub fn known_thread(&self, pid: u32, tid: u32) -> Option<TrackId> {
+        self.threads.get(&(pid, tid)).copied()
     }
 
     /// The process's track (declared once per pid; later calls return it).
@@ -518,26 +540,19 @@ impl<W: Write> TraceWriter<W> {
 
     /// Opens a slice on `track` at `ts`.
     pub fn begin(&mut self, ts: u64, track: TrackId, ev: &Event<'_>) -> Result<(), PerfettoError> {
-        self.slice_event(ts, track, EventType::SliceBegin, Some(ev))?;
-        self.decl_mut(track)?.depth += 1;
+        self.slice_event(ts, track, EventType::SliceBegin, Some(ev), 1)?;
         self.stats.slices += 1;
         Ok(())
     }
 
     /// Closes the innermost open slice on `track` at `ts`.
     pub fn end(&mut self, ts: u64, track: TrackId) -> Result<(), PerfettoError> {
-        let decl = self.decl(track)?;
-        if decl.depth == 0 && decl.kind == Kind::Slices {
-            return Err(PerfettoError::UnbalancedEnd { uuid: track.0, name: decl.name.to_string() });
-        }
-        self.slice_event(ts, track, EventType::SliceEnd, None)?;
-        self.decl_mut(track)?.depth -= 1;
-        Ok(())
+        self.slice_event(ts, track, EventType::SliceEnd, None, -1)
     }
 
     /// A zero-duration event on `track` at `ts`.
     pub fn instant(&mut self, ts: u64, track: TrackId, ev: &Event<'_>) -> Result<(), PerfettoError> {
-        self.slice_event(ts, track, EventType::Instant, Some(ev))?;
+        self.slice_event(ts, track, EventType::Instant, Some(ev), 0)?;
         self.stats.instants += 1;
         Ok(())
     }
@@ -593,57 +608,81 @@ impl<W: Write> TraceWriter<W> {
         self.tracks.get(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))
     }
 
-    fn decl_mut(&mut self, track: TrackId) -> Result<&mut TrackDecl, PerfettoError> {
-        self.tracks.get_mut(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))
-    }
-
     fn counter_event(&mut self, ts: u64, track: TrackId, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
-        let decl = self.decl(track)?;
-        if decl.kind != Kind::Counter {
-            return Err(PerfettoError::CounterOnSliceTrack { uuid: track.0, name: decl.name.to_string() });
+        let seq = self.prepare(ts, track, Kind::Counter, 0)?;
+        let uuid = self.event_track(seq, track);
+        let sc = &mut self.scratch;
+        sc.clear();
+        // TrackEvent fields in tag order, as prost writes them: type (9),
+        // track_uuid (11), counter_value (30), double_counter_value (44).
+        let te = &mut sc.te;
+        put_varint_field(te, 9, EventType::Counter as u64);
+        if let Some(u) = uuid {
+            put_varint_field(te, 11, u);
         }
-        let seq = self.advance(ts, track)?;
-        self.ensure_described(track)?;
-        let ev = proto::TrackEvent {
-            r#type: Some(EventType::Counter as i32),
-            track_uuid: self.event_track(seq, track),
-            counter_value: int,
-            double_counter_value: double,
-            ..Default::default()
-        };
-        self.write_event(seq, ts, ev, proto::InternedData::default())?;
+        if let Some(v) = int {
+            put_varint_field(te, 30, v as u64);
+        }
+        if let Some(v) = double {
+            put_key(te, 44, WIRE_FIXED64);
+            te.extend_from_slice(&v.to_bits().to_le_bytes());
+        }
+        self.write_event(seq, ts)?;
         self.stats.counter_values += 1;
         Ok(())
     }
 
-    fn slice_event(&mut self, ts: u64, track: TrackId, ty: EventType, ev: Option<&Event<'_>>) -> Result<(), PerfettoError> {
-        let decl = self.decl(track)?;
-        if decl.kind != Kind::Slices {
-            return Err(PerfettoError::SliceOnCounterTrack { uuid: track.0, name: decl.name.to_string() });
+    /// `depth`: what the event does to the track's open slices.
+    fn slice_event(&mut self, ts: u64, track: TrackId, ty: EventType, ev: Option<&Event<'_>>, depth: i32) -> Result<(), PerfettoError> {
+        let seq = self.prepare(ts, track, Kind::Slices, depth)?;
+        let uuid = self.event_track(seq, track);
+        let sc = &mut self.scratch;
+        sc.clear();
+        let s = &mut self.seqs[seq];
+        // The event name is interned before the annotations' strings (each
+        // table has its own iids, given in order of first use).
+        let name_iid = match ev {
+            Some(ev) if !ev.unique_name => {
+                let (iid, new) = s.event_names.get(ev.name);
+                if new {
+                    sc.interned += 1;
+                    put_interned(&mut sc.event_names, 2, iid, ev.name.as_bytes());
+                }
+                Some(iid)
+            }
+            _ => None,
+        };
+        // TrackEvent fields in tag order, as prost writes them:
+        // debug_annotations (4), type (9), name_iid (10), track_uuid (11),
+        // name (23), flow_ids (47), terminating_flow_ids (48).
+        if let Some(ev) = ev {
+            for a in ev.args {
+                sc.annotation(s, a);
+            }
         }
-        let seq = self.advance(ts, track)?;
-        self.ensure_described(track)?;
-        let mut interned = proto::InternedData::default();
-        let mut te = proto::TrackEvent { r#type: Some(ty as i32), track_uuid: self.event_track(seq, track), ..Default::default() };
+        let te = &mut sc.te;
+        put_varint_field(te, 9, ty as u64);
+        if let Some(iid) = name_iid {
+            put_varint_field(te, 10, iid);
+        }
+        if let Some(u) = uuid {
+            put_varint_field(te, 11, u);
+        }
         if let Some(ev) = ev {
             if ev.unique_name {
-                te.name = Some(ev.name.to_owned());
-            } else {
-                let (iid, new) = self.seqs[seq].event_names.get(ev.name);
-                if new {
-                    interned.event_names.push(proto::EventName { iid: Some(iid), name: Some(ev.name.to_owned()) });
-                }
-                te.name_iid = Some(iid);
+                put_bytes_field(te, 23, ev.name.as_bytes());
             }
-            te.debug_annotations.reserve(ev.args.len());
-            for a in ev.args {
-                te.debug_annotations.push(self.annotation(seq, a, &mut interned));
+            for &id in ev.flow_ids {
+                put_key(te, 47, WIRE_FIXED64);
+                te.extend_from_slice(&id.to_le_bytes());
             }
-            te.flow_ids.extend_from_slice(ev.flow_ids);
-            te.terminating_flow_ids.extend_from_slice(ev.terminating_flow_ids);
+            for &id in ev.terminating_flow_ids {
+                put_key(te, 48, WIRE_FIXED64);
+                te.extend_from_slice(&id.to_le_bytes());
+            }
             self.stats.flows += ev.flow_ids.len() as u64;
         }
-        self.write_event(seq, ts, te, interned)
+        self.write_event(seq, ts)
     }
 
     /// The uuid an event names: none when the sequence's defaults name it.
@@ -651,39 +690,37 @@ impl<W: Write> TraceWriter<W> {
         (self.seqs[seq].default_track != Some(track.0)).then_some(track.0)
     }
 
-    fn annotation(&mut self, seq: usize, a: &Arg<'_>, interned: &mut proto::InternedData) -> proto::DebugAnnotation {
-        let (iid, new) = self.seqs[seq].arg_names.get(a.name);
-        if new {
-            interned.debug_annotation_names.push(proto::DebugAnnotationName { iid: Some(iid), name: Some(a.name.to_owned()) });
+    /// What every event needs before it is encoded, with one look-up of
+    /// its track: the track is of `kind` (a slice end has a slice to close),
+    /// `ts` does not go backwards on its sequence (started at `ts` if this is
+    /// its first event), its descriptor is written. `depth` is applied to
+    /// the track's open slices once nothing but the output can fail.
+    /// Returns the sequence.
+    fn prepare(&mut self, ts: u64, track: TrackId, kind: Kind, depth: i32) -> Result<usize, PerfettoError> {
+        let d = self.tracks.get_mut(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))?;
+        if depth < 0 && d.depth == 0 && d.kind == Kind::Slices {
+            return Err(PerfettoError::UnbalancedEnd { uuid: track.0, name: d.name.to_string() });
         }
-        let mut d = proto::DebugAnnotation { name_iid: Some(iid), ..Default::default() };
-        match a.value {
-            Value::Str(s) => d.string_value = Some(s.to_owned()),
-            Value::Interned(s) => {
-                let (iid, new) = self.seqs[seq].string_values.get(s);
-                if new {
-                    interned.debug_annotation_string_values.push(proto::InternedString { iid: Some(iid), str: Some(s.as_bytes().to_vec()) });
-                }
-                d.string_value_iid = Some(iid);
-            }
-            Value::U64(v) => d.uint_value = Some(v),
-            Value::I64(v) => d.int_value = Some(v),
-            Value::F64(v) => d.double_value = Some(v),
-            Value::Bool(v) => d.bool_value = Some(v),
+        if d.kind != kind {
+            let (uuid, name) = (track.0, d.name.to_string());
+            return Err(match kind {
+                Kind::Slices => PerfettoError::SliceOnCounterTrack { uuid, name },
+                Kind::Counter => PerfettoError::CounterOnSliceTrack { uuid, name },
+            });
         }
-        d
-    }
-
-    /// Checks that `ts` does not go backwards on `track`'s sequence (starting
-    /// the sequence at `ts` if this is its first event); returns the sequence.
-    fn advance(&mut self, ts: u64, track: TrackId) -> Result<usize, PerfettoError> {
-        let seq = self.decl(track)?.seq;
-        if !self.seqs[seq].started {
+        let seq = d.seq;
+        let s = &self.seqs[seq];
+        if s.started && ts < s.last_ts {
+            return Err(PerfettoError::TimestampRegression { ts, last: s.last_ts });
+        }
+        // Counter tracks keep depth 0 (an end there is refused above only for slices).
+        d.depth = d.depth.saturating_add_signed(depth);
+        let (started, pending) = (s.started, d.pending.is_some());
+        if !started {
             self.start_sequence(seq, ts)?;
         }
-        let last = self.seqs[seq].last_ts;
-        if ts < last {
-            return Err(PerfettoError::TimestampRegression { ts, last });
+        if pending {
+            self.ensure_described(track)?;
         }
         Ok(seq)
     }
@@ -718,21 +755,45 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    fn write_event(&mut self, seq: usize, ts: u64, te: proto::TrackEvent, interned: proto::InternedData) -> Result<(), PerfettoError> {
-        let n = interned.event_names.len() + interned.debug_annotation_names.len() + interned.debug_annotation_string_values.len();
-        self.stats.interned += n as u64;
+    /// Frames the event in the scratch buffers as one TracePacket, encoded
+    /// straight into the batch (or the packet buffer): the bytes prost writes
+    /// for `TracePacket { timestamp, trusted_packet_sequence_id,
+    /// interned_data, sequence_flags, data: TrackEvent }` (fields in tag
+    /// order, the `data` oneof first: its lowest tag is 6), without building
+    /// the message.
+    fn write_event(&mut self, seq: usize, ts: u64) -> Result<(), PerfettoError> {
         let s = &mut self.seqs[seq];
         let delta = ts - s.last_ts;
         s.last_ts = ts;
-        let packet = proto::TracePacket {
-            timestamp: Some(delta),
-            trusted_packet_sequence_id: Some(s.id),
-            sequence_flags: Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),
-            interned_data: (n > 0).then_some(interned),
-            data: Some(proto::Data::TrackEvent(te)),
-            ..Default::default()
+        let seq_id = s.id;
+        let sc = &self.scratch;
+        self.stats.interned += sc.interned;
+        let (dst, from) = match &mut self.batch {
+            Some(b) => {
+                let from = b.packets.len();
+                (&mut b.packets, from)
+            }
+            None => {
+                self.buf.clear();
+                (&mut self.buf, 0)
+            }
         };
-        self.write_packet(&packet)
+        put_key(dst, proto::TRACE_PACKET_FIELD, WIRE_LEN);
+        let packet = open_len(dst);
+        put_bytes_field(dst, 11, &sc.te);
+        put_varint_field(dst, 8, delta);
+        put_varint_field(dst, 10, seq_id as u64);
+        if sc.interned > 0 {
+            put_key(dst, 12, WIRE_LEN);
+            let interned = open_len(dst);
+            dst.extend_from_slice(&sc.event_names);
+            dst.extend_from_slice(&sc.arg_names);
+            dst.extend_from_slice(&sc.values);
+            close_len(dst, interned);
+        }
+        put_varint_field(dst, 13, proto::SEQ_NEEDS_INCREMENTAL_STATE as u64);
+        close_len(dst, packet);
+        self.packet_written(from)
     }
 
     /// `Trace.packet` (field 1, length-delimited) around one encoded packet:
@@ -751,7 +812,16 @@ impl<W: Write> TraceWriter<W> {
         prost::encoding::encode_key(proto::TRACE_PACKET_FIELD, prost::encoding::WireType::LengthDelimited, dst);
         // A Vec grows as needed: encoding into it cannot run out of room.
         p.encode_length_delimited(dst).map_err(io::Error::other)?;
-        let len = (dst.len() - from) as u64;
+        self.packet_written(from)
+    }
+
+    /// Counts the packet just encoded (from `from` in the batch, or the
+    /// packet buffer) and writes it, or the batch once full.
+    fn packet_written(&mut self, from: usize) -> Result<(), PerfettoError> {
+        let len = match &self.batch {
+            Some(b) => b.packets.len() - from,
+            None => self.buf.len(),
+        } as u64;
         self.stats.packets += 1;
         self.stats.raw_bytes += len;
         match &self.batch {
@@ -783,16 +853,21 @@ impl<W: Write> TraceWriter<W> {
         if b.packets.is_empty() {
             return Ok(());
         }
-        b.zlib.reset();
         b.outer.clear();
         b.outer.resize(OUTER_HEAD, 0);
-        let outer = &mut b.outer;
-        let (status, used) = compress_to_output(&mut b.zlib, &b.packets, TDEFLFlush::Finish, |chunk| {
-            outer.extend_from_slice(chunk);
-            true
-        });
-        if status != TDEFLStatus::Done || used != b.packets.len() {
-            return Err(PerfettoError::Compress(format!("{status:?} after {used} of {} bytes", b.packets.len())));
+        match &mut b.zlib {
+            Compressor::Fast(z) => z.compress(&b.packets, &mut b.outer),
+            Compressor::Miniz(z) => {
+                z.reset();
+                let outer = &mut b.outer;
+                let (status, used) = compress_to_output(z, &b.packets, TDEFLFlush::Finish, |chunk| {
+                    outer.extend_from_slice(chunk);
+                    true
+                });
+                if status != TDEFLStatus::Done || used != b.packets.len() {
+                    return Err(PerfettoError::Compress(format!("{status:?} after {used} of {} bytes", b.packets.len())));
+                }
+            }
         }
         let zlen = (b.outer.len() - OUTER_HEAD) as u64;
         let mut head = [0u8; OUTER_HEAD];
@@ -811,5 +886,129 @@ impl<W: Write> TraceWriter<W> {
         self.stats.batches += 1;
         b.packets.clear();
         Ok(())
+    }
+}
+
+const WIRE_VARINT: u32 = 0;
+const WIRE_FIXED64: u32 = 1;
+const WIRE_LEN: u32 = 2;
+
+#[inline]
+fn put_varint(dst: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        dst.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    dst.push(v as u8);
+}
+
+#[inline]
+fn put_key(dst: &mut Vec<u8>, tag: u32, wire: u32) {
+    put_varint(dst, u64::from(tag << 3 | wire));
+}
+
+#[inline]
+fn put_varint_field(dst: &mut Vec<u8>, tag: u32, v: u64) {
+    put_key(dst, tag, WIRE_VARINT);
+    put_varint(dst, v);
+}
+
+#[inline]
+fn put_bytes_field(dst: &mut Vec<u8>, tag: u32, b: &[u8]) {
+    put_key(dst, tag, WIRE_LEN);
+    put_varint(dst, b.len() as u64);
+    dst.extend_from_slice(b);
+}
+
+/// Starts a length-delimited body whose length is not known yet: one byte
+/// reserved for it (most bodies are under 128 bytes); returns where the
+/// body starts, for [`close_len`].
+#[inline]
+fn open_len(dst: &mut Vec<u8>) -> usize {
+    dst.push(0);
+    dst.len()
+}
+
+/// Writes the length of the body started at `at`, moving the body up when
+/// its length needs more than the one reserved byte.
+#[inline]
+fn close_len(dst: &mut Vec<u8>, at: usize) {
+    let len = (dst.len() - at) as u64;
+    if len < 0x80 {
+        dst[at - 1] = len as u8;
+        return;
+    }
+    let n = prost::encoding::encoded_len_varint(len);
+    let end = dst.len();
+    dst.resize(end + n - 1, 0);
+    dst.copy_within(at..end, at + n - 1);
+    let mut head = &mut dst[at - 1..at - 1 + n];
+    prost::encoding::encode_varint(len, &mut head);
+}
+
+/// An `interned_data` entry (EventName, DebugAnnotationName or
+/// InternedString: iid = 1, the string = 2) in field `tag`.
+fn put_interned(dst: &mut Vec<u8>, tag: u32, iid: u64, s: &[u8]) {
+    put_key(dst, tag, WIRE_LEN);
+    let at = open_len(dst);
+    put_varint_field(dst, 1, iid);
+    put_bytes_field(dst, 2, s);
+    close_len(dst, at);
+}
+
+/// One event's parts while it is encoded: the TrackEvent's body and the
+/// `interned_data` entries it introduces, per table (the packet lists event
+/// names, then annotation names, then string values). Kept across events so
+/// that encoding allocates nothing once warm.
+#[derive(Default)]
+struct Scratch {
+    te: Vec<u8>,
+    event_names: Vec<u8>,
+    arg_names: Vec<u8>,
+    values: Vec<u8>,
+    /// Strings interned by this event.
+    interned: u64,
+}
+
+impl Scratch {
+    fn clear(&mut self) {
+        self.te.clear();
+        self.event_names.clear();
+        self.arg_names.clear();
+        self.values.clear();
+        self.interned = 0;
+    }
+
+    /// A DebugAnnotation (TrackEvent field 4): `name_iid` (1), then its one
+    /// value field.
+    fn annotation(&mut self, s: &mut Seq, a: &Arg<'_>) {
+        let (iid, new) = s.arg_names.get(a.name);
+        if new {
+            self.interned += 1;
+            put_interned(&mut self.arg_names, 3, iid, a.name.as_bytes());
+        }
+        let te = &mut self.te;
+        put_key(te, 4, WIRE_LEN);
+        let at = open_len(te);
+        put_varint_field(te, 1, iid);
+        match a.value {
+            Value::Bool(v) => put_varint_field(te, 2, u64::from(v)),
+            Value::U64(v) => put_varint_field(te, 3, v),
+            Value::I64(v) => put_varint_field(te, 4, v as u64),
+            Value::F64(v) => {
+                put_key(te, 5, WIRE_FIXED64);
+                te.extend_from_slice(&v.to_bits().to_le_bytes());
+            }
+            Value::Str(v) => put_bytes_field(te, 6, v.as_bytes()),
+            Value::Interned(v) => {
+                let (viid, new) = s.string_values.get(v);
+                if new {
+                    self.interned += 1;
+                    put_interned(&mut self.values, 29, viid, v.as_bytes());
+                }
+                put_varint_field(te, 17, viid);
+            }
+        }
+        close_len(te, at);
     }
 }

@@ -4,7 +4,9 @@
 //! `ru_maxrss`, from wait4) and records/s on one core. The recording is made
 //! once and cached in target/bench/; the trace goes there too.
 //! `--old` also runs the in-memory path (`hopscope report`, the text
-//! tables), for the figure before streaming.
+//! tables), for the figure before streaming. `--baseline BIN` runs another
+//! hopscope binary (an earlier build copied aside) right after each of ours
+//! on the same file and prints the ratios.
 //!
 //! The recording is shaped like a busy vLLM server traced on both ends of
 //! its IPC: 16 closed-loop clients on keep-alive connections (agent chains of
@@ -213,9 +215,10 @@ fn generate(path: &Path, requests: u64) -> Result<u64> {
     Ok(written)
 }
 
-/// Runs `cmd` to completion with stdout to /dev/null: wall seconds, and the
-/// child's peak RSS in MiB (its own, from wait4: not any earlier child's).
-fn measure(cmd: &mut Command) -> Result<(f64, f64)> {
+/// Runs `cmd` to completion with stdout to /dev/null: wall seconds, the
+/// child's peak RSS in MiB and its CPU seconds (user + system; its own, from
+/// wait4: not any earlier child's).
+fn measure(cmd: &mut Command) -> Result<(f64, f64, f64)> {
     let t = Instant::now();
     let child = cmd.stdout(Stdio::null()).spawn().context("starting hopscope")?;
     let pid = child.id() as libc::pid_t;
@@ -231,7 +234,8 @@ fn measure(cmd: &mut Command) -> Result<(f64, f64)> {
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("hopscope failed (wait status {status}): run it by hand to see why");
     }
-    Ok((dt, ru.ru_maxrss as f64 / 1024.0))
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok((dt, ru.ru_maxrss as f64 / 1024.0, secs(ru.ru_utime) + secs(ru.ru_stime)))
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -241,6 +245,14 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let n: u64 = args.iter().position(|a| a == "--requests").and_then(|i| args.get(i + 1)).map_or(Ok(1_000_000), |s| s.parse())?;
     let old = args.iter().any(|a| a == "--old");
+    // Another hopscope binary (e.g. an earlier build copied aside) run right
+    // after ours on the same file: side-by-side figures and ratios.
+    let baseline: Option<PathBuf> = args.iter().position(|a| a == "--baseline").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    if let Some(b) = &baseline {
+        if !b.is_file() {
+            bail!("--baseline {}: no such file (give the path of a hopscope binary)", b.display());
+        }
+    }
     crate::run(crate::cargo().args(["build", "--quiet", "--release", "-p", "hopscope"]))?;
     let root = crate::root();
     let dir = root.join("target/bench");
@@ -261,21 +273,31 @@ pub fn run(args: &[String]) -> Result<()> {
     let size = std::fs::metadata(&hop)?.len();
     let bin: PathBuf = root.join("target/release/hopscope");
     println!("hopscope report --json, one core, synthetic vLLM-shaped recording: {n} requests, {records} records, {:.0} MiB", size as f64 / (1 << 20) as f64);
-    let (dt, rss) = measure(Command::new(&bin).args(["report", "--json"]).arg(&hop))?;
-    println!("  streamed (report --json):  {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB   (goals: >= 2 M/s, <= 200 MB)", records as f64 / dt / 1e6);
+    let line = |what: &str, (dt, rss, cpu): (f64, f64, f64), extra: &str| {
+        println!("  {what:<27}{:.2} M records/s ({dt:.1} s wall, {:.2} M per CPU second), peak RSS {rss:.0} MiB{extra}", records as f64 / dt / 1e6, records as f64 / cpu / 1e6);
+    };
+    let ratio = |ours: (f64, f64, f64), base: (f64, f64, f64)| format!("  -> {:.2}x the baseline's records/s ({:.2}x per CPU second)", base.0 / ours.0, base.2 / ours.2);
+    let report = measure(Command::new(&bin).args(["report", "--json"]).arg(&hop))?;
+    line("streamed (report --json):", report, "   (goals: >= 2 M/s, <= 200 MB)");
+    if let Some(b) = &baseline {
+        let base = measure(Command::new(b).args(["report", "--json"]).arg(&hop))?;
+        line("baseline (report --json):", base, "");
+        println!("{}", ratio(report, base));
+    }
     // Over its size threshold, so streamed (no request→step→kernel flows).
     let trace = hop.with_extension("pftrace");
-    let (dt, rss) = measure(Command::new(&bin).arg("trace").arg(&hop).arg("-o").arg(&trace).stderr(Stdio::null()))?;
+    let traced = measure(Command::new(&bin).arg("trace").arg(&hop).arg("-o").arg(&trace).stderr(Stdio::null()))?;
     let trace_size = std::fs::metadata(&trace).map_or(0, |m| m.len());
-    println!(
-        "  streamed (trace):          {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB, trace {:.0} MiB   (goal: <= 200 MB)",
-        records as f64 / dt / 1e6,
-        trace_size as f64 / (1 << 20) as f64
-    );
+    line("streamed (trace):", traced, &format!(", trace {:.0} MiB   (goals: >= 2 M/s, <= 200 MB)", trace_size as f64 / (1 << 20) as f64));
     let _ = std::fs::remove_file(&trace);
+    if let Some(b) = &baseline {
+        let base = measure(Command::new(b).arg("trace").arg(&hop).arg("-o").arg(&trace).stderr(Stdio::null()))?;
+        line("baseline (trace):", base, "");
+        println!("{}", ratio(traced, base));
+        let _ = std::fs::remove_file(&trace);
+    }
     if old {
-        let (dt, rss) = measure(Command::new(&bin).args(["report"]).arg(&hop))?;
-        println!("  in memory (report, text):  {:.2} M records/s ({dt:.1} s), peak RSS {rss:.0} MiB", records as f64 / dt / 1e6);
+        line("in memory (report, text):", measure(Command::new(&bin).args(["report"]).arg(&hop))?, "");
     }
     Ok(())
 }

@@ -607,8 +607,17 @@ mod tests {
             let t = std::time::Instant::now();
             let mut r = Reader::open(Path::new(&path)).unwrap();
             let mut n = 0u64;
-            while r.next_ref().unwrap().is_some() {
+            let mut kinds = [0u64; fast::VARIANTS];
+            let mut outputs = [0u64; 2];
+            while let Some(rec) = r.next_ref().unwrap() {
                 n += 1;
+                kinds[fast::variant_index(rec) as usize] += 1;
+                if let Record::EngineOutputs { dir, outputs: o, .. } = rec {
+                    outputs[*dir as usize] += o.len() as u64;
+                }
+            }
+            if round == 0 {
+                eprintln!("records by variant index: {kinds:?}; engine outputs in reader's / writer's copies: {outputs:?}");
             }
             let dt = t.elapsed().as_secs_f64();
             eprintln!("decode round {round}: {n} records in {dt:.3} s = {:.2} M records/s", n as f64 / dt / 1e6);

@@ -709,41 +709,8 @@ fn write_requests<W: Write>(
         }
         match item {
             Item::Meta => {
-                let pids = meta.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-                let command = meta.command.join(" ");
-                let mut a = vec![
-                    Arg::u64("format_version", meta.format_version as u64),
-                    Arg::str("hopscope_version", &meta.hopscope_version),
-                    Arg::u64("created_unix_s", meta.created_unix_s),
-                    Arg::u64("start_ns", meta.start_ns),
-                    Arg::str("pids", &pids),
-                    Arg::str("command", &command),
-                    Arg::str("kernel", &meta.kernel),
-                    Arg::str("hostname", &meta.hostname),
-                    Arg::str("chain_header", &meta.chain_header),
-                    Arg::u64("capture_len", meta.capture_len as u64),
-                    Arg::bool("capture_payload", meta.capture_payload),
-                    Arg::bool("gpu", meta.gpu),
-                    Arg::u64("requests", analysis.requests.len() as u64),
-                    Arg::u64("chains", analysis.chains.len() as u64),
-                ];
-                if let Some(e) = read_error {
-                    a.push(Arg::str("read_error", e));
-                }
-                let drop_names: Vec<String> = analysis.drops.keys().map(|k| format!("drops.{k}")).collect();
-                for ((_, v), n) in analysis.drops.iter().zip(&drop_names) {
-                    a.push(Arg::u64(n, *v));
-                }
-                // What the trace itself left out (see TraceStats).
-                a.extend([
-                    Arg::u64("trace.offcpu_skipped", stats.offcpu_skipped),
-                    Arg::u64("trace.gpu_skipped", stats.gpu_skipped),
-                    Arg::u64("trace.steps_skipped", stats.steps_skipped),
-                    Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
-                    Arg::u64("trace.flows_capped", stats.flows_capped),
-                    Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
-                    Arg::u64("trace.gpu_steps_skipped", stats.gpu_steps_skipped),
-                ]);
+                let strings = MetaStrings::of(meta, &analysis.drops);
+                let a = meta_args(meta, &strings, analysis.requests.len() as u64, analysis.chains.len() as u64, read_error, &analysis.drops, stats);
                 w.instant(ts, meta_track, &Event::named(names::META_EVENT).args(&a))?;
                 for (l, t) in level_tracks.iter().enumerate() {
                     if let Some(t) = *t {
@@ -805,6 +772,61 @@ fn write_requests<W: Write>(
 /// `phases_ms` value (queue and prefill without the KV transfer nested in
 /// them), and for prefill/decode the request's GPU share and step compute,
 /// for decode its interference (and the ids of the requests that caused it).
+/// The strings the metadata instant's args borrow (see [`meta_args`]).
+struct MetaStrings {
+    pids: String,
+    command: String,
+    drop_names: Vec<String>,
+}
+
+impl MetaStrings {
+    fn of(meta: &Meta, drops: &std::collections::BTreeMap<String, u64>) -> Self {
+        MetaStrings {
+            pids: meta.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            command: meta.command.join(" "),
+            drop_names: drops.keys().map(|k| format!("drops.{k}")).collect(),
+        }
+    }
+}
+
+/// The recording-metadata instant's args, in both layouts: the recording's
+/// metadata, request and chain counts, the read error, every drop counter,
+/// and what the trace itself left out (see [`TraceStats`]).
+fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains: u64, read_error: Option<&'a str>, drops: &std::collections::BTreeMap<String, u64>, stats: &TraceStats) -> Vec<Arg<'a>> {
+    let mut a = vec![
+        Arg::u64("format_version", meta.format_version as u64),
+        Arg::str("hopscope_version", &meta.hopscope_version),
+        Arg::u64("created_unix_s", meta.created_unix_s),
+        Arg::u64("start_ns", meta.start_ns),
+        Arg::str("pids", &strings.pids),
+        Arg::str("command", &strings.command),
+        Arg::str("kernel", &meta.kernel),
+        Arg::str("hostname", &meta.hostname),
+        Arg::str("chain_header", &meta.chain_header),
+        Arg::u64("capture_len", meta.capture_len as u64),
+        Arg::bool("capture_payload", meta.capture_payload),
+        Arg::bool("gpu", meta.gpu),
+        Arg::u64("requests", requests),
+        Arg::u64("chains", chains),
+    ];
+    if let Some(e) = read_error {
+        a.push(Arg::str("read_error", e));
+    }
+    for (v, n) in drops.values().zip(&strings.drop_names) {
+        a.push(Arg::u64(n, *v));
+    }
+    a.extend([
+        Arg::u64("trace.offcpu_skipped", stats.offcpu_skipped),
+        Arg::u64("trace.gpu_skipped", stats.gpu_skipped),
+        Arg::u64("trace.steps_skipped", stats.steps_skipped),
+        Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
+        Arg::u64("trace.flows_capped", stats.flows_capped),
+        Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
+        Arg::u64("trace.gpu_steps_skipped", stats.gpu_steps_skipped),
+    ]);
+    a
+}
+
 fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<String>) {
     if !phase.has_figures() {
         return (Vec::new(), None);

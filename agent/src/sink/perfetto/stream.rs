@@ -22,7 +22,7 @@
 //! trace's start, on its own track), when the request and chain counts are known.
 
 use super::raw::RawLayout;
-use super::{groups, names, phase_spans, request_span, Groups, Item, Level, Phase, RequestArgs, TraceStats};
+use super::{groups, meta_args, names, phase_spans, request_span, Groups, Item, Level, MetaStrings, Phase, RequestArgs, TraceStats};
 use super::{Arg, CounterUnit, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
 use crate::correlate::{Analysis, FxMap, Request};
 use crate::recording::Meta;
@@ -403,42 +403,9 @@ impl RequestStream {
         }
         let mut stats = self.stats;
         stats.add_raw(&raw.stats);
-        let pids = meta.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        let command = meta.command.join(" ");
-        let mut a = vec![
-            Arg::u64("format_version", meta.format_version as u64),
-            Arg::str("hopscope_version", &meta.hopscope_version),
-            Arg::u64("created_unix_s", meta.created_unix_s),
-            Arg::u64("start_ns", meta.start_ns),
-            Arg::str("pids", &pids),
-            Arg::str("command", &command),
-            Arg::str("kernel", &meta.kernel),
-            Arg::str("hostname", &meta.hostname),
-            Arg::str("chain_header", &meta.chain_header),
-            Arg::u64("capture_len", meta.capture_len as u64),
-            Arg::bool("capture_payload", meta.capture_payload),
-            Arg::bool("gpu", meta.gpu),
-            Arg::u64("requests", stats.requests),
-            Arg::u64("chains", stats.chains),
-        ];
-        if let Some(e) = read_error {
-            a.push(Arg::str("read_error", e));
-        }
-        let drop_names: Vec<String> = tail.drops.keys().map(|k| format!("drops.{k}")).collect();
-        for ((_, v), n) in tail.drops.iter().zip(&drop_names) {
-            a.push(Arg::u64(n, *v));
-        }
-        a.extend([
-            Arg::u64("trace.offcpu_skipped", stats.offcpu_skipped),
-            Arg::u64("trace.gpu_skipped", stats.gpu_skipped),
-            Arg::u64("trace.steps_skipped", stats.steps_skipped),
-            Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
-            Arg::u64("trace.flows_capped", stats.flows_capped),
-            Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
-            Arg::u64("trace.gpu_steps_skipped", stats.gpu_steps_skipped),
-            Arg::u64("trace.requests_late", self.late),
-            Arg::u64("trace.flows_not_streamed", self.flows_not_streamed),
-        ]);
+        let strings = MetaStrings::of(meta, &tail.drops);
+        let mut a = meta_args(meta, &strings, stats.requests, stats.chains, read_error, &tail.drops, &stats);
+        a.extend([Arg::u64("trace.requests_late", self.late), Arg::u64("trace.flows_not_streamed", self.flows_not_streamed)]);
         let meta_track = raw.meta_track(w);
         w.instant(self.t0, meta_track, &Event::named(names::META_EVENT).args(&a))?;
         stats.requests_late = self.late;

@@ -382,16 +382,7 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool) -> Resul
             stats.flows_unmapped
         );
     }
-    eprintln!(
-        "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
-        output.display(),
-        stats.requests,
-        stats.chains,
-        stats.writer.slices,
-        stats.writer.instants,
-        stats.writer.counter_values,
-        stats.writer.bytes
-    );
+    print_trace_written(&output, &stats);
     Ok(())
 }
 
@@ -708,9 +699,15 @@ fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscop
         eprintln!("hopscope: warning: {e}; the trace covers the readable part");
     }
     print_stream_notes(&stats, Some(full_max));
+    print_trace_written(output, &stats);
+    Ok(())
+}
+
+/// The line every way of writing a trace ends with.
+fn print_trace_written(path: &std::path::Path, stats: &hopscope::sink::perfetto::TraceStats) {
     eprintln!(
         "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
-        output.display(),
+        path.display(),
         stats.requests,
         stats.chains,
         stats.writer.slices,
@@ -718,7 +715,6 @@ fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscop
         stats.writer.counter_values,
         stats.writer.bytes
     );
-    Ok(())
 }
 
 /// What a streamed request part left out.
@@ -776,16 +772,7 @@ fn finish_live_trace(path: &std::path::Path, recording: &std::path::Path, live: 
         eprintln!("hopscope: warning: {e}; the trace's requests cover the readable part of {}", recording.display());
     }
     print_stream_notes(&stats, None);
-    eprintln!(
-        "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
-        path.display(),
-        stats.requests,
-        stats.chains,
-        stats.writer.slices,
-        stats.writer.instants,
-        stats.writer.counter_values,
-        stats.writer.bytes
-    );
+    print_trace_written(path, &stats);
     Ok(())
 }
 

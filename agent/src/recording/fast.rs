@@ -429,10 +429,15 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
 }
 
 /// One reusable record per variant; see the module docs.
-#[derive(Default)]
 pub struct RecordDecoder {
     slots: Vec<Option<Record>>,
     last: Option<usize>,
+}
+
+impl Default for RecordDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl RecordDecoder {
@@ -451,9 +456,6 @@ impl RecordDecoder {
         self.last = None;
         let mut c = Cur::new(bytes);
         let tag = c.u32()?;
-        if self.slots.len() < VARIANTS {
-            self.slots.resize_with(VARIANTS, || None);
-        }
         let Some(slot) = self.slots.get_mut(tag as usize) else {
             return Err(DecodeError::BadVariant { what: "Record", index: tag });
         };

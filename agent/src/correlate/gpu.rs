@@ -1595,17 +1595,27 @@ mod tests {
         v
     }
 
-    #[test]
-    fn the_report_carries_gpu_shares_and_carves_kv_transfer_out_of_queue_and_prefill() {
+    /// Requests A (prefill in the first GPU step, decode in the second) and
+    /// B (prefill in the second), with a 2 ms KV copy before B's prefill
+    /// when `kv_copy`; unsorted.
+    fn two_requests(kv_copy: bool) -> Vec<Record> {
         let (a, b) = ("chatcmpl-a-0123abcd", "chatcmpl-b-0123abcd");
         let mut recs = vec![add(500 * US, a, 100), add(12 * MS, b, 50)];
         recs.extend(http(5, 200 * US, "chatcmpl-a", &[10_500 * US, 20_500 * US], 20_700 * US));
         recs.extend(http(6, 11_500 * US, "chatcmpl-b", &[20_600 * US], 21 * MS));
         recs.extend(gpu_step(1000, 2 * MS, 8 * MS, 100));
         recs.push(outputs(10 * MS + 100 * US, &[(a, Some((MS, 100)))]));
-        recs.push(copy(1000, 7, 13 * MS, 15 * MS, COPY_HTOD, MEM_PINNED, DEVICE, 1 << 20));
+        if kv_copy {
+            recs.push(copy(1000, 7, 13 * MS, 15 * MS, COPY_HTOD, MEM_PINNED, DEVICE, 1 << 20));
+        }
         recs.extend(gpu_step(1000, 15 * MS, 5_100_000, 51));
         recs.push(outputs(20 * MS + 200 * US, &[(a, None), (b, Some((14 * MS, 50)))]));
+        recs
+    }
+
+    #[test]
+    fn the_report_carries_gpu_shares_and_carves_kv_transfer_out_of_queue_and_prefill() {
+        let mut recs = two_requests(true);
         recs.sort_by_key(Record::ts_ns);
         let mut c = crate::correlate::Correlator::new(crate::correlate::Config::default());
         for r in &recs {
@@ -1635,14 +1645,7 @@ mod tests {
 
     #[test]
     fn a_streamed_report_takes_gpu_steps_as_they_come_and_prints_what_the_in_memory_one_does() {
-        let (a, b) = ("chatcmpl-a-0123abcd", "chatcmpl-b-0123abcd");
-        let mut recs = vec![add(500 * US, a, 100), add(12 * MS, b, 50)];
-        recs.extend(http(5, 200 * US, "chatcmpl-a", &[10_500 * US, 20_500 * US], 20_700 * US));
-        recs.extend(http(6, 11_500 * US, "chatcmpl-b", &[20_600 * US], 21 * MS));
-        recs.extend(gpu_step(1000, 2 * MS, 8 * MS, 100));
-        recs.push(outputs(10 * MS + 100 * US, &[(a, Some((MS, 100)))]));
-        recs.extend(gpu_step(1000, 15 * MS, 5_100_000, 51));
-        recs.push(outputs(20 * MS + 200 * US, &[(a, None), (b, Some((14 * MS, 50)))]));
+        let mut recs = two_requests(false);
         // Output-less steps over 6 s: the report is drained every 250 ms of
         // recording time, so most of them are taken and spooled mid-stream.
         for k in 1..=60u64 {

@@ -88,6 +88,14 @@ pub(crate) fn step_end(sent_ns: u64, built_ns: Option<u64>) -> (u64, bool) {
     }
 }
 
+/// The hash a name is compared by before its bytes are.
+pub(crate) fn name_hash(name: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = super::FxHasher::default();
+    h.write(name.as_bytes());
+    h.finish()
+}
+
 /// One engine request as the IPC told it.
 #[derive(Debug, Clone, Default)]
 pub struct EngineReq {
@@ -119,6 +127,9 @@ pub struct EngineReq {
     /// Decode time lost to co-batched prefills, and whose (charged step by step).
     pub interference_ns: u64,
     pub interference_from: Vec<String>,
+    /// Hashes of `interference_from`, in the same order: a step's members
+    /// are checked against them before any string is compared.
+    interference_hashes: Vec<u64>,
     /// Latest record that touched it: it may be forgotten once this is past
     /// the horizon and no unsettled HTTP request can claim it.
     pub last_ns: u64,
@@ -342,7 +353,7 @@ impl EngineSide {
         self.last_step_end = Some(end_ns);
         let mut members = Vec::with_capacity(outputs.len());
         let mut decoding: Vec<u32> = Vec::new();
-        let mut newcomers: Vec<String> = Vec::new();
+        let mut newcomers: Vec<(u64, String)> = Vec::new();
         for o in outputs {
             let ri = self.idx(&o.request_id);
             let r = self.reqs.get_mut(&ri).expect("idx inserts");
@@ -354,9 +365,10 @@ impl EngineSide {
                 r.first_token_ns = Some(end_ns);
                 r.first_step = Some(idx);
                 r.first_step_prev_end_ns = prev_end;
-                let name = r.external_id.clone().unwrap_or_else(|| r.request_id.clone());
-                if !newcomers.contains(&name) {
-                    newcomers.push(name);
+                let name = r.external_id.as_ref().unwrap_or(&r.request_id);
+                let h = name_hash(name);
+                if !newcomers.iter().any(|(nh, n)| *nh == h && n == name) {
+                    newcomers.push((h, name.clone()));
                 }
             } else if r.first_step.is_some_and(|f| f < idx) {
                 decoding.push(ri);
@@ -386,8 +398,10 @@ impl EngineSide {
                     for ri in decoding {
                         let Some(r) = self.reqs.get_mut(&ri) else { continue };
                         r.interference_ns += d - med;
-                        for n in &newcomers {
-                            if !r.interference_from.contains(n) {
+                        for (h, n) in &newcomers {
+                            let seen = r.interference_hashes.iter().zip(&r.interference_from).any(|(rh, rn)| rh == h && rn == n);
+                            if !seen {
+                                r.interference_hashes.push(*h);
                                 r.interference_from.push(n.clone());
                             }
                         }

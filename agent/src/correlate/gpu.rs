@@ -269,6 +269,14 @@ impl GpuSteps {
                 (*pid, None, None, Some(Sync { start: *ts_ns, end: *end_ns, sync_type: *sync_type, stream: *stream }))
             }
             _ => {
+                if self.procs.is_empty() && self.pending.is_empty() {
+                    // No GPU work held: nothing a later watermark can decide
+                    // (every record of a recording without CUPTI comes here).
+                    if self.watermark >= self.pruned_at.saturating_add(PRUNE_EVERY_NS) {
+                        self.pruned_at = self.watermark;
+                    }
+                    return;
+                }
                 self.advance(false);
                 return;
             }
@@ -854,6 +862,9 @@ impl Attribution {
             }
         }
         // What no first token claimed in time.
+        if self.silent.is_empty() && self.kv.is_empty() {
+            return;
+        }
         let old = if all { u64::MAX } else { self.watermark.saturating_sub(CLAIM_WAIT_NS) };
         let before = self.silent.len();
         self.silent.retain(|s| s.1 > old);

@@ -401,7 +401,7 @@ impl Correlator {
                     ttft_ns: None,
                     done_ns: None,
                     response_end_ns: None,
-                    content_ns: Vec::new(),
+                    content_ns: Vec::with_capacity(16),
                     request_bytes: *body_len,
                     response_bytes: None,
                     streamed: stream.unwrap_or(false),
@@ -543,7 +543,14 @@ impl Correlator {
     /// A closed wire cluster: a step for each member, and the excess charged
     /// to the members already decoding, naming the newcomers.
     fn apply_cluster(&mut self, c: wire_steps::Closed) {
-        let names: Vec<(u64, String)> = if c.excess_ns > 0 { c.newcomers.iter().filter_map(|&n| self.live.get(&n).map(|r| (n, name_of(r)))).collect() } else { Vec::new() };
+        let names: Vec<(u64, u64, String)> = if c.excess_ns > 0 {
+            c.newcomers
+                .iter()
+                .filter_map(|&n| self.live.get(&n).map(|r| name_of(r)).map(|name| (n, engine::name_hash(&name), name)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for &(n, first) in &c.members {
             let Some(r) = self.live.get_mut(&n) else {
                 // Handed out before its last cluster closed: a late record.
@@ -554,8 +561,9 @@ impl Correlator {
             w.steps += 1;
             if !first && c.excess_ns > 0 {
                 w.interference_ns += c.excess_ns;
-                for (o, name) in &names {
-                    if *o != n && !w.interference_from.contains(name) {
+                for (o, h, name) in &names {
+                    if *o != n && !w.interference_hashes.iter().zip(&w.interference_from).any(|(wh, wn)| wh == h && wn == name) {
+                        w.interference_hashes.push(*h);
                         w.interference_from.push(name.clone());
                     }
                 }

@@ -39,6 +39,8 @@ pub struct WireSteps {
     pub interference_ns: u64,
     /// Ids of the requests whose first tokens came in the slowed steps.
     pub interference_from: Vec<String>,
+    /// Hashes of `interference_from` (see [`super::engine::name_hash`]).
+    pub(crate) interference_hashes: Vec<u64>,
 }
 
 /// A closed cluster's verdict for its members: each gets a step, and the
@@ -148,6 +150,7 @@ pub fn attribute(requests: &[&[u64]], gap_ns: u64) -> Vec<WireSteps> {
                 for &n in &c.newcomers {
                     let name = format!("r{n}");
                     if n != i && !w.interference_from.contains(&name) {
+                        w.interference_hashes.push(super::engine::name_hash(&name));
                         w.interference_from.push(name);
                     }
                 }

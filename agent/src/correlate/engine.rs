@@ -222,10 +222,13 @@ impl EngineSide {
 
     fn index_keys(&mut self, i: u32) {
         let Some(e) = self.reqs.get(&i) else { return };
-        for k in http_key_of(e) {
-            let v = self.by_key.entry(k).or_default();
-            if !v.contains(&i) {
-                v.push(i);
+        for k in http_keys(e) {
+            match self.by_key.get_mut(k) {
+                Some(v) if v.contains(&i) => {}
+                Some(v) => v.push(i),
+                None => {
+                    self.by_key.insert(k.to_owned(), vec![i]);
+                }
             }
         }
     }
@@ -250,11 +253,11 @@ impl EngineSide {
     fn forget(&mut self, i: u32) -> Option<EngineReq> {
         let e = self.reqs.remove(&i)?;
         self.index.remove(&e.request_id);
-        for k in http_key_of(&e) {
-            if let Some(v) = self.by_key.get_mut(&k) {
+        for k in http_keys(&e) {
+            if let Some(v) = self.by_key.get_mut(k) {
                 v.retain(|&x| x != i);
                 if v.is_empty() {
-                    self.by_key.remove(&k);
+                    self.by_key.remove(k);
                 }
             }
         }
@@ -545,12 +548,18 @@ impl EngineSide {
 /// else `<k>_` parallel-sampling prefix stripped, else `<id>-<8 hex>`, else
 /// completions' `cmpl-<base>-<i>`.
 pub fn http_key_of(engine: &EngineReq) -> Vec<String> {
-    let mut keys = Vec::new();
+    http_keys(engine).into_iter().map(str::to_owned).collect()
+}
+
+/// [`http_key_of`] borrowed from the request: every key is a part of its
+/// external or engine id, so indexing and forgetting one copy nothing.
+fn http_keys(engine: &EngineReq) -> Keys<'_> {
+    let mut keys = Keys::default();
     if let Some(ext) = &engine.external_id {
-        keys.push(ext.clone());
+        keys.push(ext);
         if let Some((base, i)) = ext.rsplit_once('-') {
             if base.starts_with("cmpl-") && !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) {
-                keys.push(base.to_owned());
+                keys.push(base);
             }
         }
     }
@@ -560,13 +569,35 @@ pub fn http_key_of(engine: &EngineReq) -> Vec<String> {
             id = rest;
         }
     }
-    keys.push(id.to_owned());
+    keys.push(id);
     if let Some((base, suffix)) = id.rsplit_once('-') {
         if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
-            keys.push(base.to_owned());
+            keys.push(base);
         }
     }
     keys
+}
+
+/// At most four keys, in a fixed array.
+#[derive(Default)]
+struct Keys<'a> {
+    k: [&'a str; 4],
+    n: usize,
+}
+
+impl<'a> Keys<'a> {
+    fn push(&mut self, key: &'a str) {
+        self.k[self.n] = key;
+        self.n += 1;
+    }
+}
+
+impl<'a> IntoIterator for Keys<'a> {
+    type Item = &'a str;
+    type IntoIter = std::iter::Take<std::array::IntoIter<&'a str, 4>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.k.into_iter().take(self.n)
+    }
 }
 
 /// Per-request engine attribution written into the [`Request`].

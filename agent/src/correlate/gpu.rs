@@ -410,6 +410,11 @@ impl GpuSteps {
         self.ready.pop_front()
     }
 
+    /// Whether steps wait in [`pop`](Self::pop).
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// The recording ended: decides what is left and returns the remaining
     /// steps; GPU work after the last step end is counted as outside steps.
     pub fn finish(&mut self) -> Vec<GpuStep> {
@@ -814,8 +819,14 @@ impl Attribution {
 
     fn after(&mut self, ts: u64) {
         self.cpu.advance(ts);
-        self.collect();
-        self.mature(false);
+        // Both below do nothing unless a step is ready or due (most records
+        // touch neither: they only move the watermark).
+        if self.gpu.has_ready() || self.cpu.has_ready() {
+            self.collect();
+        }
+        if !self.silent.is_empty() || !self.kv.is_empty() || self.outs.front().is_some_and(|o| self.watermark >= o.end_ns.saturating_add(MATCH_WAIT_NS)) {
+            self.mature(false);
+        }
     }
 
     fn collect(&mut self) {

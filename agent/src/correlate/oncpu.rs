@@ -173,6 +173,9 @@ pub struct EngineCompute {
     pub(crate) ready: VecDeque<StepCpu>,
     watermark: u64,
     pruned_at: u64,
+    /// The earliest time a held window settles (its end + [`SETTLE_NS`]),
+    /// as of the last resolve: `advance` looks at the engines only then.
+    due: u64,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -185,7 +188,7 @@ impl EngineCompute {
     pub fn advance(&mut self, ts_ns: u64) {
         if ts_ns > self.watermark {
             self.watermark = ts_ns;
-            if self.engines.values().any(|e| e.windows.front().is_some_and(|w| w.1.saturating_add(SETTLE_NS) <= ts_ns)) {
+            if ts_ns >= self.due {
                 self.resolve(false);
             }
         }
@@ -259,6 +262,13 @@ impl EngineCompute {
                 }
             }
         }
+        // Windows are only added (step_end) or taken (here) before this.
+        self.due = self.engines.values().filter_map(|e| e.windows.front().map(|w| w.1.saturating_add(SETTLE_NS))).min().unwrap_or(u64::MAX);
+    }
+
+    /// Whether results wait in [`pop`](Self::pop).
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// Results ready so far.

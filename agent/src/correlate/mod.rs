@@ -546,7 +546,7 @@ impl Correlator {
         let names: Vec<(u64, u64, String)> = if c.excess_ns > 0 {
             c.newcomers
                 .iter()
-                .filter_map(|&n| self.live.get(&n).map(|r| name_of(r)).map(|name| (n, engine::name_hash(&name), name)))
+                .filter_map(|&n| self.live.get(&n).map(name_of).map(|name| (n, engine::name_hash(&name), name)))
                 .collect()
         } else {
             Vec::new()

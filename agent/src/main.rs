@@ -228,11 +228,12 @@ fn main() {
 }
 
 fn otlp_cmd(file: &std::path::Path, endpoint: &str) -> Result<()> {
-    let (meta, analysis, read_error) = analyze(file, None, true)?;
-    let rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
-    let req = hopscope::sink::otlp::build(&meta, &analysis, &rep.requests);
-    let n = hopscope::sink::otlp::send(endpoint, &req).context("exporting spans")?;
-    eprintln!("hopscope: exported {n} spans ({} requests) to {endpoint}", rep.requests.len());
+    use hopscope::sink::otlp;
+    // Streamed, in messages of BATCH_SPANS: memory follows the open requests.
+    let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+    let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+    let (sent, read_error) = otlp::export_streamed(&mut reader, cfg, endpoint, otlp::BATCH_SPANS).context("exporting spans")?;
+    eprintln!("hopscope: exported {} spans ({} requests) to {endpoint} in {} message(s)", sent.spans, sent.requests, sent.posts);
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the export covers the readable part");
     }

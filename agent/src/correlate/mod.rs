@@ -243,6 +243,33 @@ pub const SETTLE_NS: u64 = 2_000_000_000;
 /// this time.
 pub const MAX_OPEN_NS: u64 = 300_000_000_000;
 
+/// When a reader of a recording hands final requests out: every 4096
+/// records or 250 ms of recording time, whichever comes first, at a clock
+/// that moves only when two records in a row agree (one corrupt far-future
+/// time would otherwise hand every request out early).
+#[derive(Debug, Default)]
+pub struct DrainClock {
+    now: u64,
+    n: u64,
+    next_drain: u64,
+    prev_ts: u64,
+}
+
+impl DrainClock {
+    /// The next record's time; `Some(now)` when it is time for
+    /// [`Correlator::drain_final`] at `now`.
+    pub fn tick(&mut self, ts_ns: u64) -> Option<u64> {
+        self.now = self.now.max(self.prev_ts.min(ts_ns));
+        self.prev_ts = ts_ns;
+        self.n += 1;
+        if self.n.is_multiple_of(4096) || self.now >= self.next_drain {
+            self.next_drain = self.now.saturating_add(250_000_000);
+            return Some(self.now);
+        }
+        None
+    }
+}
+
 /// FxHash (rustc's): request numbers and connection keys are not chosen by
 /// an adversary, and SipHash was a tenth of the correlator's time.
 #[derive(Default, Clone, Copy)]

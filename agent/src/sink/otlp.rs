@@ -14,8 +14,8 @@
 //! test decodes our bytes with the reference Python bindings.
 
 use crate::correlate::engine::marks;
-use crate::correlate::{Analysis, Request};
-use crate::recording::Meta;
+use crate::correlate::{Analysis, Config, Correlator, DrainClock, Request};
+use crate::recording::{Meta, Reader};
 use crate::sink::report::{Phases, RequestOut};
 use prost::Message;
 use std::io::{Read, Write};
@@ -121,6 +121,8 @@ pub enum OtlpError {
     Connect { endpoint: String, source: std::io::Error },
     #[error("otlp endpoint {endpoint} answered {status}")]
     Status { endpoint: String, status: String },
+    #[error("export stopped after {sent} spans ({posts} messages) were accepted: {source}; the collector has the requests before that point")]
+    Partial { sent: usize, posts: usize, source: Box<OtlpError> },
 }
 
 /// FNV-1a, 64 bit: stable ids from strings (no randomness: the same recording
@@ -150,89 +152,100 @@ fn caller(r: &Request) -> Option<(Vec<u8>, Vec<u8>)> {
 /// Builds the export: `reqs` are the report's rows (same order as
 /// `analysis.requests`), so attributes match `hopscope report` exactly.
 pub fn build(meta: &Meta, analysis: &Analysis, reqs: &[RequestOut]) -> ExportTraceServiceRequest {
+    let mut spans = Vec::new();
+    for (r, q) in analysis.requests.iter().zip(reqs) {
+        spans_of(meta, r, q, &mut spans);
+    }
+    wrap(meta, spans)
+}
+
+/// The spans of one request (none while it has no end): its SERVER span
+/// and, when the engine was joined, one child per phase.
+pub fn spans_of(meta: &Meta, r: &Request, q: &RequestOut, spans: &mut Vec<Span>) {
     // CLOCK_MONOTONIC → Unix time, from the pair stamped when recording began.
     let start_unix = if meta.start_unix_ns > 0 { meta.start_unix_ns } else { meta.created_unix_s.saturating_mul(1_000_000_000) };
     let offset = start_unix as i128 - meta.start_ns as i128;
     let unix = |mono: u64| (mono as i128 + offset).max(0) as u64;
-    let mut spans = Vec::new();
-    for (r, q) in analysis.requests.iter().zip(reqs) {
-        let Some(done) = r.done_ns else { continue };
-        let (trace_id, parent) = caller(r).unwrap_or_else(|| {
-            let a = fnv(r.chain.as_bytes(), 1).to_be_bytes();
-            let b = fnv(r.chain.as_bytes(), 2).to_be_bytes();
-            ([a, b].concat(), Vec::new())
-        });
-        let span_id = fnv(format!("{}/{}/{}/{}", r.id, r.conn.tgid, r.conn.ino, r.seq).as_bytes(), 3).to_be_bytes().to_vec();
-        let mut attrs = vec![
-            s("gen_ai.request.id", &r.id),
-            s("http.request.method", &r.method),
-            s("url.path", &r.path),
-            s("hopscope.chain", &r.chain),
-            kv("hopscope.hop", Value::Int(r.hop as i64)),
-            kv("process.pid", Value::Int(r.conn.tgid as i64)),
-        ];
-        if let Some(st) = r.status {
-            attrs.push(kv("http.response.status_code", Value::Int(st as i64)));
+    let Some(done) = r.done_ns else { return };
+    let (trace_id, parent) = caller(r).unwrap_or_else(|| {
+        let a = fnv(r.chain.as_bytes(), 1).to_be_bytes();
+        let b = fnv(r.chain.as_bytes(), 2).to_be_bytes();
+        ([a, b].concat(), Vec::new())
+    });
+    let span_id = fnv(format!("{}/{}/{}/{}", r.id, r.conn.tgid, r.conn.ino, r.seq).as_bytes(), 3).to_be_bytes().to_vec();
+    let mut attrs = vec![
+        s("gen_ai.request.id", &r.id),
+        s("http.request.method", &r.method),
+        s("url.path", &r.path),
+        s("hopscope.chain", &r.chain),
+        kv("hopscope.hop", Value::Int(r.hop as i64)),
+        kv("process.pid", Value::Int(r.conn.tgid as i64)),
+    ];
+    if let Some(st) = r.status {
+        attrs.push(kv("http.response.status_code", Value::Int(st as i64)));
+    }
+    let mut int = |k: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            attrs.push(kv(k, Value::Int(v as i64)));
         }
-        let mut int = |k: &str, v: Option<u64>| {
-            if let Some(v) = v {
-                attrs.push(kv(k, Value::Int(v as i64)));
-            }
-        };
-        int("gen_ai.usage.prompt_tokens", q.prompt_tokens);
-        int("gen_ai.usage.completion_tokens", q.completion_tokens);
-        int("hopscope.cached_tokens", q.cached_tokens);
-        int("hopscope.steps", q.steps);
-        let secs = |ms: Option<f64>| ms.map(|m| Value::Double(m / 1e3));
-        let p: &Phases = &q.phases_ms;
-        for (k, v) in [
-            ("gen_ai.latency.time_to_first_token", secs(q.ttft_ms)),
-            ("gen_ai.latency.e2e", secs(q.e2e_ms)),
-            ("gen_ai.latency.time_in_queue", secs(p.queue)),
-            ("gen_ai.latency.time_in_model_prefill", secs(p.prefill)),
-            ("gen_ai.latency.time_in_model_decode", secs(p.decode)),
-            ("hopscope.latency.frontend", secs(p.frontend)),
-            ("hopscope.latency.first_output", secs(p.first_output)),
-            ("hopscope.latency.kv_transfer", secs(p.kv_transfer)),
-            ("hopscope.latency.interference", secs(q.interference_ms)),
-            ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
-        ] {
-            if let Some(v) = v {
-                attrs.push(kv(k, v));
-            }
-        }
-        spans.push(Span {
-            trace_id: trace_id.clone(),
-            span_id: span_id.clone(),
-            parent_span_id: parent,
-            name: format!("{} {}", r.method, r.path),
-            kind: 2,
-            start_time_unix_nano: unix(r.arrive_ns),
-            end_time_unix_nano: unix(done),
-            attributes: attrs,
-        });
-        // Child spans: the partition's phases, when the engine was joined.
-        if let Some(m) = marks(r) {
-            let first = m.first_token.unwrap_or(m.scheduled);
-            let ttft = m.ttft.unwrap_or(first);
-            let phases = [("frontend", m.arrive, m.submit), ("queue", m.submit, m.scheduled), ("prefill", m.scheduled, first), ("first_output", first, ttft), ("decode", ttft, m.done)];
-            for (k, (name, a, b)) in phases.into_iter().enumerate() {
-                if b <= a {
-                    continue;
-                }
-                spans.push(Span {
-                    trace_id: trace_id.clone(),
-                    span_id: fnv(&span_id, 10 + k as u64).to_be_bytes().to_vec(),
-                    parent_span_id: span_id.clone(),
-                    name: name.to_owned(),
-                    kind: 1,
-                    start_time_unix_nano: unix(a),
-                    end_time_unix_nano: unix(b),
-                    attributes: vec![s("hopscope.phase", name)],
-                });
-            }
+    };
+    int("gen_ai.usage.prompt_tokens", q.prompt_tokens);
+    int("gen_ai.usage.completion_tokens", q.completion_tokens);
+    int("hopscope.cached_tokens", q.cached_tokens);
+    int("hopscope.steps", q.steps);
+    let secs = |ms: Option<f64>| ms.map(|m| Value::Double(m / 1e3));
+    let p: &Phases = &q.phases_ms;
+    for (k, v) in [
+        ("gen_ai.latency.time_to_first_token", secs(q.ttft_ms)),
+        ("gen_ai.latency.e2e", secs(q.e2e_ms)),
+        ("gen_ai.latency.time_in_queue", secs(p.queue)),
+        ("gen_ai.latency.time_in_model_prefill", secs(p.prefill)),
+        ("gen_ai.latency.time_in_model_decode", secs(p.decode)),
+        ("hopscope.latency.frontend", secs(p.frontend)),
+        ("hopscope.latency.first_output", secs(p.first_output)),
+        ("hopscope.latency.kv_transfer", secs(p.kv_transfer)),
+        ("hopscope.latency.interference", secs(q.interference_ms)),
+        ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
+    ] {
+        if let Some(v) = v {
+            attrs.push(kv(k, v));
         }
     }
+    spans.push(Span {
+        trace_id: trace_id.clone(),
+        span_id: span_id.clone(),
+        parent_span_id: parent,
+        name: format!("{} {}", r.method, r.path),
+        kind: 2,
+        start_time_unix_nano: unix(r.arrive_ns),
+        end_time_unix_nano: unix(done),
+        attributes: attrs,
+    });
+    // Child spans: the partition's phases, when the engine was joined.
+    if let Some(m) = marks(r) {
+        let first = m.first_token.unwrap_or(m.scheduled);
+        let ttft = m.ttft.unwrap_or(first);
+        let phases = [("frontend", m.arrive, m.submit), ("queue", m.submit, m.scheduled), ("prefill", m.scheduled, first), ("first_output", first, ttft), ("decode", ttft, m.done)];
+        for (k, (name, a, b)) in phases.into_iter().enumerate() {
+            if b <= a {
+                continue;
+            }
+            spans.push(Span {
+                trace_id: trace_id.clone(),
+                span_id: fnv(&span_id, 10 + k as u64).to_be_bytes().to_vec(),
+                parent_span_id: span_id.clone(),
+                name: name.to_owned(),
+                kind: 1,
+                start_time_unix_nano: unix(a),
+                end_time_unix_nano: unix(b),
+                attributes: vec![s("hopscope.phase", name)],
+            });
+        }
+    }
+}
+
+/// One export message of `spans`, under the recording's resource.
+pub fn wrap(meta: &Meta, spans: Vec<Span>) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
             resource: Some(Resource {
@@ -248,6 +261,77 @@ pub fn build(meta: &Meta, analysis: &Analysis, reqs: &[RequestOut]) -> ExportTra
             }],
         }],
     }
+}
+
+/// Spans per message of a streamed export: about half a KiB each, so ~2 MiB
+/// messages, under collectors' default limits (the OpenTelemetry
+/// Collector's OTLP/HTTP receiver takes 20 MiB, gRPC ones 4 MiB).
+pub const BATCH_SPANS: usize = 4096;
+
+/// What a streamed export sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exported {
+    pub spans: usize,
+    pub requests: usize,
+    pub posts: usize,
+}
+
+/// `hopscope export otlp`: reads the recording once, takes each request's
+/// spans as it becomes final (report order, as [`build`] over the whole
+/// analysis gives them) and POSTs every `batch` spans, so memory follows
+/// the open requests and one message, not the recording, and a collector
+/// never gets one message the size of the run. Returns what was sent and
+/// the error that stopped the read early, if any (the export covers what
+/// precedes it).
+pub fn export_streamed<R: Read>(reader: &mut Reader<R>, cfg: Config, endpoint: &str, batch: usize) -> Result<(Exported, Option<String>), OtlpError> {
+    let meta = reader.meta().clone();
+    let mut c = Correlator::new(cfg);
+    let mut spans: Vec<Span> = Vec::new();
+    let mut done = Exported::default();
+    let flush = |spans: &mut Vec<Span>, done: &mut Exported| -> Result<(), OtlpError> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let n = send(endpoint, &wrap(&meta, std::mem::take(spans))).map_err(|e| match e {
+            // Nothing was sent yet: the plain error says it all.
+            e if done.posts == 0 => e,
+            e => OtlpError::Partial { sent: done.spans, posts: done.posts, source: Box::new(e) },
+        })?;
+        done.spans += n;
+        done.posts += 1;
+        Ok(())
+    };
+    let take = |r: &Request, spans: &mut Vec<Span>, done: &mut Exported| -> Result<(), OtlpError> {
+        done.requests += 1;
+        spans_of(&meta, r, &crate::sink::report::request_out(r), spans);
+        if spans.len() >= batch.max(1) {
+            flush(spans, done)?;
+        }
+        Ok(())
+    };
+    let mut clock = DrainClock::default();
+    let read_error = loop {
+        match reader.next_ref() {
+            Ok(Some(r)) => {
+                c.ingest(r);
+                if let Some(now) = clock.tick(r.ts_ns()) {
+                    for q in c.drain_final(now) {
+                        take(&q, &mut spans, &mut done)?;
+                    }
+                    // Steps and GPU steps are not exported: let them go.
+                    c.take_steps();
+                    c.take_gpu_steps();
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    for q in c.finish_streaming().requests {
+        take(&q, &mut spans, &mut done)?;
+    }
+    flush(&mut spans, &mut done)?;
+    Ok((done, read_error))
 }
 
 /// POSTs the export to `endpoint` (`http://host:port`, `/v1/traces` appended
@@ -290,6 +374,101 @@ mod tests {
         assert_ne!(fnv(b"chain", 1), fnv(b"chain", 2));
         assert_eq!(hex_bytes("00ff10"), Some(vec![0, 255, 16]));
         assert_eq!(hex_bytes("0g"), None);
+    }
+
+    /// A collector on a local port: answers each POST with the next status
+    /// of `statuses` (200 once they run out) and hands the bodies back.
+    fn collector(statuses: Vec<u16>) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let h = std::thread::spawn(move || {
+            let mut bodies = Vec::new();
+            let mut statuses = statuses.into_iter();
+            l.set_nonblocking(false).unwrap();
+            // Until the exporter has gone quiet for a second.
+            let _ = l.set_nonblocking(true);
+            let mut idle = std::time::Instant::now();
+            loop {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        c.set_nonblocking(false).unwrap();
+                        let mut buf = Vec::new();
+                        let mut chunk = [0u8; 65536];
+                        let body = loop {
+                            let n = c.read(&mut chunk).unwrap();
+                            buf.extend_from_slice(&chunk[..n]);
+                            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                            let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length: ")).unwrap().trim().parse().unwrap();
+                            if buf.len() >= end + 4 + len {
+                                break buf[end + 4..end + 4 + len].to_vec();
+                            }
+                            assert!(n > 0, "connection closed mid-body");
+                        };
+                        let status = statuses.next().unwrap_or(200);
+                        c.write_all(format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).unwrap();
+                        if status == 200 {
+                            bodies.push(body);
+                        }
+                        idle = std::time::Instant::now();
+                    }
+                    Err(_) if idle.elapsed() > Duration::from_secs(1) => return bodies,
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        (url, h)
+    }
+
+    fn fixture() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop")
+    }
+
+    /// The streamed export sends, in messages of at most `batch` spans (a
+    /// request's spans never split), exactly the spans the whole-analysis
+    /// build gives, in the same order.
+    #[test]
+    fn streamed_export_sends_the_whole_exports_spans_in_batches() {
+        let mut reader = Reader::open(&fixture()).unwrap();
+        let meta = reader.meta().clone();
+        let cfg = Config { chain_header: meta.chain_header.clone(), use_ipc: true };
+        let mut c = Correlator::new(cfg.clone());
+        while let Some(r) = reader.next_ref().unwrap() {
+            c.ingest(r);
+        }
+        let analysis = c.finish();
+        let reqs: Vec<RequestOut> = analysis.requests.iter().map(crate::sink::report::request_out).collect();
+        let whole = build(&meta, &analysis, &reqs).resource_spans.remove(0).scope_spans.remove(0).spans;
+        assert!(whole.len() > 10, "{} spans", whole.len());
+        let (url, rx) = collector(Vec::new());
+        let (sent, err) = export_streamed(&mut Reader::open(&fixture()).unwrap(), cfg, &url, 7).unwrap();
+        assert_eq!(err, None);
+        let bodies = rx.join().unwrap();
+        let got: Vec<Span> = bodies.iter().flat_map(|b| ExportTraceServiceRequest::decode(b.as_slice()).unwrap().resource_spans.remove(0).scope_spans.remove(0).spans).collect();
+        assert_eq!(got, whole);
+        assert_eq!((sent.spans, sent.requests, sent.posts), (whole.len(), analysis.requests.len(), bodies.len()));
+        assert!(bodies.len() > 1, "batched: {} messages", bodies.len());
+        for b in &bodies {
+            let n = ExportTraceServiceRequest::decode(b.as_slice()).unwrap().resource_spans[0].scope_spans[0].spans.len();
+            // At most a batch plus the rest of the request that filled it.
+            assert!(n <= 7 + 5, "{n} spans in one message");
+        }
+    }
+
+    /// A collector that refuses a later message: the error says how much it
+    /// already accepted.
+    #[test]
+    fn a_refused_later_batch_says_what_was_already_exported() {
+        let (url, rx) = collector(vec![200, 500]);
+        let cfg = Config { chain_header: "x-session-id".into(), use_ipc: true };
+        let e = export_streamed(&mut Reader::open(&fixture()).unwrap(), cfg, &url, 7).unwrap_err();
+        let first = rx.join().unwrap();
+        let n = ExportTraceServiceRequest::decode(first[0].as_slice()).unwrap().resource_spans[0].scope_spans[0].spans.len();
+        match &e {
+            OtlpError::Partial { sent, posts: 1, .. } => assert_eq!(*sent, n),
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains("answered HTTP/1.1 500"), "{e}");
     }
 
     #[test]

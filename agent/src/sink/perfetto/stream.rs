@@ -24,7 +24,7 @@
 use super::raw::RawLayout;
 use super::{groups, meta_args, names, phase_spans, request_span, Groups, Item, Level, MetaStrings, Phase, RequestArgs, TraceStats};
 use super::{Arg, CounterUnit, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
-use crate::correlate::{Analysis, FxMap, Request};
+use crate::correlate::{Analysis, FxHasher, FxMap, Request};
 use crate::recording::Meta;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -36,6 +36,19 @@ pub const READ_SLACK_NS: u64 = 1_000_000_000;
 
 /// A chain with no hop for this long (recording time) is forgotten.
 pub const CHAIN_IDLE_NS: u64 = 60_000_000_000;
+
+/// A heap key: the item's time, then the request's number (the order
+/// requests were handed out), then its slot in `reqs` (not part of the
+/// order: numbers are unique).
+#[inline]
+fn key(ts: u64, req: u32, slot: u32) -> u128 {
+    (u128::from(ts) << 64) | (u128::from(req) << 32) | u128::from(slot)
+}
+
+#[inline]
+fn unkey(k: u128) -> (u64, u32, u32) {
+    ((k >> 64) as u64, (k >> 32) as u32, k as u32)
+}
 
 #[derive(Clone, Copy)]
 enum S {
@@ -69,11 +82,15 @@ pub struct RequestStream {
     /// The next item of every held request, by (time, request): the items
     /// of one request are listed in order, so merging the lists by that key
     /// draws every item in time order, ties in the order requests were
-    /// handed out and, within one, listed.
-    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    /// handed out and, within one, listed. Keys are [`key`]s: one integer
+    /// compare per step of a sift, where a tuple compared field by field.
+    heap: BinaryHeap<Reverse<u128>>,
     /// Items listed and not yet drawn.
     queued: usize,
-    reqs: FxMap<u32, Held>,
+    /// Held requests by slot (an index, not a hash look-up per item drawn);
+    /// free slots are reused, so this follows the most requests held at once.
+    reqs: Vec<Option<Held>>,
+    free: Vec<u32>,
     /// Requests whose track is not yet retired.
     live: usize,
     next_req: u32,
@@ -83,7 +100,7 @@ pub struct RequestStream {
     level_now: [i64; 3],
     level_shown: [Option<i64>; 3],
     cur_ts: Option<u64>,
-    open_hops: HashSet<u64>,
+    open_hops: HashSet<u64, std::hash::BuildHasherDefault<FxHasher>>,
     latest_arrive: u64,
     written: u64,
     last_prune: u64,
@@ -109,7 +126,8 @@ impl RequestStream {
             t0,
             heap: BinaryHeap::new(),
             queued: 0,
-            reqs: FxMap::default(),
+            reqs: Vec::new(),
+            free: Vec::new(),
             live: 0,
             next_req: 0,
             chains: FxMap::default(),
@@ -118,7 +136,7 @@ impl RequestStream {
             level_now: [0; 3],
             level_shown: [None; 3],
             cur_ts: None,
-            open_hops: HashSet::new(),
+            open_hops: HashSet::default(),
             latest_arrive: 0,
             written: 0,
             last_prune: 0,
@@ -247,8 +265,19 @@ impl RequestStream {
         items.sort_by_key(|t| t.0);
         self.queued += items.len();
         self.live += 1;
-        self.heap.push(Reverse((items[0].0, req)));
-        self.reqs.insert(req, Held { r, track, flow: Some(flow), args: None, items, next: 0 });
+        let first = items[0].0;
+        let held = Some(Held { r, track, flow: Some(flow), args: None, items, next: 0 });
+        let slot = match self.free.pop() {
+            Some(k) => {
+                self.reqs[k as usize] = held;
+                k
+            }
+            None => {
+                self.reqs.push(held);
+                (self.reqs.len() - 1) as u32
+            }
+        };
+        self.heap.push(Reverse(key(first, req, slot)));
         self.stats.held_requests_peak = self.stats.held_requests_peak.max(self.live as u64);
         self.stats.held_items_peak = self.stats.held_items_peak.max(self.queued as u64);
         Ok(())
@@ -275,18 +304,19 @@ impl RequestStream {
     fn write_until<W: Write>(&mut self, w: &mut TraceWriter<W>, raw: &mut RawLayout, mark: u64) -> Result<(), PerfettoError> {
         loop {
             let Some(mut top) = self.heap.peek_mut() else { break };
-            let Reverse((ts, req)) = *top;
+            let Reverse(k) = *top;
+            let (ts, req, slot) = unkey(k);
             if ts >= mark {
                 break;
             }
-            let h = self.reqs.get_mut(&req).expect("a queued request is held");
+            let h = self.reqs[slot as usize].as_mut().expect("a queued request is held");
             let s = h.items[h.next].1;
             h.next += 1;
             let last = h.next == h.items.len();
             match h.items.get(h.next) {
                 // Its next item, in the top's place (one sift instead of a pop and a push).
                 Some(&(next, _)) => {
-                    *top = Reverse((next, req));
+                    *top = Reverse(key(next, req, slot));
                     drop(top);
                 }
                 None => {
@@ -294,9 +324,10 @@ impl RequestStream {
                 }
             }
             self.queued -= 1;
-            self.draw(w, raw, ts, req, s)?;
+            self.draw(w, raw, ts, slot, s)?;
             if last {
-                self.reqs.remove(&req);
+                self.reqs[slot as usize] = None;
+                self.free.push(slot);
             }
         }
         Ok(())
@@ -314,7 +345,8 @@ impl RequestStream {
         Ok(())
     }
 
-    fn draw<W: Write>(&mut self, w: &mut TraceWriter<W>, _raw: &mut RawLayout, ts: u64, req: u32, s: S) -> Result<(), PerfettoError> {
+    /// Draws one item of the request held in `slot`.
+    fn draw<W: Write>(&mut self, w: &mut TraceWriter<W>, _raw: &mut RawLayout, ts: u64, slot: u32, s: S) -> Result<(), PerfettoError> {
         match self.cur_ts {
             None => {
                 // The counters start at zero when the trace does.
@@ -337,33 +369,33 @@ impl RequestStream {
             S::I(i) => i,
         };
         match item {
-            Item::HopBegin { req, track } => {
-                let h = &self.reqs[&req];
+            Item::HopBegin { req: _, track } => {
+                let h = self.reqs[slot as usize].as_ref().expect("a drawn request is held");
                 let args = super::hop_args(&h.r);
                 let name = super::hop_label(&h.r);
                 let ids = h.flow.as_slice();
                 self.open_hops.extend(ids);
                 w.begin(ts, track, &Event::named_once(&name).args(&args).flows(ids))?;
             }
-            Item::RequestBegin { req } => {
-                let h = self.reqs.get_mut(&req).expect("a drawn request is held");
+            Item::RequestBegin { req: _ } => {
+                let h = self.reqs[slot as usize].as_mut().expect("a drawn request is held");
                 let held = h.args.get_or_insert_with(|| RequestArgs::of(&h.r));
                 let args = held.args(&h.r);
-                let ids: Vec<u64> = h.flow.iter().copied().filter(|id| self.open_hops.remove(id)).collect();
-                w.begin(ts, h.track, &Event::named_once(&h.r.id).args(&args).terminating_flows(&ids))?;
+                let id = h.flow.filter(|id| self.open_hops.remove(id));
+                w.begin(ts, h.track, &Event::named_once(&h.r.id).args(&args).terminating_flows(id.as_slice()))?;
             }
-            Item::PhaseBegin { req, phase } => {
-                let h = self.reqs.get_mut(&req).expect("a drawn request is held");
+            Item::PhaseBegin { req: _, phase } => {
+                let h = self.reqs[slot as usize].as_mut().expect("a drawn request is held");
                 let args = if phase.has_figures() { h.args.get_or_insert_with(|| RequestArgs::of(&h.r)).phase_args(phase) } else { Vec::new() };
                 w.begin(ts, h.track, &Event::named(phase.name()).args(&args))?;
             }
             Item::KvBegin { req: _, ns } => {
-                let track = self.reqs[&req].track;
+                let track = self.reqs[slot as usize].as_ref().expect("a drawn request is held").track;
                 let args = [Arg::f64("kv_transfer_ms", ns as f64 / 1e6)];
                 w.begin(ts, track, &Event::named(Phase::KvTransfer.name()).args(&args))?;
             }
             Item::Chunk { req: _ } => {
-                let track = self.reqs[&req].track;
+                let track = self.reqs[slot as usize].as_ref().expect("a drawn request is held").track;
                 w.instant(ts, track, &Event::named(names::CHUNK))?;
             }
             Item::End { track } => w.end(ts, track)?,

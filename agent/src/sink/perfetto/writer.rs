@@ -94,7 +94,7 @@ impl Encoding {
     pub const PLAIN: Encoding = Encoding { compress: false, batch_bytes: 0, level: 0 };
     /// What traces are written with unless asked otherwise. Level 1, not
     /// traced's 6: on kernel slices 12.3 instead of 8.5 bytes per slice, at
-    /// 5.8 instead of 1 M events/s (the bench in tests.rs); 64 KiB batches
+    /// 8.5 instead of 1.5 M events/s (the bench in tests.rs); 64 KiB batches
     /// bound the writer's buffers to ~140 KiB plus the compressor's ~70 KiB.
     pub const COMPRESSED: Encoding = Encoding { compress: true, batch_bytes: 64 << 10, level: 1 };
 }
@@ -246,7 +246,9 @@ enum Kind {
 
 struct TrackDecl {
     /// Until written: the descriptor to write.
-    pending: Option<proto::TrackDescriptor>,
+    /// Boxed: every event looks its track up, and a small entry keeps the
+    /// table in fewer cache lines.
+    pending: Option<Box<proto::TrackDescriptor>>,
     /// Index of the sequence its events go on.
     seq: usize,
     parent: Option<u64>,
@@ -257,22 +259,139 @@ struct TrackDecl {
     name: Box<str>,
 }
 
-/// Strings sent once per sequence, then referred to by iid.
+/// Strings sent once per sequence, then referred to by iid. Looked up for
+/// every event name and annotation (dozens of times per request): an
+/// open-addressing table whose slots hold the hash, the length and the
+/// first [`INLINE`] bytes, so that a look-up of a short name reads one slot
+/// and the caller's string (a `HashMap<Box<str>, _>` also read each boxed
+/// key, a cache miss, and called `memcmp`).
 #[derive(Default)]
 struct Interner {
-    ids: crate::correlate::FxMap<Box<str>, u64>,
+    /// Power-of-two many, at most half full.
+    slots: Vec<Slot>,
+    /// Strings longer than [`INLINE`], by iid - 1 (None for short ones).
+    long: Vec<Option<Box<str>>>,
+}
+
+/// Bytes of a string kept in its slot.
+const INLINE: usize = 24;
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    hash: u64,
+    /// 0: empty.
+    iid: u32,
+    len: u32,
+    head: [u8; INLINE],
 }
 
 impl Interner {
     /// The iid of `s`, and whether it is new (must be sent in this packet).
     fn get(&mut self, s: &str) -> (u64, bool) {
-        if let Some(&iid) = self.ids.get(s) {
-            return (iid, false);
+        if self.long.len() * 2 >= self.slots.len() {
+            self.grow();
         }
-        let iid = self.ids.len() as u64 + 1;
-        self.ids.insert(s.into(), iid);
-        (iid, true)
+        let b = s.as_bytes();
+        let h = str_hash(b);
+        let mask = self.slots.len() - 1;
+        let mut at = (h >> 32) as usize & mask;
+        loop {
+            let slot = &self.slots[at];
+            if slot.iid == 0 {
+                break;
+            }
+            if slot.hash == h && slot.len as usize == b.len() {
+                let same = if b.len() <= INLINE {
+                    same_bytes(&slot.head[..b.len()], b)
+                } else {
+                    self.long[slot.iid as usize - 1].as_deref().is_some_and(|l| same_bytes(l.as_bytes(), b))
+                };
+                if same {
+                    return (u64::from(slot.iid), false);
+                }
+            }
+            at = (at + 1) & mask;
+        }
+        self.long.push((b.len() > INLINE).then(|| s.into()));
+        let iid = self.long.len() as u32;
+        let mut head = [0u8; INLINE];
+        let n = b.len().min(INLINE);
+        head[..n].copy_from_slice(&b[..n]);
+        self.slots[at] = Slot { hash: h, iid, len: b.len() as u32, head };
+        (u64::from(iid), true)
     }
+
+    fn grow(&mut self) {
+        let n = (self.slots.len() * 2).max(64);
+        let mut slots = vec![Slot::default(); n];
+        for slot in self.slots.iter().filter(|s| s.iid != 0) {
+            let mut at = (slot.hash >> 32) as usize & (n - 1);
+            while slots[at].iid != 0 {
+                at = (at + 1) & (n - 1);
+            }
+            slots[at] = *slot;
+        }
+        self.slots = slots;
+    }
+}
+
+/// A hash of the bytes and their length: FxHash's step over 8-byte words,
+/// the last one read overlapping the one before (as a short string's few
+/// bytes are read), so that no byte is handled alone.
+#[inline]
+fn str_hash(b: &[u8]) -> u64 {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    let step = |h: u64, v: u64| (h.rotate_left(5) ^ v).wrapping_mul(K);
+    let n = b.len();
+    let mut h = (n as u64).wrapping_mul(K);
+    if n >= 8 {
+        let mut i = 0;
+        while i + 8 < n {
+            h = step(h, word64(b, i));
+            i += 8;
+        }
+        step(h, word64(b, n - 8))
+    } else if n >= 4 {
+        step(h, u64::from(word32(b, 0)) | u64::from(word32(b, n - 4)) << 32)
+    } else if n > 0 {
+        step(h, u64::from(b[0]) | u64::from(b[n / 2]) << 8 | u64::from(b[n - 1]) << 16)
+    } else {
+        h
+    }
+}
+
+/// Byte equality read as [`str_hash`] reads (words, the last overlapping),
+/// inline: names are short, and a call to `memcmp` costs more.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n >= 8 {
+        let mut i = 0;
+        while i + 8 < n {
+            if word64(a, i) != word64(b, i) {
+                return false;
+            }
+            i += 8;
+        }
+        word64(a, n - 8) == word64(b, n - 8)
+    } else if n >= 4 {
+        word32(a, 0) == word32(b, 0) && word32(a, n - 4) == word32(b, n - 4)
+    } else {
+        a.iter().zip(b).all(|(x, y)| x == y)
+    }
+}
+
+#[inline]
+fn word64(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+#[inline]
+fn word32(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
 }
 
 /// One packet sequence: its incremental state.
@@ -318,7 +437,7 @@ const OUTER_HEAD: usize = 14;
 pub struct TraceWriter<W: Write> {
     out: W,
     buf: Vec<u8>,
-    /// One event's encoding in progress, reused (see [`Scratch`]).
+    /// The interned strings of the event being encoded, reused (see [`Scratch`]).
     scratch: Scratch,
     /// When compressing: the batch being filled.
     batch: Option<Batch>,
@@ -412,7 +531,7 @@ impl<W: Write> TraceWriter<W> {
         } else {
             self.default_seq
         };
-        self.tracks.insert(uuid, TrackDecl { pending: Some(desc), seq, parent: parent.map(TrackId::uuid), kind, depth: 0, name: name.into() });
+        self.tracks.insert(uuid, TrackDecl { pending: Some(Box::new(desc)), seq, parent: parent.map(TrackId::uuid), kind, depth: 0, name: name.into() });
         TrackId(uuid)
     }
 
@@ -611,11 +730,10 @@ impl<W: Write> TraceWriter<W> {
     fn counter_event(&mut self, ts: u64, track: TrackId, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
         let seq = self.prepare(ts, track, Kind::Counter, 0)?;
         let uuid = self.event_track(seq, track);
-        let sc = &mut self.scratch;
-        sc.clear();
+        self.scratch.clear();
+        let (te, at) = open_event(&mut self.batch, &mut self.buf);
         // TrackEvent fields in tag order, as prost writes them: type (9),
         // track_uuid (11), counter_value (30), double_counter_value (44).
-        let te = &mut sc.te;
         put_varint_field(te, 9, EventType::Counter as u64);
         if let Some(u) = uuid {
             put_varint_field(te, 11, u);
@@ -627,7 +745,7 @@ impl<W: Write> TraceWriter<W> {
             put_key(te, 44, WIRE_FIXED64);
             te.extend_from_slice(&v.to_bits().to_le_bytes());
         }
-        self.write_event(seq, ts)?;
+        self.close_event(seq, ts, at)?;
         self.stats.counter_values += 1;
         Ok(())
     }
@@ -639,6 +757,7 @@ impl<W: Write> TraceWriter<W> {
         let sc = &mut self.scratch;
         sc.clear();
         let s = &mut self.seqs[seq];
+        let (te, at) = open_event(&mut self.batch, &mut self.buf);
         // The event name is interned before the annotations' strings (each
         // table has its own iids, given in order of first use).
         let name_iid = match ev {
@@ -657,10 +776,9 @@ impl<W: Write> TraceWriter<W> {
         // name (23), flow_ids (47), terminating_flow_ids (48).
         if let Some(ev) = ev {
             for a in ev.args {
-                sc.annotation(s, a);
+                sc.annotation(te, s, a);
             }
         }
-        let te = &mut sc.te;
         put_varint_field(te, 9, ty as u64);
         if let Some(iid) = name_iid {
             put_varint_field(te, 10, iid);
@@ -682,7 +800,7 @@ impl<W: Write> TraceWriter<W> {
             }
             self.stats.flows += ev.flow_ids.len() as u64;
         }
-        self.write_event(seq, ts)
+        self.close_event(seq, ts, at)
     }
 
     /// The uuid an event names: none when the sequence's defaults name it.
@@ -746,7 +864,7 @@ impl<W: Write> TraceWriter<W> {
             let packet = proto::TracePacket {
                 trusted_packet_sequence_id: Some(SEQUENCE_ID),
                 sequence_flags: Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),
-                data: Some(proto::Data::TrackDescriptor(desc)),
+                data: Some(proto::Data::TrackDescriptor(*desc)),
                 ..Default::default()
             };
             self.write_packet(&packet)?;
@@ -755,32 +873,23 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    /// Frames the event in the scratch buffers as one TracePacket, encoded
-    /// straight into the batch (or the packet buffer): the bytes prost writes
-    /// for `TracePacket { timestamp, trusted_packet_sequence_id,
-    /// interned_data, sequence_flags, data: TrackEvent }` (fields in tag
-    /// order, the `data` oneof first: its lowest tag is 6), without building
-    /// the message.
-    fn write_event(&mut self, seq: usize, ts: u64) -> Result<(), PerfettoError> {
+    /// Ends the event's packet started by [`open_event`] (its TrackEvent
+    /// encoded in place since): the bytes prost writes for `TracePacket {
+    /// timestamp, trusted_packet_sequence_id, interned_data, sequence_flags,
+    /// data: TrackEvent }` (fields in tag order, the `data` oneof first: its
+    /// lowest tag is 6), without building the message.
+    fn close_event(&mut self, seq: usize, ts: u64, at: EventAt) -> Result<(), PerfettoError> {
         let s = &mut self.seqs[seq];
         let delta = ts - s.last_ts;
         s.last_ts = ts;
         let seq_id = s.id;
         let sc = &self.scratch;
         self.stats.interned += sc.interned;
-        let (dst, from) = match &mut self.batch {
-            Some(b) => {
-                let from = b.packets.len();
-                (&mut b.packets, from)
-            }
-            None => {
-                self.buf.clear();
-                (&mut self.buf, 0)
-            }
+        let dst = match &mut self.batch {
+            Some(b) => &mut b.packets,
+            None => &mut self.buf,
         };
-        put_key(dst, proto::TRACE_PACKET_FIELD, WIRE_LEN);
-        let packet = open_len(dst);
-        put_bytes_field(dst, 11, &sc.te);
+        close_len(dst, at.track_event);
         put_varint_field(dst, 8, delta);
         put_varint_field(dst, 10, seq_id as u64);
         if sc.interned > 0 {
@@ -792,8 +901,8 @@ impl<W: Write> TraceWriter<W> {
             close_len(dst, interned);
         }
         put_varint_field(dst, 13, proto::SEQ_NEEDS_INCREMENTAL_STATE as u64);
-        close_len(dst, packet);
-        self.packet_written(from)
+        close_len(dst, at.packet);
+        self.packet_written(at.from)
     }
 
     /// `Trace.packet` (field 1, length-delimited) around one encoded packet:
@@ -946,6 +1055,37 @@ fn close_len(dst: &mut Vec<u8>, at: usize) {
     prost::encoding::encode_varint(len, &mut head);
 }
 
+/// Where an event's packet being encoded starts: see [`open_event`].
+#[derive(Clone, Copy)]
+struct EventAt {
+    /// Where the packet starts in its buffer (the batch, or the packet buffer).
+    from: usize,
+    /// The packet's body, and its TrackEvent's (for [`close_len`]).
+    packet: usize,
+    track_event: usize,
+}
+
+/// Starts an event's packet in the batch (or the emptied packet buffer):
+/// the `Trace.packet` key and the packet's `data` field (TrackEvent, tag 11)
+/// with their lengths to be filled in. The TrackEvent is then encoded in
+/// place (not in a scratch buffer copied over: a copy per event), and
+/// [`TraceWriter::close_event`] adds the rest.
+fn open_event<'a>(batch: &'a mut Option<Batch>, buf: &'a mut Vec<u8>) -> (&'a mut Vec<u8>, EventAt) {
+    let dst = match batch {
+        Some(b) => &mut b.packets,
+        None => {
+            buf.clear();
+            buf
+        }
+    };
+    let from = dst.len();
+    put_key(dst, proto::TRACE_PACKET_FIELD, WIRE_LEN);
+    let packet = open_len(dst);
+    put_key(dst, 11, WIRE_LEN);
+    let track_event = open_len(dst);
+    (dst, EventAt { from, packet, track_event })
+}
+
 /// An `interned_data` entry (EventName, DebugAnnotationName or
 /// InternedString: iid = 1, the string = 2) in field `tag`.
 fn put_interned(dst: &mut Vec<u8>, tag: u32, iid: u64, s: &[u8]) {
@@ -956,13 +1096,12 @@ fn put_interned(dst: &mut Vec<u8>, tag: u32, iid: u64, s: &[u8]) {
     close_len(dst, at);
 }
 
-/// One event's parts while it is encoded: the TrackEvent's body and the
-/// `interned_data` entries it introduces, per table (the packet lists event
-/// names, then annotation names, then string values). Kept across events so
-/// that encoding allocates nothing once warm.
+/// One event's `interned_data` entries while its TrackEvent is encoded,
+/// per table (the packet lists event names, then annotation names, then
+/// string values, after the TrackEvent). Kept across events so that
+/// encoding allocates nothing once warm.
 #[derive(Default)]
 struct Scratch {
-    te: Vec<u8>,
     event_names: Vec<u8>,
     arg_names: Vec<u8>,
     values: Vec<u8>,
@@ -972,22 +1111,20 @@ struct Scratch {
 
 impl Scratch {
     fn clear(&mut self) {
-        self.te.clear();
         self.event_names.clear();
         self.arg_names.clear();
         self.values.clear();
         self.interned = 0;
     }
 
-    /// A DebugAnnotation (TrackEvent field 4): `name_iid` (1), then its one
-    /// value field.
-    fn annotation(&mut self, s: &mut Seq, a: &Arg<'_>) {
+    /// A DebugAnnotation (TrackEvent field 4) into `te`: `name_iid` (1),
+    /// then its one value field.
+    fn annotation(&mut self, te: &mut Vec<u8>, s: &mut Seq, a: &Arg<'_>) {
         let (iid, new) = s.arg_names.get(a.name);
         if new {
             self.interned += 1;
             put_interned(&mut self.arg_names, 3, iid, a.name.as_bytes());
         }
-        let te = &mut self.te;
         put_key(te, 4, WIRE_LEN);
         let at = open_len(te);
         put_varint_field(te, 1, iid);
@@ -1010,5 +1147,47 @@ impl Scratch {
             }
         }
         close_len(te, at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interner_numbers_strings_in_order_of_first_use_and_tells_near_misses_apart() {
+        let mut t = Interner::default();
+        // Near misses: a prefix, one byte changed at the end of a word or
+        // of the tail, the empty string; enough strings to grow the table.
+        let mut words: Vec<String> = vec![String::new(), "a".into(), "ab".into(), "abcdefgh".into(), "abcdefgi".into(), "abcdefghi".into(), "abcdefghj".into()];
+        // Around the inline length: equal heads, different tails.
+        let long = "x".repeat(INLINE + 9);
+        words.extend([long[..INLINE].to_owned(), long[..INLINE + 1].to_owned(), long.clone(), format!("{}y", &long[..INLINE + 8])]);
+        words.extend((0..500).map(|k| format!("phases_ms.decode_{k}")));
+        // Every length to past the inline bytes, and each with one byte changed at every place.
+        for n in 1..=INLINE + 12 {
+            let base: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            words.push(base.clone());
+            for i in 0..n {
+                let mut v = base.clone().into_bytes();
+                v[i] = b'Z';
+                words.push(String::from_utf8(v).expect("ascii"));
+            }
+        }
+        words.sort();
+        words.dedup();
+        // The comparison itself (the table meets it only on equal hashes).
+        for a in &words {
+            for b in &words {
+                assert_eq!(same_bytes(a.as_bytes(), b.as_bytes()), a == b, "{a:?} against {b:?}");
+            }
+        }
+        for (k, w) in words.iter().enumerate() {
+            assert_eq!(t.get(w), (k as u64 + 1, true), "first use of {w:?}");
+        }
+        for (k, w) in words.iter().enumerate().rev() {
+            assert_eq!(t.get(&w.clone()), (k as u64 + 1, false), "second use of {w:?}");
+        }
+        assert_eq!(t.get("phases_ms.decode_500"), (words.len() as u64 + 1, true));
     }
 }

@@ -262,22 +262,13 @@ fn doctor_cmd(load: bool, json: bool) -> Result<()> {
 /// requests, not the file's length). The error that stopped the read early,
 /// if any, comes back with the partial analysis.
 fn analyze(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool) -> Result<(Meta, correlate::Analysis, Option<String>)> {
-    analyze_with(file, chain_header, use_ipc, |_| {})
-}
-
-/// [`analyze`], also showing every record to `each` (what the correlator
-/// does not keep, e.g. the NVML samples).
-fn analyze_with(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool, mut each: impl FnMut(&hopscope::model::Record)) -> Result<(Meta, correlate::Analysis, Option<String>)> {
     let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
     let meta = reader.meta().clone();
     let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()), use_ipc };
     let mut c = Correlator::new(cfg);
     let read_error = loop {
         match reader.next_record() {
-            Ok(Some(r)) => {
-                each(&r);
-                c.ingest(&r)
-            }
+            Ok(Some(r)) => c.ingest(&r),
             Ok(None) => break None,
             Err(e) => break Some(e.to_string()),
         }
@@ -287,29 +278,15 @@ fn analyze_with(file: &std::path::Path, chain_header: Option<String>, use_ipc: b
 
 fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool, percentiles: Option<Vec<f64>>) -> Result<()> {
     use hopscope::sink::summary;
-    if json {
-        // Streamed: memory follows the open requests, not the recording's length.
-        let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
-        let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| reader.meta().chain_header.clone()), use_ipc: !no_ipc };
-        let p = percentiles.unwrap_or_else(|| summary::DEFAULT_PERCENTILES.to_vec());
-        // Stdout is line-buffered: unwrapped, pretty JSON would be a write(2) per few lines.
-        let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-        let read_error = report::write_json(&mut reader, &file.display().to_string(), cfg, &p, &mut out).context("writing the report")?;
-        out.flush().context("writing the report")?;
-        if let Some(e) = read_error {
-            eprintln!("hopscope: warning: {e}; the report covers the readable part");
-        }
-        return Ok(());
-    }
-    let mut gpu_mem = summary::GpuMemIndex::default();
-    let (meta, analysis, read_error) = analyze_with(&file, chain_header, !no_ipc, |r| gpu_mem.ingest(r))?;
-    let mut rep = report::build(&file.display().to_string(), &meta, &analysis, read_error.clone());
-    if let Some(p) = percentiles {
-        rep.summary = summary::compute(&rep.requests, &rep.chains, &p);
-    }
-    // The samples set the requests' peaks and the summary's GPU figures.
-    gpu_mem.apply(&mut rep.requests, &mut rep.summary);
-    std::io::stdout().lock().write_all(report::render_text(&rep).as_bytes())?;
+    // Streamed: memory follows the open requests, not the recording's length.
+    let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
+    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| reader.meta().chain_header.clone()), use_ipc: !no_ipc };
+    let p = percentiles.unwrap_or_else(|| summary::DEFAULT_PERCENTILES.to_vec());
+    // Stdout is line-buffered: unwrapped, the report would be a write(2) per few lines.
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    let path = file.display().to_string();
+    let read_error = if json { report::write_json(&mut reader, &path, cfg, &p, &mut out) } else { report::write_text(&mut reader, &path, cfg, &p, &mut out) }.context("writing the report")?;
+    out.flush().context("writing the report")?;
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the report covers the readable part");
     }

@@ -573,9 +573,78 @@ fn opt_u(v: Option<u64>) -> String {
     v.map_or_else(|| "-".into(), |x| x.to_string())
 }
 
-/// The human report: per request, per chain, and the loss counters.
-pub fn render_text(rep: &Report) -> String {
-    let mut s = String::new();
+/// What the text tables show of a request ([`RequestOut`] or, streamed,
+/// [`RequestRef`]): one formatter for both, so they print the same bytes.
+struct TextRow<'a> {
+    id: &'a str,
+    chain: Option<&'a str>,
+    hop: Option<u32>,
+    method: &'a str,
+    path: &'a str,
+    status: Option<u16>,
+    ttft_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+    itl_ms: &'a [f64],
+    itl_p50_ms: Option<f64>,
+    itl_p90_ms: Option<f64>,
+    itl_p99_ms: Option<f64>,
+    content_chunks: usize,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    phases_ms: &'a Phases,
+}
+
+impl<'a> From<&'a RequestOut> for TextRow<'a> {
+    fn from(q: &'a RequestOut) -> Self {
+        TextRow {
+            id: &q.id,
+            chain: q.chain.as_deref(),
+            hop: q.hop,
+            method: &q.method,
+            path: &q.path,
+            status: q.status,
+            ttft_ms: q.ttft_ms,
+            e2e_ms: q.e2e_ms,
+            itl_ms: &q.itl_ms,
+            itl_p50_ms: q.itl_p50_ms,
+            itl_p90_ms: q.itl_p90_ms,
+            itl_p99_ms: q.itl_p99_ms,
+            content_chunks: q.content_chunks,
+            prompt_tokens: q.prompt_tokens,
+            completion_tokens: q.completion_tokens,
+            cached_tokens: q.cached_tokens,
+            phases_ms: &q.phases_ms,
+        }
+    }
+}
+
+impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
+    fn from(q: &'a RequestRef<'a>) -> Self {
+        TextRow {
+            id: q.id,
+            chain: Some(q.chain),
+            hop: Some(q.hop),
+            method: q.method,
+            path: q.path,
+            status: q.status,
+            ttft_ms: q.ttft_ms,
+            e2e_ms: q.e2e_ms,
+            itl_ms: q.itl_ms,
+            itl_p50_ms: q.itl_p50_ms,
+            itl_p90_ms: q.itl_p90_ms,
+            itl_p99_ms: q.itl_p99_ms,
+            content_chunks: q.content_chunks,
+            prompt_tokens: q.prompt_tokens,
+            completion_tokens: q.completion_tokens,
+            cached_tokens: q.cached_tokens,
+            phases_ms: &q.phases_ms,
+        }
+    }
+}
+
+/// The recording line, the read error and the request table's header.
+fn text_head(s: &mut String, rep: &Report) {
     let r = &rep.recording;
     let _ = writeln!(s, "recording {}  ({:.1} s, pids {:?}, gpu: {})", r.path, r.duration_ms / 1e3, r.pids, if r.gpu { "yes" } else { "no" });
     if let Some(e) = &r.read_error {
@@ -587,64 +656,74 @@ pub fn render_text(rep: &Report) -> String {
         "{:<34} {:<18} {:>4} {:<6} {:<22} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
         "request", "chain", "hop", "method", "path", "status", "ttft_ms", "e2e_ms", "itl_p50", "itl_p90", "itl_p99", "chunks", "in", "out"
     );
-    for q in &rep.requests {
-        let chain = q.chain.as_deref().unwrap_or("-");
-        let _ = writeln!(
-            s,
-            "{:<34} {:<18} {:>4} {:<6} {:<22} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
-            trunc(&q.id, 34),
-            trunc(chain, 18),
-            q.hop.map_or("-".into(), |h| h.to_string()),
-            q.method,
-            trunc(&q.path, 22),
-            q.status.map_or("-".into(), |x| x.to_string()),
-            opt(q.ttft_ms),
-            opt(q.e2e_ms),
-            opt(q.itl_p50_ms),
-            opt(q.itl_p90_ms),
-            opt(q.itl_p99_ms),
-            q.content_chunks,
-            opt_u(q.prompt_tokens),
-            opt_u(q.completion_tokens),
-        );
-    }
-    let by_id: BTreeMap<&str, &RequestOut> = rep.requests.iter().map(|q| (q.id.as_str(), q)).collect();
-    for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
-        let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", c.chain, c.source, c.hops.len(), opt(c.e2e_ms));
-        // The peak GPU memory column only when NVML sampled something during the chain.
-        let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
-        let _ = write!(
-            s,
-            "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
-            "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
-        );
-        let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
-        for (n, id) in c.hops.iter().enumerate() {
-            let Some(q) = by_id.get(id.as_str()) else { continue };
-            let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
-            let p = &q.phases_ms;
-            let _ = write!(
-                s,
-                "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
-                n + 1,
-                opt(q.ttft_ms),
-                opt(p.frontend),
-                opt(p.queue),
-                opt(p.prefill),
-                opt(p.kv_transfer),
-                opt(p.first_output),
-                opt(p.decode),
-                opt(avg),
-                opt(q.itl_p90_ms),
-                opt_u(q.prompt_tokens),
-                opt_u(q.completion_tokens),
-                opt_u(q.cached_tokens),
-                opt(q.e2e_ms),
-            );
-            let mib = q.peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
-            let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
-        }
-    }
+}
+
+/// A request's line in the request table.
+fn request_line(s: &mut String, q: &TextRow) {
+    let chain = q.chain.unwrap_or("-");
+    let _ = writeln!(
+        s,
+        "{:<34} {:<18} {:>4} {:<6} {:<22} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
+        trunc(q.id, 34),
+        trunc(chain, 18),
+        q.hop.map_or("-".into(), |h| h.to_string()),
+        q.method,
+        trunc(q.path, 22),
+        q.status.map_or("-".into(), |x| x.to_string()),
+        opt(q.ttft_ms),
+        opt(q.e2e_ms),
+        opt(q.itl_p50_ms),
+        opt(q.itl_p90_ms),
+        opt(q.itl_p99_ms),
+        q.content_chunks,
+        opt_u(q.prompt_tokens),
+        opt_u(q.completion_tokens),
+    );
+}
+
+/// A chain's title and its hop table's header.
+fn chain_head(s: &mut String, chain: &str, source: &str, hops: usize, e2e_ms: Option<f64>, gpu_mem: bool) {
+    let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", chain, source, hops, opt(e2e_ms));
+    let _ = write!(
+        s,
+        "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+        "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
+    );
+    let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
+}
+
+/// A hop's row after its number (no newline, no GPU memory column).
+fn hop_figures(s: &mut String, q: &TextRow) {
+    let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
+    let p = q.phases_ms;
+    let _ = write!(
+        s,
+        " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+        opt(q.ttft_ms),
+        opt(p.frontend),
+        opt(p.queue),
+        opt(p.prefill),
+        opt(p.kv_transfer),
+        opt(p.first_output),
+        opt(p.decode),
+        opt(avg),
+        opt(q.itl_p90_ms),
+        opt_u(q.prompt_tokens),
+        opt_u(q.completion_tokens),
+        opt_u(q.cached_tokens),
+        opt(q.e2e_ms),
+    );
+}
+
+/// The end of a hop's row: its GPU memory column, if the chain has one.
+fn hop_end(s: &mut String, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
+    let mib = peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
+    let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
+}
+
+/// The GPUs, the summary, the kernels and the counters.
+fn text_tail(s: &mut String, rep: &Report) {
+    let r = &rep.recording;
     for g in &r.gpus {
         let _ = writeln!(
             s,
@@ -677,6 +756,31 @@ pub fn render_text(rep: &Report) -> String {
     if !activity.is_empty() {
         let _ = writeln!(s, "activity: {}", activity.join(" "));
     }
+}
+
+/// The human report: per request, per chain, and the loss counters.
+pub fn render_text(rep: &Report) -> String {
+    let mut s = String::new();
+    text_head(&mut s, rep);
+    for q in &rep.requests {
+        request_line(&mut s, &q.into());
+    }
+    // A hop shows the figures of the last request with its id (ids are not
+    // always unique: `conn:pid:fd:seq` repeats when a descriptor is reused);
+    // the streamed [`write_text`] does the same.
+    let by_id: BTreeMap<&str, &RequestOut> = rep.requests.iter().map(|q| (q.id.as_str(), q)).collect();
+    for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
+        // The peak GPU memory column only when NVML sampled something during the chain.
+        let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
+        chain_head(&mut s, &c.chain, &c.source, c.hops.len(), c.e2e_ms, gpu_mem);
+        for (n, id) in c.hops.iter().enumerate() {
+            let Some(q) = by_id.get(id.as_str()) else { continue };
+            let _ = write!(s, "  {:>3}", n + 1);
+            hop_figures(&mut s, &(*q).into());
+            hop_end(&mut s, gpu_mem, q.peak_gpu_mem_bytes);
+        }
+    }
+    text_tail(&mut s, rep);
     s
 }
 
@@ -733,16 +837,19 @@ fn trunc(s: &str, n: usize) -> String {
 
 // ------------------------------------------------------------- streaming
 //
-// `hopscope report --json` on a long recording: requests are written as the
-// correlator hands them out (`Correlator::drain_final`), so memory follows the
-// open requests. The JSON is byte for byte what `build` + `to_writer_pretty`
-// give: the requests go to an unlinked spool file (already indented, by the
-// hand writer of sink::json) while the recording is read, and are copied into
-// the `"requests"` array when the rest of the report (counters, chains,
+// `hopscope report` (`--json` or text) on a long recording: requests are
+// written as the correlator hands them out (`Correlator::drain_final`), so
+// memory follows the open requests. The JSON is byte for byte what `build` +
+// `to_writer_pretty` give, the text what `render_text` of it gives: the
+// requests go to an unlinked spool file (JSON already indented, by the hand
+// writer of sink::json; text as their table lines) while the recording is
+// read, and are copied in when the rest of the report (counters, chains,
 // summary) is known at the end.
 //
-// What is kept for the end, per request: its chain's hop entry (id, TTFT,
-// prefix-cache hit: ~70 bytes) and its summary figures (below).
+// What is kept for the end, per request: its chain's hop entry (spooled:
+// id, TTFT, token counts, peak GPU memory, the text row; in memory 24
+// bytes), its summary figures (8 bytes each) and its ITLs (spilled past a
+// run, below).
 
 use crate::correlate::{Config, Correlator};
 use crate::sink::summary::{self, ChainHitRate, Dist, GpuMemIndex, Summary};
@@ -752,10 +859,12 @@ use std::io::{self, Read, Seek, Write};
 const SPOOL_CHUNK: usize = 1 << 16;
 
 /// Chains as their hops come, in report order, without keeping the hops in
-/// memory: each hop (id, TTFT, prefix-cache hit) goes to an unlinked spool
-/// file; per chain only its totals stay (first arrival, last end, prefix-cache
-/// totals, hop count: ~100 bytes with its key), plus 16 bytes per hop (where
-/// it is in the spool, which chain) to put hops back in chain order at the end.
+/// memory: each hop (id, TTFT, token counts, peak GPU memory and, for the
+/// text report, its row) goes to an unlinked spool file; per chain only its
+/// totals stay (first arrival, last end, prefix-cache totals, hop count:
+/// ~100 bytes with its key), plus 24 bytes per hop (where it is in the spool,
+/// which chain, its id's hash) to put hops back in chain order at the end and
+/// find the ids that repeat.
 #[derive(Debug)]
 pub struct ChainBook {
     /// Chain number by key and key source.
@@ -765,6 +874,10 @@ pub struct ChainBook {
     spooled: u64,
     hop_at: Vec<u64>,
     chain_of: Vec<u32>,
+    id_hash: Vec<u64>,
+    /// Spool each hop's text row (`write_text`).
+    rows: bool,
+    row: String,
 }
 
 #[derive(Debug)]
@@ -777,11 +890,14 @@ struct ChainAgg {
     cached_tokens: u64,
     prompt_tokens: u64,
     hops_unknown: usize,
+    /// Hops with a peak GPU memory (the text report's column).
+    peaks: u32,
 }
 
-/// A chain's hop in the spool: TTFT and prefix-cache hit as f64 bits (NaN:
-/// unknown), the id's length, the id.
-const HOP_HEAD: usize = 20;
+/// A hop in the spool: TTFT as f64 bits (NaN: unknown), cached and prompt
+/// tokens, peak GPU memory, which of those three are known (bits 0-2), the
+/// id's length, the row's length; then the id and the row.
+const HOP_HEAD: usize = 8 + 8 + 8 + 8 + 1 + 4 + 4;
 
 fn opt_bits(v: Option<f64>) -> [u8; 8] {
     v.unwrap_or(f64::NAN).to_bits().to_le_bytes()
@@ -792,9 +908,69 @@ fn bits_opt(b: &[u8]) -> Option<f64> {
     (!v.is_nan()).then_some(v)
 }
 
+/// A spooled hop's head, read back.
+struct HopHead {
+    ttft_ms: Option<f64>,
+    cached_tokens: Option<u64>,
+    prompt_tokens: Option<u64>,
+    peak_gpu_mem_bytes: Option<u64>,
+    id_len: usize,
+    row_len: usize,
+}
+
+impl HopHead {
+    fn encode(&self) -> [u8; HOP_HEAD] {
+        let mut h = [0u8; HOP_HEAD];
+        h[0..8].copy_from_slice(&opt_bits(self.ttft_ms));
+        h[8..16].copy_from_slice(&self.cached_tokens.unwrap_or(0).to_le_bytes());
+        h[16..24].copy_from_slice(&self.prompt_tokens.unwrap_or(0).to_le_bytes());
+        h[24..32].copy_from_slice(&self.peak_gpu_mem_bytes.unwrap_or(0).to_le_bytes());
+        h[32] = u8::from(self.cached_tokens.is_some()) | u8::from(self.prompt_tokens.is_some()) << 1 | u8::from(self.peak_gpu_mem_bytes.is_some()) << 2;
+        h[33..37].copy_from_slice(&(self.id_len as u32).to_le_bytes());
+        h[37..41].copy_from_slice(&(self.row_len as u32).to_le_bytes());
+        h
+    }
+
+    fn decode(h: &[u8; HOP_HEAD]) -> Self {
+        let u = |r: std::ops::Range<usize>, bit: u8| (h[32] & bit != 0).then(|| u64::from_le_bytes(h[r].try_into().expect("8 bytes")));
+        let len = |r: std::ops::Range<usize>| u32::from_le_bytes(h[r].try_into().expect("4 bytes")) as usize;
+        HopHead { ttft_ms: bits_opt(&h[0..8]), cached_tokens: u(8..16, 1), prompt_tokens: u(16..24, 2), peak_gpu_mem_bytes: u(24..32, 4), id_len: len(33..37), row_len: len(37..41) }
+    }
+
+    /// The prefix-cache hit, as `build` computes it.
+    fn hit(&self) -> Option<f64> {
+        match (self.cached_tokens, self.prompt_tokens) {
+            (Some(ca), Some(p)) if p > 0 => Some(ca as f64 / p as f64),
+            _ => None,
+        }
+    }
+
+    fn read(pages: &mut PageCache, off: u64) -> io::Result<Self> {
+        let mut h = [0u8; HOP_HEAD];
+        pages.read(off, &mut h)?;
+        Ok(Self::decode(&h))
+    }
+}
+
 impl ChainBook {
+    /// The chains of the JSON report.
     pub fn new() -> io::Result<Self> {
-        Ok(ChainBook { index: Default::default(), chains: Vec::new(), spool: io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?), spooled: 0, hop_at: Vec::new(), chain_of: Vec::new() })
+        Ok(ChainBook {
+            index: Default::default(),
+            chains: Vec::new(),
+            spool: io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?),
+            spooled: 0,
+            hop_at: Vec::new(),
+            chain_of: Vec::new(),
+            id_hash: Vec::new(),
+            rows: false,
+            row: String::new(),
+        })
+    }
+
+    /// The chains of the text report: each hop's row spooled with it.
+    pub fn with_rows() -> io::Result<Self> {
+        Ok(ChainBook { rows: true, ..Self::new()? })
     }
 
     /// The next hop of its chain (requests in report order).
@@ -810,7 +986,7 @@ impl ChainBook {
         }
         let i = *slot as usize;
         if i == self.chains.len() {
-            self.chains.push(ChainAgg { first_arrive_ns: r.arrive_ns, last_done_ns: None, all_done: true, source: r.chain_source, hops: 0, cached_tokens: 0, prompt_tokens: 0, hops_unknown: 0 });
+            self.chains.push(ChainAgg { first_arrive_ns: r.arrive_ns, last_done_ns: None, all_done: true, source: r.chain_source, hops: 0, cached_tokens: 0, prompt_tokens: 0, hops_unknown: 0, peaks: 0 });
         }
         let c = &mut self.chains[i];
         c.hops += 1;
@@ -825,19 +1001,19 @@ impl ChainBook {
             }
             _ => c.hops_unknown += 1,
         }
-        let hit = match (q.cached_tokens, q.prompt_tokens) {
-            (Some(ca), Some(p)) if p > 0 => Some(ca as f64 / p as f64),
-            _ => None,
-        };
+        c.peaks += u32::from(q.peak_gpu_mem_bytes.is_some());
         self.hop_at.push(self.spooled);
         self.chain_of.push(i as u32);
-        let mut head = [0u8; HOP_HEAD];
-        head[0..8].copy_from_slice(&opt_bits(q.ttft_ms));
-        head[8..16].copy_from_slice(&opt_bits(hit));
-        head[16..20].copy_from_slice(&(q.id.len() as u32).to_le_bytes());
-        self.spool.write_all(&head)?;
+        self.id_hash.push(std::hash::BuildHasher::hash_one(&std::hash::BuildHasherDefault::<crate::correlate::FxHasher>::default(), q.id));
+        self.row.clear();
+        if self.rows {
+            hop_figures(&mut self.row, &q.into());
+        }
+        let head = HopHead { ttft_ms: q.ttft_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
+        self.spool.write_all(&head.encode())?;
         self.spool.write_all(q.id.as_bytes())?;
-        self.spooled += (HOP_HEAD + q.id.len()) as u64;
+        self.spool.write_all(self.row.as_bytes())?;
+        self.spooled += (HOP_HEAD + q.id.len() + self.row.len()) as u64;
         Ok(())
     }
 
@@ -845,13 +1021,40 @@ impl ChainBook {
     /// `build`), ready to be written, and the hit rates the summary lists.
     pub fn finish(self) -> io::Result<(ChainsOut, Vec<ChainHitRate>)> {
         let file = self.spool.into_inner().map_err(io::IntoInnerError::into_error)?;
-        let mut names: Vec<Box<str>> = vec![Box::from(""); self.chains.len()];
+        let mut chains = self.chains;
+        let over = {
+            let mut pages = PageCache::new(&file, self.spooled);
+            let over = last_of_same_id(&self.id_hash, &self.hop_at, &mut pages)?;
+            // Where a hop's id repeats, `summary::compute` and `render_text`
+            // count the last request with that id in the hop's place.
+            for (&s, &t) in &over {
+                let c = &mut chains[self.chain_of[s as usize] as usize];
+                let (own, last) = (HopHead::read(&mut pages, self.hop_at[s as usize])?, HopHead::read(&mut pages, self.hop_at[t as usize])?);
+                match (own.cached_tokens, own.prompt_tokens) {
+                    (Some(ca), Some(p)) => {
+                        c.cached_tokens -= ca;
+                        c.prompt_tokens -= p;
+                    }
+                    _ => c.hops_unknown -= 1,
+                }
+                match (last.cached_tokens, last.prompt_tokens) {
+                    (Some(ca), Some(p)) => {
+                        c.cached_tokens += ca;
+                        c.prompt_tokens += p;
+                    }
+                    _ => c.hops_unknown += 1,
+                }
+                c.peaks -= u32::from(own.peak_gpu_mem_bytes.is_some());
+                c.peaks += u32::from(last.peak_gpu_mem_bytes.is_some());
+            }
+            over
+        };
+        let mut names: Vec<Box<str>> = vec![Box::from(""); chains.len()];
         for (name, slots) in self.index {
             for i in slots.into_iter().filter(|&i| i != u32::MAX) {
                 names[i as usize] = name.clone();
             }
         }
-        let chains = self.chains;
         let mut order: Vec<u32> = (0..chains.len() as u32).collect();
         order.sort_by(|&a, &b| {
             let (x, y) = (&chains[a as usize], &chains[b as usize]);
@@ -872,7 +1075,7 @@ impl ChainBook {
         let mut hits = Vec::new();
         for &c in &order {
             let x = &chains[c as usize];
-            if x.hops > 1 || x.source != ChainSource::Connection {
+            if x.shown() {
                 hits.push(ChainHitRate {
                     chain: names[c as usize].to_string(),
                     cached_tokens: x.cached_tokens,
@@ -882,8 +1085,45 @@ impl ChainBook {
                 });
             }
         }
-        Ok((ChainsOut { file, len: self.spooled, chains, names, order, by_chain, hop_at: self.hop_at }, hits))
+        Ok((ChainsOut { file, len: self.spooled, chains, names, order, by_chain, hop_at: self.hop_at, over }, hits))
     }
+}
+
+impl ChainAgg {
+    /// Whether the text report shows the chain and the summary lists it:
+    /// chains keyed by their connection alone, with one hop, are left out.
+    fn shown(&self) -> bool {
+        self.hops > 1 || self.source != ChainSource::Connection
+    }
+}
+
+/// Requests whose id a later request also has, each with the last such
+/// request (by spool index, which is report order): `id_hash` sorted with
+/// the indices, ids compared only where hashes are equal.
+fn last_of_same_id(id_hash: &[u64], hop_at: &[u64], pages: &mut PageCache) -> io::Result<crate::correlate::FxMap<u32, u32>> {
+    let mut over = crate::correlate::FxMap::default();
+    let mut idx: Vec<u32> = (0..id_hash.len() as u32).collect();
+    idx.sort_unstable_by_key(|&i| (id_hash[i as usize], i));
+    let mut ids: Vec<Vec<u8>> = Vec::new();
+    for group in idx.chunk_by(|&a, &b| id_hash[a as usize] == id_hash[b as usize]).filter(|g| g.len() > 1) {
+        ids.clear();
+        for &i in group {
+            let off = hop_at[i as usize];
+            let h = HopHead::read(pages, off)?;
+            let mut id = vec![0; h.id_len];
+            pages.read(off + HOP_HEAD as u64, &mut id)?;
+            ids.push(id);
+        }
+        // The group is in report order: the map keeps each id's last request.
+        let last: crate::correlate::FxMap<&[u8], u32> = group.iter().zip(&ids).map(|(&i, id)| (id.as_slice(), i)).collect();
+        for (&i, id) in group.iter().zip(&ids) {
+            let t = last[id.as_slice()];
+            if t != i {
+                over.insert(i, t);
+            }
+        }
+    }
+    Ok(over)
 }
 
 /// The report's chains, written one by one from the spool.
@@ -895,6 +1135,8 @@ pub struct ChainsOut {
     order: Vec<u32>,
     by_chain: Vec<u32>,
     hop_at: Vec<u64>,
+    /// Hops shown with a later request's figures (same id).
+    over: crate::correlate::FxMap<u32, u32>,
 }
 
 /// Reads of a spool file through a few cached pages: a chain's hops are
@@ -945,12 +1187,16 @@ impl ChainsOut {
         self.order.len()
     }
 
+    /// A chain's end to end: first arrival to last end, when every hop ended.
+    fn e2e_ms(x: &ChainAgg) -> Option<f64> {
+        x.last_done_ns.filter(|_| x.all_done).map(|l| ms(l.saturating_sub(x.first_arrive_ns)))
+    }
+
     /// Writes the chains as the elements of the report's `chains` array,
     /// through `b` (handed to `out` whenever it holds a spool chunk).
     fn write(&self, b: &mut Vec<u8>, out: &mut dyn Write) -> io::Result<()> {
         let mut pages = PageCache::new(&self.file, self.len);
         let mut at = 0usize;
-        let mut head = [0u8; HOP_HEAD];
         let (mut ids, mut spans, mut ttfts, mut hits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (k, &c) in self.order.iter().enumerate() {
             let x = &self.chains[c as usize];
@@ -960,14 +1206,13 @@ impl ChainsOut {
             hits.clear();
             for &s in &self.by_chain[at..at + x.hops as usize] {
                 let off = self.hop_at[s as usize];
-                pages.read(off, &mut head)?;
-                let n = u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) as usize;
+                let h = HopHead::read(&mut pages, off)?;
                 let from = ids.len();
-                ids.resize(from + n, 0);
+                ids.resize(from + h.id_len, 0);
                 pages.read(off + HOP_HEAD as u64, &mut ids[from..])?;
-                spans.push(from..from + n);
-                ttfts.push(bits_opt(&head[0..8]));
-                hits.push(bits_opt(&head[8..16]));
+                spans.push(from..from + h.id_len);
+                ttfts.push(h.ttft_ms);
+                hits.push(h.hit());
             }
             at += x.hops as usize;
             if k > 0 {
@@ -977,7 +1222,7 @@ impl ChainsOut {
             let mut o = json::Obj::new(b, 2);
             o.field("chain", &*self.names[c as usize]);
             o.array("hops", spans.iter().map(|r| String::from_utf8_lossy(&ids[r.clone()])));
-            o.field("e2e_ms", &x.last_done_ns.filter(|_| x.all_done).map(|l| ms(l.saturating_sub(x.first_arrive_ns))));
+            o.field("e2e_ms", &Self::e2e_ms(x));
             o.field("ttft_ms", &ttfts[..]).field("prefix_cache_hit", &hits[..]).field("source", chain_source_name(x.source));
             o.end();
             if b.len() >= SPOOL_CHUNK {
@@ -987,6 +1232,39 @@ impl ChainsOut {
         }
         Ok(())
     }
+
+    /// Writes the text report's chain tables (those [`ChainAgg::shown`]),
+    /// from the rows spooled with the hops ([`ChainBook::with_rows`]).
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let mut pages = PageCache::new(&self.file, self.len);
+        let mut at = 0usize;
+        let (mut s, mut row) = (String::new(), Vec::new());
+        for &c in &self.order {
+            let x = &self.chains[c as usize];
+            let hops = &self.by_chain[at..at + x.hops as usize];
+            at += x.hops as usize;
+            if !x.shown() {
+                continue;
+            }
+            let gpu_mem = x.peaks > 0;
+            chain_head(&mut s, &self.names[c as usize], chain_source_name(x.source), hops.len(), Self::e2e_ms(x), gpu_mem);
+            for (n, &i) in hops.iter().enumerate() {
+                let i = self.over.get(&i).copied().unwrap_or(i);
+                let off = self.hop_at[i as usize];
+                let h = HopHead::read(&mut pages, off)?;
+                row.resize(h.row_len, 0);
+                pages.read(off + (HOP_HEAD + h.id_len) as u64, &mut row)?;
+                let _ = write!(s, "  {:>3}", n + 1);
+                s.push_str(std::str::from_utf8(&row).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the report's spool file back: {e} (a bug: please report it)")))?);
+                hop_end(&mut s, gpu_mem, h.peak_gpu_mem_bytes);
+                if s.len() >= SPOOL_CHUNK {
+                    out.write_all(s.as_bytes())?;
+                    s.clear();
+                }
+            }
+        }
+        out.write_all(s.as_bytes())
+    }
 }
 
 impl json::Value for std::borrow::Cow<'_, str> {
@@ -995,106 +1273,214 @@ impl json::Value for std::borrow::Cow<'_, str> {
     }
 }
 
-/// Requests whose summary figures are kept whole (then the summary is
-/// exactly `summary::compute`'s); past this, or past [`EXACT_ITLS`] pooled
-/// ITLs, the per-request figures (TTFT, TPOT, E2EL, interactivity: 8 bytes
-/// each per completed request) stay exact and the pooled ITLs go to a
-/// log-bucketed sketch (0.05% relative error, fixed size).
-pub const EXACT_REQUESTS: usize = 100_000;
-pub const EXACT_ITLS: usize = 1_000_000;
+/// Pooled ITLs kept in memory: past this many, they are sorted and spilled
+/// to a file in runs of about this size (8 MiB), merged at the end.
+pub const ITL_RUN: usize = 1 << 20;
 
-/// Pooled ITLs beyond [`EXACT_ITLS`]: counts per bucket of relative width
-/// 0.1% (value = 1 ns * 1.001^k), with exact count, sum and sum of squares.
-/// The buckets are a dense table (slot 0: k = -1, at most 1 ns; slot k + 1
-/// after): an ITL of a day is bucket ~32 000, so it stays a few hundred KiB
-/// for any real recording, and adding is an index, not a tree walk.
-#[derive(Debug, Default)]
-struct ItlSketch {
-    buckets: Vec<u64>,
-    n: u64,
-    sum: f64,
-    sum_sq: f64,
+/// The completed requests' ITLs, pooled, for their distribution: in memory
+/// up to [`ITL_RUN`], past that in sorted runs in an unlinked spool file.
+/// The distribution is `summary::dist_of`'s to the bit (its sums are taken
+/// over the sorted values, which the runs' merge gives in the same order),
+/// with memory bounded by a run and a read buffer per run.
+#[derive(Debug)]
+struct ItlPool {
+    /// Values per run ([`ITL_RUN`]; smaller in tests).
+    run: usize,
+    buf: Vec<f64>,
+    spill: Option<io::BufWriter<std::fs::File>>,
+    /// Values per spilled run, in file order.
+    runs: Vec<u64>,
 }
 
-const SKETCH_BASE: f64 = 1.001;
-const SKETCH_MIN_MS: f64 = 1e-6;
-const SKETCH_SLOTS: usize = 1 << 20;
+/// Values read at once from a spilled run.
+const RUN_READ: usize = 8192;
 
-impl ItlSketch {
-    fn add(&mut self, x: f64) {
-        let k = if x > SKETCH_MIN_MS { ((x / SKETCH_MIN_MS).ln() / SKETCH_BASE.ln()).floor() as i32 } else { -1 };
-        // k >= -1: x > 1 ns gives ln > 0 (a NaN x is not > 1 ns). Past
-        // SKETCH_SLOTS (1.001^2^20 ns: no interval a clock can give, only
-        // an infinite one) the last slot.
-        let slot = usize::try_from(k).map_or(0, |k| (k + 1).min(SKETCH_SLOTS - 1));
-        if slot >= self.buckets.len() {
-            self.buckets.resize(slot + 1, 0);
+/// One spilled run, read in order.
+struct RunReader {
+    off: u64,
+    left: u64,
+    buf: Vec<f64>,
+    at: usize,
+}
+
+/// f64 ordered by `total_cmp` (as the summaries sort).
+#[derive(PartialEq)]
+struct Total(f64);
+
+impl Eq for Total {}
+
+impl PartialOrd for Total {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Total {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The spilled runs merged: every value once, in `total_cmp` order. A read
+/// error ends the values early and is kept in `err`.
+struct Merge<'f> {
+    file: &'f std::fs::File,
+    runs: Vec<RunReader>,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(Total, usize)>>,
+    err: Option<io::Error>,
+}
+
+impl<'f> Merge<'f> {
+    fn new(file: &'f std::fs::File, runs: &[u64]) -> Self {
+        let mut off = 0;
+        let runs = runs
+            .iter()
+            .map(|&n| {
+                let r = RunReader { off, left: n, buf: Vec::new(), at: 0 };
+                off += n * 8;
+                r
+            })
+            .collect();
+        let mut m = Merge { file, runs, heap: Default::default(), err: None };
+        for i in 0..m.runs.len() {
+            m.refill(i);
         }
-        self.buckets[slot] += 1;
-        self.n += 1;
-        self.sum += x;
-        self.sum_sq += x * x;
+        m
     }
 
-    fn value(slot: usize) -> f64 {
-        match slot {
-            0 => 0.0,
-            s => SKETCH_MIN_MS * SKETCH_BASE.powf((s - 1) as f64 + 0.5),
-        }
-    }
-
-    /// The value of rank `i` (0-based, in sorted order).
-    fn at(&self, i: u64) -> f64 {
-        let mut seen = 0;
-        for (slot, &c) in self.buckets.iter().enumerate() {
-            seen += c;
-            if c > 0 && i < seen {
-                return Self::value(slot);
+    /// Pushes run `i`'s next value, if any.
+    fn refill(&mut self, i: usize) {
+        use std::os::unix::fs::FileExt;
+        let r = &mut self.runs[i];
+        if r.at == r.buf.len() {
+            if r.left == 0 {
+                return;
             }
+            let n = (r.left as usize).min(RUN_READ);
+            let mut bytes = vec![0u8; n * 8];
+            if let Err(e) = self.file.read_exact_at(&mut bytes, r.off) {
+                self.err.get_or_insert(e);
+                r.left = 0;
+                return;
+            }
+            r.off += bytes.len() as u64;
+            r.left -= n as u64;
+            r.buf.clear();
+            r.buf.extend(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))));
+            r.at = 0;
         }
-        self.buckets.iter().rposition(|&c| c > 0).map_or(0.0, Self::value)
+        self.heap.push(std::cmp::Reverse((Total(r.buf[r.at]), i)));
+        r.at += 1;
+    }
+}
+
+impl Iterator for Merge<'_> {
+    type Item = f64;
+    fn next(&mut self) -> Option<f64> {
+        let std::cmp::Reverse((Total(x), i)) = self.heap.pop()?;
+        self.refill(i);
+        Some(x)
+    }
+}
+
+impl Default for ItlPool {
+    fn default() -> Self {
+        ItlPool { run: ITL_RUN, buf: Vec::new(), spill: None, runs: Vec::new() }
+    }
+}
+
+impl ItlPool {
+    fn extend(&mut self, xs: &[f64]) -> io::Result<()> {
+        // Spilled before it would pass a run, the buffer never grows past
+        // one (or one request's ITLs).
+        if !self.buf.is_empty() && self.buf.len() + xs.len() > self.run {
+            self.spill_run()?;
+        }
+        self.buf.extend_from_slice(xs);
+        Ok(())
     }
 
-    fn percentile(&self, p: f64) -> f64 {
-        let rank = (p / 100.0).clamp(0.0, 1.0) * (self.n - 1) as f64;
-        let (lo, hi) = (self.at(rank.floor() as u64), self.at(rank.ceil() as u64));
-        lo + (hi - lo) * (rank - rank.floor())
+    fn spill_run(&mut self) -> io::Result<()> {
+        // Values equal under total_cmp are the same bits: unstable is stable here.
+        self.buf.sort_unstable_by(f64::total_cmp);
+        let spill = match &mut self.spill {
+            Some(s) => s,
+            None => self.spill.insert(io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?)),
+        };
+        for x in &self.buf {
+            spill.write_all(&x.to_le_bytes())?;
+        }
+        self.runs.push(self.buf.len() as u64);
+        self.buf.clear();
+        Ok(())
     }
 
-    fn dist(&self, percentiles: &[f64]) -> Option<Dist> {
-        if self.n == 0 {
-            return None;
+    /// `summary::dist_of` of every value added.
+    fn dist(mut self, percentiles: &[f64]) -> io::Result<Option<Dist>> {
+        if self.runs.is_empty() {
+            return Ok(summary::dist_of(self.buf, percentiles));
         }
-        let n = self.n as f64;
-        let mean = self.sum / n;
-        Some(Dist {
-            n: self.n as usize,
+        if !self.buf.is_empty() {
+            self.spill_run()?;
+        }
+        let file = self.spill.take().expect("spilled").into_inner().map_err(io::IntoInnerError::into_error)?;
+        let n: u64 = self.runs.iter().sum();
+        // The ranks `summary::percentile` reads, and their values.
+        let rank = |p: f64| (p / 100.0).clamp(0.0, 1.0) * (n - 1) as f64;
+        let mut at: BTreeMap<u64, f64> = BTreeMap::new();
+        for p in percentiles.iter().chain([&50.0]) {
+            at.insert(rank(*p).floor() as u64, 0.0);
+            at.insert(rank(*p).ceil() as u64, 0.0);
+        }
+        let mut merged = Merge::new(&file, &self.runs);
+        let mut i = 0u64;
+        let sum = merged
+            .by_ref()
+            .inspect(|&x| {
+                if let Some(v) = at.get_mut(&i) {
+                    *v = x;
+                }
+                i += 1;
+            })
+            .sum::<f64>();
+        if let Some(e) = merged.err {
+            return Err(e);
+        }
+        let mean = sum / n as f64;
+        let mut merged = Merge::new(&file, &self.runs);
+        let var = merged.by_ref().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+        if let Some(e) = merged.err {
+            return Err(e);
+        }
+        let pct = |p: f64| {
+            let r = rank(p);
+            let (lo, hi) = (at[&(r.floor() as u64)], at[&(r.ceil() as u64)]);
+            lo + (hi - lo) * (r - r.floor())
+        };
+        Ok(Some(Dist {
+            n: n as usize,
             mean,
-            median: self.percentile(50.0),
-            std: (self.sum_sq / n - mean * mean).max(0.0).sqrt(),
-            percentiles: percentiles.iter().map(|&p| (summary::percentile_key(p), self.percentile(p))).collect(),
-        })
+            median: pct(50.0),
+            std: var.sqrt(),
+            percentiles: percentiles.iter().map(|&p| (summary::percentile_key(p), pct(p))).collect(),
+        }))
     }
 }
 
 /// The summary's inputs, request by request: `summary::compute_views`
 /// folded one request at a time (the same figures in the same order, so the
-/// same bits), with the pooled ITLs kept whole up to the limits above.
+/// same bits). The per-request figures (TTFT, TPOT, E2EL, interactivity)
+/// stay in memory, 8 bytes each per completed request; the pooled ITLs, of
+/// which there are many per request, spill to a file ([`ItlPool`]).
 #[derive(Debug, Default)]
 pub struct SummaryAcc {
-    /// Requests and ITLs seen, completed or not (what the limits count).
-    seen: usize,
-    seen_itls: usize,
-    sketched: bool,
     completed: usize,
     not_completed: usize,
     ttfts: Vec<f64>,
     tpots: Vec<f64>,
     e2els: Vec<f64>,
     per_token_s: Vec<f64>,
-    /// The completed requests' ITLs, in order, until the limits are passed.
-    exact_itls: Vec<f64>,
-    itls: ItlSketch,
+    itls: ItlPool,
     total_in: u64,
     total_out: u64,
     tokens_unknown: usize,
@@ -1104,9 +1490,7 @@ pub struct SummaryAcc {
 }
 
 impl SummaryAcc {
-    pub fn add(&mut self, q: &RequestRef) {
-        self.seen += 1;
-        self.seen_itls += q.itl_ms.len();
+    pub fn add(&mut self, q: &RequestRef) -> io::Result<()> {
         self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
         if let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) {
             self.completed += 1;
@@ -1114,11 +1498,7 @@ impl SummaryAcc {
             if let Some(t) = q.ttft_ms {
                 self.ttfts.push(t);
             }
-            if self.sketched {
-                q.itl_ms.iter().for_each(|&x| self.itls.add(x));
-            } else {
-                self.exact_itls.extend_from_slice(q.itl_ms);
-            }
+            self.itls.extend(q.itl_ms)?;
             match (q.prompt_tokens, q.completion_tokens) {
                 (Some(i), Some(o)) => {
                     self.total_in += i;
@@ -1141,15 +1521,10 @@ impl SummaryAcc {
         } else {
             self.not_completed += 1;
         }
-        if !self.sketched && (self.seen > EXACT_REQUESTS || self.seen_itls > EXACT_ITLS) {
-            self.sketched = true;
-            for x in std::mem::take(&mut self.exact_itls) {
-                self.itls.add(x);
-            }
-        }
+        Ok(())
     }
 
-    pub fn finish(mut self, chains: Vec<ChainHitRate>, percentiles: &[f64]) -> Summary {
+    pub fn finish(mut self, chains: Vec<ChainHitRate>, percentiles: &[f64]) -> io::Result<Summary> {
         let duration_s = match (self.first_ns, self.last_ns) {
             (Some(f), Some(l)) if l > f => Some((l - f) as f64 / 1e9),
             _ => None,
@@ -1157,7 +1532,7 @@ impl SummaryAcc {
         let rate = |x: f64| duration_s.map(|d| x / d);
         // Values equal under total_cmp are the same bits: unstable is stable here.
         self.per_token_s.sort_unstable_by(f64::total_cmp);
-        Summary {
+        Ok(Summary {
             completed: self.completed,
             not_completed: self.not_completed,
             duration_s,
@@ -1170,13 +1545,13 @@ impl SummaryAcc {
             percentiles: percentiles.to_vec(),
             ttft_ms: summary::dist_of(self.ttfts, percentiles),
             tpot_ms: summary::dist_of(self.tpots, percentiles),
-            itl_ms: if self.sketched { self.itls.dist(percentiles) } else { summary::dist_of(self.exact_itls, percentiles) },
+            itl_ms: self.itls.dist(percentiles)?,
             e2el_ms: summary::dist_of(self.e2els, percentiles),
             interactivity_p90_tok_s: percentile(&self.per_token_s, 90.0).filter(|p| *p > 0.0).map(|p| 1.0 / p),
             chains,
             gpu_samples: 0,
             peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
-        }
+        })
     }
 }
 
@@ -1338,65 +1713,42 @@ fn spool_file() -> io::Result<std::fs::File> {
     Ok(f)
 }
 
-/// The schema-1 JSON report of a recording, written while it is read (what
-/// `hopscope report --json` prints): the same bytes as [`build`] serialized
-/// pretty, with memory that follows the open requests. Returns the error that
-/// stopped the read early, if any (the report covers what precedes it).
-pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, path: &str, cfg: Config, percentiles: &[f64], out: W) -> io::Result<Option<String>> {
-    let meta = reader.meta().clone();
+/// Reads a recording through the correlator, handing each request to `put`
+/// as soon as it is final (its figures computed, its peak GPU memory set
+/// when there are NVML samples), in report order, and the GPU steps to
+/// `steps` as they are found. Returns what is left of the analysis (the
+/// recording-wide parts: counters, kernels, GPUs, first and last times) and
+/// the error that stopped the read early, if any.
+fn stream_requests<R: Read>(
+    reader: &mut crate::recording::Reader<R>,
+    cfg: Config,
+    gpu_mem: &mut GpuMemIndex,
+    mut put: impl FnMut(&Request, &RequestRef) -> io::Result<()>,
+    mut steps: impl FnMut(&[crate::correlate::gpu::GpuStep], &[crate::correlate::gpu::StepCompute]) -> io::Result<()>,
+) -> io::Result<(Analysis, Option<String>)> {
     let mut c = Correlator::new(cfg);
-    let mut gpu_mem = GpuMemIndex::default();
-    let mut spool = spool_file()?;
-    let mut buf: Vec<u8> = Vec::with_capacity(SPOOL_CHUNK + (1 << 14));
-    let (mut chains, mut acc, mut written) = (ChainBook::new()?, SummaryAcc::default(), 0usize);
-    let (mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?);
     let (mut itl, mut sorted) = (Vec::new(), Vec::new());
-    let mut put = |r: &Request, gpu_mem: &GpuMemIndex, buf: &mut Vec<u8>, spool: &mut std::fs::File| -> io::Result<()> {
+    let mut hand = |r: &Request, gpu_mem: &GpuMemIndex| -> io::Result<()> {
         let mut q = request_ref(r, &mut itl, &mut sorted);
         if gpu_mem.samples() > 0 {
             q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
         }
-        // The array's opening `[` is written at the end: elements are two levels deep.
-        if written > 0 {
-            buf.push(b',');
-        }
-        json::newline(buf, 2);
-        q.write_json(buf, 2);
-        written += 1;
-        if buf.len() >= SPOOL_CHUNK {
-            spool.write_all(buf)?;
-            buf.clear();
-        }
-        chains.add(r, &q)?;
-        acc.add(&q);
-        Ok(())
+        put(r, &q)
     };
-    let push_steps = |g: &[crate::correlate::gpu::GpuStep], sc: &[crate::correlate::gpu::StepCompute], gpu_steps: &mut ArraySpool, step_compute: &mut ArraySpool| -> io::Result<()> {
-        g.iter().try_for_each(|g| gpu_steps.push(|b| json::Value::write(&gpu_step_out(g), b, 2)))?;
-        sc.iter().try_for_each(|x| step_compute.push(|b| json::Value::write(&step_compute_out(x), b, 2)))
-    };
-    // Hand out final requests every few thousand records, or every 250 ms
-    // of recording time, whichever comes first.
-    let (mut now, mut n, mut next_drain, mut prev_ts) = (0u64, 0u64, 0u64, 0u64);
+    let mut clock = crate::correlate::DrainClock::default();
     let read_error = loop {
         match reader.next_ref() {
             Ok(Some(r)) => {
                 gpu_mem.ingest(r);
                 c.ingest(r);
-                // Two records in a row must agree for the clock to move: one
-                // corrupt far-future time would hand out every request early.
-                now = now.max(prev_ts.min(r.ts_ns()));
-                prev_ts = r.ts_ns();
-                n += 1;
-                if n % 4096 == 0 || now >= next_drain {
-                    next_drain = now.saturating_add(250_000_000);
+                if let Some(now) = clock.tick(r.ts_ns()) {
                     for r in c.drain_final(now) {
-                        put(&r, &gpu_mem, &mut buf, &mut spool)?;
+                        hand(&r, gpu_mem)?;
                     }
                     // The report has no use for engine steps (the trace has).
                     c.take_steps();
                     let (g, sc) = c.take_gpu_steps();
-                    push_steps(&g, &sc, &mut gpu_steps, &mut step_compute)?;
+                    steps(&g, &sc)?;
                 }
             }
             Ok(None) => break None,
@@ -1405,14 +1757,48 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     };
     let mut tail = c.finish_streaming();
     for r in std::mem::take(&mut tail.requests) {
-        put(&r, &gpu_mem, &mut buf, &mut spool)?;
+        hand(&r, gpu_mem)?;
     }
+    steps(&std::mem::take(&mut tail.gpu_steps), &std::mem::take(&mut tail.step_compute))?;
+    Ok((tail, read_error))
+}
+
+/// The schema-1 JSON report of a recording, written while it is read (what
+/// `hopscope report --json` prints): the same bytes as [`build`] serialized
+/// pretty, with memory that follows the open requests. Returns the error that
+/// stopped the read early, if any (the report covers what precedes it).
+pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, path: &str, cfg: Config, percentiles: &[f64], out: W) -> io::Result<Option<String>> {
+    let meta = reader.meta().clone();
+    let mut gpu_mem = GpuMemIndex::default();
+    let mut spool = spool_file()?;
+    let mut buf: Vec<u8> = Vec::with_capacity(SPOOL_CHUNK + (1 << 14));
+    let (mut chains, mut acc, mut written) = (ChainBook::new()?, SummaryAcc::default(), 0usize);
+    let (mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?);
+    let put = |r: &Request, q: &RequestRef| -> io::Result<()> {
+        // The array's opening `[` is written at the end: elements are two levels deep.
+        if written > 0 {
+            buf.push(b',');
+        }
+        json::newline(&mut buf, 2);
+        q.write_json(&mut buf, 2);
+        written += 1;
+        if buf.len() >= SPOOL_CHUNK {
+            spool.write_all(&buf)?;
+            buf.clear();
+        }
+        chains.add(r, q)?;
+        acc.add(q)
+    };
+    let push_steps = |g: &[crate::correlate::gpu::GpuStep], sc: &[crate::correlate::gpu::StepCompute]| -> io::Result<()> {
+        g.iter().try_for_each(|g| gpu_steps.push(|b| json::Value::write(&gpu_step_out(g), b, 2)))?;
+        sc.iter().try_for_each(|x| step_compute.push(|b| json::Value::write(&step_compute_out(x), b, 2)))
+    };
+    let (tail, read_error) = stream_requests(reader, cfg, &mut gpu_mem, put, push_steps)?;
     spool.write_all(&buf)?;
     buf.clear();
-    push_steps(&std::mem::take(&mut tail.gpu_steps), &std::mem::take(&mut tail.step_compute), &mut gpu_steps, &mut step_compute)?;
     let mut rep = build(path, &meta, &tail, read_error.clone());
     let (chain_outs, hits) = chains.finish()?;
-    rep.summary = acc.finish(hits, percentiles);
+    rep.summary = acc.finish(hits, percentiles)?;
     gpu_mem.apply(&mut [], &mut rep.summary);
 
     // The report's top level in `Report`'s field order, the spooled arrays
@@ -1472,10 +1858,52 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     Ok(read_error)
 }
 
+/// The text report of a recording, written while it is read (what
+/// `hopscope report` prints): the same bytes as [`render_text`] of [`build`]
+/// (with `percentiles` and the NVML samples applied, as `report` does), with
+/// memory that follows the open requests. The request table's lines go to
+/// a spool file as the requests come (the recording line above them is known
+/// only at the end), the hops' rows to the [`ChainBook`]'s. Returns the error
+/// that stopped the read early, if any (the report covers what precedes it).
+pub fn write_text<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, path: &str, cfg: Config, percentiles: &[f64], out: W) -> io::Result<Option<String>> {
+    let meta = reader.meta().clone();
+    let mut gpu_mem = GpuMemIndex::default();
+    let mut lines = io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?);
+    let (mut chains, mut acc, mut line) = (ChainBook::with_rows()?, SummaryAcc::default(), String::new());
+    let put = |r: &Request, q: &RequestRef| -> io::Result<()> {
+        line.clear();
+        request_line(&mut line, &q.into());
+        lines.write_all(line.as_bytes())?;
+        chains.add(r, q)?;
+        acc.add(q)
+    };
+    // The text report shows no steps: they are only let go.
+    let (tail, read_error) = stream_requests(reader, cfg, &mut gpu_mem, put, |_, _| Ok(()))?;
+    let mut rep = build(path, &meta, &tail, read_error.clone());
+    let (chain_outs, hits) = chains.finish()?;
+    rep.summary = acc.finish(hits, percentiles)?;
+    gpu_mem.apply(&mut [], &mut rep.summary);
+
+    let mut out = io::BufWriter::with_capacity(SPOOL_CHUNK, out);
+    let mut s = String::new();
+    text_head(&mut s, &rep);
+    out.write_all(s.as_bytes())?;
+    let mut lines = lines.into_inner().map_err(io::IntoInnerError::into_error)?;
+    lines.seek(io::SeekFrom::Start(0))?;
+    io::copy(&mut lines, &mut out)?;
+    chain_outs.write_text(&mut out)?;
+    s.clear();
+    text_tail(&mut s, &rep);
+    out.write_all(s.as_bytes())?;
+    out.flush()?;
+    Ok(read_error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sink::json::Value;
+    use crate::model::Record;
     use crate::sink::summary::ReqView;
 
     const NASTY: &str = "a\"b\\c/d\u{0}\u{1f}\n\t\r\u{8}\u{c}\u{7f} é 日本 🚀";
@@ -1537,6 +1965,152 @@ mod tests {
         let mut b = Vec::new();
         f(&mut b);
         String::from_utf8(b).expect("utf-8")
+    }
+
+
+    const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000_000_000;
+
+    /// One streamed exchange on connection `fd`: head, role, `n` content
+    /// chunks about `itl` ms apart (`chunks`), usage (prompt and cached
+    /// tokens, unless `tokens` is None), done, end.
+    fn exchange(fd: i32, seq: u32, id: &str, at: u64, (n, itl): (u64, u64), headers: &[(&str, &str)], tokens: Option<(u64, u64)>) -> Vec<Record> {
+        use crate::event::ConnKey;
+        use crate::model::{HttpRole, SseKind, Usage};
+        let c = ConnKey { tgid: 100, fd, ino: 9000 + fd as u64 };
+        let sse = |ts_ns: u64, kind: SseKind, usage: Option<Usage>| Record::Sse { conn: c, seq, ts_ns, kind, id: Some(id.into()), content_bytes: 3, finish_reason: None, usage };
+        let mut v = vec![
+            Record::HttpRequest {
+                conn: c,
+                role: HttpRole::Server,
+                seq,
+                start_ns: at,
+                end_ns: at + 10_000,
+                tid: 100,
+                method: "POST".into(),
+                path: "/v1/chat/completions".into(),
+                headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                body_len: 321,
+                stream: Some(true),
+                model: None,
+                ready_ns: Some(at - 300_000),
+            },
+            Record::HttpResponse { conn: c, role: HttpRole::Server, seq, ts_ns: at + MS, tid: 100, status: 200, headers: vec![("content-type".into(), "text/event-stream".into())] },
+            sse(at + 3 * MS / 2, SseKind::Role, None),
+        ];
+        // Uneven gaps, so an ITL average is not one of its ITLs.
+        let mut t = at + 5 * MS;
+        for k in 0..n {
+            v.push(sse(t, SseKind::Content, None));
+            t += itl * MS + k * 137_000;
+        }
+        let usage = tokens.map(|(prompt, cached)| Usage { prompt_tokens: Some(prompt), completion_tokens: Some(n), cached_tokens: Some(cached) });
+        v.push(sse(t, SseKind::Usage, usage));
+        v.push(sse(t + 100, SseKind::Done, None));
+        v.push(Record::HttpResponseEnd { conn: c, seq, ts_ns: t + 200, body_len: 999 });
+        v
+    }
+
+    fn gpu_sample(ts_ns: u64, bytes: u64) -> Record {
+        Record::GpuSample {
+            ts_ns,
+            device: 0,
+            mem_used_bytes: bytes + 1,
+            mem_total_bytes: 80 << 30,
+            process_mem: vec![(100, bytes)],
+            sm_util_pct: None,
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        }
+    }
+
+    /// What `hopscope report` printed before it streamed: the whole analysis
+    /// in memory, the summary recomputed for `percentiles`, the NVML samples
+    /// applied.
+    fn in_memory_text(bytes: &[u8], percentiles: &[f64]) -> String {
+        let mut reader = crate::recording::Reader::new(bytes).expect("reader");
+        let meta = reader.meta().clone();
+        let (mut c, mut gpu_mem) = (Correlator::new(Config::default()), GpuMemIndex::default());
+        let read_error = loop {
+            match reader.next_record() {
+                Ok(Some(r)) => {
+                    gpu_mem.ingest(&r);
+                    c.ingest(&r);
+                }
+                Ok(None) => break None,
+                Err(e) => break Some(e.to_string()),
+            }
+        };
+        let mut rep = build("text.hop", &meta, &c.finish(), read_error);
+        rep.summary = summary::compute(&rep.requests, &rep.chains, percentiles);
+        gpu_mem.apply(&mut rep.requests, &mut rep.summary);
+        render_text(&rep)
+    }
+
+    #[test]
+    fn the_streamed_text_report_prints_what_the_in_memory_one_does() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut recs = Vec::new();
+        // A traceparent chain of two hops, a header chain of two, a
+        // connection chain of two, connection chains of one (not shown).
+        recs.extend(exchange(5, 0, "chatcmpl-a", SEC, (4, 2), &[("traceparent", tp)], Some((40, 30))));
+        recs.extend(exchange(6, 0, "chatcmpl-dup", SEC + 20 * MS, (6, 3), &[("x-session-id", "s1")], Some((50, 10))));
+        recs.extend(exchange(7, 0, "chatcmpl-b", 3 * SEC, (2, 5), &[("traceparent", tp)], None));
+        recs.extend(exchange(6, 1, "chatcmpl-c", 4 * SEC + 500 * MS, (3, 1), &[("x-session-id", "s1")], Some((80, 64))));
+        recs.extend(exchange(8, 0, "chatcmpl-d", 5 * SEC, (5, 2), &[], Some((10, 0))));
+        recs.extend(exchange(8, 1, "chatcmpl-e", 5 * SEC + 500 * MS, (1, 2), &[], Some((12, 12))));
+        // The header chain's first hop's id again, later, without token
+        // counts or GPU memory: a hop is shown with the last request of its id.
+        recs.extend(exchange(9, 0, "chatcmpl-dup", 6 * SEC, (2, 7), &[], None));
+        recs.extend(exchange(10, 0, "chatcmpl-f", 6 * SEC + 100 * MS, (3, 4), &[], Some((7, 1))));
+        // NVML saw the first second's requests and the traceparent chain's second hop only.
+        for (k, b) in [(0, 3 << 30), (10, 5 << 30), (30, 4 << 30)] {
+            recs.push(gpu_sample(SEC + k * MS, b));
+        }
+        recs.push(gpu_sample(3 * SEC + 2 * MS, 6 << 30));
+        // Lost with the damaged block: a request in flight at the cut, and one after.
+        recs.extend(exchange(11, 0, "chatcmpl-g", 7 * SEC - 2 * MS, (3, 4), &[], Some((7, 1))));
+        recs.extend(exchange(12, 0, "chatcmpl-h", 8 * SEC, (3, 4), &[], Some((7, 1))));
+        recs.sort_by_key(Record::ts_ns);
+        let meta = crate::recording::Meta::default();
+        let mut w = crate::recording::Writer::new(Vec::new(), &meta).expect("writer");
+        let mut sealed = false;
+        for r in &recs {
+            if r.ts_ns() >= 7 * SEC && !sealed {
+                w.seal(r.ts_ns()).expect("seal");
+                sealed = true;
+            }
+            w.push(r).expect("push");
+        }
+        let mut bytes = w.finish(8 * SEC + SEC).expect("finish");
+        bytes.truncate(bytes.len() - 7);
+        for p in [&[25.0, 75.0, 99.9][..], summary::DEFAULT_PERCENTILES] {
+            let want = in_memory_text(&bytes, p);
+            let mut reader = crate::recording::Reader::new(&bytes[..]).expect("reader");
+            let mut got = Vec::new();
+            let err = write_text(&mut reader, "text.hop", Config::default(), p, &mut got).expect("streamed text report");
+            assert!(err.as_deref().is_some_and(|e| e.contains("truncated")), "{err:?}");
+            let got = String::from_utf8(got).expect("utf-8");
+            if got != want {
+                let at = got.lines().zip(want.lines()).position(|(a, b)| a != b);
+                panic!("first differing line {at:?}\n--- streamed:\n{got}\n--- in memory:\n{want}");
+            }
+            // What the comparison covers: three chain tables, the GPU memory
+            // column in the traceparent chain's only (the header chain's
+            // first hop is shown as the later chatcmpl-dup, without a peak),
+            // the read error, the percentiles asked for.
+            assert_eq!(got.matches("\nchain ").count(), 3, "{got}");
+            assert_eq!(got.matches("gpu_mem_mib").count(), 1, "{got}");
+            assert!(got.contains("WARNING: the recording ends early"), "{got}");
+            assert!(p.iter().all(|&p| got.contains(&format!("P{} TTFT (ms):", &summary::percentile_key(p)[1..]))), "{got}");
+            // Nine requests: chatcmpl-g unfinished at the cut, chatcmpl-h lost with the block.
+            assert_eq!(got.lines().filter(|l| l.starts_with("chatcmpl-")).count(), 9, "{got}");
+            // s1's hit rate: chatcmpl-c's 64 of 80 alone (the later chatcmpl-dup has no counts).
+            assert!(got.contains(&format!("{:<40} {:<10}\n", "s1:", "80.00%")), "{got}");
+        }
     }
 
     #[test]
@@ -1607,64 +2181,24 @@ mod tests {
             .collect()
     }
 
-    /// The dense table against the tree it replaced (buckets by the same
-    /// formula, in a BTreeMap): the same percentiles for the same values,
-    /// zero, sub-nanosecond, day-long and infinite ones included.
     #[test]
-    fn itl_sketch_table_gives_the_tree_sketchs_percentiles() {
-        let mut xs: Vec<f64> = (0..20_000u64).map(|i| ((i * 7919) % 10_007) as f64 * 0.0137 + (i % 13) as f64 * 1e-7).collect();
-        xs.extend([0.0, 1e-9, 1e-6, 1.0000001e-6, 86_400_000.0, f64::INFINITY, 3.5, 3.5]);
-        let mut sk = ItlSketch::default();
-        let mut tree: BTreeMap<i32, u64> = BTreeMap::new();
-        for &x in &xs {
-            sk.add(x);
-            let k = if x > SKETCH_MIN_MS { ((x / SKETCH_MIN_MS).ln() / SKETCH_BASE.ln()).floor() as i32 } else { -1 };
-            *tree.entry(k).or_default() += 1;
-        }
-        let value = |k: i32| if k < 0 { 0.0 } else { SKETCH_MIN_MS * SKETCH_BASE.powf(f64::from(k) + 0.5) };
-        let at = |i: u64| {
-            let mut seen = 0;
-            for (&k, &c) in &tree {
-                seen += c;
-                if i < seen {
-                    return value(k);
-                }
-            }
-            unreachable!("rank within the count")
-        };
-        for p in [0.0, 1.0, 25.0, 50.0, 90.0, 99.0, 99.99, 100.0] {
-            let rank = p / 100.0 * (xs.len() - 1) as f64;
-            let (lo, hi) = (at(rank.floor() as u64), at(rank.ceil() as u64));
-            let want = lo + (hi - lo) * (rank - rank.floor());
-            let got = sk.percentile(p);
-            assert!(got == want || (got.is_nan() && want.is_nan()), "p{p}: {got} vs {want}");
-        }
-    }
-
-    #[test]
-    fn summary_accumulator_is_compute_views_below_the_limits_and_sketches_only_the_itls_past_them() {
-        let itls: Vec<Vec<f64>> = (0..11).map(|k| (0..k).map(|j| 5.0 + (k * j) as f64 * 0.37).collect()).collect();
-        let p = [50.0, 90.0, 99.0, 99.9];
-        for n in [0, 1, 3000, EXACT_REQUESTS + 50] {
+    fn summary_accumulator_is_compute_views_to_the_bit_with_its_itls_in_memory_or_spilled_in_runs() {
+        // ITLs with repeats across requests, zeros, and huge values: the
+        // runs' merge must give the sorted order the sums are taken in.
+        let itls: Vec<Vec<f64>> = (0..11).map(|k| (0..k).map(|j| if j == 3 { 0.0 } else { 5.0 + (k * j) as f64 * 0.37 + if k == 7 { 1e12 } else { 0.0 } }).collect()).collect();
+        let p = [50.0, 90.0, 99.0, 99.9, 0.0, 100.0];
+        for (n, run) in [(0, ITL_RUN), (1, ITL_RUN), (3000, ITL_RUN), (3, 1), (3000, 1), (3000, 7), (20_000, 1000)] {
             let qs = requests(n, &itls);
-            let mut acc = SummaryAcc::default();
-            qs.iter().for_each(|q| acc.add(q));
-            let got = acc.finish(Vec::new(), &p);
+            let mut acc = SummaryAcc { itls: ItlPool { run, ..ItlPool::default() }, ..SummaryAcc::default() };
+            qs.iter().for_each(|q| acc.add(q).expect("add"));
+            let spilled = acc.itls.runs.len();
+            let got = acc.finish(Vec::new(), &p).expect("summary");
             let views: Vec<ReqView> = qs.iter().map(view).collect();
             let want = summary::compute_views(&views, &[], &p);
-            if n <= EXACT_REQUESTS {
-                assert_eq!(got, want, "{n} requests");
-                continue;
-            }
-            // Past the limit: all but the pooled ITLs stay exact; those are
-            // within the sketch's 0.05% of the exact figures.
-            assert_eq!(Summary { itl_ms: None, ..got.clone() }, Summary { itl_ms: None, ..want.clone() });
-            let (g, w) = (got.itl_ms.unwrap(), want.itl_ms.unwrap());
-            assert_eq!(g.n, w.n);
-            assert!(g.n > 400_000, "{}", g.n);
-            for (a, b) in [(g.mean, w.mean), (g.median, w.median), (g.std, w.std)].into_iter().chain(g.percentiles.values().copied().zip(w.percentiles.values().copied())) {
-                assert!((a - b).abs() <= 5e-4 * b.abs() + 1e-9, "{a} vs {b}");
-            }
+            assert_eq!(got, want, "{n} requests, runs of {run}");
+            let pooled = want.itl_ms.as_ref().map_or(0, |d| d.n);
+            // Runs are filled to at most `run` (or one request's ITLs).
+            assert_eq!(spilled > 0, pooled > run, "{n} requests, runs of {run}: {spilled} runs of {pooled} ITLs");
         }
     }
 }

@@ -21,15 +21,10 @@
 use super::raw::RawLayout;
 use super::stream::RequestStream;
 use super::{end_of, groups, write_requests, Encoding, PerfettoError, TraceInput, TraceStats, TraceWriter};
-use crate::correlate::{Analysis, Config, Correlator};
+use crate::correlate::{Analysis, Config, Correlator, DrainClock};
 use crate::model::Record;
 use crate::recording::{Meta, Reader};
 use std::io::{Read, Write};
-
-/// How often requests are handed out while reading: every this many records
-/// or this much recording time, whichever comes first (as `report --json`).
-const DRAIN_RECORDS: u64 = 4096;
-const DRAIN_NS: u64 = 250_000_000;
 
 /// Reads `reader` to its end (or its first unreadable block), feeding the
 /// correlator and, with `draw_records`, the record-driven tracks; hands final
@@ -40,7 +35,7 @@ fn stream_pass<R: Read, W: Write>(t: &mut LiveTrace<W>, reader: &mut Reader<R>, 
         Some(rs) => rs,
         None => RequestStream::new(&mut t.w, t.t0)?,
     };
-    let mut p = Pass { c: Correlator::new(cfg), now: 0, n: 0, next_drain: 0, prev_ts: 0, draw_records };
+    let mut p = Pass { c: Correlator::new(cfg), clock: DrainClock::default(), draw_records };
     if let Some(r) = &first {
         p.feed(t, &mut rs, r)?;
     }
@@ -58,13 +53,11 @@ fn stream_pass<R: Read, W: Write>(t: &mut LiveTrace<W>, reader: &mut Reader<R>, 
     Ok((tail, read_error))
 }
 
-/// One streamed read: the correlator and its clock.
+/// One streamed read: the correlator and its clock (requests are handed
+/// out at `report --json`'s cadence).
 struct Pass {
     c: Correlator,
-    now: u64,
-    n: u64,
-    next_drain: u64,
-    prev_ts: u64,
+    clock: DrainClock,
     draw_records: bool,
 }
 
@@ -74,15 +67,9 @@ impl Pass {
             t.push(r)?;
         }
         self.c.ingest(r);
-        // Two records in a row must agree for the clock to move (one corrupt
-        // far-future time would hand out every request early).
-        self.now = self.now.max(self.prev_ts.min(r.ts_ns()));
-        self.prev_ts = r.ts_ns();
-        self.n += 1;
-        if self.n.is_multiple_of(DRAIN_RECORDS) || self.now >= self.next_drain {
-            self.next_drain = self.now.saturating_add(DRAIN_NS);
-            for q in self.c.drain_final(self.now) {
-                rs.push(&mut t.w, &mut t.raw, q, self.now)?;
+        if let Some(now) = self.clock.tick(r.ts_ns()) {
+            for q in self.c.drain_final(now) {
+                rs.push(&mut t.w, &mut t.raw, q, now)?;
             }
             // Steps are drawn from the records; their members' flows are not.
             let members: usize = self.c.take_steps().iter().map(|s| s.members.len()).sum();

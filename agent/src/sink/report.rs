@@ -39,7 +39,7 @@ pub struct RecordingInfo {
     pub gpus: Vec<crate::correlate::GpuInfo>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct Phases {
     pub frontend: Option<f64>,
     pub queue: Option<f64>,
@@ -49,7 +49,7 @@ pub struct Phases {
     pub decode: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct GpuMs {
     pub prefill: Option<f64>,
     pub decode: Option<f64>,
@@ -134,7 +134,7 @@ pub struct RequestOut {
     pub gpu_steps: Option<u32>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct ComputeMs {
     pub prefill: Option<f64>,
     pub decode: Option<f64>,

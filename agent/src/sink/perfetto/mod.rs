@@ -831,13 +831,49 @@ fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<St
     if !phase.has_figures() {
         return (Vec::new(), None);
     }
-    let out = crate::sink::report::request_out(r);
-    let from = (phase == Phase::Decode && !out.interference_from.is_empty()).then(|| out.interference_from.join(","));
+    let (out, from) = Figures::of(r);
+    let from = from.filter(|_| phase == Phase::Decode);
     (phase_figures(&out, phase), from)
 }
 
+/// The report's figures a request's slices show, copied out of its
+/// [`RequestRef`](crate::sink::report::RequestRef) (the report's own
+/// computation, so the trace and the report agree) without the strings a
+/// whole `RequestOut` would copy.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Figures {
+    prompt_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    phases_ms: crate::sink::report::Phases,
+    gpu_ms: crate::sink::report::GpuMs,
+    interference_ms: Option<f64>,
+    compute_ms: Option<crate::sink::report::ComputeMs>,
+    compute_source: Option<&'static str>,
+    gpu_steps: Option<u32>,
+}
+
+impl Figures {
+    /// The figures, and the ids of the requests whose prefill slowed its
+    /// decode, comma-joined (`None` when there are none).
+    fn of(r: &Request) -> (Self, Option<String>) {
+        let (mut itl, mut sorted) = (Vec::new(), Vec::new());
+        let q = crate::sink::report::request_ref(r, &mut itl, &mut sorted);
+        let f = Figures {
+            prompt_tokens: q.prompt_tokens,
+            cached_tokens: q.cached_tokens,
+            phases_ms: q.phases_ms,
+            gpu_ms: q.gpu_ms,
+            interference_ms: q.interference_ms,
+            compute_ms: q.compute_ms,
+            compute_source: q.compute_source,
+            gpu_steps: q.gpu_steps,
+        };
+        (f, (!q.interference_from.is_empty()).then(|| q.interference_from.join(",")))
+    }
+}
+
 /// [`phase_args`]'s figures, from the request's report figures.
-fn phase_figures(out: &crate::sink::report::RequestOut, phase: Phase) -> Vec<(&'static str, f64)> {
+fn phase_figures(out: &Figures, phase: Phase) -> Vec<(&'static str, f64)> {
     let p = &out.phases_ms;
     let c = out.compute_ms.as_ref();
     let v = match phase {
@@ -878,15 +914,14 @@ pub(crate) fn hop_args(r: &Request) -> Vec<Arg<'_>> {
 /// reader sees the same numbers in the trace and the report) and the strings
 /// made for the trace.
 pub(crate) struct RequestArgs {
-    out: crate::sink::report::RequestOut,
+    out: Figures,
     status: Option<String>,
-    interference_from: String,
+    interference_from: Option<String>,
 }
 
 impl RequestArgs {
     pub(crate) fn of(r: &Request) -> Self {
-        let out = crate::sink::report::request_out(r);
-        let interference_from = out.interference_from.join(",");
+        let (out, interference_from) = Figures::of(r);
         RequestArgs { out, status: r.status.map(|s| s.to_string()), interference_from }
     }
 
@@ -897,8 +932,8 @@ impl RequestArgs {
             return Vec::new();
         }
         let mut args: Vec<Arg<'_>> = phase_figures(&self.out, phase).into_iter().map(|(n, v)| Arg::f64(n, v)).collect();
-        if phase == Phase::Decode && !self.out.interference_from.is_empty() {
-            args.push(Arg::str("interference_from", &self.interference_from));
+        if let Some(from) = self.interference_from.as_ref().filter(|_| phase == Phase::Decode) {
+            args.push(Arg::str("interference_from", from));
         }
         args
     }
@@ -944,8 +979,8 @@ impl RequestArgs {
                 args.push(Arg::f64(name, v));
             }
         }
-        if !self.interference_from.is_empty() {
-            args.push(Arg::str("interference_from", &self.interference_from));
+        if let Some(from) = self.interference_from.as_deref().filter(|f| !f.is_empty()) {
+            args.push(Arg::str("interference_from", from));
         }
         if let Some(c) = &out.compute_ms {
             if c.prefill.is_some() || c.decode.is_some() {

@@ -192,7 +192,7 @@ pub struct RawLayout {
     /// Live steps: the direction steps come from (the engine's writes win
     /// once one is seen), request ids that already got a token.
     step_dir: Option<Dir>,
-    got_token: HashSet<String>,
+    got_token: HashSet<String, std::hash::BuildHasherDefault<crate::correlate::FxHasher>>,
     rate: VecDeque<(u64, u64)>,
     rate_sum: u64,
     rate_track: Option<TrackId>,
@@ -219,7 +219,7 @@ impl RawLayout {
             gpu_step_tracks: Vec::new(),
             step_clock: StepClock::default(),
             step_dir: None,
-            got_token: HashSet::new(),
+            got_token: HashSet::default(),
             rate: VecDeque::new(),
             rate_sum: 0,
             rate_track: None,
@@ -313,7 +313,8 @@ impl RawLayout {
                 let end_ns = built.filter(|b| b <= ts_ns).unwrap_or(*ts_ns);
                 let mut firsts = 0;
                 for o in outputs {
-                    if o.new_tokens > 0 && self.got_token.insert(o.request_id.clone()) {
+                    // Looked up before copying: most outputs are of requests already decoding.
+                    if o.new_tokens > 0 && !self.got_token.contains(o.request_id.as_str()) && self.got_token.insert(o.request_id.clone()) {
                         firsts += 1;
                     }
                     if o.finish_reason.is_some() {

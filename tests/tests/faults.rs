@@ -164,6 +164,15 @@ fn best(rates: &[f64]) -> f64 {
     rates.iter().copied().fold(0.0, f64::max)
 }
 
+/// The middle of an odd number of interleaved measurements: where one
+/// lucky round (the first after warm-up has come out 30 % above the rest)
+/// would decide a best-of comparison, the typical round decides this one.
+fn median(rates: &[f64]) -> f64 {
+    let mut v = rates.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn sys_state(pid: u32) -> Option<char> {
     hopscope::sys::proc_state(pid)
 }
@@ -183,15 +192,22 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
     let agent = Agent::spawn(&args, &[]);
     wait_healthy(port, Duration::from_secs(30));
     let base = format!("http://127.0.0.1:{port}");
+    const PER_ROUND: usize = 300;
+    // The rate over the client's own stamps (first send to last response
+    // end, CLOCK_MONOTONIC): the Python process's start-up and imports, as
+    // long as a tenth of a round and as variable, are not the server's time.
     let timed = |name: &str| {
         let out = dir.join(name);
-        let t = Instant::now();
-        run_py("sse_client.py", &["--base", &base, "--out", out.to_str().unwrap(), "--sequential", "150", "--tokens", "4", "--token-ms", "0", "--sdk", "raw"]);
-        150.0 / t.elapsed().as_secs_f64()
+        run_py("sse_client.py", &["--base", &base, "--out", out.to_str().unwrap(), "--sequential", &PER_ROUND.to_string(), "--tokens", "4", "--token-ms", "0", "--sdk", "raw"]);
+        let recs = read_jsonl(&out);
+        assert_eq!(recs.len(), PER_ROUND, "{name}: every request answered");
+        let first = recs.iter().map(|r| r["send_ns"].as_i64().expect("send_ns")).min().unwrap();
+        let last = recs.iter().map(|r| r["done_ns"].as_i64().expect("done_ns")).max().unwrap();
+        PER_ROUND as f64 / ((last - first) as f64 / 1e9)
     };
     timed("warmup.jsonl");
-    // Running and stopped rounds interleaved, the best of each compared (see `best`).
-    const ROUNDS: usize = 3;
+    // Running and stopped rounds interleaved, the median of each compared (see `median`).
+    const ROUNDS: usize = 7;
     let (mut running, mut stopped) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         running.push(timed(&format!("running{round}.jsonl")));
@@ -213,8 +229,8 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
     run_py("sse_client.py", &["--base", &base, "--out", after.to_str().unwrap(), "--sequential", "3", "--sdk", "raw"]);
     std::thread::sleep(Duration::from_millis(300));
     agent.stop();
-    let (best_running, best_stopped) = (best(&running), best(&stopped));
-    assert!(best_stopped >= 0.98 * best_running, "requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (best of {ROUNDS} each)");
+    let (typical_running, typical_stopped) = (median(&running), median(&stopped));
+    assert!(typical_stopped >= 0.98 * typical_running, "requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (median of {ROUNDS} each)");
 
     let report = report_json(&hop);
     let full = drop_count(&report, "kernel_ringbuf_full");
@@ -224,7 +240,7 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
         assert_all_present(&report, &read_jsonl(&dir.join(format!("running{round}.jsonl"))));
     }
     assert_all_present(&report, &read_jsonl(&after));
-    eprintln!("sigstop http: best of {ROUNDS}: {best_running:.1} req/s running, {best_stopped:.1} stopped; {full} ring-buffer records lost and counted");
+    eprintln!("sigstop http: median of {ROUNDS}: {typical_running:.1} req/s running, {typical_stopped:.1} stopped (rounds {running:.0?} / {stopped:.0?}); {full} ring-buffer records lost and counted");
 }
 
 /// A syscall storm (4 KiB writes on a unix socketpair, as fast as Python

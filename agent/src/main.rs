@@ -285,8 +285,17 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
     // Stdout is line-buffered: unwrapped, the report would be a write(2) per few lines.
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let path = file.display().to_string();
-    let read_error = if json { report::write_json(&mut reader, &path, cfg, &p, &mut out) } else { report::write_text(&mut reader, &path, cfg, &p, &mut out) }.context("writing the report")?;
-    out.flush().context("writing the report")?;
+    // A full disk is most likely TMPDIR's: the report spools there (docs/report-json.md).
+    let full = |e: std::io::Error| {
+        let hint = if e.kind() == std::io::ErrorKind::StorageFull {
+            format!(" (the report spools to {}, about 3 KB per request: point TMPDIR at a larger disk, or free space where stdout goes)", std::env::temp_dir().display())
+        } else {
+            String::new()
+        };
+        anyhow::anyhow!("writing the report: {e}{hint}")
+    };
+    let read_error = if json { report::write_json(&mut reader, &path, cfg, &p, &mut out) } else { report::write_text(&mut reader, &path, cfg, &p, &mut out) }.map_err(full)?;
+    out.flush().map_err(full)?;
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the report covers the readable part");
     }

@@ -32,6 +32,36 @@ fn report_on_a_file_that_is_not_a_recording_says_so() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot open recording"));
 }
 
+/// The streamed reports spool to TMPDIR: when it fills up, one line says
+/// where the spool was and what to do, for the JSON and the text report.
+#[test]
+fn a_full_tmpdir_is_one_line_naming_it_and_what_to_do() {
+    let Some(_serial) = privileged("a_full_tmpdir_is_one_line_naming_it_and_what_to_do") else { return };
+    let dir = scratch("cli-full-tmpdir");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    // One page of tmpfs: less than the fixture's spooled requests and hops need.
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=4k", "tmpfs"]).arg(&tmp).status().unwrap();
+    assert!(mounted.success(), "mount tmpfs on {}", tmp.display());
+    let hop = workspace().join("agent/tests/fixtures/chain3.hop");
+    let mut outs = Vec::new();
+    for json in [true, false] {
+        let mut c = Command::new(hopscope_bin());
+        c.arg("report");
+        if json {
+            c.arg("--json");
+        }
+        outs.push(c.arg(&hop).env("TMPDIR", &tmp).output().unwrap());
+    }
+    let _ = Command::new("umount").arg(&tmp).status();
+    for out in outs {
+        assert!(!out.status.success(), "a full TMPDIR fails the report");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("No space left on device") && err.contains(&format!("spools to {}", tmp.display())) && err.contains("point TMPDIR at a larger disk"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}
+
 #[test]
 fn bad_duration_is_rejected_with_the_accepted_forms() {
     let out = hopscope(&["record", "--pid", "1", "--duration", "soon"]);

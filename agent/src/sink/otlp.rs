@@ -14,9 +14,10 @@
 //! test decodes our bytes with the reference Python bindings.
 
 use crate::correlate::engine::marks;
-use crate::correlate::{Analysis, Config, Correlator, DrainClock, Request};
+use crate::correlate::{Analysis, Config, Request};
 use crate::recording::{Meta, Reader};
-use crate::sink::report::{Phases, RequestOut};
+use crate::sink::report::{request_ref, stream_requests, Phases, RequestRef};
+use crate::sink::summary::GpuMemIndex;
 use prost::Message;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -149,19 +150,19 @@ fn caller(r: &Request) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((hex_bytes(id)?, hex_bytes(parent)?))
 }
 
-/// Builds the export: `reqs` are the report's rows (same order as
-/// `analysis.requests`), so attributes match `hopscope report` exactly.
-pub fn build(meta: &Meta, analysis: &Analysis, reqs: &[RequestOut]) -> ExportTraceServiceRequest {
-    let mut spans = Vec::new();
-    for (r, q) in analysis.requests.iter().zip(reqs) {
-        spans_of(meta, r, q, &mut spans);
+/// Builds the whole export of an analysis at once (what [`export_streamed`]
+/// sends in batches), attributes from the report's figures.
+pub fn build(meta: &Meta, analysis: &Analysis) -> ExportTraceServiceRequest {
+    let (mut itl, mut sorted, mut spans) = (Vec::new(), Vec::new(), Vec::new());
+    for r in &analysis.requests {
+        spans_of(meta, r, &request_ref(r, &mut itl, &mut sorted), &mut spans);
     }
     wrap(meta, spans)
 }
 
 /// The spans of one request (none while it has no end): its SERVER span
 /// and, when the engine was joined, one child per phase.
-pub fn spans_of(meta: &Meta, r: &Request, q: &RequestOut, spans: &mut Vec<Span>) {
+pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>) {
     // CLOCK_MONOTONIC → Unix time, from the pair stamped when recording began.
     let start_unix = if meta.start_unix_ns > 0 { meta.start_unix_ns } else { meta.created_unix_s.saturating_mul(1_000_000_000) };
     let offset = start_unix as i128 - meta.start_ns as i128;
@@ -285,7 +286,6 @@ pub struct Exported {
 /// precedes it).
 pub fn export_streamed<R: Read>(reader: &mut Reader<R>, cfg: Config, endpoint: &str, batch: usize) -> Result<(Exported, Option<String>), OtlpError> {
     let meta = reader.meta().clone();
-    let mut c = Correlator::new(cfg);
     let mut spans: Vec<Span> = Vec::new();
     let mut done = Exported::default();
     let flush = |spans: &mut Vec<Span>, done: &mut Exported| -> Result<(), OtlpError> {
@@ -301,35 +301,17 @@ pub fn export_streamed<R: Read>(reader: &mut Reader<R>, cfg: Config, endpoint: &
         done.posts += 1;
         Ok(())
     };
-    let take = |r: &Request, spans: &mut Vec<Span>, done: &mut Exported| -> Result<(), OtlpError> {
+    // The report's reading loop: requests in report order as they become
+    // final, with the report's figures; steps are not exported.
+    let take = |r: &Request, q: &RequestRef| -> Result<(), OtlpError> {
         done.requests += 1;
-        spans_of(&meta, r, &crate::sink::report::request_out(r), spans);
+        spans_of(&meta, r, q, &mut spans);
         if spans.len() >= batch.max(1) {
-            flush(spans, done)?;
+            flush(&mut spans, &mut done)?;
         }
         Ok(())
     };
-    let mut clock = DrainClock::default();
-    let read_error = loop {
-        match reader.next_ref() {
-            Ok(Some(r)) => {
-                c.ingest(r);
-                if let Some(now) = clock.tick(r.ts_ns()) {
-                    for q in c.drain_final(now) {
-                        take(&q, &mut spans, &mut done)?;
-                    }
-                    // Steps and GPU steps are not exported: let them go.
-                    c.take_steps();
-                    c.take_gpu_steps();
-                }
-            }
-            Ok(None) => break None,
-            Err(e) => break Some(e.to_string()),
-        }
-    };
-    for q in c.finish_streaming().requests {
-        take(&q, &mut spans, &mut done)?;
-    }
+    let (_, read_error) = stream_requests(reader, cfg, &mut GpuMemIndex::default(), take, |_, _| Ok(()))?;
     flush(&mut spans, &mut done)?;
     Ok((done, read_error))
 }
@@ -432,13 +414,12 @@ mod tests {
         let mut reader = Reader::open(&fixture()).unwrap();
         let meta = reader.meta().clone();
         let cfg = Config { chain_header: meta.chain_header.clone(), use_ipc: true };
-        let mut c = Correlator::new(cfg.clone());
+        let mut c = crate::correlate::Correlator::new(cfg.clone());
         while let Some(r) = reader.next_ref().unwrap() {
             c.ingest(r);
         }
         let analysis = c.finish();
-        let reqs: Vec<RequestOut> = analysis.requests.iter().map(crate::sink::report::request_out).collect();
-        let whole = build(&meta, &analysis, &reqs).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let whole = build(&meta, &analysis).resource_spans.remove(0).scope_spans.remove(0).spans;
         assert!(whole.len() > 10, "{} spans", whole.len());
         let (url, rx) = collector(Vec::new());
         let (sent, err) = export_streamed(&mut Reader::open(&fixture()).unwrap(), cfg, &url, 7).unwrap();

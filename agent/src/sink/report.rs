@@ -1719,16 +1719,16 @@ fn spool_file() -> io::Result<std::fs::File> {
 /// `steps` as they are found. Returns what is left of the analysis (the
 /// recording-wide parts: counters, kernels, GPUs, first and last times) and
 /// the error that stopped the read early, if any.
-fn stream_requests<R: Read>(
+pub(crate) fn stream_requests<R: Read, E>(
     reader: &mut crate::recording::Reader<R>,
     cfg: Config,
     gpu_mem: &mut GpuMemIndex,
-    mut put: impl FnMut(&Request, &RequestRef) -> io::Result<()>,
-    mut steps: impl FnMut(&[crate::correlate::gpu::GpuStep], &[crate::correlate::gpu::StepCompute]) -> io::Result<()>,
-) -> io::Result<(Analysis, Option<String>)> {
+    mut put: impl FnMut(&Request, &RequestRef) -> Result<(), E>,
+    mut steps: impl FnMut(&[crate::correlate::gpu::GpuStep], &[crate::correlate::gpu::StepCompute]) -> Result<(), E>,
+) -> Result<(Analysis, Option<String>), E> {
     let mut c = Correlator::new(cfg);
     let (mut itl, mut sorted) = (Vec::new(), Vec::new());
-    let mut hand = |r: &Request, gpu_mem: &GpuMemIndex| -> io::Result<()> {
+    let mut hand = |r: &Request, gpu_mem: &GpuMemIndex| -> Result<(), E> {
         let mut q = request_ref(r, &mut itl, &mut sorted);
         if gpu_mem.samples() > 0 {
             q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
@@ -1770,22 +1770,10 @@ fn stream_requests<R: Read>(
 pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, path: &str, cfg: Config, percentiles: &[f64], out: W) -> io::Result<Option<String>> {
     let meta = reader.meta().clone();
     let mut gpu_mem = GpuMemIndex::default();
-    let mut spool = spool_file()?;
-    let mut buf: Vec<u8> = Vec::with_capacity(SPOOL_CHUNK + (1 << 14));
-    let (mut chains, mut acc, mut written) = (ChainBook::new()?, SummaryAcc::default(), 0usize);
-    let (mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?);
+    let (mut chains, mut acc) = (ChainBook::new()?, SummaryAcc::default());
+    let (mut requests, mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?, ArraySpool::new()?);
     let put = |r: &Request, q: &RequestRef| -> io::Result<()> {
-        // The array's opening `[` is written at the end: elements are two levels deep.
-        if written > 0 {
-            buf.push(b',');
-        }
-        json::newline(&mut buf, 2);
-        q.write_json(&mut buf, 2);
-        written += 1;
-        if buf.len() >= SPOOL_CHUNK {
-            spool.write_all(&buf)?;
-            buf.clear();
-        }
+        requests.push(|b| q.write_json(b, 2))?;
         chains.add(r, q)?;
         acc.add(q)
     };
@@ -1794,8 +1782,6 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
         sc.iter().try_for_each(|x| step_compute.push(|b| json::Value::write(&step_compute_out(x), b, 2)))
     };
     let (tail, read_error) = stream_requests(reader, cfg, &mut gpu_mem, put, push_steps)?;
-    spool.write_all(&buf)?;
-    buf.clear();
     let mut rep = build(path, &meta, &tail, read_error.clone());
     let (chain_outs, hits) = chains.finish()?;
     rep.summary = acc.finish(hits, percentiles)?;
@@ -1804,6 +1790,7 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     // The report's top level in `Report`'s field order, the spooled arrays
     // copied in where they go.
     let mut out = io::BufWriter::with_capacity(SPOOL_CHUNK, out);
+    let mut buf = Vec::with_capacity(SPOOL_CHUNK);
     let b = &mut buf;
     b.extend_from_slice(b"{");
     json::newline(b, 1);
@@ -1816,16 +1803,7 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     b.extend_from_slice(b",");
     json::newline(b, 1);
     b.extend_from_slice(b"\"requests\": ");
-    if written > 0 {
-        b.push(b'[');
-        out.write_all(b)?;
-        b.clear();
-        spool.seek(io::SeekFrom::Start(0))?;
-        io::copy(&mut spool, &mut out)?;
-        b.extend_from_slice(b"\n  ]");
-    } else {
-        b.extend_from_slice(b"[]");
-    }
+    requests.finish(b, &mut out)?;
     b.extend_from_slice(b",");
     json::newline(b, 1);
     b.extend_from_slice(b"\"chains\": ");

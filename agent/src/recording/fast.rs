@@ -80,6 +80,19 @@ impl<'a> Cur<'a> {
     /// ceil(bits / 7) bytes, the last of which may only carry the bits left.
     #[inline]
     fn varint(&mut self, bits: u32) -> Result<u64> {
+        // Most values (lengths, small counts, enum tags) fit one byte, and any
+        // type of 8 bits or more takes every one-byte value.
+        match self.b.get(self.at) {
+            Some(&v) if v < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(v))
+            }
+            _ => self.varint_long(bits),
+        }
+    }
+
+    #[inline]
+    fn varint_long(&mut self, bits: u32) -> Result<u64> {
         let max_bytes = bits.div_ceil(7);
         let last_max: u8 = (1u8 << (bits % 7)) - 1;
         let mut out = 0u64;
@@ -288,7 +301,17 @@ impl Dec for PrefillStats {
 impl Dec for EngineOutput {
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         let EngineOutput { request_id, new_tokens, finish_reason, events, prefill } = self;
-        fields!(c; request_id, new_tokens, finish_reason, events, prefill)
+        // An engine step's outputs list the batch in the same order step
+        // after step: the reused slot mostly holds this very id already, and
+        // then there is nothing to validate or copy.
+        let n = c.len()?;
+        let b = c.take(n)?;
+        if request_id.as_bytes() != b {
+            let s = std::str::from_utf8(b).map_err(|_| DecodeError::BadUtf8)?;
+            request_id.clear();
+            request_id.push_str(s);
+        }
+        fields!(c; new_tokens, finish_reason, events, prefill)
     }
 }
 

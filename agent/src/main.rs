@@ -288,7 +288,7 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
     // A full disk is most likely TMPDIR's: the report spools there (docs/report-json.md).
     let full = |e: std::io::Error| {
         let hint = if e.kind() == std::io::ErrorKind::StorageFull {
-            format!(" (the report spools to {}, about 3 KB per request: point TMPDIR at a larger disk, or free space where stdout goes)", std::env::temp_dir().display())
+            format!(" (the report spools to {}, about 0.5 KB per request: point TMPDIR at a larger disk, or free space where stdout goes)", std::env::temp_dir().display())
         } else {
             String::new()
         };

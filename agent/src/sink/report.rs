@@ -12,8 +12,10 @@ use std::fmt::Write as _;
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub schema: u32,
-    pub recording: RecordingInfo,
+    /// Before `recording`: the requests are written as they are final, and
+    /// the recording-wide parts are known only at the end.
     pub requests: Vec<RequestOut>,
+    pub recording: RecordingInfo,
     pub chains: Vec<ChainOut>,
     pub kernels: Vec<KernelOut>,
     /// Run-level figures in `vllm bench serve`'s terms (sink::summary).
@@ -473,6 +475,9 @@ impl RequestRef<'_> {
     }
 }
 
+/// The report's schema (../shared/contract.md): fields are added, never renamed.
+pub const SCHEMA: u32 = 1;
+
 /// How many kernels the report lists.
 pub const TOP_KERNELS: usize = 20;
 
@@ -517,7 +522,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
         .collect();
     let summary = crate::sink::summary::compute(&requests, &chains, crate::sink::summary::DEFAULT_PERCENTILES);
     Report {
-        schema: 1,
+        schema: SCHEMA,
         summary,
         recording: RecordingInfo {
             path: path.to_owned(),
@@ -852,7 +857,7 @@ fn trunc(s: &str, n: usize) -> String {
 // run, below).
 
 use crate::correlate::{Config, Correlator};
-use crate::sink::summary::{self, ChainHitRate, Dist, GpuMemIndex, Summary};
+use crate::sink::summary::{self, from_total_key, total_key, ChainHitRate, Dist, GpuMemIndex, Summary};
 use std::io::{self, Read, Seek, Write};
 
 /// What a spool buffers before it writes to its file.
@@ -1295,38 +1300,54 @@ struct ItlPool {
 /// Values read at once from a spilled run.
 const RUN_READ: usize = 8192;
 
-/// One spilled run, read in order.
+/// One spilled run (or the merged values), read in order.
 struct RunReader {
     off: u64,
     left: u64,
-    buf: Vec<f64>,
+    buf: Vec<u64>,
     at: usize,
+    bytes: Vec<u8>,
 }
 
-/// f64 ordered by `total_cmp` (as the summaries sort).
-#[derive(PartialEq)]
-struct Total(f64);
+impl RunReader {
+    fn new(off: u64, len: u64) -> Self {
+        RunReader { off, left: len, buf: Vec::new(), at: 0, bytes: Vec::new() }
+    }
 
-impl Eq for Total {}
+    /// The next key, reading the next piece of `file` when the buffer is done.
+    #[inline]
+    fn next(&mut self, file: &std::fs::File) -> io::Result<Option<u64>> {
+        if self.at == self.buf.len() && !self.fill(file)? {
+            return Ok(None);
+        }
+        self.at += 1;
+        Ok(Some(self.buf[self.at - 1]))
+    }
 
-impl PartialOrd for Total {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
+    fn fill(&mut self, file: &std::fs::File) -> io::Result<bool> {
+        use std::os::unix::fs::FileExt;
+        if self.left == 0 {
+            return Ok(false);
+        }
+        let n = (self.left as usize).min(RUN_READ);
+        self.bytes.resize(n * 8, 0);
+        file.read_exact_at(&mut self.bytes, self.off)?;
+        self.off += self.bytes.len() as u64;
+        self.left -= n as u64;
+        self.buf.clear();
+        self.buf.extend(self.bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))));
+        self.at = 0;
+        Ok(true)
     }
 }
 
-impl Ord for Total {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
-}
-
-/// The spilled runs merged: every value once, in `total_cmp` order. A read
-/// error ends the values early and is kept in `err`.
+/// The spilled runs merged: every value once, in `total_cmp` order (as
+/// [`total_key`]s). A read error ends the values early and is kept in `err`.
 struct Merge<'f> {
     file: &'f std::fs::File,
     runs: Vec<RunReader>,
-    heap: std::collections::BinaryHeap<std::cmp::Reverse<(Total, usize)>>,
+    /// Each run's next key, smallest on top.
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
     err: Option<io::Error>,
 }
 
@@ -1336,50 +1357,45 @@ impl<'f> Merge<'f> {
         let runs = runs
             .iter()
             .map(|&n| {
-                let r = RunReader { off, left: n, buf: Vec::new(), at: 0 };
+                let r = RunReader::new(off, n);
                 off += n * 8;
                 r
             })
             .collect();
         let mut m = Merge { file, runs, heap: Default::default(), err: None };
         for i in 0..m.runs.len() {
-            m.refill(i);
+            if let Some(k) = m.read(i) {
+                m.heap.push(std::cmp::Reverse((k, i)));
+            }
         }
         m
     }
 
-    /// Pushes run `i`'s next value, if any.
-    fn refill(&mut self, i: usize) {
-        use std::os::unix::fs::FileExt;
-        let r = &mut self.runs[i];
-        if r.at == r.buf.len() {
-            if r.left == 0 {
-                return;
-            }
-            let n = (r.left as usize).min(RUN_READ);
-            let mut bytes = vec![0u8; n * 8];
-            if let Err(e) = self.file.read_exact_at(&mut bytes, r.off) {
+    /// Run `i`'s next key, if any.
+    fn read(&mut self, i: usize) -> Option<u64> {
+        match self.runs[i].next(self.file) {
+            Ok(k) => k,
+            Err(e) => {
                 self.err.get_or_insert(e);
-                r.left = 0;
-                return;
+                None
             }
-            r.off += bytes.len() as u64;
-            r.left -= n as u64;
-            r.buf.clear();
-            r.buf.extend(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))));
-            r.at = 0;
         }
-        self.heap.push(std::cmp::Reverse((Total(r.buf[r.at]), i)));
-        r.at += 1;
     }
 }
 
 impl Iterator for Merge<'_> {
-    type Item = f64;
-    fn next(&mut self) -> Option<f64> {
-        let std::cmp::Reverse((Total(x), i)) = self.heap.pop()?;
-        self.refill(i);
-        Some(x)
+    type Item = u64;
+    fn next(&mut self) -> Option<u64> {
+        let std::cmp::Reverse((k, i)) = *self.heap.peek()?;
+        // The run's next key replaces its last in place: one sift, not a
+        // pop's and a push's.
+        match self.read(i) {
+            Some(n) => *self.heap.peek_mut().expect("not empty") = std::cmp::Reverse((n, i)),
+            None => {
+                self.heap.pop();
+            }
+        }
+        Some(k)
     }
 }
 
@@ -1401,14 +1417,14 @@ impl ItlPool {
     }
 
     fn spill_run(&mut self) -> io::Result<()> {
-        // Values equal under total_cmp are the same bits: unstable is stable here.
-        self.buf.sort_unstable_by(f64::total_cmp);
+        let mut keys: Vec<u64> = self.buf.iter().map(|&x| total_key(x)).collect();
+        keys.sort_unstable();
         let spill = match &mut self.spill {
             Some(s) => s,
             None => self.spill.insert(io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?)),
         };
-        for x in &self.buf {
-            spill.write_all(&x.to_le_bytes())?;
+        for k in &keys {
+            spill.write_all(&k.to_le_bytes())?;
         }
         self.runs.push(self.buf.len() as u64);
         self.buf.clear();
@@ -1432,26 +1448,36 @@ impl ItlPool {
             at.insert(rank(*p).floor() as u64, 0.0);
             at.insert(rank(*p).ceil() as u64, 0.0);
         }
+        // One merge: the sum and the ranked values on the way, the merged
+        // keys written after the runs for the variance's second pass, which
+        // then reads them in order.
+        let mut merged_out = io::BufWriter::with_capacity(SPOOL_CHUNK, &file);
+        merged_out.seek(io::SeekFrom::Start(n * 8))?;
         let mut merged = Merge::new(&file, &self.runs);
-        let mut i = 0u64;
-        let sum = merged
-            .by_ref()
-            .inspect(|&x| {
-                if let Some(v) = at.get_mut(&i) {
-                    *v = x;
-                }
-                i += 1;
-            })
-            .sum::<f64>();
+        // -0.0: where Iterator::sum starts, for dist_of's bits.
+        let (mut i, mut sum) = (0u64, -0.0f64);
+        for k in merged.by_ref() {
+            let x = from_total_key(k);
+            if let Some(v) = at.get_mut(&i) {
+                *v = x;
+            }
+            sum += x;
+            i += 1;
+            merged_out.write_all(&k.to_le_bytes())?;
+        }
         if let Some(e) = merged.err {
             return Err(e);
         }
+        merged_out.flush()?;
+        drop(merged_out);
         let mean = sum / n as f64;
-        let mut merged = Merge::new(&file, &self.runs);
-        let var = merged.by_ref().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
-        if let Some(e) = merged.err {
-            return Err(e);
+        let mut sorted = RunReader::new(n * 8, n);
+        let mut var = -0.0f64;
+        while let Some(k) = sorted.next(&file)? {
+            let x = from_total_key(k);
+            var += (x - mean) * (x - mean);
         }
+        let var = var / n as f64;
         let pct = |p: f64| {
             let r = rank(p);
             let (lo, hi) = (at[&(r.floor() as u64)], at[&(r.ceil() as u64)]);
@@ -1625,47 +1651,74 @@ impl serde_json::ser::Formatter for Nested {
 }
 
 /// Elements of a top-level array of the report, written (already indented)
-/// to an unlinked spool file as they come, copied in at the end: the
-/// report's per-step arrays grow with the recording, not with what is open.
-struct ArraySpool {
-    file: std::fs::File,
+/// to `sink` as they come, in [`SPOOL_CHUNK`] pieces: the array's opening
+/// `[` with the first element, nothing before it (an empty array is only
+/// known at the end, see [`JsonArray::close`]).
+struct JsonArray<S: Write> {
+    sink: S,
     buf: Vec<u8>,
     written: usize,
 }
 
-impl ArraySpool {
-    fn new() -> io::Result<Self> {
-        Ok(ArraySpool { file: spool_file()?, buf: Vec::with_capacity(SPOOL_CHUNK + 4096), written: 0 })
+impl<S: Write> JsonArray<S> {
+    fn new(sink: S) -> Self {
+        JsonArray { sink, buf: Vec::with_capacity(SPOOL_CHUNK + 4096), written: 0 }
     }
 
-    /// The next element, written by `f` (braces at level 2: the array's
-    /// opening `[` is the report's).
+    /// The next element, written by `f` (braces at level 2: the array is a
+    /// member of the report's top level).
     fn push(&mut self, f: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
-        if self.written > 0 {
-            self.buf.push(b',');
-        }
+        self.buf.push(if self.written > 0 { b',' } else { b'[' });
         json::newline(&mut self.buf, 2);
         f(&mut self.buf);
         self.written += 1;
         if self.buf.len() >= SPOOL_CHUNK {
-            self.file.write_all(&self.buf)?;
+            self.sink.write_all(&self.buf)?;
             self.buf.clear();
         }
         Ok(())
     }
 
+    /// Writes what is buffered, and returns the sink and whether any element was written.
+    fn drain(mut self) -> io::Result<(S, bool)> {
+        self.sink.write_all(&self.buf)?;
+        Ok((self.sink, self.written > 0))
+    }
+
+    /// Ends the array where it was written (the elements follow what was
+    /// written to the sink before, `"name": `).
+    fn close(self) -> io::Result<S> {
+        let (mut sink, any) = self.drain()?;
+        sink.write_all(if any { b"\n  ]" } else { b"[]" })?;
+        Ok(sink)
+    }
+}
+
+/// A [`JsonArray`] in an unlinked spool file, copied in at the end: the
+/// report's per-step arrays grow with the recording, not with what is open,
+/// and are written while the requests are.
+struct ArraySpool(JsonArray<std::fs::File>);
+
+impl ArraySpool {
+    fn new() -> io::Result<Self> {
+        Ok(ArraySpool(JsonArray::new(spool_file()?)))
+    }
+
+    fn push(&mut self, f: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
+        self.0.push(f)
+    }
+
     /// Writes `"[" elements "\n  ]"` (or `[]`) to `out`, after what `b` holds.
-    fn finish(mut self, b: &mut Vec<u8>, out: &mut dyn Write) -> io::Result<()> {
-        if self.written == 0 {
+    fn finish(self, b: &mut Vec<u8>, out: &mut dyn Write) -> io::Result<()> {
+        let (mut file, any) = self.0.drain()?;
+        if !any {
             b.extend_from_slice(b"[]");
             return Ok(());
         }
-        b.push(b'[');
         out.write_all(b)?;
         b.clear();
-        self.file.write_all(&self.buf)?;
-        self.file.seek(io::SeekFrom::Start(0))?;
-        io::copy(&mut self.file, out)?;
+        file.seek(io::SeekFrom::Start(0))?;
+        io::copy(&mut file, out)?;
         b.extend_from_slice(b"\n  ]");
         Ok(())
     }
@@ -1771,7 +1824,23 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     let meta = reader.meta().clone();
     let mut gpu_mem = GpuMemIndex::default();
     let (mut chains, mut acc) = (ChainBook::new()?, SummaryAcc::default());
-    let (mut requests, mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?, ArraySpool::new()?);
+    let (mut gpu_steps, mut step_compute) = (ArraySpool::new()?, ArraySpool::new()?);
+    // The report's top level in `Report`'s field order. The requests come
+    // second, before the recording-wide parts that are known only at the
+    // end, so that they go straight to the output as they are final.
+    let mut out = io::BufWriter::with_capacity(SPOOL_CHUNK, out);
+    let mut buf = Vec::with_capacity(SPOOL_CHUNK);
+    let b = &mut buf;
+    b.extend_from_slice(b"{");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"schema\": ");
+    json::uint(b, u64::from(SCHEMA));
+    b.extend_from_slice(b",");
+    json::newline(b, 1);
+    b.extend_from_slice(b"\"requests\": ");
+    out.write_all(b)?;
+    b.clear();
+    let mut requests = JsonArray::new(&mut out);
     let put = |r: &Request, q: &RequestRef| -> io::Result<()> {
         requests.push(|b| q.write_json(b, 2))?;
         chains.add(r, q)?;
@@ -1782,28 +1851,16 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
         sc.iter().try_for_each(|x| step_compute.push(|b| json::Value::write(&step_compute_out(x), b, 2)))
     };
     let (tail, read_error) = stream_requests(reader, cfg, &mut gpu_mem, put, push_steps)?;
+    requests.close()?;
     let mut rep = build(path, &meta, &tail, read_error.clone());
     let (chain_outs, hits) = chains.finish()?;
     rep.summary = acc.finish(hits, percentiles)?;
     gpu_mem.apply(&mut [], &mut rep.summary);
 
-    // The report's top level in `Report`'s field order, the spooled arrays
-    // copied in where they go.
-    let mut out = io::BufWriter::with_capacity(SPOOL_CHUNK, out);
-    let mut buf = Vec::with_capacity(SPOOL_CHUNK);
-    let b = &mut buf;
-    b.extend_from_slice(b"{");
-    json::newline(b, 1);
-    b.extend_from_slice(b"\"schema\": ");
-    json::uint(b, u64::from(rep.schema));
     b.extend_from_slice(b",");
     json::newline(b, 1);
     b.extend_from_slice(b"\"recording\": ");
     serde_nested(b, 1, &rep.recording)?;
-    b.extend_from_slice(b",");
-    json::newline(b, 1);
-    b.extend_from_slice(b"\"requests\": ");
-    requests.finish(b, &mut out)?;
     b.extend_from_slice(b",");
     json::newline(b, 1);
     b.extend_from_slice(b"\"chains\": ");
@@ -2157,6 +2214,17 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn total_keys_order_as_total_cmp_and_give_the_same_floats_back() {
+        let xs = [f64::NEG_INFINITY, -1e300, -2.5, -f64::MIN_POSITIVE, -0.0, 0.0, 5e-324, 1.0, 12.759, 1e12, f64::INFINITY, f64::NAN, -f64::NAN];
+        for a in xs {
+            assert_eq!(from_total_key(total_key(a)).to_bits(), a.to_bits(), "{a}");
+            for b in xs {
+                assert_eq!(total_key(a).cmp(&total_key(b)), a.total_cmp(&b), "{a} vs {b}");
+            }
+        }
     }
 
     #[test]

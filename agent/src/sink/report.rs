@@ -1154,17 +1154,48 @@ struct PageCache<'f> {
     /// Page number + 1 held by each slot (0: none).
     tags: Vec<u64>,
     pages: Vec<u8>,
+    /// Read through [`WINDOW`]-sized pieces instead: set for a long chain,
+    /// whose hops go forward through the whole spool a page or so apart
+    /// (one read per hop through the pages).
+    forward: bool,
+    /// The forward piece and where it starts in the file.
+    window: Vec<u8>,
+    window_at: u64,
 }
 
 const PAGE: usize = 4096;
 const PAGE_SLOTS: usize = 256;
+const WINDOW: usize = 1 << 16;
+/// Chains with more hops than this are read forward (see [`PageCache::forward`]).
+const LONG_CHAIN: u32 = 16;
 
 impl<'f> PageCache<'f> {
     fn new(file: &'f std::fs::File, len: u64) -> Self {
-        PageCache { file, len, tags: vec![0; PAGE_SLOTS], pages: vec![0; PAGE * PAGE_SLOTS] }
+        PageCache { file, len, tags: vec![0; PAGE_SLOTS], pages: vec![0; PAGE * PAGE_SLOTS], forward: false, window: Vec::new(), window_at: 0 }
     }
 
-    fn read(&mut self, mut off: u64, dst: &mut [u8]) -> io::Result<()> {
+    fn read(&mut self, off: u64, dst: &mut [u8]) -> io::Result<()> {
+        if self.forward && dst.len() <= WINDOW {
+            return self.read_forward(off, dst);
+        }
+        self.read_paged(off, dst)
+    }
+
+    fn read_forward(&mut self, off: u64, dst: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let end = off + dst.len() as u64;
+        if off < self.window_at || end > self.window_at + self.window.len() as u64 {
+            let n = (self.len.saturating_sub(off) as usize).min(WINDOW).max(dst.len());
+            self.window.resize(n, 0);
+            self.file.read_exact_at(&mut self.window, off)?;
+            self.window_at = off;
+        }
+        let at = (off - self.window_at) as usize;
+        dst.copy_from_slice(&self.window[at..at + dst.len()]);
+        Ok(())
+    }
+
+    fn read_paged(&mut self, mut off: u64, dst: &mut [u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         let mut done = 0;
         while done < dst.len() {
@@ -1205,6 +1236,7 @@ impl ChainsOut {
         let (mut ids, mut spans, mut ttfts, mut hits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (k, &c) in self.order.iter().enumerate() {
             let x = &self.chains[c as usize];
+            pages.forward = x.hops > LONG_CHAIN;
             ids.clear();
             spans.clear();
             ttfts.clear();
@@ -1251,6 +1283,7 @@ impl ChainsOut {
             if !x.shown() {
                 continue;
             }
+            pages.forward = x.hops > LONG_CHAIN;
             let gpu_mem = x.peaks > 0;
             chain_head(&mut s, &self.names[c as usize], chain_source_name(x.source), hops.len(), Self::e2e_ms(x), gpu_mem);
             for (n, &i) in hops.iter().enumerate() {

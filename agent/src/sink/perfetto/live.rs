@@ -63,11 +63,12 @@ struct Pass {
 
 impl Pass {
     fn feed<W: Write>(&mut self, t: &mut LiveTrace<W>, rs: &mut RequestStream, r: &Record) -> Result<(), PerfettoError> {
+        let ts = r.ts_ns();
         if self.draw_records {
-            t.push(r)?;
+            t.push_at(r, ts)?;
         }
         self.c.ingest(r);
-        if let Some(now) = self.clock.tick(r.ts_ns()) {
+        if let Some(now) = self.clock.tick(ts) {
             for q in self.c.drain_final(now) {
                 rs.push(&mut t.w, &mut t.raw, q, now)?;
             }
@@ -144,7 +145,16 @@ impl<W: Write> LiveTrace<W> {
 
     /// Draws one record (in the pipeline's output order).
     pub fn push(&mut self, rec: &Record) -> Result<(), PerfettoError> {
-        self.last_ts = self.last_ts.max(rec.ts_ns());
+        self.push_at(rec, rec.ts_ns())
+    }
+
+    /// [`push`](Self::push) with the record's [`Record::ts_ns`], which the
+    /// caller has (a match over every variant, per record).
+    fn push_at(&mut self, rec: &Record, ts: u64) -> Result<(), PerfettoError> {
+        self.last_ts = self.last_ts.max(ts);
+        if !RawLayout::uses(rec) {
+            return Ok(());
+        }
         if let Record::Proc { op: crate::event::ProcOp::Exec, child_tgid, .. } = rec {
             // Named from its exec: shown even if it never does anything traced.
             self.raw.names.note(rec);

@@ -276,7 +276,8 @@ impl Flows {
 /// with a duration.
 fn phase_spans(r: &Request, arrive: u64, end: u64) -> Vec<(u64, u64, Phase)> {
     let engine_marks = crate::correlate::engine::marks(r).filter(|m| m.arrive == arrive && m.done == end);
-    let mut spans = Vec::new();
+    // At most five: one allocation, not a growth per phase.
+    let mut spans = Vec::with_capacity(5);
     if let Some(m) = engine_marks {
         spans.extend([(m.arrive, m.submit, Phase::Frontend), (m.submit, m.scheduled, Phase::Queue)]);
         match (m.first_token, m.ttft) {
@@ -827,9 +828,9 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
     a
 }
 
-fn phase_args(r: &Request, phase: Phase) -> (Vec<(&'static str, f64)>, Option<String>) {
+fn phase_args(r: &Request, phase: Phase) -> (Few<(&'static str, f64), 4>, Option<String>) {
     if !phase.has_figures() {
-        return (Vec::new(), None);
+        return (Few::new(("", 0.0)), None);
     }
     let (out, from) = Figures::of(r);
     let from = from.filter(|_| phase == Phase::Decode);
@@ -856,7 +857,9 @@ impl Figures {
     /// The figures, and the ids of the requests whose prefill slowed its
     /// decode, comma-joined (`None` when there are none).
     fn of(r: &Request) -> (Self, Option<String>) {
-        let (mut itl, mut sorted) = (Vec::new(), Vec::new());
+        // Sized for the request's inter-token gaps: allocated once, not grown.
+        let gaps = r.content_ns.len().saturating_sub(1);
+        let (mut itl, mut sorted) = (Vec::with_capacity(gaps), Vec::with_capacity(gaps));
         let q = crate::sink::report::request_ref(r, &mut itl, &mut sorted);
         let f = Figures {
             prompt_tokens: q.prompt_tokens,
@@ -873,18 +876,51 @@ impl Figures {
 }
 
 /// [`phase_args`]'s figures, from the request's report figures.
-fn phase_figures(out: &Figures, phase: Phase) -> Vec<(&'static str, f64)> {
+fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 4> {
     let p = &out.phases_ms;
     let c = out.compute_ms.as_ref();
-    let v = match phase {
-        Phase::Frontend => vec![("frontend_ms", p.frontend)],
-        Phase::Queue => vec![("queue_ms", p.queue)],
-        Phase::Prefill => vec![("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
-        Phase::FirstOutput => vec![("first_output_ms", p.first_output)],
-        Phase::Decode => vec![("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms)],
-        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer => vec![],
+    let all: &[(&'static str, Option<f64>)] = match phase {
+        Phase::Frontend => &[("frontend_ms", p.frontend)],
+        Phase::Queue => &[("queue_ms", p.queue)],
+        Phase::Prefill => &[("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
+        Phase::FirstOutput => &[("first_output_ms", p.first_output)],
+        Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms)],
+        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer => &[],
     };
-    v.into_iter().filter_map(|(n, v)| Some((n, v?))).collect()
+    let mut v = Few::new(("", 0.0));
+    for &(n, x) in all {
+        if let Some(x) = x {
+            v.push((n, x));
+        }
+    }
+    v
+}
+
+/// Up to `N` items kept inline: a phase slice's few args, without the
+/// allocation a `Vec` costs for each of a request's phases.
+pub(crate) struct Few<T: Copy, const N: usize> {
+    items: [T; N],
+    len: usize,
+}
+
+impl<T: Copy, const N: usize> Few<T, N> {
+    /// Empty; `fill` only stands in the unused places.
+    fn new(fill: T) -> Self {
+        Few { items: [fill; N], len: 0 }
+    }
+
+    /// Adds `t`; callers know their count is at most `N`.
+    fn push(&mut self, t: T) {
+        self.items[self.len] = t;
+        self.len += 1;
+    }
+}
+
+impl<T: Copy, const N: usize> std::ops::Deref for Few<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.items[..self.len]
+    }
 }
 
 /// The span a request's slice covers: from the wire arrival (else the read of
@@ -927,11 +963,14 @@ impl RequestArgs {
 
     /// A phase slice's args, as [`phase_args`] gives them, from the figures
     /// held for the request slice (the report's figures are made once per request).
-    fn phase_args(&self, phase: Phase) -> Vec<Arg<'_>> {
+    fn phase_args(&self, phase: Phase) -> Few<Arg<'_>, 5> {
+        let mut args = Few::new(Arg::bool("", false));
         if !phase.has_figures() {
-            return Vec::new();
+            return args;
         }
-        let mut args: Vec<Arg<'_>> = phase_figures(&self.out, phase).into_iter().map(|(n, v)| Arg::f64(n, v)).collect();
+        for &(n, v) in phase_figures(&self.out, phase).iter() {
+            args.push(Arg::f64(n, v));
+        }
         if let Some(from) = self.interference_from.as_ref().filter(|_| phase == Phase::Decode) {
             args.push(Arg::str("interference_from", from));
         }
@@ -1018,7 +1057,9 @@ impl RequestArgs {
 /// E2E 133.8 ms` (figures left out when unknown). Unique per hop, so not interned.
 pub(crate) fn hop_label(r: &Request) -> String {
     use std::fmt::Write as _;
-    let mut name = format!("hop {}", r.hop);
+    // Room for the longest label: one allocation, not a growth per part.
+    let mut name = String::with_capacity(48);
+    let _ = write!(name, "hop {}", r.hop);
     if let Some(v) = r.ttft_ms() {
         let _ = write!(name, " · TTFT {v:.1} ms");
     }

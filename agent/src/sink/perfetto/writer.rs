@@ -95,7 +95,7 @@ impl Encoding {
     /// What traces are written with unless asked otherwise. Level 1, not
     /// traced's 6: on kernel slices 12.3 instead of 8.5 bytes per slice, at
     /// 8.5 instead of 1.5 M events/s (the bench in tests.rs); 64 KiB batches
-    /// bound the writer's buffers to ~140 KiB plus the compressor's ~70 KiB.
+    /// bound the writer's buffers to ~140 KiB plus the compressor's ~260 KiB.
     pub const COMPRESSED: Encoding = Encoding { compress: true, batch_bytes: 64 << 10, level: 1 };
 }
 
@@ -105,13 +105,19 @@ impl Default for Encoding {
     }
 }
 
-/// A declared track: its uuid. Cheap to copy; only valid with the writer that made it.
+/// A declared track: its uuid, and where the writer keeps it (every event
+/// looks its track up: an index, where a hash look-up by uuid cost more than
+/// the rest of an end event's encoding). Cheap to copy; only valid with the
+/// writer that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TrackId(u64);
+pub struct TrackId {
+    uuid: u32,
+    slot: u32,
+}
 
 impl TrackId {
     pub fn uuid(self) -> u64 {
-        self.0
+        u64::from(self.uuid)
     }
 }
 
@@ -245,13 +251,15 @@ enum Kind {
 }
 
 struct TrackDecl {
+    /// Its uuid: a slot reused after a retired track holds another.
+    uuid: u32,
     /// Until written: the descriptor to write.
     /// Boxed: every event looks its track up, and a small entry keeps the
     /// table in fewer cache lines.
     pending: Option<Box<proto::TrackDescriptor>>,
     /// Index of the sequence its events go on.
     seq: usize,
-    parent: Option<u64>,
+    parent: Option<TrackId>,
     kind: Kind,
     /// Open slices on the track.
     depth: u32,
@@ -264,14 +272,24 @@ struct TrackDecl {
 /// open-addressing table whose slots hold the hash, the length and the
 /// first [`INLINE`] bytes, so that a look-up of a short name reads one slot
 /// and the caller's string (a `HashMap<Box<str>, _>` also read each boxed
-/// key, a cache miss, and called `memcmp`).
+/// key, a cache miss, and called `memcmp`). In front of it a memo by the
+/// string's address: names are mostly literals, the same address every
+/// time, and the memo's hit skips hashing the bytes (about half of a
+/// look-up's instructions); the bytes are still compared, so a buffer
+/// reused for another string at the same address is never mistaken for it.
 #[derive(Default)]
 struct Interner {
     /// Power-of-two many, at most half full.
     slots: Vec<Slot>,
     /// Strings longer than [`INLINE`], by iid - 1 (None for short ones).
     long: Vec<Option<Box<str>>>,
+    /// Per hash of an address ([`MEMO_BITS`] bits): the address last looked
+    /// up there and its slot + 1 (0: none). Cleared when the slots move.
+    memo: Vec<(usize, u32)>,
 }
+
+/// The address memo's size: 2^7 entries, 2 KiB per table.
+const MEMO_BITS: u32 = 7;
 
 /// Bytes of a string kept in its slot.
 const INLINE: usize = 24;
@@ -287,11 +305,32 @@ struct Slot {
 
 impl Interner {
     /// The iid of `s`, and whether it is new (must be sent in this packet).
+    /// The memo's hit inlined; the rest (hashing, probing, inserting) out of
+    /// line, whose saving of registers cost a hit as much again.
+    #[inline(always)]
     fn get(&mut self, s: &str) -> (u64, bool) {
+        let b = s.as_bytes();
+        let addr = b.as_ptr() as usize;
+        let m = ((addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_BITS)) as usize;
+        // Empty until the first look-up grows the table.
+        if let Some(&(ma, ms)) = self.memo.get(m) {
+            if ma == addr && ms != 0 {
+                let slot = &self.slots[ms as usize - 1];
+                if self.holds(slot, b) {
+                    return (u64::from(slot.iid), false);
+                }
+            }
+        }
+        self.get_slow(s, m)
+    }
+
+    #[inline(never)]
+    fn get_slow(&mut self, s: &str, m: usize) -> (u64, bool) {
         if self.long.len() * 2 >= self.slots.len() {
             self.grow();
         }
         let b = s.as_bytes();
+        let addr = b.as_ptr() as usize;
         let h = str_hash(b);
         let mask = self.slots.len() - 1;
         let mut at = (h >> 32) as usize & mask;
@@ -300,18 +339,13 @@ impl Interner {
             if slot.iid == 0 {
                 break;
             }
-            if slot.hash == h && slot.len as usize == b.len() {
-                let same = if b.len() <= INLINE {
-                    same_bytes(&slot.head[..b.len()], b)
-                } else {
-                    self.long[slot.iid as usize - 1].as_deref().is_some_and(|l| same_bytes(l.as_bytes(), b))
-                };
-                if same {
-                    return (u64::from(slot.iid), false);
-                }
+            if slot.hash == h && self.holds(slot, b) {
+                self.memo[m] = (addr, at as u32 + 1);
+                return (u64::from(slot.iid), false);
             }
             at = (at + 1) & mask;
         }
+        self.memo[m] = (addr, at as u32 + 1);
         self.long.push((b.len() > INLINE).then(|| s.into()));
         let iid = self.long.len() as u32;
         let mut head = [0u8; INLINE];
@@ -321,7 +355,20 @@ impl Interner {
         (u64::from(iid), true)
     }
 
+    /// Whether `slot` holds the string `b`.
+    #[inline]
+    fn holds(&self, slot: &Slot, b: &[u8]) -> bool {
+        slot.len as usize == b.len()
+            && if b.len() <= INLINE {
+                same_bytes(&slot.head[..b.len()], b)
+            } else {
+                self.long[slot.iid as usize - 1].as_deref().is_some_and(|l| same_bytes(l.as_bytes(), b))
+            }
+    }
+
     fn grow(&mut self) {
+        self.memo.clear();
+        self.memo.resize(1 << MEMO_BITS, (0, 0));
         let n = (self.slots.len() * 2).max(64);
         let mut slots = vec![Slot::default(); n];
         for slot in self.slots.iter().filter(|s| s.iid != 0) {
@@ -441,10 +488,12 @@ pub struct TraceWriter<W: Write> {
     scratch: Scratch,
     /// When compressing: the batch being filled.
     batch: Option<Batch>,
-    /// Declared tracks by uuid; retired ones (see [`TraceWriter::retire`])
-    /// are forgotten so that a streamed trace's memory follows its open tracks.
-    tracks: crate::correlate::FxMap<u64, TrackDecl>,
-    next_uuid: u64,
+    /// Declared tracks by [`TrackId`] slot; retired ones (see
+    /// [`TraceWriter::retire`]) are forgotten and their slots reused, so
+    /// that a streamed trace's memory follows its open tracks.
+    tracks: Vec<Option<TrackDecl>>,
+    free_slots: Vec<u32>,
+    next_uuid: u32,
     processes: crate::correlate::FxMap<u32, TrackId>,
     threads: crate::correlate::FxMap<(u32, u32), TrackId>,
     seqs: Vec<Seq>,
@@ -479,7 +528,8 @@ impl<W: Write> TraceWriter<W> {
             buf: Vec::with_capacity(256),
             scratch: Scratch::default(),
             batch,
-            tracks: Default::default(),
+            tracks: Vec::new(),
+            free_slots: Vec::new(),
             next_uuid: 1,
             processes: Default::default(),
             threads: Default::default(),
@@ -522,17 +572,28 @@ impl<W: Write> TraceWriter<W> {
 
     fn declare(&mut self, mut desc: proto::TrackDescriptor, parent: Option<TrackId>, kind: Kind, name: &str, own_sequence: bool) -> TrackId {
         let uuid = self.next_uuid;
-        self.next_uuid += 1;
-        desc.uuid = Some(uuid);
+        // Four billion tracks would be a recording of terabytes.
+        self.next_uuid = uuid.checked_add(1).expect("fewer than 2^32 tracks in one trace");
+        desc.uuid = Some(u64::from(uuid));
         desc.parent_uuid = parent.map(TrackId::uuid);
         let seq = if own_sequence {
-            self.seqs.push(Seq::new(SEQUENCE_ID + self.seqs.len() as u32, Some(uuid)));
+            self.seqs.push(Seq::new(SEQUENCE_ID + self.seqs.len() as u32, Some(u64::from(uuid))));
             self.seqs.len() - 1
         } else {
             self.default_seq
         };
-        self.tracks.insert(uuid, TrackDecl { pending: Some(Box::new(desc)), seq, parent: parent.map(TrackId::uuid), kind, depth: 0, name: name.into() });
-        TrackId(uuid)
+        let decl = Some(TrackDecl { uuid, pending: Some(Box::new(desc)), seq, parent, kind, depth: 0, name: name.into() });
+        let slot = match self.free_slots.pop() {
+            Some(k) => {
+                self.tracks[k as usize] = decl;
+                k
+            }
+            None => {
+                self.tracks.push(decl);
+                (self.tracks.len() - 1) as u32
+            }
+        };
+        TrackId { uuid, slot }
     }
 
     /// The process's track, if declared.
@@ -624,14 +685,15 @@ impl<W: Write> TraceWriter<W> {
     pub fn retire(&mut self, track: TrackId) -> Result<(), PerfettoError> {
         self.ensure_described(track)?;
         if self.decl(track)?.depth == 0 {
-            self.tracks.remove(&track.0);
+            self.tracks[track.slot as usize] = None;
+            self.free_slots.push(track.slot);
         }
         Ok(())
     }
 
     /// Tracks declared and not retired (what the writer holds per track).
     pub fn tracks_held(&self) -> usize {
-        self.tracks.len()
+        self.tracks.len() - self.free_slots.len()
     }
 
     /// Whether an event on `track` at `ts` would keep its sequence in time
@@ -713,10 +775,10 @@ impl<W: Write> TraceWriter<W> {
 
     /// Checks that every slice was closed, flushes, and returns the output.
     pub fn finish(mut self) -> Result<(W, WriterStats), PerfettoError> {
-        let open: u64 = self.tracks.values().map(|t| t.depth as u64).sum();
+        let open: u64 = self.tracks.iter().flatten().map(|t| t.depth as u64).sum();
         if open > 0 {
-            let (uuid, t) = self.tracks.iter().filter(|(_, t)| t.depth > 0).min_by_key(|(u, _)| **u).expect("an open track exists");
-            return Err(PerfettoError::OpenSlices { open, uuid: *uuid, name: t.name.to_string() });
+            let t = self.tracks.iter().flatten().filter(|t| t.depth > 0).min_by_key(|t| t.uuid).expect("an open track exists");
+            return Err(PerfettoError::OpenSlices { open, uuid: u64::from(t.uuid), name: t.name.to_string() });
         }
         self.write_batch()?;
         self.out.flush()?;
@@ -724,7 +786,14 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn decl(&self, track: TrackId) -> Result<&TrackDecl, PerfettoError> {
-        self.tracks.get(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))
+        match self.tracks.get(track.slot as usize) {
+            Some(Some(d)) if d.uuid == track.uuid => Ok(d),
+            _ => Err(PerfettoError::UnknownTrack(track.uuid())),
+        }
+    }
+
+    fn decl_mut(&mut self, track: TrackId) -> Result<&mut TrackDecl, PerfettoError> {
+        decl_mut(&mut self.tracks, track)
     }
 
     fn counter_event(&mut self, ts: u64, track: TrackId, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
@@ -805,7 +874,7 @@ impl<W: Write> TraceWriter<W> {
 
     /// The uuid an event names: none when the sequence's defaults name it.
     fn event_track(&self, seq: usize, track: TrackId) -> Option<u64> {
-        (self.seqs[seq].default_track != Some(track.0)).then_some(track.0)
+        (self.seqs[seq].default_track != Some(track.uuid())).then_some(track.uuid())
     }
 
     /// What every event needs before it is encoded, with one look-up of
@@ -814,13 +883,30 @@ impl<W: Write> TraceWriter<W> {
     /// its first event), its descriptor is written. `depth` is applied to
     /// the track's open slices once nothing but the output can fail.
     /// Returns the sequence.
+    #[inline(always)]
     fn prepare(&mut self, ts: u64, track: TrackId, kind: Kind, depth: i32) -> Result<usize, PerfettoError> {
-        let d = self.tracks.get_mut(&track.0).ok_or(PerfettoError::UnknownTrack(track.0))?;
+        // The usual event, inlined: a described track of the kind, an end
+        // with a slice to close, a started sequence in time order. Anything
+        // else (an error, a first event) takes the whole path out of line.
+        if let Ok(d) = decl_mut(&mut self.tracks, track) {
+            let s = &self.seqs[d.seq];
+            let usual = d.kind == kind && !(depth < 0 && d.depth == 0) && s.started && ts >= s.last_ts && d.pending.is_none();
+            if usual {
+                d.depth = d.depth.saturating_add_signed(depth);
+                return Ok(d.seq);
+            }
+        }
+        self.prepare_slow(ts, track, kind, depth)
+    }
+
+    #[inline(never)]
+    fn prepare_slow(&mut self, ts: u64, track: TrackId, kind: Kind, depth: i32) -> Result<usize, PerfettoError> {
+        let d = decl_mut(&mut self.tracks, track)?;
         if depth < 0 && d.depth == 0 && d.kind == Kind::Slices {
-            return Err(PerfettoError::UnbalancedEnd { uuid: track.0, name: d.name.to_string() });
+            return Err(PerfettoError::UnbalancedEnd { uuid: track.uuid(), name: d.name.to_string() });
         }
         if d.kind != kind {
-            let (uuid, name) = (track.0, d.name.to_string());
+            let (uuid, name) = (track.uuid(), d.name.to_string());
             return Err(match kind {
                 Kind::Slices => PerfettoError::SliceOnCounterTrack { uuid, name },
                 Kind::Counter => PerfettoError::CounterOnSliceTrack { uuid, name },
@@ -848,19 +934,19 @@ impl<W: Write> TraceWriter<W> {
         if self.decl(track)?.pending.is_none() {
             return Ok(());
         }
-        let mut chain = vec![track.0];
+        let mut chain = vec![track];
         let mut cur = self.decl(track)?.parent;
         while let Some(p) = cur {
             // A retired ancestor was described before it was retired.
-            let Some(d) = self.tracks.get(&p) else { break };
+            let Ok(d) = self.decl(p) else { break };
             if d.pending.is_none() {
                 break;
             }
             chain.push(p);
             cur = d.parent;
         }
-        for uuid in chain.into_iter().rev() {
-            let desc = self.tracks.get_mut(&uuid).and_then(|d| d.pending.take()).expect("pending descriptor");
+        for t in chain.into_iter().rev() {
+            let desc = self.decl_mut(t).ok().and_then(|d| d.pending.take()).expect("pending descriptor");
             let packet = proto::TracePacket {
                 trusted_packet_sequence_id: Some(SEQUENCE_ID),
                 sequence_flags: Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),
@@ -878,6 +964,8 @@ impl<W: Write> TraceWriter<W> {
     /// timestamp, trusted_packet_sequence_id, interned_data, sequence_flags,
     /// data: TrackEvent }` (fields in tag order, the `data` oneof first: its
     /// lowest tag is 6), without building the message.
+    /// Inlined into both event paths: a call per event saved.
+    #[inline(always)]
     fn close_event(&mut self, seq: usize, ts: u64, at: EventAt) -> Result<(), PerfettoError> {
         let s = &mut self.seqs[seq];
         let delta = ts - s.last_ts;
@@ -926,6 +1014,7 @@ impl<W: Write> TraceWriter<W> {
 
     /// Counts the packet just encoded (from `from` in the batch, or the
     /// packet buffer) and writes it, or the batch once full.
+    #[inline]
     fn packet_written(&mut self, from: usize) -> Result<(), PerfettoError> {
         let len = match &self.batch {
             Some(b) => b.packets.len() - from,
@@ -962,11 +1051,12 @@ impl<W: Write> TraceWriter<W> {
         if b.packets.is_empty() {
             return Ok(());
         }
-        b.outer.clear();
-        b.outer.resize(OUTER_HEAD, 0);
-        match &mut b.zlib {
-            Compressor::Fast(z) => z.compress(&b.packets, &mut b.outer),
+        let end = match &mut b.zlib {
+            // Into the outer buffer at its full length: not zeroed per batch.
+            Compressor::Fast(z) => z.compress_at(&b.packets, &mut b.outer, OUTER_HEAD),
             Compressor::Miniz(z) => {
+                b.outer.clear();
+                b.outer.resize(OUTER_HEAD, 0);
                 z.reset();
                 let outer = &mut b.outer;
                 let (status, used) = compress_to_output(z, &b.packets, TDEFLFlush::Finish, |chunk| {
@@ -976,9 +1066,10 @@ impl<W: Write> TraceWriter<W> {
                 if status != TDEFLStatus::Done || used != b.packets.len() {
                     return Err(PerfettoError::Compress(format!("{status:?} after {used} of {} bytes", b.packets.len())));
                 }
+                b.outer.len()
             }
-        }
-        let zlen = (b.outer.len() - OUTER_HEAD) as u64;
+        };
+        let zlen = (end - OUTER_HEAD) as u64;
         let mut head = [0u8; OUTER_HEAD];
         let mut h = &mut head[..];
         let inner_key = (proto::COMPRESSED_PACKETS_FIELD as u64) << 3 | 2;
@@ -990,11 +1081,20 @@ impl<W: Write> TraceWriter<W> {
         let head_len = OUTER_HEAD - h.len();
         let start = OUTER_HEAD - head_len;
         b.outer[start..OUTER_HEAD].copy_from_slice(&head[..head_len]);
-        self.out.write_all(&b.outer[start..])?;
-        self.stats.bytes += (b.outer.len() - start) as u64;
+        self.out.write_all(&b.outer[start..end])?;
+        self.stats.bytes += (end - start) as u64;
         self.stats.batches += 1;
         b.packets.clear();
         Ok(())
+    }
+}
+
+/// The track in its slot (not a retired track's successor there).
+#[inline]
+fn decl_mut(tracks: &mut [Option<TrackDecl>], track: TrackId) -> Result<&mut TrackDecl, PerfettoError> {
+    match tracks.get_mut(track.slot as usize) {
+        Some(Some(d)) if d.uuid == track.uuid => Ok(d),
+        _ => Err(PerfettoError::UnknownTrack(track.uuid())),
     }
 }
 
@@ -1039,14 +1139,21 @@ fn open_len(dst: &mut Vec<u8>) -> usize {
 }
 
 /// Writes the length of the body started at `at`, moving the body up when
-/// its length needs more than the one reserved byte.
-#[inline]
+/// its length needs more than the one reserved byte. Always inlined (two to
+/// four per event: it was called), the rare move kept out of line.
+#[inline(always)]
 fn close_len(dst: &mut Vec<u8>, at: usize) {
     let len = (dst.len() - at) as u64;
     if len < 0x80 {
         dst[at - 1] = len as u8;
         return;
     }
+    close_long(dst, at, len);
+}
+
+#[cold]
+#[inline(never)]
+fn close_long(dst: &mut Vec<u8>, at: usize, len: u64) {
     let n = prost::encoding::encoded_len_varint(len);
     let end = dst.len();
     dst.resize(end + n - 1, 0);
@@ -1069,7 +1176,9 @@ struct EventAt {
 /// the `Trace.packet` key and the packet's `data` field (TrackEvent, tag 11)
 /// with their lengths to be filled in. The TrackEvent is then encoded in
 /// place (not in a scratch buffer copied over: a copy per event), and
-/// [`TraceWriter::close_event`] adds the rest.
+/// [`TraceWriter::close_event`] adds the rest. Inlined: returned through
+/// memory, its result was read back as a stalled 16-byte load per event.
+#[inline(always)]
 fn open_event<'a>(batch: &'a mut Option<Batch>, buf: &'a mut Vec<u8>) -> (&'a mut Vec<u8>, EventAt) {
     let dst = match batch {
         Some(b) => &mut b.packets,
@@ -1189,5 +1298,36 @@ mod tests {
             assert_eq!(t.get(&w.clone()), (k as u64 + 1, false), "second use of {w:?}");
         }
         assert_eq!(t.get("phases_ms.decode_500"), (words.len() as u64 + 1, true));
+
+        // One buffer holding another string at the same address (as a
+        // launch shape is written into one stack buffer per kernel), of the
+        // same length or not, short or long: told apart by its bytes.
+        let mut t = Interner::default();
+        let mut buf = [0u8; 40];
+        let mut at_buf = |t: &mut Interner, v: &str| {
+            buf[..v.len()].copy_from_slice(v.as_bytes());
+            t.get(std::str::from_utf8(&buf[..v.len()]).expect("ascii"))
+        };
+        assert_eq!(at_buf(&mut t, "128x1x1"), (1, true));
+        assert_eq!(at_buf(&mut t, "128x1x1"), (1, false));
+        assert_eq!(at_buf(&mut t, "256x1x1"), (2, true));
+        assert_eq!(at_buf(&mut t, "128x1x1"), (1, false));
+        assert_eq!(at_buf(&mut t, "128x1x"), (3, true));
+        let long_a = "a".repeat(INLINE + 5);
+        let long_b = format!("{}b", "a".repeat(INLINE + 4));
+        assert_eq!(at_buf(&mut t, &long_a), (4, true));
+        assert_eq!(at_buf(&mut t, &long_b), (5, true));
+        assert_eq!(at_buf(&mut t, &long_a), (4, false));
+        // The same string at other addresses, and a literal again and again.
+        assert_eq!(t.get("256x1x1"), (2, false));
+        assert_eq!(t.get(&long_b.clone()), (5, false));
+        assert_eq!(t.get("chunk"), (6, true));
+        assert_eq!(t.get("chunk"), (6, false));
+        // Past the table's growth (its slots move): the memo is not trusted.
+        for k in 0..300u64 {
+            assert_eq!(t.get(&format!("name {k}")), (7 + k, true));
+        }
+        assert_eq!(t.get("chunk"), (6, false));
+        assert_eq!(at_buf(&mut t, "128x1x1"), (1, false));
     }
 }

@@ -323,6 +323,16 @@ mod tests {
         out.len()
     }
 
+    /// A seeded xorshift64 stream: the tests' inputs are the same every run.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     #[test]
     fn fast_zlib_streams_inflate_to_their_input() {
         assert_eq!(roundtrip(b""), 2 + 1 + 4 + 1);
@@ -362,13 +372,7 @@ mod tests {
         // the stream ends at any bit: every short length, over text, noise
         // and runs, and a seeded mix of copies from random distances (with
         // changed bytes inside) and fresh bytes, as packets look.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
         let text: Vec<u8> = b"track_uuid name_iid debug_annotations ".iter().copied().cycle().take(400).collect();
         let noise: Vec<u8> = (0..400).map(|_| rnd() as u8).collect();
         for n in 0..=400 {
@@ -381,12 +385,12 @@ mod tests {
             let mut data: Vec<u8> = Vec::with_capacity(len);
             while data.len() < len {
                 let k = rnd();
-                if data.len() > 8 && k % 3 != 0 {
+                if data.len() > 8 && !k.is_multiple_of(3) {
                     let d = 1 + (rnd() as usize) % data.len().min(WINDOW + 100);
-                    let l = 3 + (rnd() as usize) % if k % 5 == 0 { 400 } else { 24 };
+                    let l = 3 + (rnd() as usize) % if k.is_multiple_of(5) { 400 } else { 24 };
                     for _ in 0..l {
                         let b = data[data.len() - d];
-                        data.push(if rnd() % 97 == 0 { b ^ 1 } else { b });
+                        data.push(if rnd().is_multiple_of(97) { b ^ 1 } else { b });
                     }
                 } else {
                     for _ in 0..1 + rnd() % 12 {
@@ -444,13 +448,7 @@ mod tests {
         // batch through one compressor (its table holding the previous
         // batches' positions), with 4-byte prefixes shared by different
         // 5-byte ones (what the hash must tell apart).
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(0x1234_5678_9abc_def1);
         let mut z = FastZlib::new();
         let (mut ours, mut miniz, mut raw) = (0, 0, 0);
         for _ in 0..6 {
@@ -461,7 +459,7 @@ mod tests {
                 batch.extend_from_slice(&[0x0a, 0x16, 0x5a, 0x0a, 0x48, 0x01, 0x50, (k >> 20) as u8 % 12 + 1, 0x58]);
                 batch.push((k >> 28) as u8 % 100 + 1);
                 batch.extend_from_slice(&[0x40, (delta as u8) | 0x80, (delta >> 7) as u8 & 0x7f, 0x50, 0x02, 0x68, 0x02]);
-                if k % 3 == 0 {
+                if k.is_multiple_of(3) {
                     batch.extend_from_slice(&[0x22, 0x0b, 0x08, (k >> 40) as u8 % 7 + 1, 0x29]);
                     batch.extend_from_slice(&((k >> 8) as f64 / 1e6).to_le_bytes());
                 }

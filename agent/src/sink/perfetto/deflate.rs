@@ -225,13 +225,14 @@ const REV5: [u8; 32] = {
     t
 };
 
+/// The little-endian word at `i` (the interner's hash and compare read names this way too).
 #[inline]
-fn read32(b: &[u8], i: usize) -> u32 {
+pub(super) fn read32(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
 }
 
 #[inline]
-fn read64(b: &[u8], i: usize) -> u64 {
+pub(super) fn read64(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
 }
 
@@ -340,14 +341,9 @@ mod tests {
         roundtrip(b"abcdefgh");
         roundtrip(&[7u8; 100_000]);
         // Pseudo-random bytes (no matches) and text with repeats at every distance.
-        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut rnd = xorshift(0x1234_5678_9abc_def0);
         let noise: Vec<u8> = (0..70_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
+            .map(|_| rnd() as u8)
             .collect();
         roundtrip(&noise);
         let mut mixed = Vec::new();
@@ -497,14 +493,9 @@ mod tests {
             let ones = vec![0xffu8; n];
             assert_eq!(adler32(&ones), adler32_bytewise(&ones), "{n} bytes of 0xff");
         }
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
         let noise: Vec<u8> = (0..150_001)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
+            .map(|_| (rnd() >> 24) as u8)
             .collect();
         for n in [0, 5, 64, 1000, 65_535, 70_000, 131_072, 150_001] {
             assert_eq!(adler32(&noise[..n]), adler32_bytewise(&noise[..n]), "{n} bytes of noise");

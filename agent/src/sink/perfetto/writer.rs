@@ -37,7 +37,7 @@
 //! processor inflates each batch and parses its packets in its place, with
 //! the sequences' incremental state carried across batches.
 
-use super::deflate::FastZlib;
+use super::deflate::{read32, read64, FastZlib};
 use super::proto::{self, ChildOrdering, CounterUnit, EventType};
 use miniz_oxide::deflate::core::{compress_to_output, create_comp_flags_from_zip_params, CompressorOxide, TDEFLFlush, TDEFLStatus};
 use prost::Message;
@@ -394,12 +394,12 @@ fn str_hash(b: &[u8]) -> u64 {
     if n >= 8 {
         let mut i = 0;
         while i + 8 < n {
-            h = step(h, word64(b, i));
+            h = step(h, read64(b, i));
             i += 8;
         }
-        step(h, word64(b, n - 8))
+        step(h, read64(b, n - 8))
     } else if n >= 4 {
-        step(h, u64::from(word32(b, 0)) | u64::from(word32(b, n - 4)) << 32)
+        step(h, u64::from(read32(b, 0)) | u64::from(read32(b, n - 4)) << 32)
     } else if n > 0 {
         step(h, u64::from(b[0]) | u64::from(b[n / 2]) << 8 | u64::from(b[n - 1]) << 16)
     } else {
@@ -418,28 +418,19 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if n >= 8 {
         let mut i = 0;
         while i + 8 < n {
-            if word64(a, i) != word64(b, i) {
+            if read64(a, i) != read64(b, i) {
                 return false;
             }
             i += 8;
         }
-        word64(a, n - 8) == word64(b, n - 8)
+        read64(a, n - 8) == read64(b, n - 8)
     } else if n >= 4 {
-        word32(a, 0) == word32(b, 0) && word32(a, n - 4) == word32(b, n - 4)
+        read32(a, 0) == read32(b, 0) && read32(a, n - 4) == read32(b, n - 4)
     } else {
         a.iter().zip(b).all(|(x, y)| x == y)
     }
 }
 
-#[inline]
-fn word64(b: &[u8], i: usize) -> u64 {
-    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
-}
-
-#[inline]
-fn word32(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
-}
 
 /// One packet sequence: its incremental state.
 struct Seq {

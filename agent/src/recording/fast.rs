@@ -201,11 +201,17 @@ impl Dec for String {
     #[inline]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         let n = c.len()?;
-        let s = std::str::from_utf8(c.take(n)?).map_err(|_| DecodeError::BadUtf8)?;
-        self.clear();
-        self.push_str(s);
-        Ok(())
+        assign(self, c.take(n)?)
     }
+}
+
+/// `s` becomes the UTF-8 text `b`, reusing its buffer.
+#[inline]
+fn assign(s: &mut String, b: &[u8]) -> Result<()> {
+    let t = std::str::from_utf8(b).map_err(|_| DecodeError::BadUtf8)?;
+    s.clear();
+    s.push_str(t);
+    Ok(())
 }
 
 impl<T: Dec + Default> Dec for Option<T> {
@@ -307,9 +313,7 @@ impl Dec for EngineOutput {
         let n = c.len()?;
         let b = c.take(n)?;
         if request_id.as_bytes() != b {
-            let s = std::str::from_utf8(b).map_err(|_| DecodeError::BadUtf8)?;
-            request_id.clear();
-            request_id.push_str(s);
+            assign(request_id, b)?;
         }
         fields!(c; new_tokens, finish_reason, events, prefill)
     }

@@ -455,10 +455,92 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
     }
 }
 
+/// The variant indexes of [`Record::Sse`] and [`Record::EngineOutputs`].
+const SSE: u32 = 4;
+const ENGINE_OUTPUTS: u32 = 15;
+
+/// Slots in [`RecordDecoder::sse_ids`] (a power of two).
+const RECENT_IDS: usize = 64;
+
+/// [`dec_record`] of an engine-outputs record over `r` (which holds one),
+/// skipping the body when its bytes are `body`'s (see
+/// [`RecordDecoder::outputs_body`]); `body` becomes the bytes decoded.
+fn dec_engine_outputs(r: &mut Record, c: &mut Cur, body: &mut Vec<u8>) -> Result<()> {
+    let Record::EngineOutputs { conn, ts_ns, tid, dir, engine_index, timestamp_s, outputs, outputs_total, finished_requests, truncated } = r else {
+        return dec_record(r, c);
+    };
+    fields!(c; conn, ts_ns, tid, dir, engine_index, timestamp_s)?;
+    // Decoding reads a prefix of the bytes and stops where they say: the
+    // same prefix decodes to the same values and ends at the same place.
+    let rest = &c.b[c.at..];
+    if !body.is_empty() && rest.starts_with(body) {
+        c.at += body.len();
+        return Ok(());
+    }
+    let start = c.at;
+    fields!(c; outputs, outputs_total, finished_requests, truncated)?;
+    body.clear();
+    body.extend_from_slice(&c.b[start..c.at]);
+    Ok(())
+}
+
+/// [`dec_record`] of an SSE record over `r` (which holds one), its id
+/// through `recent` (see [`RecordDecoder::sse_ids`]).
+fn dec_sse(r: &mut Record, c: &mut Cur, recent: &mut [String]) -> Result<()> {
+    let Record::Sse { conn, seq, ts_ns, kind, id, content_bytes, finish_reason, usage } = r else {
+        return dec_record(r, c);
+    };
+    fields!(c; conn, seq, ts_ns, kind)?;
+    // `Option<String>`'s wire, as `Dec` reads it.
+    match c.pop()? {
+        0 => *id = None,
+        1 => {
+            let n = c.len()?;
+            let b = c.take(n)?;
+            let s = id.get_or_insert_with(String::new);
+            let slot = &mut recent[recent_slot(b)];
+            if slot.as_bytes() == b {
+                s.clone_from(slot);
+            } else {
+                assign(s, b)?;
+                slot.clone_from(s);
+            }
+        }
+        _ => return Err(DecodeError::BadOption),
+    }
+    fields!(c; content_bytes, finish_reason, usage)
+}
+
+/// The [`RecordDecoder::sse_ids`] slot of an id: from its length and last
+/// 8 bytes (ids of one server differ at the end: counters, random hex).
+#[inline]
+fn recent_slot(b: &[u8]) -> usize {
+    let n = b.len();
+    let tail = match b.get(n.wrapping_sub(8)..) {
+        Some(t) if n >= 8 => u64::from_le_bytes(t.try_into().expect("8 bytes")),
+        _ => b.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)),
+    };
+    ((tail ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_IDS.trailing_zeros())) as usize
+}
+
 /// One reusable record per variant; see the module docs.
 pub struct RecordDecoder {
     slots: Vec<Option<Record>>,
     last: Option<usize>,
+    /// The bytes the engine-outputs slot's body (its fields after
+    /// `timestamp_s`) was last decoded from; empty when unknown. Each step's
+    /// outputs are recorded twice, the engine's write and the frontend's
+    /// read of the same message (and on a steady batch the next step's
+    /// differ only in a few bytes): where the body's bytes are these, the
+    /// slot already holds what decoding them would give, and only the
+    /// header is decoded. Half the outputs of a vLLM recording are the
+    /// reader's copies.
+    outputs_body: Vec<u8>,
+    /// SSE chunk ids seen lately, each in the slot its bytes pick: every
+    /// chunk of a response carries its id, and the responses in flight
+    /// interleave, so an id is mostly one seen a few chunks before and is
+    /// copied from here instead of validated as UTF-8 again.
+    sse_ids: Vec<String>,
 }
 
 impl Default for RecordDecoder {
@@ -469,7 +551,7 @@ impl Default for RecordDecoder {
 
 impl RecordDecoder {
     pub fn new() -> Self {
-        RecordDecoder { slots: (0..VARIANTS).map(|_| None).collect(), last: None }
+        RecordDecoder { slots: (0..VARIANTS).map(|_| None).collect(), last: None, outputs_body: Vec::new(), sse_ids: vec![String::new(); RECENT_IDS] }
     }
 
     /// The record the last successful [`decode`](Self::decode) gave.
@@ -488,16 +570,27 @@ impl RecordDecoder {
         };
         match slot {
             Some(r) => {
-                if let Err(e) = dec_record(r, &mut c) {
+                let done = match tag {
+                    SSE => dec_sse(r, &mut c, &mut self.sse_ids),
+                    ENGINE_OUTPUTS => dec_engine_outputs(r, &mut c, &mut self.outputs_body),
+                    _ => dec_record(r, &mut c),
+                };
+                if let Err(e) = done {
                     // Partly overwritten: the next record of this variant
                     // starts from serde again.
                     *slot = None;
+                    if tag == ENGINE_OUTPUTS {
+                        self.outputs_body.clear();
+                    }
                     return Err(e);
                 }
             }
             None => {
                 let r: Record = postcard::from_bytes(bytes).map_err(|e| DecodeError::Serde(e.to_string()))?;
                 *slot = Some(r);
+                if tag == ENGINE_OUTPUTS {
+                    self.outputs_body.clear();
+                }
             }
         }
         self.last = Some(tag as usize);
@@ -713,6 +806,86 @@ mod tests {
                 d.decode(&good).unwrap();
             }
         }
+    }
+
+    /// The reader's copy of a step's outputs (the same body as the writer's)
+    /// and steps that differ from the last in one output, one flag, or only
+    /// in trailing bytes: each equals what serde decodes, also after a
+    /// failed record left the slot empty.
+    #[test]
+    fn engine_outputs_that_repeat_the_last_body_decode_as_serde_does() {
+        let out = |id: &str, n: u64, fin: Option<u8>| EngineOutput { request_id: id.into(), new_tokens: n, finish_reason: fin, ..EngineOutput::default() };
+        let step = |dir: Dir, ts: u64, outputs: Vec<EngineOutput>, truncated: bool| Record::EngineOutputs {
+            conn: ck(1),
+            ts_ns: ts,
+            tid: if dir == Dir::Out { 7 } else { 9 },
+            dir,
+            engine_index: Some(0),
+            timestamp_s: Some(ts as f64 / 1e9),
+            outputs_total: Some(outputs.len() as u64),
+            outputs,
+            finished_requests: vec![],
+            truncated,
+        };
+        let a = vec![out("req-a", 1, None), out("req-b", 1, None)];
+        let b = vec![out("req-a", 1, None), out("req-b", 1, Some(1))];
+        let recs = [
+            step(Dir::Out, 10, a.clone(), false),
+            step(Dir::In, 11, a.clone(), false),
+            step(Dir::Out, 20, b.clone(), false),
+            step(Dir::In, 21, b.clone(), false),
+            step(Dir::In, 22, b.clone(), true),
+            step(Dir::Out, 30, a.clone(), false),
+            step(Dir::Out, 40, vec![], false),
+            step(Dir::In, 41, vec![], false),
+        ];
+        let mut d = RecordDecoder::new();
+        for r in &recs {
+            let bytes = postcard::to_stdvec(r).unwrap();
+            assert_eq!(d.decode(&bytes).unwrap(), r);
+            // Trailing bytes are ignored, as serde ignores them.
+            let mut longer = bytes.clone();
+            longer.extend_from_slice(&[1, 2, 3]);
+            assert_eq!(d.decode(&longer).unwrap(), r);
+        }
+        // A record cut in its body fails and empties the slot; the same
+        // body then decodes in full, as serde's.
+        let good = postcard::to_stdvec(&recs[0]).unwrap();
+        d.decode(&good).unwrap();
+        assert!(d.decode(&good[..good.len() - 3]).is_err());
+        let again = postcard::to_stdvec(&recs[1]).unwrap();
+        assert_eq!(d.decode(&again).unwrap(), &recs[1]);
+    }
+
+    /// SSE ids of many interleaved responses (more than the recent-id
+    /// slots, so slots are shared and replaced), absent and empty ids, and
+    /// an id that is not UTF-8: each decodes as serde does.
+    #[test]
+    fn sse_ids_from_the_recent_slots_decode_as_serde_does() {
+        let sse = |id: Option<String>| Record::Sse { conn: ck(2), seq: 1, ts_ns: 5, kind: SseKind::Content, id, content_bytes: 4, finish_reason: None, usage: None };
+        let mut d = RecordDecoder::new();
+        for round in 0..3u64 {
+            for i in 0..200u64 {
+                let id = match i % 50 {
+                    0 => None,
+                    1 => Some(String::new()),
+                    2 => Some("é\u{1F600}".to_owned()),
+                    _ => Some(format!("chatcmpl-{:016x}", (i * 7 + round) % 130)),
+                };
+                let r = sse(id);
+                let bytes = postcard::to_stdvec(&r).unwrap();
+                assert_eq!(d.decode(&bytes).unwrap(), &r);
+            }
+        }
+        // The bytes of a slot's id with one byte made invalid UTF-8.
+        let good = postcard::to_stdvec(&sse(Some("chatcmpl-0000000000000001".into()))).unwrap();
+        d.decode(&good).unwrap();
+        let mut bad = good.clone();
+        let last = bad.len() - 4;
+        bad[last] = 0xff;
+        assert_eq!(d.decode(&bad), Err(DecodeError::BadUtf8));
+        assert!(postcard::from_bytes::<Record>(&bad).is_err());
+        assert_eq!(d.decode(&good).unwrap(), &sse(Some("chatcmpl-0000000000000001".into())));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! timed by the writer's syscall; the reader's copy is used only when the
 //! writer was not traced.
 
-use super::{ms, Request};
+use super::{ms, Name, Request};
 use crate::event::Dir;
 use crate::model::{EngineOutput, PrefillStats, Record};
 use std::collections::{BTreeMap, HashMap};
@@ -126,7 +126,7 @@ pub struct EngineReq {
     pub aborted: bool,
     /// Decode time lost to co-batched prefills, and whose (charged step by step).
     pub interference_ns: u64,
-    pub interference_from: Vec<String>,
+    pub interference_from: Vec<Name>,
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
@@ -197,7 +197,9 @@ pub struct EngineSide {
     /// ([`http_key_of`]).
     reqs: super::FxMap<u32, EngineReq>,
     index: super::FxMap<String, u32>,
-    by_key: super::FxMap<String, Vec<u32>>,
+    /// By [`name_hash`] of the key (compared in full at the claim): no
+    /// copy of the key, and mostly one number, held inline.
+    by_key: super::FxMap<u64, Nums>,
     next: u32,
     /// Steps built so far and not yet taken.
     steps: Vec<Step>,
@@ -212,6 +214,9 @@ pub struct EngineSide {
     from_reader: bool,
     /// Per writer thread, the write whose wake-up an ADD already claimed.
     wake_claimed: super::FxMap<u32, u64>,
+    /// [`Self::step`]'s lists, kept for their capacity.
+    decoding: Vec<u32>,
+    newcomers: Vec<(u64, Name)>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -223,11 +228,10 @@ impl EngineSide {
     fn index_keys(&mut self, i: u32) {
         let Some(e) = self.reqs.get(&i) else { return };
         for k in http_keys(e) {
-            match self.by_key.get_mut(k) {
-                Some(v) if v.contains(&i) => {}
-                Some(v) => v.push(i),
-                None => {
-                    self.by_key.insert(k.to_owned(), vec![i]);
+            match self.by_key.entry(name_hash(k)) {
+                std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().insert(i),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(Nums::One(i));
                 }
             }
         }
@@ -254,11 +258,9 @@ impl EngineSide {
         let e = self.reqs.remove(&i)?;
         self.index.remove(&e.request_id);
         for k in http_keys(&e) {
-            if let Some(v) = self.by_key.get_mut(k) {
-                v.retain(|&x| x != i);
-                if v.is_empty() {
-                    self.by_key.remove(k);
-                }
+            let h = name_hash(k);
+            if self.by_key.get_mut(&h).is_some_and(|v| v.remove(i)) {
+                self.by_key.remove(&h);
             }
         }
         Some(e)
@@ -355,8 +357,10 @@ impl EngineSide {
         let prev_end = self.last_step_end;
         self.last_step_end = Some(end_ns);
         let mut members = Vec::with_capacity(outputs.len());
-        let mut decoding: Vec<u32> = Vec::new();
-        let mut newcomers: Vec<(u64, String)> = Vec::new();
+        let mut decoding = std::mem::take(&mut self.decoding);
+        let mut newcomers = std::mem::take(&mut self.newcomers);
+        decoding.clear();
+        newcomers.clear();
         for o in outputs {
             let ri = self.idx(&o.request_id);
             let r = self.reqs.get_mut(&ri).expect("idx inserts");
@@ -370,8 +374,8 @@ impl EngineSide {
                 r.first_step_prev_end_ns = prev_end;
                 let name = r.external_id.as_ref().unwrap_or(&r.request_id);
                 let h = name_hash(name);
-                if !newcomers.iter().any(|(nh, n)| *nh == h && n == name) {
-                    newcomers.push((h, name.clone()));
+                if !newcomers.iter().any(|(nh, n)| *nh == h && **n == **name) {
+                    newcomers.push((h, Name::from(name.as_str())));
                 }
             } else if r.first_step.is_some_and(|f| f < idx) {
                 decoding.push(ri);
@@ -398,12 +402,18 @@ impl EngineSide {
             (Some(d), true) => self.baseline.push(d),
             (Some(d), false) => {
                 if let Some(med) = self.baseline.median().filter(|&m| d > m) {
-                    for ri in decoding {
+                    for &ri in &decoding {
                         let Some(r) = self.reqs.get_mut(&ri) else { continue };
                         r.interference_ns += d - med;
                         for (h, n) in &newcomers {
                             let seen = r.interference_hashes.iter().zip(&r.interference_from).any(|(rh, rn)| rh == h && rn == n);
                             if !seen {
+                                // A decode is usually slowed by several
+                                // prefills: one allocation for the first 16.
+                                if r.interference_from.capacity() == 0 {
+                                    r.interference_hashes.reserve(16);
+                                    r.interference_from.reserve(16);
+                                }
                                 r.interference_hashes.push(*h);
                                 r.interference_from.push(n.clone());
                             }
@@ -413,6 +423,7 @@ impl EngineSide {
             }
             (None, _) => {}
         }
+        (self.decoding, self.newcomers) = (decoding, newcomers);
         self.steps.push(Step { end_ns, sent_ns, members });
     }
 
@@ -448,8 +459,13 @@ impl EngineSide {
     pub fn claim(&mut self, r: &Request) -> Option<EnginePhases> {
         let mut hits: Vec<u32> = Vec::new();
         for name in std::iter::once(&r.id).chain(r.x_request_id.as_ref()) {
-            for &i in self.by_key.get(name.as_str()).into_iter().flatten() {
-                let Some(submit) = self.reqs.get(&i).and_then(|e| e.submit_ns) else { continue };
+            for &i in self.by_key.get(&name_hash(name)).map_or(&[][..], Nums::as_slice) {
+                let Some(e) = self.reqs.get(&i) else { continue };
+                // Another key of the same hash.
+                if !http_keys(e).into_iter().any(|k| k == name.as_str()) {
+                    continue;
+                }
+                let Some(submit) = e.submit_ns else { continue };
                 if r.arrive_ns <= submit && r.done_ns.is_none_or(|d| submit <= d) && !hits.contains(&i) {
                     hits.push(i);
                 }
@@ -553,29 +569,76 @@ pub fn http_key_of(engine: &EngineReq) -> Vec<String> {
 
 /// [`http_key_of`] borrowed from the request: every key is a part of its
 /// external or engine id, so indexing and forgetting one copy nothing.
+///
+/// Each rule is checked from the end it is about (an id is hashed and
+/// indexed twice per request; searching whole ids for separators was ~4 %
+/// of a report): `cmpl-<base>-<digits>` from its end, `<digits>_` from the
+/// start, `-<8 hex>` at the end.
 fn http_keys(engine: &EngineReq) -> Keys<'_> {
     let mut keys = Keys::default();
     if let Some(ext) = &engine.external_id {
         keys.push(ext);
-        if let Some((base, i)) = ext.rsplit_once('-') {
-            if base.starts_with("cmpl-") && !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) {
-                keys.push(base);
+        if ext.starts_with("cmpl-") {
+            // The last '-' followed by digits only, at least one.
+            let b = ext.as_bytes();
+            let digits = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+            let dash = b.len() - digits;
+            if digits > 0 && dash > 0 && b[dash - 1] == b'-' && ext[..dash - 1].starts_with("cmpl-") {
+                keys.push(&ext[..dash - 1]);
             }
         }
     }
     let mut id = engine.request_id.as_str();
-    if let Some((k, rest)) = id.split_once('_') {
-        if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) {
-            id = rest;
-        }
+    // A parallel-sampling prefix: digits, then the first '_'.
+    let lead = id.bytes().take_while(u8::is_ascii_digit).count();
+    if lead > 0 && id.as_bytes().get(lead) == Some(&b'_') {
+        id = &id[lead + 1..];
     }
     keys.push(id);
-    if let Some((base, suffix)) = id.rsplit_once('-') {
-        if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
-            keys.push(base);
-        }
+    // The last '-' with exactly 8 hex digits after it (they hold no '-').
+    let b = id.as_bytes();
+    if b.len() >= 9 && b[b.len() - 9] == b'-' && b[b.len() - 8..].iter().all(u8::is_ascii_hexdigit) {
+        keys.push(&id[..b.len() - 9]);
     }
     keys
+}
+
+/// Engine request numbers under one key hash, in the order indexed: almost
+/// always one (a key names one request), so not a vector each.
+#[derive(Debug)]
+enum Nums {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Nums {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Nums::One(i) => std::slice::from_ref(i),
+            Nums::Many(v) => v,
+        }
+    }
+
+    /// Adds `i` unless it is there.
+    fn insert(&mut self, i: u32) {
+        match self {
+            Nums::One(x) if *x == i => {}
+            Nums::One(x) => *self = Nums::Many(vec![*x, i]),
+            Nums::Many(v) if v.contains(&i) => {}
+            Nums::Many(v) => v.push(i),
+        }
+    }
+
+    /// Removes `i`; true when none is left.
+    fn remove(&mut self, i: u32) -> bool {
+        match self {
+            Nums::One(x) => *x == i,
+            Nums::Many(v) => {
+                v.retain(|&x| x != i);
+                v.is_empty()
+            }
+        }
+    }
 }
 
 /// At most four keys, in a fixed array.
@@ -614,7 +677,7 @@ pub struct EnginePhases {
     pub computed_tokens: Option<u64>,
     /// Decode time lost to co-batched prefills of other requests (ns), and whose.
     pub interference_ns: u64,
-    pub interference_from: Vec<String>,
+    pub interference_from: Vec<Name>,
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
@@ -823,7 +886,7 @@ mod tests {
         let ra = a.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
         let ea = ra.engine.as_ref().expect("A joined its engine request");
         assert_eq!(ea.interference_ns, 40 * MS);
-        assert_eq!(ea.interference_from, vec!["chatcmpl-b".to_string()]);
+        assert_eq!(ea.interference_from, vec![super::Name::from("chatcmpl-b")]);
         assert_eq!(ea.steps, 6);
         assert_eq!(ea.scheduled_source, "event");
         let rb = a.requests.iter().find(|r| r.id == "chatcmpl-b").unwrap();
@@ -841,5 +904,65 @@ mod tests {
         assert!(super::http_key_of(&e("1_chatcmpl-x-0123abcd", None)).contains(&"chatcmpl-x".to_string()));
         assert!(super::http_key_of(&e("cmpl-x-0-0123abcd", Some("cmpl-x-0"))).contains(&"cmpl-x".to_string()));
         assert!(!super::http_key_of(&e("chatcmpl-x-zzzz", None)).contains(&"chatcmpl-x".to_string()));
+    }
+
+    #[test]
+    fn key_lists_hold_each_number_once_and_empty_when_the_last_leaves() {
+        let mut n = super::Nums::One(3);
+        n.insert(3);
+        assert_eq!(n.as_slice(), &[3]);
+        n.insert(5);
+        n.insert(3);
+        n.insert(7);
+        assert_eq!(n.as_slice(), &[3, 5, 7], "in the order indexed");
+        assert!(!n.remove(5));
+        assert!(!n.remove(9), "not there: nothing changes");
+        assert_eq!(n.as_slice(), &[3, 7]);
+        assert!(!n.remove(3));
+        assert!(n.remove(7));
+        let mut one = super::Nums::One(4);
+        assert!(!one.remove(2));
+        assert!(one.remove(4));
+    }
+
+    /// The rules as vllm-wire.md §4 words them (split at the separators),
+    /// against the scans from the ends, on ids near every rule's edge.
+    #[test]
+    fn http_keys_scanned_from_the_ends_match_the_rules_split_at_separators() {
+        fn by_splitting(req: &str, ext: Option<&str>) -> Vec<String> {
+            let mut keys = Vec::new();
+            if let Some(ext) = ext {
+                keys.push(ext.to_owned());
+                if let Some((base, i)) = ext.rsplit_once('-') {
+                    if base.starts_with("cmpl-") && !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) {
+                        keys.push(base.to_owned());
+                    }
+                }
+            }
+            let mut id = req;
+            if let Some((k, rest)) = id.split_once('_') {
+                if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) {
+                    id = rest;
+                }
+            }
+            keys.push(id.to_owned());
+            if let Some((base, suffix)) = id.rsplit_once('-') {
+                if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    keys.push(base.to_owned());
+                }
+            }
+            keys
+        }
+        let reqs = [
+            "", "-", "_", "1_", "12_x", "_x", "1a_x", "x_1", "0123abcd", "-0123abcd", "x-0123abcd", "x-0123abc", "x-0123abcde", "x-0123abcg",
+            "x--0123abcd", "é-0123abcd", "1_é-0123ABCD", "12_34_x-00000000", "chatcmpl-x-0123abcd-0123abcd", "x-0123-abcd",
+        ];
+        let exts = [None, Some(""), Some("cmpl-"), Some("cmpl-5"), Some("cmpl-x-"), Some("cmpl-x-0"), Some("cmpl-x-12a"), Some("cmpl-x-1-2"), Some("cmpl--7"), Some("cmplx-1"), Some("cmpl-é-9"), Some("chatcmpl-x-1")];
+        for req in reqs {
+            for ext in exts {
+                let e = super::EngineReq { request_id: req.into(), external_id: ext.map(Into::into), ..Default::default() };
+                assert_eq!(super::http_key_of(&e), by_splitting(req, ext), "{req:?} {ext:?}");
+            }
+        }
     }
 }

@@ -14,6 +14,10 @@ use crate::event::ConnKey;
 use crate::model::{HttpRole, Record, SseKind, Usage};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+/// A request's name where many requests list it (whose prefill interfered
+/// with their decode): one allocation, shared by every list.
+pub type Name = std::sync::Arc<str>;
+
 /// How requests are grouped into chains.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -594,10 +598,10 @@ impl Correlator {
     /// A closed wire cluster: a step for each member, and the excess charged
     /// to the members already decoding, naming the newcomers.
     fn apply_cluster(&mut self, c: wire_steps::Closed) {
-        let names: Vec<(u64, u64, String)> = if c.excess_ns > 0 {
+        let names: Vec<(u64, u64, Name)> = if c.excess_ns > 0 {
             c.newcomers
                 .iter()
-                .filter_map(|&n| self.live.get(&n).map(name_of).map(|name| (n, engine::name_hash(&name), name)))
+                .filter_map(|&n| self.live.get(&n).map(name_of).map(|name| (n, engine::name_hash(&name), Name::from(name))))
                 .collect()
         } else {
             Vec::new()
@@ -614,12 +618,18 @@ impl Correlator {
                 w.interference_ns += c.excess_ns;
                 for (o, h, name) in &names {
                     if *o != n && !w.interference_hashes.iter().zip(&w.interference_from).any(|(wh, wn)| wh == h && wn == name) {
+                        // As the engine side's lists: one allocation for the first 16.
+                        if w.interference_from.capacity() == 0 {
+                            w.interference_hashes.reserve(16);
+                            w.interference_from.reserve(16);
+                        }
                         w.interference_hashes.push(*h);
                         w.interference_from.push(name.clone());
                     }
                 }
             }
         }
+        self.wire.recycle(c.members);
     }
 
     /// Hands out the next request in report order: names it, joins its

@@ -38,7 +38,7 @@ pub struct WireSteps {
     pub steps: u32,
     pub interference_ns: u64,
     /// Ids of the requests whose first tokens came in the slowed steps.
-    pub interference_from: Vec<String>,
+    pub interference_from: Vec<super::Name>,
     /// Hashes of `interference_from` (see [`super::engine::name_hash`]).
     pub(crate) interference_hashes: Vec<u64>,
 }
@@ -65,6 +65,9 @@ pub struct Clusters {
     members: std::collections::HashSet<u64>,
     last_start: Option<u64>,
     baseline: RollingMedian,
+    /// A closed cluster's member list handed back ([`Self::recycle`]): the
+    /// next cluster's, so that one does not grow a new one write by write.
+    spare: Vec<(u64, bool)>,
 }
 
 impl Clusters {
@@ -93,8 +96,18 @@ impl Clusters {
             }
         }
         let closed = self.close();
-        self.open = Some(Cluster { start_ns: t, end_ns: t, members: vec![(req, first)] });
+        let mut members = std::mem::take(&mut self.spare);
+        members.clear();
+        members.push((req, first));
+        self.open = Some(Cluster { start_ns: t, end_ns: t, members });
         closed
+    }
+
+    /// Takes back a [`Closed`]'s members once they are applied.
+    pub fn recycle(&mut self, members: Vec<(u64, bool)>) {
+        if members.capacity() > self.spare.capacity() {
+            self.spare = members;
+        }
     }
 
     /// Closes the open cluster if no later write can join it: `horizon_ns`
@@ -148,7 +161,7 @@ pub fn attribute(requests: &[&[u64]], gap_ns: u64) -> Vec<WireSteps> {
             if !first && c.excess_ns > 0 {
                 w.interference_ns += c.excess_ns;
                 for &n in &c.newcomers {
-                    let name = format!("r{n}");
+                    let name: super::Name = format!("r{n}").into();
                     if n != i && !w.interference_from.contains(&name) {
                         w.interference_hashes.push(super::engine::name_hash(&name));
                         w.interference_from.push(name);
@@ -183,7 +196,7 @@ mod tests {
         let w = attribute(&[&a, &b], DEFAULT_GAP_NS);
         assert_eq!(w[0].steps, 5);
         assert_eq!(w[0].interference_ns, 30_000_000, "40 ms step against a 10 ms median");
-        assert_eq!(w[0].interference_from, vec!["r1".to_string()]);
+        assert_eq!(w[0].interference_from, vec![super::super::Name::from("r1")]);
         assert_eq!(w[1].steps, 2);
         assert_eq!(w[1].interference_ns, 0, "its own prefill is not interference");
     }

@@ -198,6 +198,12 @@ impl Value for str {
     }
 }
 
+impl Value for std::sync::Arc<str> {
+    fn write(&self, b: &mut Vec<u8>, indent: usize) {
+        (**self).write(b, indent)
+    }
+}
+
 impl Value for String {
     fn write(&self, b: &mut Vec<u8>, _: usize) {
         string(b, self)

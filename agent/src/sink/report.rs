@@ -239,7 +239,7 @@ pub struct RequestRef<'a> {
     pub engine_request_id: Option<&'a str>,
     pub scheduled_source: Option<&'static str>,
     pub preemptions: Option<u32>,
-    pub interference_from: &'a [String],
+    pub interference_from: &'a [crate::correlate::Name],
     pub computed_tokens: Option<u64>,
     pub marks_clamped: u32,
     pub steps_source: Option<&'static str>,
@@ -398,7 +398,7 @@ impl RequestRef<'_> {
             engine_request_id: own(self.engine_request_id),
             scheduled_source: own(self.scheduled_source),
             preemptions: self.preemptions,
-            interference_from: self.interference_from.to_vec(),
+            interference_from: self.interference_from.iter().map(|n| n.to_string()).collect(),
             computed_tokens: self.computed_tokens,
             marks_clamped: self.marks_clamped,
             steps_source: own(self.steps_source),
@@ -1451,7 +1451,7 @@ impl ItlPool {
 
     fn spill_run(&mut self) -> io::Result<()> {
         let mut keys: Vec<u64> = self.buf.iter().map(|&x| total_key(x)).collect();
-        keys.sort_unstable();
+        summary::sort_keys(&mut keys);
         let spill = match &mut self.spill {
             Some(s) => s,
             None => self.spill.insert(io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?)),
@@ -1976,7 +1976,7 @@ mod tests {
 
     const NASTY: &str = "a\"b\\c/d\u{0}\u{1f}\n\t\r\u{8}\u{c}\u{7f} é 日本 🚀";
 
-    fn edge_request<'a>(itl: &'a [f64], from: &'a [String]) -> RequestRef<'a> {
+    fn edge_request<'a>(itl: &'a [f64], from: &'a [crate::correlate::Name]) -> RequestRef<'a> {
         RequestRef {
             id: NASTY,
             x_request_id: Some(""),
@@ -2184,7 +2184,7 @@ mod tests {
     #[test]
     fn request_writer_gives_serde_json_pretty_bytes_on_edge_values() {
         let itls = [20.827, 0.0, f64::NAN, 1e-7, 1e16, 12.759];
-        let from = [NASTY.to_owned(), String::new()];
+        let from: [crate::correlate::Name; 2] = [NASTY.into(), "".into()];
         for (itl, from) in [(&itls[..], &from[..]), (&[][..], &[][..])] {
             let q = edge_request(itl, from);
             assert_eq!(written(|b| q.write_json(b, 0)), serde_json::to_string_pretty(&q.to_out()).unwrap());

@@ -132,6 +132,45 @@ pub(crate) fn total_key(x: f64) -> u64 {
     (b ^ ((((b as i64) >> 63) as u64) >> 1)) ^ (1 << 63)
 }
 
+/// Sorts `keys` ascending: an LSD radix sort by bytes for the large
+/// distributions (ITLs, one value per request), skipping the bytes every key
+/// shares (a distribution's values mostly share their exponent). pdqsort
+/// compares ~log2(n) times per key (20 at a million); this reads each key
+/// once to count and once per byte that differs: ~5x fewer instructions on
+/// the 20 000-request file's summary.
+pub(crate) fn sort_keys(keys: &mut Vec<u64>) {
+    if keys.len() < 512 {
+        keys.sort_unstable();
+        return;
+    }
+    let mut counts = vec![[0usize; 256]; 8];
+    for &k in keys.iter() {
+        for (d, c) in counts.iter_mut().enumerate() {
+            c[(k >> (8 * d)) as u8 as usize] += 1;
+        }
+    }
+    let n = keys.len();
+    let mut other = vec![0u64; n];
+    for (d, c) in counts.iter_mut().enumerate() {
+        // Every key has this byte: the pass would not move anything.
+        if c.contains(&n) {
+            continue;
+        }
+        let mut at = 0;
+        for x in c.iter_mut() {
+            let here = *x;
+            *x = at;
+            at += here;
+        }
+        for &k in keys.iter() {
+            let b = (k >> (8 * d)) as u8 as usize;
+            other[c[b]] = k;
+            c[b] += 1;
+        }
+        std::mem::swap(keys, &mut other);
+    }
+}
+
 /// The float of a [`total_key`].
 pub(crate) fn from_total_key(k: u64) -> f64 {
     let b = k ^ (1 << 63);
@@ -146,7 +185,7 @@ pub fn dist_of(s: Vec<f64>, percentiles: &[f64]) -> Option<Dist> {
     // Values equal under total_cmp are the same bits: unstable is stable
     // here. Sorted as integers in place (same size: the Vec is reused).
     let mut keys: Vec<u64> = s.into_iter().map(total_key).collect();
-    keys.sort_unstable();
+    sort_keys(&mut keys);
     let s: Vec<f64> = keys.into_iter().map(from_total_key).collect();
     let n = s.len();
     let mean = s.iter().sum::<f64>() / n as f64;
@@ -515,6 +554,45 @@ mod tests {
 
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() < 1e-9, "{a} != {b}");
+    }
+
+    #[test]
+    fn the_radix_sort_orders_keys_as_the_comparison_sort_does() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        // Sizes either side of the cut-over; keys that share their high
+        // bytes (a distribution's floats), that differ only there, all
+        // equal, full-range, and floats of both signs with NaNs and zeros.
+        for n in [0usize, 1, 511, 512, 513, 5000, 70_000] {
+            let floats: Vec<u64> = (0..n)
+                .map(|i| match i % 7 {
+                    0 => total_key(f64::NAN),
+                    1 => total_key(-0.0),
+                    2 => total_key(0.0),
+                    3 => total_key(-((next() % 1000) as f64) / 7.0),
+                    _ => total_key((next() % 100_000) as f64 / 1000.0),
+                })
+                .collect();
+            let cases = [
+                (0..n).map(|_| 0x4029_0000_0000_0000 | (next() & 0xffff_ffff)).collect::<Vec<u64>>(),
+                (0..n).map(|_| next() << 56).collect(),
+                vec![7u64; n],
+                (0..n).map(|_| next()).collect(),
+                floats,
+            ];
+            for keys in cases {
+                let mut want = keys.clone();
+                want.sort_unstable();
+                let mut got = keys;
+                sort_keys(&mut got);
+                assert_eq!(got, want, "{n} keys");
+            }
+        }
     }
 
     fn example() -> Summary {

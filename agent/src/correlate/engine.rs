@@ -176,7 +176,19 @@ impl RollingMedian {
         if self.recent.len() == BASELINE_WINDOW {
             if let Some(old) = self.recent.pop_front() {
                 if let Ok(i) = self.sorted.binary_search(&old) {
-                    self.sorted.remove(i);
+                    // The value leaving is replaced by the one coming where
+                    // that belongs: only the values between them move (a
+                    // removal then an insertion moved about the whole window).
+                    let at = self.sorted.partition_point(|&x| x < v);
+                    if at <= i {
+                        self.sorted[at..=i].rotate_right(1);
+                        self.sorted[at] = v;
+                    } else {
+                        self.sorted[i..at].rotate_left(1);
+                        self.sorted[at - 1] = v;
+                    }
+                    self.recent.push_back(v);
+                    return;
                 }
             }
         }
@@ -790,6 +802,7 @@ mod tests {
             let mut w: Vec<u64> = vals[(n + 1).saturating_sub(super::BASELINE_WINDOW)..=n].to_vec();
             w.sort_unstable();
             assert_eq!(m.median(), Some(w[w.len() / 2]), "after {} values", n + 1);
+            assert_eq!(m.sorted, w, "the sorted copy is the window's values, after {} values", n + 1);
         }
     }
 

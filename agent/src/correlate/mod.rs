@@ -598,14 +598,14 @@ impl Correlator {
     /// A closed wire cluster: a step for each member, and the excess charged
     /// to the members already decoding, naming the newcomers.
     fn apply_cluster(&mut self, c: wire_steps::Closed) {
-        let names: Vec<(u64, u64, Name)> = if c.excess_ns > 0 {
-            c.newcomers
-                .iter()
-                .filter_map(|&n| self.live.get(&n).map(name_of).map(|name| (n, engine::name_hash(&name), Name::from(name))))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // Named now (a newcomer may be handed out before those it slowed).
+        let slowed = (c.excess_ns > 0)
+            .then(|| {
+                let names: Vec<(u64, u64, Name)> =
+                    c.newcomers.iter().filter_map(|&n| self.live.get(&n).map(name_of).map(|name| (n, engine::name_hash(&name), Name::from(name)))).collect();
+                (!names.is_empty()).then(|| std::sync::Arc::new(wire_steps::Slowed { names }))
+            })
+            .flatten();
         for &(n, first) in &c.members {
             let Some(r) = self.live.get_mut(&n) else {
                 // Handed out before its last cluster closed: a late record.
@@ -616,16 +616,13 @@ impl Correlator {
             w.steps += 1;
             if !first && c.excess_ns > 0 {
                 w.interference_ns += c.excess_ns;
-                for (o, h, name) in &names {
-                    if *o != n && !w.interference_hashes.iter().zip(&w.interference_from).any(|(wh, wn)| wh == h && wn == name) {
-                        // As the engine side's lists: one allocation for the first 16.
-                        if w.interference_from.capacity() == 0 {
-                            w.interference_hashes.reserve(16);
-                            w.interference_from.reserve(16);
-                        }
-                        w.interference_hashes.push(*h);
-                        w.interference_from.push(name.clone());
+                if let Some(s) = &slowed {
+                    // One allocation for the first 16 (a decode is usually
+                    // slowed by several prefills).
+                    if w.slowed.capacity() == 0 {
+                        w.slowed.reserve(16);
                     }
+                    w.slowed.push(s.clone());
                 }
             }
         }
@@ -650,6 +647,9 @@ impl Correlator {
         // Requests the IPC did not explain keep their steps from the wire.
         if r.engine.is_some() || r.wire_steps.as_ref().is_some_and(|w| w.steps == 0) {
             r.wire_steps = None;
+        }
+        if let Some(w) = &mut r.wire_steps {
+            w.resolve(key.3);
         }
         let hops = match self.hops.get_mut(r.chain.as_str()) {
             Some(h) => h,

@@ -41,6 +41,32 @@ pub struct WireSteps {
     pub interference_from: Vec<super::Name>,
     /// Hashes of `interference_from` (see [`super::engine::name_hash`]).
     pub(crate) interference_hashes: Vec<u64>,
+    /// The slowed clusters it was charged by, in order, while it is open:
+    /// their newcomers become `interference_from` only when the request is
+    /// handed out without the IPC's figures (which replace these), so most
+    /// requests of a vLLM recording never build the list. Empty after.
+    pub(crate) slowed: Vec<std::sync::Arc<Slowed>>,
+}
+
+/// A slowed cluster's newcomers: (request number, name hash, name).
+#[derive(Debug, Default, PartialEq)]
+pub struct Slowed {
+    pub(crate) names: Vec<(u64, u64, super::Name)>,
+}
+
+impl WireSteps {
+    /// Lists the newcomers of the clusters that slowed request `n` (not
+    /// itself, each name once, in the order charged).
+    pub(crate) fn resolve(&mut self, n: u64) {
+        for s in std::mem::take(&mut self.slowed) {
+            for (o, h, name) in &s.names {
+                if *o != n && !self.interference_hashes.iter().zip(&self.interference_from).any(|(wh, wn)| wh == h && wn == name) {
+                    self.interference_hashes.push(*h);
+                    self.interference_from.push(name.clone());
+                }
+            }
+        }
+    }
 }
 
 /// A closed cluster's verdict for its members: each gets a step, and the

@@ -288,8 +288,10 @@ struct Interner {
     memo: Vec<(usize, u32)>,
 }
 
-/// The address memo's size: 2^7 entries, 2 KiB per table.
-const MEMO_BITS: u32 = 7;
+/// The address memo's size: 2^9 entries, 8 KiB per table (2^7 left the
+/// hot names' addresses colliding, as the code around moved: 50 % more
+/// look-ups fell through to the table).
+const MEMO_BITS: u32 = 9;
 
 /// Bytes of a string kept in its slot.
 const INLINE: usize = 24;
@@ -791,7 +793,7 @@ impl<W: Write> TraceWriter<W> {
         let seq = self.prepare(ts, track, Kind::Counter, 0)?;
         let uuid = self.event_track(seq, track);
         self.scratch.clear();
-        let (te, at) = open_event(&mut self.batch, &mut self.buf);
+        let (te, at) = open_event(&mut self.batch, &mut self.buf, false);
         // TrackEvent fields in tag order, as prost writes them: type (9),
         // track_uuid (11), counter_value (30), double_counter_value (44).
         put_varint_field(te, 9, EventType::Counter as u64);
@@ -817,7 +819,7 @@ impl<W: Write> TraceWriter<W> {
         let sc = &mut self.scratch;
         sc.clear();
         let s = &mut self.seqs[seq];
-        let (te, at) = open_event(&mut self.batch, &mut self.buf);
+        let (te, at) = open_event(&mut self.batch, &mut self.buf, ev.is_some_and(likely_wide));
         // The event name is interned before the annotations' strings (each
         // table has its own iids, given in order of first use).
         let name_iid = match ev {
@@ -938,16 +940,80 @@ impl<W: Write> TraceWriter<W> {
         }
         for t in chain.into_iter().rev() {
             let desc = self.decl_mut(t).ok().and_then(|d| d.pending.take()).expect("pending descriptor");
-            let packet = proto::TracePacket {
-                trusted_packet_sequence_id: Some(SEQUENCE_ID),
-                sequence_flags: Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),
-                data: Some(proto::Data::TrackDescriptor(*desc)),
-                ..Default::default()
-            };
-            self.write_packet(&packet)?;
+            if desc.process.is_none() && desc.thread.is_none() && desc.counter.is_none() {
+                self.write_plain_descriptor(&desc)?;
+            } else {
+                let packet = proto::TracePacket {
+                    trusted_packet_sequence_id: Some(SEQUENCE_ID),
+                    sequence_flags: Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),
+                    data: Some(proto::Data::TrackDescriptor(*desc)),
+                    ..Default::default()
+                };
+                self.write_packet(&packet)?;
+            }
             self.stats.track_descriptors += 1;
         }
         Ok(())
+    }
+
+    /// A plain track's descriptor packet (no process, thread or counter
+    /// part: a request's or chain's track, a group), encoded as prost
+    /// encodes [`write_packet`](Self::write_packet)'s message for it:
+    /// fields in tag order (the `data` oneof by its lowest tag, 6: the
+    /// descriptor, then sequence id and flags; the descriptor's uuid, name,
+    /// parent, ordering, rank). A streamed trace declares a track per
+    /// request; building the message and encoding it through prost cost
+    /// ~650 instructions more per track.
+    fn write_plain_descriptor(&mut self, d: &proto::TrackDescriptor) -> Result<(), PerfettoError> {
+        let dst = match &mut self.batch {
+            Some(b) => &mut b.packets,
+            None => {
+                self.buf.clear();
+                &mut self.buf
+            }
+        };
+        let from = dst.len();
+        let mut body = 0;
+        if let Some(v) = d.uuid {
+            body += 1 + varint_len(v);
+        }
+        if let Some(v) = d.parent_uuid {
+            body += 1 + varint_len(v);
+        }
+        if let Some(n) = &d.name {
+            body += 1 + varint_len(n.len() as u64) + n.len();
+        }
+        if let Some(v) = d.child_ordering {
+            body += 1 + varint_len(v as u64);
+        }
+        if let Some(v) = d.sibling_order_rank {
+            body += 1 + varint_len(v as u64);
+        }
+        // Sequence id and flags (one-byte keys), the descriptor's two-byte key (60).
+        let packet = 1 + varint_len(u64::from(SEQUENCE_ID)) + 1 + varint_len(u64::from(proto::SEQ_NEEDS_INCREMENTAL_STATE)) + 2 + varint_len(body as u64) + body;
+        put_key(dst, proto::TRACE_PACKET_FIELD, WIRE_LEN);
+        put_varint(dst, packet as u64);
+        put_key(dst, 60, WIRE_LEN);
+        put_varint(dst, body as u64);
+        if let Some(v) = d.uuid {
+            put_varint_field(dst, 1, v);
+        }
+        if let Some(n) = &d.name {
+            put_bytes_field(dst, 2, n.as_bytes());
+        }
+        if let Some(v) = d.parent_uuid {
+            put_varint_field(dst, 5, v);
+        }
+        // int32 and enum fields: sign-extended to 64 bits, as prost writes them.
+        if let Some(v) = d.child_ordering {
+            put_varint_field(dst, 11, v as u64);
+        }
+        if let Some(v) = d.sibling_order_rank {
+            put_varint_field(dst, 12, v as u64);
+        }
+        put_varint_field(dst, 10, u64::from(SEQUENCE_ID));
+        put_varint_field(dst, 13, u64::from(proto::SEQ_NEEDS_INCREMENTAL_STATE));
+        self.packet_written(from)
     }
 
     /// Ends the event's packet started by [`open_event`] (its TrackEvent
@@ -968,19 +1034,26 @@ impl<W: Write> TraceWriter<W> {
             Some(b) => &mut b.packets,
             None => &mut self.buf,
         };
-        close_len(dst, at.track_event);
+        if at.wide {
+            close_len_wide(dst, at.track_event);
+        } else {
+            close_len(dst, at.track_event);
+        }
         put_varint_field(dst, 8, delta);
         put_varint_field(dst, 10, seq_id as u64);
         if sc.interned > 0 {
             put_key(dst, 12, WIRE_LEN);
-            let interned = open_len(dst);
+            put_varint(dst, (sc.event_names.len() + sc.arg_names.len() + sc.values.len()) as u64);
             dst.extend_from_slice(&sc.event_names);
             dst.extend_from_slice(&sc.arg_names);
             dst.extend_from_slice(&sc.values);
-            close_len(dst, interned);
         }
         put_varint_field(dst, 13, proto::SEQ_NEEDS_INCREMENTAL_STATE as u64);
-        close_len(dst, at.packet);
+        if at.wide {
+            close_len_wide(dst, at.packet);
+        } else {
+            close_len(dst, at.packet);
+        }
         self.packet_written(at.from)
     }
 
@@ -1153,6 +1226,54 @@ fn close_long(dst: &mut Vec<u8>, at: usize, len: u64) {
     prost::encoding::encode_varint(len, &mut head);
 }
 
+/// [`close_len`] for a body with two bytes reserved for its length (one
+/// expected to be 128 bytes to 16 KiB long, see [`open_event`]: a request
+/// slice was moved up twice, its TrackEvent and then its packet). The body
+/// is moved only when its length's varint is not two bytes long: the
+/// length is written as the shortest varint, as prost writes it, whatever
+/// was reserved.
+#[inline(always)]
+fn close_len_wide(dst: &mut Vec<u8>, at: usize) {
+    let len = dst.len() - at;
+    if (0x80..0x4000).contains(&len) {
+        dst[at - 2] = len as u8 | 0x80;
+        dst[at - 1] = (len >> 7) as u8;
+        return;
+    }
+    close_not_wide(dst, at, len as u64);
+}
+
+#[cold]
+#[inline(never)]
+fn close_not_wide(dst: &mut Vec<u8>, at: usize, len: u64) {
+    if len < 0x80 {
+        dst.copy_within(at.., at - 1);
+        dst.pop();
+        dst[at - 2] = len as u8;
+        return;
+    }
+    // Three bytes or more: one reserved byte's worth is moved up as in close_long.
+    dst.remove(at - 2);
+    close_long(dst, at - 1, len);
+}
+
+/// Whether the event's TrackEvent likely takes 128 bytes or more (a
+/// request slice's two dozen annotations, a decode phase's id list): a
+/// rough count of its annotations' bytes.
+#[inline]
+fn likely_wide(ev: &Event<'_>) -> bool {
+    // A number as a double's 13 bytes; a unique name (a hop's label) and
+    // flows count too, and 4 bytes of type and track.
+    let mut n = 4 + if ev.unique_name { ev.name.len() + 3 } else { 0 } + 9 * (ev.flow_ids.len() + ev.terminating_flow_ids.len());
+    for a in ev.args {
+        n += match a.value {
+            Value::Str(v) => v.len() + 6,
+            _ => 13,
+        };
+    }
+    n >= 128
+}
+
 /// Where an event's packet being encoded starts: see [`open_event`].
 #[derive(Clone, Copy)]
 struct EventAt {
@@ -1161,6 +1282,8 @@ struct EventAt {
     /// The packet's body, and its TrackEvent's (for [`close_len`]).
     packet: usize,
     track_event: usize,
+    /// Their lengths have two bytes reserved ([`close_len_wide`]).
+    wide: bool,
 }
 
 /// Starts an event's packet in the batch (or the emptied packet buffer):
@@ -1169,8 +1292,10 @@ struct EventAt {
 /// place (not in a scratch buffer copied over: a copy per event), and
 /// [`TraceWriter::close_event`] adds the rest. Inlined: returned through
 /// memory, its result was read back as a stalled 16-byte load per event.
+/// `wide`: the event is expected to be 128 bytes or more (two bytes
+/// reserved for each length, see [`close_len_wide`]).
 #[inline(always)]
-fn open_event<'a>(batch: &'a mut Option<Batch>, buf: &'a mut Vec<u8>) -> (&'a mut Vec<u8>, EventAt) {
+fn open_event<'a>(batch: &'a mut Option<Batch>, buf: &'a mut Vec<u8>, wide: bool) -> (&'a mut Vec<u8>, EventAt) {
     let dst = match batch {
         Some(b) => &mut b.packets,
         None => {
@@ -1179,11 +1304,16 @@ fn open_event<'a>(batch: &'a mut Option<Batch>, buf: &'a mut Vec<u8>) -> (&'a mu
         }
     };
     let from = dst.len();
-    put_key(dst, proto::TRACE_PACKET_FIELD, WIRE_LEN);
-    let packet = open_len(dst);
-    put_key(dst, 11, WIRE_LEN);
-    let track_event = open_len(dst);
-    (dst, EventAt { from, packet, track_event })
+    // The `Trace.packet` key (0x0a) and the TrackEvent's (field 11: 0x5a),
+    // each with its length's byte or two reserved.
+    let (packet, track_event) = if wide {
+        dst.extend_from_slice(&[0x0a, 0x80, 0, 0x5a, 0x80, 0]);
+        (from + 3, from + 6)
+    } else {
+        dst.extend_from_slice(&[0x0a, 0, 0x5a, 0]);
+        (from + 2, from + 4)
+    };
+    (dst, EventAt { from, packet, track_event, wide })
 }
 
 /// An `interned_data` entry (EventName, DebugAnnotationName or
@@ -1218,15 +1348,90 @@ impl Scratch {
     }
 
     /// A DebugAnnotation (TrackEvent field 4) into `te`: `name_iid` (1),
-    /// then its one value field.
+    /// then its one value field. Its length is worked out first and
+    /// written before the body (no byte reserved and moved up for a long
+    /// string), and the usual annotation (a one-byte name iid with a
+    /// number, a boolean, an interned value's iid or a short string's
+    /// header) is put together in a 16-byte word and appended with one
+    /// fixed-size copy: written byte by byte it cost a capacity check and a
+    /// length update per byte, about 30 instructions more per annotation (a
+    /// request slice has two dozen).
+    #[inline(always)]
     fn annotation(&mut self, te: &mut Vec<u8>, s: &mut Seq, a: &Arg<'_>) {
         let (iid, new) = s.arg_names.get(a.name);
         if new {
             self.interned += 1;
             put_interned(&mut self.arg_names, 3, iid, a.name.as_bytes());
         }
+        if iid < 0x80 {
+            // Little-endian from byte 0: 0x22 (field 4, length-delimited),
+            // the body's length, 0x08 (name_iid) and the iid, then from byte
+            // 4 the value's key and value. Built in integers: a byte array
+            // was split into a register and a store per byte.
+            let head = 0x22 | 0x08 << 16 | iid << 24;
+            let (w, n) = match a.value {
+                Value::F64(v) => (u128::from(0x29u64 << 32) | u128::from(v.to_bits()) << 40, 13),
+                Value::U64(v) if v < 1 << 56 => {
+                    let (packed, k) = varint_packed(v);
+                    (u128::from(0x18u64 << 32) | u128::from(packed) << 40, 5 + k)
+                }
+                Value::I64(v) if (v as u64) < 1 << 56 => {
+                    let (packed, k) = varint_packed(v as u64);
+                    (u128::from(0x20u64 << 32) | u128::from(packed) << 40, 5 + k)
+                }
+                Value::Bool(v) => (u128::from(0x10u64 << 32 | u64::from(v) << 40), 6),
+                // A short string (an id): its key (0x32) and length, then its bytes.
+                Value::Str(v) if v.len() < 0x80 - 4 => {
+                    let (len, body) = (v.len() as u64, v.len() as u64 + 4);
+                    put_word(te, u128::from(head | body << 8 | 0x32 << 32 | len << 40), 6);
+                    te.extend_from_slice(v.as_bytes());
+                    return;
+                }
+                Value::Interned(v) => {
+                    let (viid, new) = s.string_values.get(v);
+                    if new {
+                        self.interned += 1;
+                        put_interned(&mut self.values, 29, viid, v.as_bytes());
+                    }
+                    // Field 17, varint: the two-byte key 0x88 0x01.
+                    let (packed, k) = varint_packed(viid);
+                    (u128::from(0x0188u64 << 32) | u128::from(packed) << 48, 6 + k)
+                }
+                _ => (0, 0),
+            };
+            if n > 0 {
+                put_word(te, w | u128::from(head | (n as u64 - 2) << 8), n);
+                return;
+            }
+        }
+        self.annotation_slow(te, s, a, iid);
+    }
+
+    /// [`annotation`](Self::annotation) for the rest: long strings, large
+    /// numbers and iids, field by field.
+    #[inline(never)]
+    fn annotation_slow(&mut self, te: &mut Vec<u8>, s: &mut Seq, a: &Arg<'_>, iid: u64) {
+        let viid = match a.value {
+            Value::Interned(v) => {
+                let (viid, new) = s.string_values.get(v);
+                if new {
+                    self.interned += 1;
+                    put_interned(&mut self.values, 29, viid, v.as_bytes());
+                }
+                viid
+            }
+            _ => 0,
+        };
+        let value = match a.value {
+            Value::Bool(_) => 2,
+            Value::U64(v) => 1 + varint_len(v),
+            Value::I64(v) => 1 + varint_len(v as u64),
+            Value::F64(_) => 9,
+            Value::Str(v) => 1 + varint_len(v.len() as u64) + v.len(),
+            Value::Interned(_) => 2 + varint_len(viid),
+        };
         put_key(te, 4, WIRE_LEN);
-        let at = open_len(te);
+        put_varint(te, (1 + varint_len(iid) + value) as u64);
         put_varint_field(te, 1, iid);
         match a.value {
             Value::Bool(v) => put_varint_field(te, 2, u64::from(v)),
@@ -1237,17 +1442,39 @@ impl Scratch {
                 te.extend_from_slice(&v.to_bits().to_le_bytes());
             }
             Value::Str(v) => put_bytes_field(te, 6, v.as_bytes()),
-            Value::Interned(v) => {
-                let (viid, new) = s.string_values.get(v);
-                if new {
-                    self.interned += 1;
-                    put_interned(&mut self.values, 29, viid, v.as_bytes());
-                }
-                put_varint_field(te, 17, viid);
-            }
+            Value::Interned(_) => put_varint_field(te, 17, viid),
         }
-        close_len(te, at);
     }
+}
+
+/// `v` as a varint in the low bytes of a word (little-endian, as written),
+/// and its byte count; `v` under 2^56 (8 bytes of 7 bits).
+#[inline(always)]
+fn varint_packed(mut v: u64) -> (u64, usize) {
+    let mut out = 0u64;
+    let mut k = 0;
+    while v >= 0x80 {
+        out |= ((v & 0x7f) | 0x80) << (8 * k);
+        v >>= 7;
+        k += 1;
+    }
+    (out | v << (8 * k), k + 1)
+}
+
+/// The low `n` bytes of `w` (little-endian), with one fixed-size copy:
+/// a field or few put together in a word cost less than written byte by
+/// byte (a capacity check and a length update per byte).
+#[inline(always)]
+fn put_word(dst: &mut Vec<u8>, w: u128, n: usize) {
+    let at = dst.len();
+    dst.extend_from_slice(&w.to_le_bytes());
+    dst.truncate(at + n);
+}
+
+/// Bytes of `v` as a varint.
+#[inline]
+fn varint_len(v: u64) -> usize {
+    prost::encoding::encoded_len_varint(v)
 }
 
 #[cfg(test)]

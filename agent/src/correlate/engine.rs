@@ -418,17 +418,7 @@ impl EngineSide {
                         let Some(r) = self.reqs.get_mut(&ri) else { continue };
                         r.interference_ns += d - med;
                         for (h, n) in &newcomers {
-                            let seen = r.interference_hashes.iter().zip(&r.interference_from).any(|(rh, rn)| rh == h && rn == n);
-                            if !seen {
-                                // A decode is usually slowed by several
-                                // prefills: one allocation for the first 16.
-                                if r.interference_from.capacity() == 0 {
-                                    r.interference_hashes.reserve(16);
-                                    r.interference_from.reserve(16);
-                                }
-                                r.interference_hashes.push(*h);
-                                r.interference_from.push(n.clone());
-                            }
+                            super::add_interferer(&mut r.interference_hashes, &mut r.interference_from, *h, n);
                         }
                     }
                 }

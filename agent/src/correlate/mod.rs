@@ -18,6 +18,24 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// with their decode): one allocation, shared by every list.
 pub type Name = std::sync::Arc<str>;
 
+/// Adds `name` (of hash `h`, [`engine::name_hash`]) to an interference list
+/// and its hashes unless it is there: the engine side's lists and the
+/// wire-cluster fallback's are kept alike.
+#[inline]
+pub(crate) fn add_interferer(hashes: &mut Vec<u64>, names: &mut Vec<Name>, h: u64, name: &Name) {
+    if hashes.iter().zip(names.iter()).any(|(wh, wn)| *wh == h && wn == name) {
+        return;
+    }
+    // A decode is usually slowed by several prefills: one allocation for
+    // the first 16.
+    if names.capacity() == 0 {
+        hashes.reserve(16);
+        names.reserve(16);
+    }
+    hashes.push(h);
+    names.push(name.clone());
+}
+
 /// How requests are grouped into chains.
 #[derive(Debug, Clone)]
 pub struct Config {

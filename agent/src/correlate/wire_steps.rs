@@ -59,11 +59,8 @@ impl WireSteps {
     /// itself, each name once, in the order charged).
     pub(crate) fn resolve(&mut self, n: u64) {
         for s in std::mem::take(&mut self.slowed) {
-            for (o, h, name) in &s.names {
-                if *o != n && !self.interference_hashes.iter().zip(&self.interference_from).any(|(wh, wn)| wh == h && wn == name) {
-                    self.interference_hashes.push(*h);
-                    self.interference_from.push(name.clone());
-                }
+            for (_, h, name) in s.names.iter().filter(|x| x.0 != n) {
+                super::add_interferer(&mut self.interference_hashes, &mut self.interference_from, *h, name);
             }
         }
     }
@@ -186,12 +183,9 @@ pub fn attribute(requests: &[&[u64]], gap_ns: u64) -> Vec<WireSteps> {
             w.steps += 1;
             if !first && c.excess_ns > 0 {
                 w.interference_ns += c.excess_ns;
-                for &n in &c.newcomers {
+                for &n in c.newcomers.iter().filter(|&&n| n != i) {
                     let name: super::Name = format!("r{n}").into();
-                    if n != i && !w.interference_from.contains(&name) {
-                        w.interference_hashes.push(super::engine::name_hash(&name));
-                        w.interference_from.push(name);
-                    }
+                    super::add_interferer(&mut w.interference_hashes, &mut w.interference_from, super::engine::name_hash(&name), &name);
                 }
             }
         }

@@ -217,13 +217,20 @@ fn assign(s: &mut String, b: &[u8]) -> Result<()> {
 impl<T: Dec + Default> Dec for Option<T> {
     #[inline]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
-        match c.pop()? {
-            0 => *self = None,
-            1 => self.get_or_insert_with(T::default).dec(c)?,
-            _ => return Err(DecodeError::BadOption),
-        }
-        Ok(())
+        dec_option(self, c, T::dec)
     }
+}
+
+/// An `Option`'s wire (a 0/1 tag, then the value) over `o`, the value
+/// decoded by `value` into what `o` holds.
+#[inline(always)]
+fn dec_option<T: Default>(o: &mut Option<T>, c: &mut Cur, value: impl FnOnce(&mut T, &mut Cur) -> Result<()>) -> Result<()> {
+    match c.pop()? {
+        0 => *o = None,
+        1 => value(o.get_or_insert_with(T::default), c)?,
+        _ => return Err(DecodeError::BadOption),
+    }
+    Ok(())
 }
 
 impl<T: Dec + Default> Dec for Vec<T> {
@@ -491,23 +498,18 @@ fn dec_sse(r: &mut Record, c: &mut Cur, recent: &mut [String]) -> Result<()> {
         return dec_record(r, c);
     };
     fields!(c; conn, seq, ts_ns, kind)?;
-    // `Option<String>`'s wire, as `Dec` reads it.
-    match c.pop()? {
-        0 => *id = None,
-        1 => {
-            let n = c.len()?;
-            let b = c.take(n)?;
-            let s = id.get_or_insert_with(String::new);
-            let slot = &mut recent[recent_slot(b)];
-            if slot.as_bytes() == b {
-                s.clone_from(slot);
-            } else {
-                assign(s, b)?;
-                slot.clone_from(s);
-            }
+    dec_option(id, c, |s, c| {
+        let n = c.len()?;
+        let b = c.take(n)?;
+        let slot = &mut recent[recent_slot(b)];
+        if slot.as_bytes() == b {
+            s.clone_from(slot);
+        } else {
+            assign(s, b)?;
+            slot.clone_from(s);
         }
-        _ => return Err(DecodeError::BadOption),
-    }
+        Ok(())
+    })?;
     fields!(c; content_bytes, finish_reason, usage)
 }
 
@@ -516,9 +518,9 @@ fn dec_sse(r: &mut Record, c: &mut Cur, recent: &mut [String]) -> Result<()> {
 #[inline]
 fn recent_slot(b: &[u8]) -> usize {
     let n = b.len();
-    let tail = match b.get(n.wrapping_sub(8)..) {
-        Some(t) if n >= 8 => u64::from_le_bytes(t.try_into().expect("8 bytes")),
-        _ => b.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)),
+    let tail = match n.checked_sub(8) {
+        Some(at) => u64::from_le_bytes(b[at..].try_into().expect("8 bytes")),
+        None => b.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)),
     };
     ((tail ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_IDS.trailing_zeros())) as usize
 }
@@ -740,6 +742,9 @@ mod tests {
     fn samples_cover_every_variant_in_serde_order() {
         let all = samples(0);
         assert_eq!(all.len(), VARIANTS);
+        // The decoder's own paths are picked by these indexes.
+        assert!(matches!(all[SSE as usize], Record::Sse { .. }));
+        assert!(matches!(all[ENGINE_OUTPUTS as usize], Record::EngineOutputs { .. }));
         for (i, r) in all.iter().enumerate() {
             assert_eq!(variant_index(r) as usize, i);
             let bytes = postcard::to_stdvec(r).unwrap();

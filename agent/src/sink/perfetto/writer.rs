@@ -1388,11 +1388,7 @@ impl Scratch {
                     return;
                 }
                 Value::Interned(v) => {
-                    let (viid, new) = s.string_values.get(v);
-                    if new {
-                        self.interned += 1;
-                        put_interned(&mut self.values, 29, viid, v.as_bytes());
-                    }
+                    let viid = self.value_iid(s, v);
                     // Field 17, varint: the two-byte key 0x88 0x01.
                     let (packed, k) = varint_packed(viid);
                     (u128::from(0x0188u64 << 32) | u128::from(packed) << 48, 6 + k)
@@ -1407,19 +1403,24 @@ impl Scratch {
         self.annotation_slow(te, s, a, iid);
     }
 
+    /// The iid of an interned annotation value, interned (into this
+    /// packet's `interned_data`) when new on the sequence.
+    #[inline(always)]
+    fn value_iid(&mut self, s: &mut Seq, v: &str) -> u64 {
+        let (viid, new) = s.string_values.get(v);
+        if new {
+            self.interned += 1;
+            put_interned(&mut self.values, 29, viid, v.as_bytes());
+        }
+        viid
+    }
+
     /// [`annotation`](Self::annotation) for the rest: long strings, large
     /// numbers and iids, field by field.
     #[inline(never)]
     fn annotation_slow(&mut self, te: &mut Vec<u8>, s: &mut Seq, a: &Arg<'_>, iid: u64) {
         let viid = match a.value {
-            Value::Interned(v) => {
-                let (viid, new) = s.string_values.get(v);
-                if new {
-                    self.interned += 1;
-                    put_interned(&mut self.values, 29, viid, v.as_bytes());
-                }
-                viid
-            }
+            Value::Interned(v) => self.value_iid(s, v),
             _ => 0,
         };
         let value = match a.value {

@@ -685,9 +685,9 @@ struct OutStep {
     members: Vec<(Key, bool)>,
 }
 
-/// An engine request's number in [`Attribution`] (its id is hashed once per
+/// An engine request's key in [`Attribution`] (its id is hashed once per
 /// output step, not once per use).
-type Key = u64;
+type Key = super::slab::SlabKey;
 
 /// vLLM EngineCoreEventType SCHEDULED.
 const EV_SCHEDULED: u8 = 2;
@@ -718,11 +718,11 @@ pub struct Attribution {
     gpu_seen: bool,
     seen_writer: bool,
     watermark: u64,
-    /// Engine request id -> key, and each key's figures. A key is never
-    /// reused: a step's members that were taken or forgotten since are gone.
+    /// Engine request id -> key, and each key's figures. A key never finds
+    /// another request: a step's members that were taken or forgotten since
+    /// are gone.
     ids: super::FxMap<String, Key>,
-    eng: super::FxMap<Key, Eng>,
-    next_key: Key,
+    eng: super::slab::Slab<Eng>,
     outs: VecDeque<OutStep>,
     /// Decided GPU steps not yet matched, in order.
     gsteps: VecDeque<GpuStep>,
@@ -746,16 +746,19 @@ impl Attribution {
     /// The key of engine request `id`, made (with empty figures) when new;
     /// the id is copied only then.
     fn key(&mut self, id: &str) -> (Key, &mut Eng) {
-        let k = match self.ids.get(id) {
-            Some(&k) => k,
+        let k = match self.ids.get_mut(id) {
+            Some(k) if self.eng.contains_key(*k) => *k,
+            Some(k) => {
+                *k = self.eng.insert(Eng::default());
+                *k
+            }
             None => {
-                let k = self.next_key;
-                self.next_key += 1;
+                let k = self.eng.insert(Eng::default());
                 self.ids.insert(id.to_owned(), k);
                 k
             }
         };
-        (k, self.eng.entry(k).or_default())
+        (k, self.eng.get_mut(k).expect("held or just inserted"))
     }
 
     fn count(&mut self, what: &'static str, n: u64) {
@@ -840,7 +843,7 @@ impl Attribution {
             let Some(members) = self.cpu_wait.remove(&c.end_ns) else { continue };
             self.step_compute.push(StepCompute { end_ns: c.end_ns, compute_ns: c.on_cpu_ns, source: ComputeSource::Oncpu, gpu_end_ns: None });
             for (k, first) in members {
-                if let Some(e) = self.eng.get_mut(&k) {
+                if let Some(e) = self.eng.get_mut(k) {
                     let prefill = first || e.first_token_ns.is_none_or(|f| c.end_ns < f);
                     e.add_compute(c.on_cpu_ns, prefill, ComputeSource::Oncpu);
                 }
@@ -898,10 +901,10 @@ impl Attribution {
     }
 
     fn apply(&mut self, o: OutStep, g: Option<GpuStep>) {
-        let known: Vec<(Key, bool)> = o.members.into_iter().filter(|m| self.eng.contains_key(&m.0)).collect();
+        let known: Vec<(Key, bool)> = o.members.into_iter().filter(|m| self.eng.contains_key(m.0)).collect();
         match g {
             Some(mut g) => {
-                let w: Vec<(bool, u64)> = known.iter().map(|(k, first)| (*first, self.eng[k].prefill_tokens())).collect();
+                let w: Vec<(bool, u64)> = known.iter().map(|(k, first)| (*first, self.eng[*k].prefill_tokens())).collect();
                 let mut toks = member_tokens(g.tokens, &w);
                 // Tokens no output member accounts for are partial prefill
                 // chunks of requests with no output yet: that part of the
@@ -917,7 +920,7 @@ impl Attribution {
                     self.silent.push_back((g.start_ns, g.end_ns, part));
                 }
                 for ((k, first), ns) in known.iter().zip(shares) {
-                    let e = self.eng.get_mut(k).expect("known");
+                    let e = self.eng.get_mut(*k).expect("known");
                     let prefill = *first || e.first_token_ns.is_none_or(|f| o.end_ns < f);
                     e.share.steps += 1;
                     if prefill {
@@ -948,14 +951,14 @@ impl Attribution {
         }
         let mut keep = VecDeque::new();
         while let Some(s) = self.silent.pop_front() {
-            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[k].scheduled_ns.or(self.eng[k].submit_ns).is_some_and(|t| t <= s.1) && s.1 <= o.end_ns).collect();
+            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[*k].scheduled_ns.or(self.eng[*k].submit_ns).is_some_and(|t| t <= s.1) && s.1 <= o.end_ns).collect();
             if who.is_empty() {
                 keep.push_back(s);
                 continue;
             }
-            let w: Vec<u64> = who.iter().map(|k| self.eng[k].prefill_tokens()).collect();
+            let w: Vec<u64> = who.iter().map(|k| self.eng[*k].prefill_tokens()).collect();
             for (k, ns) in who.iter().zip(split_by_tokens(s.2, &w)) {
-                let e = self.eng.get_mut(k).expect("known");
+                let e = self.eng.get_mut(*k).expect("known");
                 e.share.prefill_ns += ns;
                 e.share.steps += 1;
                 e.add_compute(s.2, true, ComputeSource::Cupti);
@@ -965,20 +968,20 @@ impl Attribution {
         let mut spans: BTreeMap<Key, Vec<(u64, u64)>> = BTreeMap::new();
         let mut keep = VecDeque::new();
         while let Some(c) = self.kv.pop_front() {
-            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[k].kv_window_start_ns() <= c.start_ns && c.start_ns <= o.end_ns).collect();
+            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[*k].kv_window_start_ns() <= c.start_ns && c.start_ns <= o.end_ns).collect();
             if who.is_empty() {
                 keep.push_back(c);
                 continue;
             }
             for (k, ns) in who.iter().zip(split_by_tokens(c.end_ns - c.start_ns, &vec![1; who.len()])) {
-                self.eng.get_mut(k).expect("known").share.kv_gpu_ns += ns;
+                self.eng.get_mut(*k).expect("known").share.kv_gpu_ns += ns;
                 spans.entry(*k).or_default().push((c.start_ns, c.end_ns.min(o.end_ns)));
             }
         }
         self.kv = keep;
         let mut capped = 0;
         for (k, mut v) in spans {
-            let e = self.eng.get_mut(&k).expect("known");
+            let e = self.eng.get_mut(k).expect("known");
             let cut = e.scheduled_ns.or(e.submit_ns).unwrap_or(0);
             for (a, b) in union(&mut v) {
                 e.share.kv_queue_ns += b.min(cut).saturating_sub(a);
@@ -1000,7 +1003,7 @@ impl Attribution {
     /// final: its GPU share (when a GPU source exists) and the compute of its
     /// steps. Each request's figures are taken once.
     pub fn take(&mut self, engine_request_id: &str) -> (Option<GpuShare>, Option<RequestCompute>) {
-        let Some(e) = self.ids.remove(engine_request_id).and_then(|k| self.eng.remove(&k)) else { return (None, None) };
+        let Some(e) = self.ids.remove(engine_request_id).and_then(|k| self.eng.remove(k)) else { return (None, None) };
         (self.gpu_seen.then_some(e.share), e.compute)
     }
 
@@ -1008,11 +1011,11 @@ impl Attribution {
     pub fn forget_untaken(&mut self) {
         let old = self.watermark.saturating_sub(UNTAKEN_NS);
         let before = self.eng.len();
-        self.eng.retain(|_, e| e.last_ns > old);
+        self.eng.retain(|e| e.last_ns > old);
         let n = (before - self.eng.len()) as u64;
         if n > 0 {
             let eng = &self.eng;
-            self.ids.retain(|_, k| eng.contains_key(k));
+            self.ids.retain(|_, k| eng.contains_key(*k));
         }
         self.count("attribution_requests_untaken", n);
     }

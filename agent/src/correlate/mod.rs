@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod gpu;
 pub mod oncpu;
+pub mod slab;
 pub mod wire_steps;
 
 pub use engine::Step;

@@ -266,18 +266,26 @@ pub fn compute_source_name(s: crate::correlate::gpu::ComputeSource) -> &'static 
     }
 }
 
-/// One request as the report shows it, borrowed; `itl` and `sorted` are
-/// buffers reused from request to request (`itl` holds its ITLs after).
-pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f64>) -> RequestRef<'a> {
+/// A request's figures that its inter-token gaps play no part in: what
+/// [`request_ref`] and the trace's slices (which show no ITLs, and so do not
+/// sort them) both take from here.
+pub struct CoreFigures<'a> {
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub phases_ms: Phases,
+    pub gpu_ms: GpuMs,
+    pub interference_ms: Option<f64>,
+    pub interference_from: &'a [crate::correlate::Name],
+    pub compute_ms: Option<ComputeMs>,
+    pub compute_source: Option<&'static str>,
+    pub gpu_steps: Option<u32>,
+    pub marks_clamped: u32,
+}
+
+pub fn core_figures(r: &Request) -> CoreFigures<'_> {
     let e = r.engine.as_ref();
     let w = r.wire_steps.as_ref();
     let part = partition(r);
-    itl.clear();
-    itl.extend(r.content_ns.windows(2).map(|w| ms(w[1].saturating_sub(w[0]))));
-    sorted.clear();
-    sorted.extend_from_slice(itl);
-    // Values equal under total_cmp are the same bits: unstable is stable here.
-    sorted.sort_unstable_by(f64::total_cmp);
     // KV copies on the critical path are carved out of the phase they fell
     // in, so the phases still add up (docs/attribution.md).
     let g = r.gpu.as_ref();
@@ -290,6 +298,39 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         q + p
     });
     let c = r.compute.as_ref();
+    CoreFigures {
+        prompt_tokens: r.usage.prompt_tokens.or(e.and_then(|e| e.prompt_tokens)),
+        cached_tokens: r.usage.cached_tokens.or(e.and_then(|e| e.cached_tokens)),
+        // Wire alone shows decode (first content chunk → end); the engine IPC
+        // adds frontend, queue, prefill and first_output; the GPU source
+        // kv_transfer.
+        phases_ms: Phases { frontend: part.frontend, queue, prefill, kv_transfer, first_output: part.first_output, decode: part.decode },
+        gpu_ms: GpuMs { prefill: g.map(|g| ms(g.prefill_ns)), decode: g.map(|g| ms(g.decode_ns)), kv_transfer: g.map(|g| ms(g.kv_gpu_ns)) },
+        interference_ms: e.map(|e| ms(e.interference_ns)).or(w.map(|w| ms(w.interference_ns))),
+        interference_from: match (e, w) {
+            (Some(e), _) => &e.interference_from,
+            (None, Some(w)) => &w.interference_from,
+            (None, None) => &[],
+        },
+        compute_ms: c.map(|c| ComputeMs { prefill: c.prefill_ns.map(ms), decode: c.decode_ns.map(ms), steps: c.steps }),
+        compute_source: c.map(|c| compute_source_name(c.source)),
+        gpu_steps: g.map(|g| g.steps),
+        marks_clamped: part.clamped,
+    }
+}
+
+/// One request as the report shows it, borrowed; `itl` and `sorted` are
+/// buffers reused from request to request (`itl` holds its ITLs after).
+pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f64>) -> RequestRef<'a> {
+    let e = r.engine.as_ref();
+    let w = r.wire_steps.as_ref();
+    let f = core_figures(r);
+    itl.clear();
+    itl.extend(r.content_ns.windows(2).map(|w| ms(w[1].saturating_sub(w[0]))));
+    sorted.clear();
+    sorted.extend_from_slice(itl);
+    // Values equal under total_cmp are the same bits: unstable is stable here.
+    sorted.sort_unstable_by(f64::total_cmp);
     RequestRef {
         id: &r.id,
         x_request_id: r.x_request_id.as_deref(),
@@ -308,15 +349,12 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         itl_p90_ms: percentile(sorted, 90.0),
         itl_p99_ms: percentile(sorted, 99.0),
         itl_ms: itl,
-        prompt_tokens: r.usage.prompt_tokens.or(e.and_then(|e| e.prompt_tokens)),
+        prompt_tokens: f.prompt_tokens,
         completion_tokens: r.usage.completion_tokens,
-        cached_tokens: r.usage.cached_tokens.or(e.and_then(|e| e.cached_tokens)),
-        // Wire alone shows decode (first content chunk → end); the engine IPC
-        // adds frontend, queue, prefill and first_output; the GPU source
-        // kv_transfer.
-        phases_ms: Phases { frontend: part.frontend, queue, prefill, kv_transfer, first_output: part.first_output, decode: part.decode },
-        gpu_ms: GpuMs { prefill: g.map(|g| ms(g.prefill_ns)), decode: g.map(|g| ms(g.decode_ns)), kv_transfer: g.map(|g| ms(g.kv_gpu_ns)) },
-        interference_ms: e.map(|e| ms(e.interference_ns)).or(w.map(|w| ms(w.interference_ns))),
+        cached_tokens: f.cached_tokens,
+        phases_ms: f.phases_ms,
+        gpu_ms: f.gpu_ms,
+        interference_ms: f.interference_ms,
         steps: e.map(|e| u64::from(e.steps)).or(w.map(|w| u64::from(w.steps))),
         chain_source: chain_source_name(r.chain_source),
         content_chunks: r.content_ns.len(),
@@ -334,22 +372,18 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         engine_request_id: e.map(|e| e.engine_request_id.as_str()),
         scheduled_source: e.map(|e| e.scheduled_source),
         preemptions: e.map(|e| e.preemptions),
-        interference_from: match (e, w) {
-            (Some(e), _) => &e.interference_from,
-            (None, Some(w)) => &w.interference_from,
-            (None, None) => &[],
-        },
+        interference_from: f.interference_from,
         computed_tokens: e.and_then(|e| e.computed_tokens),
-        marks_clamped: part.clamped,
+        marks_clamped: f.marks_clamped,
         steps_source: match (e, w) {
             (Some(_), _) => Some("ipc"),
             (None, Some(_)) => Some("sse-clusters"),
             (None, None) => None,
         },
         peak_gpu_mem_bytes: None,
-        compute_ms: c.map(|c| ComputeMs { prefill: c.prefill_ns.map(ms), decode: c.decode_ns.map(ms), steps: c.steps }),
-        compute_source: c.map(|c| compute_source_name(c.source)),
-        gpu_steps: g.map(|g| g.steps),
+        compute_ms: f.compute_ms,
+        compute_source: f.compute_source,
+        gpu_steps: f.gpu_steps,
     }
 }
 

@@ -1,7 +1,8 @@
 //! A fast zlib compressor for the writer's batches (`Encoding::level` 1):
 //! greedy LZ77 with one probe per position (the last match's distance, else
 //! a hash table of 5-byte prefixes) and deflate's fixed Huffman
-//! codes, written in one pass (no symbol buffer, no code tables to build).
+//! codes, written in one pass (no symbol buffer, no code tables to build:
+//! a match's literals wait in the input until it is found).
 //! Packets repeat their field layout and most of their values, so matches
 //! carry the ratio and dynamic codes add little: against miniz_oxide's level
 //! 1 it compresses about three times as fast (570 against 190 MB/s on one
@@ -12,7 +13,23 @@
 //! hash in a table 4x as large, 15 % faster and 3 % smaller on a
 //! 100 000-request trace (600 → 680 MB/s). Then distance codes from a
 //! table and the checksum's lanes counted in 16 bits: 9 % fewer
-//! instructions, the same bytes. The output is a plain zlib stream (RFC 1950 around
+//! instructions, the same bytes. Then (issue #8) fewer values live in
+//! the loop and fewer bounds checks: literals written with their match,
+//! or six to a store; the output a slice advanced per store; code tables
+//! as statics; the last distance not tried right after a match it ended
+//! (it cannot match there) and in a run of literals only at its first
+//! position (+0.16 % bytes); longer matches compared as fixed-length
+//! arrays; the match's tail hashed only after matches over 8 bytes
+//! (+0.14 %). `hopscope trace` of the 20 000-request
+//! recording (callgrind): 565 → 433 M instructions in the writer's
+//! `write_batch`, 8.10 → 8.12 MB written (+0.3 %); the compressor alone
+//! over that trace's 650 batches, 645 → 737 MB/s; `hopscope trace` of the
+//! 100 000-request recording, 1.84 → 1.75 s of CPU (best of 7, the VM's
+//! other core busy: noisy).
+//! Tried and dropped: finding all of a batch's matches before writing any
+//! (two loops, 8 % more instructions) and earlier batches' positions kept
+//! in the table as guesses (5 % fewer instructions, 20 % slower: their
+//! failed comparisons mispredict). The output is a plain zlib stream (RFC 1950 around
 //! one fixed-code block of RFC 1951): any inflate reads it, trace
 //! processor's included.
 
@@ -30,30 +47,91 @@ const MAX_MATCH: usize = 258;
 const LEN_BASE: [u16; 29] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258];
 const LEN_EXTRA: [u8; 29] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0];
 
-/// The compressor: its hash table and code tables, reused across batches.
+/// The compressor: its hash table, reused across batches.
 pub struct FastZlib {
     /// Per hash: the latest position with that prefix, counted from the
     /// first batch's start (`base` + index in its batch), so that the table
-    /// need not be cleared per batch: older batches' positions are further
-    /// back than the start of the current one.
+    /// need not be cleared per batch: older batches' positions are more
+    /// than a window back from any in the current one, as is an empty slot
+    /// (u32::MAX: the count starts at a window), which `probe`'s window
+    /// check drops with no check of its own. (Taken as guesses, checked
+    /// against the current batch's bytes, earlier batches' positions cost
+    /// 20 % more time: the failed comparisons' mispredicted branches.)
     head: Box<[u32; 1 << HASH_BITS]>,
-    /// The current batch's start in that count.
+    /// The current batch's start in that count: past the previous batch's
+    /// end by a window.
     base: u32,
+}
+
+/// The fixed codes, built at compile time: statics addressed from the
+/// instruction pointer, so that the loop keeps no register (and spills
+/// nothing) for them.
+struct Codes {
     /// Per literal/length symbol: its fixed code, bit-reversed (deflate sends
-    /// Huffman codes most significant bit first into an LSB-first stream), and length.
-    lit: [(u16, u8); 288],
-    /// Per match length 3..=258: the length symbol's code with its extra
-    /// bits appended, and their total bit count.
-    len: [(u32, u8); MAX_MATCH + 1],
+    /// Huffman codes most significant bit first into an LSB-first stream),
+    /// in bits 0-15, and its length in bits 16-23.
+    lit: [u32; 288],
+    /// Per match length 3..=258: the total bit count (bits 0-7: a shift
+    /// by it takes it as it is) and the length symbol's code with its
+    /// extra bits appended (8-31).
+    len: [u32; MAX_MATCH + 1],
     /// Per distance - 1 under 256, then per 128 distances (zlib's
     /// `_dist_code` split: codes past 16 start at multiples of 128): the
-    /// distance code bit-reversed (bits 0-4), its extra bit count (8-15)
-    /// and the first distance - 1 it codes (16-31). Three quarters of the
-    /// matches take a distance other than the last one's (keeping the last
-    /// one's code saved 0.5 %), and working the code out from the
-    /// distance's bits cost 6 % of the compressor's instructions.
-    dist: [u32; 512],
+    /// distance code bit-reversed less the first distance - 1 it codes
+    /// shifted past it (bits 0-31: adding (distance - 1) << 5 gives the
+    /// code with its extra bits appended), and the code's bit count with
+    /// them (32-39). Three quarters of the matches take a distance other
+    /// than the last one's (keeping the last one's code saved 0.5 %), and
+    /// working the code out from the distance's bits cost 6 % of the
+    /// compressor's instructions.
+    dist: [u64; 512],
 }
+
+const fn reverse(code: u32, bits: u32) -> u32 {
+    code.reverse_bits() >> (32 - bits)
+}
+
+static CODES: Codes = {
+    let mut lit = [0u32; 288];
+    let mut s = 0;
+    while s < 288 {
+        let v = s as u32;
+        let (code, bits) = match v {
+            0..=143 => (0x30 + v, 8),
+            144..=255 => (0x190 + v - 144, 9),
+            256..=279 => (v - 256, 7),
+            _ => (0xc0 + v - 280, 8),
+        };
+        lit[s] = reverse(code, bits) | bits << 16;
+        s += 1;
+    }
+    let mut len = [0u32; MAX_MATCH + 1];
+    let mut l = 3;
+    while l <= MAX_MATCH {
+        let mut k = LEN_BASE.len() - 1;
+        while LEN_BASE[k] as usize > l {
+            k -= 1;
+        }
+        let (code, bits) = (lit[257 + k] & 0xffff, lit[257 + k] >> 16);
+        len[l] = (code | (l as u32 - LEN_BASE[k] as u32) << bits) << 8 | (bits + LEN_EXTRA[k] as u32);
+        l += 1;
+    }
+    let mut dist = [0u64; 512];
+    let mut k = 0;
+    while k < 512 {
+        let dd = if k < 256 { k } else { (k - 256) << 7 } as u32;
+        let (sym, extra) = if dd < 4 {
+            (dd, 0)
+        } else {
+            let hb = 31 - dd.leading_zeros();
+            (2 * hb + ((dd >> (hb - 1)) & 1), hb - 1)
+        };
+        let first = if sym < 4 { sym } else { (2 + (sym & 1)) << extra };
+        dist[k] = (REV5[sym as usize] as u32).wrapping_sub(first << 5) as u64 | ((5 + extra) as u64) << 32;
+        k += 1;
+    }
+    Codes { lit, len, dist }
+};
 
 impl Default for FastZlib {
     fn default() -> Self {
@@ -61,45 +139,11 @@ impl Default for FastZlib {
     }
 }
 
-fn reverse(code: u32, bits: u8) -> u32 {
-    code.reverse_bits() >> (32 - u32::from(bits))
-}
-
 impl FastZlib {
     pub fn new() -> Self {
-        let mut lit = [(0u16, 0u8); 288];
-        for (s, e) in lit.iter_mut().enumerate() {
-            let s = s as u32;
-            let (code, bits) = match s {
-                0..=143 => (0x30 + s, 8),
-                144..=255 => (0x190 + s - 144, 9),
-                256..=279 => (s - 256, 7),
-                _ => (0xc0 + s - 280, 8),
-            };
-            *e = (reverse(code, bits) as u16, bits);
-        }
-        let mut len = [(0u32, 0u8); MAX_MATCH + 1];
-        for (l, e) in len.iter_mut().enumerate().skip(3) {
-            let k = LEN_BASE.iter().rposition(|&b| usize::from(b) <= l).expect("lengths start at 3");
-            let (code, bits) = lit[257 + k];
-            let extra = LEN_EXTRA[k];
-            *e = (u32::from(code) | ((l as u32 - u32::from(LEN_BASE[k])) << bits), bits + extra);
-        }
         // Built on the heap: 256 KiB is a lot for a debug build's stack.
         let head = vec![u32::MAX; 1 << HASH_BITS].into_boxed_slice().try_into().expect("the table's length");
-        let mut dist = [0u32; 512];
-        for (k, e) in dist.iter_mut().enumerate() {
-            let dd = if k < 256 { k } else { (k - 256) << 7 } as u32;
-            let (sym, extra) = if dd < 4 {
-                (dd, 0)
-            } else {
-                let hb = 31 - dd.leading_zeros();
-                (2 * hb + ((dd >> (hb - 1)) & 1), hb - 1)
-            };
-            let first = if sym < 4 { sym } else { (2 + (sym & 1)) << extra };
-            *e = u32::from(REV5[sym as usize]) | extra << 8 | first << 16;
-        }
-        FastZlib { head, base: 0, lit, len, dist }
+        FastZlib { head, base: WINDOW as u32 }
     }
 
     /// Appends `input` as one zlib stream to `out`.
@@ -126,75 +170,139 @@ impl FastZlib {
         }
         // CMF: deflate, 32 KiB window; FLG: fastest, no dictionary, check bits.
         buf[at..at + 2].copy_from_slice(&[0x78, 0x01]);
-        let mut w = Bits { out: &mut buf[..need - 4], pos: at + 2, acc: 0, n: 0 };
+        let mut w = Bits { out: &mut buf[at + 2..need - 4], acc: 0, n: 0 };
+        let room = w.out.len();
         // BFINAL = 1, BTYPE = 01 (fixed codes).
         w.put(0b011, 3);
         let n = input.len();
-        // Positions must stay below u32::MAX (the empty slot).
-        if (self.base as usize).saturating_add(n) >= u32::MAX as usize {
+        // Positions must stay below u32::MAX (the empty slot), and the next
+        // batch's start a window further.
+        if (self.base as usize).saturating_add(n).saturating_add(WINDOW) >= u32::MAX as usize {
             self.head.fill(u32::MAX);
-            self.base = 0;
+            self.base = WINDOW as u32;
         }
-        let base = self.base;
-        let head = &mut *self.head;
-        let mut i = 0;
-        // The last match's distance: packets repeat their layout, so after
-        // a field that differs the next one often continues the same copy.
-        // Tried before the hash table (in the window by construction, and
-        // its bytes are recent, so the look-up is cheaper than the table's):
-        // 2 % fewer bytes on a synthetic trace, and faster.
-        let mut rep = usize::MAX;
-        // Reading 8 bytes at a time needs that many left.
-        while i + 8 <= n {
-            let now = read64(input, i);
-            let cur = now as u32;
-            let h = hash5(now);
-            let r = i.wrapping_sub(rep);
-            let pos = base + i as u32;
-            let d = if r < i && read32(input, r) == cur { rep } else { pos.wrapping_sub(head[h]) as usize };
-            head[h] = pos;
-            // Within the window and this batch: an earlier batch's position,
-            // or an empty slot (u32::MAX wraps to pos + 1), is further back than i.
-            if d.wrapping_sub(1) < i.min(WINDOW) {
-                let cand = i - d;
-                // The candidate's first 8 bytes against ours: a match of 4 or
-                // more, and most often its length, from one comparison.
-                let x = read64(input, cand) ^ now;
-                if x as u32 == 0 {
-                    rep = d;
-                    let max = (n - i).min(MAX_MATCH);
-                    let l = if x != 0 { (x.trailing_zeros() / 8) as usize } else { 8 + common(&input[cand + 8..cand + max], &input[i + 8..i + max]) };
-                    let (lc, lb) = self.len[l];
-                    let (dc, db) = dist_code(&self.dist, d);
-                    w.put(u64::from(lc) | (u64::from(dc) << lb), lb + db);
-                    // The match's last position, so that the next packet's
-                    // repeat of this one's tail finds it. (Only after
-                    // matches over 8 bytes: 4 % fewer of the compressor's
-                    // instructions in a bench of it alone, 0.6 % in the
-                    // writer, for 0.13 % more bytes: not kept.)
-                    let e = i + l - 1;
-                    if e + 8 <= n {
-                        head[hash5(read64(input, e))] = base + e as u32;
-                    }
-                    i += l;
-                    continue;
-                }
-            }
-            let (c, b) = self.lit[usize::from(now as u8)];
-            w.put(u64::from(c), b);
-            i += 1;
-        }
-        for &byte in &input[i..] {
-            let (c, b) = self.lit[usize::from(byte)];
-            w.put(u64::from(c), b);
-        }
-        let (c, b) = self.lit[256];
-        w.put(u64::from(c), b);
-        self.base = base + n as u32;
-        let end = w.finish();
+        let (lit, mut w) = lz77(&mut self.head, self.base, input, w);
+        // (Saturated, a batch of 4 GiB has the next one clear the table.)
+        self.base = (self.base as usize + n + WINDOW).min(u32::MAX as usize) as u32;
+        w.literals(&input[lit..]);
+        let c = CODES.lit[256];
+        w.put(u64::from(c & 0xffff), (c >> 16) as u8);
+        let end = at + 2 + room - w.finish();
         buf[end..end + 4].copy_from_slice(&adler32(input).to_be_bytes());
         end + 4
     }
+}
+
+/// The greedy LZ77 pass over `input`, written into `w`: returns where the
+/// literals not yet written start (those of the last 7 bytes included).
+/// Literals wait until a match ends their run and are then written with
+/// it, or several per store when more than two ([`Bits::literals`]): the
+/// probe loop keeps no writer state in registers, and most positions are
+/// literals.
+#[inline(never)]
+fn lz77<'a>(head: &mut [u32; 1 << HASH_BITS], base: u32, input: &[u8], w: Bits<'a>) -> (usize, Bits<'a>) {
+    // A copy in registers: the caller's is in memory, written at every put.
+    let Bits { out, acc, n: bits } = w;
+    let mut w = Bits { out, acc, n: bits };
+    let n = input.len();
+    let codes = &CODES;
+    let mut i = 0;
+    let mut lit = 0;
+    // The last match's distance: packets repeat their layout, so after
+    // a field that differs the next one often continues the same copy.
+    // Tried before the hash table (in the window by construction, and
+    // its bytes are recent, so the look-up is cheaper than the table's):
+    // 2 % fewer bytes on a synthetic trace, and faster.
+    // Never more than the position it is tried at (1 at first: it is
+    // tried from the second position on, and then it is a match's
+    // distance, at most its position), so that i - rep needs no check.
+    let mut rep = 1;
+    // Reading 8 bytes at a time needs that many left: positions below
+    // `end` have them.
+    let end = n.saturating_sub(7);
+    let mut capped = false;
+    'matches: while i < end {
+        // Right after a match the last distance is the one that just
+        // stopped matching (unless it stopped at the longest length): only
+        // the table is tried there.
+        let (mut d, mut x) = if capped { probe::<true>(head, base, input, i, rep) } else { probe::<false>(head, base, input, i, rep) };
+        if d == 0 {
+            i += 1;
+            if i >= end {
+                break 'matches;
+            }
+            (d, x) = probe::<true>(head, base, input, i, rep);
+            while d == 0 {
+                i += 1;
+                if i >= end {
+                    break 'matches;
+                }
+                (d, x) = probe::<false>(head, base, input, i, rep);
+            }
+        }
+        let run = &input[lit..i];
+        if run.len() > 2 {
+            w.literals(run);
+        } else {
+            // Two literals and a match fit the accumulator with its 7 bits:
+            // one store for all three.
+            for &b in run {
+                let c = codes.lit[usize::from(b)];
+                w.add(u64::from(c & 0xffff), c >> 16);
+            }
+        }
+        rep = d;
+        let l;
+        (l, capped) = if x != 0 { ((x.trailing_zeros() / 8) as usize, false) } else { long_match(input, i, i - d) };
+        let lc = codes.len[l];
+        let (dc, db) = dist_code(&codes.dist, d);
+        let lb = lc as u8;
+        w.put(u64::from(lc >> 8) | (u64::from(dc) << lb), lb + db);
+        // The match's last position, so that the next packet's repeat of
+        // this one's tail finds it: only after matches over 8 bytes (8 %
+        // fewer of the compressor's instructions, for 0.14 % more bytes).
+        let e = i + l - 1;
+        if l > 8 {
+            if let Some(tail) = input.get(e..e + 8) {
+                head[hash5(u64::from_le_bytes(tail.try_into().expect("8 bytes")))] = base.wrapping_add(e as u32);
+            }
+        }
+        i += l;
+        lit = i;
+    }
+    let Bits { out, acc, n: bits } = w;
+    (lit, Bits { out, acc, n: bits })
+}
+
+/// Looks for a match at `i` (below the loop's end: 8 bytes to read): the
+/// last match's distance first when `REP`, then the hash table's latest
+/// position with the same 5-byte prefix, which becomes `i`. Returns the
+/// distance, 0 for none, and the candidate's first 8 bytes xor ours (a
+/// match of 4 or more, and most often its length, from one comparison).
+#[inline(always)]
+fn probe<const REP: bool>(head: &mut [u32; 1 << HASH_BITS], base: u32, input: &[u8], i: usize, rep: usize) -> (usize, u64) {
+    let now = read64(input, i);
+    let h = hash5(now);
+    if REP {
+        let x = read64(input, i - rep) ^ now;
+        if x as u32 == 0 {
+            head[h] = base.wrapping_add(i as u32);
+            return (rep, x);
+        }
+    }
+    // Within the window, so within this batch (see `FastZlib::head`): i - d
+    // does not wrap. (Past 4 GiB in one batch, positions wrap, but i is
+    // past a window by then.)
+    let pos = base.wrapping_add(i as u32);
+    let d = pos.wrapping_sub(head[h]) as usize;
+    head[h] = pos;
+    if d.wrapping_sub(1) < WINDOW {
+        let x = read64(input, i - d) ^ now;
+        if x as u32 == 0 {
+            return (d, x);
+        }
+    }
+    (0, 0)
 }
 
 /// The table slot of the 5 bytes at the bottom of `v` (read little-endian
@@ -205,20 +313,46 @@ fn hash5(v: u64) -> usize {
     ((v << 24).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - HASH_BITS)) as usize
 }
 
+/// The length of a match at `i` from `cand` whose first 8 bytes are
+/// known to be equal, and whether it is the longest it can be (deflate's
+/// longest or the input's end).
+#[inline(always)]
+fn long_match(input: &[u8], i: usize, cand: usize) -> (usize, bool) {
+    const SPAN: usize = MAX_MATCH + 6;
+    if let (Some(a), Some(b)) = (input.get(cand..cand + SPAN), input.get(i..i + SPAN)) {
+        // Away from the end: compared as arrays of a fixed length, with
+        // no bounds checks per word.
+        let (a, b): (&[u8; SPAN], &[u8; SPAN]) = (a.try_into().expect("the span"), b.try_into().expect("the span"));
+        let mut l = 8;
+        while l + 8 <= SPAN {
+            let x = u64::from_le_bytes(a[l..l + 8].try_into().expect("8 bytes")) ^ u64::from_le_bytes(b[l..l + 8].try_into().expect("8 bytes"));
+            if x != 0 {
+                let l = (l + (x.trailing_zeros() / 8) as usize).min(MAX_MATCH);
+                return (l, l == MAX_MATCH);
+            }
+            l += 8;
+        }
+        (MAX_MATCH, true)
+    } else {
+        let max = (input.len() - i).min(MAX_MATCH);
+        let l = common(&input[cand..], &input[i..i + max]);
+        (l, l == max)
+    }
+}
+
 /// How many leading bytes `a` and `b` share (sliced to one length by the
-/// caller, so that the reads need no further bounds checks).
+/// caller).
 #[inline]
 fn common(a: &[u8], b: &[u8]) -> usize {
-    let max = a.len().min(b.len());
-    let (a, b) = (&a[..max], &b[..max]);
     let mut l = 0;
-    while l + 8 <= max {
-        let x = read64(a, l) ^ read64(b, l);
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        let x = u64::from_le_bytes(x.try_into().expect("8 bytes")) ^ u64::from_le_bytes(y.try_into().expect("8 bytes"));
         if x != 0 {
             return l + (x.trailing_zeros() / 8) as usize;
         }
         l += 8;
     }
+    let max = a.len().min(b.len());
     while l < max && a[l] == b[l] {
         l += 1;
     }
@@ -228,10 +362,11 @@ fn common(a: &[u8], b: &[u8]) -> usize {
 /// A distance's fixed 5-bit code (bit-reversed) with its extra bits
 /// appended, and their bit count, from [`FastZlib`]'s `dist` table.
 #[inline(always)]
-fn dist_code(table: &[u32; 512], d: usize) -> (u32, u8) {
+fn dist_code(table: &[u64; 512], d: usize) -> (u32, u8) {
     let dd = (d - 1) as u32;
-    let e = table[if dd < 256 { dd as usize } else { 256 + (dd >> 7) as usize }];
-    ((e & 0x1f) | (dd - (e >> 16)) << 5, 5 + (e >> 8) as u8)
+    // Distances are at most 32 768: dd >> 7 fits a byte (which spares a bounds check).
+    let e = table[if dd < 256 { dd as usize } else { 256 + usize::from((dd >> 7) as u8) }];
+    ((e as u32).wrapping_add(dd << 5), (e >> 32) as u8)
 }
 
 /// [`dist_code`] worked out from the distance's bits (what its table is
@@ -276,10 +411,10 @@ pub(super) fn read64(b: &[u8], i: usize) -> u64 {
 /// only the bits of an unfinished byte: no branch on how full it is (which
 /// the varying code lengths made unpredictable).
 struct Bits<'a> {
+    /// What is left of the output: the unfinished byte goes first.
     out: &'a mut [u8],
-    /// Where the unfinished byte goes.
-    pos: usize,
     acc: u64,
+    /// Bits in `acc`: under 8 between stores, under 64 at a store.
     n: u32,
 }
 
@@ -289,16 +424,45 @@ impl Bits<'_> {
     fn put(&mut self, v: u64, bits: u8) {
         self.acc |= v << self.n;
         self.n += u32::from(bits);
-        self.out[self.pos..self.pos + 8].copy_from_slice(&self.acc.to_le_bytes());
-        let whole = self.n / 8;
-        self.pos += whole as usize;
+        self.store();
+    }
+
+    /// Stores the accumulator and keeps the bits of an unfinished byte.
+    /// The output is a slice advanced past whole bytes (`& 7` is what `n`
+    /// allows, and lets the advance go unchecked): one bounds check per
+    /// store, and no position to keep in a register.
+    #[inline]
+    fn store(&mut self) {
+        self.out[..8].copy_from_slice(&self.acc.to_le_bytes());
+        let whole = (self.n / 8) & 7;
+        self.out = &mut std::mem::take(&mut self.out)[whole as usize..];
         self.acc >>= whole * 8;
         self.n -= whole * 8;
     }
 
-    /// Pads to a byte boundary: where the output ends, after the last byte written to.
+    /// Up to 57 bits into the accumulator, not stored yet: the next put stores them.
+    #[inline]
+    fn add(&mut self, v: u64, bits: u32) {
+        self.acc |= v << self.n;
+        self.n += bits;
+    }
+
+    /// Literals, six to a store: the accumulator's 7 bits and six 9-bit
+    /// codes fit in its 64.
+    #[inline]
+    fn literals(&mut self, bytes: &[u8]) {
+        for run in bytes.chunks(6) {
+            for &b in run {
+                let c = CODES.lit[usize::from(b)];
+                self.add(u64::from(c & 0xffff), c >> 16);
+            }
+            self.store();
+        }
+    }
+
+    /// Pads to a byte boundary: how much of the output is left after it.
     fn finish(self) -> usize {
-        self.pos + self.n.div_ceil(8) as usize
+        self.out.len() - self.n.div_ceil(8) as usize
     }
 }
 
@@ -385,15 +549,14 @@ mod tests {
 
     #[test]
     fn the_distance_table_gives_every_distance_its_code() {
-        let z = FastZlib::new();
         for d in 1..=WINDOW {
-            assert_eq!(dist_code(&z.dist, d), dist_code_of(d), "distance {d}");
+            assert_eq!(dist_code(&CODES.dist, d), dist_code_of(d), "distance {d}");
         }
         // RFC 1951's table at the edges of a few codes: code 4 is 5-6 (one
         // extra bit), code 16 is 257-384 (7), code 29 is 24577-32768 (13).
         for (d, sym, extra, v) in [(5u32, 4u32, 1u8, 0u32), (6, 4, 1, 1), (257, 16, 7, 0), (384, 16, 7, 127), (24_577, 29, 13, 0), (32_768, 29, 13, 8191)] {
             let rev = sym.reverse_bits() >> 27;
-            assert_eq!(dist_code(&z.dist, d as usize), (rev | v << 5, 5 + extra), "distance {d}");
+            assert_eq!(dist_code(&CODES.dist, d as usize), (rev | v << 5, 5 + extra), "distance {d}");
         }
     }
 
@@ -462,6 +625,38 @@ mod tests {
     }
 
     #[test]
+    fn literal_runs_of_every_length_and_matches_up_to_the_end_inflate_to_their_input() {
+        let mut rnd = xorshift(0x0dd_ba11_cafe_f00d);
+        let noise: Vec<u8> = (0..2_000).map(|_| rnd() as u8).collect();
+        let block = &noise[..40];
+        // Runs of 0 to 14 literals between repeats of one block: written with
+        // the match (up to two) or six to a store, the last distance tried
+        // at the run's first position.
+        for run in 0..=14 {
+            let mut data = Vec::new();
+            for k in 0..50 {
+                data.extend_from_slice(block);
+                data.extend_from_slice(&noise[100 + k * 15..][..run]);
+            }
+            let z = roundtrip(&data);
+            assert!(z < data.len() / 2 || run > 10, "{z} bytes for {} with runs of {run}", data.len());
+        }
+        // A match that reaches the input's end at every length up to past
+        // the longest (compared word by word near the end, as arrays of a
+        // fixed length further from it), and repeats of every length around
+        // the longest match, continued by the last distance or not.
+        for m in (0..=300).chain([511, 516, 517, 520, 600]) {
+            let mut data = noise[..600].to_vec();
+            data.extend_from_slice(&noise[..m]);
+            roundtrip(&data);
+            let mut runs = vec![9u8; m];
+            runs.extend_from_slice(&noise[..20]);
+            runs.extend(std::iter::repeat_n(9u8, m));
+            roundtrip(&runs);
+        }
+    }
+
+    #[test]
     fn a_reused_compressor_never_refers_to_an_earlier_batch() {
         // The hash table keeps earlier batches' positions: the same bytes
         // again (where a stale position would match at once), shorter and
@@ -494,9 +689,16 @@ mod tests {
         let end = z.compress_at(&packets, &mut short, 5);
         assert!(short.len() >= end, "a short buffer grows to hold the stream");
         assert_eq!(miniz_oxide::inflate::decompress_to_vec_zlib(&short[5..end]).expect("a valid zlib stream"), packets);
-        z.base = u32::MAX - 60_000;
+        // The count near its end: a batch that fits below it (its last
+        // position and a window after it just under u32::MAX, the empty
+        // slot's value), then one that does not, which clears the table and
+        // starts over.
+        let n = packets.len() as u32;
+        z.base = u32::MAX - n - WINDOW as u32 - 1;
         check(&mut z, &packets);
-        assert!(z.base < 1 << 20, "the count restarts once it would reach u32::MAX");
+        assert_eq!(z.base, u32::MAX - 1, "the count reaches its end");
+        check(&mut z, &packets);
+        assert_eq!(z.base, 2 * WINDOW as u32 + n, "the count restarts once it would reach u32::MAX");
         check(&mut z, &packets);
     }
 

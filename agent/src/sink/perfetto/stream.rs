@@ -106,6 +106,9 @@ pub struct RequestStream {
     level_tracks: [Option<TrackId>; 3],
     level_now: [i64; 3],
     level_shown: [Option<i64>; 3],
+    /// A level moved since the counters were last flushed (most items
+    /// move none: [`flush_levels`](Self::flush_levels) then has nothing to do).
+    levels_moved: bool,
     cur_ts: Option<u64>,
     open_hops: HashSet<u64, std::hash::BuildHasherDefault<FxHasher>>,
     latest_arrive: u64,
@@ -165,6 +168,7 @@ impl RequestStream {
             level_tracks: [Some(in_flight), None, None],
             level_now: [0; 3],
             level_shown: [None; 3],
+            levels_moved: true,
             cur_ts: None,
             open_hops: HashSet::default(),
             latest_arrive: 0,
@@ -284,6 +288,8 @@ impl RequestStream {
                         for (l, name) in [(Level::Running, names::RUNNING), (Level::Waiting, names::WAITING_REQS)] {
                             self.level_tracks[l as usize] = Some(w.counter_track(name, CounterUnit::Count, TrackOpts { parent: Some(server), ..TrackOpts::default() }));
                         }
+                        // Their zero is drawn at the next flush.
+                        self.levels_moved = true;
                     }
                     items.push((a, S::I(Item::Level { which, delta: 1 })));
                     items.push((b, S::I(Item::Level { which, delta: -1 })));
@@ -378,6 +384,10 @@ impl RequestStream {
     }
 
     fn flush_levels<W: Write>(&mut self, w: &mut TraceWriter<W>, at: u64) -> Result<(), PerfettoError> {
+        if !self.levels_moved {
+            return Ok(());
+        }
+        self.levels_moved = false;
         for l in 0..3 {
             if let Some(t) = self.level_tracks[l] {
                 if self.level_shown[l] != Some(self.level_now[l]) {
@@ -399,7 +409,10 @@ impl RequestStream {
                 self.cur_ts = Some(ts);
             }
             Some(c) if ts > c => {
-                self.flush_levels(w, c)?;
+                // Checked here too: most items move no level, and the call cost more than the check.
+                if self.levels_moved {
+                    self.flush_levels(w, c)?;
+                }
                 self.cur_ts = Some(ts);
             }
             Some(_) => {}
@@ -449,7 +462,10 @@ impl RequestStream {
                 w.instant(ts, track, &Event::named(names::CHUNK))?;
             }
             Item::End { track } => w.end(ts, track)?,
-            Item::Level { which, delta } => self.level_now[which as usize] += delta as i64,
+            Item::Level { which, delta } => {
+                self.level_now[which as usize] += delta as i64;
+                self.levels_moved = true;
+            }
             Item::Meta | Item::DropFinal => {}
         }
         Ok(())

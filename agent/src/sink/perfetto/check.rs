@@ -275,7 +275,7 @@ pub fn check_bytes(bytes: &[u8]) -> Result<Summary, CheckError> {
     check(&Trace::decode(bytes)?)
 }
 
-/// A batch inflates to at most this much (hopscope writes 64 KiB batches;
+/// A batch inflates to at most this much (hopscope writes 256 KiB batches;
 /// Perfetto asks for compressed packets under 512 KB): a bound on what a
 /// corrupt or hostile file can make the checker allocate.
 const MAX_INFLATED: usize = 256 << 20;

@@ -861,28 +861,9 @@ impl Figures {
     /// which `request_ref` takes them from too), without the request's
     /// inter-token gaps, their sorted copy and percentiles (two allocations
     /// and a sort, ~2,000 instructions a request) that the trace does not
-    /// show. A test holds them to `request_ref`'s ([`Figures::of_report`]).
+    /// show.
     fn of(r: &Request) -> (Self, Option<String>) {
         let q = crate::sink::report::core_figures(r);
-        let f = Figures {
-            prompt_tokens: q.prompt_tokens,
-            cached_tokens: q.cached_tokens,
-            phases_ms: q.phases_ms,
-            gpu_ms: q.gpu_ms,
-            interference_ms: q.interference_ms,
-            compute_ms: q.compute_ms,
-            compute_source: q.compute_source,
-            gpu_steps: q.gpu_steps,
-        };
-        (f, (!q.interference_from.is_empty()).then(|| q.interference_from.join(",")))
-    }
-
-    /// [`of`](Self::of) as taken from the report's
-    /// [`request_ref`](crate::sink::report::request_ref): what the tests hold it to.
-    #[cfg(test)]
-    fn of_report(r: &Request) -> (Self, Option<String>) {
-        let (mut itl, mut sorted) = (Vec::new(), Vec::new());
-        let q = crate::sink::report::request_ref(r, &mut itl, &mut sorted);
         let f = Figures {
             prompt_tokens: q.prompt_tokens,
             cached_tokens: q.cached_tokens,

@@ -908,13 +908,7 @@ impl<W: Write> TraceWriter<W> {
         // The packet and TrackEvent lengths: one byte each (under 64 bytes).
         let n = p.n;
         p.b[..4].copy_from_slice(&[0x0a, (n - 2) as u8, 0x5a, te_len as u8]);
-        let dst = match &mut self.batch {
-            Some(b) => &mut b.packets,
-            None => {
-                self.buf.clear();
-                &mut self.buf
-            }
-        };
+        let dst = packet_dst(&mut self.batch, &mut self.buf);
         let from = dst.len();
         dst.extend_from_slice(&p.b);
         dst.truncate(from + n);
@@ -1122,13 +1116,7 @@ impl<W: Write> TraceWriter<W> {
     /// request; building the message and encoding it through prost cost
     /// ~650 instructions more per track.
     fn write_plain_descriptor(&mut self, d: &proto::TrackDescriptor) -> Result<(), PerfettoError> {
-        let dst = match &mut self.batch {
-            Some(b) => &mut b.packets,
-            None => {
-                self.buf.clear();
-                &mut self.buf
-            }
-        };
+        let dst = packet_dst(&mut self.batch, &mut self.buf);
         let from = dst.len();
         let mut body = 0;
         if let Some(v) = d.uuid {
@@ -1317,6 +1305,19 @@ impl<W: Write> TraceWriter<W> {
         self.stats.batches += 1;
         b.packets.clear();
         Ok(())
+    }
+}
+
+/// Where a packet is written: the batch when compressing (appended), else
+/// the packet buffer, emptied first.
+#[inline]
+fn packet_dst<'a>(batch: &'a mut Option<Batch>, buf: &'a mut Vec<u8>) -> &'a mut Vec<u8> {
+    match batch {
+        Some(b) => &mut b.packets,
+        None => {
+            buf.clear();
+            buf
+        }
     }
 }
 

@@ -839,15 +839,12 @@ impl<W: Write> TraceWriter<W> {
     /// numbers are in range, else field by field.
     fn counter_event(&mut self, ts: u64, track: TrackId, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
         let seq = self.prepare(ts, track, Kind::Counter, 0)?;
-        let uuid = self.event_track(seq, track);
         // TrackEvent fields in tag order, as prost writes them: type (9),
         // track_uuid (11), counter_value (30), double_counter_value (44).
         if int.is_none_or(|v| (v as u64) < 1 << 56) {
             let mut p = Small::event(EventType::Counter);
-            if uuid.is_some() {
-                let d = self.decl(track)?;
-                p.word(d.uuid_field, usize::from(d.uuid_field_len));
-            }
+            let d = self.decl(track)?;
+            p.word(d.uuid_field, usize::from(d.uuid_field_len));
             if let Some(v) = int {
                 // Field 30, varint: the two-byte key 0xf0 0x01.
                 p.word(0x01f0, 2);
@@ -865,19 +862,19 @@ impl<W: Write> TraceWriter<W> {
                 return Ok(());
             }
         }
-        self.counter_fields(seq, ts, uuid, int, double)?;
+        self.counter_fields(seq, ts, track, int, double)?;
         self.stats.counter_values += 1;
         Ok(())
     }
 
     /// [`counter_event`](Self::counter_event) field by field (any numbers).
-    fn counter_fields(&mut self, seq: usize, ts: u64, uuid: Option<u64>, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
+    fn counter_fields(&mut self, seq: usize, ts: u64, track: TrackId, int: Option<i64>, double: Option<f64>) -> Result<(), PerfettoError> {
+        let d = decl_mut(&mut self.tracks, track)?;
+        let (uuid_field, uuid_len) = (d.uuid_field, usize::from(d.uuid_field_len));
         self.scratch.clear();
         let (te, at) = open_event(&mut self.batch, &mut self.buf, false);
         put_varint_field(te, 9, EventType::Counter as u64);
-        if let Some(u) = uuid {
-            put_varint_field(te, 11, u);
-        }
+        put_word(te, u128::from(uuid_field), uuid_len);
         if let Some(v) = int {
             put_varint_field(te, 30, v as u64);
         }
@@ -963,7 +960,8 @@ impl<W: Write> TraceWriter<W> {
     /// [`slice_event`](Self::slice_event) field by field: any event.
     /// `name`: the event name's iid and whether it is new on the sequence.
     fn event_fields(&mut self, seq: usize, ts: u64, track: TrackId, ty: EventType, ev: Option<&Event<'_>>, name: Option<(u64, bool)>) -> Result<(), PerfettoError> {
-        let uuid = self.event_track(seq, track);
+        let d = decl_mut(&mut self.tracks, track)?;
+        let (uuid_field, uuid_len) = (d.uuid_field, usize::from(d.uuid_field_len));
         let sc = &mut self.scratch;
         sc.clear();
         let s = &mut self.seqs[seq];
@@ -995,10 +993,7 @@ impl<W: Write> TraceWriter<W> {
             n += k + 1;
         }
         put_word(te, u128::from(head), n);
-        if uuid.is_some() {
-            let d = decl_mut(&mut self.tracks, track)?;
-            put_word(te, u128::from(d.uuid_field), usize::from(d.uuid_field_len));
-        }
+        put_word(te, u128::from(uuid_field), uuid_len);
         if let Some(ev) = ev {
             if ev.unique_name {
                 put_bytes_field(te, 23, ev.name.as_bytes());
@@ -1014,11 +1009,6 @@ impl<W: Write> TraceWriter<W> {
             self.stats.flows += ev.flow_ids.len() as u64;
         }
         self.close_event(seq, ts, at)
-    }
-
-    /// The uuid an event names: none when the sequence's defaults name it.
-    fn event_track(&self, seq: usize, track: TrackId) -> Option<u64> {
-        (self.seqs[seq].default_track != Some(track.uuid())).then_some(track.uuid())
     }
 
     /// What every event needs before it is encoded, with one look-up of
@@ -1750,11 +1740,10 @@ mod tests {
             if r % 7 == 0 {
                 let c = counters[(r >> 8) as usize % counters.len()];
                 let seq = slow.prepare(ts, c, Kind::Counter, 0).expect("in order");
-                let uuid = slow.event_track(seq, c);
                 if r % 3 == 0 {
                     let v = f64::from_bits(next());
                     fast.counter_f64(ts, c, v).expect("counter");
-                    slow.counter_fields(seq, ts, uuid, None, Some(v)).expect("counter");
+                    slow.counter_fields(seq, ts, c, None, Some(v)).expect("counter");
                 } else {
                     let v = match (r >> 4) % 4 {
                         0 => -((next() % 1000) as i64),
@@ -1762,7 +1751,7 @@ mod tests {
                         _ => (next() % 100_000) as i64,
                     };
                     fast.counter(ts, c, v).expect("counter");
-                    slow.counter_fields(seq, ts, uuid, Some(v), None).expect("counter");
+                    slow.counter_fields(seq, ts, c, Some(v), None).expect("counter");
                 }
                 continue;
             }

@@ -1131,19 +1131,8 @@ fn push_one_decimal(out: &mut String, v: f64) {
         let half = 1u64 << (k - 1);
         q + u64::from(r > half || (r == half && q & 1 == 1))
     };
-    // The whole part's digits, from the last one, then the tenth.
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = tenths / 10;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    // The whole part, then the tenth.
+    push_decimal(out, tenths / 10);
     out.push('.');
     out.push(char::from(b'0' + (tenths % 10) as u8));
 }

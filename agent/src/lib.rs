@@ -17,3 +17,17 @@ pub mod recording;
 pub mod sink;
 pub mod source;
 pub mod sys;
+
+/// What the unit tests share.
+#[cfg(test)]
+pub(crate) mod testutil {
+    /// A seeded xorshift64 stream: the tests' random inputs are the same every run.
+    pub fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+}

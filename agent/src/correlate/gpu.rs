@@ -1349,13 +1349,7 @@ mod tests {
         assert_eq!(counters.get("gpu_records_outside_steps"), Some(&11), "pid 77's work, let go after {MAX_STEP_NS} ns");
 
         // Arbitrary streams: no panic, every activity record accounted once.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testutil::xorshift(0x2545_f491_4f6c_dd1d);
         for _ in 0..50 {
             let mut recs = Vec::new();
             let mut now = T0;
@@ -1364,7 +1358,7 @@ mod tests {
                 let d = next() % (300 * US);
                 let pid = 1 + (next() % 3) as u32;
                 let r = match next() % 6 {
-                    0 | 1 => kernel(pid, 7 + (next() % 2) as u32, now, now + d, if next() % 2 == 0 { RESHAPE } else { "k" }, (next() % 64) as u32, (next() % 2) as u32),
+                    0 | 1 => kernel(pid, 7 + (next() % 2) as u32, now, now + d, if next().is_multiple_of(2) { RESHAPE } else { "k" }, (next() % 64) as u32, (next() % 2) as u32),
                     2 => ids_copy(pid, now, now + d),
                     3 => copy(pid, 7, now, now + d, (next() % 11) as u8, (next() % 4) as u8, (next() % 4) as u8, next() % 100_000),
                     _ => sync(pid, now, now + d, (next() % 5) as u32, Some(7)),

@@ -144,11 +144,9 @@ mod tests {
         let mut m: HashMap<SlabKey, u64> = HashMap::new();
         let mut keys: Vec<SlabKey> = Vec::new();
         let mut ever = std::collections::HashSet::new();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = crate::testutil::xorshift(0x9e37_79b9_7f4a_7c15);
         for step in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             match x % 5 {
                 0 | 1 => {
                     let k = s.insert(step);

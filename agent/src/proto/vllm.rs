@@ -2486,13 +2486,7 @@ mod tests {
         );
         assert_eq!(out.len(), 1, "UnixIo only");
         assert_eq!(counter(&dec, "unix_not_zmtp"), 1);
-        let mut x: u64 = 0xdead_beef_cafe_f00d;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testutil::xorshift(0xdead_beef_cafe_f00d);
         let mut greeting = vec![
             0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 1, b'N', b'U', b'L', b'L',
         ];
@@ -2523,12 +2517,12 @@ mod tests {
                         false,
                     ));
                 } else {
-                    bytes.extend(zframe(&body, next() % 5 == 0));
+                    bytes.extend(zframe(&body, next().is_multiple_of(5)));
                 }
             }
             if round % 7 == 0 {
                 for b in bytes.iter_mut() {
-                    if next() % 50 == 0 {
+                    if next().is_multiple_of(50) {
                         *b = next() as u8;
                     }
                 }
@@ -2538,7 +2532,7 @@ mod tests {
             while at < bytes.len() {
                 let n = 1 + (next() % 200) as usize;
                 let end = (at + n).min(bytes.len());
-                let cap = if next() % 6 == 0 {
+                let cap = if next().is_multiple_of(6) {
                     (end - at) / 2
                 } else {
                     end - at

@@ -527,6 +527,7 @@ fn adler32(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::xorshift;
 
     fn roundtrip(data: &[u8]) -> usize {
         let mut z = FastZlib::new();
@@ -537,15 +538,6 @@ mod tests {
         out.len()
     }
 
-    /// A seeded xorshift64 stream: the tests' inputs are the same every run.
-    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
-    }
 
     #[test]
     fn the_distance_table_gives_every_distance_its_code() {

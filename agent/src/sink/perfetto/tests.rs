@@ -1462,13 +1462,7 @@ fn hop_label_figures_read_as_the_formatter_writes_them() {
     }
     // Seeded random bit patterns over every exponent of the fast path, and
     // millisecond figures as requests have them (ns / 1e6).
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = crate::testutil::xorshift(0x9e37_79b9_7f4a_7c15);
     for _ in 0..200_000 {
         let r = next();
         let exp = (r >> 52) % 1100;

@@ -1717,13 +1717,7 @@ mod tests {
         let (mut fast, slices, counters) = setup();
         let (mut slow, _, _) = setup();
         let names: Vec<String> = (0..300).map(|k| format!("name {k}")).collect();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testutil::xorshift(0x2545_f491_4f6c_dd1d);
         let mut open = vec![0u32; slices.len()];
         let mut ts = 5u64;
         let mut huge_steps = 0;
@@ -1737,10 +1731,10 @@ mod tests {
                 1..=9 => r >> 30,
                 _ => r % 5000,
             };
-            if r % 7 == 0 {
+            if r.is_multiple_of(7) {
                 let c = counters[(r >> 8) as usize % counters.len()];
                 let seq = slow.prepare(ts, c, Kind::Counter, 0).expect("in order");
-                if r % 3 == 0 {
+                if r.is_multiple_of(3) {
                     let v = f64::from_bits(next());
                     fast.counter_f64(ts, c, v).expect("counter");
                     slow.counter_fields(seq, ts, c, None, Some(v)).expect("counter");

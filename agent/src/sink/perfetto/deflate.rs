@@ -200,10 +200,7 @@ impl FastZlib {
 /// probe loop keeps no writer state in registers, and most positions are
 /// literals.
 #[inline(never)]
-fn lz77<'a>(head: &mut [u32; 1 << HASH_BITS], base: u32, input: &[u8], w: Bits<'a>) -> (usize, Bits<'a>) {
-    // A copy in registers: the caller's is in memory, written at every put.
-    let Bits { out, acc, n: bits } = w;
-    let mut w = Bits { out, acc, n: bits };
+fn lz77<'a>(head: &mut [u32; 1 << HASH_BITS], base: u32, input: &[u8], mut w: Bits<'a>) -> (usize, Bits<'a>) {
     let n = input.len();
     let codes = &CODES;
     let mut i = 0;
@@ -270,8 +267,7 @@ fn lz77<'a>(head: &mut [u32; 1 << HASH_BITS], base: u32, input: &[u8], w: Bits<'
         i += l;
         lit = i;
     }
-    let Bits { out, acc, n: bits } = w;
-    (lit, Bits { out, acc, n: bits })
+    (lit, w)
 }
 
 /// Looks for a match at `i` (below the loop's end: 8 bytes to read): the

@@ -24,6 +24,7 @@
 
 use crate::event::{ConnKey, ConnOp, Dir, Family, ProcOp, Syscall};
 use crate::model::{EngineEvent, EngineOutput, GpuPeer, HttpRole, PrefillStats, Record, SseKind, Usage};
+use std::num::NonZeroU64;
 
 /// Why a record's bytes do not decode (what postcard's errors say).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,90 +45,199 @@ pub enum DecodeError {
     Serde(String),
 }
 
-type Result<T> = std::result::Result<T, DecodeError>;
+/// Why a record's bytes do not decode, as the field decoders pass it back:
+/// one word (the kind in the low byte, then [`What`], then the variant
+/// index in the high half), so that every field's result comes back in
+/// registers — [`DecodeError`], with its `Serde` text, is written to memory
+/// and read back at every field. It becomes the [`DecodeError`] of the same
+/// name where [`RecordDecoder::decode`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Bad(NonZeroU64);
 
-/// Bytes being decoded and the position in them.
-pub struct Cur<'a> {
+impl Bad {
+    const EOF: Bad = Bad::kind(1);
+    const VARINT: Bad = Bad::kind(2);
+    const BOOL: Bad = Bad::kind(3);
+    const OPTION: Bad = Bad::kind(4);
+    const UTF8: Bad = Bad::kind(5);
+    const VARIANT: u64 = 6;
+
+    const fn kind(k: u64) -> Bad {
+        Bad(NonZeroU64::new(k).expect("kinds start at 1"))
+    }
+
+    fn variant(what: What, index: u32) -> Bad {
+        Bad(Bad::kind(Bad::VARIANT).0 | (what as u64) << 8 | u64::from(index) << 32)
+    }
+}
+
+/// The enum whose variant index was unknown (its name in [`DecodeError::BadVariant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum What {
+    Dir,
+    Family,
+    ConnOp,
+    ProcOp,
+    Syscall,
+    HttpRole,
+    SseKind,
+}
+
+impl What {
+    const ALL: [What; 7] = [What::Dir, What::Family, What::ConnOp, What::ProcOp, What::Syscall, What::HttpRole, What::SseKind];
+
+    fn name(self) -> &'static str {
+        match self {
+            What::Dir => "Dir",
+            What::Family => "Family",
+            What::ConnOp => "ConnOp",
+            What::ProcOp => "ProcOp",
+            What::Syscall => "Syscall",
+            What::HttpRole => "HttpRole",
+            What::SseKind => "SseKind",
+        }
+    }
+}
+
+impl From<Bad> for DecodeError {
+    fn from(b: Bad) -> Self {
+        let w = b.0.get();
+        match b {
+            Bad::EOF => DecodeError::Eof,
+            Bad::VARINT => DecodeError::BadVarint,
+            Bad::BOOL => DecodeError::BadBool,
+            Bad::OPTION => DecodeError::BadOption,
+            Bad::UTF8 => DecodeError::BadUtf8,
+            _ => {
+                debug_assert_eq!(w & 0xff, Bad::VARIANT);
+                DecodeError::BadVariant { what: What::ALL[(w >> 8 & 0xff) as usize].name(), index: (w >> 32) as u32 }
+            }
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, Bad>;
+
+/// The bytes not decoded yet (a slice that shrinks from the front: one
+/// length to check per read, no position beside it).
+struct Cur<'a> {
     b: &'a [u8],
-    at: usize,
 }
 
 impl<'a> Cur<'a> {
     fn new(b: &'a [u8]) -> Self {
-        Cur { b, at: 0 }
+        Cur { b }
     }
 
-    #[inline]
+    #[inline(always)]
     fn pop(&mut self) -> Result<u8> {
-        let v = *self.b.get(self.at).ok_or(DecodeError::Eof)?;
-        self.at += 1;
+        let (&v, rest) = self.b.split_first().ok_or(Bad::EOF)?;
+        self.b = rest;
         Ok(v)
     }
 
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or(DecodeError::Eof)?;
-        let s = &self.b[self.at..end];
-        self.at = end;
+        let (s, rest) = self.b.split_at_checked(n).ok_or(Bad::EOF)?;
+        self.b = rest;
         Ok(s)
     }
 
     fn left(&self) -> usize {
-        self.b.len() - self.at
+        self.b.len()
     }
 
-    /// Postcard's varint for an unsigned type of `bits` bits: at most
-    /// ceil(bits / 7) bytes, the last of which may only carry the bits left.
-    #[inline]
-    fn varint(&mut self, bits: u32) -> Result<u64> {
+    /// Postcard's varint for an unsigned type of `BITS` bits: at most
+    /// ceil(BITS / 7) bytes, the last of which may only carry the bits left.
+    #[inline(always)]
+    fn varint<const BITS: u32>(&mut self) -> Result<u64> {
         // Most values (lengths, small counts, enum tags) fit one byte, and any
         // type of 8 bits or more takes every one-byte value.
-        match self.b.get(self.at) {
-            Some(&v) if v < 0x80 => {
-                self.at += 1;
+        match self.b.split_first() {
+            Some((&v, rest)) if v < 0x80 => {
+                self.b = rest;
                 Ok(u64::from(v))
             }
-            _ => self.varint_long(bits),
+            _ => self.varint_multi::<BITS>(),
         }
     }
 
-    #[inline]
-    fn varint_long(&mut self, bits: u32) -> Result<u64> {
-        let max_bytes = bits.div_ceil(7);
-        let last_max: u8 = (1u8 << (bits % 7)) - 1;
-        let mut out = 0u64;
-        for i in 0..max_bytes {
-            let v = self.pop()?;
-            out |= u64::from(v & 0x7f) << (7 * i);
-            if v & 0x80 == 0 {
-                if i == max_bytes - 1 && v > last_max {
-                    return Err(DecodeError::BadVarint);
-                }
-                return Ok(out);
+    /// [`varint`](Self::varint) past its first byte. Where 8 bytes are left,
+    /// they are read as one word: 2- and 3-byte varints (pids, inodes,
+    /// sequence numbers) take their bytes from it one by one, and longer
+    /// ones of a `u64` (the nanosecond timestamps: 7 bytes) are gathered
+    /// from it in three shift-and-mask steps. What is left — near the end
+    /// of the record, a `u16` or `u32` past those lengths, a `u64` of 9 or
+    /// 10 bytes, every error — is [`varint_bytes`]'s, byte by byte.
+    #[inline(always)]
+    fn varint_multi<const BITS: u32>(&mut self) -> Result<u64> {
+        if let Some(a) = self.b.first_chunk::<8>() {
+            let x = u64::from_le_bytes(*a);
+            // Any type of 14 bits or more takes every 2-byte value, of 21 every 3-byte one.
+            if x & 0x8000 == 0 {
+                self.b = &self.b[2..];
+                return Ok((x & 0x7f) | (x >> 1 & 0x3f80));
+            }
+            if BITS >= 21 && x & 0x80_0000 == 0 {
+                self.b = &self.b[3..];
+                return Ok((x & 0x7f) | (x >> 1 & 0x3f80) | (x >> 2 & 0x1f_c000));
+            }
+            let stops = !x & 0x8080_8080_8080_8080;
+            if BITS == 64 && stops != 0 {
+                // The last byte's top bit is the lowest clear one; 8 bytes
+                // carry 56 bits, which a u64 takes.
+                let top = stops.trailing_zeros();
+                self.b = &self.b[(top / 8 + 1) as usize..];
+                let v = x & (u64::MAX >> (63 - top)) & 0x7f7f_7f7f_7f7f_7f7f;
+                let v = (v & 0x007f_007f_007f_007f) | (v >> 1 & 0x3f80_3f80_3f80_3f80);
+                let v = (v & 0x0000_3fff_0000_3fff) | (v >> 2 & 0x0fff_c000_0fff_c000);
+                return Ok((v & 0x0fff_ffff) | (v >> 4 & 0x00ff_ffff_f000_0000));
             }
         }
-        Err(DecodeError::BadVarint)
+        let (v, n) = varint_bytes::<BITS>(self.b)?;
+        self.b = &self.b[n..];
+        Ok(v)
     }
 
-    #[inline]
+    #[inline(always)]
     fn u32(&mut self) -> Result<u32> {
         // At most 5 bytes, the last one ≤ 15: the value fits.
-        Ok(self.varint(32)? as u32)
+        Ok(self.varint::<32>()? as u32)
     }
 
-    #[inline]
+    #[inline(always)]
     fn len(&mut self) -> Result<usize> {
-        Ok(self.varint(64)? as usize)
+        Ok(self.varint::<64>()? as usize)
     }
 }
 
+/// A varint of `BITS` bits at the start of `b`, byte by byte: its value
+/// and length. Not inlined: [`Cur::varint_multi`] takes nearly every one.
+#[inline(never)]
+fn varint_bytes<const BITS: u32>(b: &[u8]) -> Result<(u64, usize)> {
+    let max_bytes = BITS.div_ceil(7) as usize;
+    let last_max: u8 = (1u8 << (BITS % 7)) - 1;
+    let mut out = 0u64;
+    for i in 0..max_bytes {
+        let v = *b.get(i).ok_or(Bad::EOF)?;
+        out |= u64::from(v & 0x7f) << (7 * i);
+        if v & 0x80 == 0 {
+            if i == max_bytes - 1 && v > last_max {
+                return Err(Bad::VARINT);
+            }
+            return Ok((out, i + 1));
+        }
+    }
+    Err(Bad::VARINT)
+}
+
 /// Decodes a value over `self`, reusing what it owns.
-pub trait Dec {
+trait Dec {
     fn dec(&mut self, c: &mut Cur) -> Result<()>;
 }
 
 impl Dec for u8 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         *self = c.pop()?;
         Ok(())
@@ -135,15 +245,15 @@ impl Dec for u8 {
 }
 
 impl Dec for u16 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
-        *self = c.varint(16)? as u16;
+        *self = c.varint::<16>()? as u16;
         Ok(())
     }
 }
 
 impl Dec for u32 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         *self = c.u32()?;
         Ok(())
@@ -151,15 +261,15 @@ impl Dec for u32 {
 }
 
 impl Dec for u64 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
-        *self = c.varint(64)?;
+        *self = c.varint::<64>()?;
         Ok(())
     }
 }
 
 impl Dec for i32 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         let n = c.u32()?;
         *self = ((n >> 1) as i32) ^ (-((n & 1) as i32));
@@ -168,16 +278,16 @@ impl Dec for i32 {
 }
 
 impl Dec for i64 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
-        let n = c.varint(64)?;
+        let n = c.varint::<64>()?;
         *self = ((n >> 1) as i64) ^ (-((n & 1) as i64));
         Ok(())
     }
 }
 
 impl Dec for f64 {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         let b = c.take(8)?;
         *self = f64::from_le_bytes(b.try_into().expect("8 bytes taken"));
@@ -186,51 +296,51 @@ impl Dec for f64 {
 }
 
 impl Dec for bool {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         *self = match c.pop()? {
             0 => false,
             1 => true,
-            _ => return Err(DecodeError::BadBool),
+            _ => return Err(Bad::BOOL),
         };
         Ok(())
     }
 }
 
 impl Dec for String {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         let n = c.len()?;
-        assign(self, c.take(n)?)
+        let b = c.take(n)?;
+        // The slot's string is often this one again (a header's name, the
+        // method, the model, the request id of the other side's copy):
+        // then there is nothing to validate or copy.
+        if self.as_bytes() != b {
+            assign(self, b)?;
+        }
+        Ok(())
     }
 }
 
 /// `s` becomes the UTF-8 text `b`, reusing its buffer.
-#[inline]
+#[inline(always)]
 fn assign(s: &mut String, b: &[u8]) -> Result<()> {
-    let t = std::str::from_utf8(b).map_err(|_| DecodeError::BadUtf8)?;
+    let t = std::str::from_utf8(b).map_err(|_| Bad::UTF8)?;
     s.clear();
     s.push_str(t);
     Ok(())
 }
 
 impl<T: Dec + Default> Dec for Option<T> {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
-        dec_option(self, c, T::dec)
+        match c.pop()? {
+            0 => *self = None,
+            1 => self.get_or_insert_with(T::default).dec(c)?,
+            _ => return Err(Bad::OPTION),
+        }
+        Ok(())
     }
-}
-
-/// An `Option`'s wire (a 0/1 tag, then the value) over `o`, the value
-/// decoded by `value` into what `o` holds.
-#[inline(always)]
-fn dec_option<T: Default>(o: &mut Option<T>, c: &mut Cur, value: impl FnOnce(&mut T, &mut Cur) -> Result<()>) -> Result<()> {
-    match c.pop()? {
-        0 => *o = None,
-        1 => value(o.get_or_insert_with(T::default), c)?,
-        _ => return Err(DecodeError::BadOption),
-    }
-    Ok(())
 }
 
 impl<T: Dec + Default> Dec for Vec<T> {
@@ -239,7 +349,7 @@ impl<T: Dec + Default> Dec for Vec<T> {
         // Every element takes at least one byte: a length past the bytes
         // left is an error before anything is allocated for it.
         if n > c.left() {
-            return Err(DecodeError::Eof);
+            return Err(Bad::EOF);
         }
         self.truncate(n);
         for i in 0..n {
@@ -256,7 +366,7 @@ impl<T: Dec + Default> Dec for Vec<T> {
 }
 
 impl<A: Dec, B: Dec> Dec for (A, B) {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         self.0.dec(c)?;
         self.1.dec(c)
@@ -264,7 +374,7 @@ impl<A: Dec, B: Dec> Dec for (A, B) {
 }
 
 impl Dec for [u32; 3] {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         for v in self.iter_mut() {
             v.dec(c)?;
@@ -283,7 +393,7 @@ macro_rules! fields {
 }
 
 impl Dec for ConnKey {
-    #[inline]
+    #[inline(always)]
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
         let ConnKey { tgid, fd, ino } = self;
         fields!(c; tgid, fd, ino)
@@ -313,17 +423,27 @@ impl Dec for PrefillStats {
 
 impl Dec for EngineOutput {
     fn dec(&mut self, c: &mut Cur) -> Result<()> {
-        let EngineOutput { request_id, new_tokens, finish_reason, events, prefill } = self;
-        // An engine step's outputs list the batch in the same order step
-        // after step: the reused slot mostly holds this very id already, and
-        // then there is nothing to validate or copy.
-        let n = c.len()?;
-        let b = c.take(n)?;
-        if request_id.as_bytes() != b {
-            assign(request_id, b)?;
-        }
-        fields!(c; new_tokens, finish_reason, events, prefill)
+        dec_output(self, c, None)
     }
+}
+
+/// An [`EngineOutput`] over `o`, its request id through `recent` (see
+/// [`OutputsMemo::ids`]) where there is one.
+#[inline(always)]
+fn dec_output(o: &mut EngineOutput, c: &mut Cur, recent: Option<&mut [String]>) -> Result<()> {
+    let EngineOutput { request_id, new_tokens, finish_reason, events, prefill } = o;
+    // An engine step's outputs list the batch in the same order step
+    // after step: the reused slot mostly holds this very id already, and
+    // then there is nothing to validate or copy.
+    let n = c.len()?;
+    let b = c.take(n)?;
+    if request_id.as_bytes() != b {
+        match recent {
+            Some(recent) => assign_recent(request_id, b, recent)?,
+            None => assign(request_id, b)?,
+        }
+    }
+    fields!(c; new_tokens, finish_reason, events, prefill)
 }
 
 impl Dec for GpuPeer {
@@ -338,10 +458,10 @@ impl Dec for GpuPeer {
 macro_rules! unit_enum {
     ($t:ident: $($v:ident),+ $(,)?) => {
         impl Dec for $t {
-            #[inline]
+            #[inline(always)]
             fn dec(&mut self, c: &mut Cur) -> Result<()> {
                 let i = c.u32()?;
-                *self = *<$t as UnitIndex>::ALL.get(i as usize).ok_or(DecodeError::BadVariant { what: stringify!($t), index: i })?;
+                *self = *<$t as UnitIndex>::ALL.get(i as usize).ok_or_else(|| Bad::variant(What::$t, i))?;
                 Ok(())
             }
         }
@@ -466,54 +586,184 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
 const SSE: u32 = 4;
 const ENGINE_OUTPUTS: u32 = 15;
 
-/// Slots in [`RecordDecoder::sse_ids`] (a power of two).
+/// SSE slots in [`RecordDecoder::slots`], past [`SSE_SLOTS`], and slots in
+/// [`OutputsMemo::ids`] (a power of two).
 const RECENT_IDS: usize = 64;
 
+/// Where [`RecordDecoder::slots`]' SSE records with ids start.
+const SSE_SLOTS: usize = VARIANTS;
+
+/// What the engine-outputs slot was decoded from, for the next record of
+/// that variant to skip what it repeats (see [`dec_engine_outputs`]).
+#[derive(Default)]
+struct OutputsMemo {
+    /// The bytes of the slot's body (its fields after `timestamp_s`);
+    /// empty when unknown. Each step's outputs are recorded twice, the
+    /// engine's write and the frontend's read of the same message: where
+    /// the body's bytes are these, the slot already holds what decoding
+    /// them would give, and only the header is decoded. Half the outputs
+    /// of a vLLM recording are the reader's copies.
+    body: Vec<u8>,
+    /// Where in `body` each of the slot's outputs was decoded from (one
+    /// per output, in order, while `body` is known).
+    spans: Vec<(usize, usize)>,
+    /// The spans being made for the record being decoded.
+    next_spans: Vec<(usize, usize)>,
+    /// Request ids seen lately, as SSE ids are (see [`dec_sse`]): a batch's
+    /// members keep their order from step to step only until one finishes
+    /// or joins, and the ids found here are copied, not validated again.
+    ids: Vec<String>,
+}
+
+impl OutputsMemo {
+    fn forget(&mut self) {
+        self.body.clear();
+        self.spans.clear();
+    }
+}
+
+/// How far past the next unmatched output of the last step an output is
+/// looked for (requests that finished in between).
+const OUTPUT_LOOKAHEAD: usize = 3;
+
 /// [`dec_record`] of an engine-outputs record over `r` (which holds one),
-/// skipping the body when its bytes are `body`'s (see
-/// [`RecordDecoder::outputs_body`]); `body` becomes the bytes decoded.
-fn dec_engine_outputs(r: &mut Record, c: &mut Cur, body: &mut Vec<u8>) -> Result<()> {
+/// skipping what repeats the last one's bytes (see [`OutputsMemo`]).
+///
+/// From one step to the next, a batch's outputs are mostly the same
+/// requests in the same order, most with the same bytes (one new token,
+/// not finished); a request that finished drops out, one that joined is
+/// added. So each output is first looked for among the last step's
+/// outputs not yet matched, the next few in order: where the record's
+/// bytes go on with one's bytes, that output is moved to its place as it
+/// is, since decoding reads a prefix of the bytes and stops where they
+/// say (the same prefix decodes to the same values and ends at the same
+/// place). Only the others are decoded.
+fn dec_engine_outputs(r: &mut Record, b: &[u8], memo: &mut OutputsMemo) -> Result<()> {
     let Record::EngineOutputs { conn, ts_ns, tid, dir, engine_index, timestamp_s, outputs, outputs_total, finished_requests, truncated } = r else {
-        return dec_record(r, c);
+        return dec_record(r, &mut Cur::new(b));
     };
+    let c = &mut Cur::new(b);
     fields!(c; conn, ts_ns, tid, dir, engine_index, timestamp_s)?;
-    // Decoding reads a prefix of the bytes and stops where they say: the
-    // same prefix decodes to the same values and ends at the same place.
-    let rest = &c.b[c.at..];
-    if !body.is_empty() && rest.starts_with(body) {
-        c.at += body.len();
+    let body = &memo.body;
+    if !body.is_empty() && c.b.starts_with(body) {
         return Ok(());
     }
-    let start = c.at;
-    fields!(c; outputs, outputs_total, finished_requests, truncated)?;
-    body.clear();
-    body.extend_from_slice(&c.b[start..c.at]);
+    let start = c.b;
+    let at = |c: &Cur| start.len() - c.b.len();
+    let n = c.len()?;
+    // Every output takes at least one byte: a length past the bytes left
+    // is an error before anything is allocated for it.
+    if n > c.left() {
+        return Err(Bad::EOF);
+    }
+    // Outputs [i, next) of the slot are ones matched or overwritten
+    // already; [next, old) the last step's not yet matched, in order.
+    let old = if !body.is_empty() && memo.spans.len() == outputs.len() { outputs.len() } else { 0 };
+    let mut next = 0;
+    memo.next_spans.clear();
+    for i in 0..n {
+        let from = at(c);
+        let mut hit = None;
+        for k in next..old.min(next + OUTPUT_LOOKAHEAD) {
+            let (s, e) = memo.spans[k];
+            if c.b.starts_with(&body[s..e]) {
+                hit = Some((k, e - s));
+                break;
+            }
+        }
+        match hit {
+            Some((k, len)) => {
+                if k != i {
+                    // i < k: the two are distinct elements (a swap
+                    // through split halves copies no temporary).
+                    let (head, tail) = outputs.split_at_mut(k);
+                    std::mem::swap(&mut head[i], &mut tail[0]);
+                    memo.spans.swap(i, k);
+                }
+                c.b = &c.b[len..];
+                next = k + 1;
+            }
+            None => {
+                if i == outputs.len() {
+                    outputs.push(EngineOutput::default());
+                }
+                dec_output(&mut outputs[i], c, Some(&mut memo.ids))?;
+                // Decoded over the last step's next unmatched output: it
+                // is gone.
+                if i == next {
+                    next += 1;
+                }
+            }
+        }
+        memo.next_spans.push((from, at(c)));
+    }
+    outputs.truncate(n);
+    fields!(c; outputs_total, finished_requests, truncated)?;
+    let len = at(c);
+    memo.body.clear();
+    memo.body.extend_from_slice(&start[..len]);
+    std::mem::swap(&mut memo.spans, &mut memo.next_spans);
     Ok(())
 }
 
-/// [`dec_record`] of an SSE record over `r` (which holds one), its id
-/// through `recent` (see [`RecordDecoder::sse_ids`]).
-fn dec_sse(r: &mut Record, c: &mut Cur, recent: &mut [String]) -> Result<()> {
-    let Record::Sse { conn, seq, ts_ns, kind, id, content_bytes, finish_reason, usage } = r else {
-        return dec_record(r, c);
-    };
+/// An SSE record, into the slot its id picks among `slots`' SSE ones (see
+/// [`RecordDecoder::slots`]), or into `slots[SSE]` when it has no id
+/// (which the caller has filled): the slot it is in.
+///
+/// Every chunk of a response carries its id, and the responses in flight
+/// interleave, so an id is mostly one a slot was decoded with a few chunks
+/// before: then the record is decoded over that slot's record with its id
+/// as it is, neither validated as UTF-8 again nor copied.
+fn dec_sse(slots: &mut [Option<Record>], b: &[u8]) -> Result<usize> {
+    let c = &mut Cur::new(b);
+    let (mut conn, mut seq, mut ts_ns, mut kind) = (ConnKey { tgid: 0, fd: 0, ino: 0 }, 0u32, 0u64, SseKind::Other);
     fields!(c; conn, seq, ts_ns, kind)?;
-    dec_option(id, c, |s, c| {
-        let n = c.len()?;
-        let b = c.take(n)?;
-        let slot = &mut recent[recent_slot(b)];
-        if slot.as_bytes() == b {
-            s.clone_from(slot);
-        } else {
-            assign(s, b)?;
-            slot.clone_from(s);
+    let at = match c.pop()? {
+        0 => SSE as usize,
+        1 => {
+            let n = c.len()?;
+            let b = c.take(n)?;
+            let at = SSE_SLOTS + recent_slot(b);
+            match &mut slots[at] {
+                Some(Record::Sse { id: Some(id), .. }) if id.as_bytes() == b => {}
+                Some(Record::Sse { id: Some(id), .. }) => assign(id, b)?,
+                other => {
+                    let id = std::str::from_utf8(b).map_err(|_| Bad::UTF8)?.to_owned();
+                    *other = Some(Record::Sse { conn, seq, ts_ns, kind, id: Some(id), content_bytes: 0, finish_reason: None, usage: None });
+                }
+            }
+            at
         }
-        Ok(())
-    })?;
-    fields!(c; content_bytes, finish_reason, usage)
+        _ => return Err(Bad::OPTION),
+    };
+    let Some(Record::Sse { conn: r_conn, seq: r_seq, ts_ns: r_ts_ns, kind: r_kind, id, content_bytes, finish_reason, usage }) = &mut slots[at] else {
+        unreachable!("slots[SSE] holds an SSE record when called, and the others are only ever given one")
+    };
+    (*r_conn, *r_seq, *r_ts_ns, *r_kind) = (conn, seq, ts_ns, kind);
+    if at == SSE as usize {
+        *id = None;
+    }
+    fields!(c; content_bytes, finish_reason, usage)?;
+    Ok(at)
 }
 
-/// The [`RecordDecoder::sse_ids`] slot of an id: from its length and last
+/// `s` becomes the UTF-8 text `b`, copied from `recent`'s slot for `b`
+/// when that holds it (no validation), else validated and left there too.
+#[inline(always)]
+fn assign_recent(s: &mut String, b: &[u8], recent: &mut [String]) -> Result<()> {
+    let slot = &mut recent[recent_slot(b)];
+    if slot.as_bytes() == b {
+        s.clear();
+        s.push_str(slot);
+    } else {
+        assign(s, b)?;
+        slot.clear();
+        slot.push_str(s);
+    }
+    Ok(())
+}
+
+/// The slot of an id among [`RECENT_IDS`]: from its length and last
 /// 8 bytes (ids of one server differ at the end: counters, random hex).
 #[inline]
 fn recent_slot(b: &[u8]) -> usize {
@@ -527,22 +777,13 @@ fn recent_slot(b: &[u8]) -> usize {
 
 /// One reusable record per variant; see the module docs.
 pub struct RecordDecoder {
+    /// One record per variant (by index), then [`RECENT_IDS`] SSE records
+    /// with ids, each holding the last one whose id picked it (see
+    /// [`dec_sse`]).
     slots: Vec<Option<Record>>,
     last: Option<usize>,
-    /// The bytes the engine-outputs slot's body (its fields after
-    /// `timestamp_s`) was last decoded from; empty when unknown. Each step's
-    /// outputs are recorded twice, the engine's write and the frontend's
-    /// read of the same message (and on a steady batch the next step's
-    /// differ only in a few bytes): where the body's bytes are these, the
-    /// slot already holds what decoding them would give, and only the
-    /// header is decoded. Half the outputs of a vLLM recording are the
-    /// reader's copies.
-    outputs_body: Vec<u8>,
-    /// SSE chunk ids seen lately, each in the slot its bytes pick: every
-    /// chunk of a response carries its id, and the responses in flight
-    /// interleave, so an id is mostly one seen a few chunks before and is
-    /// copied from here instead of validated as UTF-8 again.
-    sse_ids: Vec<String>,
+    /// What the engine-outputs slot was decoded from.
+    outputs: OutputsMemo,
 }
 
 impl Default for RecordDecoder {
@@ -553,7 +794,7 @@ impl Default for RecordDecoder {
 
 impl RecordDecoder {
     pub fn new() -> Self {
-        RecordDecoder { slots: (0..VARIANTS).map(|_| None).collect(), last: None, outputs_body: Vec::new(), sse_ids: vec![String::new(); RECENT_IDS] }
+        RecordDecoder { slots: (0..SSE_SLOTS + RECENT_IDS).map(|_| None).collect(), last: None, outputs: OutputsMemo { ids: vec![String::new(); RECENT_IDS], ..OutputsMemo::default() } }
     }
 
     /// The record the last successful [`decode`](Self::decode) gave.
@@ -563,35 +804,52 @@ impl RecordDecoder {
 
     /// The record in `bytes` (postcard), lent until the next call. Trailing
     /// bytes are ignored, as `postcard::from_bytes` does.
-    pub fn decode(&mut self, bytes: &[u8]) -> Result<&Record> {
+    pub fn decode(&mut self, bytes: &[u8]) -> std::result::Result<&Record, DecodeError> {
         self.last = None;
         let mut c = Cur::new(bytes);
         let tag = c.u32()?;
-        let Some(slot) = self.slots.get_mut(tag as usize) else {
+        if tag as usize >= VARIANTS {
             return Err(DecodeError::BadVariant { what: "Record", index: tag });
-        };
+        }
+        if tag == SSE && self.slots[SSE as usize].is_some() {
+            return match dec_sse(&mut self.slots, c.b) {
+                Ok(at) => {
+                    self.last = Some(at);
+                    Ok(self.slots[at].as_ref().expect("dec_sse filled it"))
+                }
+                Err(e) => {
+                    // As for the other variants: the next SSE record
+                    // starts from serde again.
+                    self.slots[SSE as usize] = None;
+                    Err(e.into())
+                }
+            };
+        }
+        let slot = &mut self.slots[tag as usize];
         match slot {
             Some(r) => {
+                // Each path has a cursor of its own over the rest: one that
+                // no call outside it sees stays in registers.
+                let rest = c.b;
                 let done = match tag {
-                    SSE => dec_sse(r, &mut c, &mut self.sse_ids),
-                    ENGINE_OUTPUTS => dec_engine_outputs(r, &mut c, &mut self.outputs_body),
-                    _ => dec_record(r, &mut c),
+                    ENGINE_OUTPUTS => dec_engine_outputs(r, rest, &mut self.outputs),
+                    _ => dec_record(r, &mut Cur::new(rest)),
                 };
                 if let Err(e) = done {
                     // Partly overwritten: the next record of this variant
                     // starts from serde again.
                     *slot = None;
                     if tag == ENGINE_OUTPUTS {
-                        self.outputs_body.clear();
+                        self.outputs.forget();
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
             None => {
                 let r: Record = postcard::from_bytes(bytes).map_err(|e| DecodeError::Serde(e.to_string()))?;
                 *slot = Some(r);
                 if tag == ENGINE_OUTPUTS {
-                    self.outputs_body.clear();
+                    self.outputs.forget();
                 }
             }
         }
@@ -893,15 +1151,155 @@ mod tests {
         assert_eq!(d.decode(&good).unwrap(), &sse(Some("chatcmpl-0000000000000001".into())));
     }
 
+    /// The word-at-a-time varint paths against the byte loop, on varints of
+    /// every length for each width (valid, overlong, cut short), followed
+    /// by 0 to 11 more bytes: the same value and length, or the same error.
+    #[test]
+    fn varints_read_from_one_word_agree_with_the_byte_loop() {
+        fn check<const BITS: u32>(b: &[u8]) {
+            let mut c = Cur::new(b);
+            let fast = c.varint::<BITS>().map(|v| (v, b.len() - c.b.len()));
+            assert_eq!(fast, varint_bytes::<BITS>(b), "{BITS} bits: {b:?}");
+        }
+        let mut rng = crate::testutil::xorshift(0x005e_ed0f_5a11);
+        let mut cases = 0;
+        for _ in 0..20_000 {
+            let r = rng();
+            let len = 1 + (r % 11) as usize;
+            let mut b: Vec<u8> = (0..len).map(|_| (rng() as u8) | 0x80).collect();
+            // Mostly a proper last byte, sometimes none (a cut or overlong varint).
+            if r >> 8 & 7 != 0 {
+                b[len - 1] &= 0x7f;
+            }
+            for _ in 0..(r >> 16) % 12 {
+                b.push(rng() as u8);
+            }
+            check::<16>(&b);
+            check::<32>(&b);
+            check::<64>(&b);
+            cases += 1;
+        }
+        for v in [0u64, 127, 128, 16_383, 16_384, (1 << 21) - 1, 1 << 21, u64::from(u16::MAX), u64::from(u32::MAX), 1 << 49, (1 << 56) - 1, 1 << 56, u64::MAX] {
+            let mut b = postcard::to_stdvec(&v).unwrap();
+            b.extend_from_slice(&[0x81; 9]);
+            for end in 1..=b.len() {
+                check::<16>(&b[..end]);
+                check::<32>(&b[..end]);
+                check::<64>(&b[..end]);
+            }
+            let mut c = Cur::new(&b);
+            assert_eq!(c.varint::<64>(), Ok(v));
+        }
+        assert_eq!(cases, 20_000);
+    }
+
+    /// Steps of a batch whose members finish (anywhere in it), join
+    /// (anywhere), move, change a field or repeat, each recorded twice, and
+    /// now and then a damaged copy: every record equals what serde decodes
+    /// (or both fail), whichever outputs are matched to the last step's.
+    #[test]
+    fn engine_output_steps_that_reorder_join_and_finish_decode_as_serde_does() {
+        let mut rng = crate::testutil::xorshift(0x0ba7_c4e5);
+        let mut d = RecordDecoder::new();
+        let mut batch: Vec<EngineOutput> = Vec::new();
+        let mut next_id = 0u64;
+        let (mut decoded, mut failed) = (0, 0);
+        for step in 0..3_000u64 {
+            for _ in 0..rng() % 3 {
+                if !batch.is_empty() {
+                    let at = (rng() % batch.len() as u64) as usize;
+                    batch.remove(at);
+                }
+            }
+            for _ in 0..rng() % 3 {
+                let at = (rng() % (batch.len() as u64 + 1)) as usize;
+                next_id += 1;
+                let prefill = rng().is_multiple_of(2).then(|| PrefillStats { prompt_tokens: Some(rng() % 300), computed_tokens: None, cached_tokens: Some(16), local_cached_tokens: None, external_cached_tokens: None });
+                let events = (0..rng() % 3).map(|j| EngineEvent { kind: j as u8, timestamp_s: step as f64 }).collect();
+                batch.insert(at, EngineOutput { request_id: format!("chatcmpl-{next_id:016x}-{:08x}", rng() as u32), new_tokens: 1, finish_reason: None, events, prefill });
+            }
+            for o in batch.iter_mut() {
+                match rng() % 8 {
+                    0 => o.new_tokens = rng() % 300,
+                    1 => o.finish_reason = Some((rng() % 5) as u8),
+                    2 => {
+                        o.events.clear();
+                        o.prefill = None;
+                    }
+                    _ => {}
+                }
+            }
+            if batch.len() > 1 && rng().is_multiple_of(10) {
+                let (a, b) = ((rng() % batch.len() as u64) as usize, (rng() % batch.len() as u64) as usize);
+                batch.swap(a, b);
+            }
+            let rec = |dir: Dir, ts: u64| Record::EngineOutputs {
+                conn: ck(1),
+                ts_ns: ts,
+                tid: 7,
+                dir,
+                engine_index: Some(0),
+                timestamp_s: Some(ts as f64),
+                outputs: batch.clone(),
+                outputs_total: Some(batch.len() as u64),
+                finished_requests: vec![],
+                truncated: false,
+            };
+            for (dir, ts) in [(Dir::Out, 2 * step), (Dir::In, 2 * step + 1)] {
+                let mut bytes = postcard::to_stdvec(&rec(dir, ts)).unwrap();
+                if rng().is_multiple_of(40) {
+                    let at = 1 + (rng() % (bytes.len() as u64 - 1)) as usize;
+                    match rng() % 3 {
+                        0 => bytes.truncate(at),
+                        1 => bytes[at] = 0xff,
+                        _ => bytes[at] ^= 0x01,
+                    }
+                }
+                let enc = |r: Option<&Record>| r.map(|r| postcard::to_stdvec(r).unwrap());
+                let serde = postcard::from_bytes::<Record>(&bytes).ok();
+                let fast = enc(d.decode(&bytes).ok());
+                assert_eq!(fast, enc(serde.as_ref()), "step {step}: {bytes:?}");
+                if fast.is_some() {
+                    decoded += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+        }
+        assert!(decoded > 5_000 && failed > 20, "{decoded} decoded, {failed} failed");
+    }
+
+    /// An unknown enum index comes back as the error of the same name, the
+    /// enum named, from the field decoders' one-word form.
+    #[test]
+    fn unknown_enum_indexes_name_their_enum() {
+        for (i, w) in What::ALL.into_iter().enumerate() {
+            assert_eq!(w as usize, i);
+            assert_eq!(DecodeError::from(Bad::variant(w, u32::MAX - i as u32)), DecodeError::BadVariant { what: w.name(), index: u32::MAX - i as u32 });
+        }
+        let sse = Record::Sse { conn: ck(2), seq: 1, ts_ns: 5, kind: SseKind::Content, id: Some("chatcmpl-1".into()), content_bytes: 4, finish_reason: None, usage: None };
+        let good = postcard::to_stdvec(&sse).unwrap();
+        let mut d = RecordDecoder::new();
+        d.decode(&good).unwrap();
+        // The kind follows the tag, the connection (3 one- or multi-byte
+        // varints), seq and ts.
+        let mut bad = good.clone();
+        let at = good.len() - (1 + 1 + 1 + 10 + 1 + 1 + 1);
+        assert_eq!(bad[at], 1, "the kind's byte: {good:?}");
+        bad[at] = 9;
+        assert_eq!(d.decode(&bad), Err(DecodeError::BadVariant { what: "SseKind", index: 9 }));
+        assert_eq!(d.decode(&good).unwrap(), &sse);
+    }
+
     #[test]
     fn varints_past_their_type_are_errors() {
         let mut c = Cur::new(&[0xff, 0xff, 0xff, 0xff, 0x10]);
-        assert_eq!(c.u32(), Err(DecodeError::BadVarint));
+        assert_eq!(c.u32(), Err(Bad::VARINT));
         let mut c = Cur::new(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
         assert_eq!(c.u32(), Ok(u32::MAX));
         let mut c = Cur::new(&[0xff; 10]);
-        assert_eq!(c.varint(64), Err(DecodeError::BadVarint));
+        assert_eq!(c.varint::<64>(), Err(Bad::VARINT));
         let mut c = Cur::new(&[0x80]);
-        assert_eq!(c.u32(), Err(DecodeError::Eof));
+        assert_eq!(c.u32(), Err(Bad::EOF));
     }
 }

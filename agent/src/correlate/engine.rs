@@ -12,6 +12,7 @@
 //! timed by the writer's syscall; the reader's copy is used only when the
 //! writer was not traced.
 
+use super::slab::{Slab, SlabKey, NO_KEY};
 use super::{ms, Name, Request};
 use crate::event::Dir;
 use crate::model::{EngineOutput, PrefillStats, Record};
@@ -130,9 +131,21 @@ pub struct EngineReq {
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
+    /// Which of 64 buckets those hashes fall in ([`super::add_interferer`]).
+    interference_seen: u64,
     /// Latest record that touched it: it may be forgotten once this is past
     /// the horizon and no unsettled HTTP request can claim it.
     pub last_ns: u64,
+    /// Its number in first-seen order over the whole recording (what
+    /// [`Step::members`] hold).
+    pub num: u32,
+    /// The attribution's key for the same id, kept for it
+    /// ([`EngineSide::attr_hints`]).
+    attr_hint: Option<SlabKey>,
+    /// [`name_hash`]es of the keys it is indexed under (at most four: see
+    /// [`http_keys`]), so that forgetting it hashes none again.
+    key_hashes: [u64; 4],
+    indexed: u8,
 }
 
 /// An engine step that produced outputs (one EngineCoreOutputs message).
@@ -204,13 +217,14 @@ impl RollingMedian {
 
 #[derive(Default)]
 pub struct EngineSide {
-    /// Engine requests not yet claimed or forgotten, by number; the number by
-    /// id, and the numbers by every key an HTTP request may know them by
-    /// ([`http_key_of`]).
-    reqs: super::FxMap<u32, EngineReq>,
-    index: super::FxMap<String, u32>,
+    /// Engine requests not yet claimed or forgotten; their slab keys by id,
+    /// and by every key an HTTP request may know them by ([`http_key_of`]).
+    /// A slab, not a map by number: each output looks its request up once
+    /// by id and then by key, which is an index.
+    reqs: Slab<EngineReq>,
+    index: super::FxMap<String, SlabKey>,
     /// By [`name_hash`] of the key (compared in full at the claim): no
-    /// copy of the key, and mostly one number, held inline.
+    /// copy of the key, and mostly one request, held inline.
     by_key: super::FxMap<u64, Nums>,
     next: u32,
     /// Steps built so far and not yet taken.
@@ -227,7 +241,14 @@ pub struct EngineSide {
     /// Per writer thread, the write whose wake-up an ADD already claimed.
     wake_claimed: super::FxMap<u32, u64>,
     /// [`Self::step`]'s lists, kept for their capacity.
-    decoding: Vec<u32>,
+    decoding: Vec<SlabKey>,
+    /// The last step's requests, in its order ([`Self::idx_after`]), and the
+    /// list the next one fills.
+    prev_step: Vec<SlabKey>,
+    cur_step: Vec<SlabKey>,
+    /// The engine requests the record being ingested named, in its order
+    /// (an ADD's one, a writer's step's outputs; none otherwise).
+    touched: Vec<SlabKey>,
     newcomers: Vec<(u64, Name)>,
     pub counters: BTreeMap<&'static str, u64>,
 }
@@ -237,42 +258,73 @@ impl EngineSide {
         *self.counters.entry(what).or_default() += 1;
     }
 
-    fn index_keys(&mut self, i: u32) {
-        let Some(e) = self.reqs.get(&i) else { return };
-        for k in http_keys(e) {
-            match self.by_key.entry(name_hash(k)) {
+    /// Indexes the keys of request `i` ([`http_keys`]), or only those of
+    /// its external id (`ext_only`: the others are indexed already).
+    fn index_keys(&mut self, i: SlabKey, ext_only: bool) {
+        let Some(e) = self.reqs.get_mut(i) else { return };
+        let keys = if ext_only { ext_keys(e) } else { http_keys(e) };
+        let mut hashes = [0; 4];
+        let mut n = 0;
+        for k in keys {
+            hashes[n] = name_hash(k);
+            n += 1;
+        }
+        for &h in &hashes[..n] {
+            match self.by_key.entry(h) {
                 std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().insert(i),
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(Nums::One(i));
                 }
             }
+            // Indexed once without its external id, once with only that: four at most.
+            e.key_hashes[usize::from(e.indexed)] = h;
+            e.indexed += 1;
         }
     }
 
-    fn idx(&mut self, id: &str) -> u32 {
+    /// The request of an output of a step, whose previous step was `prev`
+    /// (`at`: where this step has got to in it). A batch keeps its order step
+    /// after step: its requests are mostly the previous step's, in the same
+    /// order, less the finished ones (new ones join at the end), so the id is
+    /// compared with the next one or two of those before it is looked up.
+    /// The same request as [`Self::idx`]: a request held under `id` is the
+    /// one `index` has for it.
+    #[inline]
+    fn idx_after(&mut self, prev: &[SlabKey], at: &mut usize, id: &str) -> SlabKey {
+        for (q, &k) in prev.iter().enumerate().skip(*at).take(2) {
+            if self.reqs.get(k).is_some_and(|e| e.request_id == id) {
+                *at = q + 1;
+                return k;
+            }
+        }
+        self.idx(id)
+    }
+
+    fn idx(&mut self, id: &str) -> SlabKey {
         if let Some(&i) = self.index.get(id) {
             return i;
         }
-        let i = self.next;
+        let num = self.next;
         self.next += 1;
-        self.reqs.insert(i, EngineReq { request_id: id.to_owned(), ..EngineReq::default() });
+        let i = self.reqs.insert(EngineReq { request_id: id.to_owned(), num, ..EngineReq::default() });
         self.index.insert(id.to_owned(), i);
-        self.index_keys(i);
+        self.index_keys(i, false);
         i
     }
 
     fn req(&mut self, id: &str) -> &mut EngineReq {
         let i = self.idx(id);
-        self.reqs.get_mut(&i).expect("idx inserts")
+        self.reqs.get_mut(i).expect("idx inserts")
     }
 
-    fn forget(&mut self, i: u32) -> Option<EngineReq> {
-        let e = self.reqs.remove(&i)?;
+    fn forget(&mut self, i: SlabKey) -> Option<EngineReq> {
+        let e = self.reqs.remove(i)?;
         self.index.remove(&e.request_id);
-        for k in http_keys(&e) {
-            let h = name_hash(k);
-            if self.by_key.get_mut(&h).is_some_and(|v| v.remove(i)) {
-                self.by_key.remove(&h);
+        for &h in &e.key_hashes[..usize::from(e.indexed)] {
+            if let std::collections::hash_map::Entry::Occupied(mut o) = self.by_key.entry(h) {
+                if o.get_mut().remove(i) {
+                    o.remove();
+                }
             }
         }
         Some(e)
@@ -285,11 +337,13 @@ impl EngineSide {
     /// wrote shortly after it got the CPU, the wake-up is when the frontend
     /// handed the request over; the run-queue wait is IPC transit (queue).
     pub fn ingest<S: std::hash::BuildHasher>(&mut self, rec: &Record, woke: &HashMap<u32, Woke, S>) {
+        self.touched.clear();
         match rec {
             Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, .. } => {
                 let ri = self.idx(request_id);
+                self.touched.push(ri);
                 let writer = *dir == Dir::Out;
-                let r = &self.reqs[&ri];
+                let r = &self.reqs[ri];
                 // The writer's syscall wins; the first copy seen otherwise.
                 let (has_submit, from_writer) = (r.submit_ns.is_some(), r.submit_from_writer);
                 if !has_submit || (writer && !from_writer) {
@@ -305,12 +359,12 @@ impl EngineSide {
                     if writer {
                         self.wake_claimed.insert(*tid, *ts_ns);
                     }
-                    let r = self.reqs.get_mut(&ri).expect("idx inserts");
+                    let r = self.reqs.get_mut(ri).expect("idx inserts");
                     r.submit_wake_ns = wake;
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
                 }
-                let r = self.reqs.get_mut(&ri).expect("idx inserts");
+                let r = self.reqs.get_mut(ri).expect("idx inserts");
                 r.last_ns = r.last_ns.max(*ts_ns);
                 let new_ext = r.external_id.is_none() && external_req_id.is_some();
                 if r.external_id.is_none() {
@@ -320,7 +374,7 @@ impl EngineSide {
                     r.prompt_tokens = *prompt_tokens;
                 }
                 if new_ext {
-                    self.index_keys(ri);
+                    self.index_keys(ri, true);
                 }
             }
             Record::EngineAbort { ts_ns, request_ids, .. } => {
@@ -345,6 +399,7 @@ impl EngineSide {
                             }
                         }
                         self.step(*ts_ns, built, outputs);
+                        self.touched.extend_from_slice(&self.prev_step);
                     }
                     Dir::In if !self.seen_writer => self.held_in.push_back((*ts_ns, built, outputs.clone())),
                     Dir::In => {}
@@ -373,9 +428,14 @@ impl EngineSide {
         let mut newcomers = std::mem::take(&mut self.newcomers);
         decoding.clear();
         newcomers.clear();
+        let prev = std::mem::take(&mut self.prev_step);
+        let mut cur = std::mem::take(&mut self.cur_step);
+        cur.clear();
+        let mut at = 0;
         for o in outputs {
-            let ri = self.idx(&o.request_id);
-            let r = self.reqs.get_mut(&ri).expect("idx inserts");
+            let ri = self.idx_after(&prev, &mut at, &o.request_id);
+            cur.push(ri);
+            let r = self.reqs.get_mut(ri).expect("idx inserts");
             r.last_ns = r.last_ns.max(sent_ns);
             r.steps += 1;
             r.new_tokens += o.new_tokens;
@@ -408,17 +468,17 @@ impl EngineSide {
                 r.finish_reason = o.finish_reason;
                 r.finished_ns = Some(end_ns);
             }
-            members.push((ri, o.new_tokens, first));
+            members.push((r.num, o.new_tokens, first));
         }
         match (dur, newcomers.is_empty()) {
             (Some(d), true) => self.baseline.push(d),
             (Some(d), false) => {
                 if let Some(med) = self.baseline.median().filter(|&m| d > m) {
                     for &ri in &decoding {
-                        let Some(r) = self.reqs.get_mut(&ri) else { continue };
+                        let Some(r) = self.reqs.get_mut(ri) else { continue };
                         r.interference_ns += d - med;
                         for (h, n) in &newcomers {
-                            super::add_interferer(&mut r.interference_hashes, &mut r.interference_from, *h, n);
+                            super::add_interferer(&mut r.interference_seen, &mut r.interference_hashes, &mut r.interference_from, *h, n);
                         }
                     }
                 }
@@ -426,6 +486,7 @@ impl EngineSide {
             (None, _) => {}
         }
         (self.decoding, self.newcomers) = (decoding, newcomers);
+        (self.prev_step, self.cur_step) = (cur, prev);
         self.steps.push(Step { end_ns, sent_ns, members });
     }
 
@@ -459,10 +520,10 @@ impl EngineSide {
     /// arrival order, so each engine request goes to the earliest HTTP
     /// request that fits, as when every request was known.
     pub fn claim(&mut self, r: &Request) -> Option<EnginePhases> {
-        let mut hits: Vec<u32> = Vec::new();
+        let mut hits: Vec<SlabKey> = Vec::new();
         for name in std::iter::once(&r.id).chain(r.x_request_id.as_ref()) {
             for &i in self.by_key.get(&name_hash(name)).map_or(&[][..], Nums::as_slice) {
-                let Some(e) = self.reqs.get(&i) else { continue };
+                let Some(e) = self.reqs.get(i) else { continue };
                 // Another key of the same hash.
                 if !http_keys(e).into_iter().any(|k| k == name.as_str()) {
                     continue;
@@ -473,7 +534,7 @@ impl EngineSide {
                 }
             }
         }
-        hits.sort_unstable();
+        hits.sort_unstable_by_key(|&i| self.reqs[i].num);
         let mut claimed = hits.into_iter().filter_map(|i| self.forget(i));
         let e = claimed.next()?;
         let extra = claimed.count() as u64;
@@ -520,11 +581,11 @@ impl EngineSide {
     /// (the earliest arrival among HTTP requests not yet final; a claim needs
     /// arrival <= submit). Each is counted once, as at the end.
     pub fn forget_unclaimable(&mut self, horizon_ns: u64, oldest_unsettled_ns: Option<u64>) {
-        let gone: Vec<u32> = self
+        let gone: Vec<SlabKey> = self
             .reqs
             .iter()
             .filter(|(_, e)| e.last_ns < horizon_ns && e.submit_ns.is_none_or(|s| oldest_unsettled_ns.is_none_or(|o| s < o)))
-            .map(|(&i, _)| i)
+            .map(|(i, _)| i)
             .collect();
         for i in gone {
             if let Some(e) = self.forget(i) {
@@ -538,18 +599,18 @@ impl EngineSide {
     /// not taken, the counters.
     pub fn finish(mut self) -> (Vec<EngineReq>, Vec<Step>, BTreeMap<&'static str, u64>) {
         self.settle(u64::MAX);
-        let mut reqs: Vec<(u32, EngineReq)> = self.reqs.drain().collect();
-        reqs.sort_unstable_by_key(|r| r.0);
-        (reqs.into_iter().map(|r| r.1).collect(), self.steps, self.counters)
+        let mut reqs: Vec<EngineReq> = self.reqs.into_values().collect();
+        reqs.sort_unstable_by_key(|r| r.num);
+        (reqs, self.steps, self.counters)
     }
 
     /// Ends the engine side: the reader's copies if the writer was never
     /// traced, then every engine request left unclaimed is counted.
     pub fn close(&mut self) {
         self.settle(u64::MAX);
-        let mut left: Vec<u32> = self.reqs.keys().copied().collect();
+        let mut left: Vec<(u32, SlabKey)> = self.reqs.iter().map(|(i, e)| (e.num, i)).collect();
         left.sort_unstable();
-        for i in left {
+        for (_, i) in left {
             if let Some(e) = self.forget(i) {
                 self.count(if e.submit_ns.is_some() { "engine_requests_unlinked" } else { "engine_outputs_without_request" });
             }
@@ -559,6 +620,23 @@ impl EngineSide {
     /// Engine requests held (not yet claimed or forgotten).
     pub fn open_requests(&self) -> usize {
         self.reqs.len()
+    }
+
+    /// The attribution's keys ([`super::gpu::Attribution::ingest_hinted`])
+    /// for the engine requests the last record [`Self::ingest`] took named,
+    /// in its order ([`NO_KEY`] where none is kept yet): the attribution
+    /// then neither hashes nor compares their ids again.
+    pub(crate) fn attr_hints(&self, out: &mut Vec<SlabKey>) {
+        out.extend(self.touched.iter().map(|&i| self.reqs.get(i).and_then(|e| e.attr_hint).unwrap_or(NO_KEY)));
+    }
+
+    /// Keeps the keys [`Self::attr_hints`] gave, as the attribution updated them.
+    pub(crate) fn set_attr_hints(&mut self, hints: &[SlabKey]) {
+        for (&i, &h) in self.touched.iter().zip(hints) {
+            if let Some(e) = self.reqs.get_mut(i) {
+                e.attr_hint = Some(h);
+            }
+        }
     }
 }
 
@@ -577,19 +655,7 @@ pub fn http_key_of(engine: &EngineReq) -> Vec<String> {
 /// of a report): `cmpl-<base>-<digits>` from its end, `<digits>_` from the
 /// start, `-<8 hex>` at the end.
 fn http_keys(engine: &EngineReq) -> Keys<'_> {
-    let mut keys = Keys::default();
-    if let Some(ext) = &engine.external_id {
-        keys.push(ext);
-        if ext.starts_with("cmpl-") {
-            // The last '-' followed by digits only, at least one.
-            let b = ext.as_bytes();
-            let digits = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
-            let dash = b.len() - digits;
-            if digits > 0 && dash > 0 && b[dash - 1] == b'-' && ext[..dash - 1].starts_with("cmpl-") {
-                keys.push(&ext[..dash - 1]);
-            }
-        }
-    }
+    let mut keys = ext_keys(engine);
     let mut id = engine.request_id.as_str();
     // A parallel-sampling prefix: digits, then the first '_'.
     let lead = id.bytes().take_while(u8::is_ascii_digit).count();
@@ -605,16 +671,34 @@ fn http_keys(engine: &EngineReq) -> Keys<'_> {
     keys
 }
 
-/// Engine request numbers under one key hash, in the order indexed: almost
-/// always one (a key names one request), so not a vector each.
+/// The first of [`http_keys`]: those of the external id.
+fn ext_keys(engine: &EngineReq) -> Keys<'_> {
+    let mut keys = Keys::default();
+    if let Some(ext) = &engine.external_id {
+        keys.push(ext);
+        if ext.starts_with("cmpl-") {
+            // The last '-' followed by digits only, at least one.
+            let b = ext.as_bytes();
+            let digits = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+            let dash = b.len() - digits;
+            if digits > 0 && dash > 0 && b[dash - 1] == b'-' && ext[..dash - 1].starts_with("cmpl-") {
+                keys.push(&ext[..dash - 1]);
+            }
+        }
+    }
+    keys
+}
+
+/// Engine requests (slab keys) under one key hash, in the order indexed:
+/// almost always one (a key names one request), so not a vector each.
 #[derive(Debug)]
 enum Nums {
-    One(u32),
-    Many(Vec<u32>),
+    One(SlabKey),
+    Many(Vec<SlabKey>),
 }
 
 impl Nums {
-    fn as_slice(&self) -> &[u32] {
+    fn as_slice(&self) -> &[SlabKey] {
         match self {
             Nums::One(i) => std::slice::from_ref(i),
             Nums::Many(v) => v,
@@ -622,7 +706,7 @@ impl Nums {
     }
 
     /// Adds `i` unless it is there.
-    fn insert(&mut self, i: u32) {
+    fn insert(&mut self, i: SlabKey) {
         match self {
             Nums::One(x) if *x == i => {}
             Nums::One(x) => *self = Nums::Many(vec![*x, i]),
@@ -632,7 +716,7 @@ impl Nums {
     }
 
     /// Removes `i`; true when none is left.
-    fn remove(&mut self, i: u32) -> bool {
+    fn remove(&mut self, i: SlabKey) -> bool {
         match self {
             Nums::One(x) => *x == i,
             Nums::Many(v) => {

@@ -21,20 +21,37 @@ pub type Name = std::sync::Arc<str>;
 
 /// Adds `name` (of hash `h`, [`engine::name_hash`]) to an interference list
 /// and its hashes unless it is there: the engine side's lists and the
-/// wire-cluster fallback's are kept alike.
-#[inline]
-pub(crate) fn add_interferer(hashes: &mut Vec<u64>, names: &mut Vec<Name>, h: u64, name: &Name) {
-    if hashes.iter().zip(names.iter()).any(|(wh, wn)| *wh == h && wn == name) {
-        return;
+/// wire-cluster fallback's are kept alike. `seen` has bit `h >> 58` set for
+/// every hash in the list (0 for an empty one): a name whose bit is clear
+/// is not there, and the list is not searched (most names are new to it).
+#[inline(always)]
+pub(crate) fn add_interferer(seen: &mut u64, hashes: &mut Vec<u64>, names: &mut Vec<Name>, h: u64, name: &Name) {
+    let bit = 1u64 << (h >> 58);
+    if *seen & bit != 0 {
+        // The hashes alone first: names are compared only where one matches.
+        let mut from = 0;
+        while let Some(i) = hashes[from..].iter().position(|&wh| wh == h) {
+            if names[from + i] == *name {
+                return;
+            }
+            from += i + 1;
+        }
     }
-    // A decode is usually slowed by several prefills: one allocation for
-    // the first 16.
+    *seen |= bit;
     if names.capacity() == 0 {
-        hashes.reserve(16);
-        names.reserve(16);
+        first_interferer(hashes, names);
     }
     hashes.push(h);
     names.push(name.clone());
+}
+
+/// A decode is usually slowed by several prefills: one allocation for the
+/// first 16 (out of line: [`add_interferer`] is inlined where it is called
+/// per decoding member and newcomer).
+#[inline(never)]
+fn first_interferer(hashes: &mut Vec<u64>, names: &mut Vec<Name>) {
+    hashes.reserve(16);
+    names.reserve(16);
 }
 
 /// How requests are grouped into chains.
@@ -338,6 +355,11 @@ impl std::hash::Hasher for FxHasher {
     fn write_u64(&mut self, v: u64) {
         self.0 = folded_multiply(self.0 ^ v, 0x5851_f42d_4c95_7f2d);
     }
+    /// As `write(&[v])` (a `str`'s end marker, once per string key): one word.
+    #[inline]
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
     fn write_u32(&mut self, v: u32) {
         self.write_u64(u64::from(v));
     }
@@ -352,17 +374,42 @@ impl std::hash::Hasher for FxHasher {
 /// A map with [`FxHasher`].
 pub type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
-/// Report order: arrival, then connection and sequence, then first seen.
-type OrderKey = (u64, ConnKey, u32, u64);
+/// A request's connection and sequence, as `open` keys it: hashed as one
+/// word (one multiply where the fields' own hash takes four; an SSE chunk
+/// looks its request up by it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct OpenKey(ConnKey, u32);
+
+impl std::hash::Hash for OpenKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let c = &self.0;
+        // Distinct keys may share the word (then they are told apart by
+        // compare): it is a hash, not an identity.
+        h.write_u64(u64::from(c.tgid) ^ (u64::from(c.fd as u32) << 32) ^ c.ino.rotate_left(17) ^ u64::from(self.1).rotate_left(40));
+    }
+}
+
+/// Report order: arrival, then connection and sequence, then first seen
+/// (a number). Last, where the request is held (never decides the order:
+/// the number is unique).
+type OrderKey = (u64, ConnKey, u32, u64, slab::SlabKey);
+
+/// A request not yet handed out.
+struct Live {
+    r: Request,
+    /// The wire cluster its content writes last joined
+    /// ([`wire_steps::Clusters::write_marked`]).
+    cluster: u64,
+}
 
 pub struct Correlator {
     cfg: Config,
-    /// Requests not yet handed out, by number (first-seen order), and their
-    /// report order.
-    live: FxMap<u64, Request>,
+    /// Requests not yet handed out (in a slab: an SSE chunk finds its
+    /// request by connection, then by index), and their report order.
+    live: slab::Slab<Live>,
     order: BTreeSet<OrderKey>,
     next: u64,
-    open: FxMap<(ConnKey, u32), u64>,
+    open: FxMap<OpenKey, slab::SlabKey>,
     /// The last request handed out: a request arriving before it is late.
     emitted_up_to: Option<OrderKey>,
     /// Per chain key: hops handed out so far, by key source.
@@ -379,6 +426,9 @@ pub struct Correlator {
     gpus: Vec<GpuInfo>,
     /// GPU steps, GPU shares, KV copies and step compute per engine request.
     attribution: gpu::Attribution,
+    /// The attribution's keys for an engine record's requests, as the engine
+    /// side keeps them ([`engine::EngineSide::attr_hints`]); reused.
+    hints: Vec<slab::SlabKey>,
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -395,7 +445,7 @@ impl Correlator {
     pub fn new(cfg: Config) -> Self {
         Correlator {
             cfg,
-            live: FxMap::default(),
+            live: slab::Slab::default(),
             order: BTreeSet::new(),
             next: 0,
             open: FxMap::default(),
@@ -411,6 +461,7 @@ impl Correlator {
             kernels: KernelTotals::default(),
             gpus: Vec::new(),
             attribution: gpu::Attribution::new(),
+            hints: Vec::new(),
         }
     }
 
@@ -419,8 +470,8 @@ impl Correlator {
     }
 
     fn request_mut(&mut self, conn: ConnKey, seq: u32) -> Option<&mut Request> {
-        match self.open.get(&(conn, seq)) {
-            Some(i) => self.live.get_mut(i),
+        match self.open.get(&OpenKey(conn, seq)) {
+            Some(&i) => self.live.get_mut(i).map(|l| &mut l.r),
             None => None,
         }
     }
@@ -432,7 +483,19 @@ impl Correlator {
             self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
             self.last_ns = Some(self.last_ns.map_or(ts, |l| l.max(ts)));
         }
-        self.attribution.ingest(rec);
+        if self.cfg.use_ipc && matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
+            // The engine side first (the two keep no state in common): it
+            // hands the attribution the keys it kept for these requests.
+            self.engine.ingest(rec, &self.woke);
+            let mut hints = std::mem::take(&mut self.hints);
+            hints.clear();
+            self.engine.attr_hints(&mut hints);
+            self.attribution.ingest_hinted(rec, ts, &mut hints);
+            self.engine.set_attr_hints(&hints);
+            self.hints = hints;
+            return;
+        }
+        self.attribution.tick(rec, ts);
         match rec {
             Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, method, path, headers, body_len, stream, ready_ns, .. } => {
                 // A readable-since older than the read by more than a minute is a
@@ -450,13 +513,8 @@ impl Correlator {
                 let (chain, chain_source) = self.chain_key(*conn, headers);
                 let n = self.next;
                 self.next += 1;
-                let key = (*start_ns, *conn, *seq, n);
-                if self.emitted_up_to.is_some_and(|e| key < e) {
-                    // Requests after it in report order are already out.
-                    self.count("requests_late");
-                }
-                self.order.insert(key);
-                self.live.insert(n, Request {
+                let at = self.live.insert(Live {
+                    r: Request {
                     conn: *conn,
                     seq: *seq,
                     id: String::new(),
@@ -485,8 +543,16 @@ impl Correlator {
                     wire_steps: None,
                     gpu: None,
                     compute: None,
+                    },
+                    cluster: 0,
                 });
-                if self.open.insert((*conn, *seq), n).is_some() {
+                let key = (*start_ns, *conn, *seq, n, at);
+                if self.emitted_up_to.is_some_and(|e| key < e) {
+                    // Requests after it in report order are already out.
+                    self.count("requests_late");
+                }
+                self.order.insert(key);
+                if self.open.insert(OpenKey(*conn, *seq), at).is_some() {
                     self.count("requests_duplicated");
                 }
             }
@@ -502,11 +568,11 @@ impl Correlator {
                 }
             }
             Record::Sse { conn, seq, ts_ns, kind, id, finish_reason, usage, .. } => {
-                let Some(&n) = self.open.get(&(*conn, *seq)) else {
+                let Some(&at) = self.open.get(&OpenKey(*conn, *seq)) else {
                     self.count("sse_without_request");
                     return;
                 };
-                let Some(r) = self.live.get_mut(&n) else {
+                let Some(Live { r, cluster }) = self.live.get_mut(at) else {
                     self.count("sse_without_request");
                     return;
                 };
@@ -534,7 +600,7 @@ impl Correlator {
                     r.finish_reason.clone_from(finish_reason);
                 }
                 if let Some(first) = first_chunk {
-                    if let Some(c) = self.wire.write(*ts_ns, n, first) {
+                    if let Some(c) = self.wire.write_marked(*ts_ns, at, first, cluster) {
                         self.apply_cluster(c);
                     }
                 }
@@ -557,9 +623,9 @@ impl Correlator {
                 }
             }
             Record::HttpResponseEnd { conn, seq, ts_ns, body_len } => {
-                let key = (*conn, *seq);
-                match self.open.remove(&key).and_then(|n| self.live.get_mut(&n)) {
-                    Some(r) => {
+                let key = OpenKey(*conn, *seq);
+                match self.open.remove(&key).and_then(|at| self.live.get_mut(at)) {
+                    Some(Live { r, .. }) => {
                         r.response_end_ns = Some(*ts_ns);
                         r.done_ns = r.done_ns.or(Some(*ts_ns));
                         r.response_bytes = Some(*body_len);
@@ -567,10 +633,6 @@ impl Correlator {
                     None => self.count("response_ends_without_request"),
                 }
             }
-            Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }
-                if self.cfg.use_ipc => {
-                    self.engine.ingest(rec, &self.woke);
-                }
             Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),
@@ -621,12 +683,12 @@ impl Correlator {
         let slowed = (c.excess_ns > 0)
             .then(|| {
                 let names: Vec<(u64, u64, Name)> =
-                    c.newcomers.iter().filter_map(|&n| self.live.get(&n).map(name_of).map(|name| (n, engine::name_hash(&name), Name::from(name)))).collect();
+                    c.newcomers.iter().filter_map(|&n| self.live.get(n).map(|l| name_ref(&l.r)).map(|name| (n, engine::name_hash(&name), Name::from(&*name)))).collect();
                 (!names.is_empty()).then(|| std::sync::Arc::new(wire_steps::Slowed { names }))
             })
             .flatten();
         for &(n, first) in &c.members {
-            let Some(r) = self.live.get_mut(&n) else {
+            let Some(Live { r, .. }) = self.live.get_mut(n) else {
                 // Handed out before its last cluster closed: a late record.
                 self.count("wire_steps_late");
                 continue;
@@ -648,18 +710,22 @@ impl Correlator {
         self.wire.recycle(c.members);
     }
 
-    /// Hands out the next request in report order: names it, joins its
-    /// engine request, numbers its hop.
-    fn emit(&mut self, key: OrderKey) -> Option<Request> {
-        self.order.remove(&key);
-        let mut r = self.live.remove(&key.3)?;
-        if self.open.get(&(r.conn, r.seq)) == Some(&key.3) {
-            self.open.remove(&(r.conn, r.seq));
+    /// Hands out the next request in report order (`key`, which the caller
+    /// took out of `order`): names it, joins its engine request, numbers its
+    /// hop.
+    fn emit(&mut self, key: OrderKey, out: &mut Vec<Request>) {
+        let Some(l) = self.live.remove(key.4) else { return };
+        // Completed where it lies in `out`: a request is large, and each
+        // move of it is a copy.
+        out.push(l.r);
+        let r = out.last_mut().expect("just pushed");
+        if self.open.get(&OpenKey(r.conn, r.seq)) == Some(&key.4) {
+            self.open.remove(&OpenKey(r.conn, r.seq));
         }
         if r.id.is_empty() {
-            r.id = name_of(&r);
+            r.id = name_of(r);
         }
-        r.engine = self.engine.claim(&r);
+        r.engine = self.engine.claim(r);
         if let Some(e) = &r.engine {
             (r.gpu, r.compute) = self.attribution.take(&e.engine_request_id);
         }
@@ -668,7 +734,7 @@ impl Correlator {
             r.wire_steps = None;
         }
         if let Some(w) = &mut r.wire_steps {
-            w.resolve(key.3);
+            w.resolve(key.4);
         }
         let hops = match self.hops.get_mut(r.chain.as_str()) {
             Some(h) => h,
@@ -678,7 +744,6 @@ impl Correlator {
         *hop += 1;
         r.hop = *hop;
         self.emitted_up_to = Some(self.emitted_up_to.map_or(key, |e| e.max(key)));
-        Some(r)
     }
 
     /// Takes the requests that are final at `now_ns` (the latest record's
@@ -706,11 +771,11 @@ impl Correlator {
         let cut = horizon.saturating_sub(wire_steps::MAX_CLUSTER_NS);
         let mut out = Vec::new();
         while let Some(&key) = self.order.first() {
-            let Some(r) = self.live.get(&key.3) else {
-                self.order.remove(&key);
+            let Some(Live { r, .. }) = self.live.get(key.4) else {
+                self.order.pop_first();
                 continue;
             };
-            let open = self.open.get(&(r.conn, r.seq)) == Some(&key.3);
+            let open = self.open.get(&OpenKey(r.conn, r.seq)) == Some(&key.4);
             // A request displaced by a duplicate of its (connection, seq)
             // never ends: nothing reaches it after its last write.
             let settled = r.response_end_ns.or_else(|| (!open).then(|| r.content_ns.last().copied().max(r.response_head_ns).unwrap_or(r.request_end_ns)));
@@ -720,7 +785,13 @@ impl Correlator {
             } else if open || !ended {
                 break;
             }
-            out.extend(self.emit(key));
+            self.order.pop_first();
+            if out.capacity() == 0 {
+                // Most drains hand out tens: not a reallocation (and a copy
+                // of every request so far) each time the list doubles.
+                out.reserve(64);
+            }
+            self.emit(key, &mut out);
         }
         let oldest = self.order.first().map(|k| k.0);
         self.engine.forget_unclaimable(horizon, oldest);
@@ -765,8 +836,11 @@ impl Correlator {
             self.apply_cluster(c);
         }
         self.attribution.finish();
-        let keys: Vec<OrderKey> = self.order.iter().copied().collect();
-        let requests: Vec<Request> = keys.into_iter().filter_map(|k| self.emit(k)).collect();
+        let keys: Vec<OrderKey> = std::mem::take(&mut self.order).into_iter().collect();
+        let mut requests: Vec<Request> = Vec::with_capacity(keys.len());
+        for k in keys {
+            self.emit(k, &mut requests);
+        }
         self.engine.close();
         let steps = self.engine.take_steps();
         self.own.entry("engine_requests_linked").or_default();
@@ -796,12 +870,17 @@ impl Correlator {
 /// The name a request is known by: the id the server gave it, else its
 /// `x-request-id`, else its connection and sequence.
 fn name_of(r: &Request) -> String {
+    name_ref(r).into_owned()
+}
+
+/// [`name_of`], borrowed where the request holds it.
+fn name_ref(r: &Request) -> std::borrow::Cow<'_, str> {
     if !r.id.is_empty() {
-        return r.id.clone();
+        return r.id.as_str().into();
     }
     match &r.x_request_id {
-        Some(x) => x.clone(),
-        None => format!("conn:{}:{}:{}", r.conn.tgid, r.conn.fd, r.seq),
+        Some(x) => x.as_str().into(),
+        None => format!("conn:{}:{}:{}", r.conn.tgid, r.conn.fd, r.seq).into(),
     }
 }
 
@@ -898,6 +977,51 @@ mod tests {
         // 24.4 per bucket on average; a uniform hash stays well under twice that.
         let max = *buckets.iter().max().unwrap();
         assert!(max < 50, "fullest of 4096 buckets holds {max} of {n} ids");
+    }
+
+    /// Random adds (names of a shared hash among them) against a list
+    /// searched in full: each name once, in the order first added, whether
+    /// or not its bucket bit was set.
+    #[test]
+    fn interference_lists_hold_each_name_once_in_the_order_first_added() {
+        let mut next = crate::testutil::xorshift(0x1357_9bdf_2468_ace0);
+        let names: Vec<Name> = (0..300).map(|i| Name::from(format!("chatcmpl-{i}"))).collect();
+        // Every fifth name shares one hash: those are told apart by compare.
+        let hash = |i: usize| if i.is_multiple_of(5) { 0xdead_beef_0000_0001 } else { engine::name_hash(&names[i]) };
+        let mut repeats = 0;
+        for round in 0..300u64 {
+            let (mut seen, mut hashes, mut list) = (0u64, Vec::new(), Vec::new());
+            let mut want: Vec<usize> = Vec::new();
+            for _ in 0..next() % 100 {
+                let i = (next() % (2 + round).min(300)) as usize;
+                add_interferer(&mut seen, &mut hashes, &mut list, hash(i), &names[i]);
+                if want.contains(&i) {
+                    repeats += 1;
+                } else {
+                    want.push(i);
+                }
+            }
+            assert_eq!(list, want.iter().map(|&i| names[i].clone()).collect::<Vec<_>>(), "round {round}");
+            assert_eq!(hashes, want.iter().map(|&i| hash(i)).collect::<Vec<_>>(), "round {round}");
+        }
+        assert!(repeats > 1000, "{repeats} names added again");
+    }
+
+    /// `write_u8` (a string key's end marker) is a shortcut: the hashes, and
+    /// so every map's layout and order, are the ones the byte path gives.
+    #[test]
+    fn a_byte_hashes_as_the_one_byte_slice_it_is() {
+        use std::hash::Hasher;
+        for v in 0..=255u8 {
+            for seed in [0u64, 7, u64::MAX] {
+                let (mut a, mut b) = (FxHasher::default(), FxHasher::default());
+                a.write_u64(seed);
+                b.write_u64(seed);
+                a.write_u8(v);
+                b.write(&[v]);
+                assert_eq!(a.finish(), b.finish(), "byte {v}, after {seed}");
+            }
+        }
     }
 
     #[test]

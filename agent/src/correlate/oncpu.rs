@@ -185,6 +185,7 @@ impl EngineCompute {
     }
 
     /// The recording reached `ts_ns`.
+    #[inline]
     pub fn advance(&mut self, ts_ns: u64) {
         if ts_ns > self.watermark {
             self.watermark = ts_ns;

@@ -9,6 +9,9 @@
 /// A [`Slab`]'s key: generation in the high 32 bits, slot in the low 32.
 pub type SlabKey = u64;
 
+/// A key no slab hands out (slot 2^32 - 1 is never reached).
+pub const NO_KEY: SlabKey = u64::MAX;
+
 #[derive(Debug)]
 struct Slot<T> {
     gen: u32,
@@ -34,6 +37,7 @@ fn key(slot: u32, gen: u32) -> SlabKey {
 }
 
 impl<T> Slab<T> {
+    #[inline]
     pub fn insert(&mut self, v: T) -> SlabKey {
         self.len += 1;
         match self.free.pop() {
@@ -71,6 +75,7 @@ impl<T> Slab<T> {
         self.get(k).is_some()
     }
 
+    #[inline]
     pub fn remove(&mut self, k: SlabKey) -> Option<T> {
         let i = k as u32;
         let s = self.slots.get_mut(i as usize)?;
@@ -97,6 +102,16 @@ impl<T> Slab<T> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Every value held and its key, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (SlabKey, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| s.val.as_ref().map(|v| (key(i as u32, s.gen), v)))
+    }
+
+    /// Every value held, in slot order.
+    pub fn into_values(self) -> impl Iterator<Item = T> {
+        self.slots.into_iter().filter_map(|s| s.val)
     }
 
     /// Keeps the values `keep` says yes to.
@@ -178,6 +193,16 @@ mod tests {
         for &k in &keys {
             assert_eq!(s.get(k), m.get(&k), "key {k:#x}");
         }
+        let mut held: Vec<(SlabKey, u64)> = s.iter().map(|(k, v)| (k, *v)).collect();
+        let mut want: Vec<(SlabKey, u64)> = m.iter().map(|(k, v)| (*k, *v)).collect();
+        held.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(held, want, "iter gives every value held under its key");
         assert!(s.slots.len() < 20_000 / 2, "freed slots are reused: {} slots", s.slots.len());
+        let mut values: Vec<u64> = s.into_values().collect();
+        let mut want_values: Vec<u64> = want.iter().map(|w| w.1).collect();
+        values.sort_unstable();
+        want_values.sort_unstable();
+        assert_eq!(values, want_values, "into_values gives every value held");
     }
 }

@@ -41,6 +41,8 @@ pub struct WireSteps {
     pub interference_from: Vec<super::Name>,
     /// Hashes of `interference_from` (see [`super::engine::name_hash`]).
     pub(crate) interference_hashes: Vec<u64>,
+    /// Which of 64 buckets those hashes fall in ([`super::add_interferer`]).
+    pub(crate) interference_seen: u64,
     /// The slowed clusters it was charged by, in order, while it is open:
     /// their newcomers become `interference_from` only when the request is
     /// handed out without the IPC's figures (which replace these), so most
@@ -60,7 +62,7 @@ impl WireSteps {
     pub(crate) fn resolve(&mut self, n: u64) {
         for s in std::mem::take(&mut self.slowed) {
             for (_, h, name) in s.names.iter().filter(|x| x.0 != n) {
-                super::add_interferer(&mut self.interference_hashes, &mut self.interference_from, *h, name);
+                super::add_interferer(&mut self.interference_seen, &mut self.interference_hashes, &mut self.interference_from, *h, name);
             }
         }
     }
@@ -91,6 +93,8 @@ pub struct Clusters {
     /// A closed cluster's member list handed back ([`Self::recycle`]): the
     /// next cluster's, so that one does not grow a new one write by write.
     spare: Vec<(u64, bool)>,
+    /// Clusters opened so far: the open one's number ([`Self::write_marked`]).
+    opened: u64,
 }
 
 impl Clusters {
@@ -118,11 +122,42 @@ impl Clusters {
                 return None;
             }
         }
+        self.open_with(t, req, first)
+    }
+
+    /// Closes the open cluster and opens one with this write: once per
+    /// cluster, out of line so that a write joining one stays small.
+    #[inline(never)]
+    fn open_with(&mut self, t: u64, req: u64, first: bool) -> Option<Closed> {
         let closed = self.close();
         let mut members = std::mem::take(&mut self.spare);
         members.clear();
         members.push((req, first));
         self.open = Some(Cluster { start_ns: t, end_ns: t, members });
+        self.opened += 1;
+        closed
+    }
+
+    /// [`Self::write`] for a caller that keeps, per request, the number of
+    /// the cluster it last joined (`joined`: 0 before any; updated): whether
+    /// it is a member of the open cluster is then one compare, not a search
+    /// of the members (there is one content write per member and cluster).
+    /// The same clusters as [`Self::write`]; one [`Clusters`] takes one or
+    /// the other.
+    #[inline(always)]
+    pub fn write_marked(&mut self, t: u64, req: u64, first: bool, joined: &mut u64) -> Option<Closed> {
+        if let Some(c) = self.open.as_mut() {
+            if t.saturating_sub(c.end_ns) <= self.gap_ns && t.saturating_sub(c.start_ns) < MAX_CLUSTER_NS {
+                c.end_ns = c.end_ns.max(t);
+                if *joined != self.opened {
+                    *joined = self.opened;
+                    c.members.push((req, first));
+                }
+                return None;
+            }
+        }
+        let closed = self.open_with(t, req, first);
+        *joined = self.opened;
         closed
     }
 
@@ -185,7 +220,7 @@ pub fn attribute(requests: &[&[u64]], gap_ns: u64) -> Vec<WireSteps> {
                 w.interference_ns += c.excess_ns;
                 for &n in c.newcomers.iter().filter(|&&n| n != i) {
                     let name: super::Name = format!("r{n}").into();
-                    super::add_interferer(&mut w.interference_hashes, &mut w.interference_from, super::engine::name_hash(&name), &name);
+                    super::add_interferer(&mut w.interference_seen, &mut w.interference_hashes, &mut w.interference_from, super::engine::name_hash(&name), &name);
                 }
             }
         }
@@ -248,5 +283,43 @@ mod tests {
         cs.write(5_000_000, 3, true);
         assert_eq!(cs.settle(6_000_000), None, "a write at 6 ms could still join");
         assert_eq!(cs.settle(6_000_001).map(|c| c.members), Some(vec![(3, true)]));
+    }
+
+    /// Random write streams (members past the 32 a cluster searches, long
+    /// silences, bursts past [`MAX_CLUSTER_NS`]) through both forms.
+    #[test]
+    fn marked_writes_close_the_clusters_searched_writes_close() {
+        let mut next = crate::testutil::xorshift(0x2545_f491_4f6c_dd1d);
+        let (mut slowed, mut big) = (0, 0);
+        for round in 0..60u64 {
+            let (mut searched, mut marked) = (Clusters::new(DEFAULT_GAP_NS), Clusters::new(DEFAULT_GAP_NS));
+            let reqs = 1 + (next() % if round % 3 == 0 { 100 } else { 20 }) as usize;
+            // Requests come and go: the ones writing are a window that slides.
+            let mut joined = vec![0u64; reqs + 100];
+            let mut seen = vec![false; reqs + 100];
+            // Every fifth round has no silences: its writes run past MAX_CLUSTER_NS.
+            let (step, silences) = if round % 5 == 0 { (400_000, false) } else { (150_000, true) };
+            let mut t = 1_000_000_000u64;
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for w in 0..3000 {
+                let x = next();
+                t += if silences && x.is_multiple_of(16) { 1_000_000 + (x >> 40) % 4_000_000 } else { (x >> 20) % step };
+                let r = w / 30 + ((x >> 8) % reqs as u64) as usize;
+                let first = !std::mem::replace(&mut seen[r], true);
+                a.extend(searched.write(t, r as u64, first));
+                b.extend(marked.write_marked(t, r as u64, first, &mut joined[r]));
+                if x.is_multiple_of(97) {
+                    a.extend(searched.settle(t + 2_000_000));
+                    b.extend(marked.settle(t + 2_000_000));
+                }
+            }
+            a.extend(searched.close());
+            b.extend(marked.close());
+            assert!(a.len() > 1, "round {round}: {} clusters", a.len());
+            slowed += a.iter().filter(|c| c.excess_ns > 0).count();
+            big += a.iter().filter(|c| c.members.len() > 32).count();
+            assert_eq!(a, b, "round {round}");
+        }
+        assert!(slowed > 100 && big > 0, "{slowed} slowed clusters, {big} of more than 32 members");
     }
 }

@@ -43,7 +43,7 @@ use proto::{ChildOrdering, CounterUnit};
 use raw::{RawLayout, RawStats, StepClock, StepInfo};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Write;
-pub use writer::{Arg, Encoding, Event, PerfettoError, TrackId, TrackOpts, TraceWriter, Value, WriterStats};
+pub use writer::{Arg, Encoding, Event, NameIid, PerfettoError, TrackId, TrackOpts, TraceWriter, Value, WriterStats};
 
 /// Names used in the trace (tests and docs refer to them).
 pub mod names {
@@ -814,7 +814,7 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
         a.push(Arg::str("read_error", e));
     }
     for (v, n) in drops.values().zip(&strings.drop_names) {
-        a.push(Arg::u64(n, *v));
+        a.push(Arg::dynamic(n, Value::U64(*v)));
     }
     a.extend([
         Arg::u64("trace.offcpu_skipped", stats.offcpu_skipped),
@@ -929,9 +929,9 @@ impl<T: Copy, const N: usize> std::ops::Deref for Few<T, N> {
 /// The span a request's slice covers: from the wire arrival (else the read of
 /// its first byte) to the write of its last byte, or to the end of the
 /// recording when it never finished.
-/// A hop slice's args.
-pub(crate) fn hop_args(r: &Request) -> Vec<Arg<'_>> {
-    let mut args = Vec::with_capacity(8);
+/// A hop slice's args (kept inline: no allocation per hop).
+pub(crate) fn hop_args(r: &Request) -> Few<Arg<'_>, 6> {
+    let mut args = Few::new(Arg::bool("", false));
     args.push(Arg::str("id", &r.id));
     args.push(Arg::u64("hop", r.hop as u64));
     if let Some(v) = r.ttft_ms() {

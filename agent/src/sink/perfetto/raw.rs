@@ -192,7 +192,7 @@ pub struct RawLayout {
     /// Live steps: the direction steps come from (the engine's writes win
     /// once one is seen), request ids that already got a token.
     step_dir: Option<Dir>,
-    got_token: HashSet<String, std::hash::BuildHasherDefault<crate::correlate::FxHasher>>,
+    got_token: HashSet<String, std::hash::BuildHasherDefault<IdHasher>>,
     rate: VecDeque<(u64, u64)>,
     rate_sum: u64,
     rate_track: Option<TrackId>,
@@ -578,6 +578,42 @@ impl RawLayout {
     }
 }
 
+/// A request id's hash from its length and its first and last 16 bytes
+/// (4 words), not every word: each engine step looks up every output's id
+/// (~15 a step; ids like `chatcmpl-<16 hex>-<8 hex>` differ at both
+/// ends). Ids alike in those bytes and their length only collide (a longer
+/// probe, found by comparing the ids as before).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    #[inline]
+    fn write(&mut self, b: &[u8]) {
+        use super::deflate::read64;
+        let n = b.len();
+        let v = if n >= 16 {
+            read64(b, 0) ^ read64(b, 8).rotate_left(17) ^ read64(b, n - 16).rotate_left(31) ^ read64(b, n - 8).rotate_left(47)
+        } else if n >= 8 {
+            read64(b, 0) ^ read64(b, n - 8).rotate_left(31)
+        } else {
+            b.iter().fold(0, |h, &x| h << 8 | u64::from(x))
+        };
+        self.0 = (self.0.rotate_left(5) ^ v ^ (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    #[inline]
+    fn write_u8(&mut self, x: u8) {
+        // A `str`'s terminator (0xff).
+        self.0 = (self.0.rotate_left(5) ^ u64::from(x)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        // The high bits (hashbrown's control bytes) from all of the state.
+        self.0 ^ self.0 >> 29
+    }
+}
+
 /// Room for a launch shape: three u32s and two separators.
 const DIMS_MAX: usize = 3 * 10 + 2;
 
@@ -612,4 +648,33 @@ fn dims<'a>(buf: &'a mut [u8; DIMS_MAX], d: &[u32; 3]) -> &'a str {
 enum CounterValue {
     Int(i64),
     Float(f64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_first_token_set_by_id_tails_holds_what_a_plain_set_holds() {
+        // Ids alike in their length and first and last 16 bytes (they
+        // differ in the middle only: one hash, told apart by comparing),
+        // short ones and the empty one, added and removed at random.
+        let mut next = crate::testutil::xorshift(0x2545_f491_4f6c_dd1d);
+        let mut ids: Vec<String> = (0..300).map(|k| format!("chatcmpl-{:016x}-{:08x}", next(), k)).collect();
+        ids.extend((0..40).map(|k| format!("prefix-sixteen-b-{k:03}-suffix-sixteen-b")));
+        ids.extend(["", "a", "ab", "abcdefg", "abcdefgh", "abcdefghi", "abcdefghabcdefgh"].map(String::from));
+        let mut set: HashSet<String, std::hash::BuildHasherDefault<IdHasher>> = HashSet::default();
+        let mut want = BTreeSet::new();
+        for _ in 0..50_000 {
+            let id = &ids[next() as usize % ids.len()];
+            if next().is_multiple_of(3) {
+                assert_eq!(set.remove(id.as_str()), want.remove(id), "{id}");
+            } else {
+                assert_eq!(!set.contains(id.as_str()) && set.insert(id.clone()), want.insert(id.clone()), "{id}");
+            }
+            assert_eq!(set.len(), want.len());
+        }
+        assert!(ids.iter().all(|id| set.contains(id.as_str()) == want.contains(id)));
+    }
 }

@@ -1494,7 +1494,7 @@ fn hand_encoded_packets_are_the_bytes_prost_writes_for_them() {
     let mut ts = 10;
     for (k, n) in names.iter().enumerate() {
         let args = [
-            Arg::u64(n, (k as u64) << (k % 64)),
+            Arg::dynamic(n, Value::U64((k as u64) << (k % 64))),
             Arg::u64("max", u64::MAX - k as u64),
             Arg::i64("neg", -(k as i64)),
             Arg::i64("pos", k as i64 * 1_000_000_007),
@@ -1512,7 +1512,7 @@ fn hand_encoded_packets_are_the_bytes_prost_writes_for_them() {
         w.counter(ts + 1, c, 1 - k as i64 * 1_000).unwrap();
         ts += 2;
     }
-    let bools: Vec<Arg<'_>> = names[..10].iter().map(|n| Arg::bool(n, true)).collect();
+    let bools: Vec<Arg<'_>> = names[..10].iter().map(|n| Arg::dynamic(n, Value::Bool(true))).collect();
     w.instant(ts, a, &Event::named("short").args(&bools)).unwrap();
     w.instant(ts, a, &Event::named("huge").args(&[Arg::str("s", &huge), Arg::str("t", &text[..123]), Arg::str("u", &text[..124])])).unwrap();
     let (bytes, st) = w.finish().unwrap();

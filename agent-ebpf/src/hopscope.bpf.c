@@ -45,7 +45,8 @@ _Static_assert((HS_MAX_CAPTURE & (HS_MAX_CAPTURE - 1)) == 0, "HS_MAX_CAPTURE mus
 /* ---- configuration, set by the loader (EbpfLoader::override_global) ---- */
 
 const volatile __u32 self_tgid = 0;            /* the agent: never traced */
-const volatile __u32 capture_len = HS_MAX_CAPTURE; /* payload prefix per io record */
+const volatile __u32 capture_len = HS_CAPTURE_DEFAULT;           /* payload prefix per io record */
+const volatile __u32 capture_len_unix = HS_CAPTURE_UNIX_DEFAULT; /* the same on AF_UNIX sockets (IPC) */
 const volatile __u64 min_offcpu_ns = 1000000;  /* shorter off-CPU intervals are only counted */
 const volatile __u64 wakeup_bytes = 262144;    /* force a consumer wake-up past this backlog */
 
@@ -124,8 +125,8 @@ struct {
 	__type(value, struct offcpu);
 } offcpu SEC(".maps");
 
-/* Per-CPU staging area for io records (too big for the 512-byte stack). The
- * data area is twice HS_MAX_CAPTURE so that `offset < HS_MAX_CAPTURE` plus
+/* Staging area for io records (too big for the 512-byte stack), one per CPU.
+ * The data area is twice HS_MAX_CAPTURE so that `offset < HS_MAX_CAPTURE` plus
  * `len <= HS_MAX_CAPTURE` is provably in bounds for the verifier. */
 struct io_scratch {
 	struct hs_io io;
@@ -134,8 +135,12 @@ struct io_scratch {
 _Static_assert(__builtin_offsetof(struct io_scratch, data) == sizeof(struct hs_io),
 	       "io_scratch.data must directly follow the hs_io header");
 
+/* A plain array indexed by CPU, not a per-CPU array: per-CPU values are
+ * limited to 32 KiB (PCPU_MIN_UNIT_SIZE) and this one is 64 KiB. The program
+ * cannot migrate while it runs, so the entry is this CPU's as a per-CPU one
+ * would be. max_entries is set by the loader to the possible CPUs. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct io_scratch);
@@ -375,11 +380,15 @@ static __always_inline int unstash(__u16 sys, struct inflight *out)
 
 static __always_inline struct io_scratch *io_begin(struct inflight *inf, __s64 ret, __u8 dir, __u64 now)
 {
-	__u32 zero = 0;
-	struct io_scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct io_scratch *s = bpf_map_lookup_elem(&scratch, &cpu);
 
-	if (!s)
+	/* Cannot miss (the loader sizes the map to every possible CPU), but a
+	 * record lost here must still be counted. */
+	if (!s) {
+		stat_add(HS_STAT_COPY_FAILED, 1);
 		return NULL;
+	}
 	fill_hdr(&s->io.h, now, sizeof(struct hs_io), HS_KIND_IO);
 	s->io.enter_ns = inf->enter_ns;
 	s->io.sock_ino = inf->sock_ino;
@@ -419,10 +428,10 @@ static __always_inline void io_finish(struct io_scratch *s, __u64 ret, __u32 cap
 	emit(s, sizeof(struct hs_io) + (cap & (2 * HS_MAX_CAPTURE - 1)));
 }
 
-static __always_inline __u32 want_bytes(__s64 ret)
+static __always_inline __u32 want_bytes(__s64 ret, __u8 family)
 {
 	__u64 want = (__u64)ret;
-	__u32 limit = capture_len;
+	__u32 limit = family == HS_AF_UNIX ? capture_len_unix : capture_len;
 
 	if (limit > HS_MAX_CAPTURE)
 		limit = HS_MAX_CAPTURE;
@@ -447,7 +456,7 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	s = io_begin(&inf, ret, dir, now);
 	if (!s)
 		return 0;
-	n = want_bytes(ret);
+	n = want_bytes(ret, inf.family);
 	if (n > HS_MAX_CAPTURE)
 		n = HS_MAX_CAPTURE;
 	if (n > 0 && bpf_probe_read_user(s->data, n, (const void *)inf.arg) != 0)
@@ -457,11 +466,11 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 }
 
 /* An iovec array (readv/writev, or a msghdr's). Copies the first
- * min(ret, capture_len) bytes moved, in iovec order. */
+ * min(ret, the family's capture) bytes moved, in iovec order. */
 static __always_inline void copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, __s64 ret,
-				     __u32 *capp, __u32 *flagsp)
+				     __u8 family, __u32 *capp, __u32 *flagsp)
 {
-	__u32 want = want_bytes(ret);
+	__u32 want = want_bytes(ret, family);
 	__u32 off = 0;
 	__u32 i;
 
@@ -521,7 +530,7 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 		iov_ptr = msg.msg_iov;
 		iovcnt = msg.msg_iovlen;
 	}
-	copy_iov(s, iov_ptr, iovcnt, ret, &cap, &flags);
+	copy_iov(s, iov_ptr, iovcnt, ret, inf.family, &cap, &flags);
 	io_finish(s, (__u64)ret, cap, flags);
 	return 0;
 }

@@ -16,8 +16,18 @@
 
 /* Largest payload prefix one read/write event can carry. Power of two: the eBPF
  * code masks lengths with (HS_MAX_CAPTURE - 1) to satisfy the verifier. The
- * effective limit is the `capture_len` global (<= HS_MAX_CAPTURE). */
-#define HS_MAX_CAPTURE 4096
+ * effective limit is a global (<= HS_MAX_CAPTURE) per address family:
+ * `capture_len_unix` for AF_UNIX sockets, `capture_len` for every other one. */
+#define HS_MAX_CAPTURE 32768
+
+/* Default captures. TCP (HTTP heads, SSE events) needs 4 KiB. Unix sockets
+ * carry vLLM's ZMQ IPC: libzmq batches messages into writes (and reads) of up
+ * to 8 KiB, and writes a larger message as that batch plus the rest in one
+ * write, so 32 KiB keeps every frame header and the whole of messages up to
+ * 32 KiB (40 when the message starts a batch): an ADD with ~6 K prompt ids
+ * at 5 msgpack bytes each, ~10 K at 3 (docs/decisions.md). */
+#define HS_CAPTURE_DEFAULT 4096
+#define HS_CAPTURE_UNIX_DEFAULT 32768
 
 /* hs_hdr.kind */
 #define HS_KIND_IO 1    /* struct hs_io: data moved on a socket */
@@ -62,8 +72,9 @@
  * CPUs. Every kernel-side loss has one; none is ever reset by the kernel. */
 #define HS_STAT_EVENTS 0           /* records submitted to the ring buffer */
 #define HS_STAT_RINGBUF_FULL 1     /* records lost: ring buffer had no room */
-#define HS_STAT_TRUNCATED 2        /* io records whose payload was cut to capture_len */
-#define HS_STAT_COPY_FAILED 3      /* io records whose user buffer could not be read */
+#define HS_STAT_TRUNCATED 2        /* io records whose payload was cut to their family's capture */
+#define HS_STAT_COPY_FAILED 3      /* io records whose user buffer could not be read (or, never
+                                    * expected, that found no staging area: not emitted) */
 #define HS_STAT_INFLIGHT_FULL 4    /* syscall enters lost: in-flight map full */
 #define HS_STAT_TARGETS_FULL 5     /* forked children not followed: targets map full */
 #define HS_STAT_SCHED_SHORT 6      /* off-CPU intervals below min_offcpu_ns (aggregated, not sent) */
@@ -93,7 +104,7 @@ struct hs_io {
 	                  * (sock:sk_data_ready), 0 if not seen; dir OUT: 0 */
 	__s64 ret;       /* syscall return value: bytes moved, or -errno */
 	__s32 fd;
-	__u32 cap_len;   /* bytes of data[] that follow (<= capture_len) */
+	__u32 cap_len;   /* bytes of data[] that follow (<= the family's capture) */
 	__u16 syscall;   /* HS_SYS_* */
 	__u8 dir;        /* HS_DIR_* */
 	__u8 family;     /* HS_AF_* or 0 */

@@ -131,9 +131,14 @@ struct RecordOpts {
     /// Also store raw socket payload (prompts and completions!) in the recording.
     #[arg(long)]
     capture_payload: bool,
-    /// Bytes captured per read/write syscall (at most 4096).
+    /// Bytes captured per read/write syscall (at most 4096), except on unix sockets.
     #[arg(long, default_value_t = 4096)]
     capture_bytes: u32,
+    /// Bytes captured per read/write syscall on unix sockets, the engine IPC
+    /// (at most 32768): libzmq batches messages into writes of up to 8 KiB,
+    /// and a capture shorter than a write loses the frames it cuts.
+    #[arg(long, default_value_t = hopscope_ebpf::layout::HS_CAPTURE_UNIX_DEFAULT)]
+    capture_bytes_unix: u32,
     /// Off-CPU intervals shorter than this are only counted in the kernel.
     #[arg(long, value_parser = parse_duration, default_value = "1ms")]
     min_offcpu: Duration,
@@ -377,6 +382,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if opts.capture_bytes == 0 || opts.capture_bytes > 4096 {
         bail!("--capture-bytes must be between 1 and 4096");
     }
+    let max_unix = hopscope_ebpf::layout::HS_MAX_CAPTURE;
+    if opts.capture_bytes_unix == 0 || opts.capture_bytes_unix > max_unix {
+        bail!("--capture-bytes-unix must be between 1 and {max_unix}");
+    }
     let mib = opts.ringbuf_mib;
     if !mib.is_power_of_two() || mib > 1024 {
         bail!("--ringbuf-mib must be a power of two up to 1024");
@@ -398,6 +407,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let cfg = EbpfConfig {
         pids: pids.clone(),
         capture_len: opts.capture_bytes,
+        capture_len_unix: opts.capture_bytes_unix,
         min_offcpu_ns: opts.min_offcpu.as_nanos() as u64,
         ringbuf_bytes: mib << 20,
         ..EbpfConfig::default()

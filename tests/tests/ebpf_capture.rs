@@ -347,7 +347,8 @@ out("done", got)
 "#,
     );
     py.line("ready");
-    let mut src = start(vec![py.pid()], |c| c.capture_len = 64);
+    // A socketpair is AF_UNIX: its own knob, not capture_len.
+    let mut src = start(vec![py.pid()], |c| c.capture_len_unix = 64);
     py.go();
     py.line("done");
     let pid = py.pid();
@@ -358,7 +359,7 @@ out("done", got)
     assert_eq!((w.len, w.data.len(), w.gap()), (1024, 64, 960));
     assert!(!w.copy_failed);
     for io in ios(&evs, pid) {
-        assert!(io.data.len() <= 64, "capture_len not honoured: {io:?}");
+        assert!(io.data.len() <= 64, "capture_len_unix not honoured: {io:?}");
     }
     assert!(src.stats().get("kernel_truncated").unwrap() >= 1);
 }
@@ -523,11 +524,21 @@ fn start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_glob
     }
     let err = EbpfSource::start(EbpfConfig { capture_len: 1 << 20, ..EbpfConfig::default() }).err().unwrap();
     assert!(matches!(err, SourceError::InvalidConfig(_)), "{err:?}");
+    let err = EbpfSource::start(EbpfConfig { capture_len_unix: 32769, ..EbpfConfig::default() }).err().unwrap();
+    assert!(matches!(&err, SourceError::InvalidConfig(m) if m.contains("capture_len_unix")), "{err:?}");
+    // 64 KiB cannot hold 16 records of the default 32 KiB unix capture.
+    let err = EbpfSource::start(EbpfConfig { ringbuf_bytes: 64 << 10, ..EbpfConfig::default() }).err().unwrap();
+    assert!(matches!(&err, SourceError::InvalidConfig(m) if m.contains("ringbuf_bytes")), "{err:?}");
     // The extremes of the globals still pass the verifier.
     drop(start(vec![], |c| {
         c.capture_len = 0;
+        c.capture_len_unix = 0;
         c.min_offcpu_ns = 0;
         c.wakeup_bytes = u64::MAX;
+    }));
+    drop(start(vec![], |c| {
+        c.capture_len = 32768;
+        c.capture_len_unix = 32768;
     }));
 }
 
@@ -554,7 +565,7 @@ out("done")
 "#,
     );
     py.line("ready");
-    let mut src = start(vec![py.pid()], |c| c.capture_len = 4096);
+    let mut src = start(vec![py.pid()], |c| c.capture_len_unix = 4096);
     py.go();
     py.line("done");
     let pid = py.pid();
@@ -565,6 +576,309 @@ out("done")
     assert_eq!((one.len, one.gap()), (6000, 1904));
     let iov = find_io(&evs, pid, Syscall::Writev, &blob[..4096]);
     assert_eq!((iov.len, iov.gap()), (6000, 1904));
+}
+
+#[test]
+fn unix_sockets_capture_32_kib_while_tcp_keeps_4_kib_by_default() {
+    let Some(_serial) = privileged("unix_sockets_capture_32_kib_while_tcp_keeps_4_kib_by_default") else { return };
+    let mut py = Py::spawn(
+        r#"
+a, b = socket.socketpair()
+a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen()
+c = socket.create_connection(l.getsockname())
+s, _ = l.accept()
+out("ready")
+wait_go()
+blob = bytes(i % 251 for i in range(40000))
+def drain(sock, n):
+    got = 0
+    while got < n:
+        got += len(sock.recv(min(n - got, 32768), socket.MSG_WAITALL))
+assert os.write(a.fileno(), blob) == 40000
+drain(b, 40000)
+# Two iovecs: the second starts at 20000, so it is cut at the 32 KiB mark.
+assert os.writev(a.fileno(), [blob[:20000], blob[20000:]]) == 40000
+drain(b, 40000)
+c.sendall(blob[:6000])
+drain(s, 6000)
+out("done")
+"#,
+    );
+    py.line("ready");
+    let mut src = start(vec![py.pid()], |_| {});
+    py.go();
+    py.line("done");
+    let pid = py.pid();
+    py.finish();
+    let evs = collect(&mut src);
+    let blob: Vec<u8> = (0..40000u32).map(|i| (i % 251) as u8).collect();
+    let one = find_io(&evs, pid, Syscall::Write, &blob[..32768]);
+    assert_eq!((one.family, one.len, one.gap()), (Family::Unix, 40000, 7232));
+    let iov = find_io(&evs, pid, Syscall::Writev, &blob[..32768]);
+    assert_eq!((iov.family, iov.len, iov.gap()), (Family::Unix, 40000, 7232));
+    // Reads of 32 KiB are whole.
+    let reads: Vec<&IoEvent> = ios(&evs, pid).into_iter().filter(|io| io.family == Family::Unix && io.dir == Dir::In).collect();
+    assert_eq!(reads.iter().map(|io| io.len).sum::<u64>(), 80000, "{reads:?}");
+    assert!(reads.iter().all(|io| io.gap() == 0), "{:?}", reads.iter().map(|io| (io.len, io.gap())).collect::<Vec<_>>());
+    let tcp = find_io(&evs, pid, Syscall::Sendto, &blob[..4096]);
+    assert_eq!((tcp.family, tcp.len, tcp.gap()), (Family::Inet, 6000, 1904));
+    for io in ios(&evs, pid).into_iter().filter(|io| io.family == Family::Inet) {
+        assert!(io.data.len() <= 4096, "TCP capture grew: {io:?}");
+    }
+    // The two unix writes; the TCP send and its read (6000 > 4096 in both).
+    assert_eq!(src.stats().get("kernel_truncated"), Some(4));
+}
+
+/// Minimal msgpack for the ADD messages below.
+mod mp {
+    pub fn str(o: &mut Vec<u8>, s: &str) {
+        assert!(s.len() < 32);
+        o.push(0xa0 | s.len() as u8);
+        o.extend_from_slice(s.as_bytes());
+    }
+    pub fn uint(o: &mut Vec<u8>, v: u32) {
+        match v {
+            0..=127 => o.push(v as u8),
+            128..=0xffff => {
+                o.push(0xcd);
+                o.extend_from_slice(&(v as u16).to_be_bytes());
+            }
+            _ => {
+                o.push(0xce);
+                o.extend_from_slice(&v.to_be_bytes());
+            }
+        }
+    }
+    pub fn array(o: &mut Vec<u8>, n: usize) {
+        if n < 16 {
+            o.push(0x90 | n as u8);
+        } else {
+            o.push(0xdc);
+            o.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    pub fn nil(o: &mut Vec<u8>) {
+        o.push(0xc0);
+    }
+    pub fn f64(o: &mut Vec<u8>, v: f64) {
+        o.push(0xcb);
+        o.extend_from_slice(&v.to_be_bytes());
+    }
+}
+
+/// A ZMTP frame (short or long form).
+fn zframe(body: &[u8], more: bool) -> Vec<u8> {
+    let mut f = Vec::new();
+    if body.len() < 256 {
+        f.extend_from_slice(&[more as u8, body.len() as u8]);
+    } else {
+        f.push(0x02 | more as u8);
+        f.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    }
+    f.extend_from_slice(body);
+    f
+}
+
+/// The frontend's side of vLLM's input socket: greeting and READY (ROUTER).
+fn zmtp_handshake() -> Vec<u8> {
+    let mut g = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x7f, 3, 1];
+    let mut mech = b"NULL".to_vec();
+    mech.resize(20, 0);
+    g.extend_from_slice(&mech);
+    g.extend_from_slice(&[0; 32]);
+    let mut body = vec![5];
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(&6u32.to_be_bytes());
+    body.extend_from_slice(b"ROUTER");
+    g.extend_from_slice(&[0x04, body.len() as u8]);
+    g.extend_from_slice(&body);
+    g
+}
+
+/// An ADD (request type 0x00 + a vLLM 0.33.0 `EngineCoreRequest`) with
+/// `prompt` token ids of 5 msgpack bytes each (ids ≥ 65536, as in a 128 K
+/// vocabulary): ~5 bytes per token on the wire.
+fn zmtp_add(ext: &str, prompt: usize) -> Vec<u8> {
+    let mut b = Vec::new();
+    mp::array(&mut b, 22);
+    mp::str(&mut b, &format!("{ext}-0000abcd"));
+    mp::array(&mut b, prompt);
+    for i in 0..prompt {
+        mp::uint(&mut b, 100_000 + i as u32);
+    }
+    mp::nil(&mut b); // mm_features
+    b.push(0x83); // sampling_params: {temperature: 0.0, stop: [], max_tokens: 200 + prompt % 50}
+    mp::str(&mut b, "temperature");
+    mp::f64(&mut b, 0.0);
+    mp::str(&mut b, "stop");
+    mp::array(&mut b, 0);
+    mp::str(&mut b, "max_tokens");
+    mp::uint(&mut b, 200 + (prompt % 50) as u32);
+    mp::nil(&mut b); // pooling_params
+    mp::f64(&mut b, 1_800_000_000.25); // arrival_time
+    mp::nil(&mut b);
+    mp::nil(&mut b);
+    mp::uint(&mut b, 1); // data_parallel_rank
+    mp::nil(&mut b);
+    mp::nil(&mut b);
+    for _ in 0..3 {
+        mp::uint(&mut b, 0);
+    }
+    mp::nil(&mut b); // trace_headers
+    b.push(0xc2); // resumable
+    mp::str(&mut b, ext); // external_req_id
+    mp::nil(&mut b);
+    mp::nil(&mut b);
+    b.push(0xc2);
+    mp::nil(&mut b);
+    mp::nil(&mut b);
+    let mut w = zframe(&[0x00], true);
+    w.extend(zframe(&b, false));
+    w
+}
+
+/// (dir, request id, external id, prompt tokens, max tokens, arrival, truncated) of an ADD.
+type Add = (Dir, String, Option<String>, Option<u64>, Option<u64>, Option<f64>, bool);
+
+struct IpcRun {
+    adds: Vec<Add>,
+    counters: Vec<(&'static str, u64)>,
+    kernel_truncated: u64,
+}
+
+impl IpcRun {
+    fn counter(&self, name: &str) -> u64 {
+        self.counters.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("no counter {name}")).1
+    }
+}
+
+/// One traced process writes `writes` (`(syscall, bytes)`, `sendmsg` split
+/// into two iovecs) into one end of a socketpair and reads each back from the
+/// other in pieces of at most 32 KiB; both ends are decoded as vLLM IPC.
+fn ipc_run(name: &str, capture_unix: u32, writes: &[(&str, Vec<u8>)]) -> IpcRun {
+    use hopscope::model::Record;
+    use hopscope::proto::{DecoderConfig, WireDecoder};
+    let dir = std::env::temp_dir().join(format!("hopscope-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut plan = String::new();
+    for (i, (how, bytes)) in writes.iter().enumerate() {
+        std::fs::write(dir.join(format!("w{i}.bin")), bytes).unwrap();
+        plan.push_str(&format!("({how:?}, {:?}),", dir.join(format!("w{i}.bin")).display().to_string()));
+    }
+    let mut py = Py::spawn(&format!(
+        r#"
+a, b = socket.socketpair()
+a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+plan = [{plan}]
+chunks = [(how, open(path, "rb").read()) for how, path in plan]
+out("ready")
+wait_go()
+for how, data in chunks:
+    if how == "write":
+        assert os.write(a.fileno(), data) == len(data)
+    else:
+        k = len(data) // 3 + 1
+        assert a.sendmsg([data[:k], data[k:]]) == len(data)
+    got = 0
+    while got < len(data):
+        got += len(b.recv(min(len(data) - got, 32768), socket.MSG_WAITALL))
+out("done")
+"#
+    ));
+    py.line("ready");
+    let mut src = start(vec![py.pid()], |c| c.capture_len_unix = capture_unix);
+    py.go();
+    py.line("done");
+    let pid = py.pid();
+    py.finish();
+    let mut evs = collect(&mut src);
+    let _ = std::fs::remove_dir_all(&dir);
+    evs.retain(|e| matches!(e, KEvent::Io(io) if io.conn.tgid == pid));
+    evs.sort_by_key(|e| match e {
+        KEvent::Io(io) => io.ts_ns,
+        _ => unreachable!(),
+    });
+    let mut dec = WireDecoder::new(DecoderConfig::default());
+    let mut out = Vec::new();
+    for e in &evs {
+        dec.on_event(e, &mut out);
+    }
+    dec.finish(&mut out);
+    let adds = out
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::EngineRequest { dir, request_id, external_req_id, prompt_tokens, max_tokens, arrival_time_s, truncated, .. } => {
+                Some((dir, request_id, external_req_id, prompt_tokens, max_tokens, arrival_time_s, truncated))
+            }
+            _ => None,
+        })
+        .collect();
+    IpcRun { adds, counters: dec.counters(), kernel_truncated: src.stats().get("kernel_truncated").unwrap() }
+}
+
+/// The demo's lost link: libzmq batches messages into writes of up to 8 KiB,
+/// so a large ADD and the start of the next message leave in one write. A
+/// 4 KiB capture cuts the next message's frame header (a desync, that message
+/// lost); the 32 KiB unix capture keeps it. Past 32 KiB (libzmq writes the
+/// rest of a large message alone) only that message's trailing fields are lost.
+#[test]
+fn a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded() {
+    let Some(_serial) = privileged("a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded") else { return };
+    let a = zmtp_add("chatcmpl-a", 1200); // ~6 KB
+    let b = zmtp_add("chatcmpl-b", 10);
+    let c = zmtp_add("chatcmpl-c", 5000); // ~25 KB
+    let d = zmtp_add("chatcmpl-d", 20);
+    let e = zmtp_add("chatcmpl-e", 9000); // ~45 KB: an 8 KiB batch, then 37 KB alone
+    let f = zmtp_add("chatcmpl-f", 30);
+    assert!(a.len() > 4096 && a.len() + b.len() < 8192, "{}", a.len());
+    assert!(c.len() + d.len() < 32768 && e.len() - 8192 > 32768, "{} {}", c.len(), e.len());
+    let writes = vec![
+        ("write", zmtp_handshake()),
+        ("write", [a, b].concat()),
+        ("sendmsg", [c, d].concat()),
+        ("write", e[..8192].to_vec()),
+        ("write", e[8192..].to_vec()),
+        ("write", f),
+    ];
+    let want = |ext: &str, prompt: u64| (format!("{ext}-0000abcd"), Some(ext.to_owned()), Some(prompt), Some(200 + prompt % 50), Some(1_800_000_000.25), false);
+    let full = [want("chatcmpl-a", 1200), want("chatcmpl-b", 10), want("chatcmpl-c", 5000), want("chatcmpl-d", 20), want("chatcmpl-e", 9000), want("chatcmpl-f", 30)];
+
+    let run = ipc_run("ipc-32k", 32768, &writes);
+    let side = |dir: Dir| -> Vec<_> {
+        run.adds.iter().filter(|x| x.0 == dir).map(|x| (x.1.clone(), x.2.clone(), x.3, x.4, x.5, x.6)).collect()
+    };
+    // The reader's pieces are at most 32 KiB: it sees every byte.
+    assert_eq!(side(Dir::In), full);
+    // The writer's 37 KB write is cut: E keeps its id and prompt length only.
+    let mut out_side = full.to_vec();
+    out_side[4] = ("chatcmpl-e-0000abcd".into(), None, Some(9000), None, None, true);
+    assert_eq!(side(Dir::Out), out_side);
+    assert_eq!(run.kernel_truncated, 1, "only E's 37 KB write exceeds 32 KiB");
+    for (name, v) in [("zmtp_desync", 0), ("zmtp_messages_lost", 0), ("zmtp_resyncs", 0), ("ipc_add", 12), ("ipc_messages", 12), ("zmtp_gap_frames", 1), ("ipc_truncated_fields", 5)] {
+        assert_eq!(run.counter(name), v, "{name}: {:?}", run.counters);
+    }
+    // A and C in both directions and E read whole: fields past the frame's kept 4 KiB come from its tail.
+    assert_eq!(run.counter("ipc_tail_recovered"), 5, "{:?}", run.counters);
+
+    // The same bytes under the old 4 KiB capture: B's header is cut (a desync
+    // in each direction); C+D's write is cut at D's header too, so C is no
+    // safe resync point; the stream picks up at E.
+    let old = ipc_run("ipc-4k", 4096, &writes);
+    for dir in [Dir::Out, Dir::In] {
+        let mine: Vec<&str> = old.adds.iter().filter(|x| x.0 == dir).map(|x| x.1.as_str()).collect();
+        assert_eq!(mine, ["chatcmpl-a-0000abcd", "chatcmpl-e-0000abcd", "chatcmpl-f-0000abcd"], "{dir:?}");
+    }
+    for (name, v) in [("zmtp_desync", 2), ("zmtp_resyncs", 2), ("ipc_add", 6)] {
+        assert_eq!(old.counter(name), v, "{name}: {:?}", old.counters);
+    }
+    assert!(old.counter("zmtp_messages_lost") >= 2, "{:?}", old.counters);
 }
 
 #[test]
@@ -583,8 +897,11 @@ out("done")
     );
     py.line("ready");
     // One page of ring: a few dozen records fit, the rest must be counted.
+    // 100-byte sends: 128-byte captures lose nothing, and 16 such records fit.
     let mut src = start(vec![py.pid()], |c| {
         c.ringbuf_bytes = 4096;
+        c.capture_len = 128;
+        c.capture_len_unix = 128;
         c.wakeup_bytes = 0;
     });
     py.go();

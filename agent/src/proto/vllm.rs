@@ -19,10 +19,11 @@
 //! message that fits no rule is counted as unknown. Everything works on the
 //! captured prefix: a request whose prompt ids run past the capture still
 //! yields its id and prompt length (from the array header). The fields after
-//! the ids are then looked for in the frame's captured *tail* (libzmq writes a
-//! large message as an 8 KiB batch and then the rest, so for messages up to
-//! 8 KiB + the capture the rest is captured whole): they are taken only if
-//! exactly one typed alignment ends at the frame's end (`ipc_tail_recovered`).
+//! the ids are then looked for in the frame's captured *tail*, its last 4 KiB
+//! (libzmq writes a large message as an 8 KiB batch and then the rest, so for
+//! messages up to 8 KiB + the unix capture, 32 KiB by default, the rest is
+//! captured whole): they are taken only if exactly one typed alignment ends at
+//! the frame's end (`ipc_tail_recovered`).
 //! Fields still missing are `None` and counted in `ipc_truncated_fields`;
 //! outputs cut by the capture are dropped and counted in
 //! `ipc_outputs_truncated` (`outputs_total` keeps the declared count).
@@ -1870,6 +1871,45 @@ mod tests {
                     !n.tail_recovered && r.truncated && r.arrival_time_s.is_none(),
                     "{ids} ids"
                 );
+            }
+        }
+    }
+
+    /// The 32 KiB unix capture: libzmq writes a message as one 8 KiB batch
+    /// and then the rest in one write, so every field survives while the rest
+    /// fits in 32 KiB; a frame longer than the 4 KiB kept prefix has its
+    /// fields in its tail even when no gap cut it.
+    #[test]
+    fn large_add_fields_survive_a_32_kib_capture_up_to_its_limit() {
+        // 5-byte ids: 700 → 3.5 KB (fields straddle nothing), 800 → 4 KB (one
+        // write, longer than the kept prefix), 3000 → 15 KB, 8000 → 40 KB (the
+        // rest is 31.9 KB), 8200 → 41 KB (the rest's end is not captured).
+        for (ids, recovered) in [(700usize, true), (800, true), (3000, true), (8000, true), (8200, false)] {
+            let req = request_022("chatcmpl-big-7e57ab1e", "chatcmpl-big", ids, Some(256), None);
+            let wire = input_msg(0, &req);
+            let mut s = zmtp::Stream::at_boundary(zmtp::Limits::default());
+            let mut st = zmtp::Stats::default();
+            let mut msgs = Vec::new();
+            let first = wire.len().min(8192);
+            for w in [&wire[..first], &wire[first..]] {
+                let cap = w.len().min(32768);
+                s.feed(&w[..cap], (w.len() - cap) as u64, 1, 1, &plausible, &mut st, &mut msgs);
+            }
+            assert_eq!((st.desync, st.messages_lost), (0, 0));
+            let m = only(msgs);
+            let mut n = Notes::default();
+            let Ipc::Add(r) = classify(&m, Some("ROUTER"), &mut n) else { panic!() };
+            assert_eq!(r.prompt_tokens, Some(ids as u64));
+            if recovered {
+                assert_eq!(
+                    (r.external_req_id.as_deref(), r.max_tokens, r.arrival_time_s, r.truncated, n.truncated_fields),
+                    (Some("chatcmpl-big"), Some(256), Some(1_800_000_000.25), false, 0),
+                    "{ids} ids"
+                );
+                assert_eq!(n.tail_recovered, wire.len() > 4096 + 11, "{ids} ids");
+            } else {
+                assert!(!n.tail_recovered && r.truncated && r.external_req_id.is_none(), "{ids} ids");
+                assert_eq!(n.truncated_fields, 5, "{ids} ids");
             }
         }
     }

@@ -22,7 +22,9 @@
 //! * A stream that does not start with a greeting (not ZMTP, or we attached
 //!   mid-stream) is tried the same way for [`MAX_ATTACH_TRIES`] syscalls.
 //!
-//! Bounds: a frame keeps at most `max_frame_capture` bytes, a message at most
+//! Bounds: a frame keeps at most `max_frame_capture` bytes of its start, and as
+//! many of its end as its `tail` when the body is longer or a gap cut it (vLLM's
+//! ADD has its fields after the prompt ids there), a message at most
 //! `max_frames` frames with bytes (later frames keep only their length). The
 //! decoder never panics and allocates O(limits).
 
@@ -56,12 +58,13 @@ pub struct Frame {
     pub captured: Vec<u8>,
     /// Full body size from the frame header.
     pub len: u64,
-    /// When a gap cut the body: the last captured bytes, if they run to the
+    /// When the body was not kept whole (a gap cut it, or it is longer than
+    /// `max_frame_capture`): the last captured bytes, if they run to the
     /// frame's end with no gap after them (bounded like `captured`).
     pub tail: Option<Tail>,
 }
 
-/// Captured bytes at the end of a frame, after a gap.
+/// Captured bytes at the end of a frame that was not kept whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tail {
     /// Offset of `bytes[0]` in the frame body.
@@ -550,14 +553,28 @@ impl Stream {
                         take.min(self.lim.max_frame_capture.saturating_sub(self.cur.len()))
                     };
                     self.cur.extend_from_slice(&data[i..i + keep]);
-                    if self.cur_cut && self.keeps_bytes() {
-                        // After a gap: keep the last `max_frame_capture` bytes.
-                        let offset = self.cur_len - remaining;
-                        let seg = self.seg.get_or_insert(Tail {
-                            offset,
-                            bytes: Vec::new(),
+                    if keep < take && self.keeps_bytes() {
+                        // Past the kept prefix (after a gap, or a body longer than
+                        // `max_frame_capture`): keep the last `max_frame_capture`
+                        // bytes. Without a gap they start with the prefix's own
+                        // end, so fields that straddle the prefix's cut are whole.
+                        let offset = self.cur_len - remaining + keep as u64;
+                        let cur = &self.cur;
+                        let cut = self.cur_cut;
+                        let seg = self.seg.get_or_insert_with(|| {
+                            if cut {
+                                Tail {
+                                    offset,
+                                    bytes: Vec::new(),
+                                }
+                            } else {
+                                Tail {
+                                    offset: offset - cur.len() as u64,
+                                    bytes: cur.clone(),
+                                }
+                            }
                         });
-                        seg.bytes.extend_from_slice(&data[i..i + take]);
+                        seg.bytes.extend_from_slice(&data[i + keep..i + take]);
                         let excess = seg.bytes.len().saturating_sub(self.lim.max_frame_capture);
                         if excess > 0 {
                             seg.bytes.drain(..excess);
@@ -821,6 +838,39 @@ mod tests {
         let t = out[0].frames[0].tail.as_ref().unwrap();
         assert_eq!((t.offset, t.bytes.len()), (700, 300));
         assert_eq!(t.bytes, [7u8; 300]);
+    }
+
+    #[test]
+    fn a_body_longer_than_the_kept_prefix_keeps_its_last_bytes_as_the_tail() {
+        let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        let lim = Limits {
+            max_frame_capture: 300,
+            max_frames: 8,
+        };
+        let wire = [frame(&body, false), frame(b"next", false)].concat();
+        // Captured whole, in one syscall or split anywhere.
+        for split in [wire.len(), 9, 250, 700, 1005] {
+            let mut s = Stream::at_boundary(lim);
+            let mut st = Stats::default();
+            let out = feed_all(&mut s, &[(&wire[..split], 0), (&wire[split..], 0)], &mut st);
+            assert_eq!(out.len(), 2, "split {split}");
+            let f = &out[0].frames[0];
+            assert_eq!((f.captured.as_slice(), f.len), (&body[..300], 1000));
+            // The last 300 bytes, not only those past the prefix.
+            let t = f.tail.as_ref().unwrap();
+            assert_eq!((t.offset, t.bytes.as_slice()), (700, &body[700..]), "split {split}");
+            assert_eq!((st.gap_frames, st.desync), (0, 0));
+        }
+        // A body just over the prefix: the tail overlaps it.
+        let wire = frame(&body[..400], false);
+        let mut s = Stream::at_boundary(lim);
+        let mut st = Stats::default();
+        let out = feed_all(&mut s, &[(&wire, 0)], &mut st);
+        let t = out[0].frames[0].tail.as_ref().unwrap();
+        assert_eq!((t.offset, t.bytes.as_slice()), (100, &body[100..400]));
+        // A body that fits has none.
+        let out = feed_all(&mut Stream::at_boundary(lim), &[(&frame(&body[..300], false), 0)], &mut st);
+        assert_eq!(out[0].frames[0].tail, None);
     }
 
     #[test]

@@ -423,6 +423,17 @@ mod tests {
     }
 
     #[test]
+    fn a_capture_of_the_full_maximum_decodes_and_says_what_is_left() {
+        assert_eq!(HS_MAX_CAPTURE, 32768);
+        let payload: Vec<u8> = (0..HS_MAX_CAPTURE).map(|i| (i % 251) as u8).collect();
+        let mut rec = io_record(&payload, 40_000, HS_SYS_WRITE, HS_DIR_OUT);
+        rec[HS_IO_OFF_FAMILY] = HS_AF_UNIX as u8;
+        let Ok(KEvent::Io(io)) = decode(&rec) else { panic!("{:?}", decode(&rec)) };
+        assert_eq!((io.family, io.len, io.data.len(), io.gap()), (Family::Unix, 40_000, 32768, 7232));
+        assert_eq!(io.data, payload);
+    }
+
+    #[test]
     fn cap_len_that_overruns_the_record_is_rejected() {
         let mut rec = io_record(b"abcd", 100, HS_SYS_WRITE, HS_DIR_OUT);
         rec[HS_IO_OFF_CAP_LEN..HS_IO_OFF_CAP_LEN + 4].copy_from_slice(&5u32.to_ne_bytes());

@@ -22,7 +22,7 @@ use aya::{
     programs::{BtfTracePoint, Program, ProgramError, TracePoint},
     Btf, BtfError, Ebpf, EbpfError, EbpfLoader,
 };
-use hopscope_ebpf::layout::{HS_MAX_CAPTURE, HS_STAT_MAX, HS_STAT_NAMES};
+use hopscope_ebpf::layout::{HS_CAPTURE_DEFAULT, HS_CAPTURE_UNIX_DEFAULT, HS_IO_SIZE, HS_MAX_CAPTURE, HS_STAT_MAX, HS_STAT_NAMES};
 
 use super::decode::DecodeError;
 use crate::event::KEvent;
@@ -132,8 +132,12 @@ pub struct EbpfConfig {
     /// Root processes; their existing and future descendants are traced too.
     /// May be empty (add processes later with `add_pid`/`spawn`).
     pub pids: Vec<u32>,
-    /// Payload bytes captured per socket read/write (0..=HS_MAX_CAPTURE).
+    /// Payload bytes captured per socket read/write (0..=HS_MAX_CAPTURE),
+    /// except on unix sockets.
     pub capture_len: u32,
+    /// The same on unix-domain sockets (the engine IPC): larger by default, so
+    /// that libzmq's batched writes keep every frame header.
+    pub capture_len_unix: u32,
     /// Off-CPU intervals shorter than this are only counted in the kernel.
     pub min_offcpu_ns: u64,
     /// Ring-buffer backlog (bytes) past which the kernel wakes the reader;
@@ -147,11 +151,24 @@ pub struct EbpfConfig {
     pub enable_bpf_stats: bool,
 }
 
+/// Records of the largest capture the ring buffer must hold at least: fewer,
+/// and one large unix write at a time fills it before the reader wakes
+/// (the default 32 KiB unix capture needs 512 KiB; `--ringbuf-mib` starts at 1).
+pub const RING_MIN_RECORDS: u64 = 16;
+
+/// Smallest ring buffer for a largest capture of `capture` bytes: the io
+/// record plus the ring's 8-byte record header, 8-byte aligned.
+pub fn min_ringbuf_bytes(capture: u32) -> u64 {
+    let record = (HS_IO_SIZE as u64 + u64::from(capture) + 8).next_multiple_of(8);
+    RING_MIN_RECORDS * record
+}
+
 impl Default for EbpfConfig {
     fn default() -> Self {
         EbpfConfig {
             pids: Vec::new(),
-            capture_len: HS_MAX_CAPTURE,
+            capture_len: HS_CAPTURE_DEFAULT,
+            capture_len_unix: HS_CAPTURE_UNIX_DEFAULT,
             min_offcpu_ns: 1_000_000,
             wakeup_bytes: 256 * 1024,
             ringbuf_bytes: 16 * 1024 * 1024,
@@ -306,16 +323,24 @@ impl EbpfSource {
         if let Some(&pid) = cfg.pids.iter().find(|&&p| !pid_exists(p)) {
             return Err(SourceError::PidNotFound(pid));
         }
-        if cfg.capture_len > HS_MAX_CAPTURE {
-            return Err(SourceError::InvalidConfig(format!(
-                "capture_len {} exceeds the kernel maximum {HS_MAX_CAPTURE}",
-                cfg.capture_len
-            )));
+        for (name, len) in [("capture_len", cfg.capture_len), ("capture_len_unix", cfg.capture_len_unix)] {
+            if len > HS_MAX_CAPTURE {
+                return Err(SourceError::InvalidConfig(format!("{name} {len} exceeds the kernel maximum {HS_MAX_CAPTURE}")));
+            }
         }
         let ringbuf_bytes =
             cfg.ringbuf_bytes.max(4096).checked_next_power_of_two().ok_or_else(|| {
                 SourceError::InvalidConfig(format!("ringbuf_bytes {} is too large", cfg.ringbuf_bytes))
             })?;
+        let least = min_ringbuf_bytes(cfg.capture_len.max(cfg.capture_len_unix));
+        if u64::from(ringbuf_bytes) < least {
+            return Err(SourceError::InvalidConfig(format!(
+                "ringbuf_bytes {ringbuf_bytes} holds fewer than {RING_MIN_RECORDS} records of the largest capture: use at least {least} bytes or smaller captures"
+            )));
+        }
+        // One staging area per possible CPU (the program indexes it by CPU).
+        let cpus = aya::util::nr_cpus().map_err(|(what, source)| SourceError::Io { what: format!("reading {what}"), source })?;
+        let cpus = u32::try_from(cpus).map_err(|_| SourceError::InvalidConfig(format!("{cpus} possible CPUs")))?;
         // RLIMIT_MEMLOCK: kernels >= 5.11 charge BPF memory to the cgroup and
         // ignore it; on older kernels aya raises it and retries on EPERM.
 
@@ -327,9 +352,11 @@ impl EbpfSource {
             .btf(Some(&btf))
             .override_global("self_tgid", &self_tgid, true)
             .override_global("capture_len", &cfg.capture_len, true)
+            .override_global("capture_len_unix", &cfg.capture_len_unix, true)
             .override_global("min_offcpu_ns", &cfg.min_offcpu_ns, true)
             .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
             .map_max_entries("events", ringbuf_bytes)
+            .map_max_entries("scratch", cpus)
             .load(hopscope_ebpf::object())
             .map_err(SourceError::Load)?;
         times.object = t.elapsed();
@@ -646,7 +673,19 @@ mod tests {
     #[test]
     fn default_config_is_within_kernel_limits() {
         let c = EbpfConfig::default();
-        assert!(c.capture_len <= HS_MAX_CAPTURE);
+        assert_eq!((c.capture_len, c.capture_len_unix), (4096, 32768));
+        assert!(c.capture_len <= HS_MAX_CAPTURE && c.capture_len_unix <= HS_MAX_CAPTURE);
         assert!(c.ringbuf_bytes.is_power_of_two());
+        assert!(u64::from(c.ringbuf_bytes) >= min_ringbuf_bytes(c.capture_len_unix));
+    }
+
+    #[test]
+    fn the_smallest_ring_holds_sixteen_records_of_the_largest_capture() {
+        // 72-byte io header + 32 KiB + the ring's 8-byte header, 16 times.
+        assert_eq!(min_ringbuf_bytes(32768), 16 * 32848);
+        // Records are 8-byte aligned in the ring.
+        assert_eq!(min_ringbuf_bytes(1), 16 * 88);
+        // `--ringbuf-mib 1`, the CLI's smallest ring, takes the largest capture.
+        assert!(min_ringbuf_bytes(HS_MAX_CAPTURE) <= 1 << 20);
     }
 }

@@ -200,8 +200,9 @@ impl SeqState {
 
 /// `trace` with every timestamp resolved to the builtin clock (and
 /// `timestamp_clock_id` cleared), every track event naming its track
-/// (sequence defaults filled in) and interned event and annotation names
-/// copied into their `name` fields (iids kept; they are per sequence): what
+/// (sequence defaults filled in), interned event and annotation names
+/// copied into their `name` fields and interned annotation values into
+/// `string_value` (iids kept; they are per sequence): what
 /// tests read times, tracks and names from. Packets whose timestamp does not
 /// resolve keep none; `check` says why.
 pub fn flatten(trace: &Trace) -> Trace {
@@ -219,6 +220,9 @@ pub fn flatten(trace: &Trace) -> Trace {
             for e in &i.debug_annotation_names {
                 seq.arg_names.insert(e.iid.unwrap_or(0), e.name.clone().unwrap_or_default());
             }
+            for e in &i.debug_annotation_string_values {
+                seq.string_values.insert(e.iid.unwrap_or(0), e.str.clone().unwrap_or_default());
+            }
         }
         p.timestamp = seq.resolve(p).ok().flatten();
         p.timestamp_clock_id = None;
@@ -230,6 +234,9 @@ pub fn flatten(trace: &Trace) -> Trace {
             for d in &mut e.debug_annotations {
                 if let Some(n) = d.name_iid.and_then(|i| seq.arg_names.get(&i)) {
                     d.name = Some(n.clone());
+                }
+                if let Some(v) = d.string_value_iid.and_then(|i| seq.string_values.get(&i)) {
+                    d.string_value = Some(String::from_utf8_lossy(v).into_owned());
                 }
             }
         }

@@ -956,6 +956,10 @@ pub(crate) struct RequestArgs {
     out: Figures,
     status: Option<String>,
     interference_from: Option<String>,
+    /// Where `interference_from` was sent: the request slice and its
+    /// decode phase name one interned copy (the list is the largest of a
+    /// request's values, ~350 bytes on the bench's recordings).
+    from_sent: writer::Shared,
 }
 
 impl RequestArgs {
@@ -966,7 +970,7 @@ impl RequestArgs {
             push_decimal(&mut t, u64::from(s));
             t
         });
-        RequestArgs { out, status, interference_from }
+        RequestArgs { out, status, interference_from, from_sent: writer::Shared::new() }
     }
 
     /// A phase slice's args, as [`phase_args`] gives them, from the figures
@@ -980,7 +984,7 @@ impl RequestArgs {
             args.push(Arg::f64(n, v));
         }
         if let Some(from) = self.interference_from.as_ref().filter(|_| phase == Phase::Decode) {
-            args.push(Arg::str("interference_from", from));
+            args.push(Arg::shared("interference_from", from, &self.from_sent));
         }
         args
     }
@@ -1027,7 +1031,7 @@ impl RequestArgs {
             }
         }
         if let Some(from) = self.interference_from.as_deref().filter(|f| !f.is_empty()) {
-            args.push(Arg::str("interference_from", from));
+            args.push(Arg::shared("interference_from", from, &self.from_sent));
         }
         if let Some(c) = &out.compute_ms {
             if c.prefill.is_some() || c.decode.is_some() {

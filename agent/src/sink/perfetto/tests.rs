@@ -167,6 +167,43 @@ fn names_and_values_are_interned_once_then_referred_to_by_iid() {
 }
 
 #[test]
+fn a_shared_value_is_sent_once_per_sequence_and_not_kept_in_the_intern_table() {
+    let mut w = TraceWriter::new(Vec::new(), 0).unwrap();
+    let a = w.track("a", TrackOpts::default());
+    let own = w.track("own", TrackOpts { own_sequence: true, ..TrackOpts::default() });
+    let lists: Vec<String> = (0..3).map(|i| format!("chatcmpl-{i}-a,chatcmpl-{i}-b")).collect();
+    let cells: Vec<writer::Shared> = lists.iter().map(|_| writer::Shared::new()).collect();
+    let mut ts = 0;
+    // Each list on two events of one sequence (another list's between
+    // them, as a request's slice and its decode phase have others'), then
+    // two of them on a track of another sequence.
+    let order = [(a, 0), (a, 1), (a, 0), (a, 1), (a, 2), (a, 2), (own, 0), (own, 0), (own, 1)];
+    for (track, j) in order {
+        ts += 10;
+        w.begin(ts, track, &Event::named("e").args(&[Arg::shared("from", &lists[j], &cells[j])])).unwrap();
+        w.end(ts + 5, track).unwrap();
+    }
+    let (bytes, _) = w.finish().unwrap();
+    checked(&bytes);
+    let t = check::decode(&bytes).unwrap();
+    let flat = check::flatten(&t);
+    let sent: Vec<(Option<u32>, Vec<u8>)> = flat
+        .packet
+        .iter()
+        .filter_map(|p| p.interned_data.as_ref().map(|i| (p.trusted_packet_sequence_id, i)))
+        .flat_map(|(seq, i)| i.debug_annotation_string_values.iter().map(move |v| (seq, v.str.clone().unwrap_or_default())))
+        .collect();
+    // Three lists on one sequence and two on the other: five copies, not nine.
+    assert_eq!(sent.len(), 5, "{sent:?}");
+    let seqs: HashSet<Option<u32>> = sent.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs.len(), 2);
+    // Every event reads its own list back.
+    let read: Vec<String> = events(&flat).filter_map(|(_, e)| e.debug_annotations.first()).map(|d| d.string_value.clone().expect("resolved")).collect();
+    let want: Vec<String> = order.iter().map(|&(_, j)| lists[j].clone()).collect();
+    assert_eq!(read, want);
+}
+
+#[test]
 fn descriptors_are_written_before_first_use_parents_first_and_only_once() {
     let mut w = TraceWriter::new(Vec::new(), 0).unwrap();
     let g = w.track("g", TrackOpts::default());

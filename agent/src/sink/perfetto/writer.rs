@@ -148,10 +148,28 @@ pub enum Value<'a> {
     Str(&'a str),
     /// A string sent once and then by iid (values that repeat: paths, methods, states).
     Interned(&'a str),
+    /// A long string written on a few events and then not again (a
+    /// request's `interference_from` ids, on its slice and its decode
+    /// phase): sent once as an interned value, its sequence and iid left
+    /// in the cell, and then by that iid on the same sequence; kept out of
+    /// the intern table, which would grow with the recording. One cell per
+    /// string: the caller's ([`Shared::new`]).
+    Shared(&'a str, &'a Shared),
     U64(u64),
     I64(i64),
     F64(f64),
     Bool(bool),
+}
+
+/// Where a [`Value::Shared`] string was sent: its sequence's id and its
+/// iid there (0: not yet).
+#[derive(Debug, Default, PartialEq)]
+pub struct Shared(std::cell::Cell<(u32, u64)>);
+
+impl Shared {
+    pub fn new() -> Self {
+        Self::default()
+    }
 }
 
 /// One debug annotation (shown as the event's "args" in the UI).
@@ -170,6 +188,9 @@ impl<'a> Arg<'a> {
     }
     pub fn interned(name: &'static str, v: &'a str) -> Self {
         Arg { name, value: Value::Interned(v), literal: true }
+    }
+    pub fn shared(name: &'static str, v: &'a str, cell: &'a Shared) -> Self {
+        Arg { name, value: Value::Shared(v, cell), literal: true }
     }
     pub fn u64(name: &'static str, v: u64) -> Self {
         Arg { name, value: Value::U64(v), literal: true }
@@ -346,15 +367,10 @@ impl Interner {
     #[inline(always)]
     fn get(&mut self, s: &str) -> (u64, bool) {
         let b = s.as_bytes();
-        let addr = b.as_ptr() as usize;
-        let m = ((addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_BITS)) as usize;
-        // Empty until the first look-up grows the table.
-        if let Some(&(ma, ms)) = self.memo.get(m) {
-            if ma == addr && ms != 0 {
-                let slot = &self.slots[ms as usize - 1];
-                if self.holds(slot, b) {
-                    return (u64::from(slot.iid), false);
-                }
+        let (m, hit) = self.memo_slot(b.as_ptr() as usize);
+        if let Some(slot) = hit {
+            if self.holds(slot, b) {
+                return (u64::from(slot.iid), false);
             }
         }
         self.get_slow(s, m)
@@ -371,17 +387,26 @@ impl Interner {
     #[inline(always)]
     fn get_literal(&mut self, s: &str) -> (u64, bool) {
         let b = s.as_bytes();
-        let addr = b.as_ptr() as usize;
-        let m = ((addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_BITS)) as usize;
-        if let Some(&(ma, ms)) = self.memo.get(m) {
-            if ma == addr && ms != 0 {
-                let slot = &self.slots[ms as usize - 1];
-                if slot.len as usize == b.len() {
-                    return (u64::from(slot.iid), false);
-                }
+        let (m, hit) = self.memo_slot(b.as_ptr() as usize);
+        if let Some(slot) = hit {
+            if slot.len as usize == b.len() {
+                return (u64::from(slot.iid), false);
             }
         }
         self.get_slow(s, m)
+    }
+
+    /// The memo's index for a string at `addr`, and the slot it remembers
+    /// for that address (None: another address there, or none yet; the
+    /// memo is empty until the first look-up grows the table). The caller
+    /// checks the slot still holds its string.
+    #[inline(always)]
+    fn memo_slot(&self, addr: usize) -> (usize, Option<&Slot>) {
+        let m = ((addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_BITS)) as usize;
+        match self.memo.get(m) {
+            Some(&(ma, ms)) if ma == addr && ms != 0 => (m, Some(&self.slots[ms as usize - 1])),
+            _ => (m, None),
+        }
     }
 
     #[inline(never)]
@@ -492,6 +517,10 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 }
 
 
+/// Where [`Value::Shared`] strings' iids start: above any the string
+/// value table gives (its count is a `u32`), 5 bytes as a varint.
+const SHARED_IIDS: u64 = 1 << 32;
+
 /// One packet sequence: its incremental state.
 struct Seq {
     id: u32,
@@ -501,6 +530,9 @@ struct Seq {
     event_names: Interner,
     arg_names: Interner,
     string_values: Interner,
+    /// The next shared string's iid: from [`SHARED_IIDS`] up, apart from
+    /// the intern table's (which count from 1).
+    next_shared: u64,
     /// Absolute (CLOCK_MONOTONIC) time of the sequence's last timestamp.
     last_ts: u64,
     /// Its events' packets end with its id and flags: those fields'
@@ -521,6 +553,7 @@ impl Seq {
             event_names: Interner::default(),
             arg_names: Interner::default(),
             string_values: Interner::default(),
+            next_shared: SHARED_IIDS,
             last_ts: 0,
             tail,
             tail_len: k + 3,
@@ -1705,12 +1738,29 @@ impl Scratch {
         viid
     }
 
+    /// The iid of a [`Value::Shared`] string: the one in its cell when
+    /// sent on this sequence, else a new one, whose string goes into this
+    /// packet's `interned_data`.
+    fn shared_iid(&mut self, s: &mut Seq, v: &str, cell: &Shared) -> u64 {
+        let (seq, iid) = cell.0.get();
+        if iid != 0 && seq == s.id {
+            return iid;
+        }
+        let iid = s.next_shared;
+        s.next_shared += 1;
+        cell.0.set((s.id, iid));
+        self.interned += 1;
+        put_interned(&mut self.values, 29, iid, v.as_bytes());
+        iid
+    }
+
     /// [`annotation`](Self::annotation) for the rest: long strings, large
     /// numbers and iids, field by field.
     #[inline(never)]
     fn annotation_slow(&mut self, te: &mut Vec<u8>, s: &mut Seq, a: &Arg<'_>, iid: u64) {
         let viid = match a.value {
             Value::Interned(v) => self.value_iid(s, v),
+            Value::Shared(v, cell) => self.shared_iid(s, v, cell),
             _ => 0,
         };
         let value = match a.value {
@@ -1719,7 +1769,7 @@ impl Scratch {
             Value::I64(v) => 1 + varint_len(v as u64),
             Value::F64(_) => 9,
             Value::Str(v) => 1 + varint_len(v.len() as u64) + v.len(),
-            Value::Interned(_) => 2 + varint_len(viid),
+            Value::Interned(_) | Value::Shared(..) => 2 + varint_len(viid),
         };
         put_key(te, 4, WIRE_LEN);
         put_varint(te, (1 + varint_len(iid) + value) as u64);
@@ -1733,7 +1783,7 @@ impl Scratch {
                 te.extend_from_slice(&v.to_bits().to_le_bytes());
             }
             Value::Str(v) => put_bytes_field(te, 6, v.as_bytes()),
-            Value::Interned(_) => put_varint_field(te, 17, viid),
+            Value::Interned(_) | Value::Shared(..) => put_varint_field(te, 17, viid),
         }
     }
 }

@@ -1732,10 +1732,16 @@ impl Scratch {
     fn value_iid(&mut self, s: &mut Seq, v: &str) -> u64 {
         let (viid, new) = s.string_values.get(v);
         if new {
-            self.interned += 1;
-            put_interned(&mut self.values, 29, viid, v.as_bytes());
+            self.send_value(viid, v);
         }
         viid
+    }
+
+    /// `v` into this packet's `interned_data` as string value `iid`
+    /// (InternedData field 29, `debug_annotation_string_values`).
+    fn send_value(&mut self, iid: u64, v: &str) {
+        self.interned += 1;
+        put_interned(&mut self.values, 29, iid, v.as_bytes());
     }
 
     /// The iid of a [`Value::Shared`] string: the one in its cell when
@@ -1749,8 +1755,7 @@ impl Scratch {
         let iid = s.next_shared;
         s.next_shared += 1;
         cell.0.set((s.id, iid));
-        self.interned += 1;
-        put_interned(&mut self.values, 29, iid, v.as_bytes());
+        self.send_value(iid, v);
         iid
     }
 

@@ -75,6 +75,13 @@ impl Pass {
             // Steps are drawn from the records; their members' flows are not.
             let members: usize = self.c.take_steps().iter().map(|s| s.members.len()).sum();
             rs.count_unstreamed_flows(members as u64);
+            // GPU steps as the correlator decides them, so that they do not
+            // pile up to the recording's end; the streamed layout draws no
+            // flows, the only use of the steps' compute, so it is let go.
+            let (gpu_steps, _compute) = self.c.take_gpu_steps();
+            if !gpu_steps.is_empty() {
+                t.raw.gpu_steps(&mut t.w, &gpu_steps, &[])?;
+            }
             rs.advance(&mut t.w, &mut t.raw)?;
         }
         Ok(())
@@ -209,7 +216,8 @@ impl<W: Write> LiveTrace<W> {
             let t = self.raw.process(&mut self.w, pid);
             self.w.describe(t)?;
         }
-        // The GPU steps are the correlator's, known at its end, on their own sequence.
+        // The GPU steps the correlator decided at its end (the rest were
+        // drawn as they came), on their own sequences.
         self.raw.gpu_steps(&mut self.w, &tail.gpu_steps, &[])?;
         let last_ts = self.last_ts;
         let mut stats = rs.finish(&mut self.w, &mut self.raw, meta, &mut tail, last_ts, read_error)?;

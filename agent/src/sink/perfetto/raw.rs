@@ -54,29 +54,37 @@ pub struct RawStats {
 /// may follow the next one's start: such steps go to overlap lanes. Run by
 /// the offline layout ahead of drawing too, so only drawn steps get flows.
 pub fn gpu_step_lanes(steps: &[crate::correlate::gpu::GpuStep], t0: u64) -> Vec<Option<(u32, u64, u64)>> {
-    let mut free_at: Vec<u64> = Vec::new();
-    let mut last_start = 0;
-    steps
-        .iter()
-        .map(|g| {
-            let start = g.start_ns.max(t0);
-            let end = g.end_ns.max(start);
-            if start < last_start {
-                return None;
+    let mut lanes = GpuStepLanes::default();
+    steps.iter().map(|g| lanes.place(g, t0)).collect()
+}
+
+/// [`gpu_step_lanes`] one step at a time: a streamed trace draws GPU steps
+/// as the correlator decides them, not all at its end.
+#[derive(Default)]
+pub struct GpuStepLanes {
+    free_at: Vec<u64>,
+    last_start: u64,
+}
+
+impl GpuStepLanes {
+    pub fn place(&mut self, g: &crate::correlate::gpu::GpuStep, t0: u64) -> Option<(u32, u64, u64)> {
+        let start = g.start_ns.max(t0);
+        let end = g.end_ns.max(start);
+        if start < self.last_start {
+            return None;
+        }
+        self.last_start = start;
+        let lane = match self.free_at.iter().position(|f| *f <= start) {
+            Some(l) => l,
+            None if self.free_at.len() < GPU_LANES as usize => {
+                self.free_at.push(0);
+                self.free_at.len() - 1
             }
-            last_start = start;
-            let lane = match free_at.iter().position(|f| *f <= start) {
-                Some(l) => l,
-                None if free_at.len() < GPU_LANES as usize => {
-                    free_at.push(0);
-                    free_at.len() - 1
-                }
-                None => return None,
-            };
-            free_at[lane] = end;
-            Some((lane as u32, start, end))
-        })
-        .collect()
+            None => return None,
+        };
+        self.free_at[lane] = end;
+        Some((lane as u32, start, end))
+    }
 }
 
 /// Which overlap lane of its stream each GPU item goes to: the first lane
@@ -188,6 +196,7 @@ pub struct RawLayout {
     lane_tracks: FxMap<(u32, u32, u32, u32), TrackId>,
     steps_track: Option<TrackId>,
     gpu_step_tracks: Vec<TrackId>,
+    gpu_step_lanes: GpuStepLanes,
     step_clock: StepClock,
     /// Live steps: the direction steps come from (the engine's writes win
     /// once one is seen), request ids that already got a token.
@@ -217,6 +226,7 @@ impl RawLayout {
             lane_tracks: FxMap::default(),
             steps_track: None,
             gpu_step_tracks: Vec::new(),
+            gpu_step_lanes: GpuStepLanes::default(),
             step_clock: StepClock::default(),
             step_dir: None,
             got_token: HashSet::default(),
@@ -497,8 +507,10 @@ impl RawLayout {
     /// Draws the GPU steps (CUPTI step ends, in order) on the "GPU steps"
     /// track and its overlap lanes; `flows[k]`: step k's flow ends.
     pub fn gpu_steps<W: Write>(&mut self, w: &mut TraceWriter<W>, steps: &[crate::correlate::gpu::GpuStep], flows: &[Ends]) -> Result<(), PerfettoError> {
-        for (k, (g, placed)) in steps.iter().zip(gpu_step_lanes(steps, self.t0)).enumerate() {
-            let Some((lane, start, end)) = placed else {
+        for (k, g) in steps.iter().enumerate() {
+            // The step's number in the recording: this call may draw a later part of them.
+            let index = self.stats.gpu_steps + self.stats.gpu_steps_skipped;
+            let Some((lane, start, end)) = self.gpu_step_lanes.place(g, self.t0) else {
                 self.stats.gpu_steps_skipped += 1;
                 continue;
             };
@@ -509,7 +521,7 @@ impl RawLayout {
             }
             let pids = g.ranks.iter().map(|r| r.pid.to_string()).collect::<Vec<_>>().join(",");
             let mut args = vec![
-                Arg::u64("step", k as u64),
+                Arg::u64("step", index),
                 Arg::f64("gpu_ms", g.gpu_ns as f64 / 1e6),
                 Arg::u64("gpu_end_ns", g.gpu_end_ns),
                 Arg::u64("kernels", u64::from(g.kernels())),

@@ -1280,6 +1280,34 @@ fn gpu_steps_get_a_track_engine_steps_flow_to_them_and_they_flow_to_their_kernel
     assert_eq!(ls.track("chatcmpl-5-0").unwrap().slices.get("kv transfer"), Some(&2));
 }
 
+/// The streamed trace draws GPU steps as the correlator decides them (a
+/// GPU recording's steps would otherwise be held to its end): the same
+/// slices, numbers and arguments as the whole layout, less its flows.
+#[test]
+fn a_streamed_trace_draws_the_whole_layouts_gpu_steps_with_their_numbers() {
+    // A later exchange: the pass draws the steps at one of its ticks, not at the end.
+    let mut recs = gpu_served_request();
+    recs.extend(exchange(conn(9), 0, T0 + 5_000 * MS, 2, "later"));
+    let recs = sorted(recs);
+    let (offline, ost) = trace_of(&recs);
+    let file = recording_bytes(&recs);
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (bytes, st, err) = live::write_trace_streamed(Vec::new(), &mut reader, Config::default(), Encoding::default()).unwrap();
+    assert_eq!(err, None);
+    assert_eq!((st.gpu_steps, st.gpu_steps_skipped), (ost.gpu_steps, 0));
+    assert_eq!(st.gpu_steps, 4);
+    let args = |bytes: &[u8]| -> Vec<(u64, Vec<(String, String)>)> {
+        let t = decode(bytes);
+        slices_named(&t, names::GPU_STEP)
+            .map(|(ts, e)| (ts, e.debug_annotations.iter().map(|d| (d.name.clone().unwrap_or_default(), format!("{:?}{:?}{:?}", d.uint_value, d.double_value, d.string_value))).collect()))
+            .collect()
+    };
+    let (got, want) = (args(&bytes), args(&offline));
+    assert_eq!(got, want);
+    let steps: Vec<&str> = got.iter().flat_map(|(_, a)| a.iter().filter(|(n, _)| n == "step").map(|(_, v)| v.as_str())).collect();
+    assert_eq!(steps, ["Some(0)NoneNone", "Some(1)NoneNone", "Some(2)NoneNone", "Some(3)NoneNone"]);
+}
+
 #[test]
 fn gpu_steps_that_overlap_go_to_a_second_lane() {
     use crate::correlate::gpu::{GpuStep, RankStep};

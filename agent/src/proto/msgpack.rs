@@ -17,14 +17,20 @@
 //!
 //! Bounds: containers are materialised to depth [`MAX_DEPTH`] and at most
 //! [`MAX_NODES`] nodes per document; deeper or further values are walked
-//! (iteratively, no recursion) and reported as [`Value::Skipped`]. Every length
-//! is checked against the bytes left before it is trusted, so allocation is
-//! O(input). Nothing here panics on any input.
+//! (iteratively, no recursion) and reported as [`Value::Skipped`]. The node
+//! budget is spent in document order, so once it runs out every later value is
+//! skipped: a container holding a skipped node ends with one
+//! ([`Value::is_partial`]). Every length is checked against the bytes left
+//! before it is trusted, so allocation is O(input). Nothing here panics on any
+//! input.
 
 /// Deepest container nesting materialised (the root array is depth 1).
 pub const MAX_DEPTH: usize = 16;
-/// Most nodes materialised per [`decode`] call (the rest is skipped).
-pub const MAX_NODES: usize = 8192;
+/// Most nodes materialised per [`decode`] call (the rest is skipped). Every
+/// node takes at least one byte, so a document within the 40 KiB kept of a
+/// ZMTP frame ([`crate::proto::zmtp::FRAME_CAPTURE_DEFAULT`]) never reaches
+/// it: the budget only bounds larger inputs (custom frame limits, the fuzzers).
+pub const MAX_NODES: usize = 40 * 1024;
 
 /// What a header announced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +126,28 @@ impl<'a> Value<'a> {
                     || entries
                         .last()
                         .is_some_and(|(k, v)| k.is_cut() || v.is_cut())
+            }
+            _ => false,
+        }
+    }
+
+    /// [`Value::is_cut`], or a bound left this value unmaterialised: it is
+    /// [`Value::Skipped`], or (for a container) its last item is, recursively,
+    /// which is how a value the node budget ran out in ends. Its content cannot
+    /// be read whole either way. A container skipped past [`MAX_DEPTH`] in the
+    /// middle of another does not make that one partial (all around it is
+    /// there); one that ends it does, as the two cases cannot be told apart.
+    pub fn is_partial(&self) -> bool {
+        match self {
+            Value::Truncated(_) | Value::Invalid | Value::Skipped(_) => true,
+            Value::Array { len, items } => {
+                items.len() < *len as usize || items.last().is_some_and(Value::is_partial)
+            }
+            Value::Map { len, entries } => {
+                entries.len() < *len as usize
+                    || entries
+                        .last()
+                        .is_some_and(|(k, v)| k.is_partial() || v.is_partial())
             }
             _ => false,
         }
@@ -729,15 +757,55 @@ mod tests {
 
     #[test]
     fn node_limit_skips_the_rest_but_keeps_lengths() {
-        let doc = V::A((0..20_000).map(|_| V::I(1)).collect());
+        let n = MAX_NODES + 10_000;
+        let doc = V::A((0..n).map(|_| V::I(1)).collect());
         let b = to_vec(&doc);
         let d = decode(&b);
         assert_eq!(d.status, Status::Complete);
         assert_eq!(d.consumed, b.len());
         let (len, items) = d.value.as_array().unwrap();
-        assert_eq!(len, 20_000);
-        assert_eq!(items.len(), 20_000);
-        assert_eq!(items[MAX_NODES], Value::Skipped(Kind::Int));
+        assert_eq!(len as usize, n);
+        assert_eq!(items.len(), n);
+        // The root is node 1: its items 0.. are nodes 2.., the last one
+        // materialised is node MAX_NODES.
+        assert_eq!(items[MAX_NODES - 2], Value::Int(1));
+        assert_eq!(items[MAX_NODES - 1], Value::Skipped(Kind::Int));
+        assert!(items[MAX_NODES - 1..].iter().all(|v| *v == Value::Skipped(Kind::Int)));
+        assert!(!d.value.is_cut() && d.value.is_partial());
+        // Nested: the container the budget ran out in ends partial, and so
+        // does every container around it; earlier siblings stay whole.
+        // Nodes: root 1, [p ints] 2..=2+p, the map array 3+p, map j 4+p+3j,
+        // its key 5+p+3j: p is chosen so the budget ends on map j's key.
+        let p = (MAX_NODES - 5) % 3;
+        let j = (MAX_NODES - 5 - p) / 3;
+        let doc = V::A(vec![
+            V::A((0..p).map(|_| V::I(1)).collect()),
+            V::A((0..j + 2).map(|_| V::M(vec![("k", V::I(1))])).collect()),
+        ]);
+        let b = to_vec(&doc);
+        let d = decode(&b);
+        let (_, items) = d.value.as_array().unwrap();
+        assert!(!items[0].is_partial());
+        assert!(items[1].is_partial() && d.value.is_partial() && !d.value.is_cut());
+        let (_, maps) = items[1].as_array().unwrap();
+        assert!(!maps[j - 1].is_partial());
+        assert_eq!(maps[j].get("k"), Some(&Value::Skipped(Kind::Int)));
+        assert!(maps[j].is_partial());
+        assert_eq!(maps[j + 1], Value::Skipped(Kind::Map));
+    }
+
+    #[test]
+    fn a_document_within_the_kept_frame_never_reaches_the_node_budget() {
+        // One byte per node, the densest msgpack there is (positive fixints),
+        // as much as the ZMTP decoder keeps of a frame.
+        let cap = crate::proto::zmtp::FRAME_CAPTURE_DEFAULT;
+        let mut b = vec![0xdd];
+        b.extend_from_slice(&((cap - 5) as u32).to_be_bytes());
+        b.resize(cap, 0x01);
+        let d = decode(&b);
+        assert_eq!((d.status, d.consumed), (Status::Complete, cap));
+        assert!(!d.value.is_partial());
+        assert!(MAX_NODES >= cap, "the node budget must cover the kept frame");
     }
 
     #[test]

@@ -17,16 +17,20 @@
 //! layouts (vLLM 0.33.0 first, then main @9aaf83ef5 and §6's history); other
 //! lengths are decoded by the type rules of §6 and counted as inferred; a
 //! message that fits no rule is counted as unknown. Everything works on the
-//! captured prefix: a request whose prompt ids run past the capture still
+//! captured prefix of each frame (frames keep what the probe can have of a
+//! frame's start, libzmq's 8 KiB batch and one 32 KiB unix capture after it,
+//! by default): a request whose prompt ids run past it still
 //! yields its id and prompt length (from the array header). The fields after
-//! the ids are then looked for in the frame's captured *tail*, its last 4 KiB
-//! (libzmq writes a large message as an 8 KiB batch and then the rest, so for
-//! messages up to 8 KiB + the unix capture, 32 KiB by default, the rest is
-//! captured whole): they are taken only if exactly one typed alignment ends at
-//! the frame's end (`ipc_tail_recovered`).
+//! the ids are then looked for in the last 4 KiB of the frame's captured
+//! *tail* (libzmq writes a large message as an 8 KiB batch and then the rest,
+//! so for messages up to 8 KiB + the unix capture the rest is captured whole):
+//! they are taken only if exactly one typed alignment ends at the frame's end
+//! (`ipc_tail_recovered`).
 //! Fields still missing are `None` and counted in `ipc_truncated_fields`;
 //! outputs cut by the capture are dropped and counted in
-//! `ipc_outputs_truncated` (`outputs_total` keeps the declared count).
+//! `ipc_outputs_truncated` (`outputs_total` keeps the declared count). A value
+//! msgpack's node or depth bound left unmaterialised (`Value::Skipped`) counts
+//! as cut the same way: it never makes a message unknown.
 //!
 //! Only ids, counts, finish reasons, engine timestamps and prefill statistics
 //! leave this module: never token ids or text.
@@ -311,13 +315,16 @@ fn clip(s: &str) -> String {
 }
 
 /// Item `i` of an array with declared length `len`: `Ok(Some)` when present and
-/// whole, `Ok(None)` when the array is shorter, `Err(())` when the capture cut it.
+/// whole, `Ok(None)` when the array is shorter, `Err(())` when the capture cut
+/// it or a msgpack bound (node budget, depth) left it or its end
+/// unmaterialised: either way its content is not there to read, and the
+/// message stays what it is.
 fn item<'v, 'a>(len: u32, items: &'v [Value<'a>], i: usize) -> Result<Option<&'v Value<'a>>, ()> {
     if i >= len as usize {
         return Ok(None);
     }
     match items.get(i) {
-        Some(v) if !v.is_cut() => Ok(Some(v)),
+        Some(v) if !v.is_partial() => Ok(Some(v)),
         _ => Err(()),
     }
 }
@@ -361,7 +368,7 @@ fn classify_input(ty: u8, payload: &zmtp::Frame, notes: &mut Notes) -> Ipc {
             for v in items {
                 match v.as_str() {
                     Some(s) => ids.push(clip(s)),
-                    None if v.is_cut() => break,
+                    None if v.is_partial() => break,
                     None => return Ipc::Unknown,
                 }
             }
@@ -409,7 +416,7 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     match items.get(1) {
         Some(Value::Array { len, .. }) => r.prompt_tokens = Some(*len as u64),
         Some(Value::Nil) => {}
-        Some(Value::Truncated(_)) | None => {
+        Some(Value::Truncated(_) | Value::Skipped(_)) | None => {
             notes.truncated_fields += 1;
             r.truncated = true;
         }
@@ -429,7 +436,7 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     };
     let Some(lay) = lay else {
         // The cut hid arrival_time (and so the layout) — or nothing fits.
-        if root.is_cut() && items.len() <= *ARRIVAL_HISTORY.iter().max().unwrap_or(&8) {
+        if root.is_partial() && items.len() <= *ARRIVAL_HISTORY.iter().max().unwrap_or(&8) {
             notes.truncated_fields += 1;
             r.truncated = true;
             return Ipc::Add(r);
@@ -535,12 +542,21 @@ fn add_fields<'v, 'a: 'v>(
 /// Bytes of decoding spent, at most, searching one tail.
 const TAIL_BUDGET: usize = 1 << 18;
 
+/// Bytes at the end of a frame's tail searched for the fields after the prompt
+/// ids. Those fields (sampling params, arrival time, trace headers, ids, the
+/// rest mostly nil) take a few hundred bytes, well under 4 KiB (the tail's
+/// whole length by default); searching a longer tail (custom frame limits)
+/// would start a decode at every offset inside the prompt ids and can run out
+/// of [`TAIL_BUDGET`] before reaching them.
+const TAIL_SEARCH: usize = 4096;
+
 /// Finds fields 2.. of a request (layout from the table) in the captured tail
-/// of its frame: the one offset from which exactly `len - 2` values decode,
-/// end exactly at the frame's end and have the layout's types (mm_features
-/// nil/array, pooling params map/nil, a float arrival time, and every wanted
-/// field), with an external id (if any) that prefixes the request id at a `-`.
-/// `None` if no offset fits, or several fit with different fields.
+/// of its frame (its last [`TAIL_SEARCH`] bytes): the one offset from which
+/// exactly `len - 2` values decode, end exactly at the frame's end and have the
+/// layout's types (mm_features nil/array, pooling params map/nil, a float
+/// arrival time, and every wanted field), with an external id (if any) that
+/// prefixes the request id at a `-`. `None` if no offset fits, or several fit
+/// with different fields.
 fn add_fields_from_tail(
     lay: &ReqLayout,
     len: u32,
@@ -548,6 +564,7 @@ fn add_fields_from_tail(
     request_id: &str,
 ) -> Option<AddFields> {
     let want = (len as usize).checked_sub(2)?;
+    let tail = &tail[tail.len().saturating_sub(TAIL_SEARCH)..];
     let mut found: Option<AddFields> = None;
     let mut spent = 0usize;
     for p in 0..tail.len() {
@@ -661,7 +678,9 @@ fn decode_outputs(buf: &[u8], notes: &mut Notes) -> Ipc {
         notes.inferred = true;
     }
     let mut o = Outputs {
-        truncated: d.status != msgpack::Status::Complete,
+        // Cut by the capture, or past the node budget (then later outputs and
+        // fields are skipped, not decoded: as lost as if cut).
+        truncated: d.value.is_partial(),
         ..Outputs::default()
     };
     if let Some(i) = ei {
@@ -698,6 +717,9 @@ fn decode_outputs(buf: &[u8], notes: &mut Notes) -> Ipc {
             notes.truncated_fields += 1;
             return Ipc::Outputs(o);
         }
+        // The node budget ran out before the outputs: their count is unknown;
+        // the fields after them are skipped too and counted below.
+        Some(Value::Skipped(_)) => notes.truncated_fields += 1,
         _ => return Ipc::Unknown,
     }
     match item(len, items, ti) {
@@ -740,7 +762,7 @@ fn sched_stats(v: &Value, notes: &mut Notes) -> Option<SchedStats> {
     match v {
         Value::Nil => return None,
         Value::Map { .. } => {}
-        Value::Truncated(_) => {
+        Value::Truncated(_) | Value::Skipped(_) => {
             notes.truncated_fields += 1;
             return None;
         }
@@ -770,11 +792,11 @@ fn sched_stats(v: &Value, notes: &mut Notes) -> Option<SchedStats> {
 }
 
 /// One `EngineCoreOutput`: `Ok(None)` if it fits no layout, `Err(())` if the
-/// capture cut a field we need.
+/// capture cut a field we need (or the node budget skipped it).
 fn decode_output(v: &Value, notes: &mut Notes) -> Result<Option<EngineOutput>, ()> {
     let (len, items) = match v {
         Value::Array { len, items } => (*len, &items[..]),
-        Value::Truncated(_) => return Err(()),
+        Value::Truncated(_) | Value::Skipped(_) => return Err(()),
         _ => return Ok(None),
     };
     let Some(lay) = out_layout(len, items, notes)? else {
@@ -790,7 +812,7 @@ fn decode_output(v: &Value, notes: &mut Notes) -> Result<Option<EngineOutput>, (
     let new_tokens = match items.get(1) {
         Some(Value::Array { len, .. }) => *len as u64,
         Some(Value::Nil) => 0,
-        Some(Value::Truncated(_)) | None => return Err(()),
+        Some(Value::Truncated(_) | Value::Skipped(_)) | None => return Err(()),
         Some(_) => return Ok(None),
     };
     let finish_reason = match item(len, items, lay.finish)? {
@@ -1292,7 +1314,19 @@ mod tests {
     /// libzmq greeting (taken from the genuine output stream) + READY.
     fn handshake(d: &std::path::Path, socket_type: &str, identity: Option<&[u8]>) -> Vec<u8> {
         let stream = read(d, "stream.output.engine_to_client.zmtp.bin");
-        let mut w = stream[..64].to_vec();
+        handshake_after(&stream[..64], socket_type, identity)
+    }
+
+    /// A ZMTP 3.1 NULL greeting as libzmq writes it + READY (no fixture needed).
+    fn synthetic_handshake(socket_type: &str) -> Vec<u8> {
+        let mut g = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 1];
+        g.extend_from_slice(b"NULL");
+        g.resize(64, 0);
+        handshake_after(&g, socket_type, None)
+    }
+
+    fn handshake_after(greeting: &[u8], socket_type: &str, identity: Option<&[u8]>) -> Vec<u8> {
+        let mut w = greeting.to_vec();
         let mut body = vec![5];
         body.extend_from_slice(b"READY");
         let mut prop = |k: &str, v: &[u8]| {
@@ -1804,9 +1838,10 @@ mod tests {
         assert_eq!(counter(&dec, "ipc_truncated_fields"), 5);
     }
 
-    /// libzmq writes a large message as one 8 KiB batch, then the rest: the
-    /// probe keeps 4 KiB of each, so the request's fields after the prompt ids
-    /// are in the second write's prefix (the frame's tail).
+    /// libzmq writes a large message as one 8 KiB batch, then the rest: with a
+    /// 4 KiB unix capture (`--capture-bytes-unix 4096`, the probe's capture
+    /// before 32 KiB) the request's fields after the prompt ids are in the
+    /// second write's prefix (the frame's tail).
     #[test]
     fn large_add_fields_after_the_prompt_are_read_from_the_captured_tail() {
         let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -1877,17 +1912,22 @@ mod tests {
 
     /// The 32 KiB unix capture: libzmq writes a message as one 8 KiB batch
     /// and then the rest in one write, so every field survives while the rest
-    /// fits in 32 KiB; a frame longer than the 4 KiB kept prefix has its
-    /// fields in its tail even when no gap cut it.
+    /// fits in 32 KiB, and the frame (up to 8 KiB + 32 KiB) is read whole; a
+    /// longer frame (custom limits) has its fields in its tail.
     #[test]
     fn large_add_fields_survive_a_32_kib_capture_up_to_its_limit() {
-        // 5-byte ids: 700 → 3.5 KB (fields straddle nothing), 800 → 4 KB (one
-        // write, longer than the kept prefix), 3000 → 15 KB, 8000 → 40 KB (the
-        // rest is 31.9 KB), 8200 → 41 KB (the rest's end is not captured).
-        for (ids, recovered) in [(700usize, true), (800, true), (3000, true), (8000, true), (8200, false)] {
+        // 5-byte ids: 700 → 3.5 KB, 800 → 4 KB (one write), 3000 → 15 KB,
+        // 6500 → 32.6 KB and 6600 → 33.1 KB (either side of one capture),
+        // 8000 → 40 KB (the rest is 31.9 KB: still whole), 8200 → 41 KB (the
+        // rest's end is not captured). With the default limits every frame
+        // the probe has whole is kept whole; the tail is for custom limits.
+        let lim = zmtp::Limits::default();
+        for (ids, recovered) in
+            [(700usize, true), (800, true), (3000, true), (6500, true), (6600, true), (8000, true), (8200, false)]
+        {
             let req = request_022("chatcmpl-big-7e57ab1e", "chatcmpl-big", ids, Some(256), None);
             let wire = input_msg(0, &req);
-            let mut s = zmtp::Stream::at_boundary(zmtp::Limits::default());
+            let mut s = zmtp::Stream::at_boundary(lim);
             let mut st = zmtp::Stats::default();
             let mut msgs = Vec::new();
             let first = wire.len().min(8192);
@@ -1906,7 +1946,7 @@ mod tests {
                     (Some("chatcmpl-big"), Some(256), Some(1_800_000_000.25), false, 0),
                     "{ids} ids"
                 );
-                assert_eq!(n.tail_recovered, wire.len() > 4096 + 11, "{ids} ids");
+                assert_eq!(n.tail_recovered, req.len() > lim.max_frame_capture, "{ids} ids: {} bytes", req.len());
             } else {
                 assert!(!n.tail_recovered && r.truncated && r.external_req_id.is_none(), "{ids} ids");
                 assert_eq!(n.truncated_fields, 5, "{ids} ids");
@@ -1971,14 +2011,9 @@ mod tests {
             (request_id.as_str(), *prompt_tokens, *max_tokens, *truncated),
             ("cmpl-long-0-deadbeef", Some(5000), None, true)
         );
-        // The same request fully captured (a larger frame capture than the default 4 KiB).
-        let m = only(frames_of_lim(
-            &wire,
-            zmtp::Limits {
-                max_frame_capture: 1 << 20,
-                max_frames: 8,
-            },
-        ));
+        // The same request (25 KB) fully captured: the default frame capture
+        // keeps it whole.
+        let m = only(frames_of(&wire));
         let mut n = Notes::default();
         let ipc = classify(&m, None, &mut n);
         let Ipc::Add(r) = ipc else { panic!() };
@@ -1989,9 +2024,10 @@ mod tests {
         assert_eq!(n, Notes::default());
     }
 
-    /// libzmq batches queued messages into 8 KiB writes; the probe keeps 4 KiB of
-    /// each. Two large ADDs sent together lose the second's header (framing
-    /// lost); a later ADD sent alone starts a fresh write and resyncs.
+    /// libzmq batches queued messages into 8 KiB writes; a 4 KiB unix capture
+    /// (`--capture-bytes-unix 4096`) keeps 4 KiB of each. Two large ADDs sent
+    /// together lose the second's header (framing lost); a later ADD sent
+    /// alone starts a fresh write and resyncs.
     #[test]
     fn coalesced_large_adds_lose_framing_and_a_later_add_resyncs() {
         let Some(d) = fixture_dir() else { return };
@@ -2105,9 +2141,145 @@ mod tests {
         assert_eq!(counter(&dec, "zmtp_messages_lost"), 0);
     }
 
+    /// A 0.33.0 `EngineCoreOutput` (19 fields) of one decode step: one new
+    /// token, 58 bytes, 84 with an event (vLLM sends events when a request
+    /// is queued, scheduled or preempted, not every step).
+    fn step_output(id: &str, event: bool) -> V<'_> {
+        let mut f: Vec<V> = (0..19).map(|_| V::Nil).collect();
+        f[0] = V::S(id);
+        f[1] = V::A(vec![V::I(42)]);
+        if event {
+            f[7] = V::A(vec![V::M(vec![("type", V::I(2)), ("timestamp", V::F(9.5))])]);
+        }
+        V::A(f)
+    }
+
+    fn step_ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("chatcmpl-{i:016x}-abcdef01")).collect()
+    }
+
+    /// Nodes msgpack materialises for a value.
+    fn nodes(v: &Value) -> usize {
+        1 + match v {
+            Value::Array { items, .. } => items.iter().map(nodes).sum(),
+            Value::Map { entries, .. } => entries.iter().map(|(k, v)| nodes(k) + nodes(v)).sum(),
+            _ => 0,
+        }
+    }
+
+    /// A 400-request step's output message (~25 KB) and a 600-request one
+    /// (~37 KB): libzmq writes the first 8 KiB, then the rest, and the 32 KiB
+    /// unix capture has both whole, so every output is decoded (the 4 KiB
+    /// frame bound kept about 70, a 32 KiB one would have cut the second).
+    #[test]
+    fn a_large_batchs_output_message_keeps_every_output() {
+        for n in [400, 600] {
+            let ids = step_ids(n);
+            let outer = outputs_033(
+                ids.iter().enumerate().map(|(k, i)| step_output(i, k % 10 == 0)).collect(),
+                sched_stats_v(n as i64, 3, 77, V::F(0.875), 512, 256),
+            );
+            let wire = outputs_msg(outer);
+            assert!(wire.len() > 3 * 8192 && wire.len() - 8192 <= 32768, "{} bytes", wire.len());
+            assert_eq!(n == 600, wire.len() > 32768, "{} bytes", wire.len());
+            let writes = [&wire[..8192], &wire[8192..]];
+            let hs = synthetic_handshake("PUSH");
+            let mut evs = vec![unix_io(ENGINE, Dir::Out, 10, &hs, hs.len() as u64)];
+            for (i, w) in writes.iter().enumerate() {
+                let cap = w.len().min(32768);
+                evs.push(unix_io(ENGINE, Dir::Out, 20 + i as u64, &w[..cap], w.len() as u64));
+            }
+            let mut dec = WireDecoder::new(DecoderConfig::default());
+            let out = run(&mut dec, &evs);
+            let outs: Vec<&Record> = out.iter().filter(|r| matches!(r, Record::EngineOutputs { .. })).collect();
+            let Record::EngineOutputs { ts_ns, outputs, outputs_total, timestamp_s, truncated, .. } = only(outs) else {
+                unreachable!()
+            };
+            assert_eq!((*ts_ns, *outputs_total, *timestamp_s, *truncated), (21, Some(n as u64), Some(501.5), false), "{n}");
+            let got: Vec<&str> = outputs.iter().map(|o| o.request_id.as_str()).collect();
+            assert_eq!(got, ids.iter().map(String::as_str).collect::<Vec<_>>());
+            assert!(outputs.iter().enumerate().all(|(k, o)| o.new_tokens == 1 && o.events.len() == usize::from(k % 10 == 0)));
+            let running = Some(n as u64);
+            assert_eq!(out.iter().filter(|r| matches!(r, Record::EngineStats { running: r, .. } if *r == running)).count(), 1);
+            for (name, want) in [
+                ("ipc_outputs", 1),
+                ("ipc_outputs_truncated", 0),
+                ("ipc_truncated_fields", 0),
+                ("ipc_unknown_layout", 0),
+                ("zmtp_gap_frames", 0),
+                ("zmtp_desync", 0),
+            ] {
+                assert_eq!(counter(&dec, name), want, "{name}, {n} outputs");
+            }
+            // What the 4 KiB frame bound made of the same capture.
+            let old = zmtp::Limits { max_frame_capture: 4096, max_tail_capture: 4096, max_frames: 8 };
+            let mut s = zmtp::Stream::at_boundary(old);
+            let (mut st, mut msgs) = (zmtp::Stats::default(), Vec::new());
+            for w in writes {
+                s.feed(w, 0, 1, 1, &plausible, &mut st, &mut msgs);
+            }
+            let mut notes = Notes::default();
+            let Ipc::Outputs(o) = classify(&only(msgs), Some("PUSH"), &mut notes) else { panic!() };
+            assert!(o.outputs.len() < 100 && notes.outputs_lost as usize > n - 100, "{} kept", o.outputs.len());
+            assert_eq!(o.timestamp_s, None);
+        }
+    }
+
+    /// A frame kept past 32 KiB (a larger frame limit) can hold more nodes
+    /// than msgpack materialises: the outputs past the budget are skipped, as
+    /// lost as if the capture had cut them; the message stays an output
+    /// message with every output decoded before them.
+    #[test]
+    fn outputs_past_the_node_budget_are_counted_lost_not_the_message() {
+        let total = 2000;
+        let ids = step_ids(total);
+        let per_output = nodes(&msgpack::decode(&to_vec(&step_output(&ids[0], true))).value);
+        let outer = outputs_033(
+            ids.iter().map(|i| step_output(i, true)).collect(),
+            sched_stats_v(1, 0, 5, V::F(0.5), 10, 0),
+        );
+        let wire = outputs_msg(outer);
+        let lim = zmtp::Limits { max_frame_capture: 1 << 20, max_tail_capture: 4096, max_frames: 8 };
+        let m = only(frames_of_lim(&wire, lim));
+        assert!(m.frames[0].is_complete(), "the whole message is in the frame");
+        let mut n = Notes::default();
+        let ipc = classify(&m, Some("PUSH"), &mut n);
+        let Ipc::Outputs(o) = ipc else { panic!("{ipc:?}") };
+        // Nodes 1-3: the root, engine_index, the outputs array. The output the
+        // budget ran out in may still have had every field that is read.
+        let whole = (msgpack::MAX_NODES - 3) / per_output;
+        assert!(o.outputs.len() == whole || o.outputs.len() == whole + 1, "{} decoded, {whole} whole", o.outputs.len());
+        assert!(o.outputs.iter().zip(&ids).all(|(out, id)| out.request_id == *id));
+        assert_eq!((o.outputs_total, o.engine_index, o.truncated), (Some(total as u64), Some(0), true));
+        assert_eq!(n.outputs_lost, (total - o.outputs.len()) as u64);
+        // Skipped after the outputs: stats, timestamp, utility output, finished requests.
+        assert_eq!((o.timestamp_s, o.stats), (None, None));
+        assert_eq!(n.truncated_fields, 4);
+        assert!(!n.stats_undecoded);
+        assert!(plausible(&m), "a stream may resync on it");
+    }
+
+    /// Prompt ids past the node budget (a larger frame limit) leave the
+    /// request's later fields skipped: counted cut, not an unknown message.
+    #[test]
+    fn an_add_past_the_node_budget_keeps_its_id_and_prompt_count() {
+        let ids = msgpack::MAX_NODES + 100;
+        let req = request_022("chatcmpl-huge-00000001", "chatcmpl-huge", ids, Some(16), None);
+        let wire = input_msg(0, &req);
+        let m = only(frames_of_lim(&wire, zmtp::Limits { max_frame_capture: 1 << 20, max_tail_capture: 4096, max_frames: 8 }));
+        let mut n = Notes::default();
+        let ipc = classify(&m, Some("ROUTER"), &mut n);
+        let Ipc::Add(r) = ipc else { panic!("{ipc:?}") };
+        assert_eq!(
+            (r.request_id.as_str(), r.prompt_tokens, r.max_tokens, r.arrival_time_s, r.truncated),
+            ("chatcmpl-huge-00000001", Some(ids as u64), None, None, true)
+        );
+        assert_eq!(n.truncated_fields, 5);
+    }
+
     #[test]
     fn output_message_past_the_capture_keeps_the_outputs_it_holds() {
-        // 120 outputs of ~60 bytes: the 4 KiB capture holds the first ~60.
+        // 120 outputs of ~60 bytes: a 4 KiB capture holds the first ~60.
         let outs: Vec<V> = (0..120)
             .map(|i| {
                 let mut f: Vec<V> = (0..19).map(|_| V::Nil).collect();
@@ -2655,7 +2827,7 @@ mod tests {
         ])
     }
 
-    fn outputs_033(outputs: Vec<V<'static>>, stats: V<'static>) -> V<'static> {
+    fn outputs_033<'a>(outputs: Vec<V<'a>>, stats: V<'a>) -> V<'a> {
         V::A(vec![V::I(0), V::A(outputs), stats, V::F(501.5), V::Nil, V::Nil, V::Nil, V::Nil, V::Nil])
     }
 

@@ -26,7 +26,12 @@
 //! many of its end as its `tail` when the body is longer or a gap cut it (vLLM's
 //! ADD has its fields after the prompt ids there), a message at most
 //! `max_frames` frames with bytes (later frames keep only their length). The
-//! decoder never panics and allocates O(limits).
+//! default frame capture is what the probe can have of a frame's start: libzmq
+//! sends a message that starts its 8 KiB batch write with the rest in one
+//! write, and the probe keeps 32 KiB of each unix-socket syscall, so an engine
+//! output message of a large batch keeps every output the probe saw. The
+//! tail keeps 4 KiB (the ADD's fields after its prompt ids are well under
+//! that). The decoder never panics and allocates O(limits).
 
 /// Refused resync candidates before a desynced stream is given up.
 pub const MAX_RESYNC_TRIES: u32 = 256;
@@ -38,14 +43,28 @@ pub const MAX_ATTACH_TRIES: u32 = 16;
 pub struct Limits {
     /// Bytes kept per frame (the rest is counted in `len`).
     pub max_frame_capture: usize,
+    /// Bytes kept of a frame's end when it was not kept whole ([`Frame::tail`]).
+    pub max_tail_capture: usize,
     /// Frames per message that keep their bytes.
     pub max_frames: usize,
 }
 
+/// The probe's default unix-socket capture per syscall.
+const UNIX_CAPTURE_DEFAULT: usize = hopscope_ebpf::layout::HS_CAPTURE_UNIX_DEFAULT as usize;
+/// libzmq's batch: queued messages leave in writes of up to 8 KiB, and a
+/// message too large for the batch's rest leaves in one write after it.
+pub const ZMQ_BATCH: usize = 8192;
+/// The default frame capture: the most of a frame's start the probe can
+/// have with no gap, the batch write it starts in and the one write after
+/// it (one capture). Kept shorter, a large step's engine output message
+/// would drop outputs the probe paid to capture.
+pub const FRAME_CAPTURE_DEFAULT: usize = ZMQ_BATCH + UNIX_CAPTURE_DEFAULT;
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_frame_capture: 4096,
+            max_frame_capture: FRAME_CAPTURE_DEFAULT,
+            max_tail_capture: 4096,
             max_frames: 8,
         }
     }
@@ -60,7 +79,7 @@ pub struct Frame {
     pub len: u64,
     /// When the body was not kept whole (a gap cut it, or it is longer than
     /// `max_frame_capture`): the last captured bytes, if they run to the
-    /// frame's end with no gap after them (bounded like `captured`).
+    /// frame's end with no gap after them (at most `max_tail_capture`).
     pub tail: Option<Tail>,
 }
 
@@ -555,12 +574,13 @@ impl Stream {
                     self.cur.extend_from_slice(&data[i..i + keep]);
                     if keep < take && self.keeps_bytes() {
                         // Past the kept prefix (after a gap, or a body longer than
-                        // `max_frame_capture`): keep the last `max_frame_capture`
+                        // `max_frame_capture`): keep the last `max_tail_capture`
                         // bytes. Without a gap they start with the prefix's own
                         // end, so fields that straddle the prefix's cut are whole.
                         let offset = self.cur_len - remaining + keep as u64;
                         let cur = &self.cur;
                         let cut = self.cur_cut;
+                        let max_tail = self.lim.max_tail_capture;
                         let seg = self.seg.get_or_insert_with(|| {
                             if cut {
                                 Tail {
@@ -568,14 +588,15 @@ impl Stream {
                                     bytes: Vec::new(),
                                 }
                             } else {
+                                let end = &cur[cur.len().saturating_sub(max_tail)..];
                                 Tail {
-                                    offset: offset - cur.len() as u64,
-                                    bytes: cur.clone(),
+                                    offset: offset - end.len() as u64,
+                                    bytes: end.to_vec(),
                                 }
                             }
                         });
                         seg.bytes.extend_from_slice(&data[i + keep..i + take]);
-                        let excess = seg.bytes.len().saturating_sub(self.lim.max_frame_capture);
+                        let excess = seg.bytes.len().saturating_sub(max_tail);
                         if excess > 0 {
                             seg.bytes.drain(..excess);
                             seg.offset += excess as u64;
@@ -824,6 +845,7 @@ mod tests {
         // A gap after them drops the tail; a long tail keeps its last bytes.
         let mut s = Stream::new(Limits {
             max_frame_capture: 300,
+            max_tail_capture: 300,
             max_frames: 8,
         });
         let out = feed_all(
@@ -845,6 +867,7 @@ mod tests {
         let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
         let lim = Limits {
             max_frame_capture: 300,
+            max_tail_capture: 300,
             max_frames: 8,
         };
         let wire = [frame(&body, false), frame(b"next", false)].concat();
@@ -1043,6 +1066,7 @@ mod tests {
         for round in 0..3000 {
             let mut s = Stream::new(Limits {
                 max_frame_capture: 64,
+                max_tail_capture: 64,
                 max_frames: 2,
             });
             let mut st = Stats::default();

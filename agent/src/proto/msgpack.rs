@@ -116,19 +116,7 @@ impl<'a> Value<'a> {
 
     /// True for values the input cut (or spoiled) at or inside this one.
     pub fn is_cut(&self) -> bool {
-        match self {
-            Value::Truncated(_) | Value::Invalid => true,
-            Value::Array { len, items } => {
-                items.len() < *len as usize || items.last().is_some_and(Value::is_cut)
-            }
-            Value::Map { len, entries } => {
-                entries.len() < *len as usize
-                    || entries
-                        .last()
-                        .is_some_and(|(k, v)| k.is_cut() || v.is_cut())
-            }
-            _ => false,
-        }
+        self.ends_short(false)
     }
 
     /// [`Value::is_cut`], or a bound left this value unmaterialised: it is
@@ -138,16 +126,23 @@ impl<'a> Value<'a> {
     /// middle of another does not make that one partial (all around it is
     /// there); one that ends it does, as the two cases cannot be told apart.
     pub fn is_partial(&self) -> bool {
+        self.ends_short(true)
+    }
+
+    /// The input (or, with `skipped`, a bound) stopped at or inside this
+    /// value: decoding stops there, so only the last item of a container can be.
+    fn ends_short(&self, skipped: bool) -> bool {
         match self {
-            Value::Truncated(_) | Value::Invalid | Value::Skipped(_) => true,
+            Value::Truncated(_) | Value::Invalid => true,
+            Value::Skipped(_) => skipped,
             Value::Array { len, items } => {
-                items.len() < *len as usize || items.last().is_some_and(Value::is_partial)
+                items.len() < *len as usize || items.last().is_some_and(|v| v.ends_short(skipped))
             }
             Value::Map { len, entries } => {
                 entries.len() < *len as usize
                     || entries
                         .last()
-                        .is_some_and(|(k, v)| k.is_partial() || v.is_partial())
+                        .is_some_and(|(k, v)| k.ends_short(skipped) || v.ends_short(skipped))
             }
             _ => false,
         }

@@ -511,6 +511,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         hostname: sys::hostname(),
         chain_header: opts.chain_header.to_ascii_lowercase(),
         capture_len: opts.capture_bytes,
+        capture_len_unix: opts.capture_bytes_unix,
         capture_payload: opts.capture_payload,
         gpu: false,
     };

@@ -71,6 +71,7 @@ fn meta() -> Meta {
         hostname: "testbed".into(),
         chain_header: "x-session-id".into(),
         capture_len: 4096,
+        capture_len_unix: 32768,
         capture_payload: false,
         gpu: false,
     }

@@ -53,6 +53,10 @@ pub struct Meta {
     pub hostname: String,
     pub chain_header: String,
     pub capture_len: u32,
+    /// Bytes captured per unix-socket syscall (the engine's IPC), when it
+    /// differs from TCP's; 0 in files from before it was recorded.
+    #[serde(default)]
+    pub capture_len_unix: u32,
     pub capture_payload: bool,
     /// Whether a GPU source contributed to this recording.
     #[serde(default)]
@@ -478,6 +482,18 @@ mod tests {
         assert!(err.is_none(), "{err:?}");
         assert_eq!(recs.len(), 1000);
         assert_eq!(recs[999], rec(999));
+    }
+
+    /// The unix capture length is in the metadata; a file written before it
+    /// was (the committed testbed fixtures) reads it as 0, not an error.
+    #[test]
+    fn the_unix_capture_length_round_trips_and_older_files_read_it_as_zero() {
+        let m = Meta { capture_len: 4096, capture_len_unix: 32768, ..meta() };
+        let bytes = Writer::new(Vec::new(), &m).unwrap().finish(1).unwrap();
+        assert_eq!(Reader::new(&bytes[..]).unwrap().meta(), &m);
+        let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop");
+        let r = Reader::open(&old).unwrap();
+        assert_eq!((r.meta().capture_len, r.meta().capture_len_unix), (4096, 0));
     }
 
     #[test]

@@ -1549,6 +1549,7 @@ mod tests {
             hostname: "test".into(),
             chain_header: "x-session-id".into(),
             capture_len: 4096,
+            capture_len_unix: 32768,
             capture_payload: false,
             gpu: false,
         };

@@ -894,6 +894,20 @@ mod tests {
         // A body that fits has none.
         let out = feed_all(&mut Stream::at_boundary(lim), &[(&frame(&body[..300], false), 0)], &mut st);
         assert_eq!(out[0].frames[0].tail, None);
+        // A tail bound under the prefix (the default: 4 KiB of a 40 KiB
+        // prefix): the last bytes only, whichever write they came in.
+        let short = Limits { max_tail_capture: 100, ..lim };
+        let wire = [frame(&body, false), frame(b"next", false)].concat();
+        for split in [wire.len(), 9, 250, 700, 950, 1005] {
+            let out = feed_all(&mut Stream::at_boundary(short), &[(&wire[..split], 0), (&wire[split..], 0)], &mut st);
+            let f = &out[0].frames[0];
+            assert_eq!(f.captured.as_slice(), &body[..300]);
+            let t = f.tail.as_ref().unwrap();
+            assert_eq!((t.offset, t.bytes.as_slice()), (900, &body[900..]), "split {split}");
+        }
+        let out = feed_all(&mut Stream::at_boundary(short), &[(&frame(&body[..400], false), 0)], &mut st);
+        let t = out[0].frames[0].tail.as_ref().unwrap();
+        assert_eq!((t.offset, t.bytes.as_slice()), (300, &body[300..400]));
     }
 
     #[test]

@@ -53,8 +53,8 @@ pub struct Meta {
     pub hostname: String,
     pub chain_header: String,
     pub capture_len: u32,
-    /// Bytes captured per unix-socket syscall (the engine's IPC), when it
-    /// differs from TCP's; 0 in files from before it was recorded.
+    /// Bytes captured per unix-socket syscall (the engine's IPC;
+    /// `capture_len` is TCP's); 0 in files from before it was recorded.
     #[serde(default)]
     pub capture_len_unix: u32,
     pub capture_payload: bool,

@@ -2225,7 +2225,7 @@ mod tests {
         }
     }
 
-    /// A frame kept past 32 KiB (a larger frame limit) can hold more nodes
+    /// A frame kept past 40 KiB (a larger frame limit) can hold more nodes
     /// than msgpack materialises: the outputs past the budget are skipped, as
     /// lost as if the capture had cut them; the message stays an output
     /// message with every output decoded before them.

@@ -215,6 +215,40 @@ fn tp_chunked_without_engine_events_schedules_from_steps_and_submits() {
     }
 }
 
+/// The chain tables say why a hop's decode was slow: under each hop that
+/// lost decode time to co-batched prefill, a line names the requests whose
+/// prefill it was, with the `interf` column's figure — in the streamed text
+/// (`hopscope report`) and the in-memory one alike.
+#[test]
+fn the_text_report_names_whose_prefill_slowed_a_hops_decode() {
+    let r = replay("tp_chunked");
+    let rep = report::build(&report_path("tp_chunked"), &r.meta, &r.analysis, None);
+    let slowed: Vec<_> = rep.requests.iter().filter(|q| !q.interference_from.is_empty()).collect();
+    assert_eq!(slowed.len(), 1, "tp_chunked has one hop slowed by another's chunked prefill");
+    let bytes = std::fs::read(fixture("tp_chunked.hop")).unwrap();
+    let mut reader = Reader::new(&bytes[..]).unwrap();
+    let cfg = Config { chain_header: r.meta.chain_header.clone(), use_ipc: true };
+    let mut streamed = Vec::new();
+    report::write_text(&mut reader, &report_path("tp_chunked"), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
+    let streamed = String::from_utf8(streamed).unwrap();
+    for text in [streamed, report::render_text(&rep)] {
+        let header = text.lines().find(|l| l.trim_start().starts_with("hop ")).expect("a chain table");
+        let col = header.split_whitespace().position(|c| c == "interf").expect("an interf column");
+        for q in &slowed {
+            let interf = q.interference_ms.expect("a figure with its names");
+            assert!(interf > 1.0, "{interf}");
+            let note = format!("        ^ decode lost {interf:.2} ms to the co-batched prefill of {}", q.interference_from.join(", "));
+            let lines: Vec<&str> = text.lines().collect();
+            let at = lines.iter().position(|l| *l == note).unwrap_or_else(|| panic!("no line {note:?} in\n{text}"));
+            // The line above is the hop's row: its e2e and interference figures.
+            let row: Vec<&str> = lines[at - 1].split_whitespace().collect();
+            assert_eq!(row.last().copied(), Some(format!("{:.2}", q.e2e_ms.unwrap()).as_str()), "{}", lines[at - 1]);
+            assert_eq!(row[col], format!("{interf:.2}"), "{}", lines[at - 1]);
+        }
+        assert_eq!(text.matches("        ^ ").count(), slowed.len(), "{text}");
+    }
+}
+
 /// Recordings are payload-free: none of the prompt text the client sent
 /// (system prompt, instructions, the seeded task words) is in the file or in
 /// any decoded record, and no raw-payload record is there.

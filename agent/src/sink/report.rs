@@ -632,6 +632,9 @@ struct TextRow<'a> {
     completion_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     phases_ms: &'a Phases,
+    interference_ms: Option<f64>,
+    interference_from: Vec<&'a str>,
+    preemptions: Option<u32>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -654,6 +657,9 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             completion_tokens: q.completion_tokens,
             cached_tokens: q.cached_tokens,
             phases_ms: &q.phases_ms,
+            interference_ms: q.interference_ms,
+            interference_from: q.interference_from.iter().map(|x| &**x).collect(),
+            preemptions: q.preemptions,
         }
     }
 }
@@ -678,6 +684,9 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             completion_tokens: q.completion_tokens,
             cached_tokens: q.cached_tokens,
             phases_ms: &q.phases_ms,
+            interference_ms: q.interference_ms,
+            interference_from: q.interference_from.iter().map(|x| &**x).collect(),
+            preemptions: q.preemptions,
         }
     }
 }
@@ -725,19 +734,21 @@ fn chain_head(s: &mut String, chain: &str, source: &str, hops: usize, e2e_ms: Op
     let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", chain, source, hops, opt(e2e_ms));
     let _ = write!(
         s,
-        "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
-        "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
+        "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+        "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "interf", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
     );
     let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
 }
 
-/// A hop's row after its number (no newline, no GPU memory column).
+/// A hop's row after its number, without the GPU memory column: its figures
+/// (no newline), then, after a newline, the note under it if it has one
+/// ([`hop_note`]); [`write_hop`] puts the pieces together.
 fn hop_figures(s: &mut String, q: &TextRow) {
     let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
     let p = q.phases_ms;
     let _ = write!(
         s,
-        " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+        " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
         opt(q.ttft_ms),
         opt(p.frontend),
         opt(p.queue),
@@ -745,6 +756,7 @@ fn hop_figures(s: &mut String, q: &TextRow) {
         opt(p.kv_transfer),
         opt(p.first_output),
         opt(p.decode),
+        opt(q.interference_ms),
         opt(avg),
         opt(q.itl_p90_ms),
         opt_u(q.prompt_tokens),
@@ -752,12 +764,44 @@ fn hop_figures(s: &mut String, q: &TextRow) {
         opt_u(q.cached_tokens),
         opt(q.e2e_ms),
     );
+    hop_note(s, q);
 }
 
-/// The end of a hop's row: its GPU memory column, if the chain has one.
-fn hop_end(s: &mut String, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
+/// Interferers named under a hop's row at most; the JSON report lists all.
+const NOTE_NAMES: usize = 4;
+
+/// The line under a hop's row saying why its decode was slow, when the
+/// figures alone do not: whose co-batched prefill took its decode time
+/// (`interference_from`), and how often the engine preempted it. Starts
+/// with the newline that ends the row's figures.
+fn hop_note(s: &mut String, q: &TextRow) {
+    let mut parts = Vec::new();
+    if !q.interference_from.is_empty() {
+        let mut names = q.interference_from.iter().take(NOTE_NAMES).copied().collect::<Vec<_>>().join(", ");
+        if q.interference_from.len() > NOTE_NAMES {
+            let _ = write!(names, " and {} more", q.interference_from.len() - NOTE_NAMES);
+        }
+        parts.push(format!("decode lost {} ms to the co-batched prefill of {}", opt(q.interference_ms), names));
+    }
+    if let Some(n @ 1..) = q.preemptions {
+        parts.push(format!("preempted {n} time{}", if n == 1 { "" } else { "s" }));
+    }
+    if !parts.is_empty() {
+        let _ = write!(s, "\n        ^ {}", parts.join("; "));
+    }
+}
+
+/// A hop's line in its chain table: its number, its figures ([`hop_figures`],
+/// made now or read back from the spool), its GPU memory column if the chain
+/// has one, then the note under it.
+fn write_hop(s: &mut String, n: usize, row: &str, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
+    let (figures, note) = row.split_once('\n').unwrap_or((row, ""));
     let mib = peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
+    let _ = write!(s, "  {:>3}{figures}", n);
     let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
+    if !note.is_empty() {
+        let _ = writeln!(s, "{note}");
+    }
 }
 
 /// The GPUs, the summary, the kernels and the counters.
@@ -808,15 +852,16 @@ pub fn render_text(rep: &Report) -> String {
     // always unique: `conn:pid:fd:seq` repeats when a descriptor is reused);
     // the streamed [`write_text`] does the same.
     let by_id: BTreeMap<&str, &RequestOut> = rep.requests.iter().map(|q| (q.id.as_str(), q)).collect();
+    let mut row = String::new();
     for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
         // The peak GPU memory column only when NVML sampled something during the chain.
         let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
         chain_head(&mut s, &c.chain, &c.source, c.hops.len(), c.e2e_ms, gpu_mem);
         for (n, id) in c.hops.iter().enumerate() {
             let Some(q) = by_id.get(id.as_str()) else { continue };
-            let _ = write!(s, "  {:>3}", n + 1);
-            hop_figures(&mut s, &(*q).into());
-            hop_end(&mut s, gpu_mem, q.peak_gpu_mem_bytes);
+            row.clear();
+            hop_figures(&mut row, &(*q).into());
+            write_hop(&mut s, n + 1, &row, gpu_mem, q.peak_gpu_mem_bytes);
         }
     }
     text_tail(&mut s, rep);
@@ -1326,9 +1371,8 @@ impl ChainsOut {
                 let h = HopHead::read(&mut pages, off)?;
                 row.resize(h.row_len, 0);
                 pages.read(off + (HOP_HEAD + h.id_len) as u64, &mut row)?;
-                let _ = write!(s, "  {:>3}", n + 1);
-                s.push_str(std::str::from_utf8(&row).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the report's spool file back: {e} (a bug: please report it)")))?);
-                hop_end(&mut s, gpu_mem, h.peak_gpu_mem_bytes);
+                let row = std::str::from_utf8(&row).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the report's spool file back: {e} (a bug: please report it)")))?;
+                write_hop(&mut s, n + 1, row, gpu_mem, h.peak_gpu_mem_bytes);
                 if s.len() >= SPOOL_CHUNK {
                     out.write_all(s.as_bytes())?;
                     s.clear();
@@ -2150,6 +2194,56 @@ mod tests {
         rep.summary = summary::compute(&rep.requests, &rep.chains, percentiles);
         gpu_mem.apply(&mut rep.requests, &mut rep.summary);
         render_text(&rep)
+    }
+
+    fn text_row<'a>(phases: &'a Phases, interference_from: Vec<&'a str>, preemptions: Option<u32>) -> TextRow<'a> {
+        TextRow {
+            id: "chatcmpl-x",
+            chain: Some("c"),
+            hop: Some(1),
+            method: "POST",
+            path: "/v1/chat/completions",
+            status: Some(200),
+            ttft_ms: Some(10.0),
+            e2e_ms: Some(50.0),
+            itl_ms: &[],
+            itl_p50_ms: None,
+            itl_p90_ms: None,
+            itl_p99_ms: None,
+            content_chunks: 0,
+            prompt_tokens: None,
+            completion_tokens: None,
+            cached_tokens: None,
+            phases_ms: phases,
+            interference_ms: Some(12.5),
+            interference_from,
+            preemptions,
+        }
+    }
+
+    /// The note under a hop: every interferer up to four, then how many
+    /// more; the preemptions; nothing when there is neither; and the row's
+    /// GPU memory column still ends the figures' line, not the note's.
+    #[test]
+    fn a_hops_note_names_four_interferers_then_counts_and_says_its_preemptions() {
+        let phases = Phases { frontend: None, queue: None, prefill: None, kv_transfer: None, first_output: None, decode: None };
+        let six = vec!["a", "b", "c", "d", "e", "f"];
+        let note = |from: Vec<&str>, pre: Option<u32>| {
+            let mut row = String::new();
+            hop_figures(&mut row, &text_row(&phases, from, pre));
+            let mut s = String::new();
+            write_hop(&mut s, 3, &row, true, Some(3 << 20));
+            s
+        };
+        let s = note(six, Some(2));
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines.len(), 2, "{s}");
+        assert!(lines[0].starts_with("    3 ") && lines[0].ends_with("       3.00"), "{s}");
+        assert_eq!(lines[1], "        ^ decode lost 12.50 ms to the co-batched prefill of a, b, c, d and 2 more; preempted 2 times");
+        assert_eq!(note(vec![], Some(1)).lines().nth(1), Some("        ^ preempted 1 time"));
+        assert_eq!(note(vec!["a"], Some(0)).lines().nth(1), Some("        ^ decode lost 12.50 ms to the co-batched prefill of a"));
+        assert_eq!(note(vec![], Some(0)).lines().count(), 1);
+        assert_eq!(note(vec![], None).lines().count(), 1);
     }
 
     #[test]

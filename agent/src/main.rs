@@ -222,14 +222,24 @@ fn main() {
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
     if let Err(e) = res {
-        // One clear line: the error and its causes.
-        let mut msg = format!("hopscope: {e}");
-        for cause in e.chain().skip(1) {
-            msg.push_str(&format!(": {cause}"));
-        }
-        eprintln!("{msg}");
+        eprintln!("hopscope: {}", one_line(&e));
         std::process::exit(1);
     }
+}
+
+/// One clear line: the error and its causes, each said once. Many errors
+/// already end with their cause's text (`cannot open recording X: {source}`)
+/// and still give it as their source; it is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !msg.ends_with(&cause) {
+            msg.push_str(": ");
+            msg.push_str(&cause);
+        }
+    }
+    msg
 }
 
 fn otlp_cmd(file: &std::path::Path, endpoint: &str) -> Result<()> {
@@ -378,6 +388,49 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool) -> Resul
     Ok(())
 }
 
+/// The command `run` launched. `run` owns it: however recording ends — an
+/// error included — the command does not go on running untraced after
+/// hopscope has gone.
+struct Launched(Option<std::process::Child>);
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        let Some(mut c) = self.0.take() else { return };
+        if let Ok(None) = c.try_wait() {
+            eprintln!("hopscope: stopping the launched command (pid {}): recording ended with an error", c.id());
+            let _ = sys::kill(c.id(), libc::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Output files made before tracing started: removed again if recording
+/// fails before anything was written to them, so a failed start leaves no
+/// empty recording behind. Only files this run brought into being: a path
+/// that was already there (`-o /dev/null`, an older recording) stays.
+struct Created(Vec<std::path::PathBuf>);
+
+impl Created {
+    fn create(&mut self, path: &std::path::Path) -> std::io::Result<std::fs::File> {
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+            Ok(f) => {
+                self.0.push(path.to_owned());
+                Ok(f)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::File::create(path),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> {
     if opts.capture_bytes == 0 || opts.capture_bytes > 4096 {
         bail!("--capture-bytes must be between 1 and 4096");
@@ -413,6 +466,20 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         ..EbpfConfig::default()
     };
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
+    // What can fail for a reason the user can fix (a path, a port in use)
+    // fails here, before the command is launched (and while a privileged port
+    // can still be bound); after the load, so that an unprivileged user first
+    // learns what tracing needs.
+    let mut created = Created(Vec::new());
+    let out_file = created.create(&opts.output).with_context(|| format!("cannot create the recording {}", opts.output.display()))?;
+    let perfetto_file = match &opts.perfetto {
+        Some(p) => Some(created.create(p).with_context(|| format!("cannot create the trace {}", p.display()))?),
+        None => None,
+    };
+    let metrics_listener = match opts.metrics {
+        Some(addr) => Some(std::net::TcpListener::bind(addr).with_context(|| format!("cannot serve metrics on {addr}"))?),
+        None => None,
+    };
     let mut gpu = if !cmd.is_empty() && injection.is_none() {
         eprintln!(
             "hopscope: note: {} not found next to hopscope (use --cupti-lib PATH or {}): recording without GPU",
@@ -458,7 +525,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         );
     }
     // `run`: the command is in the traced set before it execs (pipe handshake).
-    let mut child = None;
+    let mut child = Launched(None);
     if let Some((prog, args)) = cmd.split_first() {
         let mut c = std::process::Command::new(prog);
         c.args(args);
@@ -468,7 +535,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         }
         let c = source.spawn(c).with_context(|| format!("cannot launch {prog:?}"))?;
         pids.push(c.id());
-        child = Some(c);
+        child.0 = Some(c);
     }
     // Least privilege: the programs are attached and the command (if any) is
     // launched with the capabilities hopscope was given — tracing must not
@@ -515,16 +582,18 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         capture_payload: opts.capture_payload,
         gpu: false,
     };
-    let writer = Writer::create(&opts.output, &meta).with_context(|| format!("creating {}", opts.output.display()))?;
+    let writer = Writer::new(std::io::BufWriter::new(out_file), &meta).with_context(|| format!("writing {}", opts.output.display()))?;
     let dcfg = DecoderConfig { chain_header: meta.chain_header.clone(), capture_payload: opts.capture_payload, ..DecoderConfig::default() };
     let mut pipe = Pipeline::new(dcfg, writer);
-    let live_trace = match &opts.perfetto {
-        Some(p) => Some(start_live_trace(p, &meta, &mut pipe)?),
-        None => None,
+    let live_trace = match (&opts.perfetto, perfetto_file) {
+        (Some(p), Some(f)) => Some(start_live_trace(p, f, &meta, &mut pipe)?),
+        _ => None,
     };
-    if let Some(addr) = opts.metrics {
+    // From here on the files hold what was recorded, whatever happens next.
+    created.0.clear();
+    if let Some(listener) = metrics_listener {
         let live = std::sync::Arc::new(std::sync::Mutex::new(hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header)));
-        let bound = hopscope::sink::metrics::serve(addr, std::sync::Arc::clone(&live)).with_context(|| format!("cannot serve metrics on {addr}"))?;
+        let bound = hopscope::sink::metrics::serve(listener, std::sync::Arc::clone(&live)).context("cannot serve metrics")?;
         pipe.set_metrics(live);
         let scope = if bound.ip().is_loopback() { "" } else { " (NOT loopback: reachable from the network)" };
         eprintln!("hopscope: metrics on http://{bound}/metrics{scope}");
@@ -608,7 +677,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        if let Some(c) = child.as_mut() {
+        if let Some(c) = child.0.as_mut() {
             if let Some(st) = c.try_wait().context("waiting for the launched command")? {
                 child_status = Some(st);
                 // Let its last events reach the ring buffer, then stop.
@@ -654,7 +723,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if gpu_records.is_some_and(|n| n > 0) {
         cupti::mark_recording_gpu(&opts.output).with_context(|| format!("marking {} as holding gpu records", opts.output.display()))?;
     }
-    if let Some(mut c) = child {
+    if let Some(mut c) = child.0.take() {
         if child_status.is_none() {
             // `run` owns the command: when recording ends first, stop it too.
             let _ = sys::kill(c.id(), libc::SIGTERM);
@@ -736,8 +805,7 @@ fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, full_max: Op
 type LiveTrace = std::rc::Rc<std::cell::RefCell<(Option<hopscope::sink::perfetto::live::LiveTrace<std::io::BufWriter<std::fs::File>>>, Option<hopscope::sink::perfetto::PerfettoError>)>>;
 
 /// Starts the live trace and has the pipeline feed it every record it writes.
-fn start_live_trace<W: Write>(path: &std::path::Path, meta: &Meta, pipe: &mut Pipeline<W>) -> Result<LiveTrace> {
-    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+fn start_live_trace<W: Write>(path: &std::path::Path, f: std::fs::File, meta: &Meta, pipe: &mut Pipeline<W>) -> Result<LiveTrace> {
     let t = hopscope::sink::perfetto::live::LiveTrace::new(std::io::BufWriter::new(f), meta).with_context(|| format!("writing {}", path.display()))?;
     let cell: LiveTrace = std::rc::Rc::new(std::cell::RefCell::new((Some(t), None)));
     let tap = std::rc::Rc::clone(&cell);

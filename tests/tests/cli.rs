@@ -29,7 +29,11 @@ fn report_on_a_file_that_is_not_a_recording_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a hopscope recording"), "{err}");
     let missing = hopscope(&["report", dir.join("nope.hop").to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot open recording"));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("cannot open recording"), "{err}");
+    // The cause once, though the error both says it and gives it as its source.
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }
 
 /// The streamed reports spool to TMPDIR: when it fills up, one line says
@@ -197,4 +201,67 @@ fn metrics_endpoint_serves_vllm_style_histograms_during_the_recording() {
     assert_eq!(hops, n);
     assert!(count("hopscope_requests", "hopscope_requests_total") >= n, "{}", scraped["hopscope_requests"]);
     assert!(count("hopscope_generation_tokens", "hopscope_generation_tokens_total") >= n * 12.0);
+}
+
+/// Whether a process with exactly this command line is alive (not a zombie).
+fn running(cmdline: &[&str]) -> bool {
+    let want: Vec<u8> = cmdline.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let p = e.path();
+        std::fs::read(p.join("cmdline")).is_ok_and(|c| c == want)
+            && std::fs::read_to_string(p.join("stat")).is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+    })
+}
+
+/// `run` owns its command. What the user can fix (an output path, a port in
+/// use) fails before the command is launched, leaving no empty recording
+/// behind; a recording that fails later (its disk fills up)
+/// stops the command instead of leaving it running untraced.
+#[test]
+fn run_never_leaves_its_command_running_untraced_when_recording_fails() {
+    let Some(_serial) = privileged("run_never_leaves_its_command_running_untraced_when_recording_fails") else { return };
+    let dir = scratch("cli-run-fails");
+    let bin = hopscope_bin();
+    let sleep = ["sleep", "1000.25"];
+
+    let bad = dir.join("missing/x.hop");
+    let out = Command::new(&bin).args(["run", "-o", bad.to_str().unwrap(), "--"]).args(sleep).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("cannot create the recording {}: No such file or directory", bad.display())), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line, nothing launched: {err}");
+    assert!(!running(&sleep), "the command was never launched");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let hop = dir.join("port.hop");
+    let out = Command::new(&bin).args(["run", "-o", hop.to_str().unwrap(), "--metrics", &port, "--"]).args(sleep).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("cannot serve metrics on {port}: Address already in use")), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line, nothing launched: {err}");
+    assert!(!running(&sleep), "the command was never launched");
+    assert!(!hop.exists(), "no empty recording left behind");
+    drop(taken);
+
+    // A disk of 16 KiB and a command that forks and execs as fast as it can:
+    // every exec and exit is recorded, so writing fails within seconds.
+    let small = dir.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"]).arg(&small).status().unwrap();
+    assert!(mounted.success(), "mount tmpfs on {}", small.display());
+    let busy = ["sh", "-c", "while :; do /bin/true; done", "hopscope-busy-1000.25"];
+    let started = std::time::Instant::now();
+    let out = Command::new(&bin)
+        .args(["run", "--quiet", "--nvml-period", "0", "--duration", "60s", "-o", small.join("x.hop").to_str().unwrap(), "--"])
+        .args(busy)
+        .output()
+        .unwrap();
+    let _ = Command::new("umount").arg(&small).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a full disk fails the recording: {err}");
+    assert!(started.elapsed() < Duration::from_secs(50), "failed long before --duration: {err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("stopping the launched command"), "{err}");
+    assert!(!running(&busy), "the command is stopped with the recording: {err}");
 }

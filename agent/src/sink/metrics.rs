@@ -253,8 +253,7 @@ impl LiveMetrics {
 
 /// Binds `addr` and answers `GET /metrics` from a thread; returns the bound
 /// address. Listening beyond loopback is allowed but said out loud.
-pub fn serve(addr: SocketAddr, metrics: Arc<Mutex<LiveMetrics>>) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
+pub fn serve(listener: TcpListener, metrics: Arc<Mutex<LiveMetrics>>) -> std::io::Result<SocketAddr> {
     let bound = listener.local_addr()?;
     std::thread::Builder::new().name("hopscope-metrics".into()).spawn(move || {
         for conn in listener.incoming() {

@@ -598,6 +598,14 @@ fn decode_cause(d: f64, ctx: &Ctx, completion: Option<f64>) -> (&'static str, St
                 return (name, format!("inter-token gaps {v:+.2} ms in all ⇒ decode {d:+.2} ms"));
             }
             "count" => {
+                // More gaps are more tokens only when the token count moved
+                // that way: the same tokens in more (fewer) content chunks is
+                // the server's streaming — how many tokens one SSE event
+                // carries (vLLM merges tokens when its frontend lags).
+                if completion.is_some_and(|c| c * s < 0.5) {
+                    let name = if up { "more_stream_chunks" } else { "fewer_stream_chunks" };
+                    return (name, format!("completion {} tokens in {} content chunks: {v:+.2} ms of streamed gaps ⇒ decode {d:+.2} ms", tok(completion.unwrap()), if up { "more" } else { "fewer" }));
+                }
                 let name = if up { "more_output_tokens" } else { "fewer_output_tokens" };
                 let toks = completion.map(|c| format!("completion {} tokens, ", tok(c))).unwrap_or_default();
                 return (name, format!("{toks}{v:+.2} ms of streamed gaps ⇒ decode {d:+.2} ms"));
@@ -1660,6 +1668,22 @@ mod tests {
         assert!(close(sp.token_count_ms, 25.0) && close(sp.itl_rate_ms, 0.0));
         assert_eq!(d.pairs[0].explain.e2e.causes[0].cause, "more_output_tokens");
         assert_eq!(d.pairs[0].tokens.completion.delta, Some(5));
+    }
+
+    #[test]
+    fn the_same_tokens_in_more_chunks_is_the_streaming_not_more_output() {
+        let before = chain("a", 0, |_| BASE);
+        let after = chain("b", 0, |_| Shape { gaps: 9, ..BASE });
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let p = &d.pairs[0];
+        assert_eq!(p.tokens.completion.delta, Some(0));
+        assert!(close(p.decode_split_ms.unwrap().token_count_ms, 25.0));
+        let c = &p.explain.e2e.causes[0];
+        assert_eq!(c.cause, "more_stream_chunks");
+        assert!(c.detail.starts_with("completion +0 tokens in more content chunks"), "{}", c.detail);
+        // And the other way round: fewer chunks for the same tokens.
+        let d = compare(&rep("a", &analysis(chain("a", 0, |_| Shape { gaps: 9, ..BASE }))), &rep("b", &analysis(chain("b", 0, |_| BASE))));
+        assert_eq!(d.pairs[0].explain.e2e.causes[0].cause, "fewer_stream_chunks");
     }
 
     #[test]

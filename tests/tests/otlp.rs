@@ -88,3 +88,27 @@ fn requests_with_traceparent_join_the_callers_trace() {
     }
     assert!(joined >= 2, "the fixture's chains carry traceparent");
 }
+
+/// A hop slowed by another request's co-batched prefill says whose, as a
+/// string array the reference bindings decode, beside the time it lost.
+#[test]
+fn a_slowed_requests_span_names_whose_prefill_slowed_it() {
+    let (spans, report) = export("tp_chunked");
+    let mut slowed = 0;
+    for r in report["requests"].as_array().unwrap().iter().filter(|r| r["done_ns"].is_u64()) {
+        let s = spans.iter().find(|s| s["kind"] == 2 && attr(s, "gen_ai.request.id") == r["id"]).unwrap();
+        assert_eq!(attr(s, "hopscope.preemptions").as_str().map(|v| v.parse::<u64>().unwrap()), r["preemptions"].as_u64(), "{}", r["id"]);
+        let from: Vec<&str> = r["interference_from"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let got: Vec<&str> = s["attributes"]["hopscope.interference_from"]["arrayValue"]["values"]
+            .as_array()
+            .map(|vs| vs.iter().map(|v| v["stringValue"].as_str().unwrap()).collect())
+            .unwrap_or_default();
+        assert_eq!(got, from, "{}", r["id"]);
+        if !from.is_empty() {
+            let lost = attr(s, "hopscope.latency.interference").as_f64().unwrap();
+            assert!((lost * 1e3 - r["interference_ms"].as_f64().unwrap()).abs() < 1e-6);
+            slowed += 1;
+        }
+    }
+    assert_eq!(slowed, 1, "tp_chunked has one hop slowed by another's chunked prefill");
+}

@@ -90,8 +90,14 @@ pub struct KeyValue {
 
 #[derive(Clone, PartialEq, Message)]
 pub struct AnyValue {
-    #[prost(oneof = "Value", tags = "1, 2, 3, 4")]
+    #[prost(oneof = "Value", tags = "1, 2, 3, 4, 5")]
     pub value: Option<Value>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ArrayValue {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<AnyValue>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
@@ -104,6 +110,8 @@ pub enum Value {
     Int(i64),
     #[prost(double, tag = "4")]
     Double(f64),
+    #[prost(message, tag = "5")]
+    Array(ArrayValue),
 }
 
 fn kv(key: &str, v: Value) -> KeyValue {
@@ -194,6 +202,13 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("gen_ai.usage.completion_tokens", q.completion_tokens);
     int("hopscope.cached_tokens", q.cached_tokens);
     int("hopscope.steps", q.steps);
+    int("hopscope.preemptions", q.preemptions.map(u64::from));
+    // Whose co-batched prefill took this request's decode time (the
+    // report's `interference_from`): request ids, as the hop table names them.
+    if !q.interference_from.is_empty() {
+        let ids = q.interference_from.iter().map(|id| AnyValue { value: Some(Value::Str(id.to_string())) }).collect();
+        attrs.push(kv("hopscope.interference_from", Value::Array(ArrayValue { values: ids })));
+    }
     let secs = |ms: Option<f64>| ms.map(|m| Value::Double(m / 1e3));
     let p: &Phases = &q.phases_ms;
     for (k, v) in [

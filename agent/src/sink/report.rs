@@ -635,6 +635,7 @@ struct TextRow<'a> {
     interference_ms: Option<f64>,
     interference_from: Vec<&'a str>,
     preemptions: Option<u32>,
+    gpu_ms: GpuMs,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -660,6 +661,7 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             interference_ms: q.interference_ms,
             interference_from: q.interference_from.iter().map(|x| &**x).collect(),
             preemptions: q.preemptions,
+            gpu_ms: q.gpu_ms,
         }
     }
 }
@@ -687,6 +689,7 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             interference_ms: q.interference_ms,
             interference_from: q.interference_from.iter().map(|x| &**x).collect(),
             preemptions: q.preemptions,
+            gpu_ms: q.gpu_ms,
         }
     }
 }
@@ -730,25 +733,27 @@ fn request_line(s: &mut String, q: &TextRow) {
 }
 
 /// A chain's title and its hop table's header.
-fn chain_head(s: &mut String, chain: &str, source: &str, hops: usize, e2e_ms: Option<f64>, gpu_mem: bool) {
+fn chain_head(s: &mut String, chain: &str, source: &str, hops: usize, e2e_ms: Option<f64>, gpu: bool, gpu_mem: bool) {
     let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", chain, source, hops, opt(e2e_ms));
-    let _ = write!(
-        s,
-        "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
-        "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "interf", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms"
-    );
+    let _ = write!(s, "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "interf");
+    if gpu {
+        let _ = write!(s, " {:>8} {:>8}", "gpu_pf", "gpu_dec");
+    }
+    let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms");
     let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
 }
 
 /// A hop's row after its number, without the GPU memory column: its figures
 /// (no newline), then, after a newline, the note under it if it has one
-/// ([`hop_note`]); [`write_hop`] puts the pieces together.
-fn hop_figures(s: &mut String, q: &TextRow) {
+/// ([`hop_note`]); [`write_hop`] puts the pieces together. `gpu`: the
+/// recording has GPU records, so the row has the GPU shares of prefill and
+/// decode (`gpu_ms`).
+fn hop_figures(s: &mut String, q: &TextRow, gpu: bool) {
     let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
     let p = q.phases_ms;
     let _ = write!(
         s,
-        " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
+        " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
         opt(q.ttft_ms),
         opt(p.frontend),
         opt(p.queue),
@@ -757,6 +762,13 @@ fn hop_figures(s: &mut String, q: &TextRow) {
         opt(p.first_output),
         opt(p.decode),
         opt(q.interference_ms),
+    );
+    if gpu {
+        let _ = write!(s, " {:>8} {:>8}", opt(q.gpu_ms.prefill), opt(q.gpu_ms.decode));
+    }
+    let _ = write!(
+        s,
+        " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
         opt(avg),
         opt(q.itl_p90_ms),
         opt_u(q.prompt_tokens),
@@ -856,11 +868,11 @@ pub fn render_text(rep: &Report) -> String {
     for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
         // The peak GPU memory column only when NVML sampled something during the chain.
         let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
-        chain_head(&mut s, &c.chain, &c.source, c.hops.len(), c.e2e_ms, gpu_mem);
+        chain_head(&mut s, &c.chain, &c.source, c.hops.len(), c.e2e_ms, rep.recording.gpu, gpu_mem);
         for (n, id) in c.hops.iter().enumerate() {
             let Some(q) = by_id.get(id.as_str()) else { continue };
             row.clear();
-            hop_figures(&mut row, &(*q).into());
+            hop_figures(&mut row, &(*q).into(), rep.recording.gpu);
             write_hop(&mut s, n + 1, &row, gpu_mem, q.peak_gpu_mem_bytes);
         }
     }
@@ -961,6 +973,8 @@ pub struct ChainBook {
     id_hash: Vec<u64>,
     /// Spool each hop's text row (`write_text`).
     rows: bool,
+    /// The rows have the GPU share columns.
+    gpu: bool,
     row: String,
 }
 
@@ -1048,13 +1062,15 @@ impl ChainBook {
             chain_of: Vec::new(),
             id_hash: Vec::new(),
             rows: false,
+            gpu: false,
             row: String::new(),
         })
     }
 
-    /// The chains of the text report: each hop's row spooled with it.
-    pub fn with_rows() -> io::Result<Self> {
-        Ok(ChainBook { rows: true, ..Self::new()? })
+    /// The chains of the text report: each hop's row spooled with it (with
+    /// the GPU share columns when `gpu`).
+    pub fn with_rows(gpu: bool) -> io::Result<Self> {
+        Ok(ChainBook { rows: true, gpu, ..Self::new()? })
     }
 
     /// The next hop of its chain (requests in report order).
@@ -1091,7 +1107,7 @@ impl ChainBook {
         self.id_hash.push(std::hash::BuildHasher::hash_one(&std::hash::BuildHasherDefault::<crate::correlate::FxHasher>::default(), q.id));
         self.row.clear();
         if self.rows {
-            hop_figures(&mut self.row, &q.into());
+            hop_figures(&mut self.row, &q.into(), self.gpu);
         }
         let head = HopHead { ttft_ms: q.ttft_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
         self.spool.write_all(&head.encode())?;
@@ -1351,7 +1367,7 @@ impl ChainsOut {
 
     /// Writes the text report's chain tables (those [`ChainAgg::shown`]),
     /// from the rows spooled with the hops ([`ChainBook::with_rows`]).
-    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+    fn write_text(&self, out: &mut dyn Write, gpu: bool) -> io::Result<()> {
         let mut pages = PageCache::new(&self.file, self.len);
         let mut at = 0usize;
         let (mut s, mut row) = (String::new(), Vec::new());
@@ -1364,7 +1380,7 @@ impl ChainsOut {
             }
             pages.forward = x.hops > LONG_CHAIN;
             let gpu_mem = x.peaks > 0;
-            chain_head(&mut s, &self.names[c as usize], chain_source_name(x.source), hops.len(), Self::e2e_ms(x), gpu_mem);
+            chain_head(&mut s, &self.names[c as usize], chain_source_name(x.source), hops.len(), Self::e2e_ms(x), gpu, gpu_mem);
             for (n, &i) in hops.iter().enumerate() {
                 let i = self.over.get(&i).copied().unwrap_or(i);
                 let off = self.hop_at[i as usize];
@@ -2015,7 +2031,7 @@ pub fn write_text<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     let meta = reader.meta().clone();
     let mut gpu_mem = GpuMemIndex::default();
     let mut lines = io::BufWriter::with_capacity(SPOOL_CHUNK, spool_file()?);
-    let (mut chains, mut acc, mut line) = (ChainBook::with_rows()?, SummaryAcc::default(), String::new());
+    let (mut chains, mut acc, mut line) = (ChainBook::with_rows(meta.gpu)?, SummaryAcc::default(), String::new());
     let put = |r: &Request, q: &RequestRef| -> io::Result<()> {
         line.clear();
         request_line(&mut line, &q.into());
@@ -2037,7 +2053,7 @@ pub fn write_text<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     let mut lines = lines.into_inner().map_err(io::IntoInnerError::into_error)?;
     lines.seek(io::SeekFrom::Start(0))?;
     io::copy(&mut lines, &mut out)?;
-    chain_outs.write_text(&mut out)?;
+    chain_outs.write_text(&mut out, meta.gpu)?;
     s.clear();
     text_tail(&mut s, &rep);
     out.write_all(s.as_bytes())?;
@@ -2218,6 +2234,7 @@ mod tests {
             interference_ms: Some(12.5),
             interference_from,
             preemptions,
+            gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
         }
     }
 
@@ -2230,7 +2247,7 @@ mod tests {
         let six = vec!["a", "b", "c", "d", "e", "f"];
         let note = |from: Vec<&str>, pre: Option<u32>| {
             let mut row = String::new();
-            hop_figures(&mut row, &text_row(&phases, from, pre));
+            hop_figures(&mut row, &text_row(&phases, from, pre), false);
             let mut s = String::new();
             write_hop(&mut s, 3, &row, true, Some(3 << 20));
             s
@@ -2244,6 +2261,52 @@ mod tests {
         assert_eq!(note(vec!["a"], Some(0)).lines().nth(1), Some("        ^ decode lost 12.50 ms to the co-batched prefill of a"));
         assert_eq!(note(vec![], Some(0)).lines().count(), 1);
         assert_eq!(note(vec![], None).lines().count(), 1);
+    }
+
+    /// A recording with GPU records: the chain tables get the GPU share of
+    /// each hop's prefill and decode (`gpu_ms`), streamed and in memory alike;
+    /// a recording without has no such columns.
+    #[test]
+    fn a_gpu_recordings_hop_table_shows_the_gpu_share_of_prefill_and_decode() {
+        let recs = crate::sink::perfetto::tests::gpu_served_request();
+        let bytes = |gpu: bool| {
+            let meta = crate::recording::Meta { chain_header: "x-session-id".into(), gpu, ..crate::recording::Meta::default() };
+            let mut w = crate::recording::Writer::new(Vec::new(), &meta).expect("writer");
+            for r in &recs {
+                w.push(r).expect("push");
+            }
+            w.finish(recs.last().map_or(0, Record::ts_ns)).expect("finish")
+        };
+        let (with, without) = (bytes(true), bytes(false));
+        let streamed = |b: &[u8]| {
+            let mut reader = crate::recording::Reader::new(b).expect("reader");
+            let mut got = Vec::new();
+            write_text(&mut reader, "text.hop", Config::default(), summary::DEFAULT_PERCENTILES, &mut got).expect("streamed text report");
+            String::from_utf8(got).expect("utf-8")
+        };
+        let text = streamed(&with);
+        assert_eq!(text, in_memory_text(&with, summary::DEFAULT_PERCENTILES));
+        // The figures the JSON report gives.
+        let mut reader = crate::recording::Reader::new(&with[..]).expect("reader");
+        let mut c = Correlator::new(Config::default());
+        while let Some(r) = reader.next_record().expect("record") {
+            c.ingest(&r);
+        }
+        let rep = build("text.hop", reader.meta(), &c.finish(), None);
+        let q = rep.requests.iter().find(|q| q.chain.as_deref() == Some("s1")).expect("the served request");
+        let (pf, dec) = (q.gpu_ms.prefill.expect("a prefill share"), q.gpu_ms.decode.expect("a decode share"));
+        assert!(pf > 0.0 && dec > 0.0, "{:?}", q.gpu_ms);
+        let lines: Vec<&str> = text.lines().collect();
+        let head = lines.iter().position(|l| l.starts_with("chain s1 ")).expect("the chain's table") + 1;
+        let cols: Vec<&str> = lines[head].split_whitespace().collect();
+        let row: Vec<&str> = lines[head + 1].split_whitespace().collect();
+        assert_eq!(cols.len(), row.len(), "{}\n{}", lines[head], lines[head + 1]);
+        let at = |name: &str| row[cols.iter().position(|c| *c == name).unwrap_or_else(|| panic!("no {name} column: {}", lines[head]))];
+        assert_eq!((at("gpu_pf"), at("gpu_dec")), (format!("{pf:.2}").as_str(), format!("{dec:.2}").as_str()));
+        assert_eq!(at("e2e_ms"), format!("{:.2}", q.e2e_ms.unwrap()));
+        let plain = streamed(&without);
+        assert!(!plain.contains("gpu_pf") && !plain.contains("gpu_dec"), "{plain}");
+        assert_eq!(plain, in_memory_text(&without, summary::DEFAULT_PERCENTILES));
     }
 
     #[test]

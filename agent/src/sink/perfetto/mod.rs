@@ -34,7 +34,7 @@ pub mod stream;
 pub mod writer;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::correlate::{Analysis, Request};
 use crate::model::Record;

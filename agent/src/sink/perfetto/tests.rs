@@ -1136,7 +1136,7 @@ const RESHAPE: &str = "_ZN4vllm30reshape_and_cache_flash_kernelIN3c108BFloat16ES
 /// Its KV (1 MiB, pinned host → device, stream 9) is onloaded at
 /// +1.5–2.5 ms: submitted at +1 ms, scheduled at +2 ms, so half of it
 /// while queued, half in its prefill.
-fn gpu_served_request() -> Vec<Record> {
+pub(crate) fn gpu_served_request() -> Vec<Record> {
     use crate::correlate::gpu::{COPY_DTOH, COPY_HTOD, MEM_PINNED};
     use crate::event::Dir;
     use crate::model::{EngineEvent, EngineOutput};

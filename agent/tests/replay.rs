@@ -249,6 +249,47 @@ fn the_text_report_names_whose_prefill_slowed_a_hops_decode() {
     }
 }
 
+/// Each chain table ends with a `sum` row — its hops' TTFT, phases, tokens
+/// and E2E added up — and the time the chain spent outside the server (its
+/// E2E less its hops'), the same streamed and in memory.
+#[test]
+fn a_chain_table_adds_up_its_hops_and_the_clients_time_between_them() {
+    for name in FIXTURES {
+        let r = replay(name);
+        let rep = report::build(&report_path(name), &r.meta, &r.analysis, None);
+        let bytes = std::fs::read(fixture(&format!("{name}.hop"))).unwrap();
+        let mut reader = Reader::new(&bytes[..]).unwrap();
+        let cfg = Config { chain_header: r.meta.chain_header.clone(), use_ipc: true };
+        let mut streamed = Vec::new();
+        report::write_text(&mut reader, &report_path(name), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
+        let text = String::from_utf8(streamed).unwrap();
+        assert_eq!(text, report::render_text(&rep), "{name}");
+        let lines: Vec<&str> = text.lines().collect();
+        let mut checked = 0;
+        for c in rep.chains.iter().filter(|c| c.hops.len() > 1) {
+            let hops: Vec<&report::RequestOut> = c.hops.iter().map(|id| rep.requests.iter().rev().find(|q| &q.id == id).unwrap()).collect();
+            let title = lines.iter().position(|l| l.starts_with(&format!("chain {} ", c.chain))).unwrap_or_else(|| panic!("{name}: no table for {}", c.chain));
+            let cols: Vec<&str> = lines[title + 1].split_whitespace().collect();
+            let at = lines[title..].iter().position(|l| l.trim_start().starts_with("sum ")).expect("a sum row") + title;
+            let row: Vec<&str> = lines[at].split_whitespace().collect();
+            assert_eq!(row.len(), cols.len(), "{}", lines[at]);
+            let col = |n: &str| row[cols.iter().position(|c| *c == n).unwrap()];
+            let e2e: f64 = hops.iter().map(|q| q.e2e_ms.unwrap()).sum();
+            let prefill: f64 = hops.iter().map(|q| q.phases_ms.prefill.unwrap()).sum();
+            let out: u64 = hops.iter().map(|q| q.completion_tokens.unwrap()).sum();
+            assert_eq!(col("e2e_ms"), format!("{e2e:.2}"), "{name} {}", c.chain);
+            assert_eq!(col("prefill"), format!("{prefill:.2}"), "{name} {}", c.chain);
+            assert_eq!(col("out"), out.to_string(), "{name} {}", c.chain);
+            assert_eq!(col("kv"), "-", "no hop has a KV transfer without a GPU");
+            let chain = c.e2e_ms.unwrap();
+            assert!(chain >= e2e, "{name} {}: the hops are sequential", c.chain);
+            assert_eq!(lines[at + 1], format!("        between hops (the client's own time): {:.2} ms of the chain's {chain:.2} ms", chain - e2e));
+            checked += 1;
+        }
+        assert!(checked >= 1, "{name}: a chain of several hops");
+    }
+}
+
 /// Recordings are payload-free: none of the prompt text the client sent
 /// (system prompt, instructions, the seeded task words) is in the file or in
 /// any decoded record, and no raw-payload record is there.

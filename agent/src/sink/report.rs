@@ -816,6 +816,103 @@ fn write_hop(s: &mut String, n: usize, row: &str, gpu_mem: bool, peak_gpu_mem_by
     }
 }
 
+/// What a chain's `sum` row adds up of each hop, in the table's column
+/// order: TTFT, the six phases, interference, the GPU shares of prefill and
+/// decode, prompt, output and cached tokens, E2E.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct HopSums([Option<f64>; SUMS]);
+
+const SUMS: usize = 14;
+const SUMS_BYTES: usize = SUMS * 8;
+
+impl HopSums {
+    fn of(q: &TextRow) -> Self {
+        let p = q.phases_ms;
+        let n = |v: Option<u64>| v.map(|x| x as f64);
+        HopSums([
+            q.ttft_ms,
+            p.frontend,
+            p.queue,
+            p.prefill,
+            p.kv_transfer,
+            p.first_output,
+            p.decode,
+            q.interference_ms,
+            q.gpu_ms.prefill,
+            q.gpu_ms.decode,
+            n(q.prompt_tokens),
+            n(q.completion_tokens),
+            n(q.cached_tokens),
+            q.e2e_ms,
+        ])
+    }
+
+    fn encode(&self) -> [u8; SUMS_BYTES] {
+        let mut b = [0u8; SUMS_BYTES];
+        for (k, v) in self.0.iter().enumerate() {
+            b[8 * k..8 * k + 8].copy_from_slice(&opt_bits(*v));
+        }
+        b
+    }
+
+    fn decode(b: &[u8; SUMS_BYTES]) -> Self {
+        HopSums(std::array::from_fn(|k| bits_opt(&b[8 * k..8 * k + 8])))
+    }
+}
+
+/// A chain's `sum` row, added up hop by hop: a column's sum when every hop
+/// has the figure, else `-`; the GPU memory column's largest peak.
+#[derive(Default)]
+struct ChainSums {
+    hops: usize,
+    total: [f64; SUMS],
+    known: [usize; SUMS],
+    peak: Option<u64>,
+}
+
+impl ChainSums {
+    fn add(&mut self, h: &HopSums, peak_gpu_mem_bytes: Option<u64>) {
+        self.hops += 1;
+        for (k, v) in h.0.iter().enumerate() {
+            if let Some(v) = v {
+                self.total[k] += v;
+                self.known[k] += 1;
+            }
+        }
+        self.peak = self.peak.max(peak_gpu_mem_bytes);
+    }
+
+    fn get(&self, k: usize) -> Option<f64> {
+        (self.known[k] == self.hops).then_some(self.total[k])
+    }
+
+    /// The `sum` row, and under it the time the chain spent outside the
+    /// server: its E2E less its hops' (the agent's own work between calls),
+    /// or how much the hops overlapped. Nothing for a chain of one hop.
+    fn write(&self, s: &mut String, gpu: bool, gpu_mem: bool, chain_e2e_ms: Option<f64>) {
+        if self.hops < 2 {
+            return;
+        }
+        let g = |k| opt(self.get(k));
+        let t = |k| self.get(k).map_or_else(|| "-".into(), |v| format!("{v:.0}"));
+        let _ = write!(s, "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", "sum", g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
+        if gpu {
+            let _ = write!(s, " {:>8} {:>8}", g(8), g(9));
+        }
+        let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", "-", "-", t(10), t(11), t(12), g(13));
+        let mib = self.peak.map(|b| b as f64 / (1u64 << 20) as f64);
+        let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
+        if let (Some(chain), Some(hops)) = (chain_e2e_ms, self.get(13)) {
+            let outside = chain - hops;
+            if outside >= 0.0 {
+                let _ = writeln!(s, "        between hops (the client's own time): {outside:.2} ms of the chain's {chain:.2} ms");
+            } else {
+                let _ = writeln!(s, "        the hops overlap: their E2E add up to {:.2} ms more than the chain's {chain:.2} ms", -outside);
+            }
+        }
+    }
+}
+
 /// The GPUs, the summary, the kernels and the counters.
 fn text_tail(s: &mut String, rep: &Report) {
     let r = &rep.recording;
@@ -869,12 +966,16 @@ pub fn render_text(rep: &Report) -> String {
         // The peak GPU memory column only when NVML sampled something during the chain.
         let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
         chain_head(&mut s, &c.chain, &c.source, c.hops.len(), c.e2e_ms, rep.recording.gpu, gpu_mem);
+        let mut sums = ChainSums::default();
         for (n, id) in c.hops.iter().enumerate() {
             let Some(q) = by_id.get(id.as_str()) else { continue };
             row.clear();
-            hop_figures(&mut row, &(*q).into(), rep.recording.gpu);
+            let text_row = (*q).into();
+            hop_figures(&mut row, &text_row, rep.recording.gpu);
             write_hop(&mut s, n + 1, &row, gpu_mem, q.peak_gpu_mem_bytes);
+            sums.add(&HopSums::of(&text_row), q.peak_gpu_mem_bytes);
         }
+        sums.write(&mut s, rep.recording.gpu, gpu_mem, c.e2e_ms);
     }
     text_tail(&mut s, rep);
     s
@@ -1106,14 +1207,20 @@ impl ChainBook {
         self.chain_of.push(i as u32);
         self.id_hash.push(std::hash::BuildHasher::hash_one(&std::hash::BuildHasherDefault::<crate::correlate::FxHasher>::default(), q.id));
         self.row.clear();
+        let text_row = q.into();
         if self.rows {
-            hop_figures(&mut self.row, &q.into(), self.gpu);
+            hop_figures(&mut self.row, &text_row, self.gpu);
         }
         let head = HopHead { ttft_ms: q.ttft_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
         self.spool.write_all(&head.encode())?;
         self.spool.write_all(q.id.as_bytes())?;
         self.spool.write_all(self.row.as_bytes())?;
         self.spooled += (HOP_HEAD + q.id.len() + self.row.len()) as u64;
+        if self.rows {
+            // What the chain's `sum` row adds up, after the row.
+            self.spool.write_all(&HopSums::of(&text_row).encode())?;
+            self.spooled += SUMS_BYTES as u64;
+        }
         Ok(())
     }
 
@@ -1381,12 +1488,17 @@ impl ChainsOut {
             pages.forward = x.hops > LONG_CHAIN;
             let gpu_mem = x.peaks > 0;
             chain_head(&mut s, &self.names[c as usize], chain_source_name(x.source), hops.len(), Self::e2e_ms(x), gpu, gpu_mem);
+            let mut sums = ChainSums::default();
             for (n, &i) in hops.iter().enumerate() {
                 let i = self.over.get(&i).copied().unwrap_or(i);
                 let off = self.hop_at[i as usize];
                 let h = HopHead::read(&mut pages, off)?;
                 row.resize(h.row_len, 0);
-                pages.read(off + (HOP_HEAD + h.id_len) as u64, &mut row)?;
+                let at_row = off + (HOP_HEAD + h.id_len) as u64;
+                pages.read(at_row, &mut row)?;
+                let mut b = [0u8; SUMS_BYTES];
+                pages.read(at_row + h.row_len as u64, &mut b)?;
+                sums.add(&HopSums::decode(&b), h.peak_gpu_mem_bytes);
                 let row = std::str::from_utf8(&row).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the report's spool file back: {e} (a bug: please report it)")))?;
                 write_hop(&mut s, n + 1, row, gpu_mem, h.peak_gpu_mem_bytes);
                 if s.len() >= SPOOL_CHUNK {
@@ -1394,6 +1506,7 @@ impl ChainsOut {
                     s.clear();
                 }
             }
+            sums.write(&mut s, gpu, gpu_mem, Self::e2e_ms(x));
         }
         out.write_all(s.as_bytes())
     }
@@ -2261,6 +2374,38 @@ mod tests {
         assert_eq!(note(vec!["a"], Some(0)).lines().nth(1), Some("        ^ decode lost 12.50 ms to the co-batched prefill of a"));
         assert_eq!(note(vec![], Some(0)).lines().count(), 1);
         assert_eq!(note(vec![], None).lines().count(), 1);
+    }
+
+    /// A `sum` column is `-` unless every hop has the figure; hops that ran
+    /// at the same time overlap rather than leave the client time; the GPU
+    /// memory column shows the largest peak; a lone hop has no sum row.
+    #[test]
+    fn a_chain_sum_needs_every_hop_and_says_when_hops_overlap() {
+        let hop = |ttft: Option<f64>, e2e: f64| {
+            let mut v = [Some(1.0); SUMS];
+            v[0] = ttft;
+            v[13] = Some(e2e);
+            HopSums(v)
+        };
+        assert_eq!(HopSums::decode(&hop(None, 2.5).encode()), hop(None, 2.5));
+        let mut sums = ChainSums::default();
+        sums.add(&hop(Some(10.0), 100.0), Some(1 << 20));
+        sums.add(&hop(None, 60.0), Some(3 << 20));
+        let mut s = String::new();
+        sums.write(&mut s, false, true, Some(150.0));
+        let lines: Vec<&str> = s.lines().collect();
+        let row: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!((row[0], row[1], row[2]), ("sum", "-", "2.00"), "{s}");
+        assert_eq!(&row[row.len() - 2..], ["160.00", "3.00"], "{s}");
+        assert_eq!(lines[1], "        the hops overlap: their E2E add up to 10.00 ms more than the chain's 150.00 ms");
+        let mut s = String::new();
+        sums.write(&mut s, false, false, None);
+        assert_eq!(s.lines().count(), 1, "no chain E2E, no line about the time between hops: {s}");
+        let mut one = ChainSums::default();
+        one.add(&hop(Some(1.0), 1.0), None);
+        let mut s = String::new();
+        one.write(&mut s, false, false, Some(5.0));
+        assert!(s.is_empty(), "{s}");
     }
 
     /// A recording with GPU records: the chain tables get the GPU share of

@@ -284,6 +284,9 @@ fn a_chain_table_adds_up_its_hops_and_the_clients_time_between_them() {
             let chain = c.e2e_ms.unwrap();
             assert!(chain >= e2e, "{name} {}: the hops are sequential", c.chain);
             assert_eq!(lines[at + 1], format!("        between hops (the client's own time): {:.2} ms of the chain's {chain:.2} ms", chain - e2e));
+            // The JSON says the same.
+            assert_eq!(c.hops_e2e_ms, Some(e2e), "{name} {}", c.chain);
+            assert_eq!(c.between_hops_ms, Some(chain - e2e), "{name} {}", c.chain);
             checked += 1;
         }
         assert!(checked >= 1, "{name}: a chain of several hops");

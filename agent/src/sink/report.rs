@@ -179,6 +179,12 @@ pub struct ChainOut {
     pub ttft_ms: Vec<Option<f64>>,
     pub prefix_cache_hit: Vec<Option<f64>>,
     pub source: String,
+    // Additions beyond schema 1's list (allowed: add, never rename).
+    /// The hops' E2E added up; null when a hop has none.
+    pub hops_e2e_ms: Option<f64>,
+    /// The chain's time outside the server: `e2e_ms - hops_e2e_ms` (the
+    /// agent's own work between its calls). Negative when hops overlapped.
+    pub between_hops_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -509,6 +515,11 @@ impl RequestRef<'_> {
     }
 }
 
+/// A chain's E2E less its hops' ([`ChainOut::between_hops_ms`]).
+fn between_hops_ms(e2e_ms: Option<f64>, hops_e2e_ms: Option<f64>) -> Option<f64> {
+    Some(e2e_ms? - hops_e2e_ms?)
+}
+
 /// The report's schema (../shared/contract.md): fields are added, never renamed.
 pub const SCHEMA: u32 = 1;
 
@@ -530,13 +541,15 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             let hops: Vec<&Request> = c.hops.iter().map(|&i| &analysis.requests[i]).collect();
             let first = hops.first().map(|r| r.arrive_ns);
             let last_done = hops.iter().map(|r| r.done_ns).collect::<Option<Vec<u64>>>().and_then(|d| d.into_iter().max());
+            let e2e_ms = match (first, last_done) {
+                (Some(f), Some(l)) => Some(ms(l.saturating_sub(f))),
+                _ => None,
+            };
+            let hops_e2e_ms = hops.iter().try_fold(0.0, |t, r| Some(t + r.e2e_ms()?));
             ChainOut {
                 chain: c.chain.clone(),
                 hops: hops.iter().map(|r| r.id.clone()).collect(),
-                e2e_ms: match (first, last_done) {
-                    (Some(f), Some(l)) => Some(ms(l.saturating_sub(f))),
-                    _ => None,
-                },
+                e2e_ms,
                 ttft_ms: hops.iter().map(|r| r.ttft_ms()).collect(),
                 prefix_cache_hit: hops
                     .iter()
@@ -551,6 +564,8 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
                     })
                     .collect(),
                 source: chain_source_name(c.source).to_owned(),
+                hops_e2e_ms,
+                between_hops_ms: between_hops_ms(e2e_ms, hops_e2e_ms),
             }
         })
         .collect();
@@ -1096,7 +1111,7 @@ struct ChainAgg {
 /// A hop in the spool: TTFT as f64 bits (NaN: unknown), cached and prompt
 /// tokens, peak GPU memory, which of those three are known (bits 0-2), the
 /// id's length, the row's length; then the id and the row.
-const HOP_HEAD: usize = 8 + 8 + 8 + 8 + 1 + 4 + 4;
+const HOP_HEAD: usize = 8 + 8 + 8 + 8 + 1 + 4 + 4 + 8;
 
 fn opt_bits(v: Option<f64>) -> [u8; 8] {
     v.unwrap_or(f64::NAN).to_bits().to_le_bytes()
@@ -1110,6 +1125,7 @@ fn bits_opt(b: &[u8]) -> Option<f64> {
 /// A spooled hop's head, read back.
 struct HopHead {
     ttft_ms: Option<f64>,
+    e2e_ms: Option<f64>,
     cached_tokens: Option<u64>,
     prompt_tokens: Option<u64>,
     peak_gpu_mem_bytes: Option<u64>,
@@ -1127,13 +1143,14 @@ impl HopHead {
         h[32] = u8::from(self.cached_tokens.is_some()) | u8::from(self.prompt_tokens.is_some()) << 1 | u8::from(self.peak_gpu_mem_bytes.is_some()) << 2;
         h[33..37].copy_from_slice(&(self.id_len as u32).to_le_bytes());
         h[37..41].copy_from_slice(&(self.row_len as u32).to_le_bytes());
+        h[41..49].copy_from_slice(&opt_bits(self.e2e_ms));
         h
     }
 
     fn decode(h: &[u8; HOP_HEAD]) -> Self {
         let u = |r: std::ops::Range<usize>, bit: u8| (h[32] & bit != 0).then(|| u64::from_le_bytes(h[r].try_into().expect("8 bytes")));
         let len = |r: std::ops::Range<usize>| u32::from_le_bytes(h[r].try_into().expect("4 bytes")) as usize;
-        HopHead { ttft_ms: bits_opt(&h[0..8]), cached_tokens: u(8..16, 1), prompt_tokens: u(16..24, 2), peak_gpu_mem_bytes: u(24..32, 4), id_len: len(33..37), row_len: len(37..41) }
+        HopHead { ttft_ms: bits_opt(&h[0..8]), e2e_ms: bits_opt(&h[41..49]), cached_tokens: u(8..16, 1), prompt_tokens: u(16..24, 2), peak_gpu_mem_bytes: u(24..32, 4), id_len: len(33..37), row_len: len(37..41) }
     }
 
     /// The prefix-cache hit, as `build` computes it.
@@ -1211,7 +1228,7 @@ impl ChainBook {
         if self.rows {
             hop_figures(&mut self.row, &text_row, self.gpu);
         }
-        let head = HopHead { ttft_ms: q.ttft_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
+        let head = HopHead { ttft_ms: q.ttft_ms, e2e_ms: q.e2e_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
         self.spool.write_all(&head.encode())?;
         self.spool.write_all(q.id.as_bytes())?;
         self.spool.write_all(self.row.as_bytes())?;
@@ -1443,6 +1460,7 @@ impl ChainsOut {
             spans.clear();
             ttfts.clear();
             hits.clear();
+            let mut hops_e2e_ms = Some(0.0);
             for &s in &self.by_chain[at..at + x.hops as usize] {
                 let off = self.hop_at[s as usize];
                 let h = HopHead::read(&mut pages, off)?;
@@ -1452,6 +1470,7 @@ impl ChainsOut {
                 spans.push(from..from + h.id_len);
                 ttfts.push(h.ttft_ms);
                 hits.push(h.hit());
+                hops_e2e_ms = hops_e2e_ms.zip(h.e2e_ms).map(|(t, e)| t + e);
             }
             at += x.hops as usize;
             if k > 0 {
@@ -1463,6 +1482,7 @@ impl ChainsOut {
             o.array("hops", spans.iter().map(|r| String::from_utf8_lossy(&ids[r.clone()])));
             o.field("e2e_ms", &Self::e2e_ms(x));
             o.field("ttft_ms", &ttfts[..]).field("prefix_cache_hit", &hits[..]).field("source", chain_source_name(x.source));
+            o.field("hops_e2e_ms", &hops_e2e_ms).field("between_hops_ms", &between_hops_ms(Self::e2e_ms(x), hops_e2e_ms));
             o.end();
             if b.len() >= SPOOL_CHUNK {
                 out.write_all(b)?;

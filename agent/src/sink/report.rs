@@ -797,13 +797,20 @@ fn hop_figures(s: &mut String, q: &TextRow, gpu: bool) {
 /// Interferers named under a hop's row at most; the JSON report lists all.
 const NOTE_NAMES: usize = 4;
 
+/// The share of a hop's E2E its interference must reach to be told under
+/// its row: on a busy server nearly every decode shares steps with some
+/// prefill, and a line under every row would hide the hops it slowed down.
+const NOTE_SHARE: f64 = 0.10;
+
 /// The line under a hop's row saying why its decode was slow, when the
 /// figures alone do not: whose co-batched prefill took its decode time
-/// (`interference_from`), and how often the engine preempted it. Starts
-/// with the newline that ends the row's figures.
+/// (`interference_from`) when that was at least [`NOTE_SHARE`] of its E2E,
+/// and how often the engine preempted it. Starts with the newline that ends
+/// the row's figures.
 fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
-    if !q.interference_from.is_empty() {
+    let material = matches!((q.interference_ms, q.e2e_ms), (Some(i), Some(e)) if i > 0.0 && i >= NOTE_SHARE * e);
+    if material && !q.interference_from.is_empty() {
         let mut names = q.interference_from.iter().take(NOTE_NAMES).copied().collect::<Vec<_>>().join(", ");
         if q.interference_from.len() > NOTE_NAMES {
             let _ = write!(names, " and {} more", q.interference_from.len() - NOTE_NAMES);
@@ -2393,6 +2400,16 @@ mod tests {
         assert_eq!(note(vec![], Some(1)).lines().nth(1), Some("        ^ preempted 1 time"));
         assert_eq!(note(vec!["a"], Some(0)).lines().nth(1), Some("        ^ decode lost 12.50 ms to the co-batched prefill of a"));
         assert_eq!(note(vec![], Some(0)).lines().count(), 1);
+        // Under a tenth of the hop's E2E, the interf column says it all.
+        let mut row = String::new();
+        let mut small = text_row(&phases, vec!["a"], None);
+        small.interference_ms = Some(4.9);
+        hop_figures(&mut row, &small, false);
+        assert!(!row.contains('\n'), "{row}");
+        small.interference_ms = Some(5.0);
+        row.clear();
+        hop_figures(&mut row, &small, false);
+        assert!(row.ends_with("\n        ^ decode lost 5.00 ms to the co-batched prefill of a"), "{row}");
         assert_eq!(note(vec![], None).lines().count(), 1);
     }
 

@@ -64,7 +64,15 @@ enum Cmd {
         to: ExportTo,
     },
     /// Per-request and per-chain figures from a recording.
+    ///
+    /// The text: a line per request; a table per chain, a row per hop (TTFT;
+    /// the phases frontend, queue, prefill, kv, 1st_out and decode, which add
+    /// up to its E2E; decode time lost to co-batched prefill, and whose when it
+    /// was at least a tenth of the E2E; GPU shares with GPU records; ITLs;
+    /// tokens), a sum row and the chain's time between hops; the summary in
+    /// `vllm bench serve`'s layout; every loss counter.
     Report {
+        /// The recording (`record -o` / `run -o`).
         file: PathBuf,
         /// Machine-readable output (schema 1, see docs/report-json.md).
         #[arg(long)]
@@ -84,6 +92,7 @@ enum Cmd {
     /// Perfetto protobuf trace of a recording: open it in ui.perfetto.dev
     /// (what each track shows: docs/perfetto.md).
     Trace {
+        /// The recording (`record -o` / `run -o`).
         file: PathBuf,
         /// Trace file to write (default: FILE with the extension .pftrace).
         #[arg(short = 'o', long = "output")]
@@ -97,7 +106,9 @@ enum Cmd {
     /// changes as sums of phase deltas, token and GPU kernel deltas
     /// (docs/diff.md).
     Diff {
+        /// The recording to compare against (the baseline).
         before: PathBuf,
+        /// The recording whose changes are explained.
         after: PathBuf,
         /// Machine-readable output (schema 1, see docs/diff.md).
         #[arg(long)]
@@ -110,6 +121,7 @@ enum ExportTo {
     /// OTLP/HTTP protobuf: one span per request, a child per phase, joined to
     /// the caller's trace when the request carried `traceparent`.
     Otlp {
+        /// The recording (`record -o` / `run -o`).
         file: PathBuf,
         /// Collector endpoint, e.g. http://127.0.0.1:4318 (/v1/traces is appended).
         #[arg(long)]

@@ -9,7 +9,7 @@
 //! The JSON shape is documented in docs/diff.md (schema 1: add, never rename).
 
 use crate::correlate::percentile;
-use crate::sink::report::{KernelOut, Report, RequestOut};
+use crate::sink::report::{ChainOut, KernelOut, Report, RequestOut};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -299,6 +299,37 @@ pub struct Diff {
     pub pairs: Vec<Pair>,
     /// Null when neither recording has GPU kernels.
     pub kernels: Option<KernelDiff>,
+    /// Whole chains (added 2026-12-01): null unless both sides have explicit
+    /// chains.
+    pub chains: Option<ChainsDelta>,
+}
+
+/// The i-th explicit chain of BEFORE against the i-th of AFTER, over the
+/// pairs whose figures are known on both sides: a chain's E2E change split
+/// exactly into its hops' (server) time and the time between hops (the
+/// client's own work).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChainsDelta {
+    /// Chain pairs averaged (both sides with every figure).
+    pub chains: usize,
+    pub e2e_ms: Delta,
+    pub hops_e2e_ms: Delta,
+    pub between_hops_ms: Delta,
+}
+
+/// Chain-level means over the position-matched explicit chains.
+fn compare_chains(b: &Report, a: &Report) -> Option<ChainsDelta> {
+    fn explicit_of(r: &Report) -> Vec<&ChainOut> {
+        r.chains.iter().filter(|c| explicit(&c.source)).collect()
+    }
+    let (cb, ca) = (explicit_of(b), explicit_of(a));
+    if cb.is_empty() || ca.is_empty() {
+        return None;
+    }
+    let figures = |c: &ChainOut| Some((c.e2e_ms?, c.hops_e2e_ms?, c.between_hops_ms?));
+    let both: Vec<_> = cb.iter().zip(&ca).filter_map(|(x, y)| Some((figures(x)?, figures(y)?))).collect();
+    let d = |f: fn(&(f64, f64, f64)) -> f64| mean_delta(both.iter().map(|(x, y)| Delta::of(Some(f(x)), Some(f(y)))));
+    Some(ChainsDelta { chains: both.len(), e2e_ms: d(|x| x.0), hops_e2e_ms: d(|x| x.1), between_hops_ms: d(|x| x.2) })
 }
 
 // ---------------------------------------------------------------- per request
@@ -895,7 +926,8 @@ pub fn compare(before: &Report, after: &Report) -> Diff {
     let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v)).collect();
     let kernels = compare_kernels(&before.kernels, &after.kernels);
     let headline = headline(&overall, &hops, &matching, kernels.as_ref());
-    Diff { schema: SCHEMA, before: side(before), after: side(after), matching, headline, overall, hops, pairs, kernels }
+    let chains = compare_chains(before, after);
+    Diff { schema: SCHEMA, before: side(before), after: side(after), matching, headline, overall, hops, pairs, kernels, chains }
 }
 
 /// `1-3`, `2, 4` (consecutive runs collapsed).
@@ -1321,6 +1353,19 @@ pub fn render_text(d: &Diff) -> String {
         }
     }
 
+    if let Some(c) = d.chains.as_ref().filter(|c| c.chains > 0) {
+        let _ = writeln!(
+            s,
+            "\nchains ({} matched by position, means): E2E {} → {} ms ({}) = hops {} ms + between hops (the client's own time) {} ms",
+            c.chains,
+            f(c.e2e_ms.before),
+            f(c.e2e_ms.after),
+            fd(c.e2e_ms.delta),
+            fd(c.hops_e2e_ms.delta),
+            fd(c.between_hops_ms.delta)
+        );
+    }
+
     if !d.hops.is_empty() {
         let _ = writeln!(s, "\nper hop (chain-matched, means)");
         let _ = writeln!(
@@ -1579,6 +1624,23 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
+    }
+
+    /// The agent took longer between its calls, the server was as fast: the
+    /// chains' E2E change is all between hops, none in the hops.
+    #[test]
+    fn a_chains_change_splits_into_its_hops_and_the_clients_time_between_them() {
+        let spaced = |name: &str, gap_ms: u64| -> Vec<Request> { (1..=3u64).map(|h| request(h as usize, h * gap_ms * MS, name, ChainSource::Header, BASE)).collect() };
+        let d = compare(&rep("b", &analysis(spaced("s-b", 1000))), &rep("a", &analysis(spaced("s-a", 1500))));
+        let c = d.chains.as_ref().expect("both sides have explicit chains");
+        assert_eq!(c.chains, 1);
+        assert!(close(c.e2e_ms.delta.unwrap(), 1000.0) && close(c.hops_e2e_ms.delta.unwrap(), 0.0) && close(c.between_hops_ms.delta.unwrap(), 1000.0), "{c:?}");
+        assert!(close(c.e2e_ms.delta.unwrap(), c.hops_e2e_ms.delta.unwrap() + c.between_hops_ms.delta.unwrap()));
+        let text = render_text(&d);
+        assert!(text.contains("chains (1 matched by position, means): E2E 2035.00 → 3035.00 ms (+1000.00) = hops +0.00 ms + between hops (the client's own time) +1000.00 ms"), "{text}");
+        // Without explicit chains there is nothing to say about chains.
+        let conn = |i| request(i, i as u64 * 100 * MS, &format!("conn:{i}"), ChainSource::Connection, BASE);
+        assert_eq!(compare(&rep("b", &analysis(vec![conn(1)])), &rep("a", &analysis(vec![conn(2)]))).chains, None);
     }
 
     #[test]

@@ -199,6 +199,11 @@ fn metrics_endpoint_serves_vllm_style_histograms_during_the_recording() {
     // All 8 requests share the session header: hops 1..8.
     let hops = count("hopscope_hop_time_to_first_token_seconds", "hopscope_hop_time_to_first_token_seconds_count");
     assert_eq!(hops, n);
+    // The client's time between hops: at least between the 4 sequential
+    // ones; never before a hop that arrived with another still running.
+    assert_eq!(scraped["hopscope_chain_between_hops_seconds"]["type"], "histogram");
+    let gaps = count("hopscope_chain_between_hops_seconds", "hopscope_chain_between_hops_seconds_count");
+    assert!((3.0..n).contains(&gaps), "{gaps} of {n} hops: {}", scraped["hopscope_chain_between_hops_seconds"]);
     assert!(count("hopscope_requests", "hopscope_requests_total") >= n, "{}", scraped["hopscope_requests"]);
     assert!(count("hopscope_generation_tokens", "hopscope_generation_tokens_total") >= n * 12.0);
 }

@@ -60,17 +60,28 @@ struct Open {
     hop: u32,
     ttft_ns: Option<u64>,
     last_content_ns: Option<u64>,
+    chain: String,
+}
+
+/// A chain as the live stream sees it: hops so far, and when its latest hop
+/// ended if no hop has arrived since.
+#[derive(Default)]
+struct ChainLive {
+    hops: u32,
+    last_done_ns: Option<u64>,
 }
 
 /// Metrics built from the live record stream.
 pub struct LiveMetrics {
     open: HashMap<(ConnKey, u32), Open>,
-    hops: HashMap<String, u32>,
+    hops: HashMap<String, ChainLive>,
     chain_header: String,
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
     ttft_by_hop: BTreeMap<u32, Histogram>,
+    /// A hop's arrival less the end of its chain's previous hop.
+    between_hops: Histogram,
     requests: BTreeMap<u16, u64>,
     prompt_tokens: u64,
     generation_tokens: u64,
@@ -103,6 +114,7 @@ impl LiveMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             ttft_by_hop: BTreeMap::new(),
+            between_hops: Histogram::new(TTFT_BUCKETS),
             requests: BTreeMap::new(),
             prompt_tokens: 0,
             generation_tokens: 0,
@@ -121,9 +133,14 @@ impl LiveMetrics {
                     .map(str::to_owned)
                     .or_else(|| get(&self.chain_header).map(str::to_owned))
                     .unwrap_or_else(|| format!("conn:{}:{}:{}", conn.tgid, conn.fd, conn.ino));
-                let hop = self.hops.entry(chain).or_default();
-                *hop += 1;
-                self.open.insert((*conn, *seq), Open { arrive_ns: *start_ns, hop: *hop, ttft_ns: None, last_content_ns: None });
+                let c = self.hops.entry(chain.clone()).or_default();
+                c.hops += 1;
+                // The client's own time before this hop, when the chain's
+                // previous hop had ended (hops in flight together have none).
+                if let Some(done) = c.last_done_ns.take().filter(|d| *d <= *start_ns) {
+                    self.between_hops.observe((start_ns - done) as f64 / 1e9);
+                }
+                self.open.insert((*conn, *seq), Open { arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, chain });
                 // Bounded: a client that never finishes cannot grow this forever.
                 if self.open.len() > 1 << 16 {
                     let oldest = self.open.iter().min_by_key(|(_, o)| o.arrive_ns).map(|(k, _)| *k);
@@ -165,6 +182,9 @@ impl LiveMetrics {
             Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
                 if let Some(o) = self.open.remove(&(*conn, *seq)) {
                     self.e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9);
+                    if let Some(c) = self.hops.get_mut(&o.chain) {
+                        c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
+                    }
                 }
             }
             Record::Drops { counters, .. } => self.drops.clone_from(counters),
@@ -206,6 +226,12 @@ impl LiveMetrics {
             let label = if *hop == MAX_HOP_LABEL { format!("{MAX_HOP_LABEL}+") } else { hop.to_string() };
             h.render(&mut s, name, &format!("hop=\"{label}\""));
         }
+        hist(
+            &mut s,
+            "hopscope_chain_between_hops_seconds",
+            "A chain's time outside the server: a hop's arrival less the end of the chain's previous hop (the agent's own work between calls).",
+            &self.between_hops,
+        );
         let _ = writeln!(s, "# HELP hopscope_requests_total HTTP requests answered, by status.\n# TYPE hopscope_requests_total counter");
         for (status, n) in &self.requests {
             let _ = writeln!(s, "hopscope_requests_total{{status=\"{status}\"}} {n}");
@@ -293,6 +319,41 @@ mod tests {
         assert!(s.contains("x_bucket{le=\"1\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
         assert!(s.contains("x_count 3\n"), "{s}");
+    }
+
+    /// The client's time between a chain's hops: from a hop's end to the
+    /// next hop's arrival; a hop that arrives while the previous one is still
+    /// running (a fan-out) adds nothing.
+    #[test]
+    fn the_time_between_a_chains_hops_is_a_histogram() {
+        let req = |fd: i32, at: u64| Record::HttpRequest {
+            conn: ConnKey { tgid: 1, fd, ino: fd as u64 },
+            role: HttpRole::Server,
+            seq: 0,
+            start_ns: at,
+            end_ns: at + 1,
+            tid: 1,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            headers: vec![("x-session-id".into(), "s1".into())],
+            body_len: 10,
+            stream: Some(true),
+            model: None,
+            ready_ns: None,
+        };
+        let end = |fd: i32, at: u64| Record::HttpResponseEnd { conn: ConnKey { tgid: 1, fd, ino: fd as u64 }, seq: 0, ts_ns: at, body_len: 10 };
+        const MS: u64 = 1_000_000;
+        let mut m = LiveMetrics::new("x-session-id");
+        for r in [req(5, 0), end(5, 100 * MS), req(6, 350 * MS), req(7, 400 * MS), end(6, 500 * MS), end(7, 600 * MS), req(8, 610 * MS)] {
+            m.observe(&r);
+        }
+        let s = m.render();
+        assert!(s.contains("# TYPE hopscope_chain_between_hops_seconds histogram"), "{s}");
+        // 250 ms before hop 2, none before hop 3 (hop 2 still running), 10 ms before hop 4.
+        assert!(s.lines().any(|l| l == "hopscope_chain_between_hops_seconds_count 2"), "{s}");
+        assert!(s.lines().any(|l| l == "hopscope_chain_between_hops_seconds_bucket{le=\"0.01\"} 1"), "{s}");
+        let sum: f64 = s.lines().find_map(|l| l.strip_prefix("hopscope_chain_between_hops_seconds_sum ")).unwrap().parse().unwrap();
+        assert!((sum - 0.26).abs() < 1e-9, "{sum}");
     }
 
     #[test]

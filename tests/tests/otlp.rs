@@ -70,7 +70,31 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
     // Hops of one chain share a trace (no traceparent here: derived from the chain key).
     let chat: Vec<&&Value> = servers.iter().filter(|s| attr(s, "url.path") == "/v1/chat/completions").collect();
     assert!(chat.windows(2).all(|w| w[0]["trace_id"] == w[1]["trace_id"]), "one trace per chain");
-    assert!(chat.iter().all(|s| s["parent_span_id"] == "" || by_id.contains_key(s["parent_span_id"].as_str().unwrap())));
+    let chain_spans: Vec<&str> = spans.iter().filter(|s| s["name"] == "chain").map(|s| s["span_id"].as_str().unwrap()).collect();
+    assert!(chat.iter().all(|s| {
+        let p = s["parent_span_id"].as_str().unwrap();
+        p.is_empty() || by_id.contains_key(p) || chain_spans.contains(&p)
+    }));
+    // A session chain (keyed by x-session-id) is one span, its hops' parent,
+    // from the first hop's arrival to the last one's end, saying the client's
+    // time between them.
+    for c in report["chains"].as_array().unwrap().iter().filter(|c| c["source"] == "header") {
+        let key = c["chain"].as_str().unwrap();
+        let spans_of_chain: Vec<&Value> = spans.iter().filter(|s| s["name"] == "chain" && attr(s, "hopscope.chain") == key).collect();
+        assert_eq!(spans_of_chain.len(), 1, "{key}");
+        let cs = spans_of_chain[0];
+        assert_eq!(cs["kind"], 1);
+        assert_eq!(cs["parent_span_id"], "");
+        let hops: Vec<&&Value> = servers.iter().filter(|s| attr(s, "hopscope.chain") == key).collect();
+        assert_eq!(hops.len(), c["hops"].as_array().unwrap().len(), "{key}");
+        assert!(hops.iter().all(|h| h["parent_span_id"] == cs["span_id"] && h["trace_id"] == cs["trace_id"]), "{key}: hops are the chain span's children");
+        let t = |s: &Value, k: &str| s[k].as_str().map_or_else(|| s[k].as_u64().unwrap(), |v| v.parse().unwrap());
+        assert_eq!(t(cs, "start"), hops.iter().map(|h| t(h, "start")).min().unwrap());
+        assert_eq!(t(cs, "end"), hops.iter().map(|h| t(h, "end")).max().unwrap());
+        assert_eq!(attr(cs, "hopscope.chain.hops").as_str(), Some(hops.len().to_string().as_str()));
+        let between = attr(cs, "hopscope.chain.between_hops").as_f64().unwrap();
+        assert!((between * 1e3 - c["between_hops_ms"].as_f64().unwrap()).abs() < 1e-3, "{key}: {between} s vs the report's {}", c["between_hops_ms"]);
+    }
     assert_eq!(servers[0]["resource"]["service.name"]["stringValue"], "hopscope");
 }
 

@@ -14,7 +14,7 @@
 //! test decodes our bytes with the reference Python bindings.
 
 use crate::correlate::engine::marks;
-use crate::correlate::{Analysis, Config, Request};
+use crate::correlate::{Analysis, ChainSource, Config, Request};
 use crate::recording::{Meta, Reader};
 use crate::sink::report::{request_ref, stream_requests, Phases, RequestRef};
 use crate::sink::summary::GpuMemIndex;
@@ -162,24 +162,85 @@ fn caller(r: &Request) -> Option<(Vec<u8>, Vec<u8>)> {
 /// sends in batches), attributes from the report's figures.
 pub fn build(meta: &Meta, analysis: &Analysis) -> ExportTraceServiceRequest {
     let (mut itl, mut sorted, mut spans) = (Vec::new(), Vec::new(), Vec::new());
+    let mut chains = ChainSpans::default();
     for r in &analysis.requests {
         spans_of(meta, r, &request_ref(r, &mut itl, &mut sorted), &mut spans);
+        chains.note(r);
     }
+    chains.finish(meta, &mut spans);
     wrap(meta, spans)
+}
+
+/// The span a session chain (a chain keyed by the chain header) gets: its
+/// hops' parent, from its first hop's arrival to its last hop's end, so a
+/// session reads as one tree with the client's time between the hops in it.
+/// Chains keyed by `traceparent` already sit in the caller's trace; those
+/// keyed by a connection are not sessions anyone named.
+#[derive(Default)]
+struct ChainSpans {
+    /// (first arrival, last end, hops, the hops' E2E added up) per chain key.
+    open: crate::correlate::FxMap<String, (u64, u64, u32, u64)>,
+}
+
+/// Span id of a session chain's span (see [`ChainSpans`]).
+fn chain_span_id(chain: &str) -> Vec<u8> {
+    fnv(chain.as_bytes(), 4).to_be_bytes().to_vec()
+}
+
+/// Trace id of a request without a valid `traceparent`: its chain's.
+fn chain_trace_id(chain: &str) -> Vec<u8> {
+    [fnv(chain.as_bytes(), 1).to_be_bytes(), fnv(chain.as_bytes(), 2).to_be_bytes()].concat()
+}
+
+impl ChainSpans {
+    /// A request whose spans were made ([`spans_of`]: it has an end).
+    fn note(&mut self, r: &Request) {
+        let Some(done) = r.done_ns.filter(|_| r.chain_source == ChainSource::Header) else { return };
+        let e = self.open.entry(r.chain.clone()).or_insert((r.arrive_ns, done, 0, 0));
+        e.0 = e.0.min(r.arrive_ns);
+        e.1 = e.1.max(done);
+        e.2 += 1;
+        e.3 += done.saturating_sub(r.arrive_ns);
+    }
+
+    /// The chains' spans, in the report's chain order (first arrival, then key).
+    fn finish(self, meta: &Meta, spans: &mut Vec<Span>) {
+        let offset = unix_offset(meta);
+        let unix = |mono: u64| (mono as i128 + offset).max(0) as u64;
+        let mut chains: Vec<(String, (u64, u64, u32, u64))> = self.open.into_iter().collect();
+        chains.sort_by(|a, b| (a.1 .0, &a.0).cmp(&(b.1 .0, &b.0)));
+        for (chain, (first, last, hops, hops_ns)) in chains {
+            let between = (last - first) as f64 / 1e9 - hops_ns as f64 / 1e9;
+            spans.push(Span {
+                trace_id: chain_trace_id(&chain),
+                span_id: chain_span_id(&chain),
+                parent_span_id: Vec::new(),
+                name: "chain".into(),
+                kind: 1,
+                start_time_unix_nano: unix(first),
+                end_time_unix_nano: unix(last),
+                attributes: vec![s("hopscope.chain", &chain), kv("hopscope.chain.hops", Value::Int(i64::from(hops))), kv("hopscope.chain.between_hops", Value::Double(between))],
+            });
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC → Unix time: the offset stamped when recording began.
+fn unix_offset(meta: &Meta) -> i128 {
+    let start_unix = if meta.start_unix_ns > 0 { meta.start_unix_ns } else { meta.created_unix_s.saturating_mul(1_000_000_000) };
+    start_unix as i128 - meta.start_ns as i128
 }
 
 /// The spans of one request (none while it has no end): its SERVER span
 /// and, when the engine was joined, one child per phase.
 pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>) {
-    // CLOCK_MONOTONIC → Unix time, from the pair stamped when recording began.
-    let start_unix = if meta.start_unix_ns > 0 { meta.start_unix_ns } else { meta.created_unix_s.saturating_mul(1_000_000_000) };
-    let offset = start_unix as i128 - meta.start_ns as i128;
+    let offset = unix_offset(meta);
     let unix = |mono: u64| (mono as i128 + offset).max(0) as u64;
     let Some(done) = r.done_ns else { return };
+    // A session chain's hops are children of its span ([`ChainSpans`]).
     let (trace_id, parent) = caller(r).unwrap_or_else(|| {
-        let a = fnv(r.chain.as_bytes(), 1).to_be_bytes();
-        let b = fnv(r.chain.as_bytes(), 2).to_be_bytes();
-        ([a, b].concat(), Vec::new())
+        let parent = if r.chain_source == ChainSource::Header { chain_span_id(&r.chain) } else { Vec::new() };
+        (chain_trace_id(&r.chain), parent)
     });
     let span_id = fnv(format!("{}/{}/{}/{}", r.id, r.conn.tgid, r.conn.ino, r.seq).as_bytes(), 3).to_be_bytes().to_vec();
     let mut attrs = vec![
@@ -318,15 +379,18 @@ pub fn export_streamed<R: Read>(reader: &mut Reader<R>, cfg: Config, endpoint: &
     };
     // The report's reading loop: requests in report order as they become
     // final, with the report's figures; steps are not exported.
+    let mut chains = ChainSpans::default();
     let take = |r: &Request, q: &RequestRef| -> Result<(), OtlpError> {
         done.requests += 1;
         spans_of(&meta, r, q, &mut spans);
+        chains.note(r);
         if spans.len() >= batch.max(1) {
             flush(&mut spans, &mut done)?;
         }
         Ok(())
     };
     let (_, read_error) = stream_requests(reader, cfg, &mut GpuMemIndex::default(), take, |_, _| Ok(()))?;
+    chains.finish(&meta, &mut spans);
     flush(&mut spans, &mut done)?;
     Ok((done, read_error))
 }

@@ -1231,18 +1231,21 @@ impl ChainBook {
         self.chain_of.push(i as u32);
         self.id_hash.push(std::hash::BuildHasher::hash_one(&std::hash::BuildHasherDefault::<crate::correlate::FxHasher>::default(), q.id));
         self.row.clear();
-        let text_row = q.into();
-        if self.rows {
+        // The text report's row and what its chain's sum row adds up; the
+        // JSON report needs neither.
+        let sums = self.rows.then(|| {
+            let text_row = q.into();
             hop_figures(&mut self.row, &text_row, self.gpu);
-        }
+            HopSums::of(&text_row)
+        });
         let head = HopHead { ttft_ms: q.ttft_ms, e2e_ms: q.e2e_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
         self.spool.write_all(&head.encode())?;
         self.spool.write_all(q.id.as_bytes())?;
         self.spool.write_all(self.row.as_bytes())?;
         self.spooled += (HOP_HEAD + q.id.len() + self.row.len()) as u64;
-        if self.rows {
-            // What the chain's `sum` row adds up, after the row.
-            self.spool.write_all(&HopSums::of(&text_row).encode())?;
+        if let Some(sums) = sums {
+            // After the row.
+            self.spool.write_all(&sums.encode())?;
             self.spooled += SUMS_BYTES as u64;
         }
         Ok(())

@@ -762,36 +762,27 @@ fn chain_head(s: &mut String, chain: &str, source: &str, hops: usize, e2e_ms: Op
 /// (no newline), then, after a newline, the note under it if it has one
 /// ([`hop_note`]); [`write_hop`] puts the pieces together. `gpu`: the
 /// recording has GPU records, so the row has the GPU shares of prefill and
-/// decode (`gpu_ms`).
-fn hop_figures(s: &mut String, q: &TextRow, gpu: bool) {
+/// decode (`gpu_ms`). Returns the figures, which the chain's sum row adds up.
+fn hop_figures(s: &mut String, q: &TextRow, gpu: bool) -> HopSums {
     let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
-    let p = q.phases_ms;
-    let _ = write!(
-        s,
-        " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        opt(q.ttft_ms),
-        opt(p.frontend),
-        opt(p.queue),
-        opt(p.prefill),
-        opt(p.kv_transfer),
-        opt(p.first_output),
-        opt(p.decode),
-        opt(q.interference_ms),
-    );
-    if gpu {
-        let _ = write!(s, " {:>8} {:>8}", opt(q.gpu_ms.prefill), opt(q.gpu_ms.decode));
-    }
-    let _ = write!(
-        s,
-        " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}",
-        opt(avg),
-        opt(q.itl_p90_ms),
-        opt_u(q.prompt_tokens),
-        opt_u(q.completion_tokens),
-        opt_u(q.cached_tokens),
-        opt(q.e2e_ms),
-    );
+    let h = HopSums::of(q);
+    row_figures(s, &h, [avg, q.itl_p90_ms], gpu);
     hop_note(s, q);
+    h
+}
+
+/// A chain table's row after its first column, in [`chain_head`]'s order:
+/// `h`'s figures with `itl` (mean, p90) before the token counts; a hop's row
+/// and the chain's sum row alike.
+fn row_figures(s: &mut String, h: &HopSums, itl: [Option<f64>; 2], gpu: bool) {
+    let f = |k: usize| opt(h.0[k]);
+    let _ = write!(s, " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
+    if gpu {
+        let _ = write!(s, " {:>8} {:>8}", f(8), f(9));
+    }
+    // Token counts are whole (exact as f64 far past any count).
+    let t = |k: usize| h.0[k].map_or_else(|| "-".into(), |v| format!("{v:.0}"));
+    let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", opt(itl[0]), opt(itl[1]), t(10), t(11), t(12), f(E2E));
 }
 
 /// Interferers named under a hop's row at most; the JSON report lists all.
@@ -830,12 +821,17 @@ fn hop_note(s: &mut String, q: &TextRow) {
 /// has one, then the note under it.
 fn write_hop(s: &mut String, n: usize, row: &str, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
     let (figures, note) = row.split_once('\n').unwrap_or((row, ""));
-    let mib = peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
     let _ = write!(s, "  {:>3}{figures}", n);
-    let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
+    row_end(s, gpu_mem, peak_gpu_mem_bytes);
     if !note.is_empty() {
         let _ = writeln!(s, "{note}");
     }
+}
+
+/// The end of a chain table's row: its GPU memory column, if the chain has one.
+fn row_end(s: &mut String, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
+    let mib = peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
+    let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
 }
 
 /// What a chain's `sum` row adds up of each hop, in the table's column
@@ -846,6 +842,8 @@ struct HopSums([Option<f64>; SUMS]);
 
 const SUMS: usize = 14;
 const SUMS_BYTES: usize = SUMS * 8;
+/// Where E2E is in [`HopSums`].
+const E2E: usize = 13;
 
 impl HopSums {
     fn of(q: &TextRow) -> Self {
@@ -908,6 +906,11 @@ impl ChainSums {
         (self.known[k] == self.hops).then_some(self.total[k])
     }
 
+    /// The sum row's figures.
+    fn row(&self) -> HopSums {
+        HopSums(std::array::from_fn(|k| self.get(k)))
+    }
+
     /// The `sum` row, and under it the time the chain spent outside the
     /// server: its E2E less its hops' (the agent's own work between calls),
     /// or how much the hops overlapped. Nothing for a chain of one hop.
@@ -915,17 +918,10 @@ impl ChainSums {
         if self.hops < 2 {
             return;
         }
-        let g = |k| opt(self.get(k));
-        let t = |k| self.get(k).map_or_else(|| "-".into(), |v| format!("{v:.0}"));
-        let _ = write!(s, "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", "sum", g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
-        if gpu {
-            let _ = write!(s, " {:>8} {:>8}", g(8), g(9));
-        }
-        let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", "-", "-", t(10), t(11), t(12), g(13));
-        let mib = self.peak.map(|b| b as f64 / (1u64 << 20) as f64);
-        let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
-        if let (Some(chain), Some(hops)) = (chain_e2e_ms, self.get(13)) {
-            let outside = chain - hops;
+        let _ = write!(s, "  {:>3}", "sum");
+        row_figures(s, &self.row(), [None, None], gpu);
+        row_end(s, gpu_mem, self.peak);
+        if let (Some(chain), Some(outside)) = (chain_e2e_ms, between_hops_ms(chain_e2e_ms, self.get(E2E))) {
             if outside >= 0.0 {
                 let _ = writeln!(s, "        between hops (the client's own time): {outside:.2} ms of the chain's {chain:.2} ms");
             } else {
@@ -992,10 +988,9 @@ pub fn render_text(rep: &Report) -> String {
         for (n, id) in c.hops.iter().enumerate() {
             let Some(q) = by_id.get(id.as_str()) else { continue };
             row.clear();
-            let text_row = (*q).into();
-            hop_figures(&mut row, &text_row, rep.recording.gpu);
+            let h = hop_figures(&mut row, &(*q).into(), rep.recording.gpu);
             write_hop(&mut s, n + 1, &row, gpu_mem, q.peak_gpu_mem_bytes);
-            sums.add(&HopSums::of(&text_row), q.peak_gpu_mem_bytes);
+            sums.add(&h, q.peak_gpu_mem_bytes);
         }
         sums.write(&mut s, rep.recording.gpu, gpu_mem, c.e2e_ms);
     }
@@ -1117,7 +1112,9 @@ struct ChainAgg {
 
 /// A hop in the spool: TTFT as f64 bits (NaN: unknown), cached and prompt
 /// tokens, peak GPU memory, which of those three are known (bits 0-2), the
-/// id's length, the row's length; then the id and the row.
+/// id's length, the row's length, E2E as f64 bits; then the id, the row and,
+/// in the text report's spool, the figures its chain's sum row adds up
+/// ([`HopSums`], `SUMS_BYTES`).
 const HOP_HEAD: usize = 8 + 8 + 8 + 8 + 1 + 4 + 4 + 8;
 
 fn opt_bits(v: Option<f64>) -> [u8; 8] {
@@ -1233,11 +1230,7 @@ impl ChainBook {
         self.row.clear();
         // The text report's row and what its chain's sum row adds up; the
         // JSON report needs neither.
-        let sums = self.rows.then(|| {
-            let text_row = q.into();
-            hop_figures(&mut self.row, &text_row, self.gpu);
-            HopSums::of(&text_row)
-        });
+        let sums = self.rows.then(|| hop_figures(&mut self.row, &q.into(), self.gpu));
         let head = HopHead { ttft_ms: q.ttft_ms, e2e_ms: q.e2e_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
         self.spool.write_all(&head.encode())?;
         self.spool.write_all(q.id.as_bytes())?;
@@ -2390,7 +2383,7 @@ mod tests {
         let six = vec!["a", "b", "c", "d", "e", "f"];
         let note = |from: Vec<&str>, pre: Option<u32>| {
             let mut row = String::new();
-            hop_figures(&mut row, &text_row(&phases, from, pre), false);
+            let _ = hop_figures(&mut row, &text_row(&phases, from, pre), false);
             let mut s = String::new();
             write_hop(&mut s, 3, &row, true, Some(3 << 20));
             s
@@ -2407,11 +2400,11 @@ mod tests {
         let mut row = String::new();
         let mut small = text_row(&phases, vec!["a"], None);
         small.interference_ms = Some(4.9);
-        hop_figures(&mut row, &small, false);
+        let _ = hop_figures(&mut row, &small, false);
         assert!(!row.contains('\n'), "{row}");
         small.interference_ms = Some(5.0);
         row.clear();
-        hop_figures(&mut row, &small, false);
+        let _ = hop_figures(&mut row, &small, false);
         assert!(row.ends_with("\n        ^ decode lost 5.00 ms to the co-batched prefill of a"), "{row}");
         assert_eq!(note(vec![], None).lines().count(), 1);
     }

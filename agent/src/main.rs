@@ -285,24 +285,6 @@ fn doctor_cmd(load: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Reads a recording and correlates it, streaming (memory follows the open
-/// requests, not the file's length). The error that stopped the read early,
-/// if any, comes back with the partial analysis.
-fn analyze(file: &std::path::Path, chain_header: Option<String>, use_ipc: bool) -> Result<(Meta, correlate::Analysis, Option<String>)> {
-    let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
-    let meta = reader.meta().clone();
-    let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| meta.chain_header.clone()), use_ipc };
-    let mut c = Correlator::new(cfg);
-    let read_error = loop {
-        match reader.next_record() {
-            Ok(Some(r)) => c.ingest(&r),
-            Ok(None) => break None,
-            Err(e) => break Some(e.to_string()),
-        }
-    };
-    Ok((meta, c.finish(), read_error))
-}
-
 fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool, percentiles: Option<Vec<f64>>) -> Result<()> {
     use hopscope::sink::summary;
     // Streamed: memory follows the open requests, not the recording's length.
@@ -331,20 +313,23 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
 
 fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
     use hopscope::sink::diff;
-    // Each recording correlated with its own chain header, exactly as `report` does.
-    let load = |file: &PathBuf| -> Result<(report::Report, Option<String>)> {
-        let (meta, analysis, read_error) = analyze(file, None, true)?;
-        Ok((report::build(&file.display().to_string(), &meta, &analysis, read_error.clone()), read_error))
+    // Each recording correlated with its own chain header, exactly as
+    // `report` does, and kept as the diff needs it (a few hundred bytes a
+    // request): neither side's analysis nor report is held.
+    let load = |file: &PathBuf| -> Result<(diff::Side, Option<String>)> {
+        let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+        let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+        diff::Side::read(&mut reader, &file.display().to_string(), cfg).with_context(|| format!("reading {}", file.display()))
     };
     let (b, b_err) = load(&before)?;
     let (a, a_err) = load(&after)?;
-    let d = diff::compare(&b, &a);
+    let d = diff::compare_sides(&b, &a);
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer_pretty(&mut out, &d)?;
+        d.write_json(&mut out)?;
         writeln!(out)?;
     } else {
-        out.write_all(diff::render_text(&d).as_bytes())?;
+        out.write_all(d.render_text().as_bytes())?;
     }
     for (file, e) in [(&before, b_err), (&after, a_err)] {
         if let Some(e) = e {

@@ -1,6 +1,7 @@
 //! `cargo xtask bench-memory [--requests N] [--baseline BIN] [--runs N]`:
-//! `hopscope report --json`, `hopscope trace` and `hopscope report` (the
-//! text tables) on a synthetic recording of N requests (default 1 000 000),
+//! `hopscope report --json`, `hopscope trace`, `hopscope report` (the
+//! text tables) and `hopscope diff --json` (the recording against itself)
+//! on a synthetic recording of N requests (default 1 000 000),
 //! each run as a child process: peak RSS (the child's own `ru_maxrss`, from
 //! wait4) and records/s on one core. The recording is made once and cached
 //! in target/bench/; the trace goes there too. `--baseline BIN` runs another
@@ -284,7 +285,7 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let size = std::fs::metadata(&hop)?.len();
     let bin: PathBuf = root.join("target/release/hopscope");
-    println!("hopscope report --json / trace / report, one core, synthetic vLLM-shaped recording: {n} requests, {records} records, {:.0} MiB", size as f64 / (1 << 20) as f64);
+    println!("hopscope report --json / trace / report / diff --json, one core, synthetic vLLM-shaped recording: {n} requests, {records} records, {:.0} MiB", size as f64 / (1 << 20) as f64);
     let line = |what: &str, (dt, rss, cpu): (f64, f64, f64), extra: &str| {
         println!("  {what:<27}{:.2} M records/s ({dt:.1} s wall, {:.2} M per CPU second), peak RSS {rss:.0} MiB{extra}", records as f64 / dt / 1e6, records as f64 / cpu / 1e6);
     };
@@ -332,6 +333,16 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Some(base) = base {
         line("baseline (report, text):", base, "");
         println!("{}", ratio(text, base));
+    }
+    // The recording against itself: both sides read, every request paired.
+    // Records/s counts both sides' records.
+    let hop_arg = hop.to_string_lossy().into_owned();
+    let (diffed, base) = pair(&["diff", "--json", &hop_arg], &mut || {})?;
+    let twice = |(dt, rss, cpu): Run| (dt / 2.0, rss, cpu / 2.0);
+    line("diff --json (itself):", twice(diffed), "   (both sides' records; goal: <= 200 MB per 100 k requests)");
+    if let Some(base) = base {
+        line("baseline (diff --json):", twice(base), "");
+        println!("{}", ratio(diffed, base));
     }
     Ok(())
 }

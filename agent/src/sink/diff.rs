@@ -8,11 +8,16 @@
 //! not attribute (a null phase) is shown as `unexplained`, never guessed.
 //! The JSON shape is documented in docs/diff.md (schema 1: add, never rename).
 
-use crate::correlate::percentile;
-use crate::sink::report::{ChainOut, KernelOut, Report, RequestOut};
+use crate::correlate::{ms, percentile};
+use crate::sink::json;
+use crate::sink::report::{self, between_hops_ms, KernelOut, Report, RequestOut, RequestRef};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+
+/// What `write_json` hands its output at a time.
+const CHUNK: usize = 1 << 16;
 
 pub const SCHEMA: u32 = 1;
 
@@ -318,18 +323,193 @@ pub struct ChainsDelta {
 }
 
 /// Chain-level means over the position-matched explicit chains.
-fn compare_chains(b: &Report, a: &Report) -> Option<ChainsDelta> {
-    fn explicit_of(r: &Report) -> Vec<&ChainOut> {
-        r.chains.iter().filter(|c| explicit(&c.source)).collect()
-    }
-    let (cb, ca) = (explicit_of(b), explicit_of(a));
-    if cb.is_empty() || ca.is_empty() {
+fn compare_chains(b: &Side, a: &Side) -> Option<ChainsDelta> {
+    if b.chains.is_empty() || a.chains.is_empty() {
         return None;
     }
-    let figures = |c: &ChainOut| Some((c.e2e_ms?, c.hops_e2e_ms?, c.between_hops_ms?));
-    let both: Vec<_> = cb.iter().zip(&ca).filter_map(|(x, y)| Some((figures(x)?, figures(y)?))).collect();
+    let both: Vec<_> = b.chains.iter().zip(&a.chains).filter_map(|(x, y)| Some((x.figures?, y.figures?))).collect();
     let d = |f: fn(&(f64, f64, f64)) -> f64| mean_delta(both.iter().map(|(x, y)| Delta::of(Some(f(x)), Some(f(y)))));
     Some(ChainsDelta { chains: both.len(), e2e_ms: d(|x| x.0), hops_e2e_ms: d(|x| x.1), between_hops_ms: d(|x| x.2) })
+}
+
+// ---------------------------------------------------------------- one recording
+
+/// One recording as the diff reads it: per request what matching needs and
+/// its figures (a few hundred bytes), the explicit chains, the top kernels.
+/// Made from a report ([`Side::of_report`]) or while a recording is read
+/// ([`Side::read`]): diffing two long recordings holds neither their
+/// analyses nor their reports, and the pairs are made one at a time as they
+/// are written.
+#[derive(Debug)]
+pub struct Side {
+    info: SideInfo,
+    /// (method, path) of the requests, each once.
+    routes: Vec<(Box<str>, Box<str>)>,
+    reqs: Vec<Req>,
+    /// Explicit chains in the report's order, each its requests in hop order.
+    chains: Vec<SideChain>,
+    kernels: Vec<KernelOut>,
+}
+
+#[derive(Debug)]
+struct Req {
+    id: Box<str>,
+    route: u32,
+    /// The chain key, when explicit (traceparent or header).
+    chain: Option<Box<str>>,
+    hop: Option<u32>,
+    request_bytes: u64,
+    arrive_ns: u64,
+    view: Packed,
+}
+
+#[derive(Debug)]
+struct SideChain {
+    members: Vec<u32>,
+    /// E2E, its hops' E2E added up and the time between hops, as the
+    /// report's chain gives them; None unless all three are known.
+    figures: Option<(f64, f64, f64)>,
+}
+
+/// An explicit chain while its hops come (requests in report order).
+struct ChainAcc {
+    name: Box<str>,
+    source: u8,
+    first_arrive_ns: u64,
+    last_done_ns: Option<u64>,
+    all_done: bool,
+    hops_e2e_ms: Option<f64>,
+    /// (hop, request).
+    members: Vec<(u32, u32)>,
+}
+
+/// A [`Side`] from requests in report order.
+#[derive(Default)]
+struct SideBuilder {
+    route_ix: HashMap<Box<str>, u32>,
+    routes: Vec<(Box<str>, Box<str>)>,
+    reqs: Vec<Req>,
+    chain_ix: HashMap<Box<str>, u32>,
+    chains: Vec<ChainAcc>,
+    key: String,
+}
+
+/// The order of [`ChainSource`](crate::correlate::ChainSource)'s variants,
+/// by which the report orders chains with the same name and first arrival.
+fn source_rank(source: &str) -> u8 {
+    match source {
+        "traceparent" => 0,
+        "header" => 1,
+        _ => 2,
+    }
+}
+
+impl SideBuilder {
+    /// The next request, in report order.
+    fn add(&mut self, q: &RequestOut) {
+        let i = self.reqs.len() as u32;
+        // Keys are looked up in one reused buffer: no allocation per request.
+        self.key.clear();
+        let _ = write!(self.key, "{}\0{}", q.method, q.path);
+        let route = match self.route_ix.get(self.key.as_str()) {
+            Some(&r) => r,
+            None => {
+                let r = self.routes.len() as u32;
+                self.routes.push((q.method.as_str().into(), q.path.as_str().into()));
+                self.route_ix.insert(self.key.as_str().into(), r);
+                r
+            }
+        };
+        let chain = q.chain.as_deref().filter(|_| explicit(&q.chain_source));
+        if let Some(name) = chain {
+            let source = source_rank(&q.chain_source);
+            self.key.clear();
+            let _ = write!(self.key, "{source}{name}");
+            let c = match self.chain_ix.get(self.key.as_str()) {
+                Some(&c) => c as usize,
+                None => {
+                    self.chain_ix.insert(self.key.as_str().into(), self.chains.len() as u32);
+                    self.chains.push(ChainAcc { name: name.into(), source, first_arrive_ns: q.arrive_ns, last_done_ns: None, all_done: true, hops_e2e_ms: Some(0.0), members: Vec::new() });
+                    self.chains.len() - 1
+                }
+            };
+            let c = &mut self.chains[c];
+            c.members.push((q.hop.unwrap_or(0), i));
+            match q.done_ns {
+                Some(d) => c.last_done_ns = Some(c.last_done_ns.map_or(d, |l| l.max(d))),
+                None => c.all_done = false,
+            }
+            c.hops_e2e_ms = c.hops_e2e_ms.zip(q.e2e_ms).map(|(t, e)| t + e);
+        }
+        self.reqs.push(Req {
+            id: q.id.as_str().into(),
+            route,
+            chain: chain.map(Box::from),
+            hop: q.hop,
+            request_bytes: q.request_bytes,
+            arrive_ns: q.arrive_ns,
+            view: Packed::of(&view(q)),
+        });
+    }
+
+    /// The chains in the report's order (first hop's arrival, then name and
+    /// source: `correlate::chains_of`), with the figures `report::build` gives.
+    fn finish(self, path: String, gpu: bool, read_error: Option<String>, hopscope_version: String, kernels: Vec<KernelOut>) -> Side {
+        let mut chains = self.chains;
+        chains.sort_by(|x, y| (x.first_arrive_ns, &x.name, x.source).cmp(&(y.first_arrive_ns, &y.name, y.source)));
+        let chains: Vec<SideChain> = chains
+            .into_iter()
+            .map(|mut c| {
+                c.members.sort_unstable();
+                let e2e_ms = c.last_done_ns.filter(|_| c.all_done).map(|l| ms(l.saturating_sub(c.first_arrive_ns)));
+                let figures = (|| Some((e2e_ms?, c.hops_e2e_ms?, between_hops_ms(e2e_ms, c.hops_e2e_ms)?)))();
+                SideChain { members: c.members.into_iter().map(|(_, i)| i).collect(), figures }
+            })
+            .collect();
+        Side {
+            info: SideInfo { path, requests: self.reqs.len(), chains: chains.len(), gpu, read_error, hopscope_version },
+            routes: self.routes,
+            reqs: self.reqs,
+            chains,
+            kernels,
+        }
+    }
+}
+
+impl Side {
+    /// A report's requests, chains and kernels.
+    pub fn of_report(rep: &Report) -> Side {
+        let mut b = SideBuilder::default();
+        for q in &rep.requests {
+            b.add(q);
+        }
+        let r = &rep.recording;
+        b.finish(r.path.clone(), r.gpu, r.read_error.clone(), r.hopscope_version.clone(), rep.kernels.clone())
+    }
+
+    /// A recording read through the correlator (as `hopscope report` reads
+    /// it), keeping only what the diff needs: memory follows the requests'
+    /// count (a few hundred bytes each), not the recording's length. Returns
+    /// the error that stopped the read early, if any.
+    pub fn read<R: Read>(reader: &mut crate::recording::Reader<R>, path: &str, cfg: crate::correlate::Config) -> io::Result<(Side, Option<String>)> {
+        let meta = reader.meta().clone();
+        let mut b = SideBuilder::default();
+        let mut gpu_mem = crate::sink::summary::GpuMemIndex::default();
+        let put = |_: &crate::correlate::Request, q: &RequestRef| -> io::Result<()> {
+            b.add(&q.to_out());
+            Ok(())
+        };
+        let (tail, read_error) = report::stream_requests(reader, cfg, &mut gpu_mem, put, |_, _| Ok(()))?;
+        // The requests went by; the recording-wide parts (kernels) are left.
+        let rep = report::build(path, &meta, &tail, read_error.clone());
+        let r = rep.recording;
+        Ok((b.finish(r.path, r.gpu, r.read_error, r.hopscope_version, rep.kernels), read_error))
+    }
+
+    fn route(&self, q: &Req) -> (&str, &str) {
+        let (m, p) = &self.routes[q.route as usize];
+        (m, p)
+    }
 }
 
 // ---------------------------------------------------------------- per request
@@ -378,6 +558,90 @@ fn view(q: &RequestOut) -> View {
     }
 }
 
+/// A [`View`] in half the bytes (a diff holds one per request of both
+/// recordings): unknown figures as a NaN no arithmetic makes, unknown
+/// counts as bits of `known`, `computed` made again from prompt and cached.
+#[derive(Debug, Clone, Copy)]
+struct Packed {
+    /// ttft, e2e, itl_mean, itl_p90, the phases, interference, the GPU
+    /// shares, itl_sum.
+    f: [f64; 15],
+    /// prompt, cached, completion, steps.
+    n: [u64; 4],
+    preemptions: u32,
+    itl_gaps: u32,
+    /// Which of `n` (bits 0-3) and `preemptions` (bit 4) are known.
+    known: u8,
+    generation: bool,
+}
+
+/// The NaN that stands for an unknown figure: arithmetic makes only the
+/// canonical quiet NaN, so a computed NaN stays a known value.
+const UNKNOWN: u64 = 0x7ff8_0000_dead_beef;
+
+fn pack_f(v: Option<f64>) -> f64 {
+    v.unwrap_or(f64::from_bits(UNKNOWN))
+}
+
+fn unpack_f(v: f64) -> Option<f64> {
+    (v.to_bits() != UNKNOWN).then_some(v)
+}
+
+impl Packed {
+    fn of(v: &View) -> Packed {
+        let mut f = [0.0; 15];
+        for (slot, x) in f.iter_mut().zip([v.ttft, v.e2e, v.itl_mean, v.itl_p90].into_iter().chain(v.phases).chain([v.interference]).chain(v.gpu)) {
+            *slot = pack_f(x);
+        }
+        f[14] = v.itl_sum;
+        let counts = [v.prompt, v.cached, v.completion, v.steps];
+        let mut known = u8::from(v.preemptions.is_some()) << 4;
+        for (i, c) in counts.iter().enumerate() {
+            known |= u8::from(c.is_some()) << i;
+        }
+        Packed {
+            f,
+            n: counts.map(|c| c.unwrap_or(0)),
+            // The report's preemptions are a u32.
+            preemptions: v.preemptions.map_or(0, |p| p as u32),
+            itl_gaps: v.itl_gaps as u32,
+            known,
+            generation: v.generation,
+        }
+    }
+
+    fn count(&self, i: usize) -> Option<u64> {
+        (self.known & 1 << i != 0).then_some(self.n[i])
+    }
+
+    fn prompt(&self) -> Option<u64> {
+        self.count(0)
+    }
+
+    fn unpack(&self) -> View {
+        let f = |i: usize| unpack_f(self.f[i]);
+        let (prompt, cached) = (self.count(0), self.count(1));
+        View {
+            ttft: f(0),
+            e2e: f(1),
+            itl_mean: f(2),
+            itl_p90: f(3),
+            itl_gaps: self.itl_gaps as usize,
+            itl_sum: self.f[14],
+            phases: std::array::from_fn(|i| f(4 + i)),
+            prompt,
+            cached,
+            computed: prompt.zip(cached).map(|(p, c)| p.saturating_sub(c)),
+            completion: self.count(2),
+            steps: self.count(3),
+            preemptions: (self.known & 1 << 4 != 0).then_some(u64::from(self.preemptions)),
+            interference: f(10),
+            gpu: [f(11), f(12), f(13)],
+            generation: self.generation,
+        }
+    }
+}
+
 fn decode_split(b: &View, a: &View, decode: Delta) -> Option<DecodeSplit> {
     let d = decode.delta?;
     if b.itl_gaps == 0 && a.itl_gaps == 0 {
@@ -390,49 +654,86 @@ fn decode_split(b: &View, a: &View, decode: Delta) -> Option<DecodeSplit> {
     Some(DecodeSplit { itl_rate_ms, token_count_ms, tail_ms: d - itl_rate_ms - token_count_ms })
 }
 
-fn pair_of(key: String, by: &'static str, chain_index: Option<usize>, hop: Option<u32>, qb: &RequestOut, qa: &RequestOut) -> Pair {
-    let (b, a) = (view(qb), view(qa));
+/// A matched pair's figures: a [`Pair`] without its names and explanation
+/// (what the aggregates add up, made again for each pass over the pairs
+/// rather than held for every pair).
+#[derive(Debug, Clone, Copy)]
+struct Figs {
+    generation: bool,
+    ttft_ms: Delta,
+    e2e_ms: Delta,
+    itl_mean_ms: Delta,
+    itl_p90_ms: Delta,
+    phases_ms: PhaseDeltas,
+    decode_split_ms: Option<DecodeSplit>,
+    tokens: Tokens<CountDelta>,
+    steps: CountDelta,
+    preemptions: CountDelta,
+    interference_ms: Delta,
+    gpu_ms: GpuDeltas,
+}
+
+fn figs(b: &View, a: &View) -> Figs {
     let phases = PhaseDeltas::from_array(std::array::from_fn(|i| Delta::of(b.phases[i], a.phases[i])));
-    let tokens = Tokens {
-        prompt: CountDelta::of(b.prompt, a.prompt),
-        cached: CountDelta::of(b.cached, a.cached),
-        computed: CountDelta::of(b.computed, a.computed),
-        completion: CountDelta::of(b.completion, a.completion),
+    Figs {
+        generation: b.generation && a.generation,
+        ttft_ms: Delta::of(b.ttft, a.ttft),
+        e2e_ms: Delta::of(b.e2e, a.e2e),
+        itl_mean_ms: Delta::of(b.itl_mean, a.itl_mean),
+        itl_p90_ms: Delta::of(b.itl_p90, a.itl_p90),
+        decode_split_ms: decode_split(b, a, phases.decode),
+        phases_ms: phases,
+        tokens: Tokens {
+            prompt: CountDelta::of(b.prompt, a.prompt),
+            cached: CountDelta::of(b.cached, a.cached),
+            computed: CountDelta::of(b.computed, a.computed),
+            completion: CountDelta::of(b.completion, a.completion),
+        },
+        steps: CountDelta::of(b.steps, a.steps),
+        preemptions: CountDelta::of(b.preemptions, a.preemptions),
+        interference_ms: Delta::of(b.interference, a.interference),
+        gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
+    }
+}
+
+/// The pair `m` of requests of BEFORE (`sb`) and AFTER (`sa`).
+fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
+    let (qb, qa) = (&sb.reqs[m.b as usize], &sa.reqs[m.a as usize]);
+    let (method, path) = sa.route(qa);
+    let (key, by, chain_index, hop) = match m.chain {
+        Some((ci, hop)) => (format!("chain {} hop {hop}", ci + 1), "chain", Some(ci as usize + 1), Some(hop)),
+        None => (format!("{method} {path} #{}", m.n + 1), "path", None, None),
     };
-    let split = decode_split(&b, &a, phases.decode);
-    let preemptions = CountDelta::of(b.preemptions, a.preemptions);
-    let interference_ms = Delta::of(b.interference, a.interference);
-    let ttft_ms = Delta::of(b.ttft, a.ttft);
-    let e2e_ms = Delta::of(b.e2e, a.e2e);
+    let x = figs(&qb.view.unpack(), &qa.view.unpack());
     let ctx = Ctx {
-        tokens: Tokens { prompt: tokens.prompt.as_delta(), cached: tokens.cached.as_delta(), computed: tokens.computed.as_delta(), completion: tokens.completion.as_delta() },
-        preemptions: preemptions.as_delta().delta,
-        interference: interference_ms.delta,
-        split,
-        prefill: phases.prefill,
+        tokens: Tokens { prompt: x.tokens.prompt.as_delta(), cached: x.tokens.cached.as_delta(), computed: x.tokens.computed.as_delta(), completion: x.tokens.completion.as_delta() },
+        preemptions: x.preemptions.as_delta().delta,
+        interference: x.interference_ms.delta,
+        split: x.decode_split_ms,
+        prefill: x.phases_ms.prefill,
     };
     Pair {
         key,
         by,
         chain_index,
         hop,
-        method: qa.method.clone(),
-        path: qa.path.clone(),
-        before_id: qb.id.clone(),
-        after_id: qa.id.clone(),
-        generation: b.generation && a.generation,
-        itl_mean_ms: Delta::of(b.itl_mean, a.itl_mean),
-        itl_p90_ms: Delta::of(b.itl_p90, a.itl_p90),
-        decode_split_ms: split,
-        steps: CountDelta::of(b.steps, a.steps),
-        preemptions,
-        interference_ms,
-        gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
-        explain: explain_both(ttft_ms, e2e_ms, &phases, &ctx),
-        ttft_ms,
-        e2e_ms,
-        phases_ms: phases,
-        tokens,
+        method: method.to_owned(),
+        path: path.to_owned(),
+        before_id: qb.id.to_string(),
+        after_id: qa.id.to_string(),
+        generation: x.generation,
+        itl_mean_ms: x.itl_mean_ms,
+        itl_p90_ms: x.itl_p90_ms,
+        decode_split_ms: x.decode_split_ms,
+        steps: x.steps,
+        preemptions: x.preemptions,
+        interference_ms: x.interference_ms,
+        gpu_ms: x.gpu_ms,
+        explain: explain_both(x.ttft_ms, x.e2e_ms, &x.phases_ms, &ctx),
+        ttft_ms: x.ttft_ms,
+        e2e_ms: x.e2e_ms,
+        phases_ms: x.phases_ms,
+        tokens: x.tokens,
     }
 }
 
@@ -688,9 +989,10 @@ fn stats(items: impl Iterator<Item = Delta>) -> Stats {
     Stats { mean: mean_delta(items.iter().copied()), p50: pct(50.0), p90: pct(90.0) }
 }
 
-fn aggregate(hop: Option<u32>, pairs: &[&Pair]) -> Aggregate {
-    let phases = PhaseDeltas::from_array(std::array::from_fn(|i| mean_delta(pairs.iter().map(|p| p.phases_ms.as_array()[i]))));
-    let splits: Vec<DecodeSplit> = pairs.iter().filter_map(|p| p.decode_split_ms).collect();
+/// The aggregate of `pairs` (a pass over them per figure: they are made, not held).
+fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I) -> Aggregate {
+    let phases = PhaseDeltas::from_array(std::array::from_fn(|i| mean_delta(pairs.clone().map(|p| p.phases_ms.as_array()[i]))));
+    let splits: Vec<DecodeSplit> = pairs.clone().filter_map(|p| p.decode_split_ms).collect();
     let decode_split_ms = (!splits.is_empty()).then(|| {
         let n = splits.len() as f64;
         DecodeSplit {
@@ -699,31 +1001,31 @@ fn aggregate(hop: Option<u32>, pairs: &[&Pair]) -> Aggregate {
             tail_ms: splits.iter().map(|s| s.tail_ms).sum::<f64>() / n,
         }
     });
-    let tk = |f: fn(&Tokens<CountDelta>) -> CountDelta| mean_delta(pairs.iter().map(|p| f(&p.tokens).as_delta()));
+    let tk = |f: fn(&Tokens<CountDelta>) -> CountDelta| mean_delta(pairs.clone().map(|p| f(&p.tokens).as_delta()));
     let tokens = Tokens { prompt: tk(|t| t.prompt), cached: tk(|t| t.cached), computed: tk(|t| t.computed), completion: tk(|t| t.completion) };
-    let preemptions = mean_delta(pairs.iter().map(|p| p.preemptions.as_delta()));
-    let interference_ms = mean_delta(pairs.iter().map(|p| p.interference_ms));
-    let ttft_ms = stats(pairs.iter().map(|p| p.ttft_ms));
-    let e2e_ms = stats(pairs.iter().map(|p| p.e2e_ms));
+    let preemptions = mean_delta(pairs.clone().map(|p| p.preemptions.as_delta()));
+    let interference_ms = mean_delta(pairs.clone().map(|p| p.interference_ms));
+    let ttft_ms = stats(pairs.clone().map(|p| p.ttft_ms));
+    let e2e_ms = stats(pairs.clone().map(|p| p.e2e_ms));
     let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, split: decode_split_ms, prefill: phases.prefill };
     Aggregate {
         hop,
-        requests: pairs.len(),
+        requests: pairs.clone().count(),
         explain: explain_both(ttft_ms.mean, e2e_ms.mean, &phases, &ctx),
         ttft_ms,
         e2e_ms,
-        itl_mean_ms: stats(pairs.iter().map(|p| p.itl_mean_ms)),
-        itl_p90_ms: stats(pairs.iter().map(|p| p.itl_p90_ms)),
+        itl_mean_ms: stats(pairs.clone().map(|p| p.itl_mean_ms)),
+        itl_p90_ms: stats(pairs.clone().map(|p| p.itl_p90_ms)),
         phases_ms: phases,
         decode_split_ms,
         tokens,
-        steps: mean_delta(pairs.iter().map(|p| p.steps.as_delta())),
+        steps: mean_delta(pairs.clone().map(|p| p.steps.as_delta())),
         preemptions,
         interference_ms,
         gpu_ms: GpuDeltas {
-            prefill: mean_delta(pairs.iter().map(|p| p.gpu_ms.prefill)),
-            decode: mean_delta(pairs.iter().map(|p| p.gpu_ms.decode)),
-            kv_transfer: mean_delta(pairs.iter().map(|p| p.gpu_ms.kv_transfer)),
+            prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
+            decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
+            kv_transfer: mean_delta(pairs.map(|p| p.gpu_ms.kv_transfer)),
         },
     }
 }
@@ -734,34 +1036,27 @@ fn explicit(source: &str) -> bool {
     source == "traceparent" || source == "header"
 }
 
-/// Explicit chains in arrival order (the report's chain order), each its
-/// requests' indexes in hop order.
-fn explicit_chains(rep: &Report) -> Vec<Vec<usize>> {
-    let mut members: HashMap<(&str, &str), Vec<(u32, usize)>> = HashMap::new();
-    for (i, q) in rep.requests.iter().enumerate() {
-        if let Some(c) = q.chain.as_deref().filter(|_| explicit(&q.chain_source)) {
-            members.entry((c, q.chain_source.as_str())).or_default().push((q.hop.unwrap_or(0), i));
-        }
-    }
-    rep.chains
-        .iter()
-        .filter(|c| explicit(&c.source))
-        .filter_map(|c| members.remove(&(c.chain.as_str(), c.source.as_str())))
-        .map(|mut v| {
-            v.sort();
-            v.into_iter().map(|(_, i)| i).collect()
-        })
-        .collect()
+/// A matched pair of requests: indexes into BEFORE's and AFTER's requests;
+/// the chain position and hop (0-based chain, 1-based hop) for chain
+/// matches, else the pair's number within its method and path.
+#[derive(Debug, Clone, Copy)]
+struct Match {
+    b: u32,
+    a: u32,
+    chain: Option<(u32, u32)>,
+    n: u32,
 }
 
-fn unmatched(q: &RequestOut, reason: String) -> Unmatched {
+fn unmatched(s: &Side, i: u32, reason: String) -> Unmatched {
+    let q = &s.reqs[i as usize];
+    let (method, path) = s.route(q);
     Unmatched {
-        id: q.id.clone(),
-        method: q.method.clone(),
-        path: q.path.clone(),
-        chain: q.chain.clone().filter(|_| explicit(&q.chain_source)),
+        id: q.id.to_string(),
+        method: method.to_owned(),
+        path: path.to_owned(),
+        chain: q.chain.as_deref().map(str::to_owned),
         hop: q.hop,
-        prompt_tokens: q.prompt_tokens,
+        prompt_tokens: q.view.prompt(),
         reason,
     }
 }
@@ -769,33 +1064,32 @@ fn unmatched(q: &RequestOut, reason: String) -> Unmatched {
 /// The i-th explicit chain of BEFORE with the i-th of AFTER, hop by hop,
 /// when both have explicit chains; every other request by (method, path),
 /// in prompt-size order (prompt tokens, then request bytes, then arrival).
-fn match_requests(b: &Report, a: &Report) -> (Vec<Pair>, Matching) {
-    let (cb, ca) = (explicit_chains(b), explicit_chains(a));
-    let chain_mode = !cb.is_empty() && !ca.is_empty();
-    let mut used_b = vec![false; b.requests.len()];
-    let mut used_a = vec![false; a.requests.len()];
+fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, Matching) {
+    let chain_mode = !b.chains.is_empty() && !a.chains.is_empty();
+    let mut used_b = vec![false; b.reqs.len()];
+    let mut used_a = vec![false; a.reqs.len()];
     let mut pairs = Vec::new();
     let (mut un_b, mut un_a) = (Vec::new(), Vec::new());
     if chain_mode {
-        for ci in 0..cb.len().max(ca.len()) {
-            let (hb, ha) = (cb.get(ci).map_or(&[][..], Vec::as_slice), ca.get(ci).map_or(&[][..], Vec::as_slice));
+        for ci in 0..b.chains.len().max(a.chains.len()) {
+            let (hb, ha) = (b.chains.get(ci).map_or(&[][..], |c| &c.members[..]), a.chains.get(ci).map_or(&[][..], |c| &c.members[..]));
             for j in 0..hb.len().max(ha.len()) {
                 let hop = j as u32 + 1;
                 match (hb.get(j), ha.get(j)) {
                     (Some(&ib), Some(&ia)) => {
-                        used_b[ib] = true;
-                        used_a[ia] = true;
-                        pairs.push(pair_of(format!("chain {} hop {hop}", ci + 1), "chain", Some(ci + 1), Some(hop), &b.requests[ib], &a.requests[ia]));
+                        used_b[ib as usize] = true;
+                        used_a[ia as usize] = true;
+                        pairs.push(Match { b: ib, a: ia, chain: Some((ci as u32, hop)), n: 0 });
                     }
                     (Some(&ib), None) => {
-                        used_b[ib] = true;
+                        used_b[ib as usize] = true;
                         let why = if ha.is_empty() { format!("AFTER has no chain {}", ci + 1) } else { format!("AFTER's chain {} has no hop {hop}", ci + 1) };
-                        un_b.push(unmatched(&b.requests[ib], why));
+                        un_b.push(unmatched(b, ib, why));
                     }
                     (None, Some(&ia)) => {
-                        used_a[ia] = true;
+                        used_a[ia as usize] = true;
                         let why = if hb.is_empty() { format!("BEFORE has no chain {}", ci + 1) } else { format!("BEFORE's chain {} has no hop {hop}", ci + 1) };
-                        un_a.push(unmatched(&a.requests[ia], why));
+                        un_a.push(unmatched(a, ia, why));
                     }
                     (None, None) => {}
                 }
@@ -804,40 +1098,29 @@ fn match_requests(b: &Report, a: &Report) -> (Vec<Pair>, Matching) {
     }
     let by_chain = pairs.len();
     // The rest: by method and path, in prompt-size order.
-    type Group = BTreeMap<(String, String), Vec<usize>>;
-    let group = |rep: &Report, used: &[bool]| -> Group {
-        let mut g: Group = BTreeMap::new();
-        for (i, q) in rep.requests.iter().enumerate().filter(|(i, _)| !used[*i]) {
-            g.entry((q.method.clone(), q.path.clone())).or_default().push(i);
-        }
-        for v in g.values_mut() {
-            v.sort_by_key(|&i| {
-                let q = &rep.requests[i];
-                (q.prompt_tokens.is_none(), q.prompt_tokens.unwrap_or(0), q.request_bytes, q.arrive_ns)
-            });
-        }
-        g
-    };
-    let (gb, ga) = (group(b, &used_b), group(a, &used_a));
-    let mut keys: Vec<&(String, String)> = gb.keys().chain(ga.keys()).collect();
+    let (gb, ga) = (by_route(b, &used_b), by_route(a, &used_a));
+    let mut keys: Vec<&(&str, &str)> = gb.keys().chain(ga.keys()).collect();
     keys.sort();
     keys.dedup();
-    let size = |q: &RequestOut| q.prompt_tokens.unwrap_or(q.request_bytes) as f64;
     for k in keys {
         let (vb, va) = (gb.get(k).map_or(&[][..], Vec::as_slice), ga.get(k).map_or(&[][..], Vec::as_slice));
-        let sb: Vec<f64> = vb.iter().map(|&i| size(&b.requests[i])).collect();
-        let sa: Vec<f64> = va.iter().map(|&i| size(&a.requests[i])).collect();
+        let size = |s: &Side, i: u32| {
+            let q = &s.reqs[i as usize];
+            q.view.prompt().unwrap_or(q.request_bytes) as f64
+        };
+        let sb: Vec<f64> = vb.iter().map(|&i| size(b, i)).collect();
+        let sa: Vec<f64> = va.iter().map(|&i| size(a, i)).collect();
         let (mut hit_b, mut hit_a) = (vec![false; vb.len()], vec![false; va.len()]);
         for (n, (jb, ja)) in align(&sb, &sa).into_iter().enumerate() {
             hit_b[jb] = true;
             hit_a[ja] = true;
-            pairs.push(pair_of(format!("{} {} #{}", k.0, k.1, n + 1), "path", None, None, &b.requests[vb[jb]], &a.requests[va[ja]]));
+            pairs.push(Match { b: vb[jb], a: va[ja], chain: None, n: n as u32 });
         }
         for (j, _) in hit_b.iter().enumerate().filter(|(_, h)| !**h) {
-            un_b.push(unmatched(&b.requests[vb[j]], format!("AFTER has only {} {} {} (nearest prompt sizes paired)", va.len(), k.0, k.1)));
+            un_b.push(unmatched(b, vb[j], format!("AFTER has only {} {} {} (nearest prompt sizes paired)", va.len(), k.0, k.1)));
         }
         for (j, _) in hit_a.iter().enumerate().filter(|(_, h)| !**h) {
-            un_a.push(unmatched(&a.requests[va[j]], format!("BEFORE has only {} {} {} (nearest prompt sizes paired)", vb.len(), k.0, k.1)));
+            un_a.push(unmatched(a, va[j], format!("BEFORE has only {} {} {} (nearest prompt sizes paired)", vb.len(), k.0, k.1)));
         }
     }
     let matching = Matching {
@@ -849,6 +1132,23 @@ fn match_requests(b: &Report, a: &Report) -> (Vec<Pair>, Matching) {
         unmatched_after: un_a,
     };
     (pairs, matching)
+}
+
+/// The requests not `used`, by method and path, each group in prompt-size
+/// order (prompt tokens, then request bytes, then arrival).
+fn by_route<'s>(s: &'s Side, used: &[bool]) -> BTreeMap<(&'s str, &'s str), Vec<u32>> {
+    let mut g: BTreeMap<(&str, &str), Vec<u32>> = BTreeMap::new();
+    for (i, q) in s.reqs.iter().enumerate().filter(|(i, _)| !used[*i]) {
+        g.entry(s.route(q)).or_default().push(i as u32);
+    }
+    for v in g.values_mut() {
+        v.sort_by_key(|&i| {
+            let q = &s.reqs[i as usize];
+            let prompt = q.view.prompt();
+            (prompt.is_none(), prompt.unwrap_or(0), q.request_bytes, q.arrive_ns)
+        });
+    }
+    g
 }
 
 /// Order-preserving pairing of two size-sorted lists: equal lengths pair in
@@ -901,33 +1201,126 @@ fn align(b: &[f64], a: &[f64]) -> Vec<(usize, usize)> {
 
 // ---------------------------------------------------------------- the diff
 
-fn side(rep: &Report) -> SideInfo {
-    SideInfo {
-        path: rep.recording.path.clone(),
-        requests: rep.requests.len(),
-        chains: rep.chains.iter().filter(|c| explicit(&c.source)).count(),
-        gpu: rep.recording.gpu,
-        read_error: rep.recording.read_error.clone(),
-        hopscope_version: rep.recording.hopscope_version.clone(),
+/// Two recordings compared: everything of the [`Diff`] but its pairs, which
+/// are made from the matches as they are written ([`Compared::write_json`],
+/// [`Compared::render_text`]) or all at once ([`Compared::into_diff`]).
+pub struct Compared<'s> {
+    /// The diff, `pairs` empty.
+    head: Diff,
+    before: &'s Side,
+    after: &'s Side,
+    matches: Vec<Match>,
+}
+
+/// Compares two recordings: BEFORE and AFTER.
+pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
+    let (matches, matching) = match_requests(before, after);
+    let fig = |m: &Match| figs(&before.reqs[m.b as usize].view.unpack(), &after.reqs[m.a as usize].view.unpack());
+    let overall = aggregate(None, matches.iter().map(fig).filter(|x| x.generation));
+    let mut by_hop: BTreeMap<u32, Vec<Match>> = BTreeMap::new();
+    for m in &matches {
+        if let Some((_, hop)) = m.chain.filter(|_| before.reqs[m.b as usize].view.generation && after.reqs[m.a as usize].view.generation) {
+            by_hop.entry(hop).or_default().push(*m);
+        }
     }
+    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig))).collect();
+    let kernels = compare_kernels(&before.kernels, &after.kernels);
+    let headline = headline(&overall, &hops, &matching, kernels.as_ref());
+    let chains = compare_chains(before, after);
+    let head = Diff { schema: SCHEMA, before: before.info.clone(), after: after.info.clone(), matching, headline, overall, hops, pairs: Vec::new(), kernels, chains };
+    Compared { head, before, after, matches }
 }
 
 /// Compares two reports: BEFORE and AFTER.
 pub fn compare(before: &Report, after: &Report) -> Diff {
-    let (pairs, matching) = match_requests(before, after);
-    let gen: Vec<&Pair> = pairs.iter().filter(|p| p.generation).collect();
-    let overall = aggregate(None, &gen);
-    let mut by_hop: BTreeMap<u32, Vec<&Pair>> = BTreeMap::new();
-    for p in gen.iter().filter(|p| p.by == "chain") {
-        if let Some(h) = p.hop {
-            by_hop.entry(h).or_default().push(p);
-        }
+    let (b, a) = (Side::of_report(before), Side::of_report(after));
+    compare_sides(&b, &a).into_diff()
+}
+
+impl Compared<'_> {
+    fn pair(&self, m: &Match) -> Pair {
+        pair_of(m, self.before, self.after)
     }
-    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v)).collect();
-    let kernels = compare_kernels(&before.kernels, &after.kernels);
-    let headline = headline(&overall, &hops, &matching, kernels.as_ref());
-    let chains = compare_chains(before, after);
-    Diff { schema: SCHEMA, before: side(before), after: side(after), matching, headline, overall, hops, pairs, kernels, chains }
+
+    /// The whole diff, every pair made.
+    pub fn into_diff(self) -> Diff {
+        let pairs = self.matches.iter().map(|m| pair_of(m, self.before, self.after)).collect();
+        Diff { pairs, ..self.head }
+    }
+
+    /// `hopscope diff --json`: the bytes of [`Diff`] serialized pretty
+    /// (without a final newline), each pair made as it is written.
+    pub fn write_json<W: Write>(&self, out: W) -> io::Result<()> {
+        let mut out = io::BufWriter::with_capacity(CHUNK, out);
+        let d = &self.head;
+        let mut b: Vec<u8> = Vec::with_capacity(CHUNK + 4096);
+        let b = &mut b;
+        let key = |b: &mut Vec<u8>, first: bool, name: &str| {
+            b.extend_from_slice(if first { b"{" } else { b"," });
+            json::newline(b, 1);
+            b.push(b'"');
+            b.extend_from_slice(name.as_bytes());
+            b.extend_from_slice(b"\": ");
+        };
+        key(b, true, "schema");
+        report::serde_nested(b, 1, &d.schema)?;
+        key(b, false, "before");
+        report::serde_nested(b, 1, &d.before)?;
+        key(b, false, "after");
+        report::serde_nested(b, 1, &d.after)?;
+        key(b, false, "matching");
+        report::serde_nested(b, 1, &d.matching)?;
+        key(b, false, "headline");
+        report::serde_nested(b, 1, &d.headline)?;
+        key(b, false, "overall");
+        report::serde_nested(b, 1, &d.overall)?;
+        key(b, false, "hops");
+        report::serde_nested(b, 1, &d.hops)?;
+        key(b, false, "pairs");
+        if self.matches.is_empty() {
+            b.extend_from_slice(b"[]");
+        } else {
+            for (i, m) in self.matches.iter().enumerate() {
+                b.push(if i == 0 { b'[' } else { b',' });
+                json::newline(b, 2);
+                report::serde_nested(b, 2, &self.pair(m))?;
+                if b.len() >= CHUNK {
+                    out.write_all(b)?;
+                    b.clear();
+                }
+            }
+            json::newline(b, 1);
+            b.push(b']');
+        }
+        key(b, false, "kernels");
+        report::serde_nested(b, 1, &d.kernels)?;
+        key(b, false, "chains");
+        report::serde_nested(b, 1, &d.chains)?;
+        b.extend_from_slice(b"\n}");
+        out.write_all(b)?;
+        out.flush()
+    }
+
+    /// The text `hopscope diff` prints: the same as [`render_text`] of
+    /// [`Compared::into_diff`], making only the pairs it shows.
+    pub fn render_text(&self) -> String {
+        let gen: Vec<(u32, f64)> = self
+            .matches
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                let x = figs(&self.before.reqs[m.b as usize].view.unpack(), &self.after.reqs[m.a as usize].view.unpack());
+                x.generation.then(|| (i as u32, x.e2e_ms.delta.unwrap_or(0.0).abs()))
+            })
+            .collect();
+        let mut shown = gen.clone();
+        if shown.len() > TEXT_PAIRS {
+            shown.sort_by(|x, y| y.1.total_cmp(&x.1));
+            shown.truncate(TEXT_PAIRS);
+        }
+        let shown: Vec<Pair> = shown.iter().map(|&(i, _)| self.pair(&self.matches[i as usize])).collect();
+        render(&self.head, &shown.iter().collect::<Vec<_>>(), gen.len(), self.matches.len() - gen.len())
+    }
 }
 
 /// `1-3`, `2, 4` (consecutive runs collapsed).
@@ -1282,6 +1675,19 @@ const TEXT_PAIRS: usize = 30;
 /// The human diff: headline, what changed (biggest first), per hop, per
 /// request, GPU kernels when present, what did not match.
 pub fn render_text(d: &Diff) -> String {
+    let gen: Vec<&Pair> = d.pairs.iter().filter(|p| p.generation).collect();
+    let mut shown = gen.clone();
+    if shown.len() > TEXT_PAIRS {
+        shown.sort_by(|x, y| y.e2e_ms.delta.unwrap_or(0.0).abs().total_cmp(&x.e2e_ms.delta.unwrap_or(0.0).abs()));
+        shown.truncate(TEXT_PAIRS);
+    }
+    render(d, &shown, gen.len(), d.pairs.len() - gen.len())
+}
+
+/// The text of `d` but its pairs: `shown` are the pairs listed (the
+/// [`TEXT_PAIRS`] biggest |ΔE2E| of the `gen` inference pairs), `other` the
+/// matched requests without inference.
+fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize) -> String {
     let mut s = String::new();
     let side = |x: &SideInfo| format!("{} ({} requests, {} chains)", x.path, x.requests, x.chains);
     let _ = writeln!(s, "before  {}", side(&d.before));
@@ -1405,13 +1811,9 @@ pub fn render_text(d: &Diff) -> String {
         }
     }
 
-    let gen: Vec<&Pair> = d.pairs.iter().filter(|p| p.generation).collect();
-    if !gen.is_empty() {
-        let mut shown = gen.clone();
-        let note = if shown.len() > TEXT_PAIRS {
-            shown.sort_by(|x, y| y.e2e_ms.delta.unwrap_or(0.0).abs().total_cmp(&x.e2e_ms.delta.unwrap_or(0.0).abs()));
-            shown.truncate(TEXT_PAIRS);
-            format!(", the {TEXT_PAIRS} biggest |ΔE2E| of {}", gen.len())
+    if gen > 0 {
+        let note = if gen > TEXT_PAIRS {
+            format!(", the {TEXT_PAIRS} biggest |ΔE2E| of {gen}")
         } else {
             String::new()
         };
@@ -1438,7 +1840,6 @@ pub fn render_text(d: &Diff) -> String {
             );
         }
     }
-    let other = d.pairs.len() - gen.len();
     if other > 0 {
         let _ = writeln!(s, "  (+{other} other matched requests without inference, e.g. health checks: in --json)");
     }
@@ -1962,5 +2363,119 @@ mod tests {
         let t = render_text(&d);
         assert!(t.contains("GPU kernels (normalised names)") && t.contains("triton_poi_fused_add"), "{t}");
         assert!(d.headline.contains("GPU +2.00 ms, most in triton_poi_fused_add"), "{}", d.headline);
+    }
+
+    /// What `hopscope diff` writes, pair by pair, against the whole diff
+    /// serialized at once: the same JSON bytes and the same text.
+    fn assert_streamed_equals_whole(b: &Side, a: &Side) {
+        let mut json = Vec::new();
+        compare_sides(b, a).write_json(&mut json).unwrap();
+        let text = compare_sides(b, a).render_text();
+        let whole = compare_sides(b, a).into_diff();
+        let want = serde_json::to_string_pretty(&whole).unwrap();
+        assert_eq!(String::from_utf8(json).unwrap(), want);
+        assert_eq!(text, render_text(&whole));
+    }
+
+    /// More inference pairs than the text lists, chain and path matches,
+    /// requests without inference, unmatched ones on both sides, and no
+    /// pairs at all.
+    #[test]
+    fn the_streamed_diff_writes_the_whole_diffs_json_and_text() {
+        let mut before: Vec<Request> = (0..12).flat_map(|c| chain(&format!("s-b{c:02}"), c * 5000 * MS, |h| Shape { prefill: 10 + u64::from(h), ..BASE })).collect();
+        let mut after: Vec<Request> = (0..11).flat_map(|c| chain(&format!("s-a{c:02}"), c * 5000 * MS, |h| Shape { prefill: 10 + u64::from(h) * (c % 4), gaps: 3 + c % 3, ..BASE })).collect();
+        for (i, side) in [&mut before, &mut after].into_iter().enumerate() {
+            let mut health = request(900 + i, 1, "conn:900", ChainSource::Connection, BASE);
+            health.method = "GET".into();
+            health.path = "/health".into();
+            health.ttft_ns = None;
+            health.engine = None;
+            health.usage = Usage::default();
+            side.push(health);
+            side.push(request(950 + i, 2, &format!("conn:95{i}"), ChainSource::Connection, Shape { prompt: 100 + 50 * i as u64, ..BASE }));
+        }
+        let (b, a) = (Side::of_report(&rep("b", &analysis(before))), Side::of_report(&rep("a", &analysis(after))));
+        let d = compare_sides(&b, &a).into_diff();
+        assert!(d.pairs.iter().filter(|p| p.generation).count() > TEXT_PAIRS, "{} pairs", d.pairs.len());
+        assert!(d.pairs.iter().any(|p| !p.generation) && d.matching.by_path > 0 && !d.matching.unmatched_before.is_empty());
+        assert_streamed_equals_whole(&b, &a);
+        let none = Side::of_report(&rep("none", &Analysis::default()));
+        assert_streamed_equals_whole(&b, &none);
+        assert_streamed_equals_whole(&none, &none);
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.hop"))
+    }
+
+    /// A recording read the way `hopscope diff` reads it keeps what the
+    /// recording's whole report holds: the diffs of the committed testbed
+    /// recordings are the same either way.
+    #[test]
+    fn a_recording_read_while_streamed_diffs_like_its_whole_report() {
+        let side = |name: &str| {
+            let path = fixture(name);
+            let mut reader = crate::recording::Reader::open(&path).unwrap();
+            let cfg = crate::correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+            let (streamed, err) = Side::read(&mut reader, name, cfg.clone()).unwrap();
+            assert_eq!(err, None);
+            let loaded = crate::recording::load(&path).unwrap();
+            let mut c = crate::correlate::Correlator::new(cfg);
+            for r in &loaded.records {
+                c.ingest(r);
+            }
+            let whole = Side::of_report(&report::build(name, &loaded.meta, &c.finish(), None));
+            (streamed, whole)
+        };
+        let sides: Vec<(Side, Side)> = ["chain3", "queue2", "tp_chunked"].into_iter().map(side).collect();
+        for (bs, bw) in &sides {
+            assert!(bs.info.requests > 0 && bs.info.requests == bw.info.requests);
+            for (as_, aw) in &sides {
+                let (s, w) = (compare_sides(bs, as_), compare_sides(bw, aw));
+                let (mut js, mut jw) = (Vec::new(), Vec::new());
+                s.write_json(&mut js).unwrap();
+                w.write_json(&mut jw).unwrap();
+                assert_eq!(String::from_utf8(js).unwrap(), String::from_utf8(jw).unwrap(), "{} vs {}", bs.info.path, as_.info.path);
+                assert_eq!(s.render_text(), w.render_text());
+            }
+        }
+        // chain3 has explicit chains: with itself every hop pairs by chain.
+        let d = compare_sides(&sides[0].0, &sides[0].0).into_diff();
+        assert_eq!(d.matching.mode, "chain");
+        assert!(d.matching.by_chain > 0 && d.matching.unmatched_before.is_empty(), "{:?}", d.matching);
+    }
+
+    /// The packed figures come back as they went in: unknown stays unknown,
+    /// a computed NaN and the extremes stay values.
+    #[test]
+    fn a_packed_view_unpacks_to_the_same_figures() {
+        let nan = f64::NAN;
+        let v = View {
+            ttft: Some(nan),
+            e2e: None,
+            itl_mean: Some(f64::INFINITY),
+            itl_p90: Some(-0.0),
+            itl_gaps: 7,
+            itl_sum: 12.5,
+            phases: [Some(1.0), None, Some(f64::MIN_POSITIVE), None, Some(3.0), Some(1e300)],
+            prompt: Some(u64::MAX),
+            cached: Some(0),
+            computed: Some(u64::MAX),
+            completion: None,
+            steps: Some(3),
+            preemptions: Some(u64::from(u32::MAX)),
+            interference: None,
+            gpu: [None, Some(2.0), None],
+            generation: true,
+        };
+        let u = Packed::of(&v).unpack();
+        assert!(u.ttft.is_some_and(f64::is_nan), "{:?}", u.ttft);
+        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
+        assert_eq!(bits(&u)[1..], bits(&v)[1..]);
+        assert_eq!((u.prompt, u.cached, u.computed, u.completion, u.steps, u.preemptions), (v.prompt, v.cached, v.computed, v.completion, v.steps, v.preemptions));
+        assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation), (v.itl_gaps, v.itl_sum.to_bits(), v.generation));
+        let none = Packed::of(&View::default()).unpack();
+        assert!(none.ttft.is_none() && none.prompt.is_none() && none.preemptions.is_none() && none.phases.iter().all(Option::is_none));
+        assert!(std::mem::size_of::<Packed>() <= std::mem::size_of::<View>() / 2, "{} bytes", std::mem::size_of::<Packed>());
     }
 }

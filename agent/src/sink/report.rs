@@ -187,7 +187,7 @@ pub struct ChainOut {
     pub between_hops_ms: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct KernelOut {
     pub name: String,
     pub count: u64,
@@ -516,7 +516,7 @@ impl RequestRef<'_> {
 }
 
 /// A chain's E2E less its hops' ([`ChainOut::between_hops_ms`]).
-fn between_hops_ms(e2e_ms: Option<f64>, hops_e2e_ms: Option<f64>) -> Option<f64> {
+pub(crate) fn between_hops_ms(e2e_ms: Option<f64>, hops_e2e_ms: Option<f64>) -> Option<f64> {
     Some(e2e_ms? - hops_e2e_ms?)
 }
 
@@ -2012,7 +2012,7 @@ impl json::Value for StepComputeOut {
 
 /// `v` as serde_json writes it pretty, starting `level` levels deep (the
 /// report's small, one-off parts).
-fn serde_nested<T: Serialize + ?Sized>(b: &mut Vec<u8>, level: usize, v: &T) -> io::Result<()> {
+pub(crate) fn serde_nested<T: Serialize + ?Sized>(b: &mut Vec<u8>, level: usize, v: &T) -> io::Result<()> {
     v.serialize(&mut serde_json::Serializer::with_formatter(b, Nested { level, has_value: false }))?;
     Ok(())
 }

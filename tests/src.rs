@@ -130,6 +130,23 @@ impl Recording {
         Recording { child, path: path.to_owned() }
     }
 
+    /// Waits for the traced server on `port` to answer `/health`; fails at
+    /// once, not at the timeout, when hopscope exits first (it could not
+    /// start tracing: its error is above).
+    pub fn wait_healthy(&mut self, port: u16, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("hopscope exited with {st} before the server on port {port} answered (its error is above)");
+            }
+            if http_get(port, "/health").is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("server on port {port} did not become healthy within {timeout:?}");
+    }
+
     /// SIGINT, then waits; panics unless hopscope exits 0.
     pub fn stop(mut self) -> PathBuf {
         // SAFETY: plain kill(2) on our own child's pid.
@@ -204,8 +221,8 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
     // real inference server has cores to spare for them.
     std::env::set_var("OPENBLAS_NUM_THREADS", "1");
     std::env::set_var("OMP_NUM_THREADS", "1");
-    let rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
-    wait_healthy(port, Duration::from_secs(60));
+    let mut rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
+    rec.wait_healthy(port, Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{port}");
     for args in clients {
         // The client runs niced, for the same reason.

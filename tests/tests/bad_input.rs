@@ -11,8 +11,8 @@ fn garbage_h2_preface_huge_header_and_5000_idle_connections_are_counted_and_harm
     let port = free_port();
     let py = python();
     let server = fixture("sse_server.py");
-    let rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
-    wait_healthy(port, Duration::from_secs(30));
+    let mut rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    rec.wait_healthy(port, Duration::from_secs(30));
     let port_s = port.to_string();
     let bad = std::thread::spawn({
         let port_s = port_s.clone();

@@ -84,7 +84,7 @@ fn a_killed_agent_leaves_a_readable_recording_and_reports_are_deterministic() {
     let py = python();
     let server = fixture("sse_server.py");
     let mut rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
-    wait_healthy(port, Duration::from_secs(30));
+    rec.wait_healthy(port, Duration::from_secs(30));
     let out = dir.join("client.jsonl");
     run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "5", "--sdk", "raw"]);
     std::thread::sleep(Duration::from_millis(2500));

@@ -754,8 +754,8 @@ fn record_with_perfetto_writes_the_trace_live_and_completes_it_when_recording_st
     let py = python();
     let server = fixture("sse_server.py");
     let trace = dir.join("live.pftrace");
-    let rec = Recording::run(&dir.join("run.hop"), &["--perfetto", trace.to_str().unwrap()], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
-    wait_healthy(port, Duration::from_secs(30));
+    let mut rec = Recording::run(&dir.join("run.hop"), &["--perfetto", trace.to_str().unwrap()], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    rec.wait_healthy(port, Duration::from_secs(30));
     let out = dir.join("client.jsonl");
     run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "3", "--sdk", "raw"]);
     // Records leave the reorder window and the file is flushed every second.

@@ -108,8 +108,8 @@ fn ttft_and_every_itl_match_the_clients_within_1ms_at_p99() {
     let port = free_port();
     let py = python();
     let server = fixture("sse_server.py");
-    let rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
-    wait_healthy(port, Duration::from_secs(30));
+    let mut rec = Recording::run(&dir.join("run.hop"), &[], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    rec.wait_healthy(port, Duration::from_secs(30));
     let base = format!("http://127.0.0.1:{port}");
     let out = |n: &str| dir.join(n).to_str().unwrap().to_owned();
     let said = run_py("sse_client.py", &["--base", &base, "--out", &out("raw.jsonl"), "--sequential", "9", "--concurrent", "4x6", "--tokens", "16", "--sdk", "raw"]);

@@ -401,28 +401,47 @@ impl Drop for Launched {
     }
 }
 
-/// Output files made before tracing started: removed again if recording
-/// fails before anything was written to them, so a failed start leaves no
-/// empty recording behind. Only files this run brought into being: a path
-/// that was already there (`-o /dev/null`, an older recording) stays.
-struct Created(Vec<std::path::PathBuf>);
+/// Output files opened before tracing started. One this run brought into
+/// being is removed again if recording fails before anything was written to
+/// it, so a failed start leaves no empty recording behind. One that was
+/// already there (an older recording) is opened without truncating and
+/// emptied only when recording starts ([`Created::truncate_old`]), so a
+/// failed start (a port in use, a command that cannot be launched) leaves
+/// it as it was; `-o /dev/null` and other non-regular files are never
+/// truncated.
+#[derive(Default)]
+struct Created {
+    new: Vec<std::path::PathBuf>,
+    old: Vec<(std::path::PathBuf, std::fs::File)>,
+}
 
 impl Created {
     fn create(&mut self, path: &std::path::Path) -> std::io::Result<std::fs::File> {
         match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
             Ok(f) => {
-                self.0.push(path.to_owned());
+                self.new.push(path.to_owned());
                 Ok(f)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::File::create(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let f = std::fs::OpenOptions::new().write(true).open(path)?;
+                if f.metadata()?.is_file() {
+                    self.old.push((path.to_owned(), f.try_clone()?));
+                }
+                Ok(f)
+            }
             Err(e) => Err(e),
         }
+    }
+
+    /// Recording starts: the files that were there are emptied.
+    fn truncate_old(&mut self) -> Result<()> {
+        self.old.drain(..).try_for_each(|(p, f)| f.set_len(0).with_context(|| format!("cannot empty {} to write it anew", p.display())))
     }
 }
 
 impl Drop for Created {
     fn drop(&mut self) {
-        for p in &self.0 {
+        for p in &self.new {
             let _ = std::fs::remove_file(p);
         }
     }
@@ -467,7 +486,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     // fails here, before the command is launched (and while a privileged port
     // can still be bound); after the load, so that an unprivileged user first
     // learns what tracing needs.
-    let mut created = Created(Vec::new());
+    let mut created = Created::default();
     let out_file = created.create(&opts.output).with_context(|| format!("cannot create the recording {}", opts.output.display()))?;
     let perfetto_file = match &opts.perfetto {
         Some(p) => Some(created.create(p).with_context(|| format!("cannot create the trace {}", p.display()))?),
@@ -579,6 +598,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         capture_payload: opts.capture_payload,
         gpu: false,
     };
+    created.truncate_old()?;
     let writer = Writer::new(std::io::BufWriter::new(out_file), &meta).with_context(|| format!("writing {}", opts.output.display()))?;
     let dcfg = DecoderConfig { chain_header: meta.chain_header.clone(), capture_payload: opts.capture_payload, ..DecoderConfig::default() };
     let mut pipe = Pipeline::new(dcfg, writer);
@@ -587,7 +607,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         _ => None,
     };
     // From here on the files hold what was recorded, whatever happens next.
-    created.0.clear();
+    created.new.clear();
     if let Some(listener) = metrics_listener {
         let live = std::sync::Arc::new(std::sync::Mutex::new(hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header)));
         let bound = hopscope::sink::metrics::serve(listener, std::sync::Arc::clone(&live)).context("cannot serve metrics")?;

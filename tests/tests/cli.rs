@@ -247,6 +247,25 @@ fn run_never_leaves_its_command_running_untraced_when_recording_fails() {
     assert_eq!(err.trim().lines().count(), 1, "one line, nothing launched: {err}");
     assert!(!running(&sleep), "the command was never launched");
     assert!(!hop.exists(), "no empty recording left behind");
+    // An older recording at -o stays as it was when the start fails: the
+    // port in use, or a command that cannot be launched (a typo).
+    let older = dir.join("older.hop");
+    let old_bytes: Vec<u8> = b"an older recording ".iter().copied().cycle().take(4 << 20).collect();
+    std::fs::write(&older, &old_bytes).unwrap();
+    let out = Command::new(&bin).args(["run", "-o", older.to_str().unwrap(), "--metrics", &port, "--"]).args(sleep).output().unwrap();
+    assert!(!out.status.success() && !running(&sleep));
+    assert!(std::fs::read(&older).unwrap() == old_bytes, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(&bin).args(["run", "-o", older.to_str().unwrap(), "--", "/nonexistent/vllm-typo", "serve"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cannot launch \"/nonexistent/vllm-typo\""), "{err}");
+    assert!(std::fs::read(&older).unwrap() == old_bytes, "{err}");
+    // A run that starts writes the file anew: none of the older bytes stay.
+    let out = Command::new(&bin).args(["run", "--quiet", "-o", older.to_str().unwrap(), "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let len = std::fs::metadata(&older).unwrap().len();
+    assert!(len < 1 << 20, "{len} bytes: the older recording was not emptied");
+    let rep = Command::new(&bin).arg("report").arg(&older).output().unwrap();
+    assert!(rep.status.success() && rep.stderr.is_empty(), "{}", String::from_utf8_lossy(&rep.stderr));
     drop(taken);
 
     // A disk of 16 KiB and a command that forks and execs as fast as it can:

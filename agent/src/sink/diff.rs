@@ -1255,28 +1255,26 @@ impl Compared<'_> {
         let d = &self.head;
         let mut b: Vec<u8> = Vec::with_capacity(CHUNK + 4096);
         let b = &mut b;
-        let key = |b: &mut Vec<u8>, first: bool, name: &str| {
-            b.extend_from_slice(if first { b"{" } else { b"," });
+        // `"name": ` after the `{` (the first) or the `,` before it.
+        fn key(b: &mut Vec<u8>, open: u8, name: &str) {
+            b.push(open);
             json::newline(b, 1);
             b.push(b'"');
             b.extend_from_slice(name.as_bytes());
             b.extend_from_slice(b"\": ");
-        };
-        key(b, true, "schema");
-        report::serde_nested(b, 1, &d.schema)?;
-        key(b, false, "before");
-        report::serde_nested(b, 1, &d.before)?;
-        key(b, false, "after");
-        report::serde_nested(b, 1, &d.after)?;
-        key(b, false, "matching");
-        report::serde_nested(b, 1, &d.matching)?;
-        key(b, false, "headline");
-        report::serde_nested(b, 1, &d.headline)?;
-        key(b, false, "overall");
-        report::serde_nested(b, 1, &d.overall)?;
-        key(b, false, "hops");
-        report::serde_nested(b, 1, &d.hops)?;
-        key(b, false, "pairs");
+        }
+        fn member<T: Serialize + ?Sized>(b: &mut Vec<u8>, open: u8, name: &str, v: &T) -> io::Result<()> {
+            key(b, open, name);
+            report::serde_nested(b, 1, v)
+        }
+        member(b, b'{', "schema", &d.schema)?;
+        member(b, b',', "before", &d.before)?;
+        member(b, b',', "after", &d.after)?;
+        member(b, b',', "matching", &d.matching)?;
+        member(b, b',', "headline", &d.headline)?;
+        member(b, b',', "overall", &d.overall)?;
+        member(b, b',', "hops", &d.hops)?;
+        key(b, b',', "pairs");
         if self.matches.is_empty() {
             b.extend_from_slice(b"[]");
         } else {
@@ -1292,10 +1290,8 @@ impl Compared<'_> {
             json::newline(b, 1);
             b.push(b']');
         }
-        key(b, false, "kernels");
-        report::serde_nested(b, 1, &d.kernels)?;
-        key(b, false, "chains");
-        report::serde_nested(b, 1, &d.chains)?;
+        member(b, b',', "kernels", &d.kernels)?;
+        member(b, b',', "chains", &d.chains)?;
         b.extend_from_slice(b"\n}");
         out.write_all(b)?;
         out.flush()

@@ -1047,9 +1047,34 @@ struct Match {
     n: u32,
 }
 
-fn unmatched(s: &Side, i: u32, reason: String) -> Unmatched {
-    let q = &s.reqs[i as usize];
+/// A request left unmatched, and why; made into an [`Unmatched`] only as
+/// it is written (a diff of a short recording against a long one has
+/// nearly every request of the long one here).
+#[derive(Debug, Clone, Copy)]
+struct Miss {
+    i: u32,
+    why: Why,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    /// The other side has no chain at this position (0-based).
+    NoChain(u32),
+    /// The other side's chain at this position has no such hop.
+    NoHop(u32, u32),
+    /// The other side has only this many requests of the method and path.
+    Route(u32),
+}
+
+/// `m` of side `s`; `other` names the other side (`BEFORE` or `AFTER`).
+fn unmatched(s: &Side, m: &Miss, other: &str) -> Unmatched {
+    let q = &s.reqs[m.i as usize];
     let (method, path) = s.route(q);
+    let reason = match m.why {
+        Why::NoChain(ci) => format!("{other} has no chain {}", ci + 1),
+        Why::NoHop(ci, hop) => format!("{other}'s chain {} has no hop {hop}", ci + 1),
+        Why::Route(n) => format!("{other} has only {n} {method} {path} (nearest prompt sizes paired)"),
+    };
     Unmatched {
         id: q.id.to_string(),
         method: method.to_owned(),
@@ -1064,7 +1089,9 @@ fn unmatched(s: &Side, i: u32, reason: String) -> Unmatched {
 /// The i-th explicit chain of BEFORE with the i-th of AFTER, hop by hop,
 /// when both have explicit chains; every other request by (method, path),
 /// in prompt-size order (prompt tokens, then request bytes, then arrival).
-fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, Matching) {
+/// The matches, BEFORE's and AFTER's unmatched requests, and the
+/// [`Matching`] without its lists.
+fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, [Vec<Miss>; 2], Matching) {
     let chain_mode = !b.chains.is_empty() && !a.chains.is_empty();
     let mut used_b = vec![false; b.reqs.len()];
     let mut used_a = vec![false; a.reqs.len()];
@@ -1083,13 +1110,11 @@ fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, Matching) {
                     }
                     (Some(&ib), None) => {
                         used_b[ib as usize] = true;
-                        let why = if ha.is_empty() { format!("AFTER has no chain {}", ci + 1) } else { format!("AFTER's chain {} has no hop {hop}", ci + 1) };
-                        un_b.push(unmatched(b, ib, why));
+                        un_b.push(Miss { i: ib, why: if ha.is_empty() { Why::NoChain(ci as u32) } else { Why::NoHop(ci as u32, hop) } });
                     }
                     (None, Some(&ia)) => {
                         used_a[ia as usize] = true;
-                        let why = if hb.is_empty() { format!("BEFORE has no chain {}", ci + 1) } else { format!("BEFORE's chain {} has no hop {hop}", ci + 1) };
-                        un_a.push(unmatched(a, ia, why));
+                        un_a.push(Miss { i: ia, why: if hb.is_empty() { Why::NoChain(ci as u32) } else { Why::NoHop(ci as u32, hop) } });
                     }
                     (None, None) => {}
                 }
@@ -1117,10 +1142,10 @@ fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, Matching) {
             pairs.push(Match { b: vb[jb], a: va[ja], chain: None, n: n as u32 });
         }
         for (j, _) in hit_b.iter().enumerate().filter(|(_, h)| !**h) {
-            un_b.push(unmatched(b, vb[j], format!("AFTER has only {} {} {} (nearest prompt sizes paired)", va.len(), k.0, k.1)));
+            un_b.push(Miss { i: vb[j], why: Why::Route(va.len() as u32) });
         }
         for (j, _) in hit_a.iter().enumerate().filter(|(_, h)| !**h) {
-            un_a.push(unmatched(a, va[j], format!("BEFORE has only {} {} {} (nearest prompt sizes paired)", vb.len(), k.0, k.1)));
+            un_a.push(Miss { i: va[j], why: Why::Route(vb.len() as u32) });
         }
     }
     let matching = Matching {
@@ -1128,10 +1153,10 @@ fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, Matching) {
         matched: pairs.len(),
         by_chain,
         by_path: pairs.len() - by_chain,
-        unmatched_before: un_b,
-        unmatched_after: un_a,
+        unmatched_before: Vec::new(),
+        unmatched_after: Vec::new(),
     };
-    (pairs, matching)
+    (pairs, [un_b, un_a], matching)
 }
 
 /// The requests not `used`, by method and path, each group in prompt-size
@@ -1201,20 +1226,23 @@ fn align(b: &[f64], a: &[f64]) -> Vec<(usize, usize)> {
 
 // ---------------------------------------------------------------- the diff
 
-/// Two recordings compared: everything of the [`Diff`] but its pairs, which
-/// are made from the matches as they are written ([`Compared::write_json`],
-/// [`Compared::render_text`]) or all at once ([`Compared::into_diff`]).
+/// Two recordings compared: everything of the [`Diff`] but its pairs and
+/// unmatched requests, which are made as they are written
+/// ([`Compared::write_json`], [`Compared::render_text`]) or all at once
+/// ([`Compared::into_diff`]).
 pub struct Compared<'s> {
-    /// The diff, `pairs` empty.
+    /// The diff, `pairs` and the unmatched lists empty.
     head: Diff,
     before: &'s Side,
     after: &'s Side,
     matches: Vec<Match>,
+    /// BEFORE's and AFTER's unmatched requests.
+    misses: [Vec<Miss>; 2],
 }
 
 /// Compares two recordings: BEFORE and AFTER.
 pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
-    let (matches, matching) = match_requests(before, after);
+    let (matches, misses, matching) = match_requests(before, after);
     let fig = |m: &Match| figs(&before.reqs[m.b as usize].view.unpack(), &after.reqs[m.a as usize].view.unpack());
     let overall = aggregate(None, matches.iter().map(fig).filter(|x| x.generation));
     let mut by_hop: BTreeMap<u32, Vec<Match>> = BTreeMap::new();
@@ -1225,10 +1253,10 @@ pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
     }
     let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig))).collect();
     let kernels = compare_kernels(&before.kernels, &after.kernels);
-    let headline = headline(&overall, &hops, &matching, kernels.as_ref());
+    let headline = headline(&overall, &hops, &matching, [misses[0].len(), misses[1].len()], kernels.as_ref());
     let chains = compare_chains(before, after);
     let head = Diff { schema: SCHEMA, before: before.info.clone(), after: after.info.clone(), matching, headline, overall, hops, pairs: Vec::new(), kernels, chains };
-    Compared { head, before, after, matches }
+    Compared { head, before, after, matches, misses }
 }
 
 /// Compares two reports: BEFORE and AFTER.
@@ -1237,68 +1265,99 @@ pub fn compare(before: &Report, after: &Report) -> Diff {
     compare_sides(&b, &a).into_diff()
 }
 
+/// `"name": ` at `level` after the `{` (the first member) or the `,` before it.
+fn key(b: &mut Vec<u8>, open: u8, level: usize, name: &str) {
+    b.push(open);
+    json::newline(b, level);
+    b.push(b'"');
+    b.extend_from_slice(name.as_bytes());
+    b.extend_from_slice(b"\": ");
+}
+
+fn member<T: Serialize + ?Sized>(b: &mut Vec<u8>, open: u8, level: usize, name: &str, v: &T) -> io::Result<()> {
+    key(b, open, level, name);
+    report::serde_nested(b, level, v)
+}
+
+/// A JSON array whose elements are at `level`, made and written one at a
+/// time (what is buffered goes to `out` in [`CHUNK`] pieces).
+fn array<T: Serialize, W: Write>(b: &mut Vec<u8>, out: &mut W, level: usize, items: impl Iterator<Item = T>) -> io::Result<()> {
+    let mut any = false;
+    for x in items {
+        b.push(if any { b',' } else { b'[' });
+        any = true;
+        json::newline(b, level);
+        report::serde_nested(b, level, &x)?;
+        if b.len() >= CHUNK {
+            out.write_all(b)?;
+            b.clear();
+        }
+    }
+    if any {
+        json::newline(b, level - 1);
+        b.push(b']');
+    } else {
+        b.extend_from_slice(b"[]");
+    }
+    Ok(())
+}
+
 impl Compared<'_> {
     fn pair(&self, m: &Match) -> Pair {
         pair_of(m, self.before, self.after)
     }
 
-    /// The whole diff, every pair made.
+    /// Side `k`'s (0: BEFORE, 1: AFTER) unmatched requests, made one at a time.
+    fn unmatched(&self, k: usize) -> impl Iterator<Item = Unmatched> + '_ {
+        let (side, other) = if k == 0 { (self.before, "AFTER") } else { (self.after, "BEFORE") };
+        self.misses[k].iter().map(move |m| unmatched(side, m, other))
+    }
+
+    /// The whole diff, every pair and unmatched request made.
     pub fn into_diff(self) -> Diff {
-        let pairs = self.matches.iter().map(|m| pair_of(m, self.before, self.after)).collect();
-        Diff { pairs, ..self.head }
+        let pairs = self.matches.iter().map(|m| self.pair(m)).collect();
+        let (unmatched_before, unmatched_after) = (self.unmatched(0).collect(), self.unmatched(1).collect());
+        let matching = Matching { unmatched_before, unmatched_after, ..self.head.matching };
+        Diff { pairs, matching, ..self.head }
     }
 
     /// `hopscope diff --json`: the bytes of [`Diff`] serialized pretty
-    /// (without a final newline), each pair made as it is written.
+    /// (without a final newline), each pair and unmatched request made as it
+    /// is written.
     pub fn write_json<W: Write>(&self, out: W) -> io::Result<()> {
         let mut out = io::BufWriter::with_capacity(CHUNK, out);
-        let d = &self.head;
+        let (d, m) = (&self.head, &self.head.matching);
         let mut b: Vec<u8> = Vec::with_capacity(CHUNK + 4096);
         let b = &mut b;
-        // `"name": ` after the `{` (the first) or the `,` before it.
-        fn key(b: &mut Vec<u8>, open: u8, name: &str) {
-            b.push(open);
-            json::newline(b, 1);
-            b.push(b'"');
-            b.extend_from_slice(name.as_bytes());
-            b.extend_from_slice(b"\": ");
-        }
-        fn member<T: Serialize + ?Sized>(b: &mut Vec<u8>, open: u8, name: &str, v: &T) -> io::Result<()> {
-            key(b, open, name);
-            report::serde_nested(b, 1, v)
-        }
-        member(b, b'{', "schema", &d.schema)?;
-        member(b, b',', "before", &d.before)?;
-        member(b, b',', "after", &d.after)?;
-        member(b, b',', "matching", &d.matching)?;
-        member(b, b',', "headline", &d.headline)?;
-        member(b, b',', "overall", &d.overall)?;
-        member(b, b',', "hops", &d.hops)?;
-        key(b, b',', "pairs");
-        if self.matches.is_empty() {
-            b.extend_from_slice(b"[]");
-        } else {
-            for (i, m) in self.matches.iter().enumerate() {
-                b.push(if i == 0 { b'[' } else { b',' });
-                json::newline(b, 2);
-                report::serde_nested(b, 2, &self.pair(m))?;
-                if b.len() >= CHUNK {
-                    out.write_all(b)?;
-                    b.clear();
-                }
-            }
-            json::newline(b, 1);
-            b.push(b']');
-        }
-        member(b, b',', "kernels", &d.kernels)?;
-        member(b, b',', "chains", &d.chains)?;
+        member(b, b'{', 1, "schema", &d.schema)?;
+        member(b, b',', 1, "before", &d.before)?;
+        member(b, b',', 1, "after", &d.after)?;
+        key(b, b',', 1, "matching");
+        member(b, b'{', 2, "mode", &m.mode)?;
+        member(b, b',', 2, "matched", &m.matched)?;
+        member(b, b',', 2, "by_chain", &m.by_chain)?;
+        member(b, b',', 2, "by_path", &m.by_path)?;
+        key(b, b',', 2, "unmatched_before");
+        array(b, &mut out, 3, self.unmatched(0))?;
+        key(b, b',', 2, "unmatched_after");
+        array(b, &mut out, 3, self.unmatched(1))?;
+        json::newline(b, 1);
+        b.push(b'}');
+        member(b, b',', 1, "headline", &d.headline)?;
+        member(b, b',', 1, "overall", &d.overall)?;
+        member(b, b',', 1, "hops", &d.hops)?;
+        key(b, b',', 1, "pairs");
+        array(b, &mut out, 2, self.matches.iter().map(|m| self.pair(m)))?;
+        member(b, b',', 1, "kernels", &d.kernels)?;
+        member(b, b',', 1, "chains", &d.chains)?;
         b.extend_from_slice(b"\n}");
         out.write_all(b)?;
         out.flush()
     }
 
     /// The text `hopscope diff` prints: the same as [`render_text`] of
-    /// [`Compared::into_diff`], making only the pairs it shows.
+    /// [`Compared::into_diff`], making only the pairs and unmatched
+    /// requests it lists.
     pub fn render_text(&self) -> String {
         let gen: Vec<(u32, f64)> = self
             .matches
@@ -1315,7 +1374,33 @@ impl Compared<'_> {
             shown.truncate(TEXT_PAIRS);
         }
         let shown: Vec<Pair> = shown.iter().map(|&(i, _)| self.pair(&self.matches[i as usize])).collect();
-        render(&self.head, &shown.iter().collect::<Vec<_>>(), gen.len(), self.matches.len() - gen.len())
+        let unmatched = [UnmatchedText::of(self.unmatched(0)), UnmatchedText::of(self.unmatched(1))];
+        render(&self.head, &shown.iter().collect::<Vec<_>>(), gen.len(), self.matches.len() - gen.len(), &unmatched)
+    }
+}
+
+/// What the text shows of one side's unmatched requests: how many, how
+/// many per method and path, and the first [`TEXT_UNMATCHED`].
+struct UnmatchedText {
+    count: usize,
+    by_route: BTreeMap<String, usize>,
+    first: Vec<Unmatched>,
+}
+
+/// How many unmatched requests of each side the text lists.
+const TEXT_UNMATCHED: usize = 10;
+
+impl UnmatchedText {
+    fn of(all: impl Iterator<Item = Unmatched>) -> UnmatchedText {
+        let mut t = UnmatchedText { count: 0, by_route: BTreeMap::new(), first: Vec::new() };
+        for u in all {
+            t.count += 1;
+            *t.by_route.entry(format!("{} {}", u.method, u.path)).or_default() += 1;
+            if t.first.len() < TEXT_UNMATCHED {
+                t.first.push(u);
+            }
+        }
+        t
     }
 }
 
@@ -1336,9 +1421,10 @@ fn ranges(v: &[u32]) -> String {
 
 /// The one line: TTFT when it carries at least half of the E2E change, else
 /// E2E; the hops where it concentrates; dominant phase and cause.
-fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, kernels: Option<&KernelDiff>) -> String {
+/// `unmatched`: how many requests of BEFORE and of AFTER are unmatched.
+fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, unmatched: [usize; 2], kernels: Option<&KernelDiff>) -> String {
     if overall.requests == 0 {
-        return format!("no inference requests matched ({} matched in all, {} unmatched before, {} after)", m.matched, m.unmatched_before.len(), m.unmatched_after.len());
+        return format!("no inference requests matched ({} matched in all, {} unmatched before, {} after)", m.matched, unmatched[0], unmatched[1]);
     }
     let (t, e) = (&overall.explain.ttft, &overall.explain.e2e);
     let use_ttft = match (t.delta_ms, e.delta_ms) {
@@ -1677,13 +1763,16 @@ pub fn render_text(d: &Diff) -> String {
         shown.sort_by(|x, y| y.e2e_ms.delta.unwrap_or(0.0).abs().total_cmp(&x.e2e_ms.delta.unwrap_or(0.0).abs()));
         shown.truncate(TEXT_PAIRS);
     }
-    render(d, &shown, gen.len(), d.pairs.len() - gen.len())
+    let m = &d.matching;
+    let unmatched = [UnmatchedText::of(m.unmatched_before.iter().cloned()), UnmatchedText::of(m.unmatched_after.iter().cloned())];
+    render(d, &shown, gen.len(), d.pairs.len() - gen.len(), &unmatched)
 }
 
 /// The text of `d` but its pairs: `shown` are the pairs listed (the
 /// [`TEXT_PAIRS`] biggest |ΔE2E| of the `gen` inference pairs), `other` the
-/// matched requests without inference.
-fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize) -> String {
+/// matched requests without inference, `unmatched` BEFORE's and AFTER's
+/// unmatched requests.
+fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[UnmatchedText; 2]) -> String {
     let mut s = String::new();
     let side = |x: &SideInfo| format!("{} ({} requests, {} chains)", x.path, x.requests, x.chains);
     let _ = writeln!(s, "before  {}", side(&d.before));
@@ -1700,8 +1789,8 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize) -> String {
         m.matched,
         m.by_chain,
         m.by_path,
-        m.unmatched_before.len(),
-        m.unmatched_after.len()
+        unmatched[0].count,
+        unmatched[1].count
     );
     let _ = writeln!(s, "\n{}", d.headline);
 
@@ -1869,17 +1958,13 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize) -> String {
         }
     }
 
-    for (w, v) in [("BEFORE", &m.unmatched_before), ("AFTER", &m.unmatched_after)] {
-        if v.is_empty() {
+    for (w, v) in [("BEFORE", &unmatched[0]), ("AFTER", &unmatched[1])] {
+        if v.count == 0 {
             continue;
         }
-        let mut by: BTreeMap<String, usize> = BTreeMap::new();
-        for u in v.iter() {
-            *by.entry(format!("{} {}", u.method, u.path)).or_default() += 1;
-        }
-        let list: Vec<String> = by.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        let list: Vec<String> = v.by_route.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
         let _ = writeln!(s, "\nunmatched in {w}: {}", list.join(", "));
-        for u in v.iter().take(10) {
+        for u in &v.first {
             let _ = writeln!(s, "  {:<34} {}", trunc(&u.id, 34), u.reason);
         }
     }
@@ -2390,8 +2475,13 @@ mod tests {
             side.push(health);
             side.push(request(950 + i, 2, &format!("conn:95{i}"), ChainSource::Connection, Shape { prompt: 100 + 50 * i as u64, ..BASE }));
         }
+        let mut models = request(960, 3, "conn:960", ChainSource::Connection, BASE);
+        models.method = "GET".into();
+        models.path = "/v1/models".into();
+        after.push(models);
         let (b, a) = (Side::of_report(&rep("b", &analysis(before))), Side::of_report(&rep("a", &analysis(after))));
         let d = compare_sides(&b, &a).into_diff();
+        assert!(d.matching.unmatched_after.iter().any(|u| u.path == "/v1/models" && u.reason == "BEFORE has only 0 GET /v1/models (nearest prompt sizes paired)"), "{:?}", d.matching.unmatched_after);
         assert!(d.pairs.iter().filter(|p| p.generation).count() > TEXT_PAIRS, "{} pairs", d.pairs.len());
         assert!(d.pairs.iter().any(|p| !p.generation) && d.matching.by_path > 0 && !d.matching.unmatched_before.is_empty());
         assert_streamed_equals_whole(&b, &a);

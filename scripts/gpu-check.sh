@@ -3,10 +3,13 @@
 # python3 + torch (CUDA) + the nvidia-cuda-cupti wheel, and no Rust toolchain.
 # Everything it shows goes to $OUT (default ./gpu-out); see docs/gpu.md.
 #
-# Needs, built beforehand on the build machine (docs/gpu.md "Build"):
+# Needs, built beforehand on the build machine (docs/gpu.md "The GPU check"):
+#   target/gpu-bundle/  (`cargo xtask gpu-bundle`: the agent, the injection library,
+#                        hopscope-gpu-exact and the wheels, one folder to carry)
+# or, without the bundle, the separate build outputs:
 #   target/release/libhopscope_cupti.so          (cargo build --release -p agent-cupti)
 #   target/gpu-exact/release/hopscope-gpu-exact  (cd agent-cupti/gpu-exact && cargo build --release)
-# Optional: target/release/hopscope (the agent; only its eBPF load is tried).
+#   target/release/hopscope (the agent: steps 6-8), .whl/ (examples/gpu/fetch_wheels.sh: step 7)
 #
 # Steps (each bounded by `timeout`; a failing step never stops the others):
 #   0 facts        GPU, driver, kernel, glibc, python/torch, libcupti/libnvrtc found
@@ -17,11 +20,11 @@
 #   4 init-fail    InitializeInjection forced to return 0: does CUDA still work?
 #   5 overhead     torch decode-like loop (CUDA graph replay and eager), side by side:
 #                  untraced vs hopscope (with a draining listener) vs torch.profiler
-#   6 ebpf         if target/release/hopscope exists: does the eBPF side load here?
+#   6 ebpf         if the agent was carried: does the eBPF side load here?
 #   7 testbed      the torch testbed (CUDA graphs) under `hopscope run` with eBPF + CUPTI and
 #                  4 chains x 3 hops: recording, report, Perfetto trace, ground truth, and
 #                  the CUPTI step ends against the truth (examples/gpu/check_gpu_steps.py)
-#                  (needs .whl from examples/gpu/fetch_wheels.sh)
+#                  (needs the wheels: the bundle's, or .whl from examples/gpu/fetch_wheels.sh)
 #   8 nvml         `hopscope record --nvml-period 50` of a CUDA process holding 1 GiB: the
 #                  report's NVML samples and peak GPU memory (the real libnvidia-ml path)
 # Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
@@ -37,13 +40,23 @@ T0=$(date +%s)
 note() { echo "$*" | tee -a "$SUMMARY"; }
 step() { echo; echo "=== $* ($(( $(date +%s) - T0 )) s)"; }
 
-INJ="${HOPSCOPE_CUPTI_SO:-$PWD/target/release/libhopscope_cupti.so}"
-EXACT="${HOPSCOPE_GPU_EXACT:-$PWD/target/gpu-exact/release/hopscope-gpu-exact}"
-AGENT="${HOPSCOPE_BIN:-$PWD/target/release/hopscope}"
+BUNDLE="${HOPSCOPE_BUNDLE:-$PWD/target/gpu-bundle}"
+if [ -d "$BUNDLE" ]; then
+  INJ="${HOPSCOPE_CUPTI_SO:-$BUNDLE/libhopscope_cupti.so}"
+  EXACT="${HOPSCOPE_GPU_EXACT:-$BUNDLE/hopscope-gpu-exact}"
+  AGENT="${HOPSCOPE_BIN:-$BUNDLE/hopscope}"
+  WHL="$BUNDLE/wheels"
+else
+  INJ="${HOPSCOPE_CUPTI_SO:-$PWD/target/release/libhopscope_cupti.so}"
+  EXACT="${HOPSCOPE_GPU_EXACT:-$PWD/target/gpu-exact/release/hopscope-gpu-exact}"
+  AGENT="${HOPSCOPE_BIN:-$PWD/target/release/hopscope}"
+  WHL="$PWD/.whl"
+fi
 PY="${PYTHON:-python3}"
 
 step "0 facts"
 note "date: $(date -u +%FT%TZ)"
+if [ -d "$BUNDLE" ]; then note "artifacts: bundle $BUNDLE"; else note "artifacts: separate build outputs (no $BUNDLE)"; fi
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
 note "kernel: $(uname -r); glibc: $(ldd --version 2>&1 | head -1)"
 note "python: $($PY -c 'import sys,torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1)"
@@ -209,12 +222,12 @@ fi
 step "7 testbed"
 # The torch testbed on the GPU under `hopscope run` (eBPF + CUPTI injection), with a chain:
 # recording, report and Perfetto trace, and the testbed's own ground truth beside them.
-# Needs the wheels the image lacks (examples/gpu/fetch_wheels.sh → .whl) and the agent +
+# Needs the wheels the image lacks ($WHL: the bundle's, or .whl) and the agent +
 # injection library carried.
 TB_DEVICE="${TESTBED_DEVICE:-cuda}"   # cpu: dry-run this step on a machine without a GPU
 TB_ARGS="${TESTBED_ARGS:---cuda-graphs}"
-if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tb-site .whl/*.whl \
+if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tb-site "$WHL"/*.whl \
     >"$OUT/testbed-pip.log" 2>&1 || note "testbed: wheel install failed (see testbed-pip.log)"
   W=/tmp/tb-work; rm -rf "$W"; mkdir -p "$W"
   PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout 240 "$AGENT" run --quiet \
@@ -248,7 +261,7 @@ PYEOF
   # CUPTI step ends against the testbed's own (issue #5: within 50 µs).
   $PY examples/gpu/check_gpu_steps.py "$OUT/testbed.report.json" "$OUT/testbed.truth.jsonl" --tolerance-us 50 2>&1 | tee -a "$SUMMARY"
 else
-  note "testbed: skipped (needs $AGENT, $INJ and .whl from examples/gpu/fetch_wheels.sh)"
+  note "testbed: skipped (needs $AGENT, $INJ and the wheels in $WHL: cargo xtask gpu-bundle)"
 fi
 
 step "8 nvml"

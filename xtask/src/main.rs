@@ -7,6 +7,7 @@
 //! - `demo [--out DIR]`: testbed + chain client under `hopscope run`, then the report.
 //! - `bench`: overhead and per-program cost figures, side by side in one run.
 //! - `fuzz [--seconds N] [TARGET…]`: the decoders' libFuzzer targets (fuzz/), bounded.
+//! - `gpu-bundle`: what the GPU check needs on the device, in one folder to carry.
 
 mod bench;
 mod bench_correlate;
@@ -14,6 +15,7 @@ mod bench_memory;
 mod codegen;
 mod demo;
 mod fuzz;
+mod gpu_bundle;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -144,7 +146,7 @@ fn test(args: &[String]) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        eprintln!("usage: cargo xtask <setup|test|demo|bench|bench-correlator|bench-memory|fuzz|codegen-cupti> [args]");
+        eprintln!("usage: cargo xtask <setup|test|demo|bench|bench-correlator|bench-memory|fuzz|codegen-cupti|gpu-bundle> [args]");
         std::process::exit(2);
     };
     let rest = &args[1..];
@@ -157,6 +159,7 @@ fn main() -> Result<()> {
         "demo" => demo::run_demo(rest),
         "codegen-cupti" => codegen::run(rest),
         "fuzz" => fuzz::run(rest),
-        other => bail!("unknown task {other:?}: expected setup, test, demo, bench, bench-correlator, bench-memory, fuzz or codegen-cupti"),
+        "gpu-bundle" => gpu_bundle::run(rest),
+        other => bail!("unknown task {other:?}: expected setup, test, demo, bench, bench-correlator, bench-memory, fuzz, codegen-cupti or gpu-bundle"),
     }
 }

@@ -285,6 +285,12 @@ fn doctor_cmd(load: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// What reads our stdout stopped reading (`hopscope report … | head`): the
+/// rest is not wanted, which is no error — end quietly, as `cat` would.
+fn reader_gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
 fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool, percentiles: Option<Vec<f64>>) -> Result<()> {
     use hopscope::sink::summary;
     // Streamed: memory follows the open requests, not the recording's length.
@@ -303,8 +309,12 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
         };
         anyhow::anyhow!("writing the report: {e}{hint}")
     };
-    let read_error = if json { report::write_json(&mut reader, &path, cfg, &p, &mut out) } else { report::write_text(&mut reader, &path, cfg, &p, &mut out) }.map_err(full)?;
-    out.flush().map_err(full)?;
+    let written = if json { report::write_json(&mut reader, &path, cfg, &p, &mut out) } else { report::write_text(&mut reader, &path, cfg, &p, &mut out) };
+    let read_error = match written.and_then(|r| out.flush().map(|()| r)) {
+        Ok(r) => r,
+        Err(e) if reader_gone(&e) => return Ok(()),
+        Err(e) => return Err(full(e)),
+    };
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the report covers the readable part");
     }
@@ -325,11 +335,10 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
     let (a, a_err) = load(&after)?;
     let d = diff::compare_sides(&b, &a);
     let mut out = std::io::stdout().lock();
-    if json {
-        d.write_json(&mut out)?;
-        writeln!(out)?;
-    } else {
-        out.write_all(d.render_text().as_bytes())?;
+    let written = if json { d.write_json(&mut out).and_then(|()| writeln!(out)) } else { out.write_all(d.render_text().as_bytes()) };
+    match written {
+        Err(e) if reader_gone(&e) => return Ok(()),
+        r => r.context("writing the diff")?,
     }
     for (file, e) in [(&before, b_err), (&after, a_err)] {
         if let Some(e) = e {

@@ -2,7 +2,7 @@
 //! reports, and recordings that survive the agent being killed.
 
 use hopscope_integration::*;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn hopscope(args: &[&str]) -> std::process::Output {
@@ -289,3 +289,21 @@ fn run_never_leaves_its_command_running_untraced_when_recording_fails() {
     assert!(err.contains("stopping the launched command"), "{err}");
     assert!(!running(&busy), "the command is stopped with the recording: {err}");
 }
+
+/// `hopscope report … | head`: whatever reads the output stopped; the report
+/// and the diff end quietly (exit 0, nothing on stderr) instead of an error
+/// line about a broken pipe.
+#[test]
+fn output_to_a_reader_that_stopped_ends_quietly() {
+    let hop = workspace().join("agent/tests/fixtures/chain3.hop");
+    let hop = hop.to_str().unwrap();
+    for args in [&["report", hop][..], &["report", "--json", hop], &["diff", hop, hop], &["diff", "--json", hop, hop]] {
+        // A pipe whose only reader has exited: every write to it fails with EPIPE.
+        let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+        let pipe = reader.stdin.take().unwrap();
+        assert!(reader.wait().unwrap().success());
+        let out = Command::new(hopscope_bin()).args(args).stdout(Stdio::from(pipe)).stderr(Stdio::piped()).output().unwrap();
+        assert!(out.status.success() && out.stderr.is_empty(), "{args:?}: {} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+}
+

@@ -293,7 +293,7 @@ def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent
     # the engine waits on the device and this does not arise.
     nice = os.environ.get("TESTBED_ENGINE_NICE")
     if nice:
-        os.setpriority(os.PRIO_PROCESS, 0, int(nice))  # absolute: not the frontend's plus this
+        os.nice(int(nice))
 
     def _term(signum, frame):
         raise SystemExit(0)

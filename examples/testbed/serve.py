@@ -125,15 +125,6 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def main(argv=None) -> None:
     args = make_parser().parse_args(argv)
-    # Test harnesses on 2-core machines raise the frontend's priority (needs root; the engine
-    # it spawns sets its own, engine_core.run_engine_core): its ZMQ I/O thread must not wait
-    # behind CPU-bound steps to write what the application sent.
-    nice = os.environ.get("TESTBED_FRONTEND_NICE")
-    if nice:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, int(nice))
-        except PermissionError:
-            pass
     try:
         import uvloop
     except ImportError:

@@ -221,10 +221,6 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
     // real inference server has cores to spare for them.
     std::env::set_var("OPENBLAS_NUM_THREADS", "1");
     std::env::set_var("OMP_NUM_THREADS", "1");
-    // For the same reason the engine's CPU steps yield to the frontend: its
-    // ZMQ I/O thread stalled 2+ ms behind the engine's numpy now and then, and
-    // the frontend phase (arrival to the ADD's write) grew by that much.
-    std::env::set_var("TESTBED_ENGINE_NICE", "5");
     let mut rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
     rec.wait_healthy(port, Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{port}");

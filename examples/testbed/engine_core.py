@@ -287,13 +287,6 @@ class EngineCoreProc:
 def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None) -> None:
     """Process entry point (multiprocessing 'spawn' target)."""
     _set_comm(f"EngineCore_DP{cfg.engine_index}")
-    # Test harnesses on 2-core machines lower the engine's priority: its CPU
-    # steps (numpy) otherwise starve the frontend's ZMQ I/O thread, whose
-    # writes then trail the application's send() by milliseconds. With a GPU
-    # the engine waits on the device and this does not arise.
-    nice = os.environ.get("TESTBED_ENGINE_NICE")
-    if nice:
-        os.nice(int(nice))
 
     def _term(signum, frame):
         raise SystemExit(0)

@@ -696,6 +696,11 @@ fn figs(b: &View, a: &View) -> Figs {
     }
 }
 
+/// The figures of match `m` of BEFORE (`sb`) and AFTER (`sa`).
+fn match_figs(m: &Match, sb: &Side, sa: &Side) -> Figs {
+    figs(&sb.reqs[m.b as usize].view.unpack(), &sa.reqs[m.a as usize].view.unpack())
+}
+
 /// The pair `m` of requests of BEFORE (`sb`) and AFTER (`sa`).
 fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
     let (qb, qa) = (&sb.reqs[m.b as usize], &sa.reqs[m.a as usize]);
@@ -704,7 +709,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         Some((ci, hop)) => (format!("chain {} hop {hop}", ci + 1), "chain", Some(ci as usize + 1), Some(hop)),
         None => (format!("{method} {path} #{}", m.n + 1), "path", None, None),
     };
-    let x = figs(&qb.view.unpack(), &qa.view.unpack());
+    let x = match_figs(m, sb, sa);
     let ctx = Ctx {
         tokens: Tokens { prompt: x.tokens.prompt.as_delta(), cached: x.tokens.cached.as_delta(), computed: x.tokens.computed.as_delta(), completion: x.tokens.completion.as_delta() },
         preemptions: x.preemptions.as_delta().delta,
@@ -1243,7 +1248,7 @@ pub struct Compared<'s> {
 /// Compares two recordings: BEFORE and AFTER.
 pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
     let (matches, misses, matching) = match_requests(before, after);
-    let fig = |m: &Match| figs(&before.reqs[m.b as usize].view.unpack(), &after.reqs[m.a as usize].view.unpack());
+    let fig = |m: &Match| match_figs(m, before, after);
     let overall = aggregate(None, matches.iter().map(fig).filter(|x| x.generation));
     let mut by_hop: BTreeMap<u32, Vec<Match>> = BTreeMap::new();
     for m in &matches {
@@ -1364,18 +1369,19 @@ impl Compared<'_> {
             .iter()
             .enumerate()
             .filter_map(|(i, m)| {
-                let x = figs(&self.before.reqs[m.b as usize].view.unpack(), &self.after.reqs[m.a as usize].view.unpack());
+                let x = match_figs(m, self.before, self.after);
                 x.generation.then(|| (i as u32, x.e2e_ms.delta.unwrap_or(0.0).abs()))
             })
             .collect();
-        let mut shown = gen.clone();
+        let n_gen = gen.len();
+        let mut shown = gen;
         if shown.len() > TEXT_PAIRS {
             shown.sort_by(|x, y| y.1.total_cmp(&x.1));
             shown.truncate(TEXT_PAIRS);
         }
         let shown: Vec<Pair> = shown.iter().map(|&(i, _)| self.pair(&self.matches[i as usize])).collect();
         let unmatched = [UnmatchedText::of(self.unmatched(0)), UnmatchedText::of(self.unmatched(1))];
-        render(&self.head, &shown.iter().collect::<Vec<_>>(), gen.len(), self.matches.len() - gen.len(), &unmatched)
+        render(&self.head, &shown.iter().collect::<Vec<_>>(), n_gen, self.matches.len() - n_gen, &unmatched)
     }
 }
 

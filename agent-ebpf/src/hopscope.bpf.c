@@ -826,8 +826,13 @@ static __always_inline void note_wakeup(struct task_struct *p)
 		o->wake_ns = bpf_ktime_get_ns();
 }
 
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(sched_wakeup, struct task_struct *p)
+/* sched_waking fires in the waker, as it calls try_to_wake_up(): the moment
+ * of the hand-over (a frontend's send() waking ZMQ's I/O thread). sched_wakeup
+ * fires once the task is queued on its CPU, which for a remote CPU is after an
+ * IPI; in a VM whose vCPU is not running that came 1-3 ms later and put the
+ * wait into the waker's phase (docs/decisions.md). */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(sched_waking, struct task_struct *p)
 {
 	note_wakeup(p);
 	return 0;

@@ -149,8 +149,9 @@ struct hs_proc {
 };
 
 /* One off-CPU interval of a traced thread, at least min_offcpu_ns long.
- * h.ts_ns is the switch-in time; off_ns the switch-out time. wake_ns is when the
- * thread was woken (0 if not seen): run-queue delay = h.ts_ns - wake_ns. */
+ * h.ts_ns is the switch-in time; off_ns the switch-out time. wake_ns is when a
+ * waker woke it (sched_waking, in the waker; 0 if not seen): wait for a CPU =
+ * h.ts_ns - wake_ns. */
 struct hs_sched {
 	struct hs_hdr h;
 	__u64 off_ns;

@@ -68,7 +68,7 @@ const BTF_PROGRAMS: &[&str] = &[
     "sched_process_exec",
     "sched_process_exit",
     "sched_switch",
-    "sched_wakeup",
+    "sched_waking",
     "sched_wakeup_new",
 ];
 

@@ -26,6 +26,44 @@ const EV_PREEMPTED: u8 = 3;
 /// A thread that wrote within this long of getting the CPU was woken to write.
 const WAKE_TO_WRITE_NS: u64 = 2_000_000;
 
+/// Where a request's submit came from (`submit_source` in the report).
+pub const SUBMIT_WAKE: &str = "wake";
+pub const SUBMIT_ARRIVAL: &str = "arrival_time";
+pub const SUBMIT_WRITE: &str = "write";
+pub const SUBMIT_READ: &str = "read";
+
+/// An anchor is trusted this long: the wall clock `arrival_time` is read
+/// on may be slewed by NTP (at most 500 ppm: 0.5 ms over a second).
+const ANCHOR_MAX_NS: u64 = 1_000_000_000;
+
+/// What a writer thread's ADDs told: its latest write of ADDs, and the
+/// latest ADD whose hand-over the scheduler showed (its wake-up) together
+/// with its `arrival_time`, which places the hand-overs nothing showed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Writer {
+    write_ns: u64,
+    anchor: Option<(u64, f64)>,
+}
+
+impl Writer {
+    /// The hand-over of an ADD written at `write_ns` whose own wake-up was
+    /// not seen (it left in a write another ADD woke the thread for, or the
+    /// thread was already awake — e.g. preempted before it could sleep —
+    /// so `send()` woke nobody): the anchor's wake-up plus how much later
+    /// the frontend built this request, inside [anchor, write]. Both
+    /// `arrival_time`s come from one clock, so the difference holds though
+    /// it is the wall clock.
+    fn placed(&self, write_ns: u64, arrival_s: Option<f64>) -> Option<u64> {
+        let ((wake, a0), a) = (self.anchor?, arrival_s?);
+        let d = a - a0;
+        if !d.is_finite() || write_ns < wake || write_ns - wake > ANCHOR_MAX_NS {
+            return None;
+        }
+        let after = (d.max(0.0) * 1e9).round() as u64;
+        Some(wake.saturating_add(after).min(write_ns))
+    }
+}
+
 /// What the scheduler and the unix sockets told about one thread lately.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Woke {
@@ -106,9 +144,12 @@ pub struct EngineReq {
     /// engine's read of it).
     pub submit_ns: Option<u64>,
     pub submit_from_writer: bool,
-    /// The wake-up of the thread that wrote it, when the scheduler showed one
-    /// right before the write (see [`EngineSide::ingest`]).
-    pub submit_wake_ns: Option<u64>,
+    /// When the frontend handed it to the writer thread, if the scheduler
+    /// told (see [`EngineSide::ingest`]): the wake-up before the write
+    /// ([`SUBMIT_WAKE`]), or, for an ADD whose send woke nobody, placed
+    /// after the writer's latest such wake-up by `arrival_time`
+    /// ([`SUBMIT_ARRIVAL`]).
+    pub submit_handover: Option<(u64, &'static str)>,
     pub prompt_tokens: Option<u64>,
     pub queued_ns: Option<u64>,
     pub scheduled_ns: Option<u64>,
@@ -238,8 +279,8 @@ pub struct EngineSide {
     held_in: std::collections::VecDeque<(u64, Option<u64>, Vec<EngineOutput>)>,
     seen_writer: bool,
     from_reader: bool,
-    /// Per writer thread, the write whose wake-up an ADD already claimed.
-    wake_claimed: super::FxMap<u32, u64>,
+    /// Per writer thread, what its ADDs told ([`Writer`]).
+    writers: super::FxMap<u32, Writer>,
     /// [`Self::step`]'s lists, kept for their capacity.
     decoding: Vec<SlabKey>,
     /// The last step's requests, in its order ([`Self::idx_after`]), and the
@@ -339,7 +380,7 @@ impl EngineSide {
     pub fn ingest<S: std::hash::BuildHasher>(&mut self, rec: &Record, woke: &HashMap<u32, Woke, S>) {
         self.touched.clear();
         match rec {
-            Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, .. } => {
+            Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, arrival_time_s, .. } => {
                 let ri = self.idx(request_id);
                 self.touched.push(ri);
                 let writer = *dir == Dir::Out;
@@ -349,18 +390,29 @@ impl EngineSide {
                 if !has_submit || (writer && !from_writer) {
                     // ZMQ batches messages: several ADDs can leave in one
                     // write. Only the first was handed over when the thread
-                    // woke; the later ones were sent while it was already
-                    // awake, so they keep the write time.
-                    let claimed = writer && self.wake_claimed.get(tid) == Some(ts_ns);
-                    let wake = match woke.get(tid) {
-                        Some(w) if writer && !claimed => w.woken_for(*ts_ns),
-                        _ => None,
+                    // woke; the later ones were sent while it waited for a
+                    // CPU, which no syscall shows. Those, and ADDs sent to a
+                    // thread that was awake, are placed by their
+                    // arrival_time after the latest wake-up seen, else keep
+                    // the write time.
+                    let handover = if !writer {
+                        None
+                    } else {
+                        let w = self.writers.entry(*tid).or_default();
+                        let wake = if w.write_ns == *ts_ns { None } else { woke.get(tid).and_then(|o| o.woken_for(*ts_ns)) };
+                        w.write_ns = *ts_ns;
+                        match (wake, *arrival_time_s) {
+                            (Some(t), a) => {
+                                if let Some(a) = a.filter(|a| a.is_finite()) {
+                                    w.anchor = Some((t, a));
+                                }
+                                Some((t, SUBMIT_WAKE))
+                            }
+                            (None, a) => w.placed(*ts_ns, a).map(|t| (t, SUBMIT_ARRIVAL)),
+                        }
                     };
-                    if writer {
-                        self.wake_claimed.insert(*tid, *ts_ns);
-                    }
                     let r = self.reqs.get_mut(ri).expect("idx inserts");
-                    r.submit_wake_ns = wake;
+                    r.submit_handover = handover;
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
                 }
@@ -546,9 +598,9 @@ impl EngineSide {
         // request was being served; an earlier one woke the thread for
         // something else.
         let submit = e.submit_ns.expect("claimed requests have a submit");
-        let submit = match e.submit_wake_ns {
-            Some(w) if w >= r.arrive_ns => w,
-            _ => submit,
+        let (submit, submit_source) = match e.submit_handover {
+            Some((w, source)) if w >= r.arrive_ns => (w, source),
+            _ => (submit, if e.submit_from_writer { SUBMIT_WRITE } else { SUBMIT_READ }),
         };
         let (scheduled_ns, scheduled_source) = match e.scheduled_ns {
             Some(t) => (Some(t), "event"),
@@ -572,6 +624,7 @@ impl EngineSide {
             interference_ns: e.interference_ns,
             interference_from: e.interference_from,
             scheduled_source,
+            submit_source,
             engine_request_id: e.request_id,
         })
     }
@@ -767,6 +820,10 @@ pub struct EnginePhases {
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
+    /// Where `submit_ns` came from: [`SUBMIT_WAKE`], [`SUBMIT_ARRIVAL`],
+    /// [`SUBMIT_WRITE`] (the frontend's write) or [`SUBMIT_READ`] (the
+    /// engine's read: the frontend is not traced).
+    pub submit_source: &'static str,
 }
 
 /// The phase partition of [arrive, done] (ms), from [`marks`]: a mark before
@@ -982,6 +1039,90 @@ mod tests {
         let sum = [p.frontend, p.queue, p.prefill, p.first_output, p.decode].iter().map(|x| x.unwrap()).sum::<f64>();
         assert!((sum - ra.e2e_ms().unwrap()).abs() < 1e-9, "{p:?}");
         assert_eq!((p.frontend, p.queue, p.prefill), (Some(1.0), Some(1.0), Some(18.0)));
+    }
+
+    /// ZMQ's I/O thread (tid 7) is woken by A's send at 1.5 ms but gets a
+    /// CPU only at 5 ms; B and D were sent meanwhile and all three leave in
+    /// one write at 5.1 ms. A owns the wake-up; B is placed by how much
+    /// later its arrival_time is; D has none and keeps the write. E leaves
+    /// in a later write the thread was not woken for (it was awake): placed
+    /// from A's wake-up too. F comes more than a second after the last
+    /// wake-up seen, past what the wall clock is trusted for: the write.
+    #[test]
+    fn adds_that_share_a_write_are_placed_after_its_wake_up_by_arrival_time() {
+        let add = |id: &str, at: u64, arrival_time_s: Option<f64>| Record::EngineRequest {
+            conn: IPC,
+            ts_ns: at,
+            tid: 7,
+            dir: Dir::Out,
+            request_id: format!("{id}-0123abcd"),
+            external_req_id: Some(id.into()),
+            prompt_tokens: Some(100),
+            max_tokens: None,
+            arrival_time_s,
+            traceparent: None,
+            data_parallel_rank: None,
+            truncated: false,
+        };
+        let t0 = 1_796_127_787.051_362_5;
+        let mut recs = Vec::new();
+        for (id, fd, at) in [("chatcmpl-a", 5, MS), ("chatcmpl-b", 6, MS + MS / 2), ("chatcmpl-d", 8, 2 * MS), ("chatcmpl-e", 9, 30 * MS), ("chatcmpl-f", 10, 1100 * MS)] {
+            recs.push(http(id, fd, at).remove(0));
+        }
+        recs.push(Record::OffCpu { ts_ns: 5 * MS, tgid: 2, tid: 7, off_ns: 0, wake_ns: Some(3 * MS / 2), prev_state: 1 });
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 5 * MS + MS / 10, enter_ns: 5 * MS, tid: 7, dir: Dir::Out, len: 3000 });
+        recs.push(add("chatcmpl-a", 5 * MS + MS / 10, Some(t0)));
+        recs.push(add("chatcmpl-b", 5 * MS + MS / 10, Some(t0 + 0.0008)));
+        recs.push(add("chatcmpl-d", 5 * MS + MS / 10, None));
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 32 * MS, enter_ns: 32 * MS, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-e", 32 * MS, Some(t0 + 0.03)));
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 1102 * MS, enter_ns: 1102 * MS, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-f", 1102 * MS, Some(t0 + 1.1)));
+        let all = [("chatcmpl-a", true, Some(10 * MS)), ("chatcmpl-b", true, Some(10 * MS)), ("chatcmpl-d", true, Some(10 * MS)), ("chatcmpl-e", true, Some(33 * MS))];
+        recs.push(step(40 * MS, &all));
+        recs.push(step(1110 * MS, &[("chatcmpl-f", true, Some(1103 * MS))]));
+        for (id, fd, at) in [("chatcmpl-a", 5, 41 * MS), ("chatcmpl-b", 6, 41 * MS), ("chatcmpl-d", 8, 41 * MS), ("chatcmpl-e", 9, 41 * MS), ("chatcmpl-f", 10, 1111 * MS)] {
+            recs.push(sse(id, fd, at, SseKind::Content));
+            recs.push(sse(id, fd, at + MS, SseKind::Done));
+            recs.push(end(fd, at + 2 * MS));
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let mut c = Correlator::new(Config::default());
+        for r in &recs {
+            c.ingest(r);
+        }
+        let a = c.finish();
+        let got = |id: &str| {
+            let e = a.requests.iter().find(|r| r.id == id).unwrap().engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
+            (e.submit_ns, e.submit_source)
+        };
+        assert_eq!(got("chatcmpl-a"), (3 * MS / 2, super::SUBMIT_WAKE));
+        // arrival_time is a float of seconds since 1970: a quarter µs apart.
+        let (b, source) = got("chatcmpl-b");
+        assert_eq!(source, super::SUBMIT_ARRIVAL);
+        assert!(b.abs_diff(3 * MS / 2 + 800_000) < 1_000, "B 0.8 ms after A's wake-up: {b}");
+        assert_eq!(got("chatcmpl-d"), (5 * MS + MS / 10, super::SUBMIT_WRITE));
+        let (e, source) = got("chatcmpl-e");
+        assert_eq!(source, super::SUBMIT_ARRIVAL, "a write the thread was awake for");
+        assert!(e.abs_diff(3 * MS / 2 + 30 * MS) < 1_000, "E 30 ms after A's wake-up: {e}");
+        assert_eq!(got("chatcmpl-f"), (1102 * MS, super::SUBMIT_WRITE), "over a second after the last wake-up seen: the write");
+    }
+
+    /// The placement never leaves [wake-up, write]: an arrival_time before
+    /// the anchor's, far after it or not a number; a write before the
+    /// anchor or over a second after it is not placed.
+    #[test]
+    fn a_placed_hand_over_stays_between_the_wake_up_and_the_write() {
+        let w = super::Writer { write_ns: 0, anchor: Some((MS, 100.0)) };
+        assert_eq!(w.placed(5 * MS, Some(100.002)), Some(3 * MS));
+        assert_eq!(w.placed(5 * MS, Some(99.0)), Some(MS), "built before the anchor: its wake-up");
+        assert_eq!(w.placed(5 * MS, Some(200.0)), Some(5 * MS), "past the write: the write");
+        assert_eq!(w.placed(5 * MS, Some(f64::NAN)), None);
+        assert_eq!(w.placed(5 * MS, None), None);
+        assert_eq!(w.placed(MS / 2, Some(100.0)), None, "a write before the anchor's wake-up");
+        assert_eq!(w.placed(MS + super::ANCHOR_MAX_NS, Some(100.5)), Some(MS + 500 * MS), "a second after: still");
+        assert_eq!(w.placed(MS + super::ANCHOR_MAX_NS + 1, Some(100.5)), None, "past a second: not");
+        assert_eq!(super::Writer { anchor: None, ..w }.placed(5 * MS, Some(100.001)), None, "no wake-up seen: nothing to place from");
     }
 
     #[test]

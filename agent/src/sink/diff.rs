@@ -2052,6 +2052,7 @@ mod tests {
                 interference_ns: 0,
                 interference_from: vec![],
                 scheduled_source: "event",
+                submit_source: "wake",
             }),
             wire_steps: None,
             gpu: None,

@@ -111,6 +111,12 @@ pub struct RequestOut {
     /// How queue's end was found: "event" (SCHEDULED), "step" (end of the step
     /// before the first-token step), "submit" (no earlier step).
     pub scheduled_source: Option<String>,
+    /// How queue's start (the hand-over to the engine) was found: "wake" (the
+    /// wake-up of the frontend's ZMQ I/O thread), "arrival_time" (an ADD whose
+    /// send woke nobody: placed after the latest wake-up-timed ADD by its
+    /// `arrival_time`), "write" (the frontend's write), "read" (the engine's
+    /// read: the frontend was not traced).
+    pub submit_source: Option<String>,
     pub preemptions: Option<u32>,
     /// Requests whose co-batched prefill slowed this one's decode.
     pub interference_from: Vec<String>,
@@ -244,6 +250,7 @@ pub struct RequestRef<'a> {
     pub phase_source: &'static str,
     pub engine_request_id: Option<&'a str>,
     pub scheduled_source: Option<&'static str>,
+    pub submit_source: Option<&'static str>,
     pub preemptions: Option<u32>,
     pub interference_from: &'a [crate::correlate::Name],
     pub computed_tokens: Option<u64>,
@@ -377,6 +384,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         phase_source: if e.is_some() { "ipc" } else { "wire" },
         engine_request_id: e.map(|e| e.engine_request_id.as_str()),
         scheduled_source: e.map(|e| e.scheduled_source),
+        submit_source: e.map(|e| e.submit_source),
         preemptions: e.map(|e| e.preemptions),
         interference_from: f.interference_from,
         computed_tokens: e.and_then(|e| e.computed_tokens),
@@ -437,6 +445,7 @@ impl RequestRef<'_> {
             phase_source: self.phase_source.to_owned(),
             engine_request_id: own(self.engine_request_id),
             scheduled_source: own(self.scheduled_source),
+            submit_source: own(self.submit_source),
             preemptions: self.preemptions,
             interference_from: self.interference_from.iter().map(|n| n.to_string()).collect(),
             computed_tokens: self.computed_tokens,
@@ -501,6 +510,7 @@ impl RequestRef<'_> {
             .field("phase_source", self.phase_source)
             .field("engine_request_id", &self.engine_request_id)
             .field("scheduled_source", &self.scheduled_source)
+            .field("submit_source", &self.submit_source)
             .field("preemptions", &self.preemptions)
             .field("interference_from", self.interference_from)
             .field("computed_tokens", &self.computed_tokens)
@@ -2247,6 +2257,7 @@ mod tests {
             phase_source: "wire",
             engine_request_id: None,
             scheduled_source: Some("event"),
+            submit_source: Some("arrival_time"),
             preemptions: Some(0),
             interference_from: from,
             computed_tokens: None,

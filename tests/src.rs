@@ -203,6 +203,9 @@ pub struct TestbedRun {
     pub hop: PathBuf,
     /// The testbed's ground truth (JSONL), which hopscope never reads.
     pub truth: PathBuf,
+    /// The chain client's own marks, one JSON line per hop (`--out`): its
+    /// `send_ns` is stamped before the request leaves.
+    pub client: PathBuf,
 }
 
 pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
@@ -230,13 +233,14 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
             .args(["-n", "10"])
             .arg(&py)
             .arg(workspace().join("examples/chain_client.py"))
-            .args(["--base-url", &base, "--quiet"])
+            .args(["--base-url", &base, "--quiet", "--append", "--out"])
+            .arg(dir.join("client.jsonl"))
             .args(*args)
             .output()
             .unwrap();
         assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
     }
-    TestbedRun { hop: rec.stop(), truth }
+    TestbedRun { hop: rec.stop(), truth, client: dir.join("client.jsonl") }
 }
 
 /// `hopscope ARGS…` in the background with stdout and stderr collected

@@ -159,7 +159,9 @@ class AsyncEngineClient:
                 pass
 
     # ------------------------------------------------------------- requests
-    async def add_request(self, ecr: EngineCoreRequest, state: RequestState) -> int:
+    async def add_request(self, ecr: EngineCoreRequest, state: RequestState) -> tuple[int, int]:
+        """Sends the ADD; returns the clock just before and just after the send: the hand-over to
+        ZMQ happened in between (a truth mark is a bracket, not an instant)."""
         if self.dead:
             raise EngineDeadError("engine core is dead")
         self.states[ecr.request_id] = state
@@ -167,7 +169,7 @@ class AsyncEngineClient:
         t_submit = time.monotonic_ns()
         await self.input_sock.send_multipart([self.engine_ident, EngineCoreRequestType.ADD.value, payload],
                                              copy=False)
-        return t_submit
+        return t_submit, time.monotonic_ns()
 
     async def abort(self, engine_ids: list[str]) -> None:
         ids = [i for i in engine_ids]
@@ -281,6 +283,7 @@ class TruthMiddleware:
 
         async def send_wrapper(message):
             t = time.monotonic_ns()
+            mark = None  # a mark also stamped once the write returned (its bracket's end)
             mt = message["type"]
             if mt == "http.response.start":
                 rec["response_start_ns"] = t
@@ -295,16 +298,22 @@ class TruthMiddleware:
                     if kind == "content":
                         if rec["first_sse_write_ns"] is None:
                             rec["first_sse_write_ns"] = t
+                            mark = "first_sse_sent_ns"
                         rec["content_write_ns"].append(t)
                     elif kind == "done":
                         rec["done_ns"] = t
+                        mark = "done_sent_ns"
                     elif kind == "body":  # non-streaming JSON
                         rec["done_ns"] = t
+                        mark = "done_sent_ns"
                 if not message.get("more_body", False):
                     rec["body_end_ns"] = t
                     if rec["done_ns"] is None:
                         rec["done_ns"] = t
+                        mark = "done_sent_ns"
             await send(message)
+            if mark is not None:
+                rec[mark] = time.monotonic_ns()
 
         try:
             await self.app(scope, receive, send_wrapper)
@@ -415,10 +424,11 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                           sp.include_stop_str_in_output, IncrementalDetokenizer(sp.skip_special_tokens), truth=rec)
         if st.stop and not sp.include_stop_str_in_output:
             st.holdback = max(len(x) for x in st.stop) - 1
-        t_submit = await client.add_request(ecr, st)
+        t_submit, t_sent = await client.add_request(ecr, st)
         if rec is not None:
             if rec["submit_ns"] is None:
                 rec["submit_ns"] = t_submit
+                rec["submit_sent_ns"] = t_sent
             rec.setdefault("engine_request_ids", []).append(engine_id)
             rec.setdefault("external_ids", []).append(external_id)
         return st

@@ -1,23 +1,38 @@
 //! hopscope's per-request attribution against the testbed's own ground truth:
 //! real frontend and engine processes, real ZMQ IPC, real sockets, eBPF.
 //!
-//! The testbed stamps its marks in the application (just before/after the
-//! calls); hopscope times the syscalls. Each phase is compared with the truth
-//! phase bounded by the corresponding application marks:
-//!   frontend     = submit − arrive          truth: submit_ns − http_arrive_ns
-//!   queue        = scheduled − submit       truth: scheduled_ns − submit_ns
+//! The testbed stamps its marks in the application; hopscope times the
+//! syscalls. Each phase is compared with the truth phase bounded by the
+//! corresponding application marks:
+//!   frontend     = submit − arrive          truth: submit − arrive
+//!   queue        = scheduled − submit       truth: scheduled_ns − submit
 //!   prefill      = end of the first-token step (EngineCoreOutputs.timestamp) − scheduled
 //!                                           truth: end_ns of the first step whose outputs
 //!                                           include the request − scheduled_ns
-//!   first_output = ttft write − that        truth: first_sse_write_ns − that step end
-//!   decode       = done − ttft              truth: done_ns − first_sse_write_ns
+//!   first_output = ttft write − that        truth: first_sse − that step end
+//!   decode       = done − ttft              truth: done − first_sse
+//!
+//! A syscall inside a library call can only be bracketed by the application:
+//! submit lies in [submit_ns, submit_sent_ns] (before and after pyzmq's
+//! send_multipart), first_sse in [first_sse_write_ns, first_sse_sent_ns] and
+//! done in [done_ns, done_sent_ns] (before and after uvicorn's send). The
+//! brackets are tens of µs wide, but on this 2-core VM a call now and then
+//! spans milliseconds (the thread loses its vCPU: 10 % of the CPU time was
+//! stolen by the host during one run of these tests; or Python collects
+//! garbage) with the syscall anywhere inside: hopscope's figure is held
+//! within the tolerance of the truth's bracket, not of one of its ends.
+//! The read that brings the request in can only be bounded by the client's
+//! send and the server's `data_received` stamp, which it precedes (by ~10 µs
+//! mostly, by 7 ms when the vCPU was lost in between): hopscope's arrive is
+//! checked to lie in that bracket, then the phases are measured from it.
 //!
 //! Concurrent chains start 40 ms apart (`--stagger-ms`). Requests arriving in
 //! the same instant make the frontend hand several ADDs to ZMQ before its
-//! I/O thread gets a core; they leave in one write, and hopscope can only
-//! bound the hand-over of the 2nd and later ones between the thread's wake-up
-//! and that write (it reports the write). On this 2-core machine that is up to
-//! ~1.3 ms, past the 1 ms tolerance: a known limit, in docs/decisions.md.
+//! I/O thread gets a core; they leave in one write, and only the first owns
+//! the wake-up. hopscope places the others by their `arrival_time`
+//! (`submit_source: "arrival_time"`, docs/decisions.md), which holds when
+//! building a request and sending it take about as long for each; the
+//! stagger keeps most first hops apart all the same.
 
 use hopscope_integration::*;
 use serde_json::Value;
@@ -26,12 +41,14 @@ use std::collections::{BTreeSet, HashMap};
 struct Run {
     report: Value,
     truth: Vec<Value>,
+    /// The chain client's marks per hop.
+    client: Vec<Value>,
     hop: std::path::PathBuf,
 }
 
 fn run_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> Run {
     let t = record_testbed(name, serve_args, clients);
-    Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), hop: t.hop }
+    Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop }
 }
 
 fn ns(v: &Value, k: &str) -> i64 {
@@ -51,6 +68,10 @@ fn check_phases(run: &Run) -> f64 {
     }
     let mut worst: f64 = 0.0;
     let mut checked = 0;
+    let mut sources: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut widths: Vec<f64> = Vec::new();
+    let sent: HashMap<&str, i64> = run.client.iter().filter(|c| c["id"].is_string()).map(|c| (c["id"].as_str().unwrap(), ns(c, "send_ns"))).collect();
+    let mut arrive_lags: Vec<f64> = Vec::new();
     for r in run.report["requests"].as_array().unwrap() {
         if r["path"] != "/v1/chat/completions" {
             continue;
@@ -58,25 +79,41 @@ fn check_phases(run: &Run) -> f64 {
         let id = r["id"].as_str().unwrap();
         let h = http.get(id).unwrap_or_else(|| panic!("no truth for {id}"));
         assert_eq!(r["phase_source"], "ipc", "{id}: engine IPC joined");
+        let source = r["submit_source"].as_str().unwrap_or_else(|| panic!("{id}: submit_source missing"));
+        assert!(["wake", "arrival_time", "write"].contains(&source), "{id}: the frontend is traced, its submit is its own: {source}");
+        *sources.entry(source.to_owned()).or_default() += 1;
         let eid = r["engine_request_id"].as_str().unwrap();
         let e = engine.get(eid).unwrap_or_else(|| panic!("no engine truth for {eid}"));
         assert_eq!(e["external_id"].as_str(), Some(id), "engine id joins the SSE id");
         let p = &r["phases_ms"];
+        let (scheduled, step_end) = (ns(e, "scheduled_ns"), first_step_end[eid]);
+        let arrive = r["arrive_ns"].as_i64().unwrap();
+        let (sent, received) = (sent[id], ns(h, "http_arrive_ns"));
+        assert!(sent <= arrive && arrive <= received, "{id}: arrive {arrive} outside [client send {sent}, server data_received {received}]");
+        arrive_lags.push((received - arrive) as f64 / 1e6);
+        let submit = (ns(h, "submit_ns"), ns(h, "submit_sent_ns"));
+        let first_sse = (ns(h, "first_sse_write_ns"), ns(h, "first_sse_sent_ns"));
+        let done = (ns(h, "done_ns"), ns(h, "done_sent_ns"));
+        // Each phase's truth as [least, most] from the marks' brackets.
         let truth = [
-            ("frontend", ns(h, "submit_ns") - ns(h, "http_arrive_ns")),
-            ("queue", ns(e, "scheduled_ns") - ns(h, "submit_ns")),
-            ("prefill", first_step_end[eid] - ns(e, "scheduled_ns")),
-            ("first_output", ns(h, "first_sse_write_ns") - first_step_end[eid]),
-            ("decode", ns(h, "done_ns") - ns(h, "first_sse_write_ns")),
+            ("frontend", (submit.0 - arrive, submit.1 - arrive)),
+            ("queue", (scheduled - submit.1, scheduled - submit.0)),
+            ("prefill", (step_end - scheduled, step_end - scheduled)),
+            ("first_output", (first_sse.0 - step_end, first_sse.1 - step_end)),
+            ("decode", (done.0 - first_sse.1, done.1 - first_sse.0)),
         ];
         let mut sum = 0.0;
-        for (phase, t_ns) in truth {
+        for (phase, (lo, hi)) in truth {
             let got = p[phase].as_f64().unwrap_or_else(|| panic!("{id}: phase {phase} is null"));
-            let want = t_ns as f64 / 1e6;
-            let err = (got - want).abs();
-            let tol = (want.abs() * 0.03).max(1.0);
-            assert!(err <= tol, "{id}: {phase} {got:.3} ms vs truth {want:.3} ms (tolerance {tol:.3})");
+            let (lo, hi) = (lo as f64 / 1e6, hi as f64 / 1e6);
+            assert!(lo <= hi, "{id}: {phase}: truth marks out of order");
+            let err = if got < lo { lo - got } else { (got - hi).max(0.0) };
+            let tol = (lo.abs() * 0.03).max(1.0);
+            assert!(err <= tol, "{id}: {phase} {got:.3} ms vs truth [{lo:.3}, {hi:.3}] ms (tolerance {tol:.3}; submit from {source})");
             worst = worst.max(err);
+            if hi > lo {
+                widths.push(hi - lo);
+            }
             sum += got;
         }
         let e2e = r["e2e_ms"].as_f64().unwrap();
@@ -86,6 +123,13 @@ fn check_phases(run: &Run) -> f64 {
         checked += 1;
     }
     assert!(checked > 0);
+    let (lag, lag_max) = (hopscope_integration::p(&arrive_lags, 50.0), hopscope_integration::p(&arrive_lags, 100.0));
+    eprintln!("arrive precedes data_received by median {lag:.3} ms, at most {lag_max:.3} ms");
+    assert!(lag <= 0.2, "arrive is {lag:.3} ms (median) before the server saw the bytes: too early");
+    // Were most brackets wide, a figure inside one would say little.
+    let (median, widest) = (hopscope_integration::p(&widths, 50.0), hopscope_integration::p(&widths, 100.0));
+    eprintln!("submit from: {sources:?}; truth brackets median {median:.3} ms, widest {widest:.3} ms");
+    assert!(median <= 0.5, "the testbed's marks bracket their syscalls loosely (median {median:.3} ms): the check says little");
     worst
 }
 

@@ -68,9 +68,13 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A fresh scratch directory under target/.
+/// A fresh scratch directory under target/, of this call alone: tests run
+/// in parallel threads of one process, and two that asked for the same name
+/// (the OTLP tests export one fixture twice) emptied each other's.
 pub fn scratch(name: &str) -> PathBuf {
-    let d = workspace().join("target/itest").join(format!("{name}-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = workspace().join("target/itest").join(format!("{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

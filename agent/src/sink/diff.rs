@@ -1374,12 +1374,7 @@ impl Compared<'_> {
             })
             .collect();
         let n_gen = gen.len();
-        let mut shown = gen;
-        if shown.len() > TEXT_PAIRS {
-            shown.sort_by(|x, y| y.1.total_cmp(&x.1));
-            shown.truncate(TEXT_PAIRS);
-        }
-        let shown: Vec<Pair> = shown.iter().map(|&(i, _)| self.pair(&self.matches[i as usize])).collect();
+        let shown: Vec<Pair> = text_pairs(gen, |x| x.1).iter().map(|&(i, _)| self.pair(&self.matches[i as usize])).collect();
         let unmatched = [UnmatchedText::of(self.unmatched(0)), UnmatchedText::of(self.unmatched(1))];
         render(&self.head, &shown.iter().collect::<Vec<_>>(), n_gen, self.matches.len() - n_gen, &unmatched)
     }
@@ -1760,18 +1755,26 @@ fn trunc(s: &str, n: usize) -> String {
 /// Pairs shown one by one in the text (the JSON has them all).
 const TEXT_PAIRS: usize = 30;
 
+/// The inference pairs the text lists: all of `gen` when they are at most
+/// [`TEXT_PAIRS`], else the [`TEXT_PAIRS`] with the biggest |ΔE2E| (ties
+/// in their order). One rule for the whole diff and the streamed one.
+fn text_pairs<T>(mut gen: Vec<T>, abs_e2e: impl Fn(&T) -> f64) -> Vec<T> {
+    if gen.len() > TEXT_PAIRS {
+        gen.sort_by(|x, y| abs_e2e(y).total_cmp(&abs_e2e(x)));
+        gen.truncate(TEXT_PAIRS);
+    }
+    gen
+}
+
 /// The human diff: headline, what changed (biggest first), per hop, per
 /// request, GPU kernels when present, what did not match.
 pub fn render_text(d: &Diff) -> String {
     let gen: Vec<&Pair> = d.pairs.iter().filter(|p| p.generation).collect();
-    let mut shown = gen.clone();
-    if shown.len() > TEXT_PAIRS {
-        shown.sort_by(|x, y| y.e2e_ms.delta.unwrap_or(0.0).abs().total_cmp(&x.e2e_ms.delta.unwrap_or(0.0).abs()));
-        shown.truncate(TEXT_PAIRS);
-    }
+    let n_gen = gen.len();
+    let shown = text_pairs(gen, |p| p.e2e_ms.delta.unwrap_or(0.0).abs());
     let m = &d.matching;
     let unmatched = [UnmatchedText::of(m.unmatched_before.iter().cloned()), UnmatchedText::of(m.unmatched_after.iter().cloned())];
-    render(d, &shown, gen.len(), d.pairs.len() - gen.len(), &unmatched)
+    render(d, &shown, n_gen, d.pairs.len() - n_gen, &unmatched)
 }
 
 /// The text of `d` but its pairs: `shown` are the pairs listed (the

@@ -955,21 +955,26 @@ mod tests {
                 model: None,
                 ready_ns: None,
             },
-            Record::EngineRequest {
-                conn: IPC,
-                ts_ns: at + MS,
-                tid: 1,
-                dir: Dir::Out,
-                request_id: format!("{id}-0123abcd"),
-                external_req_id: Some(id.into()),
-                prompt_tokens: Some(100),
-                max_tokens: None,
-                arrival_time_s: None,
-                traceparent: None,
-                data_parallel_rank: None,
-                truncated: false,
-            },
+            add(id, at + MS, 1, None),
         ]
+    }
+
+    /// The frontend's ADD of `id`, written at `at` by thread `tid`.
+    fn add(id: &str, at: u64, tid: u32, arrival_time_s: Option<f64>) -> Record {
+        Record::EngineRequest {
+            conn: IPC,
+            ts_ns: at,
+            tid,
+            dir: Dir::Out,
+            request_id: format!("{id}-0123abcd"),
+            external_req_id: Some(id.into()),
+            prompt_tokens: Some(100),
+            max_tokens: None,
+            arrival_time_s,
+            traceparent: None,
+            data_parallel_rank: None,
+            truncated: false,
+        }
     }
 
     fn sse(id: &str, fd: i32, at: u64, kind: SseKind) -> Record {
@@ -1050,20 +1055,7 @@ mod tests {
     /// wake-up seen, past what the wall clock is trusted for: the write.
     #[test]
     fn adds_that_share_a_write_are_placed_after_its_wake_up_by_arrival_time() {
-        let add = |id: &str, at: u64, arrival_time_s: Option<f64>| Record::EngineRequest {
-            conn: IPC,
-            ts_ns: at,
-            tid: 7,
-            dir: Dir::Out,
-            request_id: format!("{id}-0123abcd"),
-            external_req_id: Some(id.into()),
-            prompt_tokens: Some(100),
-            max_tokens: None,
-            arrival_time_s,
-            traceparent: None,
-            data_parallel_rank: None,
-            truncated: false,
-        };
+        let add = |id: &str, at: u64, arrival_time_s: Option<f64>| add(id, at, 7, arrival_time_s);
         let t0 = 1_796_127_787.051_362_5;
         let mut recs = Vec::new();
         for (id, fd, at) in [("chatcmpl-a", 5, MS), ("chatcmpl-b", 6, MS + MS / 2), ("chatcmpl-d", 8, 2 * MS), ("chatcmpl-e", 9, 30 * MS), ("chatcmpl-f", 10, 1100 * MS)] {

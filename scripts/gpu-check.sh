@@ -274,9 +274,14 @@ if [ -x "$AGENT" ]; then
   HOLDER=$!
   sleep 3   # CUDA context + allocation
   timeout 30 "$AGENT" record --pid $HOLDER --nvml-period 50 --duration 4s --quiet -o "$OUT/nvml.hop" >"$OUT/nvml.log" 2>&1
-  note "nvml: record rc=$? $(grep -i nvml "$OUT/nvml.log" | tr '\n' ' ' | cut -c1-300)"
+  RC=$?
+  note "nvml: record rc=$RC $(grep -i nvml "$OUT/nvml.log" | tr '\n' ' ' | cut -c1-300)"
   wait $HOLDER
-  "$AGENT" report "$OUT/nvml.hop" --json >"$OUT/nvml.report.json" 2>>"$OUT/nvml.log"
+  if [ $RC -ne 0 ]; then
+    note "nvml: FAIL (no recording; holder: $(tail -1 "$OUT/nvml-holder.log" | cut -c1-200))"
+  elif ! "$AGENT" report "$OUT/nvml.hop" --json >"$OUT/nvml.report.json" 2>>"$OUT/nvml.log"; then
+    note "nvml: FAIL (report failed, see nvml.log)"
+  else
   $PY - "$OUT/nvml.report.json" <<'PYEOF' | tee -a "$SUMMARY"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -286,6 +291,7 @@ print(f"nvml: {s['gpu_samples']} samples (4 s at 50 ms per GPU: ~80 per GPU), pe
       f"{peak} bytes ({'OK' if peak and peak >= 1 << 30 else 'FAIL'}: the holder has >= 1 GiB)")
 print("nvml counters:", {k: v for k, v in d.items() if k.startswith("nvml_")})
 PYEOF
+  fi
 else
   note "nvml: skipped ($AGENT not carried)"
 fi

@@ -94,7 +94,8 @@ pub fn run(args: &[String]) -> Result<()> {
         // Figures from a debug build mean nothing: rerun optimised.
         return crate::run(crate::cargo().args(["run", "--quiet", "--release", "-p", "xtask", "--", "bench-correlator"]).args(args));
     }
-    let n: u64 = args.iter().position(|a| a == "--requests").and_then(|i| args.get(i + 1)).map_or(Ok(100_000), |s| s.parse())?;
+    let opts = crate::Opts::parse(args, "cargo xtask bench-correlator [--requests N (default 100000)]", &["--requests"])?;
+    let n: u64 = opts.num("--requests", 100_000)?;
     let records = synth(n);
     let before = peak_rss_mib();
     let t = Instant::now();

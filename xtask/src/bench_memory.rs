@@ -250,14 +250,19 @@ pub fn run(args: &[String]) -> Result<()> {
         // The generator is slow unoptimised: rerun optimised.
         return crate::run(crate::cargo().args(["run", "--quiet", "--release", "-p", "xtask", "--", "bench-memory"]).args(args));
     }
-    let n: u64 = args.iter().position(|a| a == "--requests").and_then(|i| args.get(i + 1)).map_or(Ok(1_000_000), |s| s.parse())?;
+    let opts = crate::Opts::parse(
+        args,
+        "cargo xtask bench-memory [--requests N (default 1000000)] [--baseline HOPSCOPE_BIN] [--runs N (default 1)]",
+        &["--requests", "--baseline", "--runs"],
+    )?;
+    let n: u64 = opts.num("--requests", 1_000_000)?;
     // Another hopscope binary (e.g. an earlier build copied aside) run right
     // after ours on the same file: side-by-side figures and ratios.
-    let baseline: Option<PathBuf> = args.iter().position(|a| a == "--baseline").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let baseline: Option<PathBuf> = opts.get("--baseline").map(PathBuf::from);
     // This VM's speed drifts by 10-25 % within minutes: one run each is a
     // coin toss between two binaries. Each figure is then the least CPU
     // time of N runs, ours and the baseline's taking turns.
-    let runs: usize = args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)).map_or(Ok(1), |s| s.parse()).context("--runs takes a whole number")?;
+    let runs: usize = opts.num("--runs", 1)?;
     if runs == 0 {
         bail!("--runs 0: give at least 1");
     }

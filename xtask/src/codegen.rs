@@ -108,6 +108,10 @@ pub fn run(args: &[String]) -> Result<()> {
     for a in args {
         match a.as_str() {
             "--check" => check = true,
+            "--help" | "-h" => {
+                println!("usage: cargo xtask codegen-cupti [--check] [INCLUDE_DIR]");
+                std::process::exit(0);
+            }
             s if s.starts_with('-') => bail!("unknown option {s:?}: usage: cargo xtask codegen-cupti [--check] [INCLUDE_DIR]"),
             s => dir = Some(s),
         }

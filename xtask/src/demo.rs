@@ -13,10 +13,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
-}
-
 fn wait_healthy(port: u16, child: &mut Child) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
@@ -39,7 +35,8 @@ fn wait_healthy(port: u16, child: &mut Child) -> Result<()> {
 }
 
 pub fn run_demo(args: &[String]) -> Result<()> {
-    let out = PathBuf::from(arg(args, "--out").unwrap_or_else(|| "demo-out".into()));
+    let opts = crate::Opts::parse(args, "cargo xtask demo [--out DIR (default demo-out)]", &["--out"])?;
+    let out = PathBuf::from(opts.get("--out").unwrap_or("demo-out"));
     let out = if out.is_absolute() { out } else { std::env::current_dir()?.join(out) };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     ensure_toolchain()?;

@@ -40,6 +40,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--help" | "-h" => {
+                println!("usage: cargo xtask fuzz [--seconds N (default 60, per target)] [TARGET…]\ntargets: {}", TARGETS.join(", "));
+                std::process::exit(0);
+            }
             "--seconds" => {
                 let v = it.next().context("--seconds needs a number")?;
                 seconds = v.parse().with_context(|| format!("--seconds {v:?} is not a whole number of seconds"))?;

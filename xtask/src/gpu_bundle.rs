@@ -13,9 +13,7 @@ use std::process::Command;
 const CARRY_LIMIT: u64 = 64 << 20;
 
 pub fn run(args: &[String]) -> Result<()> {
-    if let Some(a) = args.first() {
-        bail!("gpu-bundle takes no arguments (got {a:?})");
-    }
+    crate::Opts::parse(args, "cargo xtask gpu-bundle  (builds target/gpu-bundle for scripts/gpu-check.sh; docs/gpu.md)", &[])?;
     let root = crate::root();
     crate::ensure_toolchain()?;
     // A placeholder agent would fail the device's eBPF and testbed steps.

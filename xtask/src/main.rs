@@ -5,7 +5,8 @@
 //! - `test`: everything the README promises (unit, privileged eBPF integration,
 //!   Python testbed tests). Run as root for the eBPF tests.
 //! - `demo [--out DIR]`: testbed + chain client under `hopscope run`, then the report.
-//! - `bench`: overhead and per-program cost figures, side by side in one run.
+//! - `bench [--rounds N] [--secs S] [--baseline BIN]`: overhead and per-program
+//!   cost figures, side by side in one run. Every task takes `--help`.
 //! - `fuzz [--seconds N] [TARGET…]`: the decoders' libFuzzer targets (fuzz/), bounded.
 //! - `gpu-bundle`: what the GPU check needs on the device, in one folder to carry.
 
@@ -20,6 +21,42 @@ mod gpu_bundle;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
+
+/// A task's `--name value` options, checked against the names it takes:
+/// `--help` prints `usage` and exits; anything else unknown is an error (a
+/// mistyped flag must not run a ten-minute benchmark with the defaults).
+pub(crate) struct Opts(Vec<(String, String)>);
+
+impl Opts {
+    pub(crate) fn parse(args: &[String], usage: &str, names: &[&str]) -> Result<Opts> {
+        let mut got = Vec::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if a == "--help" || a == "-h" {
+                println!("usage: {usage}");
+                std::process::exit(0);
+            }
+            if !names.contains(&a.as_str()) {
+                bail!("unknown argument {a:?}\nusage: {usage}");
+            }
+            let v = it.next().with_context(|| format!("{a} needs a value\nusage: {usage}"))?;
+            got.push((a.clone(), v.clone()));
+        }
+        Ok(Opts(got))
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The option's value parsed, or `default` when it was not given.
+    pub(crate) fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| anyhow::anyhow!("{name} {v:?}: not a number")),
+        }
+    }
+}
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_owned()

@@ -4,7 +4,11 @@
 //! Server: tests/fixtures/sse_server.py (uvicorn + FastAPI, one worker). Load:
 //! keep-alive HTTP/1.1 clients in this process. Phases alternate untraced and
 //! traced (U T U T …) so drift hits both alike. Per-program cost comes from the
-//! kernel's own accounting (kernel.bpf_stats_enabled=1, read with bpftool).
+//! kernel's own accounting (kernel.bpf_stats_enabled=1, read with bpftool),
+//! summed over every traced round. `--baseline BIN` traces each round a
+//! second time with another hopscope build (copied aside before a change),
+//! the two taking turns at going first: per-program ns side by side, as this
+//! VM's speed drifts too much between separate runs to compare them.
 
 use crate::{cargo, ensure_tracefs, root, venv_python};
 use anyhow::{bail, Context, Result};
@@ -119,9 +123,44 @@ fn stop_child(mut c: Child) -> Result<()> {
     Ok(())
 }
 
+/// Per-program totals over every traced round of one binary.
+fn add_stats(into: &mut Vec<Prog>, round: Vec<Prog>) {
+    for p in round {
+        match into.iter_mut().find(|q| q.name == p.name) {
+            Some(q) => {
+                q.run_cnt += p.run_cnt;
+                q.run_time_ns += p.run_time_ns;
+            }
+            None => into.push(p),
+        }
+    }
+}
+
+fn ns_per_run(cnt: u64, ns: u64) -> String {
+    if cnt == 0 {
+        "-".into()
+    } else {
+        format!("{:.0}", ns as f64 / cnt as f64)
+    }
+}
+
+const USAGE: &str = "cargo xtask bench [--rounds N (default 3)] [--secs S (default 4)] [--baseline HOPSCOPE_BIN]\n\
+    --baseline: another hopscope build (copied aside) traced in turn with ours in every round:\n\
+    req/s and per-program ns side by side";
+
 pub fn run(args: &[String]) -> Result<()> {
-    let rounds: usize = args.iter().position(|a| a == "--rounds").and_then(|i| args.get(i + 1)).map_or(Ok(3), |s| s.parse())?;
-    let secs: f64 = args.iter().position(|a| a == "--secs").and_then(|i| args.get(i + 1)).map_or(Ok(4.0), |s| s.parse())?;
+    let opts = crate::Opts::parse(args, USAGE, &["--rounds", "--secs", "--baseline"])?;
+    let rounds: usize = opts.num("--rounds", 3)?;
+    let secs: f64 = opts.num("--secs", 4.0)?;
+    if rounds == 0 || secs.is_nan() || secs <= 0.0 {
+        bail!("--rounds and --secs must be positive\nusage: {USAGE}");
+    }
+    let baseline = opts.get("--baseline").map(std::path::PathBuf::from);
+    if let Some(b) = &baseline {
+        if !b.is_file() {
+            bail!("--baseline {}: no such file (give the path of a hopscope binary)", b.display());
+        }
+    }
     ensure_tracefs()?;
     let py = venv_python()?;
     crate::run(cargo().args(["build", "--release", "-p", "hopscope"]))?;
@@ -137,41 +176,58 @@ pub fn run(args: &[String]) -> Result<()> {
         wait_port(port)?;
         std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
         let conns = 4;
-        let mut untraced = Vec::new();
-        let mut traced = Vec::new();
-        let mut progs = Vec::new();
         let out = std::env::temp_dir().join("hopscope-bench.hop");
-        for _ in 0..rounds {
+        // Column 0: ours; column 1: the baseline's (when given).
+        let bins: Vec<&std::path::Path> = std::iter::once(bin.as_path()).chain(baseline.as_deref()).collect();
+        let mut untraced = Vec::new();
+        let mut traced: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
+        let mut progs: Vec<Vec<Prog>> = (0..bins.len()).map(|_| Vec::new()).collect();
+        for round in 0..rounds {
             untraced.push(load(port, conns, secs)?);
-            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-            let agent = Command::new(&bin)
-                .args(["record", "--quiet", "--pid", &server.id().to_string(), "-o"])
-                .arg(&out)
-                .spawn()
-                .context("starting hopscope")?;
-            std::thread::sleep(Duration::from_millis(700));
-            traced.push(load(port, conns, secs)?);
-            progs = prog_stats(since)?;
-            stop_child(agent)?;
+            // With a baseline, who goes first alternates: drift within a
+            // round then favours neither.
+            for k in 0..bins.len() {
+                let b = (k + round) % bins.len();
+                let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+                let agent = Command::new(bins[b])
+                    .args(["record", "--quiet", "--pid", &server.id().to_string(), "-o"])
+                    .arg(&out)
+                    .spawn()
+                    .with_context(|| format!("starting {}", bins[b].display()))?;
+                std::thread::sleep(Duration::from_millis(700));
+                traced[b].push(load(port, conns, secs)?);
+                add_stats(&mut progs[b], prog_stats(since)?);
+                stop_child(agent)?;
+            }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-        let (u, t) = (mean(&untraced), mean(&traced));
+        let u = mean(&untraced);
         println!("server req/s (uvicorn + FastAPI, GET /v1/models, {conns} keep-alive clients, {rounds} rounds x {secs} s, alternating):");
-        println!("  untraced {u:>9.1} req/s   rounds {untraced:.1?}");
-        println!("  traced   {t:>9.1} req/s   rounds {traced:.1?}");
-        println!("  ratio traced/untraced = {:.3}  (goal >= 0.97)", t / u);
-        println!("eBPF programs (last traced round; kernel.bpf_stats_enabled):");
-        println!("  {:<28} {:>12} {:>14} {:>10}", "program", "runs", "run_time_ns", "ns/run");
-        let (mut all_cnt, mut all_ns) = (0u64, 0u64);
-        for p in &progs {
-            let avg = if p.run_cnt > 0 { p.run_time_ns as f64 / p.run_cnt as f64 } else { 0.0 };
-            println!("  {:<28} {:>12} {:>14} {:>10.0}", p.name, p.run_cnt, p.run_time_ns, avg);
-            all_cnt += p.run_cnt;
-            all_ns += p.run_time_ns;
+        println!("  untraced    {u:>9.1} req/s   rounds {untraced:.1?}");
+        let label = |b: usize| if b == 0 { "traced" } else { "baseline" };
+        for (b, t) in traced.iter().enumerate() {
+            println!("  {:<10}  {:>9.1} req/s   rounds {t:.1?}   ratio {:.3}  (goal >= 0.97)", label(b), mean(t), mean(t) / u);
         }
-        if all_cnt > 0 {
-            println!("  {:<28} {:>12} {:>14} {:>10.0}  (goal <= 300)", "all programs", all_cnt, all_ns, all_ns as f64 / all_cnt as f64);
+        println!("eBPF programs (all traced rounds; kernel.bpf_stats_enabled):");
+        let mut names: Vec<&str> = progs.iter().flatten().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let cell = |b: usize, name: &str| progs[b].iter().find(|p| p.name == name).map_or((0, 0), |p| (p.run_cnt, p.run_time_ns));
+        if bins.len() == 1 {
+            println!("  {:<28} {:>12} {:>14} {:>10}", "program", "runs", "run_time_ns", "ns/run");
+        } else {
+            println!("  {:<28} {:>12} {:>10} {:>12} {:>10} {:>7}", "program", "runs", "ns/run", "base runs", "base ns", "ratio");
         }
+        let mut all = vec![(0u64, 0u64); bins.len()];
+        for name in names {
+            let c: Vec<(u64, u64)> = (0..bins.len()).map(|b| cell(b, name)).collect();
+            for (a, x) in all.iter_mut().zip(&c) {
+                a.0 += x.0;
+                a.1 += x.1;
+            }
+            row(name, &c);
+        }
+        row("all programs  (goal <= 300)", &all);
         let _ = std::fs::remove_file(&out);
         Ok(())
     })();
@@ -179,4 +235,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let _ = server.kill();
     let _ = server.wait();
     result
+}
+
+fn row(name: &str, c: &[(u64, u64)]) {
+    if let [(n, t)] = c {
+        println!("  {name:<28} {n:>12} {t:>14} {:>10}", ns_per_run(*n, *t));
+    } else if let [(n, t), (bn, bt), ..] = c {
+        let ratio = if *n > 0 && *bn > 0 && *bt > 0 { format!("{:.2}", (*t as f64 / *n as f64) / (*bt as f64 / *bn as f64)) } else { "-".into() };
+        println!("  {name:<28} {n:>12} {:>10} {bn:>12} {:>10} {ratio:>7}", ns_per_run(*n, *t), ns_per_run(*bn, *bt));
+    }
 }

@@ -73,8 +73,44 @@ struct {
 	__type(value, __u8);
 } targets SEC(".maps");
 
-/* What a syscall's exit needs from its entry, keyed by tid (a thread is in at
- * most one syscall). */
+/* is_target's per-CPU cache. Every program asks "is this tgid traced?",
+ * most of them for processes that are not (sched_switch twice per switch of
+ * the machine); a `targets` lookup costs ~100 ns in this VM, a cache hit a
+ * few loads (docs/benchmarks.md). A slot is one u64, so an interrupt's
+ * program on the same CPU cannot leave it torn: tgid (22 bits: PID_MAX_LIMIT
+ * is 2^22), the verdict, and the generation of `targets` it was read at.
+ *
+ * The generation is `target_gen[0] + target_gen[1]`: user space bumps [0]
+ * after each insert (it is its only writer), the fork and exit programs
+ * bump [1] atomically after theirs. Both only grow, so any change to
+ * `targets` changes the sum, and a reader takes the generation *before*
+ * the lookup: a slot can carry an older verdict only with an older
+ * generation, which no longer matches. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} target_gen SEC(".maps");
+
+#define TC_SLOTS 64
+#define TC_TGID_MASK ((1ULL << 22) - 1)
+#define TC_TARGET (1ULL << 22)
+#define TC_GEN_SHIFT 23
+
+struct tcache {
+	__u64 slot[TC_SLOTS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tcache);
+} tcache SEC(".maps");
+
+/* What a syscall's exit needs from its entry, per thread (a thread is in at
+ * most one syscall). `syscall` 0 marks the slot empty. */
 struct inflight {
 	__u64 enter_ns;
 	__u64 arg;      /* user buffer / iovec array / user_msghdr pointer */
@@ -91,16 +127,20 @@ struct inflight {
 #define INF_CONNECT 101
 #define INF_CLOSE 102
 
+/* Task local storage, not a tid-keyed hash: a hash update, lookup and delete
+ * per syscall cost ~200 ns together in this VM, the storage slot is reached
+ * from the task in a few loads (docs/benchmarks.md). It has no size limit and
+ * goes with the task, so an exiting thread leaves nothing behind. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct inflight);
 } inflight SEC(".maps");
 
 /* When unread data first became readable on a socket (struct sock address ->
- * ns). Set by sock:sk_data_ready if absent, taken by the traced process's next
- * read. This is the wire arrival: a busy event loop may read much later, and
+ * ns; 0: nothing unread since the last read). Set by sock:sk_data_ready if
+ * absent or 0, taken (swapped for 0) by the traced process's next read. This is the wire arrival: a busy event loop may read much later, and
  * data can arrive before accept() returns, so the kernel side cannot know yet
  * whose socket it is: LRU bounds the entries of sockets nobody traced. */
 struct {
@@ -110,7 +150,8 @@ struct {
 	__type(value, __u64);
 } ready SEC(".maps");
 
-/* Switch-out of a traced thread (tid -> when, its state, first wake-up after). */
+/* Switch-out of a traced thread (when, its state, first wake-up after);
+ * off_ns 0 marks it taken. Task local storage, like `inflight`. */
 struct offcpu {
 	__u64 off_ns;
 	__u64 wake_ns;
@@ -119,9 +160,9 @@ struct offcpu {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct offcpu);
 } offcpu SEC(".maps");
 
@@ -190,9 +231,36 @@ static __always_inline void stat_add(__u32 idx, __u64 n)
 
 static __always_inline int is_target(__u32 tgid)
 {
+	__u32 zero = 0, one = 1;
+	struct tcache *c;
+	__u64 *gu, *gk, gen, *slot, v;
+	int hit;
+
 	if (tgid == 0 || tgid == self_tgid)
 		return 0;
-	return bpf_map_lookup_elem(&targets, &tgid) != NULL;
+	c = bpf_map_lookup_elem(&tcache, &zero);
+	gu = bpf_map_lookup_elem(&target_gen, &zero);
+	gk = bpf_map_lookup_elem(&target_gen, &one);
+	if (!c || !gu || !gk || tgid > TC_TGID_MASK)
+		return bpf_map_lookup_elem(&targets, &tgid) != NULL;
+	gen = (*(volatile __u64 *)gu + *(volatile __u64 *)gk) << TC_GEN_SHIFT;
+	slot = &c->slot[tgid & (TC_SLOTS - 1)];
+	v = *(volatile __u64 *)slot;
+	if ((v & ~TC_TARGET) == (gen | tgid))
+		return (v & TC_TARGET) != 0;
+	hit = bpf_map_lookup_elem(&targets, &tgid) != NULL;
+	*(volatile __u64 *)slot = gen | tgid | (hit ? TC_TARGET : 0);
+	return hit;
+}
+
+/* After the kernel changed `targets` (see tcache). */
+static __always_inline void targets_changed(void)
+{
+	__u32 one = 1;
+	__u64 *g = bpf_map_lookup_elem(&target_gen, &one);
+
+	if (g)
+		__sync_fetch_and_add(g, 1);
 }
 
 static __always_inline int current_is_target(void)
@@ -316,9 +384,14 @@ static __always_inline __u8 sk_family(struct sock *sk)
 
 static __always_inline void stash(struct inflight *inf)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	if (bpf_map_update_elem(&inflight, &tid, inf, BPF_ANY) != 0)
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct inflight *slot = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+
+	if (!slot) {
 		stat_add(HS_STAT_INFLIGHT_FULL, 1);
+		return;
+	}
+	*slot = *inf;
 }
 
 /* Data syscalls: only sockets are stashed (the fd is resolved here, where it
@@ -359,20 +432,20 @@ static __always_inline int enter_plain(struct sys_enter_ctx *ctx, __u16 kind)
 	return 0;
 }
 
-/* Take (and remove) this thread's stash if it belongs to syscall `sys`. */
+/* Take (and empty) this thread's stash if it belongs to syscall `sys`. */
 static __always_inline int unstash(__u16 sys, struct inflight *out)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct inflight *inf = bpf_map_lookup_elem(&inflight, &tid);
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct inflight *inf = bpf_task_storage_get(&inflight, task, 0, 0);
 	int ok = 0;
 
-	if (!inf)
+	if (!inf || inf->syscall == 0)
 		return 0;
 	if (inf->syscall == sys) {
 		*out = *inf;
 		ok = 1;
 	}
-	bpf_map_delete_elem(&inflight, &tid);
+	inf->syscall = 0;
 	return ok;
 }
 
@@ -395,10 +468,10 @@ static __always_inline struct io_scratch *io_begin(struct inflight *inf, __s64 r
 	s->io.ready_ns = 0;
 	if (dir == HS_DIR_IN && inf->sk) {
 		__u64 *t = bpf_map_lookup_elem(&ready, &inf->sk);
-		if (t) {
-			s->io.ready_ns = *t;
-			bpf_map_delete_elem(&ready, &inf->sk);
-		}
+		/* Taken, not deleted: the entry stays for the socket's next
+		 * arrival, which then costs a store instead of an LRU insert. */
+		if (t)
+			s->io.ready_ns = __sync_lock_test_and_set(t, 0);
 	}
 	s->io.ret = ret;
 	s->io.fd = inf->fd;
@@ -722,6 +795,7 @@ int BPF_PROG(sched_process_fork, struct task_struct *parent, struct task_struct 
 		return 0;
 	if (bpf_map_update_elem(&targets, &ctgid, &one, BPF_ANY) != 0)
 		stat_add(HS_STAT_TARGETS_FULL, 1);
+	targets_changed();
 	emit_proc(child, ptgid, parent->pid, ctgid, HS_PROC_FORK, 0);
 	return 0;
 }
@@ -745,13 +819,12 @@ int BPF_PROG(sched_process_exit, struct task_struct *p)
 
 	if (!is_target(tgid))
 		return 0;
-	/* Whatever this thread left behind. */
-	bpf_map_delete_elem(&inflight, &pid);
-	bpf_map_delete_elem(&offcpu, &pid);
+	/* The thread's `inflight` and `offcpu` slots go with its task. */
 	if (pid != tgid)
 		return 0;
 	emit_proc(p, tgid, pid, tgid, HS_PROC_EXIT, p->exit_code);
 	bpf_map_delete_elem(&targets, &tgid);
+	targets_changed();
 	return 0;
 }
 
@@ -770,26 +843,28 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 			return 0;
 		now = bpf_ktime_get_ns();
 	} else {
-		struct offcpu o = {};
-		__u32 prev_pid = prev->pid;
+		struct offcpu *o = bpf_task_storage_get(&offcpu, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 
 		now = bpf_ktime_get_ns();
-		o.off_ns = now;
-		o.prev_state = prev_state;
-		if (bpf_map_update_elem(&offcpu, &prev_pid, &o, BPF_ANY) != 0)
+		if (o) {
+			o->off_ns = now;
+			o->wake_ns = 0;
+			o->prev_state = prev_state;
+		} else {
 			stat_add(HS_STAT_SCHED_MAP_FULL, 1);
+		}
 		if (!is_target(next_tgid))
 			return 0;
 	}
 
 	__u32 next_pid = next->pid;
-	struct offcpu *o = bpf_map_lookup_elem(&offcpu, &next_pid);
-	if (!o)
+	struct offcpu *o = bpf_task_storage_get(&offcpu, next, 0, 0);
+	if (!o || o->off_ns == 0)
 		return 0;
 	__u64 off_ns = o->off_ns;
 	__u64 wake_ns = o->wake_ns;
 	__u32 state = o->prev_state;
-	bpf_map_delete_elem(&offcpu, &next_pid);
+	o->off_ns = 0;
 	if (now < off_ns)
 		return 0;
 	__u64 dur = now - off_ns;
@@ -815,14 +890,12 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 
 static __always_inline void note_wakeup(struct task_struct *p)
 {
-	__u32 pid;
 	struct offcpu *o;
 
 	if (!is_target(p->tgid))
 		return;
-	pid = p->pid;
-	o = bpf_map_lookup_elem(&offcpu, &pid);
-	if (o && o->wake_ns == 0)
+	o = bpf_task_storage_get(&offcpu, p, 0, 0);
+	if (o && o->off_ns != 0 && o->wake_ns == 0)
 		o->wake_ns = bpf_ktime_get_ns();
 }
 
@@ -878,11 +951,17 @@ int sock_sk_data_ready(struct sk_data_ready_ctx *ctx)
 
 	if (ctx->family != HS_AF_INET && ctx->family != HS_AF_INET6 && ctx->family != HS_AF_UNIX)
 		return 0;
-	/* Keep the oldest unread arrival: only set when absent. Look first: an
-	 * LRU update takes a lock (~350 ns measured), a hit costs a hash lookup,
-	 * and sockets nobody reads through a traced process stay present. */
-	if (bpf_map_lookup_elem(&ready, &sk))
+	/* Keep the oldest unread arrival: only set when absent or taken. Look
+	 * first: an LRU update takes a lock (~350 ns measured), a hit costs a
+	 * hash lookup, and sockets nobody reads through a traced process stay
+	 * present. A traced socket's entry stays too (reads swap in 0), so its
+	 * next arrival is a compare-and-swap, not an insert. */
+	__u64 *t = bpf_map_lookup_elem(&ready, &sk);
+	if (t) {
+		if (*(volatile __u64 *)t == 0)
+			__sync_val_compare_and_swap(t, 0, bpf_ktime_get_ns());
 		return 0;
+	}
 	now = bpf_ktime_get_ns();
 	bpf_map_update_elem(&ready, &sk, &now, BPF_NOEXIST);
 	return 0;

@@ -75,11 +75,11 @@
 #define HS_STAT_TRUNCATED 2        /* io records whose payload was cut to their family's capture */
 #define HS_STAT_COPY_FAILED 3      /* io records whose user buffer could not be read (or, never
                                     * expected, that found no staging area: not emitted) */
-#define HS_STAT_INFLIGHT_FULL 4    /* syscall enters lost: in-flight map full */
+#define HS_STAT_INFLIGHT_FULL 4    /* syscall enters lost: no in-flight slot (task storage allocation failed) */
 #define HS_STAT_TARGETS_FULL 5     /* forked children not followed: targets map full */
 #define HS_STAT_SCHED_SHORT 6      /* off-CPU intervals below min_offcpu_ns (aggregated, not sent) */
 #define HS_STAT_SCHED_SHORT_NS 7   /* total ns of those short intervals */
-#define HS_STAT_SCHED_MAP_FULL 8   /* off-CPU starts lost: sched map full */
+#define HS_STAT_SCHED_MAP_FULL 8   /* off-CPU starts lost: no off-CPU slot (task storage allocation failed) */
 #define HS_STAT_IOV_TRUNCATED 9    /* readv/writev/msg with more iovecs than the kernel walks */
 #define HS_STAT_WAKEUPS 10         /* forced consumer wake-ups (threshold reached) */
 #define HS_STAT_MAX 16

@@ -18,7 +18,7 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, Program, ProgramError, TracePoint},
     Btf, BtfError, Ebpf, EbpfError, EbpfLoader,
 };
@@ -218,7 +218,7 @@ pub struct StartupTimes {
 pub struct EbpfSource {
     ring: RingBuf<MapData>,
     stats: PerCpuArray<MapData, u64>,
-    targets: BpfHashMap<MapData, u32, u8>,
+    targets: Targets,
     // Owns the programs and their links; declared after the maps taken from it.
     ebpf: Ebpf,
     _bpf_stats: Option<OwnedFd>,
@@ -357,6 +357,9 @@ impl EbpfSource {
             .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
             .map_max_entries("events", ringbuf_bytes)
             .map_max_entries("scratch", cpus)
+            // `inflight` and `offcpu` are task storage, which aya creates but
+            // has no user-space type for; only the programs use them.
+            .allow_unsupported_maps()
             .load(hopscope_ebpf::object())
             .map_err(SourceError::Load)?;
         times.object = t.elapsed();
@@ -410,8 +413,13 @@ impl EbpfSource {
             .map_err(|source| SourceError::Map { name: "events", source })?;
         let stats = PerCpuArray::try_from(take(&mut ebpf, "stats")?)
             .map_err(|source| SourceError::Map { name: "stats", source })?;
-        let targets = BpfHashMap::try_from(take(&mut ebpf, "targets")?)
-            .map_err(|source| SourceError::Map { name: "targets", source })?;
+        let targets = Targets {
+            map: BpfHashMap::try_from(take(&mut ebpf, "targets")?)
+                .map_err(|source| SourceError::Map { name: "targets", source })?,
+            gen: Array::try_from(take(&mut ebpf, "target_gen")?)
+                .map_err(|source| SourceError::Map { name: "target_gen", source })?,
+            user_gen: 0,
+        };
 
         let bpf_stats = if cfg.enable_bpf_stats {
             Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| SourceError::Io {
@@ -455,7 +463,7 @@ impl EbpfSource {
     }
 
     fn insert_target(&mut self, pid: u32) -> Result<(), SourceError> {
-        self.targets.insert(pid, 1, 0).map_err(|source| SourceError::Map { name: "targets", source })
+        self.targets.insert(pid)
     }
 
     /// Starts tracing `pid` and its descendants. For a process the agent
@@ -530,10 +538,10 @@ impl EbpfSource {
                     return Ok(());
                 }
                 let pid = i32::from_ne_bytes(buf) as u32;
-                if let Err(source) = targets.insert(pid, 1, 0) {
+                if let Err(e) = targets.insert(pid) {
                     // Tell the child to abort its exec; spawn then fails.
                     let _ = go_tx.write_all(&[0]);
-                    return Err(SourceError::Map { name: "targets", source });
+                    return Err(e);
                 }
                 go_tx.write_all(&[1]).map_err(io_err("releasing the spawned child"))?;
                 Ok(())
@@ -623,9 +631,26 @@ impl EbpfSource {
 
     /// Processes (tgids) currently traced.
     pub fn targets(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.targets.keys().filter_map(Result::ok).collect();
+        let mut v: Vec<u32> = self.targets.map.keys().filter_map(Result::ok).collect();
         v.sort_unstable();
         v
+    }
+}
+
+/// The `targets` map and the generation the kernel's per-CPU verdict cache
+/// checks (hopscope.bpf.c `tcache`): every insert from user space is
+/// followed by a bump of `target_gen[0]`, whose only writer is this.
+struct Targets {
+    map: BpfHashMap<MapData, u32, u8>,
+    gen: Array<MapData, u64>,
+    user_gen: u64,
+}
+
+impl Targets {
+    fn insert(&mut self, pid: u32) -> Result<(), SourceError> {
+        self.map.insert(pid, 1, 0).map_err(|source| SourceError::Map { name: "targets", source })?;
+        self.user_gen += 1;
+        self.gen.set(0, self.user_gen, 0).map_err(|source| SourceError::Map { name: "target_gen", source })
     }
 }
 

@@ -177,6 +177,59 @@ fn sys_state(pid: u32) -> Option<char> {
     hopscope::sys::proc_state(pid)
 }
 
+const ALTERNATIONS: usize = 60;
+const PHASE: Duration = Duration::from_millis(100);
+
+/// The server's request rate with the agent running and stopped, from one
+/// keep-alive client that switches between the two every `PHASE`. This VM's
+/// speed swings by ±20 % from one second to the next (host steal); rounds of
+/// a few hundred ms each, a Python client started per round, put a 2 % check
+/// at the mercy of which rounds drew the slow seconds (2 runs in 6 failed with
+/// no agent cost at all). Short alternations see the same seconds.
+fn alternating_rates(port: u16, agent: &Agent) -> (f64, f64) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    let mut phase = |until: Instant| -> u64 {
+        let mut n = 0;
+        while Instant::now() < until {
+            w.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let mut len = 0usize;
+            loop {
+                line.clear();
+                assert!(r.read_line(&mut line).unwrap() > 0, "the server closed the connection");
+                let l = line.trim_end().to_ascii_lowercase();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some(v) = l.strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0u8; len];
+            r.read_exact(&mut body).unwrap();
+            n += 1;
+        }
+        n
+    };
+    let (mut run_n, mut stop_n) = (0, 0);
+    let (mut run_t, mut stop_t) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..ALTERNATIONS {
+        let t = Instant::now();
+        run_n += phase(t + PHASE);
+        run_t += t.elapsed();
+        agent.signal(libc::SIGSTOP);
+        let t = Instant::now();
+        stop_n += phase(t + PHASE);
+        stop_t += t.elapsed();
+        agent.signal(libc::SIGCONT);
+    }
+    (run_n as f64 / run_t.as_secs_f64(), stop_n as f64 / stop_t.as_secs_f64())
+}
+
 /// An HTTP server traced by eBPF while the agent is SIGSTOPped: the server
 /// keeps ≥ 98 % of its request rate, the 1 MiB ring buffer overflows under
 /// a token storm, and the kernel's drops are in the report after SIGCONT.
@@ -213,12 +266,12 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
         running.push(timed(&format!("running{round}.jsonl")));
         agent.signal(libc::SIGSTOP);
         stopped.push(timed(&format!("stopped{round}.jsonl")));
-        if round + 1 < ROUNDS {
-            agent.signal(libc::SIGCONT);
-            // Let the agent drain what queued up while it was stopped.
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        agent.signal(libc::SIGCONT);
+        // Let the agent drain what queued up while it was stopped.
+        std::thread::sleep(Duration::from_millis(500));
     }
+    let (fast_running, fast_stopped) = alternating_rates(port, &agent);
+    agent.signal(libc::SIGSTOP);
     // A storm while stopped: far more than 1 MiB of events.
     let storm = dir.join("storm.jsonl");
     run_py("sse_client.py", &["--base", &base, "--out", storm.to_str().unwrap(), "--concurrent", "4x25", "--tokens", "60", "--token-ms", "0", "--sdk", "raw"]);
@@ -230,7 +283,12 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
     std::thread::sleep(Duration::from_millis(300));
     agent.stop();
     let (typical_running, typical_stopped) = (median(&running), median(&stopped));
-    assert!(typical_stopped >= 0.98 * typical_running, "requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (median of {ROUNDS} each)");
+    assert!(
+        fast_stopped >= 0.98 * fast_running,
+        "requests/s with the agent stopped {fast_stopped:.1} vs running {fast_running:.1} ({ALTERNATIONS} alternations of {PHASE:?}); the streaming rounds: stopped {stopped:.1?} vs running {running:.1?}"
+    );
+    // A server blocked by the stopped agent would collapse here too.
+    assert!(typical_stopped >= 0.8 * typical_running, "streaming requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (median of {ROUNDS} each)");
 
     let report = report_json(&hop);
     let full = drop_count(&report, "kernel_ringbuf_full");
@@ -240,7 +298,7 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
         assert_all_present(&report, &read_jsonl(&dir.join(format!("running{round}.jsonl"))));
     }
     assert_all_present(&report, &read_jsonl(&after));
-    eprintln!("sigstop http: median of {ROUNDS}: {typical_running:.1} req/s running, {typical_stopped:.1} stopped (rounds {running:.0?} / {stopped:.0?}); {full} ring-buffer records lost and counted");
+    eprintln!("sigstop http: {fast_running:.1} req/s running, {fast_stopped:.1} stopped ({ALTERNATIONS} alternations of {PHASE:?}); streaming, median of {ROUNDS}: {typical_running:.1} req/s running, {typical_stopped:.1} stopped (rounds {running:.0?} / {stopped:.0?}); {full} ring-buffer records lost and counted");
 }
 
 /// A syscall storm (4 KiB writes on a unix socketpair, as fast as Python

@@ -491,6 +491,9 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         ..EbpfConfig::default()
     };
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
+    for (tp, what) in source.missing_tracepoints() {
+        eprintln!("hopscope: note: this kernel has no {tp} tracepoint: recording without {what}");
+    }
     // What can fail for a reason the user can fix (a path, a port in use)
     // fails here, before the command is launched (and while a privileged port
     // can still be bound); after the load, so that an unprivileged user first
@@ -606,6 +609,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         capture_len_unix: opts.capture_bytes_unix,
         capture_payload: opts.capture_payload,
         gpu: false,
+        missing_tracepoints: source.missing_tracepoints().iter().map(|(tp, _)| tp.to_string()).collect(),
     };
     created.truncate_old()?;
     let writer = Writer::new(std::io::BufWriter::new(out_file), &meta).with_context(|| format!("writing {}", opts.output.display()))?;

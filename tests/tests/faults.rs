@@ -493,3 +493,62 @@ fn a_corrupt_or_truncated_recording_names_the_offset_and_still_gives_a_partial_r
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("truncated at offset 20: metadata"), "{err}");
 }
+
+/// Records `n` keep-alive requests to the SSE server under `hopscope run`
+/// with `env`: (the report, the agent's stderr).
+fn record_sequential(name: &str, n: usize, env: &[(&str, String)]) -> (Value, String) {
+    let dir = scratch(name);
+    let port = free_port();
+    let hop = dir.join("run.hop");
+    let cmd = sse_server_cmd(port);
+    let mut args = vec!["run", "-o", hop.to_str().unwrap(), "--quiet", "--"];
+    args.extend(cmd.iter().map(String::as_str));
+    let agent = Agent::spawn(&args, env);
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", &n.to_string(), "--tokens", "3", "--sdk", "raw"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, err) = agent.stop();
+    let report = report_json(&hop);
+    assert_all_present(&report, &read_jsonl(&out));
+    (report, err)
+}
+
+/// Kernels before 6.6 (Ubuntu 22.04's 5.15, RHEL 9's 5.14) have no
+/// sock:sk_data_ready. hopscope must record there all the same, say what it
+/// goes without, and leave the wire arrival null rather than fail to start.
+/// The kernel here has the tracepoint: HOPSCOPE_HIDE_TRACEPOINTS makes the
+/// loader act as if it had not (the program is then neither loaded nor
+/// attached, as on an old kernel). The same run with it shows each request
+/// on one keep-alive connection its own wire arrival (the kernel keeps the
+/// socket's `ready` entry and swaps it for 0 on each read).
+#[test]
+fn a_kernel_without_sk_data_ready_still_records_and_says_the_wire_arrival_is_missing() {
+    let Some(_serial) = privileged("a_kernel_without_sk_data_ready_still_records_and_says_the_wire_arrival_is_missing") else { return };
+    const N: usize = 5;
+    let hide = [("HOPSCOPE_HIDE_TRACEPOINTS", "sock:sk_data_ready".to_string())];
+    let (report, err) = record_sequential("faults-no-sk-data-ready", N, &hide);
+    assert!(err.contains("this kernel has no sock:sk_data_ready tracepoint: recording without the wire arrival"), "the agent says what it records without: {err}");
+    assert_eq!(report["recording"]["missing_tracepoints"], serde_json::json!(["sock:sk_data_ready"]));
+    let completions = |report: &Value| -> Vec<Value> {
+        report["requests"].as_array().unwrap().iter().filter(|r| r["path"] != "/health").cloned().collect()
+    };
+    let reqs = completions(&report);
+    assert_eq!(reqs.len(), N);
+    for r in &reqs {
+        assert!(r["wire_arrive_ns"].is_null() && r["read_delay_ms"].is_null() && r["wire_ttft_ms"].is_null(), "no wire arrival without the tracepoint: {r}");
+        assert!(r["ttft_ms"].as_f64().is_some_and(|t| t > 0.0) && r["e2e_ms"].as_f64().is_some(), "the rest is measured: {r}");
+    }
+
+    let (report, err) = record_sequential("faults-with-sk-data-ready", N, &[]);
+    assert!(!err.contains("tracepoint"), "nothing missing here: {err}");
+    assert_eq!(report["recording"]["missing_tracepoints"], serde_json::json!([]));
+    let reqs = completions(&report);
+    assert_eq!(reqs.len(), N);
+    let mut prev_arrive = 0;
+    for r in &reqs {
+        let (wire, arrive) = (r["wire_arrive_ns"].as_u64().unwrap_or_else(|| panic!("a wire arrival for every request: {r}")), r["arrive_ns"].as_u64().unwrap());
+        assert!(prev_arrive < wire && wire <= arrive, "each keep-alive request has its own wire arrival, after the previous request's read and before its own: {prev_arrive} < {wire} <= {arrive}");
+        prev_arrive = arrive;
+    }
+}

@@ -74,6 +74,7 @@ fn meta() -> Meta {
         capture_len_unix: 32768,
         capture_payload: false,
         gpu: false,
+        missing_tracepoints: vec![],
     }
 }
 

@@ -61,6 +61,11 @@ pub struct Meta {
     /// Whether a GPU source contributed to this recording.
     #[serde(default)]
     pub gpu: bool,
+    /// Optional kernel tracepoints (`category:name`) the recording was made
+    /// without: the kernel lacked them (e.g. sock:sk_data_ready before 6.6,
+    /// so no wire arrival). Empty in older files and when none was missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_tracepoints: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2097,6 +2097,7 @@ mod tests {
             capture_len_unix: 32768,
             capture_payload: false,
             gpu: false,
+            missing_tracepoints: vec![],
         };
         report::build(name, &meta, a, None)
     }

@@ -39,6 +39,9 @@ pub struct RecordingInfo {
     pub kernel: String,
     /// GPUs reported by the injected processes (model, driver, memory).
     pub gpus: Vec<crate::correlate::GpuInfo>,
+    /// Optional kernel tracepoints the recording was made without (e.g.
+    /// `sock:sk_data_ready` before kernel 6.6: the `wire_*` fields are null).
+    pub missing_tracepoints: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -593,6 +596,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             hopscope_version: meta.hopscope_version.clone(),
             kernel: meta.kernel.clone(),
             gpus: analysis.gpus.clone(),
+            missing_tracepoints: meta.missing_tracepoints.clone(),
         },
         requests,
         chains,

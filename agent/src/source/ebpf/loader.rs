@@ -62,6 +62,30 @@ const SOCK_PROGRAMS: &[(&str, &str, &str)] = &[
     ("sock_sk_data_ready", "sock", "sk_data_ready"),
     ("sock_inet_sock_set_state", "sock", "inet_sock_set_state"),
 ];
+/// Programs whose tracepoint a kernel may lack without tracing being
+/// pointless: (function, `category:tracepoint`, what goes without it). On
+/// kernels before 6.6 (Ubuntu 22.04's 5.15, RHEL 9's 5.14) there is no
+/// sock:sk_data_ready: recording goes on without the wire arrival.
+pub const OPTIONAL_PROGRAMS: &[(&str, &str, &str)] = &[(
+    "sock_sk_data_ready",
+    "sock:sk_data_ready",
+    "the wire arrival (wire_arrive_ns, read_delay_ms, wire_ttft_ms, wire_e2e_ms stay null; kernel >= 6.6 has it)",
+)];
+/// Test hook: tracepoints (`category:name`, comma-separated) to treat as
+/// absent, so the fallback for older kernels runs on a new one.
+pub const HIDE_TRACEPOINTS_ENV: &str = "HOPSCOPE_HIDE_TRACEPOINTS";
+
+/// Whether the running kernel has tracepoint `category:name` (tracefs), or
+/// HIDE_TRACEPOINTS_ENV says to act as if it had not.
+fn tracepoint_exists(full: &str) -> bool {
+    if std::env::var(HIDE_TRACEPOINTS_ENV).is_ok_and(|v| v.split(',').any(|h| h.trim() == full)) {
+        return false;
+    }
+    let Some((category, name)) = full.split_once(':') else { return false };
+    ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"]
+        .iter()
+        .any(|root| Path::new(root).join(category).join(name).is_dir())
+}
 /// tp_btf programs; the function name is the tracepoint name.
 const BTF_PROGRAMS: &[&str] = &[
     "sched_process_fork",
@@ -223,6 +247,8 @@ pub struct EbpfSource {
     ebpf: Ebpf,
     _bpf_stats: Option<OwnedFd>,
     times: StartupTimes,
+    /// Optional tracepoints this kernel lacks, with what goes without them.
+    missing: Vec<(&'static str, &'static str)>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SourceError {
@@ -379,8 +405,15 @@ impl EbpfSource {
             )));
         }
 
+        // Optional programs whose tracepoint this kernel lacks are neither
+        // loaded nor attached (an unloaded program costs nothing).
+        let missing: Vec<&'static str> =
+            OPTIONAL_PROGRAMS.iter().filter(|(_, tp, _)| !tracepoint_exists(tp)).map(|(f, _, _)| *f).collect();
         let t = Instant::now();
         for (name, prog) in ebpf.programs_mut() {
+            if missing.contains(&name) {
+                continue;
+            }
             let res = match prog {
                 Program::TracePoint(p) => p.load(),
                 Program::BtfTracePoint(p) => p.load(name, &btf),
@@ -397,6 +430,9 @@ impl EbpfSource {
 
         let t = Instant::now();
         for (name, prog) in ebpf.programs_mut() {
+            if missing.contains(&name) {
+                continue;
+            }
             let res = match prog {
                 Program::TracePoint(p) => attach_tracepoint(p, name),
                 Program::BtfTracePoint(p) => attach_btf(p),
@@ -430,7 +466,8 @@ impl EbpfSource {
             None
         };
 
-        let mut src = EbpfSource { ring, stats, targets, ebpf, _bpf_stats: bpf_stats, times };
+        let missing = OPTIONAL_PROGRAMS.iter().filter(|(f, _, _)| missing.contains(f)).map(|&(_, tp, what)| (tp, what)).collect();
+        let mut src = EbpfSource { ring, stats, targets, ebpf, _bpf_stats: bpf_stats, times, missing };
         let t = Instant::now();
         src.add_tree(cfg.pids.iter().copied().collect())?;
         src.times.targets = t.elapsed();
@@ -622,6 +659,12 @@ impl EbpfSource {
             .collect();
         out.sort();
         out
+    }
+
+    /// Optional tracepoints (`category:name`) this kernel lacks, each with
+    /// what the recording goes without (see [`OPTIONAL_PROGRAMS`]).
+    pub fn missing_tracepoints(&self) -> &[(&'static str, &'static str)] {
+        &self.missing
     }
 
     /// How long each startup stage took.

@@ -777,6 +777,7 @@ fn write_requests<W: Write>(
 struct MetaStrings {
     pids: String,
     command: String,
+    missing_tracepoints: String,
     drop_names: Vec<String>,
 }
 
@@ -785,6 +786,7 @@ impl MetaStrings {
         MetaStrings {
             pids: meta.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
             command: meta.command.join(" "),
+            missing_tracepoints: meta.missing_tracepoints.join(","),
             drop_names: drops.keys().map(|k| format!("drops.{k}")).collect(),
         }
     }
@@ -811,6 +813,10 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
         Arg::u64("requests", requests),
         Arg::u64("chains", chains),
     ];
+    // Only when something was: a trace's metadata lists what it lacks.
+    if !strings.missing_tracepoints.is_empty() {
+        a.push(Arg::str("missing_tracepoints", &strings.missing_tracepoints));
+    }
     if let Some(e) = read_error {
         a.push(Arg::str("read_error", e));
     }

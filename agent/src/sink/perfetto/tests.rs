@@ -400,6 +400,23 @@ fn metadata_lists_every_counter_and_nonzero_loss_counters_get_counter_tracks() {
     assert_eq!(arg("pids").and_then(|d| d.string_value), Some("4242".into()));
 }
 
+#[test]
+fn metadata_names_the_tracepoints_the_recording_lacked_and_only_then() {
+    let recs = sorted(exchange(conn(5), 0, T0, 1, "s1"));
+    let analysis = analyse(&recs);
+    let arg_of = |m: &Meta| {
+        let (bytes, _) = write_trace(Vec::new(), TraceInput { meta: m, records: &recs, analysis: &analysis, read_error: None }).unwrap();
+        let (s, t) = (checked(&bytes), decode(&bytes));
+        let meta = s.track(names::META_TRACK).unwrap();
+        let (_, e) = events(&t).find(|(_, e)| e.track_uuid == Some(meta.uuid) && e.r#type == Some(3)).unwrap();
+        e.debug_annotations.iter().find(|d| d.name.as_deref() == Some("missing_tracepoints")).and_then(|d| d.string_value.clone())
+    };
+    let mut m = meta();
+    assert_eq!(arg_of(&m), None, "nothing missing, nothing said");
+    m.missing_tracepoints = vec!["sock:sk_data_ready".into()];
+    assert_eq!(arg_of(&m).as_deref(), Some("sock:sk_data_ready"));
+}
+
 fn meta_start() -> u64 {
     meta().start_ns
 }

@@ -101,7 +101,7 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
     ];
     // Three rounds of phase A (agent running) and phase B (agent stopped),
     // interleaved so that a slow moment of the machine hits both alike; the
-    // fast chunks of each are compared (below). A last short run after the resume.
+    // totals of each are compared. A last short run after the resume.
     const ROUNDS: usize = 3;
     let flags: Vec<(PathBuf, PathBuf)> = (0..ROUNDS).map(|i| (dir.join(format!("stopped{i}")), dir.join(format!("resumed{i}")))).collect();
     let mut steps: Vec<String> = Vec::new();
@@ -144,34 +144,18 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
     let rate = |v: &Value| 1e9 * v["n"].as_u64().unwrap() as f64 / v["double"]["elapsed_ns"].as_u64().unwrap() as f64;
     let running: Vec<f64> = runs.iter().step_by(2).take(ROUNDS).map(rate).collect();
     let stopped_rates: Vec<f64> = runs.iter().skip(1).step_by(2).take(ROUNDS).map(rate).collect();
-    let (best_running, best_stopped) = (best(&running), best(&stopped_rates));
-    // Whole phases swing by ±20 % with this VM's speed (best of 3 failed once
-    // in clean CI at 0.957 with no cost to see); the double times every 5000
-    // records, and the fast tenth of each condition's ~60 chunks is the
-    // host's speed in the machine's good moments, which both conditions get.
-    // A host slowed by the stopped agent would be slow in every chunk.
-    let chunk_rates = |phases: Vec<&Value>| -> Vec<f64> {
-        let mut v: Vec<f64> = phases
-            .iter()
-            .flat_map(|p| {
-                let per = p["double"]["chunk"].as_u64().unwrap() as f64;
-                p["double"]["chunk_ns"].as_array().unwrap().iter().map(move |ns| 1e9 * per / ns.as_u64().unwrap() as f64).collect::<Vec<_>>()
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v
+    // Throughput as such: all records over all time, per condition. The best
+    // of 3 whole phases failed once in clean CI (stopped 217 132 vs running
+    // 226 839 while the totals were 206 k vs 179 k): one lucky phase decided
+    // it. A running agent takes ~200 k records/s off the same 2 cores, so the
+    // totals differ by 15-50 % in the host's favour when stopped.
+    let total = |phases: Vec<&Value>| {
+        let n: u64 = phases.iter().map(|v| v["n"].as_u64().unwrap()).sum();
+        let ns: u64 = phases.iter().map(|v| v["double"]["elapsed_ns"].as_u64().unwrap()).sum();
+        1e9 * n as f64 / ns as f64
     };
-    let fast_tenth = |v: &[f64]| v[v.len() * 9 / 10];
-    let run_chunks = chunk_rates(runs.iter().step_by(2).take(ROUNDS).collect());
-    let stop_chunks = chunk_rates(runs.iter().skip(1).step_by(2).take(ROUNDS).collect());
-    assert!(run_chunks.len() >= 30 && stop_chunks.len() >= 30, "chunk timings from the double: {} / {}", run_chunks.len(), stop_chunks.len());
-    let (fast_running, fast_stopped) = (fast_tenth(&run_chunks), fast_tenth(&stop_chunks));
-    assert!(
-        fast_stopped >= 0.98 * fast_running,
-        "records/s with the agent stopped {fast_stopped:.0} vs running {fast_running:.0} (90th percentile of {} / {} chunks of 5000); whole phases {stopped_rates:.0?} vs {running:.0?}",
-        stop_chunks.len(),
-        run_chunks.len()
-    );
+    let (all_running, all_stopped) = (total(runs.iter().step_by(2).take(ROUNDS).collect()), total(runs.iter().skip(1).step_by(2).take(ROUNDS).collect()));
+    assert!(all_stopped >= 0.98 * all_running, "records/s with the agent stopped {all_stopped:.0} vs running {all_running:.0} over {ROUNDS} phases each (phases: stopped {stopped_rates:.0?}, running {running:.0?})");
 
     let report = report_json(&hop);
     let (sent, queue_full, decoded) = (drop_count(&report, "gpu_records_sent"), drop_count(&report, "gpu_dropped_queue_full"), drop_count(&report, "gpu_records_decoded"));
@@ -181,13 +165,7 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
     assert_eq!(decoded, sent + queue_full + drop_count(&report, "gpu_dropped_send_error") + drop_count(&report, "gpu_dropped_no_agent"), "every record is sent or counted");
     let recorded = hopscope::recording::load(&hop).unwrap().records.iter().filter(|r| matches!(r, hopscope::model::Record::GpuKernel { .. } | hopscope::model::Record::GpuMemcpy { .. } | hopscope::model::Record::GpuMemset { .. } | hopscope::model::Record::GpuSync { .. } | hopscope::model::Record::GpuApi { .. })).count() as u64;
     assert_eq!(recorded, sent, "what the library sent is in the recording");
-    eprintln!("sigstop gpu: 90th percentile of 5000-record chunks {fast_running:.0} records/s running, {fast_stopped:.0} stopped (best whole phase {best_running:.0} / {best_stopped:.0}); {queue_full} of {decoded} dropped (queue full) and reported");
-}
-
-/// The best of several interleaved measurements: on a shared 2-core machine a
-/// single sample swings by more than the 2 % being checked, the best one does not.
-fn best(rates: &[f64]) -> f64 {
-    rates.iter().copied().fold(0.0, f64::max)
+    eprintln!("sigstop gpu: {all_running:.0} records/s running, {all_stopped:.0} stopped over {ROUNDS} phases each (phases {running:.0?} / {stopped_rates:.0?}); {queue_full} of {decoded} dropped (queue full) and reported");
 }
 
 /// The middle of an odd number of interleaved measurements: where one

@@ -778,15 +778,7 @@ pub unsafe extern "C" fn cupti_abi_test_double_run(n: u64, out: *mut c_char, cap
     let (mut placed, mut skipped) = (0i64, 0u64);
     let t = Instant::now();
     let sn = snap();
-    // Each CHUNK records' time, so that a caller comparing runs can compare
-    // moments of equal machine speed (a VM's speed swings within a run).
-    let mut chunks: Vec<u64> = Vec::with_capacity((n / CHUNK) as usize);
-    let mut chunk_at = Instant::now();
-    for k in 0..n {
-        if k > 0 && k % CHUNK == 0 {
-            chunks.push(chunk_at.elapsed().as_nanos() as u64);
-            chunk_at = Instant::now();
-        }
+    for _ in 0..n {
         let i = NEXT.fetch_add(1, Ordering::AcqRel);
         match make(i, bad_every, &sn) {
             Some((rec, tr)) => {
@@ -806,7 +798,7 @@ pub unsafe extern "C" fn cupti_abi_test_double_run(n: u64, out: *mut c_char, cap
             }
         }
     }
-    let summary = summary(placed, skipped, elapsed, &chunks);
+    let summary = summary(placed, skipped, elapsed);
     if !out.is_null() && cap > 0 {
         let b = summary.as_bytes();
         let k = b.len().min(cap - 1);
@@ -819,17 +811,12 @@ pub unsafe extern "C" fn cupti_abi_test_double_run(n: u64, out: *mut c_char, cap
     placed
 }
 
-/// Records per entry of a run summary's `chunk_ns`.
-const CHUNK: u64 = 5000;
-
-fn summary(placed: i64, skipped: u64, elapsed_ns: u128, chunks: &[u64]) -> String {
-    // The run's first 40 chunks (the host's buffer holds 4 KiB).
-    let chunk_ns = chunks.iter().take(40).map(u64::to_string).collect::<Vec<_>>().join(",");
+fn summary(placed: i64, skipped: u64, elapsed_ns: u128) -> String {
     let (kinds, rt, drv, forbidden, ts_cb) =
         reg(|r| (r.kinds.clone(), r.runtime_apis.len(), r.driver_apis.len(), r.forbidden.clone(), r.timestamp.is_some()));
     stats(|s| {
         format!(
-            "{{\"placed\":{placed},\"skipped\":{skipped},\"elapsed_ns\":{elapsed_ns},\"chunk\":{CHUNK},\"chunk_ns\":[{chunk_ns}],\"requests\":{},\"completes\":{},\"max_request_ns\":{},\"max_complete_ns\":{},\"delivered\":{},\"no_buffer\":{},\"kinds\":[{}],\"runtime_apis\":{rt},\"driver_apis\":{drv},\"forbidden\":{:?},\"timestamp_callback\":{ts_cb},\"version\":{}}}",
+            "{{\"placed\":{placed},\"skipped\":{skipped},\"elapsed_ns\":{elapsed_ns},\"requests\":{},\"completes\":{},\"max_request_ns\":{},\"max_complete_ns\":{},\"delivered\":{},\"no_buffer\":{},\"kinds\":[{}],\"runtime_apis\":{rt},\"driver_apis\":{drv},\"forbidden\":{:?},\"timestamp_callback\":{ts_cb},\"version\":{}}}",
             s.requests,
             s.completes,
             s.max_request_ns,

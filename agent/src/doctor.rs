@@ -68,8 +68,7 @@ pub fn run(load: bool) -> Vec<Check> {
     } else {
         check("tracefs", Level::Fail, "not mounted: run `mount -t tracefs nodev /sys/kernel/tracing`")
     });
-    let sk_ready = ["/sys/kernel/tracing/events/sock/sk_data_ready", "/sys/kernel/debug/tracing/events/sock/sk_data_ready"].iter().any(|p| Path::new(p).exists());
-    out.push(if sk_ready {
+    out.push(if ebpf::tracepoint_exists("sock:sk_data_ready") {
         check("wire arrival", Level::Ok, "sock:sk_data_ready present (wire_arrive_ns, read_delay_ms)")
     } else if ebpf::tracefs_mounted() {
         check("wire arrival", Level::Warn, "sock:sk_data_ready missing (kernel < 6.6): wire_arrive_ns will be null")

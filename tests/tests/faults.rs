@@ -141,20 +141,22 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
 
     let runs: Vec<Value> = stdout.lines().filter_map(|l| l.strip_prefix("HOST ")).map(|j| serde_json::from_str::<Value>(j).unwrap()).filter(|v| v["step"] == "run").collect();
     assert_eq!(runs.len(), 2 * ROUNDS + 1, "{stdout}");
-    let rate = |v: &Value| 1e9 * v["n"].as_u64().unwrap() as f64 / v["double"]["elapsed_ns"].as_u64().unwrap() as f64;
-    let running: Vec<f64> = runs.iter().step_by(2).take(ROUNDS).map(rate).collect();
-    let stopped_rates: Vec<f64> = runs.iter().skip(1).step_by(2).take(ROUNDS).map(rate).collect();
+    let rate = |v: &&Value| 1e9 * v["n"].as_u64().unwrap() as f64 / v["double"]["elapsed_ns"].as_u64().unwrap() as f64;
+    let running_phases: Vec<&Value> = runs.iter().step_by(2).take(ROUNDS).collect();
+    let stopped_phases: Vec<&Value> = runs.iter().skip(1).step_by(2).take(ROUNDS).collect();
+    let running: Vec<f64> = running_phases.iter().map(rate).collect();
+    let stopped_rates: Vec<f64> = stopped_phases.iter().map(rate).collect();
     // Throughput as such: all records over all time, per condition. The best
     // of 3 whole phases failed once in clean CI (stopped 217 132 vs running
     // 226 839 while the totals were 206 k vs 179 k): one lucky phase decided
     // it. A running agent takes ~200 k records/s off the same 2 cores, so the
     // totals differ by 15-50 % in the host's favour when stopped.
-    let total = |phases: Vec<&Value>| {
+    let total = |phases: &[&Value]| {
         let n: u64 = phases.iter().map(|v| v["n"].as_u64().unwrap()).sum();
         let ns: u64 = phases.iter().map(|v| v["double"]["elapsed_ns"].as_u64().unwrap()).sum();
         1e9 * n as f64 / ns as f64
     };
-    let (all_running, all_stopped) = (total(runs.iter().step_by(2).take(ROUNDS).collect()), total(runs.iter().skip(1).step_by(2).take(ROUNDS).collect()));
+    let (all_running, all_stopped) = (total(&running_phases), total(&stopped_phases));
     assert!(all_stopped >= 0.98 * all_running, "records/s with the agent stopped {all_stopped:.0} vs running {all_running:.0} over {ROUNDS} phases each (phases: stopped {stopped_rates:.0?}, running {running:.0?})");
 
     let report = report_json(&hop);

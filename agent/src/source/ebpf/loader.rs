@@ -77,7 +77,7 @@ pub const HIDE_TRACEPOINTS_ENV: &str = "HOPSCOPE_HIDE_TRACEPOINTS";
 
 /// Whether the running kernel has tracepoint `category:name` (tracefs), or
 /// HIDE_TRACEPOINTS_ENV says to act as if it had not.
-fn tracepoint_exists(full: &str) -> bool {
+pub(crate) fn tracepoint_exists(full: &str) -> bool {
     if std::env::var(HIDE_TRACEPOINTS_ENV).is_ok_and(|v| v.split(',').any(|h| h.trim() == full)) {
         return false;
     }
@@ -407,11 +407,11 @@ impl EbpfSource {
 
         // Optional programs whose tracepoint this kernel lacks are neither
         // loaded nor attached (an unloaded program costs nothing).
-        let missing: Vec<&'static str> =
-            OPTIONAL_PROGRAMS.iter().filter(|(_, tp, _)| !tracepoint_exists(tp)).map(|(f, _, _)| *f).collect();
+        let missing: Vec<&(&str, &str, &str)> = OPTIONAL_PROGRAMS.iter().filter(|(_, tp, _)| !tracepoint_exists(tp)).collect();
+        let skipped = |name: &str| missing.iter().any(|(f, _, _)| *f == name);
         let t = Instant::now();
         for (name, prog) in ebpf.programs_mut() {
-            if missing.contains(&name) {
+            if skipped(name) {
                 continue;
             }
             let res = match prog {
@@ -430,7 +430,7 @@ impl EbpfSource {
 
         let t = Instant::now();
         for (name, prog) in ebpf.programs_mut() {
-            if missing.contains(&name) {
+            if skipped(name) {
                 continue;
             }
             let res = match prog {
@@ -466,7 +466,7 @@ impl EbpfSource {
             None
         };
 
-        let missing = OPTIONAL_PROGRAMS.iter().filter(|(f, _, _)| missing.contains(f)).map(|&(_, tp, what)| (tp, what)).collect();
+        let missing = missing.iter().map(|&&(_, tp, what)| (tp, what)).collect();
         let mut src = EbpfSource { ring, stats, targets, ebpf, _bpf_stats: bpf_stats, times, missing };
         let t = Instant::now();
         src.add_tree(cfg.pids.iter().copied().collect())?;
@@ -492,15 +492,11 @@ impl EbpfSource {
                 break;
             }
             for pid in new {
-                self.insert_target(pid)?;
+                self.targets.insert(pid)?;
                 added.insert(pid);
             }
         }
         Ok(())
-    }
-
-    fn insert_target(&mut self, pid: u32) -> Result<(), SourceError> {
-        self.targets.insert(pid)
     }
 
     /// Starts tracing `pid` and its descendants. For a process the agent

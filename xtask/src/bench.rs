@@ -114,9 +114,38 @@ fn prog_stats(since_unix: u64) -> Result<Vec<Prog>> {
     Ok(progs)
 }
 
-fn stop_child(mut c: Child) -> Result<()> {
-    Command::new("kill").arg("-INT").arg(c.id().to_string()).status()?;
-    let st = c.wait()?;
+/// A child killed and reaped when dropped: an error between spawn and stop,
+/// or a panic (`println!` into a closed pipe, `cargo xtask bench | head`),
+/// must not leave a server or a tracing agent running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        // Both are no-ops on a child already waited for.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Turns `kernel.bpf_stats_enabled` back off however the bench ends.
+struct BpfStats;
+
+impl BpfStats {
+    fn enable() -> Result<BpfStats> {
+        std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
+        Ok(BpfStats)
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
+    }
+}
+
+fn stop_child(mut c: Reaped) -> Result<()> {
+    Command::new("kill").arg("-INT").arg(c.0.id().to_string()).status()?;
+    let st = c.0.wait()?;
     if !st.success() {
         bail!("hopscope exited with {st}");
     }
@@ -166,75 +195,73 @@ pub fn run(args: &[String]) -> Result<()> {
     crate::run(cargo().args(["build", "--release", "-p", "hopscope"]))?;
     let bin = root().join("target/release/hopscope");
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut server = Command::new(&py)
-        .arg(root().join("tests/fixtures/sse_server.py"))
-        .args(["--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting the bench server")?;
-    let result = (|| -> Result<()> {
-        wait_port(port)?;
-        std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
-        let conns = 4;
-        let out = std::env::temp_dir().join("hopscope-bench.hop");
-        // Column 0: ours; column 1: the baseline's (when given).
-        let bins: Vec<&std::path::Path> = std::iter::once(bin.as_path()).chain(baseline.as_deref()).collect();
-        let mut untraced = Vec::new();
-        let mut traced: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
-        let mut progs: Vec<Vec<Prog>> = (0..bins.len()).map(|_| Vec::new()).collect();
-        for round in 0..rounds {
-            untraced.push(load(port, conns, secs)?);
-            // With a baseline, who goes first alternates: drift within a
-            // round then favours neither.
-            for k in 0..bins.len() {
-                let b = (k + round) % bins.len();
-                let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-                let agent = Command::new(bins[b])
-                    .args(["record", "--quiet", "--pid", &server.id().to_string(), "-o"])
+    let server = Reaped(
+        Command::new(&py)
+            .arg(root().join("tests/fixtures/sse_server.py"))
+            .args(["--port", &port.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the bench server")?,
+    );
+    wait_port(port)?;
+    let _stats = BpfStats::enable()?;
+    let conns = 4;
+    let out = std::env::temp_dir().join("hopscope-bench.hop");
+    // Column 0: ours; column 1: the baseline's (when given).
+    let bins: Vec<&std::path::Path> = std::iter::once(bin.as_path()).chain(baseline.as_deref()).collect();
+    let mut untraced = Vec::new();
+    let mut traced: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
+    let mut progs: Vec<Vec<Prog>> = (0..bins.len()).map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        untraced.push(load(port, conns, secs)?);
+        // With a baseline, who goes first alternates: drift within a
+        // round then favours neither.
+        for k in 0..bins.len() {
+            let b = (k + round) % bins.len();
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+            let agent = Reaped(
+                Command::new(bins[b])
+                    .args(["record", "--quiet", "--pid", &server.0.id().to_string(), "-o"])
                     .arg(&out)
                     .spawn()
-                    .with_context(|| format!("starting {}", bins[b].display()))?;
-                std::thread::sleep(Duration::from_millis(700));
-                traced[b].push(load(port, conns, secs)?);
-                add_stats(&mut progs[b], prog_stats(since)?);
-                stop_child(agent)?;
-            }
+                    .with_context(|| format!("starting {}", bins[b].display()))?,
+            );
+            std::thread::sleep(Duration::from_millis(700));
+            traced[b].push(load(port, conns, secs)?);
+            add_stats(&mut progs[b], prog_stats(since)?);
+            stop_child(agent)?;
         }
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-        let u = mean(&untraced);
-        println!("server req/s (uvicorn + FastAPI, GET /v1/models, {conns} keep-alive clients, {rounds} rounds x {secs} s, alternating):");
-        println!("  untraced    {u:>9.1} req/s   rounds {untraced:.1?}");
-        let label = |b: usize| if b == 0 { "traced" } else { "baseline" };
-        for (b, t) in traced.iter().enumerate() {
-            println!("  {:<10}  {:>9.1} req/s   rounds {t:.1?}   ratio {:.3}  (goal >= 0.97)", label(b), mean(t), mean(t) / u);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let u = mean(&untraced);
+    println!("server req/s (uvicorn + FastAPI, GET /v1/models, {conns} keep-alive clients, {rounds} rounds x {secs} s, alternating):");
+    println!("  untraced    {u:>9.1} req/s   rounds {untraced:.1?}");
+    let label = |b: usize| if b == 0 { "traced" } else { "baseline" };
+    for (b, t) in traced.iter().enumerate() {
+        println!("  {:<10}  {:>9.1} req/s   rounds {t:.1?}   ratio {:.3}  (goal >= 0.97)", label(b), mean(t), mean(t) / u);
+    }
+    println!("eBPF programs (all traced rounds; kernel.bpf_stats_enabled):");
+    let mut names: Vec<&str> = progs.iter().flatten().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let cell = |b: usize, name: &str| progs[b].iter().find(|p| p.name == name).map_or((0, 0), |p| (p.run_cnt, p.run_time_ns));
+    if bins.len() == 1 {
+        println!("  {:<28} {:>12} {:>14} {:>10}", "program", "runs", "run_time_ns", "ns/run");
+    } else {
+        println!("  {:<28} {:>12} {:>10} {:>12} {:>10} {:>7}", "program", "runs", "ns/run", "base runs", "base ns", "ratio");
+    }
+    let mut all = vec![(0u64, 0u64); bins.len()];
+    for name in names {
+        let c: Vec<(u64, u64)> = (0..bins.len()).map(|b| cell(b, name)).collect();
+        for (a, x) in all.iter_mut().zip(&c) {
+            a.0 += x.0;
+            a.1 += x.1;
         }
-        println!("eBPF programs (all traced rounds; kernel.bpf_stats_enabled):");
-        let mut names: Vec<&str> = progs.iter().flatten().map(|p| p.name.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        let cell = |b: usize, name: &str| progs[b].iter().find(|p| p.name == name).map_or((0, 0), |p| (p.run_cnt, p.run_time_ns));
-        if bins.len() == 1 {
-            println!("  {:<28} {:>12} {:>14} {:>10}", "program", "runs", "run_time_ns", "ns/run");
-        } else {
-            println!("  {:<28} {:>12} {:>10} {:>12} {:>10} {:>7}", "program", "runs", "ns/run", "base runs", "base ns", "ratio");
-        }
-        let mut all = vec![(0u64, 0u64); bins.len()];
-        for name in names {
-            let c: Vec<(u64, u64)> = (0..bins.len()).map(|b| cell(b, name)).collect();
-            for (a, x) in all.iter_mut().zip(&c) {
-                a.0 += x.0;
-                a.1 += x.1;
-            }
-            row(name, &c);
-        }
-        row("all programs  (goal <= 300)", &all);
-        let _ = std::fs::remove_file(&out);
-        Ok(())
-    })();
-    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
-    let _ = server.kill();
-    let _ = server.wait();
-    result
+        row(name, &c);
+    }
+    row("all programs  (goal <= 300)", &all);
+    let _ = std::fs::remove_file(&out);
+    Ok(())
 }
 
 fn row(name: &str, c: &[(u64, u64)]) {

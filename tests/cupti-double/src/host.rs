@@ -7,6 +7,12 @@
 //!
 //! - `run:N`: the application emits N synthetic records through the double
 //!   (`CUPTI_ABI_TEST_DOUBLE` = the double's path);
+//! - `run-until:PATH:CHUNK:PAUSE_US`: emits records in chunks of CHUNK,
+//!   PAUSE_US apart, until PATH exists, a line per chunk
+//!   (`{"step":"chunk","t0":..,"t1":..,"placed":..}`, CLOCK_MONOTONIC ns
+//!   around it): the application's speed, moment by moment. The pause is the
+//!   rest of a real application's work (no GPU emits a record per 3 µs of
+//!   one CPU's time), in which the library and the agent catch up;
 //! - `wait-delivered:MS`: waits until every record reached the library;
 //! - `wait-file:PATH`: waits (≤ 60 s) until PATH exists;
 //! - `sleep:MS`.
@@ -21,6 +27,14 @@ fn say(line: &str) {
     let mut o = std::io::stdout().lock();
     let _ = writeln!(o, "HOST {line}");
     let _ = o.flush();
+}
+
+/// CLOCK_MONOTONIC in ns: the clock a test that signals the agent reads too.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn open(path: &str) -> *mut libc::c_void {
@@ -74,6 +88,23 @@ fn main() {
                 // SAFETY: the double NUL-terminates within the buffer.
                 let summary = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
                 say(&format!("{{\"step\":\"run\",\"n\":{n},\"placed_now\":{placed},\"double\":{summary}}}"));
+            }
+            "run-until" => {
+                let usage = "run-until:PATH:CHUNK:PAUSE_US";
+                let (rest, pause) = arg.rsplit_once(':').expect(usage);
+                let (path, chunk) = rest.rsplit_once(':').expect(usage);
+                let chunk: u64 = chunk.parse().expect(usage);
+                let pause = Duration::from_micros(pause.parse().expect(usage));
+                let mut buf = vec![0 as c_char; 4096];
+                say("{\"step\":\"run-until-start\"}");
+                while !std::path::Path::new(path).exists() {
+                    let t0 = monotonic_ns();
+                    // SAFETY: a 4096-byte writable buffer.
+                    let placed = unsafe { run(chunk, buf.as_mut_ptr(), buf.len()) };
+                    let t1 = monotonic_ns();
+                    say(&format!("{{\"step\":\"chunk\",\"t0\":{t0},\"t1\":{t1},\"placed\":{placed}}}"));
+                    std::thread::sleep(pause);
+                }
             }
             "wait-delivered" => {
                 let ok = wait(arg.parse().expect("wait-delivered:MS"));

@@ -101,6 +101,13 @@ enum Cmd {
         /// they are zlib-compressed in batches, which Perfetto reads natively).
         #[arg(long)]
         no_compress: bool,
+        /// `whole`: every record and request in memory (~46× the
+        /// recording's size), with the request→step→kernel flows;
+        /// `streamed`: memory that follows the open requests, no such flows;
+        /// `auto`: whole up to 4 MiB (HOPSCOPE_TRACE_FULL_MAX_BYTES), else
+        /// streamed (docs/perfetto.md).
+        #[arg(long, value_enum, default_value_t = TraceLayout::Auto)]
+        layout: TraceLayout,
     },
     /// Compare two recordings: per matched hop and overall, TTFT/ITL/E2E
     /// changes as sums of phase deltas, token and GPU kernel deltas
@@ -230,7 +237,7 @@ fn main() {
         Cmd::Report { file, json, chain_header, no_ipc, percentiles } => report_cmd(file, json, chain_header, no_ipc, percentiles),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Export { to: ExportTo::Otlp { file, endpoint } } => otlp_cmd(&file, &endpoint),
-        Cmd::Trace { file, output, no_compress } => trace_cmd(file, output, no_compress),
+        Cmd::Trace { file, output, no_compress, layout } => trace_cmd(file, output, no_compress, layout),
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
     if let Err(e) = res {
@@ -348,14 +355,23 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool) -> Result<()> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TraceLayout {
+    Auto,
+    Whole,
+    Streamed,
+}
+
+fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool, layout: TraceLayout) -> Result<()> {
     use hopscope::sink::perfetto;
     let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
     let enc = if no_compress { perfetto::Encoding::PLAIN } else { perfetto::Encoding::default() };
     let size = std::fs::metadata(&file).with_context(|| format!("reading {}", file.display()))?.len();
     let full_max = std::env::var("HOPSCOPE_TRACE_FULL_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(perfetto::FULL_LAYOUT_MAX_BYTES);
-    if size > full_max {
-        return trace_streamed(&file, &output, enc, full_max);
+    match layout {
+        TraceLayout::Auto if size > full_max => return trace_streamed(&file, &output, enc, StreamedBecause::Size { size, full_max }),
+        TraceLayout::Streamed => return trace_streamed(&file, &output, enc, StreamedBecause::Asked),
+        TraceLayout::Auto | TraceLayout::Whole => {}
     }
     let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
     let mut c = Correlator::new(correlate::Config { chain_header: loaded.meta.chain_header.clone(), use_ipc: true });
@@ -780,7 +796,22 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
 
 /// `hopscope trace` on a recording over `full_max` bytes: one streamed pass,
 /// memory bounded by the open requests; no request→step→kernel flows.
-fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscope::sink::perfetto::Encoding, full_max: u64) -> Result<()> {
+/// The whole trace layout's memory per byte of recording (46× measured on a
+/// 20 000-request recording, docs/perfetto.md).
+const WHOLE_LAYOUT_BYTES_PER_BYTE: u64 = 46;
+
+/// Why a request part was streamed, for the note on what it left out.
+#[derive(Clone, Copy)]
+enum StreamedBecause {
+    /// `trace --layout auto` on a recording over the threshold.
+    Size { size: u64, full_max: u64 },
+    /// `trace --layout streamed`.
+    Asked,
+    /// `record --perfetto`: the live trace's steps were written as they came.
+    Live,
+}
+
+fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscope::sink::perfetto::Encoding, why: StreamedBecause) -> Result<()> {
     use hopscope::sink::perfetto;
     let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
     let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
@@ -795,7 +826,7 @@ fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscop
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the trace covers the readable part");
     }
-    print_stream_notes(&stats, Some(full_max));
+    print_stream_notes(&stats, why);
     print_trace_written(output, &stats);
     Ok(())
 }
@@ -815,7 +846,7 @@ fn print_trace_written(path: &std::path::Path, stats: &hopscope::sink::perfetto:
 }
 
 /// What a streamed request part left out.
-fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, full_max: Option<u64>) {
+fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, why: StreamedBecause) {
     if stats.offcpu_skipped > 0 {
         eprintln!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
     }
@@ -823,9 +854,13 @@ fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, full_max: Op
         eprintln!("hopscope: warning: {} request(s) arrived after later ones were drawn and were left out (trace.requests_late)", stats.requests_late);
     }
     if stats.flows_not_streamed > 0 {
-        let why = match full_max {
-            Some(m) => format!("the recording is over {m} bytes, so the trace was streamed; set HOPSCOPE_TRACE_FULL_MAX_BYTES higher for them, at the cost of memory"),
-            None => "`hopscope trace` on the recording draws them".to_owned(),
+        let why = match why {
+            StreamedBecause::Size { size, full_max } => format!(
+                "the recording is over {full_max} bytes, so the trace was streamed; `hopscope trace --layout whole` draws them, holding ~{} MiB (or set HOPSCOPE_TRACE_FULL_MAX_BYTES higher)",
+                (size * WHOLE_LAYOUT_BYTES_PER_BYTE).div_ceil(1 << 20)
+            ),
+            StreamedBecause::Asked => "`--layout streamed` leaves them out; `--layout whole` draws them".to_owned(),
+            StreamedBecause::Live => "`hopscope trace` on the recording draws them".to_owned(),
         };
         eprintln!("hopscope: flows: {} request→step/kernel flow(s) not drawn (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
     }
@@ -867,7 +902,7 @@ fn finish_live_trace(path: &std::path::Path, recording: &std::path::Path, live: 
     if let Some(e) = read_error {
         eprintln!("hopscope: warning: {e}; the trace's requests cover the readable part of {}", recording.display());
     }
-    print_stream_notes(&stats, None);
+    print_stream_notes(&stats, StreamedBecause::Live);
     print_trace_written(path, &stats);
     Ok(())
 }

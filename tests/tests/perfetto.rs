@@ -813,11 +813,11 @@ fn a_killed_recorder_leaves_a_readable_trace_up_to_its_last_flush() {
     assert!(s.track("Requests").is_none(), "requests are appended only by a recorder that stops");
 }
 
-/// `hopscope trace FILE` with the given threshold override: the trace's
-/// bytes and stderr.
-fn cli_trace(hop: &std::path::Path, out: &std::path::Path, full_max: Option<&str>) -> (Vec<u8>, String) {
+/// `hopscope trace FILE [extra]` with the given threshold override: the
+/// trace's bytes and stderr.
+fn cli_trace(hop: &std::path::Path, out: &std::path::Path, full_max: Option<&str>, extra: &[&str]) -> (Vec<u8>, String) {
     let mut cmd = std::process::Command::new(hopscope_bin());
-    cmd.args(["trace", hop.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    cmd.args(["trace", hop.to_str().unwrap(), "-o", out.to_str().unwrap()]).args(extra);
     match full_max {
         Some(v) => cmd.env("HOPSCOPE_TRACE_FULL_MAX_BYTES", v),
         None => cmd.env_remove("HOPSCOPE_TRACE_FULL_MAX_BYTES"),
@@ -838,10 +838,15 @@ fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_trac
             w.push(r).unwrap();
         }
         w.finish(recs.last().unwrap().ts_ns() + MS).unwrap();
-        let (full, full_err) = cli_trace(&hop, &dir.join(format!("{name}-full.pftrace")), None);
-        let (streamed, err) = cli_trace(&hop, &dir.join(format!("{name}-streamed.pftrace")), Some("0"));
+        let (full, full_err) = cli_trace(&hop, &dir.join(format!("{name}-full.pftrace")), None, &[]);
+        let (streamed, err) = cli_trace(&hop, &dir.join(format!("{name}-streamed.pftrace")), Some("0"), &[]);
         assert!(!full_err.contains("flows_not_streamed"), "{full_err}");
-        assert!(err.contains("not drawn (trace.flows_not_streamed)") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
+        assert!(err.contains("not drawn (trace.flows_not_streamed)") && err.contains("--layout whole") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
+        // `--layout` overrides the size rule both ways, byte for byte.
+        let (whole, whole_err) = cli_trace(&hop, &dir.join(format!("{name}-whole.pftrace")), Some("0"), &["--layout", "whole"]);
+        assert!(whole == full && !whole_err.contains("flows_not_streamed"), "{name}: --layout whole over the threshold is the whole layout: {whole_err}");
+        let (asked, asked_err) = cli_trace(&hop, &dir.join(format!("{name}-asked.pftrace")), None, &["--layout", "streamed"]);
+        assert!(asked == streamed && asked_err.contains("`--layout streamed` leaves them out"), "{name}: --layout streamed under the threshold streams: {asked_err}");
         assert!(err.contains("6 requests, 3 chains"), "{err}");
         let f = check::check(&official(&full)).unwrap_or_else(|e| panic!("{name} full: {e}"));
         let s = check::check(&official(&streamed)).unwrap_or_else(|e| panic!("{name} streamed: {e}"));

@@ -1779,6 +1779,7 @@ impl ItlPool {
 pub struct SummaryAcc {
     completed: usize,
     not_completed: usize,
+    failed: usize,
     ttfts: Vec<f64>,
     tpots: Vec<f64>,
     e2els: Vec<f64>,
@@ -1823,6 +1824,7 @@ impl SummaryAcc {
             }
         } else {
             self.not_completed += 1;
+            self.failed += usize::from(summary::is_failed(q.status, q.e2e_ms));
         }
         Ok(())
     }
@@ -1838,6 +1840,7 @@ impl SummaryAcc {
         Ok(Summary {
             completed: self.completed,
             not_completed: self.not_completed,
+            failed: self.failed,
             duration_s,
             total_input_tokens: self.total_in,
             total_output_tokens: self.total_out,

@@ -62,6 +62,10 @@ pub struct Summary {
     /// Requests left out: error status, no status, no end seen, or not a
     /// generation (no first token and no token count: `/health`, …).
     pub not_completed: usize,
+    /// Of `not_completed`, those that failed: an error status, no status
+    /// or no end seen ([`is_failed`]); the rest are 2xx answers that
+    /// generated nothing.
+    pub failed: usize,
     /// First arrival to last end of the completed requests, seconds.
     pub duration_s: Option<f64>,
     pub total_input_tokens: u64,
@@ -234,6 +238,7 @@ impl Summary {
         let mut o = json::Obj::new(b, level);
         o.field("completed", &self.completed)
             .field("not_completed", &self.not_completed)
+            .field("failed", &self.failed)
             .field("duration_s", &self.duration_s)
             .field("total_input_tokens", &self.total_input_tokens)
             .field("total_output_tokens", &self.total_output_tokens)
@@ -313,6 +318,11 @@ pub fn is_completed(status: Option<u16>, e2e_ms: Option<f64>, ttft_ms: Option<f6
     status.is_some_and(|s| (200..300).contains(&s)) && e2e_ms.is_some() && (ttft_ms.is_some() || completion_tokens.is_some())
 }
 
+/// A request that did not end well: not a 2xx, no status, or no end seen.
+pub fn is_failed(status: Option<u16>, e2e_ms: Option<f64>) -> bool {
+    !(status.is_some_and(|s| (200..300).contains(&s)) && e2e_ms.is_some())
+}
+
 /// The summary of a report's requests and chains (chains keyed by their
 /// connection alone, with one hop, are not chains users asked about and are
 /// left out, as in the text report).
@@ -365,6 +375,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     Summary {
         completed: done.len(),
         not_completed: requests.len() - done.len(),
+        failed: requests.iter().filter(|q| is_failed(q.status, q.e2e_ms)).count(),
         duration_s,
         total_input_tokens: total_in,
         total_output_tokens: total_out,
@@ -470,7 +481,8 @@ pub fn render_text(sm: &Summary) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{:=^50}", " Serving Summary (hopscope, server side) ");
     line(&mut s, "Successful requests:", sm.completed);
-    line(&mut s, "Other requests (failed, unfinished, …):", sm.not_completed);
+    line(&mut s, "Failed or unfinished requests:", sm.failed);
+    line(&mut s, "Other requests (no tokens: /health, …):", sm.not_completed - sm.failed);
     line(&mut s, "Duration (s):", f2(sm.duration_s));
     line(&mut s, "Total input tokens:", sm.total_input_tokens);
     line(&mut s, "Total generated tokens:", sm.total_output_tokens);
@@ -614,7 +626,7 @@ mod tests {
     fn summary_follows_vllm_bench_definitions_on_hand_computed_numbers() {
         let s = example();
         // d (HTTP 500), e (no end) and h (nothing generated) are not successful requests.
-        assert_eq!((s.completed, s.not_completed), (3, 3));
+        assert_eq!((s.completed, s.not_completed, s.failed), (3, 3, 2), "d and e failed, h generated nothing");
         assert_eq!((s.total_input_tokens, s.total_output_tokens), (310, 8));
         close(s.duration_s.unwrap(), 1.0);
         close(s.request_throughput.unwrap(), 3.0);
@@ -681,6 +693,9 @@ mod tests {
         assert_eq!(lines[0].chars().count(), 50);
         assert!(lines[0].starts_with("====") && lines[0].contains("Serving Summary"));
         assert!(lines.contains(&format!("{:<40} {:<10}", "Successful requests:", 3).as_str()));
+        // A health check is not a failure.
+        assert!(lines.contains(&format!("{:<40} {:<10}", "Failed or unfinished requests:", 2).as_str()), "{t}");
+        assert!(lines.contains(&format!("{:<40} {:<10}", "Other requests (no tokens: /health, …):", 1).as_str()), "{t}");
         assert!(lines.contains(&"-----Time per Output Token (excl. 1st token)------"));
         assert!(lines.contains(&format!("{:<40} {:<10}", "Mean TPOT (ms):", "350.00").as_str()));
         assert!(lines.contains(&format!("{:<40} {:<10}", "Median TTFT (ms):", "100.00").as_str()));

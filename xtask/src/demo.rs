@@ -13,6 +13,29 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `hopscope run`, stopped with SIGINT (it seals the recording and stops
+/// its command) however the demo ends: a panic too (`eprintln!` into a
+/// closed stderr) must not leave the testbed running under a recorder.
+struct Interrupted(Child);
+
+impl Interrupted {
+    fn stop(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        if let Some(st) = self.0.try_wait()? {
+            return Ok(st);
+        }
+        let _ = Command::new("kill").arg("-INT").arg(self.0.id().to_string()).status();
+        self.0.wait()
+    }
+}
+
+impl Drop for Interrupted {
+    fn drop(&mut self) {
+        // A no-op after `stop`: the child is reaped and `try_wait` says so
+        // without signalling a pid that may have been reused.
+        let _ = self.stop();
+    }
+}
+
 fn wait_healthy(port: u16, child: &mut Child) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
@@ -52,7 +75,7 @@ pub fn run_demo(args: &[String]) -> Result<()> {
         let _ = std::fs::remove_file(f);
     }
     eprintln!("demo: starting the testbed on 127.0.0.1:{port} under hopscope");
-    let mut agent = Command::new(&bin)
+    let mut agent = Interrupted(Command::new(&bin)
         .args(["run", "--quiet", "-o"])
         .arg(&hop)
         .arg("--")
@@ -62,9 +85,9 @@ pub fn run_demo(args: &[String]) -> Result<()> {
         .arg(&truth)
         .stdin(Stdio::null())
         .spawn()
-        .context("starting hopscope run")?;
+        .context("starting hopscope run")?);
     let result = (|| -> Result<()> {
-        wait_healthy(port, &mut agent)?;
+        wait_healthy(port, &mut agent.0)?;
         let base = format!("http://127.0.0.1:{port}");
         eprintln!("demo: one 5-hop chain (plan → write → review → refactor → test)");
         run(Command::new(&py)
@@ -79,8 +102,7 @@ pub fn run_demo(args: &[String]) -> Result<()> {
         Ok(())
     })();
     // Stop recording whatever happened, so nothing is left running.
-    let _ = Command::new("kill").arg("-INT").arg(agent.id().to_string()).status();
-    let st = agent.wait()?;
+    let st = agent.stop()?;
     result?;
     if !st.success() {
         bail!("hopscope exited with {st}");

@@ -15,6 +15,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `eprintln!` that survives a stderr nobody reads any more: `eprintln!`
+/// panics when the write fails, and a recorder whose `2>&1 | head` has
+/// exited (or whose terminal went away) must go on recording, and still stop
+/// the command it launched (a panic inside that drop aborted instead, and
+/// the command ran on untraced).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Decoding a recording allocates a few small strings per record and frees
 /// them soon after; glibc's malloc/free and consolidation were ~20 % of
 /// `report --json` (docs/benchmarks.md). mimalloc cut the run's CPU by ~30 %.
@@ -241,7 +252,7 @@ fn main() {
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
     if let Err(e) = res {
-        eprintln!("hopscope: {}", one_line(&e));
+        say!("hopscope: {}", one_line(&e));
         std::process::exit(1);
     }
 }
@@ -267,9 +278,9 @@ fn otlp_cmd(file: &std::path::Path, endpoint: &str) -> Result<()> {
     let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
     let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
     let (sent, read_error) = otlp::export_streamed(&mut reader, cfg, endpoint, otlp::BATCH_SPANS).context("exporting spans")?;
-    eprintln!("hopscope: exported {} spans ({} requests) to {endpoint} in {} message(s)", sent.spans, sent.requests, sent.posts);
+    say!("hopscope: exported {} spans ({} requests) to {endpoint} in {} message(s)", sent.spans, sent.requests, sent.posts);
     if let Some(e) = read_error {
-        eprintln!("hopscope: warning: {e}; the export covers the readable part");
+        say!("hopscope: warning: {e}; the export covers the readable part");
     }
     Ok(())
 }
@@ -323,7 +334,7 @@ fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: b
         Err(e) => return Err(full(e)),
     };
     if let Some(e) = read_error {
-        eprintln!("hopscope: warning: {e}; the report covers the readable part");
+        say!("hopscope: warning: {e}; the report covers the readable part");
     }
     Ok(())
 }
@@ -349,7 +360,7 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
     }
     for (file, e) in [(&before, b_err), (&after, a_err)] {
         if let Some(e) = e {
-            eprintln!("hopscope: warning: {}: {e}; the diff covers the readable part", file.display());
+            say!("hopscope: warning: {}: {e}; the diff covers the readable part", file.display());
         }
     }
     Ok(())
@@ -391,13 +402,13 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool, layout: 
         }
     };
     if let Some(e) = read_error {
-        eprintln!("hopscope: warning: {e}; the trace covers the readable part");
+        say!("hopscope: warning: {e}; the trace covers the readable part");
     }
     if stats.offcpu_skipped > 0 {
-        eprintln!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
+        say!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
     }
     if stats.step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped > 0 {
-        eprintln!(
+        say!(
             "hopscope: flows: {} request→step, {} step→kernel; {} left out (over {} per slice, or to an undrawn phase), {} step members without a request",
             stats.step_flows,
             stats.kernel_flows,
@@ -419,7 +430,7 @@ impl Drop for Launched {
     fn drop(&mut self) {
         let Some(mut c) = self.0.take() else { return };
         if let Ok(None) = c.try_wait() {
-            eprintln!("hopscope: stopping the launched command (pid {}): recording ended with an error", c.id());
+            say!("hopscope: stopping the launched command (pid {}): recording ended with an error", c.id());
             let _ = sys::kill(c.id(), libc::SIGTERM);
             let _ = c.wait();
         }
@@ -508,7 +519,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     };
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
     for (tp, what) in source.missing_tracepoints() {
-        eprintln!("hopscope: note: this kernel has no {tp} tracepoint: recording without {what}");
+        say!("hopscope: note: this kernel has no {tp} tracepoint: recording without {what}");
     }
     // What can fail for a reason the user can fix (a path, a port in use)
     // fails here, before the command is launched (and while a privileged port
@@ -525,7 +536,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         None => None,
     };
     let mut gpu = if !cmd.is_empty() && injection.is_none() {
-        eprintln!(
+        say!(
             "hopscope: note: {} not found next to hopscope (use --cupti-lib PATH or {}): recording without GPU",
             cupti::INJECTION_LIB_NAME,
             cupti::INJECTION_LIB_ENV
@@ -554,14 +565,14 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         match GpuReceiver::bind_paused(gcfg) {
             Ok(g) => Some(g),
             Err(e) => {
-                eprintln!("hopscope: note: {e}: recording without GPU");
+                say!("hopscope: note: {e}: recording without GPU");
                 None
             }
         }
     };
     if let (true, Some(g)) = (cmd.is_empty(), &gpu) {
         let lib = injection.as_ref().map_or_else(|| format!("/path/to/{}", cupti::INJECTION_LIB_NAME), |p| p.display().to_string());
-        eprintln!(
+        say!(
             "hopscope: gpu: to record GPU activity too, start the server with {}={lib} {}={}",
             cupti::INJECTION_ENV,
             cupti::SOCKET_ENV,
@@ -575,7 +586,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         c.args(args);
         if let (Some(lib), Some(g)) = (&injection, &gpu) {
             c.env(cupti::INJECTION_ENV, lib).env(cupti::SOCKET_ENV, g.socket_path());
-            eprintln!("hopscope: gpu: injecting {} (socket {})", lib.display(), g.socket_path().display());
+            say!("hopscope: gpu: injecting {} (socket {})", lib.display(), g.socket_path().display());
         }
         let c = source.spawn(c).with_context(|| format!("cannot launch {prog:?}"))?;
         pids.push(c.id());
@@ -586,13 +597,13 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     // change what the server may do. Before any thread starts (capabilities
     // are per thread), keep only what recording still needs.
     match hopscope::privilege::drop_after_attach() {
-        Ok(d) => eprintln!("hopscope: attached; capabilities now {}", hopscope::privilege::names(d.kept)),
-        Err(e) => eprintln!("hopscope: warning: {e}: recording with the capabilities it was started with"),
+        Ok(d) => say!("hopscope: attached; capabilities now {}", hopscope::privilege::names(d.kept)),
+        Err(e) => say!("hopscope: warning: {e}: recording with the capabilities it was started with"),
     }
     if let Some(g) = &mut gpu {
         g.set_traced(source.targets());
         if let Err(e) = g.start_accepting() {
-            eprintln!("hopscope: note: {e}: recording without GPU");
+            say!("hopscope: note: {e}: recording without GPU");
             gpu = None;
         }
     }
@@ -604,7 +615,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         match NvmlSampler::start(NvmlConfig { period: opts.nvml_period, lib: opts.nvml_lib.clone(), traced: source.targets() }) {
             Ok(s) => Some(s),
             Err(e) => {
-                eprintln!("hopscope: note: cannot start the NVML sampler thread ({e}): recording without GPU samples");
+                say!("hopscope: note: cannot start the NVML sampler thread ({e}): recording without GPU samples");
                 None
             }
         }
@@ -642,10 +653,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         let bound = hopscope::sink::metrics::serve(listener, std::sync::Arc::clone(&live)).context("cannot serve metrics")?;
         pipe.set_metrics(live);
         let scope = if bound.ip().is_loopback() { "" } else { " (NOT loopback: reachable from the network)" };
-        eprintln!("hopscope: metrics on http://{bound}/metrics{scope}");
+        say!("hopscope: metrics on http://{bound}/metrics{scope}");
     }
     let what = if cmd.is_empty() { format!("pids {pids:?}") } else { format!("{:?} (pid {})", cmd.join(" "), pids[0]) };
-    eprintln!("hopscope: recording {what} to {} (Ctrl-C to stop)", opts.output.display());
+    say!("hopscope: recording {what} to {} (Ctrl-C to stop)", opts.output.display());
 
     let started = Instant::now();
     let mut last_tick = Instant::now();
@@ -680,7 +691,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             g.drain(|r| pipe.push_gpu(r));
             pipe.advance_gpu(sys::monotonic_ns(), g.connected()).context("writing the recording")?;
             for n in g.take_notes() {
-                eprintln!("hopscope: note: {n}");
+                say!("hopscope: note: {n}");
             }
         }
         if let Some(s) = &nvml {
@@ -690,7 +701,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             }
             s.drain(|r| pipe.push_sample(r));
             for n in s.take_notes() {
-                eprintln!("hopscope: note: {n}");
+                say!("hopscope: note: {n}");
             }
         }
         if last_tick.elapsed() >= Duration::from_secs(1) {
@@ -711,7 +722,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 if status_tty {
                     eprint!("\r{line}   ");
                 } else {
-                    eprintln!("{line}");
+                    say!("{line}");
                 }
                 last_events = st.events;
             }
@@ -734,24 +745,24 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         }
     }
     if status_tty && !opts.quiet {
-        eprintln!();
+        say!();
     }
     let mut gpu_records = None;
     if let Some(g) = gpu.as_mut() {
         // The command's CUDA processes flush at exit; their last records are
         // on the way until their connections end (bounded wait).
         if child_status.is_some() && !g.wait_idle(Duration::from_secs(3), |r| pipe.push_gpu(r)) {
-            eprintln!("hopscope: note: a gpu connection was still open 3 s after the command exited; recording what arrived");
+            say!("hopscope: note: a gpu connection was still open 3 s after the command exited; recording what arrived");
         }
         g.shutdown(|r| pipe.push_gpu(r));
         for n in g.take_notes() {
-            eprintln!("hopscope: note: {n}");
+            say!("hopscope: note: {n}");
         }
     }
     if let Some(s) = nvml.as_mut() {
         s.shutdown(|r| pipe.push_sample(r));
         for n in s.take_notes() {
-            eprintln!("hopscope: note: {n}");
+            say!("hopscope: note: {n}");
         }
     }
     // Final drain of whatever the kernel still holds.
@@ -776,7 +787,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             child_status = c.wait().ok();
         }
     }
-    eprintln!(
+    say!(
         "hopscope: wrote {} ({} events, {} records, {} http requests{}{})",
         opts.output.display(),
         stats.events,
@@ -824,7 +835,7 @@ fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscop
         }
     };
     if let Some(e) = read_error {
-        eprintln!("hopscope: warning: {e}; the trace covers the readable part");
+        say!("hopscope: warning: {e}; the trace covers the readable part");
     }
     print_stream_notes(&stats, why);
     print_trace_written(output, &stats);
@@ -833,7 +844,7 @@ fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscop
 
 /// The line every way of writing a trace ends with.
 fn print_trace_written(path: &std::path::Path, stats: &hopscope::sink::perfetto::TraceStats) {
-    eprintln!(
+    say!(
         "hopscope: wrote {} ({} requests, {} chains, {} slices, {} instants, {} counter values, {} bytes); open it in https://ui.perfetto.dev",
         path.display(),
         stats.requests,
@@ -848,10 +859,10 @@ fn print_trace_written(path: &std::path::Path, stats: &hopscope::sink::perfetto:
 /// What a streamed request part left out.
 fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, why: StreamedBecause) {
     if stats.offcpu_skipped > 0 {
-        eprintln!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
+        say!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
     }
     if stats.requests_late > 0 {
-        eprintln!("hopscope: warning: {} request(s) arrived after later ones were drawn and were left out (trace.requests_late)", stats.requests_late);
+        say!("hopscope: warning: {} request(s) arrived after later ones were drawn and were left out (trace.requests_late)", stats.requests_late);
     }
     if stats.flows_not_streamed > 0 {
         let why = match why {
@@ -862,7 +873,7 @@ fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, why: Streame
             StreamedBecause::Asked => "`--layout streamed` leaves them out; `--layout whole` draws them".to_owned(),
             StreamedBecause::Live => "`hopscope trace` on the recording draws them".to_owned(),
         };
-        eprintln!("hopscope: flows: {} request→step/kernel flow(s) not drawn (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
+        say!("hopscope: flows: {} request→step/kernel flow(s) not drawn (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
     }
 }
 
@@ -900,7 +911,7 @@ fn finish_live_trace(path: &std::path::Path, recording: &std::path::Path, live: 
     let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
     let (_, stats, read_error) = t.finish_streamed(&mut reader, cfg).with_context(|| format!("writing {}", path.display()))?;
     if let Some(e) = read_error {
-        eprintln!("hopscope: warning: {e}; the trace's requests cover the readable part of {}", recording.display());
+        say!("hopscope: warning: {e}; the trace's requests cover the readable part of {}", recording.display());
     }
     print_stream_notes(&stats, StreamedBecause::Live);
     print_trace_written(path, &stats);

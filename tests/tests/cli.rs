@@ -307,3 +307,59 @@ fn output_to_a_reader_that_stopped_ends_quietly() {
     }
 }
 
+
+/// `run` with its stderr piped to a reader that is gone, as after
+/// `2>&1 | head -1`: waits (≤ 60 s) and returns its exit status.
+fn run_with_stderr_closed(args: &[&str]) -> std::process::ExitStatus {
+    let mut c = Command::new(hopscope_bin()).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // Our end of the pipe closed: every write of hopscope's to stderr fails (EPIPE).
+    drop(c.stderr.take());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = c.kill();
+            panic!("hopscope {args:?} did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A recorder whose stderr nobody reads any more records to the end, and
+/// when its recording fails it still stops its command. `eprintln!` panicked
+/// at hopscope's first line there, and the panic in the drop that stops the
+/// command aborted: the command ran on, untraced, and the recording was empty.
+#[test]
+fn run_with_a_closed_stderr_records_to_the_end_and_still_owns_its_command() {
+    let Some(_serial) = privileged("run_with_a_closed_stderr_records_to_the_end_and_still_owns_its_command") else { return };
+    let dir = scratch("cli-closed-stderr");
+    let hop = dir.join("run.hop");
+    let sleep = ["sleep", "2.125"];
+    let mut args = vec!["run", "--nvml-period", "0", "-o", hop.to_str().unwrap(), "--"];
+    args.extend(sleep);
+    let st = run_with_stderr_closed(&args);
+    assert!(st.success(), "recorded to the command's end: {st}");
+    assert!(!running(&sleep));
+    let rep = hopscope(&["report", hop.to_str().unwrap(), "--json"]);
+    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let ms = v["recording"]["duration_ms"].as_f64().unwrap();
+    assert!(ms >= 2000.0, "the whole run is recorded: {ms} ms");
+
+    // A recording that fails (a 16 KiB disk, a command that forks and execs
+    // as fast as it can) stops its command though nothing hears it say so.
+    let small = dir.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"]).arg(&small).status().unwrap();
+    assert!(mounted.success(), "mount tmpfs on {}", small.display());
+    let busy = ["sh", "-c", "while :; do /bin/true; done", "hopscope-busy-closed-stderr"];
+    let out = small.join("x.hop");
+    let mut args = vec!["run", "--quiet", "--nvml-period", "0", "--duration", "50s", "-o", out.to_str().unwrap(), "--"];
+    args.extend(busy);
+    let st = run_with_stderr_closed(&args);
+    let _ = Command::new("umount").arg(&small).status();
+    assert!(!st.success(), "a full disk fails the recording");
+    assert!(!running(&busy), "the command is stopped with the recording");
+}

@@ -127,25 +127,18 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
         assert!(started.elapsed() < Duration::from_secs(60), "the host never started: {}", agent.stdout_so_far());
         std::thread::sleep(Duration::from_millis(10));
     }
-    let mut attempts: Vec<(f64, f64)> = Vec::new();
-    while attempts.len() < ATTEMPTS {
+    let attempts = blocks_until_full_speed(|| {
         // (start, end, stopped) of every phase, CLOCK_MONOTONIC ns.
         let mut phases: Vec<(u64, u64, bool)> = Vec::new();
-        for pair in 0..GPU_ALTERNATIONS {
-            for stopped in [pair % 2 == 1, pair % 2 == 0] {
-                if stopped {
-                    agent.signal(libc::SIGSTOP);
-                }
-                let t0 = hopscope::sys::monotonic_ns();
-                std::thread::sleep(PHASE);
-                let t1 = hopscope::sys::monotonic_ns();
-                if stopped {
-                    assert_eq!(sys_state(agent.pid()), Some('T'), "the agent stayed stopped through the phase");
-                    agent.signal(libc::SIGCONT);
-                }
-                phases.push((t0, t1, stopped));
+        alternate(&agent, GPU_ALTERNATIONS, |stopped| {
+            let t0 = hopscope::sys::monotonic_ns();
+            std::thread::sleep(PHASE);
+            let t1 = hopscope::sys::monotonic_ns();
+            if stopped {
+                assert_eq!(sys_state(agent.pid()), Some('T'), "the agent stayed stopped through the phase");
             }
-        }
+            phases.push((t0, t1, stopped));
+        });
         // The chunks that ended by now: those of the last phase are printed.
         std::thread::sleep(Duration::from_millis(50));
         let (mut n, mut ns) = ([0u64; 2], [0u64; 2]);
@@ -158,11 +151,8 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
         }
         assert!(n[0] > 0 && n[1] > 0, "no chunk fell inside a phase: {n:?} records");
         let rate = |k: usize| 1e9 * n[k] as f64 / ns[k] as f64;
-        attempts.push((rate(0), rate(1)));
-        if rate(1) >= 0.98 * rate(0) {
-            break;
-        }
-    }
+        (rate(0), rate(1))
+    });
     // One long stop: the injection's queue fills, and what it drops must
     // reach the report after the resume.
     agent.signal(libc::SIGSTOP);
@@ -173,17 +163,8 @@ fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_r
     std::fs::write(&done, b"").unwrap();
     let (st, stdout, stderr) = agent.wait(Duration::from_secs(120));
     assert!(st.success(), "hopscope run failed: {stderr}");
-    let attempts_text = attempts.iter().map(|(r, s)| format!("{s:.0} vs {r:.0} ({:.3})", s / r)).collect::<Vec<_>>().join(", ");
     // An injection that waited for the stopped agent collapses in every block.
-    assert!(
-        attempts.iter().all(|(r, s)| *s >= 0.8 * *r),
-        "records/s with the agent stopped vs running, per block of {GPU_ALTERNATIONS} alternations of {PHASE:?}: {attempts_text}"
-    );
-    let (running, stopped) = *attempts.last().unwrap();
-    assert!(
-        stopped >= 0.98 * running,
-        "records/s with the agent stopped vs running stayed under 98 % in {ATTEMPTS} blocks of {GPU_ALTERNATIONS} alternations of {PHASE:?}: {attempts_text}"
-    );
+    let attempts_text = full_speed_verdict(&attempts, "records/s", GPU_ALTERNATIONS, "");
 
     let host: Vec<Value> = stdout.lines().filter_map(|l| l.strip_prefix("HOST ")).map(|j| serde_json::from_str::<Value>(j).unwrap()).collect();
     let placed: u64 = host.iter().filter(|v| v["step"] == "chunk").map(|v| v["placed"].as_u64().unwrap()).sum::<u64>()
@@ -219,14 +200,61 @@ const GPU_ALTERNATIONS: usize = 40;
 /// Blocks of `ALTERNATIONS` measured until one meets the 98 % bound.
 const ATTEMPTS: usize = 3;
 
+/// `pairs` phases with the agent running and as many with it stopped, one
+/// `phase(stopped)` each. Every other pair measures the stopped phase first,
+/// so whatever follows a signal (the agent draining its backlog after
+/// SIGCONT) falls on both sides.
+fn alternate(agent: &Agent, pairs: usize, mut phase: impl FnMut(bool)) {
+    for pair in 0..pairs {
+        for stopped in [pair % 2 == 1, pair % 2 == 0] {
+            if stopped {
+                agent.signal(libc::SIGSTOP);
+            }
+            phase(stopped);
+            if stopped {
+                agent.signal(libc::SIGCONT);
+            }
+        }
+    }
+}
+
+/// Blocks measured by `block` ((running, stopped) rates) until one keeps
+/// 98 % or `ATTEMPTS` are done.
+fn blocks_until_full_speed(mut block: impl FnMut() -> (f64, f64)) -> Vec<(f64, f64)> {
+    let mut attempts = Vec::new();
+    while attempts.len() < ATTEMPTS {
+        let (running, stopped) = block();
+        attempts.push((running, stopped));
+        if stopped >= 0.98 * running {
+            break;
+        }
+    }
+    attempts
+}
+
+/// Panics unless every block kept ≥ 80 % of the running rate (a process
+/// blocked by the stopped agent collapses in all of them) and the last kept
+/// ≥ 98 %; returns the blocks as text ("stopped vs running (ratio)").
+fn full_speed_verdict(attempts: &[(f64, f64)], unit: &str, pairs: usize, extra: &str) -> String {
+    let text = attempts.iter().map(|(r, s)| format!("{s:.1} vs {r:.1} ({:.3})", s / r)).collect::<Vec<_>>().join(", ");
+    assert!(
+        attempts.iter().all(|(r, s)| *s >= 0.8 * *r),
+        "{unit} with the agent stopped vs running, per block of {pairs} alternations of {PHASE:?}: {text}{extra}"
+    );
+    let (running, stopped) = *attempts.last().expect("at least one block");
+    assert!(
+        stopped >= 0.98 * running,
+        "{unit} with the agent stopped vs running stayed under 98 % in {ATTEMPTS} blocks of {pairs} alternations of {PHASE:?}: {text}{extra}"
+    );
+    text
+}
+
 /// The server's request rate with the agent running and stopped, from one
 /// keep-alive client that switches between the two every `PHASE`. This VM's
 /// speed swings by ±20 % from one second to the next (host steal); rounds of
 /// a few hundred ms each, a Python client started per round, put a 2 % check
 /// at the mercy of which rounds drew the slow seconds (2 runs in 6 failed with
-/// no agent cost at all). Short alternations see the same seconds. Every
-/// other pair measures the stopped phase first, so whatever follows a signal
-/// (the agent draining its backlog after SIGCONT) falls on both sides.
+/// no agent cost at all). Short alternations see the same seconds.
 fn alternating_rates(port: u16, agent: &Agent) -> (f64, f64) {
     use std::io::{BufRead, BufReader, Read, Write};
     let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -258,21 +286,13 @@ fn alternating_rates(port: u16, agent: &Agent) -> (f64, f64) {
     };
     let (mut run_n, mut stop_n) = (0, 0);
     let (mut run_t, mut stop_t) = (Duration::ZERO, Duration::ZERO);
-    for pair in 0..ALTERNATIONS {
-        for stopped in [pair % 2 == 1, pair % 2 == 0] {
-            if stopped {
-                agent.signal(libc::SIGSTOP);
-            }
-            let t = Instant::now();
-            let n = phase(t + PHASE);
-            let (count, time) = if stopped { (&mut stop_n, &mut stop_t) } else { (&mut run_n, &mut run_t) };
-            *count += n;
-            *time += t.elapsed();
-            if stopped {
-                agent.signal(libc::SIGCONT);
-            }
-        }
-    }
+    alternate(agent, ALTERNATIONS, |stopped| {
+        let t = Instant::now();
+        let n = phase(t + PHASE);
+        let (count, time) = if stopped { (&mut stop_n, &mut stop_t) } else { (&mut run_n, &mut run_t) };
+        *count += n;
+        *time += t.elapsed();
+    });
     (run_n as f64 / run_t.as_secs_f64(), stop_n as f64 / stop_t.as_secs_f64())
 }
 
@@ -320,14 +340,7 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
     // A cost the stopped agent put on the server would show in every block;
     // this VM's swings show in one block in about eight (0.978 once in 8 local
     // runs; clean CI once drew 0.854 in a debug build, 2257 vs 2643 req/s).
-    let mut attempts: Vec<(f64, f64)> = Vec::new();
-    while attempts.len() < ATTEMPTS {
-        let (running, stopped) = alternating_rates(port, &agent);
-        attempts.push((running, stopped));
-        if stopped >= 0.98 * running {
-            break;
-        }
-    }
+    let attempts = blocks_until_full_speed(|| alternating_rates(port, &agent));
     agent.signal(libc::SIGSTOP);
     // A storm while stopped: far more than 1 MiB of events.
     let storm = dir.join("storm.jsonl");
@@ -340,17 +353,9 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
     std::thread::sleep(Duration::from_millis(300));
     agent.stop();
     let (typical_running, typical_stopped) = (median(&running), median(&stopped));
-    let attempts_text = attempts.iter().map(|(r, s)| format!("{s:.1} vs {r:.1} ({:.3})", s / r)).collect::<Vec<_>>().join(", ");
     // A server blocked by the stopped agent collapses in every block.
-    assert!(
-        attempts.iter().all(|(r, s)| *s >= 0.8 * *r),
-        "requests/s with the agent stopped vs running, per block of {ALTERNATIONS} alternations of {PHASE:?}: {attempts_text}"
-    );
-    let (fast_running, fast_stopped) = *attempts.last().unwrap();
-    assert!(
-        fast_stopped >= 0.98 * fast_running,
-        "requests/s with the agent stopped vs running stayed under 98 % in {ATTEMPTS} blocks of {ALTERNATIONS} alternations of {PHASE:?}: {attempts_text}; the streaming rounds: stopped {stopped:.1?} vs running {running:.1?}"
-    );
+    let streaming = format!("; the streaming rounds: stopped {stopped:.1?} vs running {running:.1?}");
+    let attempts_text = full_speed_verdict(&attempts, "requests/s", ALTERNATIONS, &streaming);
     // A server blocked by the stopped agent would collapse here too.
     assert!(typical_stopped >= 0.8 * typical_running, "streaming requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (median of {ROUNDS} each)");
 

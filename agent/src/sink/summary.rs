@@ -313,9 +313,10 @@ fn completed(q: &ReqView) -> bool {
 
 /// vLLM bench's "successful request", for a server that also answers other
 /// paths: a 2xx with a known end that generated (a first token or a token
-/// count); `/health`, `/metrics` and the like are left out with the failures.
+/// count); `/health`, `/metrics` and the like are left out, counted apart
+/// from the failures ([`is_failed`]).
 pub fn is_completed(status: Option<u16>, e2e_ms: Option<f64>, ttft_ms: Option<f64>, completion_tokens: Option<u64>) -> bool {
-    status.is_some_and(|s| (200..300).contains(&s)) && e2e_ms.is_some() && (ttft_ms.is_some() || completion_tokens.is_some())
+    !is_failed(status, e2e_ms) && (ttft_ms.is_some() || completion_tokens.is_some())
 }
 
 /// A request that did not end well: not a 2xx, no status, or no end seen.

@@ -10,7 +10,7 @@
 //! the two taking turns at going first: per-program ns side by side, as this
 //! VM's speed drifts too much between separate runs to compare them.
 
-use crate::{cargo, ensure_tracefs, root, venv_python};
+use crate::{cargo, ensure_tracefs, root, venv_python, Interrupted};
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -114,9 +114,9 @@ fn prog_stats(since_unix: u64) -> Result<Vec<Prog>> {
     Ok(progs)
 }
 
-/// A child killed and reaped when dropped: an error between spawn and stop,
-/// or a panic (`println!` into a closed pipe, `cargo xtask bench | head`),
-/// must not leave a server or a tracing agent running.
+/// The bench server, killed and reaped when dropped: an error between spawn
+/// and stop, or a panic (`println!` into a closed pipe, `cargo xtask bench |
+/// head`), must not leave it running. (The tracing agents are `Interrupted`.)
 struct Reaped(Child);
 
 impl Drop for Reaped {
@@ -143,9 +143,8 @@ impl Drop for BpfStats {
     }
 }
 
-fn stop_child(mut c: Reaped) -> Result<()> {
-    Command::new("kill").arg("-INT").arg(c.0.id().to_string()).status()?;
-    let st = c.0.wait()?;
+fn stop_child(mut c: Interrupted) -> Result<()> {
+    let st = c.stop()?;
     if !st.success() {
         bail!("hopscope exited with {st}");
     }
@@ -219,7 +218,7 @@ pub fn run(args: &[String]) -> Result<()> {
         for k in 0..bins.len() {
             let b = (k + round) % bins.len();
             let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-            let agent = Reaped(
+            let agent = Interrupted(
                 Command::new(bins[b])
                     .args(["record", "--quiet", "--pid", &server.0.id().to_string(), "-o"])
                     .arg(&out)

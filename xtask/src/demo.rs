@@ -7,34 +7,11 @@
 //! DIR/client.jsonl (the client's own timings), DIR/truth.jsonl (the
 //! testbed's ground truth, which hopscope never reads).
 
-use crate::{cargo, ensure_toolchain, ensure_tracefs, root, run, venv_python};
+use crate::{cargo, ensure_toolchain, ensure_tracefs, root, run, venv_python, Interrupted};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// `hopscope run`, stopped with SIGINT (it seals the recording and stops
-/// its command) however the demo ends: a panic too (`eprintln!` into a
-/// closed stderr) must not leave the testbed running under a recorder.
-struct Interrupted(Child);
-
-impl Interrupted {
-    fn stop(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        if let Some(st) = self.0.try_wait()? {
-            return Ok(st);
-        }
-        let _ = Command::new("kill").arg("-INT").arg(self.0.id().to_string()).status();
-        self.0.wait()
-    }
-}
-
-impl Drop for Interrupted {
-    fn drop(&mut self) {
-        // A no-op after `stop`: the child is reaped and `try_wait` says so
-        // without signalling a pid that may have been reused.
-        let _ = self.stop();
-    }
-}
 
 fn wait_healthy(port: u16, child: &mut Child) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);

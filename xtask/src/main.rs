@@ -72,6 +72,30 @@ pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// A hopscope recorder, stopped with SIGINT (it seals the recording and
+/// stops a command it launched) however the task ends: an error or a panic
+/// (`eprintln!` into a closed stderr) too must not leave it, or a testbed
+/// under it, running.
+pub(crate) struct Interrupted(pub(crate) std::process::Child);
+
+impl Interrupted {
+    pub(crate) fn stop(&mut self) -> std::io::Result<ExitStatus> {
+        if let Some(st) = self.0.try_wait()? {
+            return Ok(st);
+        }
+        let _ = Command::new("kill").arg("-INT").arg(self.0.id().to_string()).status();
+        self.0.wait()
+    }
+}
+
+impl Drop for Interrupted {
+    fn drop(&mut self) {
+        // A no-op after `stop`: the child is reaped and `try_wait` says so
+        // without signalling a pid that may have been reused.
+        let _ = self.stop();
+    }
+}
+
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
 }

@@ -114,7 +114,8 @@ enum Cmd {
         no_compress: bool,
         /// `whole`: every record and request in memory (~46× the
         /// recording's size), with the request→step→kernel flows;
-        /// `streamed`: memory that follows the open requests, no such flows;
+        /// `streamed`: memory that follows the open requests, the
+        /// request→step flows but no step→kernel ones;
         /// `auto`: whole up to 4 MiB (HOPSCOPE_TRACE_FULL_MAX_BYTES), else
         /// streamed (docs/perfetto.md).
         #[arg(long, value_enum, default_value_t = TraceLayout::Auto)]
@@ -184,8 +185,8 @@ struct RecordOpts {
     cupti_lib: Option<PathBuf>,
     /// Also write a Perfetto trace, live: threads, GPU streams, engine steps
     /// and counters grow while recording (flushed every second); chains and
-    /// requests are added when it stops. `hopscope trace` on the output adds
-    /// the flows from requests to steps and kernels.
+    /// requests (with their flows to the steps) are added when it stops.
+    /// `hopscope trace` on the recording adds the flows from steps to kernels.
     #[arg(long, value_name = "FILE.pftrace")]
     perfetto: Option<PathBuf>,
     /// Export per-request spans to this OTLP/HTTP endpoint when recording
@@ -409,11 +410,11 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool, layout: 
     }
     if stats.step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped > 0 {
         say!(
-            "hopscope: flows: {} request→step, {} step→kernel; {} left out (over {} per slice, or to an undrawn phase), {} step members without a request",
+            "hopscope: flows: {} request→step, {} step→kernel; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without a request",
             stats.step_flows,
             stats.kernel_flows,
             stats.flows_capped,
-            perfetto::FLOW_CAP,
+            perfetto::FLOW_HEAD,
             stats.flows_unmapped
         );
     }
@@ -806,7 +807,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
 }
 
 /// `hopscope trace` on a recording over `full_max` bytes: one streamed pass,
-/// memory bounded by the open requests; no request→step→kernel flows.
+/// memory bounded by the open requests; no step→kernel flows.
 /// The whole trace layout's memory per byte of recording (46× measured on a
 /// 20 000-request recording, docs/perfetto.md).
 const WHOLE_LAYOUT_BYTES_PER_BYTE: u64 = 46;
@@ -871,9 +872,18 @@ fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, why: Streame
                 (size * WHOLE_LAYOUT_BYTES_PER_BYTE).div_ceil(1 << 20)
             ),
             StreamedBecause::Asked => "`--layout streamed` leaves them out; `--layout whole` draws them".to_owned(),
-            StreamedBecause::Live => "`hopscope trace` on the recording draws them".to_owned(),
+            StreamedBecause::Live => "`hopscope trace --layout whole` on the recording draws them".to_owned(),
         };
-        say!("hopscope: flows: {} request→step/kernel flow(s) not drawn (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
+        say!("hopscope: flows: {} step(s) drawn without their flows to GPU steps and kernels (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
+    }
+    if stats.step_flows + stats.flows_capped + stats.flows_unmapped > 0 {
+        say!(
+            "hopscope: flows: {} request→step; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without a drawn request",
+            stats.step_flows,
+            stats.flows_capped,
+            hopscope::sink::perfetto::FLOW_HEAD,
+            stats.flows_unmapped
+        );
     }
 }
 

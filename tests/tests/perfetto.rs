@@ -829,9 +829,10 @@ fn cli_trace(hop: &std::path::Path, out: &std::path::Path, full_max: Option<&str
 }
 
 #[test]
-fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_tracks_less_the_step_flows() {
+fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_tracks_and_request_step_flows() {
     let dir = scratch("perfetto-streamed");
-    for (name, recs, step_flows) in [("engine", engine_and_gpu_recording(), 1 + 3 + 3 * 2), ("cupti", cupti_steps_recording(), 1 + 3 + 4 + 4 * 2)] {
+    // (name, recording, request→step flows, step→GPU step and →kernel flows)
+    for (name, recs, request_step, gpu_flows) in [("engine", engine_and_gpu_recording(), 1 + 3, 3 * 2), ("cupti", cupti_steps_recording(), 1 + 3, 4 + 4 * 2)] {
         let hop = dir.join(format!("{name}.hop"));
         let mut w = Writer::create(&hop, &meta()).unwrap();
         for r in &recs {
@@ -841,7 +842,8 @@ fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_trac
         let (full, full_err) = cli_trace(&hop, &dir.join(format!("{name}-full.pftrace")), None, &[]);
         let (streamed, err) = cli_trace(&hop, &dir.join(format!("{name}-streamed.pftrace")), Some("0"), &[]);
         assert!(!full_err.contains("flows_not_streamed"), "{full_err}");
-        assert!(err.contains("not drawn (trace.flows_not_streamed)") && err.contains("--layout whole") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
+        assert!(err.contains("without their flows to GPU steps and kernels (trace.flows_not_streamed)") && err.contains("--layout whole") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
+        assert!(err.contains(&format!("flows: {request_step} request→step; 0 left out")), "{err}");
         // `--layout` overrides the size rule both ways, byte for byte.
         let (whole, whole_err) = cli_trace(&hop, &dir.join(format!("{name}-whole.pftrace")), Some("0"), &["--layout", "whole"]);
         assert!(whole == full && !whole_err.contains("flows_not_streamed"), "{name}: --layout whole over the threshold is the whole layout: {whole_err}");
@@ -857,7 +859,7 @@ fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_trac
         };
         assert_eq!(lines(&s), lines(&f), "{name}: the same tracks and slices");
         assert_eq!((s.slices, s.instants), (f.slices, f.instants), "{name}");
-        assert_eq!(f.flows, 6 + step_flows, "{name}");
-        assert_eq!(s.flows, 6, "{name}: hop→request flows only");
+        assert_eq!(f.flows, 6 + request_step + gpu_flows, "{name}");
+        assert_eq!(s.flows, 6 + request_step, "{name}: hop→request and request→step flows");
     }
 }

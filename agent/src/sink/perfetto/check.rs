@@ -26,8 +26,10 @@
 //!   innermost open slice, never before it began); counter values go only to
 //!   counter tracks and slices never do;
 //! - in timestamp order (as trace processor links them), every flow that
-//!   starts is terminated or continued later, and nothing terminates a flow
-//!   that did not start.
+//!   starts is terminated or continued later — except exactly as many as the
+//!   trace declares in a `trace.flows_unlinked` annotation (a streamed
+//!   trace's steps carry flow ids for requests it may not draw) — and nothing
+//!   terminates a flow that did not start.
 
 use super::proto::{self, Data, EventType, Trace};
 use prost::Message;
@@ -76,6 +78,8 @@ pub struct Summary {
     pub counter_values: u64,
     /// Flows that started and terminated.
     pub flows: u64,
+    /// Flows that started and were never linked (as declared).
+    pub flows_unlinked: u64,
     pub first_ts: Option<u64>,
     pub last_ts: Option<u64>,
 }
@@ -332,6 +336,10 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
     // (resolved time, packet, flows started, flows terminated): linked after
     // the pass, in time order, as trace processor links them.
     let mut flow_events: Vec<(u64, usize, Vec<u64>, Vec<u64>)> = Vec::new();
+    // What the metadata says was left unlinked on purpose; a trace without
+    // its metadata (a live one read before the stop: the metadata is
+    // written last) may leave any number.
+    let mut declared_unlinked = None;
 
     for (pi, p) in trace.packet.iter().enumerate() {
         let at = |what: String| format!("packet {pi}: {what}");
@@ -492,6 +500,13 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
                 if !e.flow_ids.is_empty() || !e.terminating_flow_ids.is_empty() {
                     flow_events.push((ts, pi, e.flow_ids.clone(), e.terminating_flow_ids.clone()));
                 }
+                let unlinked = |d: &&proto::DebugAnnotation| match (d.name_iid, &d.name) {
+                    (Some(iid), _) => seq.arg_names.get(&iid).is_some_and(|n| n == "trace.flows_unlinked"),
+                    (None, n) => n.as_deref() == Some("trace.flows_unlinked"),
+                };
+                if let Some(d) = e.debug_annotations.iter().find(unlinked) {
+                    declared_unlinked = Some(d.uint_value.unwrap_or(0));
+                }
             }
             None => {
                 if p.trace_packet_defaults.is_none() && p.interned_data.is_none() {
@@ -532,8 +547,15 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
     }
     let mut flows: Vec<_> = open_flows.into_iter().filter(|(_, (_, linked))| !linked).collect();
     flows.sort();
-    for (id, (pi, _)) in flows {
-        v.push(format!("flow {id} (from packet {pi}) never terminates"));
+    summary.flows_unlinked = flows.len() as u64;
+    if let Some(declared) = declared_unlinked.filter(|d| *d != summary.flows_unlinked) {
+        let n = flows.len();
+        for (id, (pi, _)) in flows {
+            v.push(format!("flow {id} (from packet {pi}) never terminates ({n} such, the trace declares {declared} in trace.flows_unlinked)"));
+        }
+        if n == 0 {
+            v.push(format!("every flow links, but the trace declares {declared} in trace.flows_unlinked"));
+        }
     }
     if v.is_empty() {
         Ok(summary)

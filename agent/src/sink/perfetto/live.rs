@@ -14,9 +14,11 @@
 //! holds the open requests, not the recording; [`write_trace_streamed`] is
 //! `hopscope trace` on large recordings: both parts from one pass.
 //!
-//! Not in a live or streamed trace: flows from requests to steps and kernels
-//! (steps and kernels are written before the requests they served are
-//! known); `hopscope trace` on a recording under its size threshold draws them.
+//! Request→step flows are drawn ([`super::stream`]: the steps carry flow ids
+//! their requests' slices name later). Not in a live or streamed trace: flows
+//! from steps to GPU steps and kernels (kernels are written before their step
+//! is known); `hopscope trace` on a recording under its size threshold
+//! draws them.
 
 use super::raw::RawLayout;
 use super::stream::RequestStream;
@@ -47,8 +49,8 @@ fn stream_pass<R: Read, W: Write>(t: &mut LiveTrace<W>, reader: &mut Reader<R>, 
         }
     };
     let mut tail = p.c.finish_streaming();
-    let members: usize = std::mem::take(&mut tail.steps).iter().map(|s| s.members.len()).sum();
-    rs.count_unstreamed_flows(members as u64);
+    // Drawn from the records (with their request→step flows): not needed.
+    tail.steps = Vec::new();
     t.req = Some(rs);
     Ok((tail, read_error))
 }
@@ -72,9 +74,9 @@ impl Pass {
             for q in self.c.drain_final(now) {
                 rs.push(&mut t.w, &mut t.raw, q, now)?;
             }
-            // Steps are drawn from the records; their members' flows are not.
-            let members: usize = self.c.take_steps().iter().map(|s| s.members.len()).sum();
-            rs.count_unstreamed_flows(members as u64);
+            // Steps are drawn from the records, with their request→step
+            // flows (see `stream`): the correlator's are let go.
+            drop(self.c.take_steps());
             // GPU steps as the correlator decides them, so that they do not
             // pile up to the recording's end; the streamed layout draws no
             // flows, the only use of the steps' compute, so it is let go.
@@ -102,6 +104,7 @@ pub fn write_trace_streamed<R: Read, W: Write>(out: W, reader: &mut Reader<R>, c
     };
     let t0 = if meta.start_ns > 0 { meta.start_ns } else { first.as_ref().map_or(0, Record::ts_ns) };
     let mut t = LiveTrace::open(out, &meta, enc, t0, false)?;
+    t.raw.keep_step_flows_for(super::raw::STEP_FLOWS_KEEP_NS);
     if let Some(e) = first_error {
         let (out, stats) = t.finish_tail(&meta, Analysis::default(), Some(&e))?;
         return Ok((out, stats, Some(e)));
@@ -188,6 +191,8 @@ impl<W: Write> LiveTrace<W> {
         }
         // The GPU steps are known only now (the correlator's), on their own sequence.
         self.raw.gpu_steps(&mut self.w, &analysis.gpu_steps, &[])?;
+        // The whole analysis draws no request→step flows: none takes the steps'.
+        self.raw.drop_step_flows();
         let g = groups(&mut self.w)?;
         let input = TraceInput { meta, records: &[], analysis, read_error };
         write_requests(&mut self.w, &mut self.raw, &g, input, None, self.t0, t_end, &mut stats)?;

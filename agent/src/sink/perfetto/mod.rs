@@ -116,7 +116,7 @@ pub struct TraceStats {
     /// served it, and from a step to its first and last kernel.
     pub step_flows: u64,
     pub kernel_flows: u64,
-    /// Request→step flows left out: beyond [`FLOW_CAP`] per slice, or to a
+    /// Request→step flows left out: beyond the first [`FLOW_HEAD`] and the last, or to a
     /// phase slice that has no duration and so is not drawn.
     pub flows_capped: u64,
     /// Step members whose engine request maps to no drawn request (not
@@ -134,7 +134,14 @@ pub struct TraceStats {
     /// they would start before what was already written, and step members
     /// whose request→step flows are not drawn.
     pub requests_late: u64,
+    /// Live and streamed: engine steps during which kernels were drawn, and
+    /// GPU steps, drawn without their flows to GPU steps and kernels.
     pub flows_not_streamed: u64,
+    /// Live and streamed: flow ids written on steps that no request slice
+    /// names (its request or phase was not drawn); trace processor ignores
+    /// them, and the trace says how many (`trace.flows_unlinked`, which
+    /// [`check`] verifies).
+    pub flows_unlinked: u64,
     /// Streamed only: the most requests the request part held at once
     /// (handed out by the correlator, not yet written), and its largest queue
     /// of timeline items: what its memory follows.
@@ -153,6 +160,10 @@ impl TraceStats {
         self.counter_values_skipped = r.counter_values_skipped;
         self.gpu_steps = r.gpu_steps;
         self.gpu_steps_skipped = r.gpu_steps_skipped;
+        self.flows_unmapped = r.flows_unmapped;
+        self.flows_capped = r.flows_capped;
+        self.flows_unlinked = r.flows_unlinked;
+        self.flows_not_streamed = r.gpu_flows_not_drawn;
     }
 }
 
@@ -162,10 +173,14 @@ impl TraceStats {
 /// open requests. `HOPSCOPE_TRACE_FULL_MAX_BYTES` overrides it.
 pub const FULL_LAYOUT_MAX_BYTES: u64 = 4 << 20;
 
-/// The most flows a request's prefill or decode slice gets to the steps that
-/// served it: the first and the last `FLOW_CAP / 2` (a long decode has
-/// hundreds of steps; the arrows would hide the timeline).
-pub const FLOW_CAP: usize = 8;
+/// A request's prefill or decode slice gets flows to the first `FLOW_HEAD`
+/// steps that served it and to the last one (a long decode has hundreds of
+/// steps; the arrows would hide the timeline). The first and the last, not
+/// the last few: a streamed trace writes each step as it comes, when whether
+/// it is among a request's last few is not known yet, but whether it is its
+/// last is (its first token's step ends the prefill, the finishing output
+/// the decode), and both layouts keep one rule.
+pub const FLOW_HEAD: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Phase {
@@ -539,6 +554,9 @@ pub fn write_trace_with<W: Write>(out: W, input: TraceInput<'_>, enc: Encoding) 
     }
     let g = groups(&mut w)?;
     let flows = plan_flows(&mut w, records, analysis, t0, t_end, &mut stats);
+    // The raw part's stats carry every flow count (the streamed layout counts there).
+    raw.stats.flows_capped += std::mem::take(&mut stats.flows_capped);
+    raw.stats.flows_unmapped += std::mem::take(&mut stats.flows_unmapped);
 
     // The record-driven part: records in order, then the engine steps.
     for (i, rec) in records.iter().enumerate() {
@@ -830,6 +848,7 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
         Arg::u64("trace.counter_values_skipped", stats.counter_values_skipped),
         Arg::u64("trace.flows_capped", stats.flows_capped),
         Arg::u64("trace.flows_unmapped", stats.flows_unmapped),
+        Arg::u64("trace.flows_unlinked", stats.flows_unlinked),
         Arg::u64("trace.gpu_steps_skipped", stats.gpu_steps_skipped),
     ]);
     a
@@ -1222,15 +1241,14 @@ fn step_at(spans: &[(u64, u64, u32)], ts: u64) -> Option<u32> {
     (start <= ts && ts <= end).then_some(k)
 }
 
-/// The first and last `FLOW_CAP / 2` of `steps` (all of them when that many
-/// or fewer), and how many were left out.
+/// The first [`FLOW_HEAD`] of `steps` and the last one (all of them when
+/// that many or fewer), and how many were left out.
 fn capped(steps: &[u32]) -> (Vec<u32>, u64) {
-    if steps.len() <= FLOW_CAP {
+    if steps.len() <= FLOW_HEAD + 1 {
         return (steps.to_vec(), 0);
     }
-    let half = FLOW_CAP / 2;
-    let mut v = steps[..half].to_vec();
-    v.extend_from_slice(&steps[steps.len() - half..]);
-    (v, (steps.len() - FLOW_CAP) as u64)
+    let mut v = steps[..FLOW_HEAD].to_vec();
+    v.push(steps[steps.len() - 1]);
+    (v, (steps.len() - FLOW_HEAD - 1) as u64)
 }
 

@@ -11,11 +11,11 @@
 //! each sequence only has to stay in time order on its own).
 
 use super::writer::{Arg, Event, PerfettoError, TrackId, TrackOpts, TraceWriter};
-use super::{memcpy_name, names, proto::CounterUnit, state_name, Ends};
+use super::{memcpy_name, names, proto::CounterUnit, state_name, Ends, FLOW_HEAD};
 use crate::event::{Dir, ProcOp};
 use crate::correlate::FxMap;
 use crate::model::Record;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 
 /// A step spans from the previous step's end when the engine went straight
@@ -46,7 +46,81 @@ pub struct RawStats {
     /// than [`GPU_LANES`] lanes hold, or starting before the previous one.
     pub gpu_steps: u64,
     pub gpu_steps_skipped: u64,
+    /// Steps drawn from records (live, streamed): request→step flows their
+    /// members' requests did not take, as the offline layout counts them —
+    /// memberships of requests never drawn (`flows_unmapped`), of steps not
+    /// drawn (`flows_capped`) — and flow ids written on steps that no request
+    /// slice names (`flows_unlinked`: the request, or its phase, was not drawn).
+    pub flows_unmapped: u64,
+    pub flows_capped: u64,
+    pub flows_unlinked: u64,
+    /// Steps drawn from records: engine steps during which kernels were
+    /// drawn, and GPU steps, whose flows to GPU steps and kernels are not
+    /// drawn (their kernels were written before the step was known).
+    pub gpu_flows_not_drawn: u64,
 }
+
+/// A request's place in the steps drawn from records (live and streamed
+/// layouts): whether it got its first token, how many of its prefill and
+/// decode steps were drawn, and which of them carry a flow to its prefill or
+/// decode slice: the first [`FLOW_HEAD`] and the last (the first token's
+/// step; the finishing output's), flow ids `base + slot`, slot
+/// `phase × (FLOW_HEAD + 1) + k`. The request part takes it when it draws
+/// the request ([`RawLayout::take_step_flows`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReqSteps {
+    got_token: bool,
+    finished: bool,
+    /// Steps drawn: [prefill (up to and with the first token's), decode].
+    pub drawn: [u32; 2],
+    base: u64,
+    mask: u16,
+    /// The last drawn step it was in (for forgetting it).
+    last_ns: u64,
+}
+
+/// Flow slots per phase: the first [`FLOW_HEAD`] steps and the last.
+const SLOTS: usize = FLOW_HEAD + 1;
+
+impl ReqSteps {
+    fn phase_mask(&self, decode: bool) -> u16 {
+        let m = (1u16 << SLOTS) - 1;
+        if decode {
+            self.mask >> SLOTS & m
+        } else {
+            self.mask & m
+        }
+    }
+
+    /// The flow ids its prefill (or decode) steps carry, in step order.
+    pub fn ids(&self, decode: bool) -> impl Iterator<Item = u64> + '_ {
+        let m = self.phase_mask(decode);
+        let first = if decode { SLOTS as u64 } else { 0 };
+        (0..SLOTS as u64).filter(move |k| m >> k & 1 == 1).map(move |k| self.base + first + k)
+    }
+
+    /// How many flow ids its prefill (or decode) steps carry.
+    pub fn count(&self, decode: bool) -> u64 {
+        u64::from(self.phase_mask(decode).count_ones())
+    }
+
+    /// Forgets its prefill (or decode) flows: its slice is not drawn.
+    pub fn drop_phase(&mut self, decode: bool) {
+        let m = ((1u16 << SLOTS) - 1) << if decode { SLOTS } else { 0 };
+        self.mask &= !m;
+    }
+}
+
+/// Streamed `hopscope trace`: a request is handed out at most this long after
+/// its last step (the correlator's settling, its wire clusters and its wait
+/// for the open requests before it, [`crate::correlate::MAX_OPEN_NS`]); the
+/// steps' flow ids of requests not taken by then are let go.
+pub const STEP_FLOWS_KEEP_NS: u64 = crate::correlate::MAX_OPEN_NS + crate::correlate::SETTLE_NS + crate::correlate::wire_steps::MAX_CLUSTER_NS + 10_000_000_000;
+
+/// Live traces (`record --perfetto`) draw requests at the stop: the requests
+/// whose step flows are kept until then, at most (the oldest half are let go
+/// when there are more; ~100 bytes each).
+pub const LIVE_STEP_FLOW_REQUESTS: usize = 1 << 18;
 
 /// The lane of the "GPU steps" track each GPU step is drawn on (None: not
 /// drawn), and its drawn span. With async scheduling the host waits for a
@@ -199,9 +273,19 @@ pub struct RawLayout {
     gpu_step_lanes: GpuStepLanes,
     step_clock: StepClock,
     /// Live steps: the direction steps come from (the engine's writes win
-    /// once one is seen), request ids that already got a token.
+    /// once one is seen); each engine request's place in them, by its id.
     step_dir: Option<Dir>,
-    got_token: HashSet<String, std::hash::BuildHasherDefault<IdHasher>>,
+    step_reqs: HashMap<String, ReqSteps, std::hash::BuildHasherDefault<IdHasher>>,
+    /// Streamed (one pass): requests not in a step for this long are let go;
+    /// None (live): up to [`LIVE_STEP_FLOW_REQUESTS`] are kept.
+    step_reqs_keep: Option<u64>,
+    /// Live: the most requests kept ([`LIVE_STEP_FLOW_REQUESTS`]).
+    step_reqs_cap: usize,
+    step_reqs_pruned_at: u64,
+    /// A step's flow ids, reused from step to step.
+    step_ids: Vec<u64>,
+    /// Kernels were drawn since the last step (live steps).
+    kernels_since_step: bool,
     rate: VecDeque<(u64, u64)>,
     rate_sum: u64,
     rate_track: Option<TrackId>,
@@ -229,7 +313,12 @@ impl RawLayout {
             gpu_step_lanes: GpuStepLanes::default(),
             step_clock: StepClock::default(),
             step_dir: None,
-            got_token: HashSet::default(),
+            step_reqs: HashMap::default(),
+            step_reqs_keep: None,
+            step_reqs_cap: LIVE_STEP_FLOW_REQUESTS,
+            step_reqs_pruned_at: 0,
+            step_ids: Vec::new(),
+            kernels_since_step: false,
             rate: VecDeque::new(),
             rate_sum: 0,
             rate_track: None,
@@ -340,15 +429,43 @@ impl RawLayout {
                 }
                 let built = timestamp_s.filter(|s| s.is_finite() && *s > 0.0 && *s < 1e10).map(|s| (s * 1e9).round() as u64);
                 let end_ns = built.filter(|b| b <= ts_ns).unwrap_or(*ts_ns);
+                let span = self.step_clock.next(end_ns);
                 let mut firsts = 0;
+                let mut ids = std::mem::take(&mut self.step_ids);
+                ids.clear();
                 for o in outputs {
                     // Looked up before copying: most outputs are of requests already decoding.
-                    if o.new_tokens > 0 && !self.got_token.contains(o.request_id.as_str()) && self.got_token.insert(o.request_id.clone()) {
+                    let e = match self.step_reqs.get_mut(o.request_id.as_str()) {
+                        Some(e) => e,
+                        None => self.step_reqs.entry(o.request_id.clone()).or_insert(ReqSteps { base: w.new_flow_ids(2 * SLOTS as u64), ..ReqSteps::default() }),
+                    };
+                    if e.finished {
+                        // Its id again after it finished: another request.
+                        self.stats.flows_unmapped += u64::from(e.drawn[0] + e.drawn[1]);
+                        self.stats.flows_unlinked += e.count(false) + e.count(true);
+                        *e = ReqSteps { base: w.new_flow_ids(2 * SLOTS as u64), ..ReqSteps::default() };
+                    }
+                    let first = !e.got_token && o.new_tokens > 0;
+                    let phase = usize::from(e.got_token);
+                    if first {
+                        e.got_token = true;
                         firsts += 1;
                     }
-                    if o.finish_reason.is_some() {
-                        // Finished: it gets no more outputs; keeps the set small.
-                        self.got_token.remove(&o.request_id);
+                    e.finished = o.finish_reason.is_some();
+                    e.last_ns = end_ns;
+                    if span.is_none() {
+                        self.stats.flows_capped += 1;
+                        continue;
+                    }
+                    // The step that ends the phase: the first token's, the finishing one.
+                    let last = if phase == 0 { first } else { e.finished };
+                    let n = e.drawn[phase] as usize;
+                    e.drawn[phase] += 1;
+                    let slot = if n < FLOW_HEAD { Some(n) } else { last.then_some(FLOW_HEAD) };
+                    if let Some(k) = slot {
+                        let slot = phase * SLOTS + k;
+                        e.mask |= 1 << slot;
+                        ids.push(e.base + slot as u64);
                     }
                 }
                 let info = StepInfo {
@@ -359,7 +476,21 @@ impl RawLayout {
                     new_tokens: outputs.iter().map(|o| o.new_tokens).sum(),
                     first_tokens: firsts,
                 };
-                self.step(w, &info, None)?;
+                let r = match span {
+                    Some(span) => {
+                        if std::mem::take(&mut self.kernels_since_step) {
+                            self.stats.gpu_flows_not_drawn += 1;
+                        }
+                        self.draw_step(w, &info, span, &ids, &[])
+                    }
+                    None => {
+                        self.stats.steps_skipped += 1;
+                        Ok(())
+                    }
+                };
+                self.step_ids = ids;
+                r?;
+                self.prune_step_reqs(end_ns);
             }
             Record::EngineStats { ts_ns, engine_index, kv_cache_usage: Some(u), .. } => {
                 let t = match self.kv_tracks.get(engine_index) {
@@ -488,6 +619,7 @@ impl RawLayout {
                 let args = if *graph_id != 0 { &args[..] } else { &args[..3] };
                 let name = if name.is_empty() { "<unnamed kernel>" } else { name.as_str() };
                 w.begin(ts, track, &Event::named(name).args(args).flows(starts).terminating_flows(ends))?;
+                self.kernels_since_step = true;
             }
             Record::GpuMemcpy { kind, bytes, graph_id, .. } => {
                 let args = [Arg::u64("bytes", *bytes), Arg::u64("graph_id", *graph_id as u64)];
@@ -537,16 +669,82 @@ impl RawLayout {
             w.begin(start, track, &Event::named(names::GPU_STEP).args(&args).flows(starts).terminating_flows(ends))?;
             w.end(end, track)?;
             self.stats.gpu_steps += 1;
+            if self.steps_from_records {
+                self.stats.gpu_flows_not_drawn += 1;
+            }
         }
         Ok(())
     }
 
     /// Draws one engine step (in step order) and the tokens/s counter.
     pub fn step<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &StepInfo, flows: Option<&Ends>) -> Result<(), PerfettoError> {
-        let Some((start, slice)) = self.step_clock.next(st.end_ns) else {
+        let Some(span) = self.step_clock.next(st.end_ns) else {
             self.stats.steps_skipped += 1;
             return Ok(());
         };
+        let (starts, ends) = flows.map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
+        self.draw_step(w, st, span, starts, ends)
+    }
+
+    /// Streamed `hopscope trace` (one pass): requests not taken
+    /// [`STEP_FLOWS_KEEP_NS`] after their last step are let go.
+    pub fn keep_step_flows_for(&mut self, ns: u64) {
+        self.step_reqs_keep = Some(ns);
+    }
+
+    /// The request→step flows of the engine request `id`'s steps, for its
+    /// request slice (once: they are forgotten here).
+    pub fn take_step_flows(&mut self, id: &str) -> Option<ReqSteps> {
+        self.step_reqs.remove(id)
+    }
+
+    /// Flows taken by a request that is not drawn, or of one of its phases
+    /// that is not ([`ReqSteps::drop_phase`] first).
+    pub fn step_flows_not_drawn(&mut self, unmapped: u64, capped: u64, unlinked: u64) {
+        self.stats.flows_unmapped += unmapped;
+        self.stats.flows_capped += capped;
+        self.stats.flows_unlinked += unlinked;
+    }
+
+    /// The end: no request takes the step flows left.
+    pub fn drop_step_flows(&mut self) {
+        for (_, e) in self.step_reqs.drain() {
+            self.stats.flows_unmapped += u64::from(e.drawn[0] + e.drawn[1]);
+            self.stats.flows_unlinked += e.count(false) + e.count(true);
+        }
+    }
+
+    /// Lets go of requests no request slice will take (see
+    /// [`STEP_FLOWS_KEEP_NS`], [`LIVE_STEP_FLOW_REQUESTS`]); checked once a
+    /// second of steps.
+    fn prune_step_reqs(&mut self, now: u64) {
+        if now < self.step_reqs_pruned_at.saturating_add(1_000_000_000) {
+            return;
+        }
+        self.step_reqs_pruned_at = now;
+        let cut = match self.step_reqs_keep {
+            Some(keep) => now.saturating_sub(keep),
+            None if self.step_reqs.len() > self.step_reqs_cap => {
+                // The oldest half.
+                let mut last: Vec<u64> = self.step_reqs.values().map(|e| e.last_ns).collect();
+                let mid = last.len() / 2;
+                *last.select_nth_unstable(mid).1
+            }
+            None => return,
+        };
+        let stats = &mut self.stats;
+        self.step_reqs.retain(|_, e| {
+            let keep = e.last_ns >= cut;
+            if !keep {
+                stats.flows_unmapped += u64::from(e.drawn[0] + e.drawn[1]);
+                stats.flows_unlinked += e.count(false) + e.count(true);
+            }
+            keep
+        });
+    }
+
+    /// Draws a step whose clock said `(start, slice)`, with its flow ends.
+    fn draw_step<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &StepInfo, (start, slice): (u64, bool), starts: &[u64], ends: &[u64]) -> Result<(), PerfettoError> {
         let track = *self.steps_track.get_or_insert_with(|| w.track(names::STEPS, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() }));
         let args = [
             Arg::u64("step", st.index),
@@ -555,7 +753,6 @@ impl RawLayout {
             Arg::u64("first_tokens", st.first_tokens),
             Arg::u64("sent_ns", st.sent_ns),
         ];
-        let (starts, ends) = flows.map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
         let ev = Event::named(names::STEP).args(&args).flows(starts).terminating_flows(ends);
         let start = start.max(self.t0);
         let end = st.end_ns.max(start);
@@ -665,10 +862,10 @@ enum CounterValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashSet};
 
     #[test]
-    fn the_first_token_set_by_id_tails_holds_what_a_plain_set_holds() {
+    fn a_set_hashed_by_id_tails_holds_what_a_plain_set_holds() {
         // Ids alike in their length and first and last 16 bytes (they
         // differ in the middle only: one hash, told apart by comparing),
         // short ones and the empty one, added and removed at random.
@@ -688,5 +885,81 @@ mod tests {
             assert_eq!(set.len(), want.len());
         }
         assert!(ids.iter().all(|id| set.contains(id.as_str()) == want.contains(id)));
+    }
+
+    fn outputs(ts_ns: u64, outs: &[(&str, u64, bool)]) -> Record {
+        use crate::model::EngineOutput;
+        Record::EngineOutputs {
+            conn: crate::event::ConnKey { tgid: 7, fd: 31, ino: 31 },
+            ts_ns,
+            tid: 7,
+            dir: Dir::Out,
+            engine_index: Some(0),
+            timestamp_s: None,
+            outputs: outs.iter().map(|&(id, new_tokens, done)| EngineOutput { request_id: id.into(), new_tokens, finish_reason: done.then_some(0), events: vec![], prefill: None }).collect(),
+            outputs_total: Some(outs.len() as u64),
+            finished_requests: vec![],
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn step_flows_are_the_first_four_and_the_last_of_each_phase_and_are_let_go_when_no_request_takes_them() {
+        const MS: u64 = 1_000_000;
+        let mut w = TraceWriter::with_encoding(Vec::new(), 0, super::super::Encoding::PLAIN).unwrap();
+        let mut raw = RawLayout::new(0, true);
+        raw.keep_step_flows_for(10_000 * MS);
+        // a: 6 prefill steps (chunked), the 6th its first token, then 7
+        // decode steps, the last finishing. b: one step at 1 ms, then gone.
+        let mut t = MS;
+        raw.push(&mut w, &outputs(t, &[("a", 0, false), ("b", 1, false)]), None).unwrap();
+        for k in 1..13u64 {
+            t += 10 * MS;
+            raw.push(&mut w, &outputs(t, &[("a", u64::from(k >= 5), k == 12)]), None).unwrap();
+        }
+        let a = raw.take_step_flows("a").expect("a's steps");
+        assert_eq!(a.drawn, [6, 7]);
+        assert_eq!((a.count(false), a.count(true)), (5, 5), "the first four and the last of each");
+        let ids: Vec<u64> = a.ids(false).chain(a.ids(true)).collect();
+        assert_eq!(ids.len(), 10);
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "distinct, in step order: {ids:?}");
+        assert!(raw.take_step_flows("a").is_none(), "taken once");
+        // b's last step is 10 s old at the next step after 10 s: let go, counted.
+        raw.push(&mut w, &outputs(t + 10_000 * MS, &[("c", 1, false)]), None).unwrap();
+        assert!(raw.take_step_flows("b").is_none());
+        assert_eq!((raw.stats.flows_unmapped, raw.stats.flows_unlinked), (1, 1));
+        // The end: c is never taken.
+        raw.drop_step_flows();
+        assert_eq!((raw.stats.flows_unmapped, raw.stats.flows_unlinked), (2, 2));
+    }
+
+    #[test]
+    fn a_live_layout_keeps_step_flows_to_the_stop_up_to_its_cap_then_lets_the_oldest_half_go() {
+        let mut w = TraceWriter::with_encoding(Vec::new(), 0, super::super::Encoding::PLAIN).unwrap();
+        let mut raw = RawLayout::new(0, true);
+        raw.step_reqs_cap = 8;
+        // One request a step, 1.5 s apart (past any keep time a streamed pass would use).
+        let ids: Vec<String> = (0..20).map(|k| format!("r{k}")).collect();
+        for (k, id) in ids.iter().enumerate() {
+            raw.push(&mut w, &outputs((k as u64 + 1) * 1_500_000_000, &[(id, 1, true)]), None).unwrap();
+            assert!(raw.step_reqs.len() <= 9, "{} kept after {k}", raw.step_reqs.len());
+        }
+        let kept: Vec<&String> = ids.iter().filter(|id| raw.step_reqs.contains_key(id.as_str())).collect();
+        assert!(kept.len() >= 4, "{kept:?}");
+        // The newest are kept, the rest counted.
+        assert!(ids[ids.len() - kept.len()..].iter().eq(kept.iter().copied()), "{kept:?}");
+        let gone = (ids.len() - kept.len()) as u64;
+        assert_eq!((raw.stats.flows_unmapped, raw.stats.flows_unlinked), (gone, gone));
+    }
+
+    #[test]
+    fn an_id_seen_again_after_it_finished_is_another_request() {
+        let mut w = TraceWriter::with_encoding(Vec::new(), 0, super::super::Encoding::PLAIN).unwrap();
+        let mut raw = RawLayout::new(0, true);
+        raw.push(&mut w, &outputs(1_000_000, &[("a", 1, true)]), None).unwrap();
+        raw.push(&mut w, &outputs(2_000_000, &[("a", 1, false)]), None).unwrap();
+        let a = raw.take_step_flows("a").unwrap();
+        assert_eq!((a.drawn, a.count(false), a.count(true)), ([1, 0], 1, 0), "a fresh prefill");
+        assert_eq!((raw.stats.flows_unmapped, raw.stats.flows_unlinked), (1, 1), "the first one's flow is not taken");
     }
 }

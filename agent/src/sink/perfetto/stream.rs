@@ -15,13 +15,21 @@
 //! their slices are closed, chains idle for [`CHAIN_IDLE_NS`] too (a later
 //! hop of such a chain gets a fresh track of the same name).
 //!
-//! Left out compared with the whole-recording layout: the flows from
-//! requests to engine steps and kernels (steps and kernels are written
-//! before the requests they served are final), counted as
-//! `trace.flows_not_streamed`; the metadata instant is written last (at the
-//! trace's start, on its own track), when the request and chain counts are known.
+//! Request→step flows: the steps are written as they come, before the
+//! requests they served are final, so the flow ids are chosen on the step
+//! side ([`super::raw::ReqSteps`]: the first [`super::FLOW_HEAD`] steps of a
+//! phase and its last, the whole layout's rule) and a request's prefill and
+//! decode slices name the ids its engine request's steps carry
+//! ([`RawLayout::take_step_flows`]); ids no slice names (its request or phase
+//! is not drawn) are counted, `trace.flows_unlinked`.
+//!
+//! Left out compared with the whole-recording layout: the flows from steps
+//! to GPU steps and kernels (kernels are written before their step is
+//! known), counted per step as `trace.flows_not_streamed`; the metadata
+//! instant is written last (at the trace's start, on its own track), when
+//! the request and chain counts are known.
 
-use super::raw::RawLayout;
+use super::raw::{RawLayout, ReqSteps};
 use super::{groups, meta_args, names, phase_spans, request_span, Groups, Item, Level, MetaStrings, Phase, RequestArgs, TraceStats};
 use super::{Arg, CounterUnit, Event, NameIid, PerfettoError, TrackId, TrackOpts, TraceWriter};
 use crate::correlate::{Analysis, FxHasher, FxMap, Request};
@@ -61,6 +69,8 @@ enum S {
 struct Held {
     r: Request,
     flow: Option<u64>,
+    /// The flows to the steps that served its prefill and decode.
+    steps: ReqSteps,
     /// The report's figures for its slices, made at the first one that shows them.
     args: Option<RequestArgs>,
 }
@@ -121,7 +131,6 @@ pub struct RequestStream {
     last_prune: u64,
     max_end: u64,
     late: u64,
-    flows_not_streamed: u64,
     stats: TraceStats,
 }
 
@@ -355,14 +364,8 @@ impl RequestStream {
             last_prune: 0,
             max_end: t0,
             late: 0,
-            flows_not_streamed: 0,
             stats: TraceStats::default(),
         })
-    }
-
-    /// Step members whose request→step flows are not drawn.
-    pub fn count_unstreamed_flows(&mut self, n: u64) {
-        self.flows_not_streamed += n;
     }
 
     /// Requests and what is queued to draw (for tests and memory checks).
@@ -374,8 +377,10 @@ impl RequestStream {
     pub fn push<W: Write>(&mut self, w: &mut TraceWriter<W>, raw: &mut RawLayout, r: Request, now: u64) -> Result<(), PerfettoError> {
         let (start, end) = request_span(&r, now);
         self.latest_arrive = self.latest_arrive.max(r.arrive_ns);
+        let mut steps = r.engine.as_ref().and_then(|e| raw.take_step_flows(&e.engine_request_id)).unwrap_or_default();
         if start < self.written || self.cur_ts.is_some_and(|c| start < c) {
             self.late += 1;
+            raw.step_flows_not_drawn(u64::from(steps.drawn[0] + steps.drawn[1]), 0, steps.count(false) + steps.count(true));
             return Ok(());
         }
         self.max_end = self.max_end.max(end);
@@ -415,6 +420,19 @@ impl RequestStream {
         let track = w.track(&r.id, TrackOpts { parent: Some(self.g.requests), rank: Some(rank), ..TrackOpts::default() });
         let arrive = r.arrive_ns.clamp(start, end);
         let spans = phase_spans(&r, arrive, end);
+        // The offline layout's accounting: flows to a phase that is drawn,
+        // the rest of its steps capped; a phase not drawn, all of them.
+        for (phase, decode) in [(Phase::Prefill, false), (Phase::Decode, true)] {
+            let drawn = u64::from(steps.drawn[usize::from(decode)]);
+            let n = steps.count(decode);
+            if spans.iter().any(|s| s.2 == phase) {
+                self.stats.step_flows += n;
+                raw.step_flows_not_drawn(0, drawn - n, 0);
+            } else {
+                steps.drop_phase(decode);
+                raw.step_flows_not_drawn(0, drawn, n);
+            }
+        }
         let marks = crate::correlate::engine::marks(&r);
         let engine = marks.as_ref().is_some_and(|m| m.arrive == arrive && m.done == end);
         let wire_ttft = r.ttft_ns.filter(|_| !engine).map(|t| t.clamp(arrive, end));
@@ -461,7 +479,7 @@ impl RequestStream {
         self.queued += items.len();
         self.live += 1;
         let first = items[0].0;
-        let held = Some(Held { r, flow: Some(flow), args: None });
+        let held = Some(Held { r, flow: Some(flow), steps, args: None });
         let cursor = Cursor { items, next: 0, track };
         let slot = match self.free.pop() {
             Some(k) => {
@@ -596,7 +614,17 @@ impl RequestStream {
                 if phase.has_figures() {
                     let h = self.reqs[slot as usize].as_mut().expect("a drawn request is held");
                     let args = h.args.get_or_insert_with(|| RequestArgs::of(&h.r)).phase_args(phase);
-                    w.begin(ts, track, &Event::named(phase.name()).args(&args))?;
+                    // Named in `flow_ids` (not terminating): the step may come
+                    // first or last in time (see `Ends`).
+                    let mut ids = [0u64; super::FLOW_HEAD + 1];
+                    let mut n = 0;
+                    if matches!(phase, Phase::Prefill | Phase::Decode) {
+                        for id in h.steps.ids(phase == Phase::Decode) {
+                            ids[n] = id;
+                            n += 1;
+                        }
+                    }
+                    w.begin(ts, track, &Event::named(phase.name()).args(&args).flows(&ids[..n]))?;
                 } else {
                     w.begin(ts, track, &Event::named(phase.name()))?;
                 }
@@ -641,6 +669,7 @@ impl RequestStream {
         for r in std::mem::take(&mut tail.requests) {
             self.push(w, raw, r, t_end)?;
         }
+        raw.drop_step_flows();
         self.write_until(w, raw, u64::MAX)?;
         if let Some(c) = self.cur_ts {
             self.flush_levels(w, c)?;
@@ -652,11 +681,10 @@ impl RequestStream {
         stats.add_raw(&raw.stats);
         let strings = MetaStrings::of(meta, &tail.drops);
         let mut a = meta_args(meta, &strings, stats.requests, stats.chains, read_error, &tail.drops, &stats);
-        a.extend([Arg::u64("trace.requests_late", self.late), Arg::u64("trace.flows_not_streamed", self.flows_not_streamed)]);
+        a.extend([Arg::u64("trace.requests_late", self.late), Arg::u64("trace.flows_not_streamed", stats.flows_not_streamed)]);
         let meta_track = raw.meta_track(w);
         w.instant(self.t0, meta_track, &Event::named(names::META_EVENT).args(&a))?;
         stats.requests_late = self.late;
-        stats.flows_not_streamed = self.flows_not_streamed;
         Ok(stats)
     }
 }

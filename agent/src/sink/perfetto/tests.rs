@@ -498,7 +498,23 @@ fn checker_rejects_unbalanced_slices_backwards_time_and_open_flows() {
     if let Some(Data::TrackEvent(te)) = &mut f.data {
         te.flow_ids = vec![77];
     }
-    assert!(violations(vec![first(), desc(1, None), f]).contains("flow 77 (from packet 2) never terminates"));
+    // An open flow: wrong when the trace declares fewer in its metadata,
+    // counted when it declares them (or has no metadata yet: a live trace
+    // read before its stop).
+    let declare = |n: u64| {
+        let mut m = ev(0, 1, Instant);
+        if let Some(Data::TrackEvent(te)) = &mut m.data {
+            te.debug_annotations = vec![proto::DebugAnnotation { name: Some("trace.flows_unlinked".into()), uint_value: Some(n), ..Default::default() }];
+        }
+        m
+    };
+    assert!(violations(vec![first(), desc(1, None), declare(0), f.clone()]).contains("flow 77 (from packet 3) never terminates (1 such, the trace declares 0 in trace.flows_unlinked)"));
+    assert!(violations(vec![first(), desc(1, None), declare(2), f.clone()]).contains("(1 such, the trace declares 2"));
+    assert!(violations(vec![first(), desc(1, None), declare(1)]).contains("every flow links, but the trace declares 1"));
+    for packets in [vec![first(), desc(1, None), declare(1), f.clone()], vec![first(), desc(1, None), f]] {
+        let s = check::check(&Trace { packet: packets }).expect("declared, or no metadata");
+        assert_eq!((s.flows, s.flows_unlinked), (0, 1));
+    }
     let mut t = ev(1, 1, Instant);
     if let Some(Data::TrackEvent(te)) = &mut t.data {
         te.terminating_flow_ids = vec![78];
@@ -656,7 +672,8 @@ fn engine_steps(id: &str, submit: u64, steps: &[(u64, u64)]) -> Vec<Record> {
         data_parallel_rank: None,
         truncated: false,
     }];
-    for &(built, tokens) in steps {
+    for (k, &(built, tokens)) in steps.iter().enumerate() {
+        let last = k + 1 == steps.len();
         v.push(Record::EngineOutputs {
             conn: out,
             ts_ns: built + 50_000,
@@ -664,7 +681,7 @@ fn engine_steps(id: &str, submit: u64, steps: &[(u64, u64)]) -> Vec<Record> {
             dir: Dir::Out,
             engine_index: Some(0),
             timestamp_s: Some(built as f64 / 1e9),
-            outputs: vec![EngineOutput { request_id: format!("{id}-0123abcd"), new_tokens: tokens, finish_reason: None, events: vec![], prefill: None }],
+            outputs: vec![EngineOutput { request_id: format!("{id}-0123abcd"), new_tokens: tokens, finish_reason: last.then_some(0), events: vec![], prefill: None }],
             outputs_total: Some(1),
             finished_requests: vec![],
             truncated: false,
@@ -728,10 +745,10 @@ fn prefill_and_decode_slices_flow_to_their_steps_and_steps_to_their_first_and_la
     let (bytes, st) = trace_of(&recs);
     let s = checked(&bytes);
     // Prefill: the chunked step 0 and the first-token step 1. Decode: steps
-    // 2..=13, capped to the first and last four.
-    assert_eq!((st.step_flows, st.flows_capped, st.flows_unmapped), (2 + 8, 4, 0));
+    // 2..=13, capped to the first four and the last.
+    assert_eq!((st.step_flows, st.flows_capped, st.flows_unmapped), (2 + 5, 7, 0));
     assert_eq!(st.kernel_flows, 13 * 2, "13 steps with kernels, a flow to the first and the last");
-    assert_eq!(s.flows, 1 + 10 + 26, "hop→request, request→step, step→kernel");
+    assert_eq!(s.flows, 1 + 7 + 26, "hop→request, request→step, step→kernel");
     let t = decode(&bytes);
     let ends = flow_ends(&t);
     let mut prefill: Vec<u64> = ends.values().filter(|v| v[0].0 == "prefill" || v[1].0 == "prefill").filter_map(|v| v.iter().find_map(|e| e.1)).collect();
@@ -739,7 +756,7 @@ fn prefill_and_decode_slices_flow_to_their_steps_and_steps_to_their_first_and_la
     assert_eq!(prefill, vec![0, 1]);
     let mut decode: Vec<u64> = ends.values().filter(|v| v.iter().any(|e| e.0 == "decode")).filter_map(|v| v.iter().find_map(|e| e.1)).collect();
     decode.sort();
-    assert_eq!(decode, vec![2, 3, 4, 5, 10, 11, 12, 13]);
+    assert_eq!(decode, vec![2, 3, 4, 5, 13]);
     let mut kernels: Vec<(u64, String)> = ends.values().filter(|v| v.iter().any(|e| e.0.starts_with('k'))).map(|v| (v.iter().find_map(|e| e.1).unwrap(), v.iter().find(|e| e.0.starts_with('k')).unwrap().0.clone())).collect();
     kernels.sort();
     assert_eq!(kernels.len(), 26);
@@ -1411,8 +1428,39 @@ fn sorted_lines(s: &Summary) -> Vec<String> {
     v
 }
 
+/// The request→step flows of a trace: (the request's track, its phase
+/// slice, the step's `step` arg), sorted.
+fn request_step_links(bytes: &[u8]) -> Vec<(String, String, u64)> {
+    let s = checked(bytes);
+    let t = decode(bytes);
+    let track_of: HashMap<u64, String> = s.tracks.iter().map(|t| (t.uuid, t.name.clone())).collect();
+    let step_arg = |e: &proto::TrackEvent| e.debug_annotations.iter().find(|d| d.name.as_deref() == Some("step")).and_then(|d| d.uint_value);
+    let mut ends: HashMap<u64, Vec<&proto::TrackEvent>> = HashMap::new();
+    for (_, e) in events(&t) {
+        for id in e.flow_ids.iter().chain(&e.terminating_flow_ids) {
+            ends.entry(*id).or_default().push(e);
+        }
+    }
+    let mut links: Vec<(String, String, u64)> = ends
+        .values()
+        .filter_map(|v| {
+            let phase = v.iter().find(|e| matches!(e.name.as_deref(), Some("prefill" | "decode")))?;
+            let step = v.iter().find(|e| e.name.as_deref() == Some(names::STEP))?;
+            Some((track_of[&phase.track_uuid.unwrap()].clone(), phase.name.clone().unwrap(), step_arg(step).unwrap()))
+        })
+        .collect();
+    links.sort();
+    links
+}
+
+fn meta_arg(bytes: &[u8], name: &str) -> Option<u64> {
+    let t = decode(bytes);
+    let ev = events(&t).find(|(_, e)| e.name.as_deref() == Some(names::META_EVENT)).expect("metadata instant").1;
+    ev.debug_annotations.iter().find(|d| d.name.as_deref() == Some(name)).and_then(|d| d.uint_value)
+}
+
 #[test]
-fn a_streamed_trace_draws_the_tracks_and_slices_of_the_whole_layout_without_step_flows() {
+fn a_streamed_trace_draws_the_tracks_slices_and_request_step_flows_of_the_whole_layout() {
     let recs = live_recording();
     let file = recording_bytes(&recs);
     let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
@@ -1425,17 +1473,39 @@ fn a_streamed_trace_draws_the_tracks_and_slices_of_the_whole_layout_without_step
     assert_eq!((st.requests, st.chains, st.chain_tracks), (ost.requests, ost.chains, ost.chain_tracks));
     assert_eq!((st.requests, st.chains, st.chain_tracks), (6, 2, 4));
     assert_eq!((st.gpu_slices, st.steps, st.offcpu_slices, st.kv_slices), (ost.gpu_slices, ost.steps, ost.offcpu_slices, ost.kv_slices));
-    assert_eq!(s.flows, 6, "hop→request flows only");
-    // Every step member's flows are counted as not drawn.
-    let members: u64 = analyse(&recs).steps.iter().map(|st| st.members.len() as u64).sum();
-    assert!(members > 0);
-    assert_eq!(st.flows_not_streamed, members);
+    // The same request→step arrows, counted alike.
+    let links = request_step_links(&bytes);
+    assert_eq!(links, request_step_links(&offline));
+    assert_eq!(links.len(), 2 + 5, "the served request's prefill to steps 0 and 1, decode to 2..=5 and 13");
+    assert_eq!((st.step_flows, st.flows_capped, st.flows_unmapped, st.flows_unlinked), (ost.step_flows, ost.flows_capped, ost.flows_unmapped, 0));
+    assert_eq!(s.flows, 6 + 7, "hop→request and request→step flows");
+    // No step→kernel flows: the 13 steps that ran kernels are counted, and the metadata says so.
+    assert_eq!(ost.kernel_flows, 13 * 2);
+    assert_eq!(st.flows_not_streamed, 13);
+    assert_eq!(meta_arg(&bytes, "trace.flows_not_streamed"), Some(13));
     assert_eq!(st.requests_late, 0);
-    // The metadata instant says so.
-    let t = decode(&bytes);
-    let meta_ev = events(&t).find(|(_, e)| e.debug_annotations.iter().any(|d| d.name.as_deref() == Some("trace.flows_not_streamed"))).expect("metadata instant");
-    let v = meta_ev.1.debug_annotations.iter().find(|d| d.name.as_deref() == Some("trace.flows_not_streamed")).unwrap().uint_value;
-    assert_eq!(v, Some(members));
+}
+
+#[test]
+fn a_streamed_trace_counts_the_step_flows_no_request_slice_takes() {
+    // An engine request joined to no HTTP request, and one whose request
+    // has no engine marks for its prefill (so no prefill slice): their
+    // steps' flow ids are written and named by no slice; the trace
+    // declares them and the checker counts exactly that many.
+    let mut recs = live_recording();
+    recs.extend(engine_steps("chatcmpl-unknown", T0 + MS, &[(T0 + 3 * MS, 1), (T0 + 5 * MS, 1), (T0 + 7 * MS, 1)]));
+    let recs = sorted(recs);
+    let file = recording_bytes(&recs);
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (bytes, st, _) = live::write_trace_streamed(Vec::new(), &mut reader, Config::default(), Encoding::default()).unwrap();
+    let s = checked(&bytes);
+    let (offline, ost) = trace_of(&recs);
+    assert_eq!(request_step_links(&bytes), request_step_links(&offline));
+    // Its 3 steps: prefill (first token) and 2 decode, each with a flow id.
+    assert_eq!((st.flows_unmapped, ost.flows_unmapped), (3, 3));
+    assert_eq!((st.flows_unlinked, s.flows_unlinked), (3, 3));
+    assert_eq!(meta_arg(&bytes, "trace.flows_unlinked"), Some(3));
+    assert_eq!(meta_arg(&offline, "trace.flows_unlinked"), Some(0));
 }
 
 #[test]
@@ -1456,6 +1526,8 @@ fn a_live_trace_finished_by_rereading_the_recording_matches_the_offline_tracks()
     let (offline, _) = trace_of(&recs);
     assert_eq!(sorted_lines(&s), sorted_lines(&checked(&offline)), "same tracks and slices");
     assert_eq!((st.requests, st.chains), (6, 2));
+    assert_eq!(request_step_links(&bytes), request_step_links(&offline), "the same request→step flows");
+    assert_eq!(st.step_flows, 7);
 }
 
 #[test]
@@ -1622,5 +1694,31 @@ fn decimals_read_as_the_formatter_writes_them() {
     }
     for v in [u64::from(u32::MAX), u64::from(u16::MAX), 10u64.pow(19), u64::MAX - 1, u64::MAX] {
         check(v);
+    }
+}
+
+#[test]
+fn streamed_traces_of_the_testbed_recordings_draw_the_whole_layouts_request_step_flows() {
+    // The committed recordings of the real testbed (real sockets, eBPF,
+    // the vLLM-shaped engine's IPC): queueing, a 3-hop chain, tensor
+    // parallel with chunked prefill.
+    for name in ["queue2", "chain3", "tp_chunked"] {
+        let file = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.hop"))).expect("fixture");
+        let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+        let m = reader.meta().clone();
+        let mut records = Vec::new();
+        while let Some(r) = reader.next_record().unwrap() {
+            records.push(r);
+        }
+        let analysis = analyse(&records);
+        let (whole, wst) = write_trace(Vec::new(), TraceInput { meta: &m, records: &records, analysis: &analysis, read_error: None }).unwrap();
+        let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+        let (streamed, sst, err) = live::write_trace_streamed(Vec::new(), &mut reader, Config::default(), Encoding::default()).unwrap();
+        assert_eq!(err, None, "{name}");
+        let links = request_step_links(&streamed);
+        assert!(links.len() as u64 >= wst.requests, "{name}: {} flows for {} requests", links.len(), wst.requests);
+        assert_eq!(links, request_step_links(&whole), "{name}");
+        assert_eq!((sst.step_flows, sst.flows_capped, sst.flows_unmapped), (wst.step_flows, wst.flows_capped, wst.flows_unmapped), "{name}");
+        assert_eq!((sst.flows_unlinked, sst.requests_late), (0, 0), "{name}");
     }
 }

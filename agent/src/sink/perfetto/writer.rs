@@ -827,6 +827,13 @@ impl<W: Write> TraceWriter<W> {
         id
     }
 
+    /// `n` fresh flow ids, `base..base + n`; returns `base`.
+    pub fn new_flow_ids(&mut self, n: u64) -> u64 {
+        let base = self.next_flow;
+        self.next_flow += n;
+        base
+    }
+
     /// Opens a slice on `track` at `ts`.
     pub fn begin(&mut self, ts: u64, track: TrackId, ev: &Event<'_>) -> Result<(), PerfettoError> {
         if ev.is_bare() {

@@ -288,14 +288,19 @@ fn otlp_cmd(file: &std::path::Path, endpoint: &str) -> Result<()> {
 
 fn doctor_cmd(load: bool, json: bool) -> Result<()> {
     let checks = hopscope::doctor::run(load);
-    if json {
+    let written = if json {
         let v: Vec<serde_json::Value> = checks
             .iter()
             .map(|c| serde_json::json!({"check": c.what, "level": format!("{:?}", c.level).to_lowercase(), "detail": c.detail}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?)
     } else {
-        print!("{}", hopscope::doctor::render(&checks));
+        write!(std::io::stdout(), "{}", hopscope::doctor::render(&checks))
+    };
+    match written {
+        // As `report`: a reader that stopped reading wants no more.
+        Err(e) if reader_gone(&e) => {}
+        r => r.context("writing the checks to stdout")?,
     }
     let failed = checks.iter().filter(|c| c.level == hopscope::doctor::Level::Fail).count();
     if failed > 0 {
@@ -721,7 +726,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 let gpu_part = gpu.as_ref().map(|g| format!("  gpu {:>8} records", g.records())).unwrap_or_default();
                 let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests{gpu_part}  drops {}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
                 if status_tty {
-                    eprint!("\r{line}   ");
+                    // Not `eprint!`: a terminal that went away must not stop the recording.
+                    let _ = write!(std::io::stderr(), "\r{line}   ");
                 } else {
                     say!("{line}");
                 }

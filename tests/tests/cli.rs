@@ -363,3 +363,32 @@ fn run_with_a_closed_stderr_records_to_the_end_and_still_owns_its_command() {
     assert!(!st.success(), "a full disk fails the recording");
     assert!(!running(&busy), "the command is stopped with the recording");
 }
+
+/// `hopscope ARGS` whose stdout reader has gone before it writes: its exit
+/// status and stderr.
+fn run_with_stdout_closed(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut c = Command::new(hopscope_bin()).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(c.stdout.take());
+    let out = c.wait_with_output().unwrap();
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// One-shot commands whose output nobody reads any more (`| head` gone)
+/// end quietly, as `cat` does — `doctor` printed with `println!`, which
+/// panicked (exit 101). `doctor`'s status still says whether a check failed.
+#[test]
+fn one_shot_commands_with_a_closed_stdout_end_quietly_not_with_a_panic() {
+    let hop = workspace().join("agent/tests/fixtures/chain3.hop");
+    let (a, b) = (workspace().join("agent/tests/fixtures/queue2.hop"), workspace().join("agent/tests/fixtures/chain3.hop"));
+    let reports: [&[&str]; 4] = [&["report", hop.to_str().unwrap(), "--json"], &["report", hop.to_str().unwrap()], &["diff", a.to_str().unwrap(), b.to_str().unwrap()], &["diff", "--json", a.to_str().unwrap(), b.to_str().unwrap()]];
+    for args in reports {
+        let (st, err) = run_with_stdout_closed(args);
+        assert!(st.success() && err.is_empty(), "{args:?}: {st}: {err}");
+    }
+    for args in [&["doctor", "--json", "--no-load"][..], &["doctor", "--no-load"]] {
+        let (st, err) = run_with_stdout_closed(args);
+        let with_stdout = hopscope(args);
+        assert_eq!(st.code(), with_stdout.status.code(), "{args:?}: the checks' verdict, whoever reads: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -32,8 +32,12 @@ macro_rules! say {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `--version`: a debug build says so (it is several times slower: a
+/// figure measured with one is not the tool's).
+const VERSION: &str = if cfg!(debug_assertions) { concat!(env!("CARGO_PKG_VERSION"), " (debug build)") } else { env!("CARGO_PKG_VERSION") };
+
 #[derive(Parser)]
-#[command(name = "hopscope", version, about = "Where did each hop's latency go? Per-request profiling of LLM inference servers with eBPF (and CUPTI).")]
+#[command(name = "hopscope", version = VERSION, about = "Where did each hop's latency go? Per-request profiling of LLM inference servers with eBPF (and CUPTI).")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -204,7 +204,7 @@ const ATTEMPTS: usize = 5;
 /// stopped: 98 % for a release agent (what `hopscope run` is); 95 % for a
 /// debug one, whose running phases this VM makes faster, not slower:
 /// alternating with no signal at all reads 0.985–1.020, a release agent
-/// stopped/running 1.03–1.09, a debug agent 0.92–1.05 (2026-12-01, session
+/// stopped/running 0.99–1.09, a debug agent 0.92–1.05 (2026-12-01, session
 /// 16; a busy agent keeps the vCPUs out of halt, which the client/server
 /// ping-pong gains from).
 fn full_speed_bound() -> f64 {
@@ -227,9 +227,8 @@ fn alternate(agent: &Agent, pairs: usize, mut phase: impl FnMut(bool)) {
                 agent.signal(libc::SIGSTOP);
             }
             // Each phase starts once the signal has taken effect on every
-            // thread: stopping a process wakes each of its threads to stop
-            // it (on this VM, IPIs and exits), work of the signal's that fell
-            // on the stopped phases only and read as a stopped agent's cost.
+            // thread (SIGSTOP stops each thread when it next runs): a
+            // stopped phase measures a stopped agent, not one being stopped.
             threads_until(agent.pid(), stopped);
             phase(stopped);
             if stopped {

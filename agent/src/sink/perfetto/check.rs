@@ -450,10 +450,22 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
                     (None, None) => None,
                 };
                 for a in &e.debug_annotations {
-                    match (a.name_iid, &a.name) {
-                        (Some(iid), _) if !seq.arg_names.contains_key(&iid) => v.push(at(format!("annotation name iid {iid} not interned"))),
-                        (None, None) => v.push(at("annotation without a name".into())),
-                        _ => {}
+                    let name = match (a.name_iid, &a.name) {
+                        (Some(iid), _) => match seq.arg_names.get(&iid) {
+                            Some(n) => Some(n.as_str()),
+                            None => {
+                                v.push(at(format!("annotation name iid {iid} not interned")));
+                                None
+                            }
+                        },
+                        (None, Some(n)) => Some(n.as_str()),
+                        (None, None) => {
+                            v.push(at("annotation without a name".into()));
+                            None
+                        }
+                    };
+                    if name == Some("trace.flows_unlinked") {
+                        declared_unlinked = Some(a.uint_value.unwrap_or(0));
                     }
                     if let Some(iid) = a.string_value_iid {
                         if !seq.string_values.contains_key(&iid) {
@@ -499,13 +511,6 @@ pub fn check(trace: &Trace) -> Result<Summary, CheckError> {
                 }
                 if !e.flow_ids.is_empty() || !e.terminating_flow_ids.is_empty() {
                     flow_events.push((ts, pi, e.flow_ids.clone(), e.terminating_flow_ids.clone()));
-                }
-                let unlinked = |d: &&proto::DebugAnnotation| match (d.name_iid, &d.name) {
-                    (Some(iid), _) => seq.arg_names.get(&iid).is_some_and(|n| n == "trace.flows_unlinked"),
-                    (None, n) => n.as_deref() == Some("trace.flows_unlinked"),
-                };
-                if let Some(d) = e.debug_annotations.iter().find(unlinked) {
-                    declared_unlinked = Some(d.uint_value.unwrap_or(0));
                 }
             }
             None => {

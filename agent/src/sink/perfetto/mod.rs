@@ -131,8 +131,7 @@ pub struct TraceStats {
     /// KV transfer slices drawn inside requests' queue/prefill slices.
     pub kv_slices: u64,
     /// Streamed request part only ([`stream`]): requests left out because
-    /// they would start before what was already written, and step members
-    /// whose request→step flows are not drawn.
+    /// they would start before what was already written.
     pub requests_late: u64,
     /// Live and streamed: engine steps during which kernels were drawn, and
     /// GPU steps, drawn without their flows to GPU steps and kernels.

@@ -417,16 +417,7 @@ fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool, layout: 
     if stats.offcpu_skipped > 0 {
         say!("hopscope: warning: {} off-cpu interval(s) overlapped or were inverted and were left out", stats.offcpu_skipped);
     }
-    if stats.step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped > 0 {
-        say!(
-            "hopscope: flows: {} request→step, {} step→kernel; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without a request",
-            stats.step_flows,
-            stats.kernel_flows,
-            stats.flows_capped,
-            perfetto::FLOW_HEAD,
-            stats.flows_unmapped
-        );
-    }
+    print_flow_counts(&stats, false);
     print_trace_written(&output, &stats);
     Ok(())
 }
@@ -886,15 +877,23 @@ fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, why: Streame
         };
         say!("hopscope: flows: {} step(s) drawn without their flows to GPU steps and kernels (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
     }
-    if stats.step_flows + stats.flows_capped + stats.flows_unmapped > 0 {
-        say!(
-            "hopscope: flows: {} request→step; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without a drawn request",
-            stats.step_flows,
-            stats.flows_capped,
-            hopscope::sink::perfetto::FLOW_HEAD,
-            stats.flows_unmapped
-        );
+    print_flow_counts(stats, true);
+}
+
+/// The flows a trace drew and left out; a streamed one draws no step→kernel
+/// flows (`print_stream_notes` says why), so its line does not count them.
+fn print_flow_counts(stats: &hopscope::sink::perfetto::TraceStats, streamed: bool) {
+    if stats.step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped == 0 {
+        return;
     }
+    let (kernels, request) = if streamed { (String::new(), "a drawn request") } else { (format!(", {} step→kernel", stats.kernel_flows), "a request") };
+    say!(
+        "hopscope: flows: {} request→step{kernels}; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without {request}",
+        stats.step_flows,
+        stats.flows_capped,
+        hopscope::sink::perfetto::FLOW_HEAD,
+        stats.flows_unmapped
+    );
 }
 
 /// `record --perfetto`: the live trace and the first error writing it.

@@ -247,7 +247,10 @@ if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   kill -INT $APID 2>/dev/null; wait $APID; note "testbed: hopscope rc=$?"
   "$AGENT" report "$OUT/testbed.hop" >"$OUT/testbed.report.txt" 2>&1
   "$AGENT" report "$OUT/testbed.hop" --json >"$OUT/testbed.report.json" 2>>"$OUT/testbed.report.txt"
-  "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.pftrace" >>"$OUT/testbed.report.txt" 2>&1
+  "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.pftrace" --layout streamed >>"$OUT/testbed.report.txt" 2>&1
+  # The same trace laid out whole: its flow line should match the streamed one's (real CUPTI step ends).
+  "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.whole.pftrace" --layout whole >>"$OUT/testbed.report.txt" 2>&1
+  grep -h "step→GPU step" "$OUT/testbed.report.txt" | sed 's/^/testbed trace: /' | tee -a "$SUMMARY"
   $PY - "$OUT/testbed.report.json" <<'PYEOF' | tee -a "$SUMMARY"
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -875,21 +875,23 @@ fn print_stream_notes(stats: &hopscope::sink::perfetto::TraceStats, why: Streame
             StreamedBecause::Asked => "`--layout streamed` leaves them out; `--layout whole` draws them".to_owned(),
             StreamedBecause::Live => "`hopscope trace --layout whole` on the recording draws them".to_owned(),
         };
-        say!("hopscope: flows: {} step(s) drawn without their flows to GPU steps and kernels (trace.flows_not_streamed): {why}", stats.flows_not_streamed);
+        say!("hopscope: flows: {} step(s) drawn without their flows to the kernels that ran in them (no CUPTI step ends to tie kernels to steps as they are drawn; trace.flows_not_streamed): {why}", stats.flows_not_streamed);
     }
     print_flow_counts(stats, true);
 }
 
-/// The flows a trace drew and left out; a streamed one draws no step→kernel
-/// flows (`print_stream_notes` says why), so its line does not count them.
+/// The flows a trace drew and left out. `streamed`: its requests were drawn
+/// as they became final (a request not drawn takes no flows).
 fn print_flow_counts(stats: &hopscope::sink::perfetto::TraceStats, streamed: bool) {
-    if stats.step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped == 0 {
+    if stats.step_flows + stats.gpu_step_flows + stats.kernel_flows + stats.flows_capped + stats.flows_unmapped == 0 {
         return;
     }
-    let (kernels, request) = if streamed { (String::new(), "a drawn request") } else { (format!(", {} step→kernel", stats.kernel_flows), "a request") };
+    let request = if streamed { "a drawn request" } else { "a request" };
     say!(
-        "hopscope: flows: {} request→step{kernels}; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without {request}",
+        "hopscope: flows: {} request→step, {} step→GPU step, {} step→kernel; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without {request}",
         stats.step_flows,
+        stats.gpu_step_flows,
+        stats.kernel_flows,
         stats.flows_capped,
         hopscope::sink::perfetto::FLOW_HEAD,
         stats.flows_unmapped

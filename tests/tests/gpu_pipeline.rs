@@ -349,6 +349,14 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
     let drawn: u64 = gpu_tracks.iter().map(|t| t.slices.values().sum::<u64>()).sum();
     let activities = recs.iter().filter(|r| matches!(r, Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. })).count() as u64;
     assert_eq!(drawn, activities, "one slice per kernel, copy and memset");
+    // Streamed (large recordings' default), the same slices and flows: the
+    // GPU steps' flows are marked on the GPU work as it is drawn.
+    let streamed = out.with_extension("streamed.pftrace");
+    let t = Command::new(hopscope_bin()).arg("trace").arg(&out).arg("-o").arg(&streamed).args(["--layout", "streamed"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&t.stderr);
+    assert!(t.status.success(), "{stderr}");
+    let s = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&streamed).unwrap()).unwrap_or_else(|e| panic!("streamed trace invalid: {e}"));
+    assert_eq!((s.slices, s.flows), (summary.slices, summary.flows), "streamed: {stderr}");
 
     eprintln!(
         "gpu pipeline: {good_total} test-double records from 2 processes recorded in order, {} kernel names reported, {} bad timestamps counted, 1 outsider rejected",

@@ -664,8 +664,9 @@ fn gpu_steps_kv_transfer_and_gpu_shares_read_the_same_through_perfettos_schema()
     let req = s.track("chatcmpl-5-0").unwrap();
     assert_eq!(req.slices.get("kv transfer"), Some(&2), "{}", s.render());
     // hop→request ×6, prefill→first step, decode→3 steps, engine step→GPU
-    // step ×4, GPU step→its first and last kernel ×4.
-    assert_eq!(s.flows, 6 + 1 + 3 + 4 + 4 * 2, "{}", s.render());
+    // step ×4, GPU step→its end copy ×4 and (after the first) the first
+    // kernel after the previous end copy ×3.
+    assert_eq!(s.flows, 6 + 1 + 3 + 4 + 4 + 3, "{}", s.render());
     let flat = check::flatten(&theirs);
     let ann = |name: &str| -> Vec<f64> {
         flat.packet
@@ -829,10 +830,12 @@ fn cli_trace(hop: &std::path::Path, out: &std::path::Path, full_max: Option<&str
 }
 
 #[test]
-fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_tracks_and_request_step_flows() {
+fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_tracks_and_flows() {
     let dir = scratch("perfetto-streamed");
-    // (name, recording, request→step flows, step→GPU step and →kernel flows)
-    for (name, recs, request_step, gpu_flows) in [("engine", engine_and_gpu_recording(), 1 + 3, 3 * 2), ("cupti", cupti_steps_recording(), 1 + 3, 4 + 4 * 2)] {
+    // (name, recording, request→step flows, step→GPU step flows, →kernel
+    // flows, whether the streamed trace draws the kernel ones: with CUPTI
+    // step ends it does; by time (no step ends) only the whole layout can)
+    for (name, recs, request_step, gpu_step, kernel, streams_kernels) in [("engine", engine_and_gpu_recording(), 1 + 3, 0, 3 * 2, false), ("cupti", cupti_steps_recording(), 1 + 3, 4, 1 + 3 * 2, true)] {
         let hop = dir.join(format!("{name}.hop"));
         let mut w = Writer::create(&hop, &meta()).unwrap();
         for r in &recs {
@@ -842,13 +845,19 @@ fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_trac
         let (full, full_err) = cli_trace(&hop, &dir.join(format!("{name}-full.pftrace")), None, &[]);
         let (streamed, err) = cli_trace(&hop, &dir.join(format!("{name}-streamed.pftrace")), Some("0"), &[]);
         assert!(!full_err.contains("flows_not_streamed"), "{full_err}");
-        assert!(err.contains("without their flows to GPU steps and kernels (trace.flows_not_streamed)") && err.contains("--layout whole") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
-        assert!(err.contains(&format!("flows: {request_step} request→step; 0 left out")), "{err}");
+        assert!(full_err.contains(&format!("flows: {request_step} request→step, {gpu_step} step→GPU step, {kernel} step→kernel; 0 left out")), "{full_err}");
+        if streams_kernels {
+            assert!(!err.contains("flows_not_streamed"), "{name}: {err}");
+            assert!(err.contains(&format!("flows: {request_step} request→step, {gpu_step} step→GPU step, {kernel} step→kernel; 0 left out")), "{err}");
+        } else {
+            assert!(err.contains("without their flows to the kernels that ran in them") && err.contains("trace.flows_not_streamed)") && err.contains("--layout whole") && err.contains("HOPSCOPE_TRACE_FULL_MAX_BYTES"), "{err}");
+            assert!(err.contains(&format!("flows: {request_step} request→step, 0 step→GPU step, 0 step→kernel; 0 left out")), "{err}");
+        }
         // `--layout` overrides the size rule both ways, byte for byte.
         let (whole, whole_err) = cli_trace(&hop, &dir.join(format!("{name}-whole.pftrace")), Some("0"), &["--layout", "whole"]);
         assert!(whole == full && !whole_err.contains("flows_not_streamed"), "{name}: --layout whole over the threshold is the whole layout: {whole_err}");
         let (asked, asked_err) = cli_trace(&hop, &dir.join(format!("{name}-asked.pftrace")), None, &["--layout", "streamed"]);
-        assert!(asked == streamed && asked_err.contains("`--layout streamed` leaves them out"), "{name}: --layout streamed under the threshold streams: {asked_err}");
+        assert!(asked == streamed && asked_err.contains("`--layout streamed` leaves them out") != streams_kernels, "{name}: --layout streamed under the threshold streams: {asked_err}");
         assert!(err.contains("6 requests, 3 chains"), "{err}");
         let f = check::check(&official(&full)).unwrap_or_else(|e| panic!("{name} full: {e}"));
         let s = check::check(&official(&streamed)).unwrap_or_else(|e| panic!("{name} streamed: {e}"));
@@ -859,7 +868,8 @@ fn hopscope_trace_streams_a_recording_over_its_size_threshold_with_the_same_trac
         };
         assert_eq!(lines(&s), lines(&f), "{name}: the same tracks and slices");
         assert_eq!((s.slices, s.instants), (f.slices, f.instants), "{name}");
-        assert_eq!(f.flows, 6 + request_step + gpu_flows, "{name}");
-        assert_eq!(s.flows, 6 + request_step, "{name}: hop→request and request→step flows");
+        assert_eq!(f.flows, 6 + request_step + gpu_step + kernel, "{name}");
+        let streamed_flows = 6 + request_step + if streams_kernels { gpu_step + kernel } else { 0 };
+        assert_eq!((s.flows, s.flows_unlinked), (streamed_flows, 0), "{name}: hop→request, request→step and, with CUPTI step ends, the GPU steps' flows");
     }
 }

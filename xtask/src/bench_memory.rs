@@ -1,4 +1,4 @@
-//! `cargo xtask bench-memory [--requests N] [--baseline BIN] [--runs N]`:
+//! `cargo xtask bench-memory [--requests N] [--baseline BIN] [--runs N] [--gpu]`:
 //! `hopscope report --json`, `hopscope trace`, `hopscope report` (the
 //! text tables) and `hopscope diff --json` (the recording against itself)
 //! on a synthetic recording of N requests (default 1 000 000),
@@ -19,7 +19,10 @@
 //! a prefill joins), each step's EngineCoreOutputs seen twice (engine write,
 //! frontend read) and the engine thread's switch-in, per request the HTTP
 //! request, the ADD (both copies), the response head, the SSE role, 8-24
-//! content chunks, usage, [DONE] and the response end.
+//! content chunks, usage, [DONE] and the response end. `--gpu` adds what
+//! CUPTI records of each step (a separate cached file): 48 kernels, the
+//! sampled ids' copy to pinned memory and the sync that waits for it, as
+//! vLLM's model runner ends a step (docs/attribution.md).
 
 use anyhow::{bail, Context, Result};
 use hopscope::event::{ConnKey, Dir};
@@ -122,7 +125,55 @@ fn arrive(g: &mut Gen, c: u64, k: u64, n: u64, at: u64) -> Req {
 }
 
 /// Writes the recording; returns its record count.
-fn generate(path: &Path, requests: u64) -> Result<u64> {
+/// GPU kernels per engine step (`--gpu`).
+const STEP_KERNELS: u64 = 48;
+
+/// One step's GPU work from `t` to its output at `end` (`--gpu`).
+fn gpu_step(g: &mut Gen, t: u64, end: u64) {
+    const PID: u32 = 3000;
+    let gap = (end - t - 600 * US) / STEP_KERNELS;
+    for k in 0..STEP_KERNELS {
+        let ts = t + 50 * US + k * gap;
+        g.emit(Record::GpuKernel {
+            ts_ns: ts,
+            end_ns: ts + gap * 2 / 3,
+            pid: PID,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation_id: (g.order & 0xffff_ffff) as u32,
+            graph_id: 0,
+            graph_node_id: 0,
+            name: ["ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "flash_fwd_splitkv_kernel", "rms_norm_kernel", "silu_and_mul_kernel"][(k % 4) as usize].into(),
+            grid: [132, 1, 1],
+            block: [128, 1, 1],
+            static_shared_mem: 0,
+            dynamic_shared_mem: 49_152,
+            registers_per_thread: 128,
+        });
+    }
+    g.emit(Record::GpuMemcpy {
+        ts_ns: end - 400 * US,
+        end_ns: end - 390 * US,
+        pid: PID,
+        device: 0,
+        context: 1,
+        stream: 7,
+        kind: 2,
+        src_kind: 3,
+        dst_kind: 2,
+        flags: 1,
+        bytes: 64,
+        correlation_id: 1,
+        runtime_correlation_id: 0,
+        graph_id: 0,
+        graph_node_id: 0,
+        peer: None,
+    });
+    g.emit(Record::GpuSync { ts_ns: end - 2 * MS, end_ns: end - 300 * US, pid: PID, sync_type: 1, context: 1, stream: None, correlation_id: 2, cuda_event: Some(3) });
+}
+
+fn generate(path: &Path, requests: u64, gpu: bool) -> Result<u64> {
     let meta = Meta { format_version: FORMAT_VERSION, hopscope_version: "bench".into(), chain_header: "x-session-id".into(), kernel: "synthetic".into(), ..Meta::default() };
     let tmp = path.with_extension("tmp");
     let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
@@ -152,6 +203,9 @@ fn generate(path: &Path, requests: u64) -> Result<u64> {
         let end = t + 12 * MS + if newcomers > 0 { 8 * MS } else { 0 } + g.range(0, 500) * US;
         let off_ns = t.saturating_sub(g.range(100, 900) * US);
         g.emit(Record::OffCpu { ts_ns: t, tid: 3001, tgid: 3000, off_ns, wake_ns: Some(t - 20 * US), prev_state: 1 });
+        if gpu {
+            gpu_step(&mut g, t, end);
+        }
         let mut outputs = Vec::with_capacity(running.len());
         let mut finished = Vec::new();
         for (i, (c, r)) in running.iter_mut().enumerate() {
@@ -250,11 +304,14 @@ pub fn run(args: &[String]) -> Result<()> {
         // The generator is slow unoptimised: rerun optimised.
         return crate::run(crate::cargo().args(["run", "--quiet", "--release", "-p", "xtask", "--", "bench-memory"]).args(args));
     }
-    let opts = crate::Opts::parse(
+    let opts = crate::Opts::parse_with_flags(
         args,
-        "cargo xtask bench-memory [--requests N (default 1000000)] [--baseline HOPSCOPE_BIN] [--runs N (default 1)]",
+        "cargo xtask bench-memory [--requests N (default 1000000)] [--baseline HOPSCOPE_BIN] [--runs N (default 1)] [--gpu]",
         &["--requests", "--baseline", "--runs"],
+        &["--gpu"],
     )?;
+    // CUPTI-shaped GPU work in every step: ~50 records a step more.
+    let gpu = opts.flag("--gpu");
     let n: u64 = opts.num("--requests", 1_000_000)?;
     // Another hopscope binary (e.g. an earlier build copied aside) run right
     // after ours on the same file: side-by-side figures and ratios.
@@ -275,14 +332,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = crate::root();
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)?;
-    let hop = dir.join(format!("synthetic-{n}-g{GENERATOR}.hop"));
+    let hop = dir.join(format!("synthetic-{n}-g{GENERATOR}{}.hop", if gpu { "-gpu" } else { "" }));
     let count_file = hop.with_extension("records");
     let records: u64 = match std::fs::read_to_string(&count_file).ok().and_then(|s| s.trim().parse().ok()).filter(|_| hop.exists()) {
         Some(c) => c,
         None => {
             eprintln!("bench-memory: writing {} (once)…", hop.display());
             let t = Instant::now();
-            let c = generate(&hop, n)?;
+            let c = generate(&hop, n, gpu)?;
             std::fs::write(&count_file, c.to_string())?;
             eprintln!("bench-memory: {c} records in {:.1} s", t.elapsed().as_secs_f64());
             c
@@ -290,7 +347,11 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let size = std::fs::metadata(&hop)?.len();
     let bin: PathBuf = root.join("target/release/hopscope");
-    println!("hopscope report --json / trace / report / diff --json, one core, synthetic vLLM-shaped recording: {n} requests, {records} records, {:.0} MiB", size as f64 / (1 << 20) as f64);
+    println!(
+        "hopscope report --json / trace / report / diff --json, one core, synthetic vLLM-shaped recording{}: {n} requests, {records} records, {:.0} MiB",
+        if gpu { " with CUPTI records" } else { "" },
+        size as f64 / (1 << 20) as f64
+    );
     let line = |what: &str, (dt, rss, cpu): (f64, f64, f64), extra: &str| {
         println!("  {what:<27}{:.2} M records/s ({dt:.1} s wall, {:.2} M per CPU second), peak RSS {rss:.0} MiB{extra}", records as f64 / dt / 1e6, records as f64 / cpu / 1e6);
     };
@@ -322,7 +383,7 @@ pub fn run(args: &[String]) -> Result<()> {
         line("baseline (report --json):", base, "");
         println!("{}", ratio(report, base));
     }
-    // Over its size threshold, so streamed (no request→step→kernel flows).
+    // Over its size threshold, so streamed.
     let trace = hop.with_extension("pftrace");
     let trace_arg = trace.to_string_lossy().into_owned();
     let mut trace_size = 0;

@@ -22,19 +22,29 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
-/// A task's `--name value` options, checked against the names it takes:
-/// `--help` prints `usage` and exits; anything else unknown is an error (a
-/// mistyped flag must not run a ten-minute benchmark with the defaults).
+/// A task's `--name value` options and `--flag`s, checked against the names
+/// it takes: `--help` prints `usage` and exits; anything else unknown is an
+/// error (a mistyped flag must not run a ten-minute benchmark with the
+/// defaults).
 pub(crate) struct Opts(Vec<(String, String)>);
 
 impl Opts {
     pub(crate) fn parse(args: &[String], usage: &str, names: &[&str]) -> Result<Opts> {
+        Self::parse_with_flags(args, usage, names, &[])
+    }
+
+    /// [`parse`](Self::parse) with `flags`: names that take no value.
+    pub(crate) fn parse_with_flags(args: &[String], usage: &str, names: &[&str], flags: &[&str]) -> Result<Opts> {
         let mut got = Vec::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
             if a == "--help" || a == "-h" {
                 println!("usage: {usage}");
                 std::process::exit(0);
+            }
+            if flags.contains(&a.as_str()) {
+                got.push((a.clone(), String::new()));
+                continue;
             }
             if !names.contains(&a.as_str()) {
                 bail!("unknown argument {a:?}\nusage: {usage}");
@@ -43,6 +53,11 @@ impl Opts {
             got.push((a.clone(), v.clone()));
         }
         Ok(Opts(got))
+    }
+
+    /// Whether the flag `name` was given.
+    pub(crate) fn flag(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == name)
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&str> {

@@ -279,7 +279,7 @@ impl GpuSteps {
                     _ => false,
                 };
                 let copy = GpuCopy { pid: *pid, device: *device, stream: *stream, start_ns: *ts_ns, end_ns: *end_ns, kind: *kind, bytes: *bytes, peer: peer.is_some(), host_pinned };
-                let cand = (*kind == COPY_DTOH && *dst_kind == MEM_PINNED && *bytes <= STEP_COPY_MAX_BYTES).then_some(Cand { start: *ts_ns, end: *end_ns, device: *device, stream: *stream });
+                let cand = is_step_copy(*kind, *dst_kind, *bytes).then_some(Cand { start: *ts_ns, end: *end_ns, device: *device, stream: *stream });
                 (*pid, Some(Act { start: *ts_ns, end: *end_ns, stream: *stream, what: What::Copy(copy) }), cand, None)
             }
             Record::GpuMemset { ts_ns, end_ns, pid, stream, .. } => (*pid, Some(Act { start: *ts_ns, end: *end_ns, stream: *stream, what: What::Memset }), None, None),
@@ -606,6 +606,13 @@ impl GpuShare {
 pub fn step_of(gpu_ends: &[u64], start_ns: u64) -> Option<usize> {
     let i = gpu_ends.partition_point(|&e| e < start_ns);
     (i < gpu_ends.len()).then_some(i)
+}
+
+/// A copy that may end a step (it does when a host synchronisation waited
+/// for it): small, device to pinned host memory. The trace marks the same
+/// copies (`sink::perfetto::raw::GpuMarks`), so one rule serves both.
+pub fn is_step_copy(kind: u8, dst_kind: u8, bytes: u64) -> bool {
+    kind == COPY_DTOH && dst_kind == MEM_PINNED && bytes <= STEP_COPY_MAX_BYTES
 }
 
 /// Where a step's compute time came from.

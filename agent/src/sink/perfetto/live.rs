@@ -78,11 +78,11 @@ impl Pass {
             // flows (see `stream`): the correlator's are let go.
             drop(self.c.take_steps());
             // GPU steps as the correlator decides them, so that they do not
-            // pile up to the recording's end; the streamed layout draws no
-            // flows, the only use of the steps' compute, so it is let go.
-            let (gpu_steps, _compute) = self.c.take_gpu_steps();
-            if !gpu_steps.is_empty() {
-                t.raw.gpu_steps(&mut t.w, &gpu_steps, &[])?;
+            // pile up to the recording's end, with their flows to the engine
+            // steps their compute matches.
+            let (gpu_steps, compute) = self.c.take_gpu_steps();
+            if !gpu_steps.is_empty() || !compute.is_empty() {
+                t.raw.gpu_steps(&mut t.w, &gpu_steps, &[], &compute)?;
             }
             rs.advance(&mut t.w, &mut t.raw)?;
         }
@@ -190,7 +190,7 @@ impl<W: Write> LiveTrace<W> {
             }
         }
         // The GPU steps are known only now (the correlator's), on their own sequence.
-        self.raw.gpu_steps(&mut self.w, &analysis.gpu_steps, &[])?;
+        self.raw.gpu_steps(&mut self.w, &analysis.gpu_steps, &[], &analysis.step_compute)?;
         // The whole analysis draws no request→step flows: none takes the steps'.
         self.raw.drop_step_flows();
         let g = groups(&mut self.w)?;
@@ -223,7 +223,7 @@ impl<W: Write> LiveTrace<W> {
         }
         // The GPU steps the correlator decided at its end (the rest were
         // drawn as they came), on their own sequences.
-        self.raw.gpu_steps(&mut self.w, &tail.gpu_steps, &[])?;
+        self.raw.gpu_steps(&mut self.w, &tail.gpu_steps, &[], &tail.step_compute)?;
         let last_ts = self.last_ts;
         let mut stats = rs.finish(&mut self.w, &mut self.raw, meta, &mut tail, last_ts, read_error)?;
         stats.processes = self.w.processes() as u64;

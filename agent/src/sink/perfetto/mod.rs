@@ -113,7 +113,9 @@ pub struct TraceStats {
     /// Counter samples older than their track's previous one (not drawn).
     pub counter_values_skipped: u64,
     /// Flows from a request's prefill/decode slice to the engine steps that
-    /// served it, and from a step to its first and last kernel.
+    /// served it; from a GPU step to each of its processes' first kernel
+    /// and end copy (without GPU steps: from an engine step to the first and
+    /// last kernel that started in it).
     pub step_flows: u64,
     pub kernel_flows: u64,
     /// Request→step flows left out: beyond the first [`FLOW_HEAD`] and the last, or to a
@@ -133,13 +135,17 @@ pub struct TraceStats {
     /// Streamed request part only ([`stream`]): requests left out because
     /// they would start before what was already written.
     pub requests_late: u64,
-    /// Live and streamed: engine steps during which kernels were drawn, and
-    /// GPU steps, drawn without their flows to GPU steps and kernels.
+    /// Live and streamed, in recordings with kernels but no GPU step (no
+    /// CUPTI step ends): engine steps during which kernels were drawn, drawn
+    /// without flows to them (the whole layout's time rule needs the step
+    /// before its kernels).
     pub flows_not_streamed: u64,
-    /// Live and streamed: flow ids written on steps that no request slice
-    /// names (its request or phase was not drawn); trace processor ignores
-    /// them, and the trace says how many (`trace.flows_unlinked`, which
-    /// [`check`] verifies).
+    /// Live and streamed: flow ids written that no other slice names: on
+    /// steps, for a request or phase not drawn; on GPU work and engine
+    /// steps, for a GPU step that does not come (a candidate end copy that
+    /// ended no step, an engine step no GPU step matched). Trace processor
+    /// ignores them, and the trace says how many (`trace.flows_unlinked`,
+    /// which [`check`] verifies).
     pub flows_unlinked: u64,
     /// Streamed only: the most requests the request part held at once
     /// (handed out by the correlator, not yet written), and its largest queue
@@ -149,7 +155,9 @@ pub struct TraceStats {
 }
 
 impl TraceStats {
-    fn add_raw(&mut self, r: &RawStats) {
+    /// `from_records`: the raw part drew the GPU steps' flows (live and
+    /// streamed), not the whole layout's plan, which counts its own.
+    fn add_raw(&mut self, r: &RawStats, from_records: bool) {
         self.offcpu_slices = r.offcpu_slices;
         self.offcpu_skipped = r.offcpu_skipped;
         self.gpu_slices = r.gpu_slices;
@@ -162,7 +170,13 @@ impl TraceStats {
         self.flows_unmapped = r.flows_unmapped;
         self.flows_capped = r.flows_capped;
         self.flows_unlinked = r.flows_unlinked;
-        self.flows_not_streamed = r.gpu_flows_not_drawn;
+        // With GPU steps every layout draws kernels' flows from them; without,
+        // by time, which only the whole layout can.
+        self.flows_not_streamed = if r.gpu_steps + r.gpu_steps_skipped > 0 { 0 } else { r.gpu_flows_not_drawn };
+        if from_records {
+            self.gpu_step_flows = r.gpu_step_flows;
+            self.kernel_flows = r.kernel_flows;
+        }
     }
 }
 
@@ -261,6 +275,7 @@ pub struct Ends {
 struct Flows {
     steps: Vec<Ends>,
     gpu_steps: Vec<Ends>,
+    /// By record index: kernels and copies (GPU steps' ends).
     kernels: HashMap<u32, Ends>,
     phases: HashMap<(u32, Phase), Ends>,
 }
@@ -415,26 +430,14 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
     let mut spans: Vec<(u64, u64, u32)> = step_span.iter().enumerate().filter_map(|(k, s)| s.map(|(a, b)| (a, b, k as u32))).collect();
     spans.sort_unstable();
 
-    // With CUPTI step ends, kernels go to the GPU step that ran them (the
-    // correlator's own rule, `gpu::step_of`, per process) and each engine
-    // step links to its matched GPU step; without them, the time rule above.
+    // With CUPTI step ends, each GPU step flows to each of its processes'
+    // first kernel and end copy (`raw::GpuMarks`: the rule live and streamed
+    // traces follow too) and each engine step to its matched GPU step;
+    // without them, engine steps to their first and last kernel by time.
     let gpu_steps = &analysis.gpu_steps;
     let gpu_rule = !gpu_steps.is_empty();
     let gpu_lanes = raw::gpu_step_lanes(gpu_steps, t0);
-    // Per process: its ranks' step-end copies in order, with (rank start, GPU step).
-    type RankEnds = (Vec<u64>, Vec<(u64, u32)>);
-    let mut rank_ends: HashMap<u32, RankEnds> = HashMap::new();
     if gpu_rule {
-        let mut per: HashMap<u32, Vec<(u64, u64, u32)>> = HashMap::new();
-        for (g, st) in gpu_steps.iter().enumerate() {
-            for r in &st.ranks {
-                per.entry(r.pid).or_default().push((r.gpu_end_ns, r.start_ns, g as u32));
-            }
-        }
-        for (pid, mut v) in per {
-            v.sort_unstable();
-            rank_ends.insert(pid, (v.iter().map(|x| x.0).collect(), v.iter().map(|x| (x.1, x.2)).collect()));
-        }
         let by_gpu_end: HashMap<u64, usize> = gpu_steps.iter().enumerate().map(|(g, st)| (st.gpu_end_ns, g)).collect();
         let mut by_end: HashMap<u64, usize> = HashMap::new();
         for (k, st) in analysis.steps.iter().enumerate() {
@@ -449,46 +452,54 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
             stats.gpu_step_flows += 1;
         }
     }
-    // Per step (engine or GPU): its first and last kernel, as (GPU start, record index).
+    // Per engine step (time rule): its first and last kernel, as (GPU start, record index).
     type FirstLast = Option<((u64, u32), (u64, u32))>;
-    let mut step_kernels: Vec<FirstLast> = vec![None; if gpu_rule { gpu_steps.len() } else { analysis.steps.len() }];
+    let mut step_kernels: Vec<FirstLast> = vec![None; if gpu_rule { 0 } else { analysis.steps.len() }];
+    // GPU rule: each process's marked records, as (record index, GPU start).
+    let mut marks = raw::GpuMarks::default();
+    let mut rank_ends: HashMap<u32, raw::RankEnds<(u32, u64)>> = HashMap::new();
     let mut lanes = raw::Lanes::default();
     for (i, rec) in records.iter().enumerate() {
         let Some((ts, end, pid, device, stream)) = raw::gpu_item(rec) else { continue };
-        if end < ts || ts < t0 || lanes.place((pid, device, stream), ts, end).is_none() {
+        // Placed as the raw part will place them: only slices get flows.
+        let drawn = !(end < ts || ts < t0) && lanes.place((pid, device, stream), ts, end).is_some();
+        if gpu_rule {
+            if let Some(m) = marks.mark(rec, drawn) {
+                rank_ends.entry(pid).or_default().push(m, ts, end, (i as u32, ts));
+            }
             continue;
         }
-        if !matches!(rec, Record::GpuKernel { .. }) {
+        if !drawn || !matches!(rec, Record::GpuKernel { .. }) || !(engine_pids.is_empty() || engine_pids.contains(&pid)) {
             continue;
         }
-        let k = if gpu_rule {
-            rank_ends.get(&pid).and_then(|(ends, at)| {
-                let (start, g) = at[crate::correlate::gpu::step_of(ends, ts)?];
-                (start <= ts && gpu_lanes[g as usize].is_some()).then_some(g)
-            })
-        } else if engine_pids.is_empty() || engine_pids.contains(&pid) {
-            step_at(&spans, ts)
-        } else {
-            None
-        };
-        if let Some(k) = k {
+        if let Some(k) = step_at(&spans, ts) {
             let e = step_kernels[k as usize].get_or_insert(((ts, i as u32), (ts, i as u32)));
             e.0 = e.0.min((ts, i as u32));
             e.1 = e.1.max((ts, i as u32));
         }
     }
+    let mut prev_end: HashMap<u32, u64> = HashMap::new();
+    let mut gone = Vec::new();
+    for (g, st) in gpu_steps.iter().enumerate() {
+        for r in &st.ranks {
+            let prev = prev_end.insert(r.pid, r.gpu_end_ns);
+            let (first, copy) = rank_ends.entry(r.pid).or_default().take(prev, r.start_ns, r.gpu_end_ns, &mut gone);
+            gone.clear();
+            let Some((_, tg, _)) = gpu_lanes[g] else { continue };
+            for (rec, tk) in first.into_iter().chain(copy) {
+                let id = w.new_flow_id();
+                Flows::link(id, &mut flows.gpu_steps[g], tg, flows.kernels.entry(rec).or_default(), tk);
+                stats.kernel_flows += 1;
+            }
+        }
+    }
     for (k, fl) in step_kernels.iter().enumerate() {
         let Some(((t_first, first), (t_last, last))) = *fl else { continue };
-        let (ta, target) = if gpu_rule {
-            let (_, tg, _) = gpu_lanes[k].expect("kernels only go to drawn GPU steps");
-            (tg, &mut flows.gpu_steps[k])
-        } else {
-            (step_span[k].expect("kernels only go to drawn steps").0, &mut flows.steps[k])
-        };
+        let ta = step_span[k].expect("kernels only go to drawn steps").0;
         let ends = if first == last { vec![(first, t_first)] } else { vec![(first, t_first), (last, t_last)] };
         for (rec, tk) in ends {
             let id = w.new_flow_id();
-            Flows::link(id, target, ta, flows.kernels.entry(rec).or_default(), tk);
+            Flows::link(id, &mut flows.steps[k], ta, flows.kernels.entry(rec).or_default(), tk);
             stats.kernel_flows += 1;
         }
     }
@@ -572,7 +583,7 @@ pub fn write_trace_with<W: Write>(out: W, input: TraceInput<'_>, enc: Encoding) 
         };
         raw.step(&mut w, &info, flows.steps.get(k))?;
     }
-    raw.gpu_steps(&mut w, &analysis.gpu_steps, &flows.gpu_steps)?;
+    raw.gpu_steps(&mut w, &analysis.gpu_steps, &flows.gpu_steps, &[])?;
 
     write_requests(&mut w, &mut raw, &g, input, Some(&flows), t0, t_end, &mut stats)?;
     stats.processes = w.processes() as u64;
@@ -598,7 +609,7 @@ fn write_requests<W: Write>(
     let TraceInput { meta, analysis, read_error, .. } = input;
     stats.requests = analysis.requests.len() as u64;
     stats.chains = analysis.chains.len() as u64;
-    stats.add_raw(&raw.stats);
+    stats.add_raw(&raw.stats, raw.draws_gpu_flows());
     w.use_new_sequence();
     let meta_track = raw.meta_track(w);
     let mut items: Vec<Timed> = vec![Timed { ts: t0, item: Item::Meta }];
@@ -782,7 +793,7 @@ fn write_requests<W: Write>(
             }
         }
     }
-    stats.add_raw(&raw.stats);
+    stats.add_raw(&raw.stats, raw.draws_gpu_flows());
     Ok(())
 }
 

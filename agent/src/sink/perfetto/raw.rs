@@ -55,9 +55,15 @@ pub struct RawStats {
     pub flows_capped: u64,
     pub flows_unlinked: u64,
     /// Steps drawn from records: engine steps during which kernels were
-    /// drawn, and GPU steps, whose flows to GPU steps and kernels are not
-    /// drawn (their kernels were written before the step was known).
+    /// drawn. Without CUPTI step ends their kernels are theirs by time, a
+    /// rule a streamed trace cannot follow (kernels come before their step
+    /// is known): they get no flows when no GPU step is in the recording.
     pub gpu_flows_not_drawn: u64,
+    /// Steps drawn from records: flows from engine steps to their GPU steps,
+    /// and from GPU steps to their first kernel and end copy
+    /// ([`GpuMarks`]). The whole layout counts its own (`plan_flows`).
+    pub gpu_step_flows: u64,
+    pub kernel_flows: u64,
 }
 
 /// A request's place in the steps drawn from records (live and streamed
@@ -191,6 +197,180 @@ pub fn gpu_item(rec: &Record) -> Option<(u64, u64, u32, u32, u32)> {
     }
 }
 
+/// What a GPU record is to the GPU steps' flows ([`GpuMarks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMark {
+    /// A copy that may end a step ([`crate::correlate::gpu::is_step_copy`]).
+    StepCopy,
+    /// The first drawn kernel of its process to start after one of its
+    /// step copies ended.
+    FirstKernel,
+}
+
+/// Step copies a process may have pending (ends no drawn kernel has passed):
+/// past this the latest are forgotten (a process that copies but runs no
+/// kernels), which only costs flows.
+const PENDING_COPIES_MAX: usize = 64;
+
+/// The rule GPU steps' flows follow in every layout: a GPU step flows, on
+/// each of its processes (ranks), to its end copy and to the first kernel
+/// that process started after its previous step's end copy finished, when
+/// that kernel lies in the step (a process's first step has no such copy
+/// before it: only its end copy; marking every process's first kernel would
+/// leave ids no step names in recordings without step copies).
+/// Both are known as the record is drawn — the recording is in start order,
+/// so a copy is read before anything that starts after it ends — while the
+/// correlator decides the step only a sync later: a streamed trace marks the
+/// candidates as it draws them, with flow ids the GPU step names when it
+/// comes; copies that turn out to end no step are candidates too (their ids
+/// are counted unlinked). The whole layout runs the same marks ahead of
+/// drawing, so both draw the same flows.
+#[derive(Default)]
+pub struct GpuMarks {
+    procs: FxMap<u32, MarkState>,
+    /// A step copy was seen: engine steps may get a GPU step.
+    pub step_copies: bool,
+}
+
+#[derive(Default)]
+struct MarkState {
+    /// Ends of step copies no drawn kernel has started after yet.
+    pending: Vec<u64>,
+}
+
+impl GpuMarks {
+    /// Marks `rec` (in recording order, every GPU record: `drawn` says
+    /// whether it got a slice; only drawn ones are marked, but every step
+    /// copy ends a stretch).
+    pub fn mark(&mut self, rec: &Record, drawn: bool) -> Option<GpuMark> {
+        match rec {
+            Record::GpuMemcpy { ts_ns, end_ns, pid, kind, dst_kind, bytes, .. } if crate::correlate::gpu::is_step_copy(*kind, *dst_kind, *bytes) => {
+                // What the correlator cannot place cannot end its steps.
+                if *ts_ns == 0 || end_ns < ts_ns {
+                    return None;
+                }
+                self.step_copies = true;
+                let p = self.procs.entry(*pid).or_default();
+                if p.pending.len() < PENDING_COPIES_MAX {
+                    p.pending.push(*end_ns);
+                }
+                drawn.then_some(GpuMark::StepCopy)
+            }
+            Record::GpuKernel { ts_ns, pid, .. } if drawn => {
+                let p = self.procs.get_mut(pid)?;
+                let first = p.pending.iter().any(|e| e < ts_ns);
+                p.pending.retain(|e| e >= ts_ns);
+                first.then_some(GpuMark::FirstKernel)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One process's marked records ([`GpuMarks`]) not yet taken by a GPU step,
+/// in order: first kernels by start, step copies by end; `T` is what the
+/// layout keeps of each (a flow id, a record's index).
+#[derive(Debug)]
+pub struct RankEnds<T> {
+    firsts: VecDeque<(u64, T)>,
+    copies: VecDeque<(u64, T)>,
+}
+
+impl<T> Default for RankEnds<T> {
+    fn default() -> Self {
+        RankEnds { firsts: VecDeque::new(), copies: VecDeque::new() }
+    }
+}
+
+impl<T: Copy> RankEnds<T> {
+    pub fn push(&mut self, mark: GpuMark, start: u64, end: u64, t: T) {
+        match mark {
+            GpuMark::FirstKernel => self.firsts.push_back((start, t)),
+            GpuMark::StepCopy => {
+                // Copies on several streams may end out of order.
+                let at = self.copies.iter().rposition(|c| c.0 <= end).map_or(0, |i| i + 1);
+                self.copies.insert(at, (end, t));
+            }
+        }
+    }
+
+    /// The ends of this process's step that `start`s and ends (its end copy
+    /// finishes) at `end`, its previous one having ended at `prev`: its first
+    /// kernel and its end copy. Marks before it are let go: returned too.
+    pub fn take(&mut self, prev: Option<u64>, start: u64, end: u64, gone: &mut Vec<T>) -> (Option<T>, Option<T>) {
+        while let Some(&(_, t)) = self.firsts.front().filter(|f| prev.is_some_and(|p| f.0 <= p)) {
+            gone.push(t);
+            self.firsts.pop_front();
+        }
+        let first = match self.firsts.front() {
+            Some(&(ts, t)) if start <= ts && ts <= end => {
+                self.firsts.pop_front();
+                Some(t)
+            }
+            _ => None,
+        };
+        while let Some(&(_, t)) = self.copies.front().filter(|c| c.0 < end) {
+            gone.push(t);
+            self.copies.pop_front();
+        }
+        let copy = match self.copies.front() {
+            Some(&(e, t)) if e == end => {
+                self.copies.pop_front();
+                Some(t)
+            }
+            _ => None,
+        };
+        (first, copy)
+    }
+
+    /// Lets go of marks before `cut` (their start, a copy's end).
+    fn let_go_before(&mut self, cut: u64, gone: &mut u64) {
+        for q in [&mut self.firsts, &mut self.copies] {
+            while q.front().is_some_and(|f| f.0 < cut) {
+                q.pop_front();
+                *gone += 1;
+            }
+        }
+    }
+
+    /// Lets go of the older half of its marks (a live trace's cap).
+    fn let_go_half(&mut self, gone: &mut u64) {
+        for q in [&mut self.firsts, &mut self.copies] {
+            let n = q.len() / 2;
+            q.drain(..n);
+            *gone += n as u64;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.firsts.len() + self.copies.len()
+    }
+}
+
+/// Streamed `hopscope trace`: a GPU step is handed out at most this long
+/// after its records (the correlator's longest wait for a step end, its
+/// match wait and a step's lag behind its output, a drain tick, slack); the
+/// flow ids of marks and engine steps not taken by then are let go.
+pub const GPU_FLOWS_KEEP_NS: u64 = crate::correlate::gpu::MAX_STEP_NS + crate::correlate::gpu::MATCH_WAIT_NS + crate::correlate::gpu::IPC_AFTER_GPU_MAX_NS + 10_000_000_000;
+
+/// Live traces draw GPU steps at the stop: marks and engine steps kept for
+/// them, at most this many per process and for the engine steps (the oldest
+/// half let go past it; 16 bytes each).
+pub const LIVE_GPU_FLOW_MARKS: usize = 1 << 18;
+
+/// The ids live and streamed traces put on GPU work and engine steps for
+/// the GPU steps to name.
+#[derive(Default)]
+struct GpuFlowIds {
+    /// Per process: its marks' flow ids.
+    procs: FxMap<u32, RankEnds<u64>>,
+    /// Per process: the end of its latest GPU step handed to the layout.
+    prev_end: FxMap<u32, u64>,
+    /// Engine steps drawn with an id for their GPU step: (end, id).
+    engine: VecDeque<(u64, u64)>,
+    pruned_at: u64,
+}
+
 /// Where step slices go: (start, end, slice?) from a step's end, or None when
 /// it ended before the previous one.
 #[derive(Default)]
@@ -286,6 +466,13 @@ pub struct RawLayout {
     step_ids: Vec<u64>,
     /// Kernels were drawn since the last step (live steps).
     kernels_since_step: bool,
+    /// GPU steps' flows: the marks (every layout) and, for steps drawn from
+    /// records, their ids until the GPU steps name them.
+    marks: GpuMarks,
+    gpu_ids: GpuFlowIds,
+    /// Live: the most GPU flow ids kept per process and for engine steps
+    /// ([`LIVE_GPU_FLOW_MARKS`]).
+    gpu_ids_cap: usize,
     rate: VecDeque<(u64, u64)>,
     rate_sum: u64,
     rate_track: Option<TrackId>,
@@ -319,6 +506,9 @@ impl RawLayout {
             step_reqs_pruned_at: 0,
             step_ids: Vec::new(),
             kernels_since_step: false,
+            marks: GpuMarks::default(),
+            gpu_ids: GpuFlowIds::default(),
+            gpu_ids_cap: LIVE_GPU_FLOW_MARKS,
             rate: VecDeque::new(),
             rate_sum: 0,
             rate_track: None,
@@ -427,8 +617,8 @@ impl RawLayout {
                     (Some(Dir::Out), Dir::In) => return Ok(()),
                     _ => self.step_dir = Some(*dir),
                 }
-                let built = timestamp_s.filter(|s| s.is_finite() && *s > 0.0 && *s < 1e10).map(|s| (s * 1e9).round() as u64);
-                let end_ns = built.filter(|b| b <= ts_ns).unwrap_or(*ts_ns);
+                // The correlator's end: its GPU step is matched by it.
+                let end_ns = crate::correlate::oncpu::step_end_of(*ts_ns, *timestamp_s);
                 let span = self.step_clock.next(end_ns);
                 let mut firsts = 0;
                 let mut ids = std::mem::take(&mut self.step_ids);
@@ -481,6 +671,12 @@ impl RawLayout {
                         if std::mem::take(&mut self.kernels_since_step) {
                             self.stats.gpu_flows_not_drawn += 1;
                         }
+                        if self.marks.step_copies {
+                            // Its GPU step names this id when the correlator matches them.
+                            let id = w.new_flow_id();
+                            ids.push(id);
+                            self.gpu_ids.engine.push_back((end_ns, id));
+                        }
                         self.draw_step(w, &info, span, &ids, &[])
                     }
                     None => {
@@ -491,6 +687,7 @@ impl RawLayout {
                 self.step_ids = ids;
                 r?;
                 self.prune_step_reqs(end_ns);
+                self.prune_gpu_ids(end_ns);
             }
             Record::EngineStats { ts_ns, engine_index, kv_cache_usage: Some(u), .. } => {
                 let t = match self.kv_tracks.get(engine_index) {
@@ -585,14 +782,25 @@ impl RawLayout {
 
     fn gpu<W: Write>(&mut self, w: &mut TraceWriter<W>, rec: &Record, flows: Option<&Ends>) -> Result<(), PerfettoError> {
         let Some((ts, end, pid, device, stream)) = gpu_item(rec) else { return Ok(()) };
-        if end < ts || ts < self.t0 {
-            self.stats.gpu_skipped += 1;
-            return Ok(());
-        }
-        let Some(lane) = self.lanes.place((pid, device, stream), ts, end) else {
+        let lane = if end < ts || ts < self.t0 { None } else { self.lanes.place((pid, device, stream), ts, end) };
+        let mark = self.marks.mark(rec, lane.is_some());
+        let Some(lane) = lane else {
             self.stats.gpu_skipped += 1;
             return Ok(());
         };
+        // Live and streamed: the GPU step that ends or starts here names this id.
+        let mut own = [0u64];
+        let flows = match mark {
+            Some(m) if self.steps_from_records => {
+                own[0] = w.new_flow_id();
+                self.gpu_ids.procs.entry(pid).or_default().push(m, ts, end, own[0]);
+                None
+            }
+            _ => flows,
+        };
+        if self.steps_from_records {
+            self.prune_gpu_ids(ts);
+        }
         let track = match self.lane_tracks.get(&(pid, device, stream, lane)) {
             Some(&t) => t,
             None => {
@@ -605,7 +813,11 @@ impl RawLayout {
                 t
             }
         };
-        let (starts, ends) = flows.map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
+        let (starts, ends) = match flows {
+            Some(f) => (f.start.as_slice(), f.end.as_slice()),
+            None if mark.is_some() && self.steps_from_records => (&own[..], &[][..]),
+            None => (&[][..], &[][..]),
+        };
         match rec {
             Record::GpuKernel { name, grid, block, graph_id, correlation_id, .. } => {
                 let (mut gb, mut bb) = ([0u8; DIMS_MAX], [0u8; DIMS_MAX]);
@@ -623,7 +835,7 @@ impl RawLayout {
             }
             Record::GpuMemcpy { kind, bytes, graph_id, .. } => {
                 let args = [Arg::u64("bytes", *bytes), Arg::u64("graph_id", *graph_id as u64)];
-                w.begin(ts, track, &Event::named(memcpy_name(*kind)).args(&args))?;
+                w.begin(ts, track, &Event::named(memcpy_name(*kind)).args(&args).flows(starts).terminating_flows(ends))?;
             }
             Record::GpuMemset { bytes, .. } => {
                 let args = [Arg::u64("bytes", *bytes)];
@@ -637,12 +849,54 @@ impl RawLayout {
     }
 
     /// Draws the GPU steps (CUPTI step ends, in order) on the "GPU steps"
-    /// track and its overlap lanes; `flows[k]`: step k's flow ends.
-    pub fn gpu_steps<W: Write>(&mut self, w: &mut TraceWriter<W>, steps: &[crate::correlate::gpu::GpuStep], flows: &[Ends]) -> Result<(), PerfettoError> {
+    /// track and its overlap lanes; `flows[k]`: step k's flow ends (the
+    /// whole layout's plan). Steps drawn from records name the ids their
+    /// marked GPU work carries ([`GpuMarks`]) and those of the engine steps
+    /// `compute` (the correlator's, decided with them) matches them to.
+    pub fn gpu_steps<W: Write>(&mut self, w: &mut TraceWriter<W>, steps: &[crate::correlate::gpu::GpuStep], flows: &[Ends], compute: &[crate::correlate::gpu::StepCompute]) -> Result<(), PerfettoError> {
+        let mut from_engine: FxMap<u64, Vec<u64>> = FxMap::default();
+        if self.steps_from_records {
+            let mut matured = None;
+            for c in compute {
+                matured = matured.max(Some(c.end_ns));
+                let Some(g) = c.gpu_end_ns else { continue };
+                if let Some(at) = self.gpu_ids.engine.iter().position(|e| e.0 == c.end_ns) {
+                    let (_, id) = self.gpu_ids.engine.remove(at).expect("found");
+                    from_engine.entry(g).or_default().push(id);
+                }
+            }
+            // Engine steps matched in order: those before the latest matched
+            // one that nothing matched never will be.
+            while self.gpu_ids.engine.front().is_some_and(|e| matured.is_some_and(|m| e.0 < m)) {
+                self.gpu_ids.engine.pop_front();
+                self.stats.flows_unlinked += 1;
+            }
+        }
+        let mut ids: Vec<u64> = Vec::new();
+        let mut gone: Vec<u64> = Vec::new();
         for (k, g) in steps.iter().enumerate() {
             // The step's number in the recording: this call may draw a later part of them.
             let index = self.stats.gpu_steps + self.stats.gpu_steps_skipped;
-            let Some((lane, start, end)) = self.gpu_step_lanes.place(g, self.t0) else {
+            let placed = self.gpu_step_lanes.place(g, self.t0);
+            ids.clear();
+            if self.steps_from_records {
+                for r in &g.ranks {
+                    let prev = self.gpu_ids.prev_end.insert(r.pid, r.gpu_end_ns);
+                    let (first, copy) = self.gpu_ids.procs.entry(r.pid).or_default().take(prev, r.start_ns, r.gpu_end_ns, &mut gone);
+                    ids.extend(first.into_iter().chain(copy));
+                }
+                let n = ids.len() as u64;
+                ids.extend(from_engine.remove(&g.gpu_end_ns).unwrap_or_default());
+                self.stats.flows_unlinked += gone.len() as u64;
+                gone.clear();
+                if placed.is_some() {
+                    self.stats.kernel_flows += n;
+                    self.stats.gpu_step_flows += ids.len() as u64 - n;
+                } else {
+                    self.stats.flows_unlinked += ids.len() as u64;
+                }
+            }
+            let Some((lane, start, end)) = placed else {
                 self.stats.gpu_steps_skipped += 1;
                 continue;
             };
@@ -664,16 +918,59 @@ impl RawLayout {
             if let Some(t) = g.tokens {
                 args.push(Arg::u64("tokens", t));
             }
-            let (starts, ends) = flows.get(k).map_or((&[][..], &[][..]), |f| (f.start.as_slice(), f.end.as_slice()));
+            let (starts, ends) = match flows.get(k) {
+                Some(f) => (f.start.as_slice(), f.end.as_slice()),
+                None => (ids.as_slice(), &[][..]),
+            };
             let track = self.gpu_step_tracks[lane as usize];
             w.begin(start, track, &Event::named(names::GPU_STEP).args(&args).flows(starts).terminating_flows(ends))?;
             w.end(end, track)?;
             self.stats.gpu_steps += 1;
-            if self.steps_from_records {
-                self.stats.gpu_flows_not_drawn += 1;
+        }
+        // A matched GPU step not among these (not expected: the correlator
+        // hands both out together).
+        self.stats.flows_unlinked += from_engine.values().map(|v| v.len() as u64).sum::<u64>();
+        Ok(())
+    }
+
+    /// Lets go of GPU flow ids no GPU step will name (see
+    /// [`GPU_FLOWS_KEEP_NS`], [`LIVE_GPU_FLOW_MARKS`]); checked once a
+    /// second of records.
+    fn prune_gpu_ids(&mut self, now: u64) {
+        let (g, cap) = (&mut self.gpu_ids, self.gpu_ids_cap);
+        if now < g.pruned_at.saturating_add(1_000_000_000) {
+            return;
+        }
+        g.pruned_at = now;
+        let mut gone = 0;
+        match self.step_reqs_keep {
+            // Streamed: by age.
+            Some(_) => {
+                let cut = now.saturating_sub(GPU_FLOWS_KEEP_NS);
+                for p in g.procs.values_mut() {
+                    p.let_go_before(cut, &mut gone);
+                }
+                while g.engine.front().is_some_and(|e| e.0 < cut) {
+                    g.engine.pop_front();
+                    gone += 1;
+                }
+            }
+            // Live: by count.
+            None => {
+                for p in g.procs.values_mut() {
+                    if p.len() > cap {
+                        p.let_go_half(&mut gone);
+                    }
+                }
+                if g.engine.len() > cap {
+                    let n = g.engine.len() / 2;
+                    g.engine.drain(..n);
+                    gone += n as u64;
+                }
             }
         }
-        Ok(())
+        g.procs.retain(|_, p| p.len() > 0);
+        self.stats.flows_unlinked += gone;
     }
 
     /// Draws one engine step (in step order) and the tokens/s counter.
@@ -706,12 +1003,22 @@ impl RawLayout {
         self.stats.flows_unlinked += unlinked;
     }
 
-    /// The end: no request takes the step flows left.
+    /// The end: no request takes the step flows left, and no GPU step the
+    /// GPU flows.
     pub fn drop_step_flows(&mut self) {
         for (_, e) in self.step_reqs.drain() {
             self.stats.flows_unmapped += u64::from(e.drawn[0] + e.drawn[1]);
             self.stats.flows_unlinked += e.count(false) + e.count(true);
         }
+        let g = std::mem::take(&mut self.gpu_ids);
+        self.stats.flows_unlinked += g.engine.len() as u64 + g.procs.values().map(|p| p.len() as u64).sum::<u64>();
+    }
+
+    /// Whether this layout counts its step→GPU step and GPU step→kernel
+    /// flows itself (steps drawn from records) rather than the whole
+    /// layout's plan.
+    pub fn draws_gpu_flows(&self) -> bool {
+        self.steps_from_records
     }
 
     /// Lets go of requests no request slice will take (see
@@ -961,5 +1268,123 @@ mod tests {
         let a = raw.take_step_flows("a").unwrap();
         assert_eq!((a.drawn, a.count(false), a.count(true)), ([1, 0], 1, 0), "a fresh prefill");
         assert_eq!((raw.stats.flows_unmapped, raw.stats.flows_unlinked), (1, 1), "the first one's flow is not taken");
+    }
+
+    fn gpu(ts: u64, end: u64, copy: Option<(u8, u8, u64)>) -> Record {
+        match copy {
+            Some((kind, dst_kind, bytes)) => Record::GpuMemcpy {
+                ts_ns: ts,
+                end_ns: end,
+                pid: 9,
+                device: 0,
+                context: 1,
+                stream: 7,
+                kind,
+                src_kind: 3,
+                dst_kind,
+                flags: 1,
+                bytes,
+                correlation_id: 1,
+                runtime_correlation_id: 0,
+                graph_id: 0,
+                graph_node_id: 0,
+                peer: None,
+            },
+            None => Record::GpuKernel {
+                ts_ns: ts,
+                end_ns: end,
+                pid: 9,
+                device: 0,
+                context: 1,
+                stream: 7,
+                correlation_id: 1,
+                graph_id: 0,
+                graph_node_id: 0,
+                name: "k".into(),
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                static_shared_mem: 0,
+                dynamic_shared_mem: 0,
+                registers_per_thread: 32,
+            },
+        }
+    }
+
+    const STEP_COPY: Option<(u8, u8, u64)> = Some((2, 2, 64));
+
+    #[test]
+    fn gpu_marks_are_step_copies_and_the_first_drawn_kernel_after_one_ends() {
+        let mut m = GpuMarks::default();
+        assert_eq!(m.mark(&gpu(10, 20, None), true), None, "no step copy before it");
+        assert!(!m.step_copies);
+        assert_eq!(m.mark(&gpu(30, 100, STEP_COPY), true), Some(GpuMark::StepCopy));
+        assert!(m.step_copies);
+        assert_eq!(m.mark(&gpu(40, 60, Some((1, 2, 64))), true), None, "host to device");
+        assert_eq!(m.mark(&gpu(41, 60, Some((2, 1, 64))), true), None, "to pageable memory");
+        assert_eq!(m.mark(&gpu(42, 60, Some((2, 2, 1 << 20))), true), None, "KV-sized");
+        assert_eq!(m.mark(&gpu(90, 95, None), true), None, "started before the copy ended: its step's");
+        assert_eq!(m.mark(&gpu(150, 160, None), true), Some(GpuMark::FirstKernel));
+        assert_eq!(m.mark(&gpu(160, 170, None), true), None);
+        // A copy not drawn still ends a stretch; a kernel not drawn is not marked and marks nothing.
+        assert_eq!(m.mark(&gpu(180, 200, STEP_COPY), false), None);
+        assert_eq!(m.mark(&gpu(250, 260, None), false), None);
+        assert_eq!(m.mark(&gpu(260, 270, None), true), Some(GpuMark::FirstKernel));
+        assert_eq!(m.mark(&gpu(0, 300, STEP_COPY), true), None, "a zero start places nothing");
+        assert_eq!(m.mark(&gpu(310, 320, None), true), None);
+    }
+
+    #[test]
+    fn rank_ends_give_a_step_its_first_kernel_and_end_copy_and_let_go_of_what_came_before() {
+        let mut e: RankEnds<u32> = RankEnds::default();
+        // Two streams' copies ending out of order; first kernels in start order.
+        e.push(GpuMark::StepCopy, 90, 100, 1);
+        e.push(GpuMark::FirstKernel, 110, 120, 2);
+        e.push(GpuMark::FirstKernel, 150, 160, 3);
+        e.push(GpuMark::StepCopy, 240, 300, 4);
+        e.push(GpuMark::StepCopy, 230, 250, 5);
+        e.push(GpuMark::FirstKernel, 310, 320, 6);
+        let mut gone = Vec::new();
+        // Its first step: nothing before it to start after, only its end copy.
+        assert_eq!(e.take(None, 80, 100, &mut gone), (None, Some(1)));
+        // (100, 250]: kernel 2; kernel 3 stays (after a copy that ended no step? not known yet).
+        assert_eq!(e.take(Some(100), 105, 250, &mut gone), (Some(2), Some(5)));
+        assert!(gone.is_empty());
+        // (250, 300]: kernel 3 started before 250: let go; copy 4 ends it.
+        assert_eq!(e.take(Some(250), 260, 300, &mut gone), (None, Some(4)));
+        assert_eq!(gone, [3]);
+        // A step whose work starts after the marked kernel: not its first.
+        gone.clear();
+        assert_eq!(e.take(Some(300), 315, 400, &mut gone), (None, None));
+        assert_eq!(e.len(), 1);
+    }
+
+    #[test]
+    fn gpu_flow_ids_no_gpu_step_names_are_let_go_by_age_when_streamed_and_by_count_when_live() {
+        const S: u64 = 1_000_000_000;
+        let mut w = TraceWriter::with_encoding(Vec::new(), 0, super::super::Encoding::PLAIN).unwrap();
+        let mut raw = RawLayout::new(0, true);
+        raw.keep_step_flows_for(STEP_FLOWS_KEEP_NS);
+        // A step copy and the kernel after it: two ids, then nothing names them.
+        raw.push(&mut w, &gpu(S, S + 10, STEP_COPY), None).unwrap();
+        raw.push(&mut w, &gpu(S + 20, S + 30, None), None).unwrap();
+        assert_eq!(raw.gpu_ids.procs[&9].len(), 2);
+        raw.push(&mut w, &gpu(S + GPU_FLOWS_KEEP_NS / 2, S + GPU_FLOWS_KEEP_NS / 2 + 10, None), None).unwrap();
+        assert_eq!(raw.stats.flows_unlinked, 0, "kept while a GPU step may still come");
+        raw.push(&mut w, &gpu(2 * S + GPU_FLOWS_KEEP_NS, 2 * S + GPU_FLOWS_KEEP_NS + 10, None), None).unwrap();
+        assert_eq!(raw.stats.flows_unlinked, 2);
+        assert!(raw.gpu_ids.procs.is_empty());
+
+        // Live: kept to the stop, up to the cap, then the oldest half.
+        let mut raw = RawLayout::new(0, true);
+        raw.gpu_ids_cap = 8;
+        for k in 0..12u64 {
+            raw.push(&mut w, &gpu((2 * k + 1) * S, (2 * k + 1) * S + 10, STEP_COPY), None).unwrap();
+            raw.push(&mut w, &gpu((2 * k + 2) * S, (2 * k + 2) * S + 10, None), None).unwrap();
+        }
+        let kept = raw.gpu_ids.procs[&9].len() as u64;
+        assert!((4..=9).contains(&kept), "{kept}");
+        assert_eq!(raw.stats.flows_unlinked, 24 - kept);
+        raw.drop_step_flows();
+        assert_eq!(raw.stats.flows_unlinked, 24, "the end: every id counted once");
     }
 }

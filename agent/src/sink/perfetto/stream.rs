@@ -678,7 +678,7 @@ impl RequestStream {
             raw.drop_value(w, name, t_end, *v)?;
         }
         let mut stats = self.stats;
-        stats.add_raw(&raw.stats);
+        stats.add_raw(&raw.stats, raw.draws_gpu_flows());
         let strings = MetaStrings::of(meta, &tail.drops);
         let mut a = meta_args(meta, &strings, stats.requests, stats.chains, read_error, &tail.drops, &stats);
         a.extend([Arg::u64("trace.requests_late", self.late), Arg::u64("trace.flows_not_streamed", stats.flows_not_streamed)]);

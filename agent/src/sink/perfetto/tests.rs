@@ -1273,7 +1273,7 @@ fn gpu_steps_get_a_track_engine_steps_flow_to_them_and_they_flow_to_their_kernel
     let track = s.track(names::GPU_STEPS).expect("GPU steps track");
     assert_eq!(track.slices.get(names::GPU_STEP), Some(&4));
     assert_eq!(st.gpu_step_flows, 4, "each engine step to its matched GPU step");
-    assert_eq!(st.kernel_flows, 4 * 2, "each GPU step to its first and last kernel, not by the time rule");
+    assert_eq!(st.kernel_flows, 1 + 3 * 2, "each GPU step to its end copy and, after the first, to the first kernel after the previous end copy; not by the time rule");
     let t = decode(&bytes);
     let steps: Vec<(u64, u64, Option<f64>)> = slices_named(&t, names::GPU_STEP)
         .map(|(ts, e)| (ts, e.debug_annotations.iter().find(|d| d.name.as_deref() == Some("tokens")).and_then(|d| d.uint_value).unwrap(), arg_f64(e, "gpu_ms")))
@@ -1282,24 +1282,16 @@ fn gpu_steps_get_a_track_engine_steps_flow_to_them_and_they_flow_to_their_kernel
     assert_eq!(steps[1], (T0 + 6 * MS - 1_500_000, 1, Some(1.05)));
     let ends = flow_ends(&t);
     assert!(ends.values().all(|v| v.len() == 2), "every flow has exactly two ends");
-    let mut links: Vec<(String, String, Option<u64>)> = ends
-        .values()
-        .filter(|v| v.iter().any(|e| e.0 == names::GPU_STEP))
-        .map(|v| {
-            let gs = v.iter().find(|e| e.0 == names::GPU_STEP).unwrap();
-            let other = v.iter().find(|e| e.0 != names::GPU_STEP).unwrap();
-            (other.0.clone(), format!("gpu {}", gs.1.unwrap()), other.1)
-        })
-        .collect();
-    links.sort();
     let mut want: Vec<(String, String, Option<u64>)> = Vec::new();
     for k in 0..4u64 {
-        want.push((RESHAPE.to_owned(), format!("gpu {k}"), None));
-        want.push(("gemm".to_owned(), format!("gpu {k}"), None));
+        if k > 0 {
+            want.push((RESHAPE.to_owned(), format!("gpu {k}"), None));
+        }
+        want.push(("memcpy DtoH".to_owned(), format!("gpu {k}"), None));
         want.push((names::STEP.to_owned(), format!("gpu {k}"), Some(k)));
     }
     want.sort();
-    assert_eq!(links, want);
+    assert_eq!(gpu_step_links(&bytes), want);
     // The live trace draws the same GPU steps and KV slices at its stop.
     let buf = Shared::default();
     let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
@@ -1312,13 +1304,45 @@ fn gpu_steps_get_a_track_engine_steps_flow_to_them_and_they_flow_to_their_kernel
     assert_eq!((lst.gpu_steps, lst.kv_slices), (4, 2));
     assert_eq!(ls.track(names::GPU_STEPS).unwrap().slices.get(names::GPU_STEP), Some(&4));
     assert_eq!(ls.track("chatcmpl-5-0").unwrap().slices.get("kv transfer"), Some(&2));
+    assert_eq!(gpu_step_links(&buf.0.borrow()), want, "and their flows, named at the stop");
+    // (Its steps' request→step ids stay unlinked: this finish draws requests from the analysis.)
+    assert_eq!((lst.kernel_flows, lst.gpu_step_flows, lst.flows_unlinked), (st.kernel_flows, st.gpu_step_flows, ls.flows_unlinked));
+    // Finished by re-reading the recording (`record --perfetto`'s way).
+    let buf = Shared::default();
+    let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
+    for r in &recs {
+        live.push(r).unwrap();
+    }
+    let file = recording_bytes(&recs);
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (_, lst, _) = live.finish_streamed(&mut reader, Config::default()).unwrap();
+    assert_eq!(gpu_step_links(&buf.0.borrow()), want);
+    assert_eq!((lst.kernel_flows, lst.gpu_step_flows, lst.flows_unlinked, checked(&buf.0.borrow()).flows_unlinked), (st.kernel_flows, st.gpu_step_flows, 0, 0));
+}
+
+/// The flows of a trace's GPU steps: (the other slice's name, "gpu N" (the
+/// GPU step's `step` arg), the other slice's `step` arg), sorted.
+fn gpu_step_links(bytes: &[u8]) -> Vec<(String, String, Option<u64>)> {
+    let t = decode(bytes);
+    let mut links: Vec<(String, String, Option<u64>)> = flow_ends(&t)
+        .values()
+        .filter(|v| v.iter().any(|e| e.0 == names::GPU_STEP))
+        .map(|v| {
+            assert_eq!(v.len(), 2, "a GPU step's flow has two ends: {v:?}");
+            let gs = v.iter().find(|e| e.0 == names::GPU_STEP).unwrap();
+            let other = v.iter().find(|e| e.0 != names::GPU_STEP).unwrap();
+            (other.0.clone(), format!("gpu {}", gs.1.unwrap()), other.1)
+        })
+        .collect();
+    links.sort();
+    links
 }
 
 /// The streamed trace draws GPU steps as the correlator decides them (a
 /// GPU recording's steps would otherwise be held to its end): the same
-/// slices, numbers and arguments as the whole layout, less its flows.
+/// slices, numbers, arguments and flows as the whole layout.
 #[test]
-fn a_streamed_trace_draws_the_whole_layouts_gpu_steps_with_their_numbers() {
+fn a_streamed_trace_draws_the_whole_layouts_gpu_steps_with_their_numbers_and_flows() {
     // A later exchange: the pass draws the steps at one of its ticks, not at the end.
     let mut recs = gpu_served_request();
     recs.extend(exchange(conn(9), 0, T0 + 5_000 * MS, 2, "later"));
@@ -1340,6 +1364,67 @@ fn a_streamed_trace_draws_the_whole_layouts_gpu_steps_with_their_numbers() {
     assert_eq!(got, want);
     let steps: Vec<&str> = got.iter().flat_map(|(_, a)| a.iter().filter(|(n, _)| n == "step").map(|(_, v)| v.as_str())).collect();
     assert_eq!(steps, ["Some(0)NoneNone", "Some(1)NoneNone", "Some(2)NoneNone", "Some(3)NoneNone"]);
+    // Engine step → GPU step → first kernel and end copy, as the whole layout draws them.
+    let links = gpu_step_links(&bytes);
+    assert_eq!(links.len(), 4 + 7);
+    assert_eq!(links, gpu_step_links(&offline));
+    assert_eq!((st.gpu_step_flows, st.kernel_flows), (ost.gpu_step_flows, ost.kernel_flows));
+    assert_eq!((st.flows_unlinked, st.flows_not_streamed), (0, 0), "every id named, nothing left out");
+    let s = checked(&bytes);
+    assert_eq!((s.flows, s.flows_unlinked), (checked(&offline).flows, 0));
+}
+
+/// Streams `recs` through `hopscope trace`'s streamed layout.
+fn streamed_trace(recs: &[Record]) -> (Vec<u8>, TraceStats) {
+    let file = recording_bytes(recs);
+    let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
+    let (bytes, st, err) = live::write_trace_streamed(Vec::new(), &mut reader, Config::default(), Encoding::default()).unwrap();
+    assert_eq!(err, None);
+    (bytes, st)
+}
+
+#[test]
+fn gpu_step_flows_reach_every_rank_and_streamed_ones_declare_the_ids_of_a_copy_that_ended_no_step() {
+    use crate::correlate::gpu::{COPY_DTOH, MEM_PINNED};
+    const WORKER: u32 = ENGINE + 1;
+    let mut recs = gpu_served_request();
+    let on_worker = |mut r: Record| {
+        match &mut r {
+            Record::GpuKernel { pid, device, .. } | Record::GpuMemcpy { pid, device, .. } => {
+                *pid = WORKER;
+                *device = 1;
+            }
+            _ => unreachable!(),
+        }
+        r
+    };
+    // A tensor-parallel worker runs each step too, on its own GPU: a
+    // kernel, its end copy and the sync that waits for it.
+    for b in [4, 6, 8, 10].map(|m| T0 + m * MS) {
+        recs.push(on_worker(kernel(b - 1_200_000, 400_000, "allreduce")));
+        recs.push(on_worker(gpu_copy(7, b - 440_000, b - 410_000, COPY_DTOH, 3, MEM_PINNED, 64)));
+        recs.push(Record::GpuSync { ts_ns: b - 1_300_000, end_ns: b - 320_000, pid: WORKER, sync_type: 1, context: 1, stream: None, correlation_id: 3, cuda_event: Some(5) });
+    }
+    // Step 2 of the engine: a small pinned copy between its two kernels
+    // that no sync waits for. It may have ended a step, so a streamed trace
+    // marks it and the gemm after it; no GPU step names them.
+    recs.push(gpu_copy(8, T0 + 8 * MS - 1_050_000, T0 + 8 * MS - 1_020_000, COPY_DTOH, 3, MEM_PINNED, 64));
+    let recs = sorted(recs);
+    let (whole, wst) = trace_of(&recs);
+    let (streamed, sst) = streamed_trace(&recs);
+    assert_eq!((wst.gpu_steps, sst.gpu_steps), (4, 4));
+    let links = gpu_step_links(&whole);
+    let per_step = |k: u64| links.iter().filter(|l| l.1 == format!("gpu {k}")).map(|l| l.0.as_str()).collect::<Vec<_>>();
+    assert_eq!(per_step(0), ["memcpy DtoH", "memcpy DtoH", "step"], "the first step: each rank's end copy");
+    assert_eq!(per_step(2), [RESHAPE, "allreduce", "memcpy DtoH", "memcpy DtoH", "step"], "each rank's first kernel and end copy");
+    assert_eq!(links, gpu_step_links(&streamed), "the streamed trace draws the same");
+    assert_eq!((sst.kernel_flows, sst.gpu_step_flows), (wst.kernel_flows, wst.gpu_step_flows));
+    assert_eq!(wst.kernel_flows, 2 + 3 * 4);
+    // The lone copy's id and the gemm's after it: declared, and counted so by the checker.
+    assert_eq!((wst.flows_unlinked, sst.flows_unlinked), (0, 2));
+    assert_eq!(meta_arg(&streamed, "trace.flows_unlinked"), Some(2));
+    assert_eq!(checked(&streamed).flows_unlinked, 2);
+    assert_eq!(checked(&streamed).flows, checked(&whole).flows);
 }
 
 #[test]

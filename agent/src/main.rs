@@ -117,9 +117,9 @@ enum Cmd {
         #[arg(long)]
         no_compress: bool,
         /// `whole`: every record and request in memory (~46× the
-        /// recording's size), with the request→step→kernel flows;
-        /// `streamed`: memory that follows the open requests, the
-        /// request→step flows but no step→kernel ones;
+        /// recording's size), with every flow;
+        /// `streamed`: memory that follows the open requests, every flow
+        /// but steps→kernels in recordings without CUPTI step ends;
         /// `auto`: whole up to 4 MiB (HOPSCOPE_TRACE_FULL_MAX_BYTES), else
         /// streamed (docs/perfetto.md).
         #[arg(long, value_enum, default_value_t = TraceLayout::Auto)]
@@ -190,7 +190,8 @@ struct RecordOpts {
     /// Also write a Perfetto trace, live: threads, GPU streams, engine steps
     /// and counters grow while recording (flushed every second); chains and
     /// requests (with their flows to the steps) are added when it stops.
-    /// `hopscope trace` on the recording adds the flows from steps to kernels.
+    /// Without CUPTI step ends, `hopscope trace` on the recording adds the
+    /// flows from steps to the kernels that ran in them.
     #[arg(long, value_name = "FILE.pftrace")]
     perfetto: Option<PathBuf>,
     /// Export per-request spans to this OTLP/HTTP endpoint when recording
@@ -808,7 +809,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
 }
 
 /// `hopscope trace` on a recording over `full_max` bytes: one streamed pass,
-/// memory bounded by the open requests; no step→kernel flows.
+/// memory bounded by the open requests; no step→kernel flows by time (in
+/// recordings without CUPTI step ends).
 /// The whole trace layout's memory per byte of recording (46× measured on a
 /// 20 000-request recording, docs/perfetto.md).
 const WHOLE_LAYOUT_BYTES_PER_BYTE: u64 = 46;

@@ -15,8 +15,11 @@
 //! `hopscope trace` on large recordings: both parts from one pass.
 //!
 //! Request→step flows are drawn ([`super::stream`]: the steps carry flow ids
-//! their requests' slices name later). Not in a live or streamed trace: flows
-//! from steps to GPU steps and kernels (kernels are written before their step
+//! their requests' slices name later), and so are the step→GPU step and GPU
+//! step→kernel ones (the GPU work and the engine steps carry ids the GPU
+//! steps name: [`super::raw::GpuMarks`]). Not in a live or streamed trace:
+//! in recordings without CUPTI step ends, the flows from steps to the
+//! kernels that ran in them by time (kernels are written before their step
 //! is known); `hopscope trace` on a recording under its size threshold
 //! draws them.
 

@@ -23,11 +23,14 @@
 //! ([`RawLayout::take_step_flows`]); ids no slice names (its request or phase
 //! is not drawn) are counted, `trace.flows_unlinked`.
 //!
-//! Left out compared with the whole-recording layout: the flows from steps
-//! to GPU steps and kernels (kernels are written before their step is
-//! known), counted per step as `trace.flows_not_streamed`; the metadata
-//! instant is written last (at the trace's start, on its own track), when
-//! the request and chain counts are known.
+//! Step→GPU step and GPU step→kernel flows are chosen on the GPU side the
+//! same way ([`super::raw::GpuMarks`]). Left out compared with the
+//! whole-recording layout: in recordings with kernels but no CUPTI step
+//! ends, the flows from steps to the kernels that ran in them by time (the
+//! kernels are written before the step's span is known), counted per step
+//! as `trace.flows_not_streamed`; the metadata instant is written last (at
+//! the trace's start, on its own track), when the request and chain counts
+//! are known.
 
 use super::raw::{RawLayout, ReqSteps};
 use super::{groups, meta_args, names, phase_spans, request_span, Groups, Item, Level, MetaStrings, Phase, RequestArgs, TraceStats};

@@ -208,12 +208,15 @@ const ATTEMPTS: usize = 5;
 /// 16; a busy agent keeps the vCPUs out of halt, which the client/server
 /// ping-pong gains from).
 fn full_speed_bound() -> f64 {
-    let v = std::process::Command::new(hopscope_bin()).arg("--version").output().expect("hopscope --version");
-    if String::from_utf8_lossy(&v.stdout).contains("debug build") {
-        0.95
-    } else {
-        0.98
-    }
+    static BOUND: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *BOUND.get_or_init(|| {
+        let v = std::process::Command::new(hopscope_bin()).arg("--version").output().expect("hopscope --version");
+        if String::from_utf8_lossy(&v.stdout).contains("debug build") {
+            0.95
+        } else {
+            0.98
+        }
+    })
 }
 
 /// `pairs` phases with the agent running and as many with it stopped, one
@@ -225,11 +228,13 @@ fn alternate(agent: &Agent, pairs: usize, mut phase: impl FnMut(bool)) {
         for stopped in [pair % 2 == 1, pair % 2 == 0] {
             if stopped {
                 agent.signal(libc::SIGSTOP);
+                // The phase starts once the signal has taken effect on every
+                // thread (SIGSTOP stops each thread when it next runs): a
+                // stopped phase measures a stopped agent, not one being
+                // stopped. A running phase follows a resume already waited
+                // for below.
+                threads_until(agent.pid(), true);
             }
-            // Each phase starts once the signal has taken effect on every
-            // thread (SIGSTOP stops each thread when it next runs): a
-            // stopped phase measures a stopped agent, not one being stopped.
-            threads_until(agent.pid(), stopped);
             phase(stopped);
             if stopped {
                 agent.signal(libc::SIGCONT);
@@ -267,15 +272,9 @@ fn caught_up(pid: u32) {
 fn threads_until(pid: u32, stopped: bool) {
     let deadline = Instant::now() + Duration::from_millis(200);
     loop {
+        // A thread's /proc/TID is its own stat, as a process's is.
         let states: Vec<char> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|t| {
-                        let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
-                        stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()
-                    })
-                    .collect()
-            })
+            .map(|d| d.flatten().filter_map(|t| sys_state(t.file_name().to_str()?.parse().ok()?)).collect())
             .unwrap_or_default();
         if states.iter().all(|&c| (c == 'T') == stopped) || Instant::now() > deadline {
             return;
@@ -425,8 +424,12 @@ fn sigstop_of_the_agent_leaves_an_http_server_at_full_speed_and_ring_buffer_drop
     // A server blocked by the stopped agent collapses in every block.
     let streaming = format!("; the streaming rounds: stopped {stopped:.1?} vs running {running:.1?}");
     let attempts_text = full_speed_verdict(&attempts, "requests/s", ALTERNATIONS, &streaming);
-    // A server blocked by the stopped agent would collapse here too.
-    assert!(typical_stopped >= 0.8 * typical_running, "streaming requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (median of {ROUNDS} each)");
+    // A server blocked by the stopped agent would collapse here too (to the
+    // rate its writes drain at: none). Only that is judged: the alternating
+    // blocks above measure the cost; these rounds, a Python client started
+    // per round, follow the VM's second-to-second speed (clean CI at a5d3c61
+    // drew running rounds of 416-1000 req/s and a median ratio of 0.78).
+    assert!(typical_stopped >= 0.5 * typical_running, "streaming requests/s with the agent stopped {stopped:.1?} vs running {running:.1?} (median of {ROUNDS} each)");
 
     let report = report_json(&hop);
     let full = drop_count(&report, "kernel_ringbuf_full");

@@ -215,9 +215,12 @@ pub struct KernelStat {
 
 /// Kernel totals by name. Order-independent (GPU records may reach the
 /// recording a little out of timestamp order), deterministic output.
+/// Looked up once per kernel record, by a mangled name of ~100 bytes:
+/// SipHash there was 2 % of `hopscope trace`'s instructions on a
+/// CUPTI-shaped recording (callgrind, session 17).
 #[derive(Debug, Default)]
 pub struct KernelTotals {
-    by_name: HashMap<String, (u64, u64)>,
+    by_name: FxMap<String, (u64, u64)>,
 }
 
 impl KernelTotals {

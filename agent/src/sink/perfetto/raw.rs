@@ -470,6 +470,7 @@ pub struct RawLayout {
     /// records, their ids until the GPU steps name them.
     marks: GpuMarks,
     gpu_ids: GpuFlowIds,
+    shapes: Shapes,
     /// Live: the most GPU flow ids kept per process and for engine steps
     /// ([`LIVE_GPU_FLOW_MARKS`]).
     gpu_ids_cap: usize,
@@ -508,6 +509,7 @@ impl RawLayout {
             kernels_since_step: false,
             marks: GpuMarks::default(),
             gpu_ids: GpuFlowIds::default(),
+            shapes: Shapes::default(),
             gpu_ids_cap: LIVE_GPU_FLOW_MARKS,
             rate: VecDeque::new(),
             rate_sum: 0,
@@ -820,11 +822,13 @@ impl RawLayout {
         };
         match rec {
             Record::GpuKernel { name, grid, block, graph_id, correlation_id, .. } => {
-                let (mut gb, mut bb) = ([0u8; DIMS_MAX], [0u8; DIMS_MAX]);
-                // Launch shapes repeat: interned. graph_id only for graph nodes.
+                // Launch shapes repeat: interned (and their text kept). graph_id only for graph nodes.
+                let (gi, bi) = (self.shapes.fill(grid), self.shapes.fill(block));
+                let mut gb = [0u8; DIMS_MAX];
+                let g = if gi == bi && grid != block { dims(&mut gb, grid) } else { self.shapes.text(gi) };
                 let args = [
-                    Arg::interned("grid", dims(&mut gb, grid)),
-                    Arg::interned("block", dims(&mut bb, block)),
+                    Arg::interned("grid", g),
+                    Arg::interned("block", self.shapes.text(bi)),
                     Arg::u64("correlation_id", *correlation_id as u64),
                     Arg::u64("graph_id", *graph_id as u64),
                 ];
@@ -1133,6 +1137,43 @@ impl std::hash::Hasher for IdHasher {
 /// Room for a launch shape: three u32s and two separators.
 const DIMS_MAX: usize = 3 * 10 + 2;
 
+/// Launch shapes as text, by shape: a model's kernels repeat a few dozen
+/// grids and blocks, and formatting two per kernel record was 2.8 % of
+/// `hopscope trace`'s instructions on a CUPTI-shaped recording (callgrind,
+/// session 17). Direct-mapped: a shape evicts the one in its slot.
+struct Shapes {
+    slots: Vec<([u32; 3], String)>,
+}
+
+const SHAPE_SLOTS: usize = 64;
+
+impl Default for Shapes {
+    fn default() -> Self {
+        Shapes { slots: vec![([0; 3], String::new()); SHAPE_SLOTS] }
+    }
+}
+
+impl Shapes {
+    /// The slot holding `d`'s text (made when it holds another shape).
+    #[inline]
+    fn fill(&mut self, d: &[u32; 3]) -> usize {
+        let h = (u64::from(d[0]) ^ u64::from(d[1]).rotate_left(21) ^ u64::from(d[2]).rotate_left(42)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let i = (h >> 58) as usize;
+        let e = &mut self.slots[i];
+        if e.1.is_empty() || e.0 != *d {
+            let mut b = [0u8; DIMS_MAX];
+            e.0 = *d;
+            e.1.clear();
+            e.1.push_str(dims(&mut b, d));
+        }
+        i
+    }
+
+    fn text(&self, slot: usize) -> &str {
+        &self.slots[slot].1
+    }
+}
+
 /// A launch shape as `XxYxZ` (what `format!("{}x{}x{}")` gives), written
 /// into `buf`: kernels are most records, and this runs for each one.
 fn dims<'a>(buf: &'a mut [u8; DIMS_MAX], d: &[u32; 3]) -> &'a str {
@@ -1311,6 +1352,19 @@ mod tests {
     }
 
     const STEP_COPY: Option<(u8, u8, u64)> = Some((2, 2, 64));
+
+    #[test]
+    fn launch_shapes_read_as_formatted_whatever_evicts_them() {
+        let mut s = Shapes::default();
+        let mut next = crate::testutil::xorshift(7);
+        // 200 shapes in 64 slots, revisited at random: always the right text.
+        let shapes: Vec<[u32; 3]> = (0..200).map(|_| [next() as u32 % 4096, next() as u32 % 3, u32::MAX - next() as u32 % 2]).collect();
+        for _ in 0..5000 {
+            let d = shapes[next() as usize % shapes.len()];
+            let i = s.fill(&d);
+            assert_eq!(s.text(i), format!("{}x{}x{}", d[0], d[1], d[2]));
+        }
+    }
 
     #[test]
     fn gpu_marks_are_step_copies_and_the_first_drawn_kernel_after_one_ends() {

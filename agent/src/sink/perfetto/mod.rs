@@ -366,6 +366,13 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
     // Each request's steps: those that carried its prefill (up to its first
     // token, chunked-prefill steps before it included), then its decode steps.
     let mut served: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); analysis.requests.len()];
+    // Per request: whether its drawn prefill steps end with its first
+    // token's, and the last step it was in (drawn or not). A phase's last
+    // flow goes to the step that ended it — the first token's, the
+    // finishing output's — as a streamed trace, which knows no other last
+    // when it writes the step, draws it: an aborted or unfinished request's
+    // last step ended nothing.
+    let mut tail: Vec<(bool, Option<u32>)> = vec![(false, None); analysis.requests.len()];
     let map = engine_request_map(records, analysis);
     let mut first_seen: HashSet<u32> = HashSet::new();
     for (k, st) in analysis.steps.iter().enumerate() {
@@ -374,19 +381,38 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
                 stats.flows_unmapped += 1;
                 continue;
             };
+            tail[ri as usize].1 = Some(k as u32);
             if step_span[k].is_none() {
                 stats.flows_capped += 1;
             } else {
                 let (pre, dec) = &mut served[ri as usize];
-                if first_seen.contains(&ei) { dec } else { pre }.push(k as u32);
+                if first_seen.contains(&ei) {
+                    dec.push(k as u32);
+                } else {
+                    pre.push(k as u32);
+                    tail[ri as usize].0 = first;
+                }
             }
             if first {
                 first_seen.insert(ei);
             }
         }
     }
+    // Engine requests an output finished (a finish reason).
+    let finished: HashSet<&str> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::EngineOutputs { outputs, .. } => Some(outputs),
+            _ => None,
+        })
+        .flatten()
+        .filter(|o| o.finish_reason.is_some())
+        .map(|o| o.request_id.as_str())
+        .collect();
     for (i, r) in analysis.requests.iter().enumerate() {
         let (pre, dec) = std::mem::take(&mut served[i]);
+        let finishes = r.engine.as_ref().is_some_and(|e| finished.contains(e.engine_request_id.as_str())) && dec.last().copied() == tail[i].1;
+        let ends = [tail[i].0, finishes];
         let (start, end) = request_span(r, t_end);
         let arrive = r.arrive_ns.clamp(start, end);
         let spans = phase_spans(r, arrive, end);
@@ -396,7 +422,7 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
                 stats.flows_capped += steps.len() as u64;
                 continue;
             };
-            let (steps, left_out) = capped(&steps);
+            let (steps, left_out) = capped(&steps, ends[usize::from(phase == Phase::Decode)]);
             stats.flows_capped += left_out;
             let mut ends = Ends::default();
             for k in steps {
@@ -1251,14 +1277,15 @@ fn step_at(spans: &[(u64, u64, u32)], ts: u64) -> Option<u32> {
     (start <= ts && ts <= end).then_some(k)
 }
 
-/// The first [`FLOW_HEAD`] of `steps` and the last one (all of them when
-/// that many or fewer), and how many were left out.
-fn capped(steps: &[u32]) -> (Vec<u32>, u64) {
-    if steps.len() <= FLOW_HEAD + 1 {
-        return (steps.to_vec(), 0);
+/// The first [`FLOW_HEAD`] of `steps` and, when `ends` (the last step ended
+/// the phase), the last one; and how many were left out.
+fn capped(steps: &[u32], ends: bool) -> (Vec<u32>, u64) {
+    let head = steps.len().min(FLOW_HEAD);
+    let mut v = steps[..head].to_vec();
+    if ends && steps.len() > head {
+        v.push(steps[steps.len() - 1]);
     }
-    let mut v = steps[..FLOW_HEAD].to_vec();
-    v.push(steps[steps.len() - 1]);
-    (v, (steps.len() - FLOW_HEAD - 1) as u64)
+    let n = v.len();
+    (v, (steps.len() - n) as u64)
 }
 

@@ -1572,6 +1572,29 @@ fn a_streamed_trace_draws_the_tracks_slices_and_request_step_flows_of_the_whole_
 }
 
 #[test]
+fn a_phase_whose_last_step_ended_nothing_flows_to_its_first_steps_only_in_both_layouts() {
+    // The served request's engine side never says it finished (an abort,
+    // a recording stopped mid-decode): its last decode step ended nothing,
+    // and a streamed trace cannot know it was the last when it writes it.
+    let mut recs = live_recording();
+    for r in &mut recs {
+        if let Record::EngineOutputs { outputs, .. } = r {
+            for o in outputs {
+                o.finish_reason = None;
+            }
+        }
+    }
+    let (whole, wst) = trace_of(&recs);
+    let (streamed, sst) = streamed_trace(&recs);
+    let links = request_step_links(&whole);
+    assert_eq!(links, request_step_links(&streamed));
+    assert_eq!(links.len(), 2 + 4, "the prefill's two steps, the decode's first four: no last");
+    assert_eq!((wst.step_flows, wst.flows_capped), (sst.step_flows, sst.flows_capped));
+    assert_eq!(wst.flows_capped, 8);
+    assert_eq!(sst.flows_unlinked, 0);
+}
+
+#[test]
 fn a_streamed_trace_counts_the_step_flows_no_request_slice_takes() {
     // An engine request joined to no HTTP request, and one whose request
     // has no engine marks for its prefill (so no prefill slice): their

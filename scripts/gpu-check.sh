@@ -250,7 +250,7 @@ if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.pftrace" --layout streamed >>"$OUT/testbed.report.txt" 2>&1
   # The same trace laid out whole: its flow line should match the streamed one's (real CUPTI step ends).
   "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.whole.pftrace" --layout whole >>"$OUT/testbed.report.txt" 2>&1
-  grep -h "step→GPU step" "$OUT/testbed.report.txt" | sed 's/^/testbed trace: /' | tee -a "$SUMMARY"
+  grep -h "hopscope: flows:" "$OUT/testbed.report.txt" | sed 's/^/testbed trace: /' | tee -a "$SUMMARY"
   $PY - "$OUT/testbed.report.json" <<'PYEOF' | tee -a "$SUMMARY"
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -889,11 +889,11 @@ fn print_flow_counts(stats: &hopscope::sink::perfetto::TraceStats, streamed: boo
         return;
     }
     let request = if streamed { "a drawn request" } else { "a request" };
+    // A trace without GPU work says nothing of it.
+    let gpu = if stats.gpu_step_flows + stats.kernel_flows > 0 { format!(", {} step→GPU step, {} step→kernel", stats.gpu_step_flows, stats.kernel_flows) } else { String::new() };
     say!(
-        "hopscope: flows: {} request→step, {} step→GPU step, {} step→kernel; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without {request}",
+        "hopscope: flows: {} request→step{gpu}; {} left out (past a phase's first {} steps and before its last, or to an undrawn phase), {} step members without {request}",
         stats.step_flows,
-        stats.gpu_step_flows,
-        stats.kernel_flows,
         stats.flows_capped,
         hopscope::sink::perfetto::FLOW_HEAD,
         stats.flows_unmapped

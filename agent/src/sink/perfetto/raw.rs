@@ -466,8 +466,8 @@ pub struct RawLayout {
     step_ids: Vec<u64>,
     /// Kernels were drawn since the last step (live steps).
     kernels_since_step: bool,
-    /// GPU steps' flows: the marks (every layout) and, for steps drawn from
-    /// records, their ids until the GPU steps name them.
+    /// Steps drawn from records: the GPU steps' flow marks and their ids
+    /// until the GPU steps name them.
     marks: GpuMarks,
     gpu_ids: GpuFlowIds,
     shapes: Shapes,
@@ -785,21 +785,19 @@ impl RawLayout {
     fn gpu<W: Write>(&mut self, w: &mut TraceWriter<W>, rec: &Record, flows: Option<&Ends>) -> Result<(), PerfettoError> {
         let Some((ts, end, pid, device, stream)) = gpu_item(rec) else { return Ok(()) };
         let lane = if end < ts || ts < self.t0 { None } else { self.lanes.place((pid, device, stream), ts, end) };
-        let mark = self.marks.mark(rec, lane.is_some());
+        // Live and streamed only: the whole layout ran the same marks ahead
+        // of drawing and passes their flows in.
+        let mark = if self.steps_from_records { self.marks.mark(rec, lane.is_some()) } else { None };
         let Some(lane) = lane else {
             self.stats.gpu_skipped += 1;
             return Ok(());
         };
-        // Live and streamed: the GPU step that ends or starts here names this id.
+        // The GPU step that ends or starts here names this id.
         let mut own = [0u64];
-        let flows = match mark {
-            Some(m) if self.steps_from_records => {
-                own[0] = w.new_flow_id();
-                self.gpu_ids.procs.entry(pid).or_default().push(m, ts, end, own[0]);
-                None
-            }
-            _ => flows,
-        };
+        if let Some(m) = mark {
+            own[0] = w.new_flow_id();
+            self.gpu_ids.procs.entry(pid).or_default().push(m, ts, end, own[0]);
+        }
         if self.steps_from_records {
             self.prune_gpu_ids(ts);
         }
@@ -816,8 +814,8 @@ impl RawLayout {
             }
         };
         let (starts, ends) = match flows {
+            _ if mark.is_some() => (&own[..], &[][..]),
             Some(f) => (f.start.as_slice(), f.end.as_slice()),
-            None if mark.is_some() && self.steps_from_records => (&own[..], &[][..]),
             None => (&[][..], &[][..]),
         };
         match rec {

@@ -1309,43 +1309,13 @@ mod tests {
         assert_eq!((raw.stats.flows_unmapped, raw.stats.flows_unlinked), (1, 1), "the first one's flow is not taken");
     }
 
+    /// A kernel (`copy` None) or a copy (kind, destination kind, bytes) of
+    /// the engine process, on stream 7.
     fn gpu(ts: u64, end: u64, copy: Option<(u8, u8, u64)>) -> Record {
+        use super::super::tests::{gpu_copy, kernel};
         match copy {
-            Some((kind, dst_kind, bytes)) => Record::GpuMemcpy {
-                ts_ns: ts,
-                end_ns: end,
-                pid: 9,
-                device: 0,
-                context: 1,
-                stream: 7,
-                kind,
-                src_kind: 3,
-                dst_kind,
-                flags: 1,
-                bytes,
-                correlation_id: 1,
-                runtime_correlation_id: 0,
-                graph_id: 0,
-                graph_node_id: 0,
-                peer: None,
-            },
-            None => Record::GpuKernel {
-                ts_ns: ts,
-                end_ns: end,
-                pid: 9,
-                device: 0,
-                context: 1,
-                stream: 7,
-                correlation_id: 1,
-                graph_id: 0,
-                graph_node_id: 0,
-                name: "k".into(),
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                static_shared_mem: 0,
-                dynamic_shared_mem: 0,
-                registers_per_thread: 32,
-            },
+            Some((kind, dst_kind, bytes)) => gpu_copy(7, ts, end, kind, 3, dst_kind, bytes),
+            None => kernel(ts, end - ts, "k"),
         }
     }
 
@@ -1419,7 +1389,7 @@ mod tests {
         // A step copy and the kernel after it: two ids, then nothing names them.
         raw.push(&mut w, &gpu(S, S + 10, STEP_COPY), None).unwrap();
         raw.push(&mut w, &gpu(S + 20, S + 30, None), None).unwrap();
-        assert_eq!(raw.gpu_ids.procs[&9].len(), 2);
+        assert_eq!(raw.gpu_ids.procs[&super::super::tests::ENGINE].len(), 2);
         raw.push(&mut w, &gpu(S + GPU_FLOWS_KEEP_NS / 2, S + GPU_FLOWS_KEEP_NS / 2 + 10, None), None).unwrap();
         assert_eq!(raw.stats.flows_unlinked, 0, "kept while a GPU step may still come");
         raw.push(&mut w, &gpu(2 * S + GPU_FLOWS_KEEP_NS, 2 * S + GPU_FLOWS_KEEP_NS + 10, None), None).unwrap();
@@ -1433,7 +1403,7 @@ mod tests {
             raw.push(&mut w, &gpu((2 * k + 1) * S, (2 * k + 1) * S + 10, STEP_COPY), None).unwrap();
             raw.push(&mut w, &gpu((2 * k + 2) * S, (2 * k + 2) * S + 10, None), None).unwrap();
         }
-        let kept = raw.gpu_ids.procs[&9].len() as u64;
+        let kept = raw.gpu_ids.procs[&super::super::tests::ENGINE].len() as u64;
         assert!((4..=9).contains(&kept), "{kept}");
         assert_eq!(raw.stats.flows_unlinked, 24 - kept);
         raw.drop_step_flows();

@@ -649,7 +649,7 @@ fn bench_bytes_per_slice_and_writer_throughput() {
 
 // ---- flows: request phases → engine steps → kernels ----
 
-const ENGINE: u32 = 4300;
+pub(crate) const ENGINE: u32 = 4300;
 
 /// Engine IPC for one request `id` (the HTTP request `chatcmpl-…`): the ADD
 /// at `submit`, then one step per entry of `steps` (built time, new tokens).
@@ -690,7 +690,7 @@ fn engine_steps(id: &str, submit: u64, steps: &[(u64, u64)]) -> Vec<Record> {
     v
 }
 
-fn kernel(ts: u64, dur: u64, name: &str) -> Record {
+pub(crate) fn kernel(ts: u64, dur: u64, name: &str) -> Record {
     Record::GpuKernel {
         ts_ns: ts,
         end_ns: ts + dur,
@@ -1138,7 +1138,7 @@ fn a_live_trace_skips_and_counts_late_records_instead_of_failing() {
 // ---- GPU attribution: CUPTI step ends, KV transfer, GPU shares ----
 
 #[allow(clippy::too_many_arguments)]
-fn gpu_copy(stream: u32, s: u64, e: u64, kind: u8, src: u8, dst: u8, bytes: u64) -> Record {
+pub(crate) fn gpu_copy(stream: u32, s: u64, e: u64, kind: u8, src: u8, dst: u8, bytes: u64) -> Record {
     Record::GpuMemcpy {
         ts_ns: s,
         end_ns: e,

@@ -598,16 +598,6 @@ impl GpuShare {
     }
 }
 
-/// The step that GPU work of one process belongs to, by the work's start:
-/// the first step whose end copy finished at or after it — work that started
-/// after the previous step's end copy and no later than this one's (the rule
-/// [`GpuSteps`] applies). `gpu_ends`: that process's step-end copies, in
-/// order. None after the last one.
-pub fn step_of(gpu_ends: &[u64], start_ns: u64) -> Option<usize> {
-    let i = gpu_ends.partition_point(|&e| e < start_ns);
-    (i < gpu_ends.len()).then_some(i)
-}
-
 /// A copy that may end a step (it does when a host synchronisation waited
 /// for it): small, device to pinned host memory. The trace marks the same
 /// copies (`sink::perfetto::raw::GpuMarks`), so one rule serves both.
@@ -1566,12 +1556,6 @@ mod tests {
         assert_eq!(g.kv_spans(), &spans[..]);
         assert_eq!(g.kv_wall_ns(), 600 * US, "the figures count every interval, kept or not");
         assert_eq!(a.counters.get("gpu_kv_spans_capped"), Some(&1));
-    }
-
-    #[test]
-    fn work_belongs_to_the_first_step_whose_end_copy_finished_at_or_after_its_start() {
-        let ends = [10, 20, 30];
-        assert_eq!([5, 10, 11, 20, 30, 31].map(|t| step_of(&ends, t)), [Some(0), Some(0), Some(1), Some(1), Some(2), None]);
     }
 
     #[test]

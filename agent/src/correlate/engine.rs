@@ -82,7 +82,7 @@ impl Writer {
             .filter(|x| usable(x))
             .filter_map(|&(wake, a0)| {
                 let d = (a - a0) * 1e9;
-                d.is_finite().then(|| wake as f64 + d)
+                d.is_finite().then_some(wake as f64 + d)
             })
             .fold(f64::INFINITY, f64::min);
         if !earliest.is_finite() {

@@ -311,7 +311,7 @@ fn check_record(m: &Message, t: &Value, names: &HashMap<u32, String>) {
         }
         (Message::Memcpy(c), "memcpy") => {
             assert_eq!((c.copy_kind as u64, c.bytes, c.runtime_correlation_id as u64), (u(&t["copy_kind"]), u(&t["bytes"]), u(&t["runtime_corr"])));
-            assert_eq!((c.src_kind, c.dst_kind, c.flags, c.stream_id, c.peer), (3, 4, 1, 7, None));
+            assert_eq!((c.src_kind, c.dst_kind as u64, c.flags, c.stream_id, c.peer), (3, u(&t["dst_kind"]), 1, 7, None));
         }
         (Message::Memcpy(c), "memcpy_peer") => {
             assert_eq!((c.copy_kind, c.bytes, c.stream_id), (10, 1 << 20, 9));

@@ -4,7 +4,9 @@
 //! by hopscope itself. The test double delivers synthetic records through the
 //! injection's real buffer callbacks; hopscope's receiver (source::cupti)
 //! must admit both processes, reject a peer from outside the traced tree,
-//! merge the records into the recording in timestamp order, and report them.
+//! merge the records into the recording in timestamp order, and report them;
+//! the GPU steps the double's small pinned copies end are drawn with the same
+//! flows in the whole, streamed and live (`--perfetto`) traces.
 //!
 //! This exercises the agent side of the GPU path (socket, peer credentials,
 //! wire validation, names, ordering, drop accounting, report) with a test
@@ -125,6 +127,8 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
         .arg("-o")
         .arg(&out)
         .arg("--quiet")
+        .arg("--perfetto")
+        .arg(out.with_extension("live.pftrace"))
         .arg("--cupti-lib")
         .arg(&a.injection)
         .args(["--", "sh", "-c", &script])
@@ -344,7 +348,7 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
     let t = Command::new(hopscope_bin()).arg("trace").arg(&out).arg("-o").arg(&trace).output().unwrap();
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
     let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
-    let gpu_tracks: Vec<_> = summary.tracks.iter().filter(|t| t.name.starts_with("GPU ")).collect();
+    let gpu_tracks: Vec<_> = summary.tracks.iter().filter(|t| t.name.starts_with("GPU ") && !t.name.starts_with("GPU steps")).collect();
     assert!(!gpu_tracks.is_empty(), "GPU stream tracks");
     let drawn: u64 = gpu_tracks.iter().map(|t| t.slices.values().sum::<u64>()).sum();
     let activities = recs.iter().filter(|r| matches!(r, Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. })).count() as u64;
@@ -357,10 +361,24 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
     assert!(t.status.success(), "{stderr}");
     let s = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&streamed).unwrap()).unwrap_or_else(|e| panic!("streamed trace invalid: {e}"));
     assert_eq!((s.slices, s.flows), (summary.slices, summary.flows), "streamed: {stderr}");
+    // The double's small pinned copies end GPU steps (a stream synchronize
+    // waits for each): the steps are drawn, and each names its end copy and
+    // first kernel per process in both layouts. The two processes are not in
+    // lockstep as TP ranks are, so some merged steps start before the one
+    // drawn ahead of them and are left out (counted in the trace).
+    let steps_drawn: u64 = summary.tracks.iter().filter(|t| t.name.starts_with("GPU steps")).map(|t| t.slices.values().sum::<u64>()).sum();
+    let gpu_steps = rep["gpu_steps"].as_array().unwrap().len() as u64;
+    assert!(steps_drawn > 0 && steps_drawn <= gpu_steps, "GPU steps drawn: {steps_drawn} of {gpu_steps}");
+    assert!(summary.flows >= steps_drawn, "each drawn GPU step names its end copies: {} flows, {steps_drawn} steps", summary.flows);
+    assert_eq!(summary.flows_unlinked, 0, "the whole layout marks only what a step names");
+    // Live (`--perfetto` while recording): the same GPU work and steps' flows.
+    let live = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(out.with_extension("live.pftrace")).unwrap()).unwrap_or_else(|e| panic!("live trace invalid: {e}"));
+    assert_eq!((live.slices, live.flows), (summary.slices, summary.flows), "live");
 
     eprintln!(
-        "gpu pipeline: {good_total} test-double records from 2 processes recorded in order, {} kernel names reported, {} bad timestamps counted, 1 outsider rejected",
+        "gpu pipeline: {good_total} test-double records from 2 processes recorded in order, {} kernel names reported, {gpu_steps} GPU steps ({steps_drawn} drawn, {} flows), {} bad timestamps counted, 1 outsider rejected",
         kernels.len(),
+        summary.flows,
         bad.values().sum::<u64>()
     );
 }

@@ -544,13 +544,26 @@ fn kernel_bytes(f: &KernelFields) -> Vec<u8> {
     }
 }
 
+/// Where copy `i` lands: pinned host memory every other group of eight
+/// records, else a CUDA array. The small pinned ones (4–16 KiB) are shaped
+/// like vLLM's sampled-ids copy, and the group's stream synchronize (slot 6,
+/// same stream, a few µs later) waits for them: the agent finds GPU steps in
+/// the double's records as in a real model runner's.
+fn dst_kind(i: u64) -> u8 {
+    if (i / 8).is_multiple_of(2) {
+        2
+    } else {
+        4
+    }
+}
+
 macro_rules! memcpy_as {
     ($t:ty, $start:expr, $end:expr, $i:expr) => {{
         let mut r: $t = zeroed();
         r.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
         r.copyKind = 1 + ($i % 2) as u8;
         r.srcKind = 3;
-        r.dstKind = 4;
+        r.dstKind = dst_kind($i);
         r.flags = 1;
         r.bytes = 4096 * ($i % 7 + 1);
         r.start = $start;
@@ -737,7 +750,13 @@ fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
                 26..=130_399 => memcpy_as!(CUpti_ActivityMemcpy6, rs, re, i),
                 _ => memcpy_as!(CUpti_ActivityMemcpy7, rs, re, i),
             },
-            format!("\"kind\":\"memcpy\",\"copy_kind\":{},\"bytes\":{},\"runtime_corr\":{}", 1 + i % 2, 4096 * (i % 7 + 1), corr + 1_000_000),
+            format!(
+                "\"kind\":\"memcpy\",\"copy_kind\":{},\"dst_kind\":{},\"bytes\":{},\"runtime_corr\":{}",
+                1 + i % 2,
+                dst_kind(i),
+                4096 * (i % 7 + 1),
+                corr + 1_000_000
+            ),
         ),
         CUPTI_ACTIVITY_KIND_MEMCPY2 => {
             let mut r: CUpti_ActivityMemcpyPtoP4 = zeroed();

@@ -13,9 +13,13 @@ struct Compared {
     matched: usize,
     /// Raw client only: content chunks stamped with the arrival of bytes the
     /// server wrote after them (one recv() brought both), and those stamped
-    /// after recv() for want of a kernel stamp. Both stay in the comparison.
+    /// after recv() for want of a kernel stamp. Neither has its own arrival:
+    /// the gaps next to them and a TTFT ending on one are left out of the
+    /// timing comparison (counted in `unstamped`); exact checks cover them.
     coalesced: u64,
     fallback: u64,
+    /// Gaps and TTFTs left out for want of the client's own stamp.
+    unstamped: usize,
 }
 
 /// Matches client records to report requests by id and compares timings.
@@ -29,12 +33,18 @@ fn compare(client: &[Value], report: &Value) -> Compared {
         .map(|r| (r["id"].as_str().unwrap(), r))
         .collect();
     assert_eq!(reqs.len(), client.len(), "request count: hopscope saw {:?}", reqs.keys().collect::<Vec<_>>());
-    let mut out = Compared { ttft_diff_ms: Vec::new(), itl_diff_ms: Vec::new(), matched: 0, coalesced: 0, fallback: 0 };
+    let mut out = Compared { ttft_diff_ms: Vec::new(), itl_diff_ms: Vec::new(), matched: 0, coalesced: 0, fallback: 0, unstamped: 0 };
     for c in client {
         let id = c["id"].as_str().expect("client saw an id");
         let r = reqs.get(id).unwrap_or_else(|| panic!("hopscope has no request {id}"));
         let content: Vec<i64> = c["content_ns"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
         assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, content.len(), "{id}: content chunk count");
+        // The SDK clients stamp after their reads: every chunk is theirs.
+        let own: Vec<bool> = match c["own_stamp"].as_array() {
+            Some(o) => o.iter().map(|x| x.as_bool().unwrap()).collect(),
+            None => vec![true; content.len()],
+        };
+        assert_eq!(own.len(), content.len(), "{id}: a stamp ownership per content chunk");
         assert_eq!(r["status"], 200, "{id}");
         assert_eq!(r["completion_tokens"], c["usage"]["completion_tokens"], "{id}: usage tokens");
         assert_eq!(r["prompt_tokens"], c["usage"]["prompt_tokens"], "{id}: usage tokens");
@@ -46,11 +56,19 @@ fn compare(client: &[Value], report: &Value) -> Compared {
         let wire_ttft = r["wire_ttft_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no wire arrival"));
         let delay = r["read_delay_ms"].as_f64().unwrap();
         assert!((wire_ttft - (delay + ttft)).abs() < 1e-6, "{id}: wire ttft = read delay + ttft");
-        out.ttft_diff_ms.push(wire_ttft - client_ttft);
+        if own[0] {
+            out.ttft_diff_ms.push(wire_ttft - client_ttft);
+        } else {
+            out.unstamped += 1;
+        }
         let itl: Vec<f64> = r["itl_ms"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         assert_eq!(itl.len(), content.len() - 1, "{id}: n chunks give n-1 gaps");
         for (k, w) in content.windows(2).enumerate() {
-            out.itl_diff_ms.push(itl[k] - (w[1] - w[0]) as f64 / 1e6);
+            if own[k] && own[k + 1] {
+                out.itl_diff_ms.push(itl[k] - (w[1] - w[0]) as f64 / 1e6);
+            } else {
+                out.unstamped += 1;
+            }
         }
         assert!(r["e2e_ms"].as_f64().unwrap() >= ttft, "{id}: e2e >= ttft");
         out.coalesced += c["coalesced"].as_u64().unwrap_or(0);
@@ -82,7 +100,10 @@ fn summarize(what: &str, cmp: &Compared) {
         p(&cmp.itl_diff_ms, 100.0),
         cmp.itl_diff_ms.len(),
         if cmp.coalesced + cmp.fallback > 0 {
-            format!("; {} chunks stamped with a later write's arrival, {} stamped after recv()", cmp.coalesced, cmp.fallback)
+            format!(
+                "; {} chunks stamped with a later write's arrival, {} stamped after recv(): {} gaps or TTFTs next to them left out",
+                cmp.coalesced, cmp.fallback, cmp.unstamped
+            )
         } else {
             String::new()
         }
@@ -97,7 +118,10 @@ fn summarize(what: &str, cmp: &Compared) {
 /// reads a connection late, the stamp does not move: the figure measures
 /// hopscope, not the client's scheduling or a library's parsing. A recv()
 /// that brings several server writes stamps them all with the newest one's
-/// arrival; the client counts those chunks and they stay in the comparison.
+/// arrival: the client marks those chunks, and a gap next to one (or a TTFT
+/// ending on one) has no reference and is left out of the timing figures
+/// (under CPU contention their stamps were off by a whole ITL, 6.6 ms), which
+/// must still cover at least 80 % of the gaps and TTFTs.
 /// The `openai` package and httpx drive the same server in the same
 /// recording; their ids, chunk counts and usage must match exactly, and
 /// their timing agreement (stamped after their reads) is printed.
@@ -129,6 +153,8 @@ fn ttft_and_every_itl_match_the_clients_within_1ms_at_p99() {
     let timing = compare_subset(&raw, &report);
     summarize("raw-socket client", &timing);
     summarize("httpx + openai clients (informational)", &compare_subset(&sdk, &report));
+    let (compared, all) = (timing.ttft_diff_ms.len() + timing.itl_diff_ms.len(), timing.ttft_diff_ms.len() + timing.itl_diff_ms.len() + timing.unstamped);
+    assert!(compared * 5 >= all * 4, "only {compared} of {all} TTFTs and gaps have the client's own stamps: the timing check says little");
     assert!(p(&timing.ttft_diff_ms, 99.0) <= 1.0, "ttft p99 diff {:.3} ms > 1 ms", p(&timing.ttft_diff_ms, 99.0));
     assert!(p(&timing.itl_diff_ms, 99.0) <= 1.0, "itl p99 diff {:.3} ms > 1 ms", p(&timing.itl_diff_ms, 99.0));
     let reqs = report["requests"].as_array().unwrap();

@@ -18,7 +18,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-const FIXTURES: [&str; 3] = ["chain3", "queue2", "tp_chunked"];
+const FIXTURES: [&str; 4] = ["chain3", "queue2", "tp_chunked", "loaded"];
 
 fn fixture(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(file)
@@ -196,6 +196,45 @@ fn fixture_reports_show_the_chains_and_hops_the_client_made() {
             }
         }
     }
+}
+
+#[test]
+fn loaded_report_equals_its_golden_json_byte_for_byte() {
+    assert_matches_golden("loaded");
+}
+
+/// `loaded` was recorded with two busy loops beside the testbed: some ADDs
+/// left the frontend with no wake-up of their own and are placed by their
+/// `arrival_time` from an earlier ADD's wake-up (docs/decisions.md). The
+/// frontend's own marks around its send (its `truth.jsonl`, trimmed) bound
+/// where the hand-over really was. Placed from the latest such ADD alone,
+/// one submit came out 0.465 ms after that bracket (the anchor's own send
+/// was late); from the least delayed of the recent ones, 0.173 ms.
+#[test]
+fn submits_placed_by_arrival_time_stay_near_the_frontends_send() {
+    let truth: BTreeMap<String, (u64, u64)> = std::fs::read_to_string(fixture("loaded.truth.jsonl"))
+        .expect("truth present")
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("truth line is json");
+            let ns = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+            (v["id"].as_str().expect("id").to_owned(), (ns("submit_ns"), ns("submit_sent_ns")))
+        })
+        .collect();
+    let r = replay("loaded");
+    let (mut placed, mut worst) = (0, 0u64);
+    for q in r.analysis.requests.iter().filter(|q| q.path == "/v1/chat/completions") {
+        let e = q.engine.as_ref().expect("engine joined");
+        let m = engine::marks(q).expect("marks");
+        let (lo, hi) = truth[&q.id];
+        let err = lo.saturating_sub(m.submit).max(m.submit.saturating_sub(hi));
+        if e.submit_source == engine::SUBMIT_ARRIVAL {
+            placed += 1;
+            worst = worst.max(err);
+        }
+    }
+    assert!(placed >= 1, "the fixture holds submits placed by arrival_time");
+    assert!(worst <= 250_000, "a placed submit {worst} ns outside the frontend's send");
 }
 
 #[test]

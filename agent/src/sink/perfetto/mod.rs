@@ -373,15 +373,18 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
     // when it writes the step, draws it: an aborted or unfinished request's
     // last step ended nothing.
     let mut tail: Vec<(bool, Option<u32>)> = vec![(false, None); analysis.requests.len()];
+    // Per request: an output finished it (a finish reason).
+    let mut finished = vec![false; analysis.requests.len()];
     let map = engine_request_map(records, analysis);
     let mut first_seen: HashSet<u32> = HashSet::new();
     for (k, st) in analysis.steps.iter().enumerate() {
         for &(ei, _, first) in &st.members {
-            let Some(ri) = map.as_ref().and_then(|m| m.get(ei as usize).copied().flatten()) else {
+            let Some((ri, fin)) = map.as_ref().and_then(|m| m.get(ei as usize).copied().flatten()) else {
                 stats.flows_unmapped += 1;
                 continue;
             };
             tail[ri as usize].1 = Some(k as u32);
+            finished[ri as usize] = fin;
             if step_span[k].is_none() {
                 stats.flows_capped += 1;
             } else {
@@ -398,20 +401,9 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
             }
         }
     }
-    // Engine requests an output finished (a finish reason).
-    let finished: HashSet<&str> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::EngineOutputs { outputs, .. } => Some(outputs),
-            _ => None,
-        })
-        .flatten()
-        .filter(|o| o.finish_reason.is_some())
-        .map(|o| o.request_id.as_str())
-        .collect();
     for (i, r) in analysis.requests.iter().enumerate() {
         let (pre, dec) = std::mem::take(&mut served[i]);
-        let finishes = r.engine.as_ref().is_some_and(|e| finished.contains(e.engine_request_id.as_str())) && dec.last().copied() == tail[i].1;
+        let finishes = finished[i] && dec.last().copied() == tail[i].1;
         let ends = [tail[i].0, finishes];
         let (start, end) = request_span(r, t_end);
         let arrive = r.arrive_ns.clamp(start, end);
@@ -1246,9 +1238,10 @@ pub(crate) fn state_name(prev_state: u32) -> &'static str {
 /// index) mapped to `analysis.requests`: the engine side is replayed over the
 /// same records, in the same order, as the correlator saw them, so its
 /// first-seen order is the correlator's; each engine request then maps to the
-/// HTTP request that carries its id. `None` when the replay does not give the
+/// HTTP request that carries its id, with whether an output finished it (a
+/// finish reason). `None` when the replay does not give the
 /// analysis's steps back (then no request→step flow can be trusted).
-fn engine_request_map(records: &[Record], analysis: &Analysis) -> Option<Vec<Option<u32>>> {
+fn engine_request_map(records: &[Record], analysis: &Analysis) -> Option<Vec<Option<(u32, bool)>>> {
     use crate::correlate::engine::{EngineSide, Woke};
     let mut side = EngineSide::default();
     // Wake-ups only move submit times, never the request order.
@@ -1265,7 +1258,7 @@ fn engine_request_map(records: &[Record], analysis: &Analysis) -> Option<Vec<Opt
     }
     let by_id: HashMap<&str, u32> =
         analysis.requests.iter().enumerate().filter_map(|(i, r)| r.engine.as_ref().map(|e| (e.engine_request_id.as_str(), i as u32))).collect();
-    Some(reqs.iter().map(|e| by_id.get(e.request_id.as_str()).copied()).collect())
+    Some(reqs.iter().map(|e| by_id.get(e.request_id.as_str()).map(|&i| (i, e.finish_reason.is_some()))).collect())
 }
 
 /// The step whose drawn span `[start, end]` holds `ts` (a kernel's GPU

@@ -16,6 +16,7 @@
 //! Needs root and tracefs (real eBPF, for the CPU side and the traced tree).
 
 use hopscope::model::Record;
+use hopscope::sink::perfetto::names::GPU_STEPS;
 use hopscope_gpu_wire as wire;
 use hopscope_integration::{hopscope_bin, privileged, scratch, workspace};
 use serde_json::Value;
@@ -348,7 +349,7 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
     let t = Command::new(hopscope_bin()).arg("trace").arg(&out).arg("-o").arg(&trace).output().unwrap();
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
     let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
-    let gpu_tracks: Vec<_> = summary.tracks.iter().filter(|t| t.name.starts_with("GPU ") && !t.name.starts_with("GPU steps")).collect();
+    let gpu_tracks: Vec<_> = summary.tracks.iter().filter(|t| t.name.starts_with("GPU ") && !t.name.starts_with(GPU_STEPS)).collect();
     assert!(!gpu_tracks.is_empty(), "GPU stream tracks");
     let drawn: u64 = gpu_tracks.iter().map(|t| t.slices.values().sum::<u64>()).sum();
     let activities = recs.iter().filter(|r| matches!(r, Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. })).count() as u64;
@@ -365,8 +366,9 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
     // waits for each): the steps are drawn, and each names its end copy and
     // first kernel per process in both layouts. The two processes are not in
     // lockstep as TP ranks are, so some merged steps start before the one
-    // drawn ahead of them and are left out (counted in the trace).
-    let steps_drawn: u64 = summary.tracks.iter().filter(|t| t.name.starts_with("GPU steps")).map(|t| t.slices.values().sum::<u64>()).sum();
+    // drawn ahead of them and are left out (counted in the trace). Steps that
+    // overlap are drawn on tracks named after the first ("… (overlap N)").
+    let steps_drawn: u64 = summary.tracks.iter().filter(|t| t.name.starts_with(GPU_STEPS)).map(|t| t.slices.values().sum::<u64>()).sum();
     let gpu_steps = rep["gpu_steps"].as_array().unwrap().len() as u64;
     assert!(steps_drawn > 0 && steps_drawn <= gpu_steps, "GPU steps drawn: {steps_drawn} of {gpu_steps}");
     assert!(summary.flows >= steps_drawn, "each drawn GPU step names its end copies: {} flows, {steps_drawn} steps", summary.flows);

@@ -100,8 +100,10 @@ struct hs_io {
 	struct hs_hdr h;
 	__u64 enter_ns;  /* syscall entry time */
 	__u64 sock_ino;  /* inode number of the socket (as in /proc/PID/fd: socket:[N]) */
-	__u64 ready_ns;  /* dir IN: when the oldest data this call read became readable
-	                  * (sock:sk_data_ready), 0 if not seen; dir OUT: 0 */
+	__u64 wire_ns;   /* dir IN: when the oldest data this call read became readable
+	                  * (sock:sk_data_ready); dir OUT: when the call first handed
+	                  * a packet of this socket to a device (net:net_dev_queue);
+	                  * 0 if not seen */
 	__s64 ret;       /* syscall return value: bytes moved, or -errno */
 	__s32 fd;
 	__u32 cap_len;   /* bytes of data[] that follow (<= the family's capture) */

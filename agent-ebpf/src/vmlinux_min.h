@@ -64,6 +64,10 @@ struct socket {
 	struct sock *sk;
 };
 
+struct sk_buff {
+	struct sock *sk; /* in an anonymous union; CO-RE finds it there */
+};
+
 #pragma clang attribute pop
 
 #endif /* HOPSCOPE_VMLINUX_MIN_H */

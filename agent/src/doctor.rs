@@ -75,6 +75,13 @@ pub fn run(load: bool) -> Vec<Check> {
     } else {
         check("wire arrival", Level::Warn, "unknown until tracefs is mounted")
     });
+    out.push(if ebpf::tracepoint_exists("net:net_dev_queue") {
+        check("wire departure", Level::Ok, "net:net_dev_queue present (responses timed when their bytes leave)")
+    } else if ebpf::tracefs_mounted() {
+        check("wire departure", Level::Warn, "net:net_dev_queue missing: responses are timed at their writes' exits")
+    } else {
+        check("wire departure", Level::Warn, "unknown until tracefs is mounted")
+    });
     out.push(if ebpf::privileged() {
         check("privileges", Level::Ok, "CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)")
     } else {
@@ -187,13 +194,14 @@ fn gpu_checks() -> Vec<Check> {
 
 pub fn render(checks: &[Check]) -> String {
     let mut s = String::new();
+    let w = checks.iter().map(|c| c.what.len()).max().unwrap_or(0);
     for c in checks {
         let tag = match c.level {
             Level::Ok => "ok  ",
             Level::Warn => "warn",
             Level::Fail => "FAIL",
         };
-        s.push_str(&format!("{tag}  {:<13} {}\n", c.what, c.detail));
+        s.push_str(&format!("{tag}  {:<w$} {}\n", c.what, c.detail));
     }
     s
 }
@@ -212,9 +220,12 @@ mod tests {
 
     #[test]
     fn render_puts_one_line_per_check_with_its_level() {
-        let text = render(&[check("btf", Level::Ok, "x"), check("tracefs", Level::Fail, "mount it")]);
-        assert_eq!(text.lines().count(), 2);
+        let text = render(&[check("btf", Level::Ok, "x"), check("tracefs", Level::Fail, "mount it"), check("wire departure", Level::Warn, "y")]);
+        assert_eq!(text.lines().count(), 3);
         assert!(text.lines().nth(1).unwrap().starts_with("FAIL  tracefs"));
+        // The details start in one column, however long the longest name.
+        let cols: Vec<usize> = ["x", "mount it", "y"].iter().zip(text.lines()).map(|(d, l)| l.find(d).unwrap()).collect();
+        assert_eq!(cols, [21, 21, 21], "{text}");
     }
 
     #[test]

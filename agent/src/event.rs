@@ -52,8 +52,10 @@ pub struct IoEvent {
     pub ts_ns: u64,
     pub enter_ns: u64,
     /// Dir::In: when the oldest data this call read became readable on the
-    /// socket (the wire arrival, before any event-loop delay); None if unseen.
-    pub ready_ns: Option<u64>,
+    /// socket (the wire arrival, before any event-loop delay). Dir::Out: when
+    /// the call first handed a packet of the socket to a device (the wire
+    /// departure, before the syscall's own tail). None if unseen.
+    pub wire_ns: Option<u64>,
     pub tid: u32,
     pub conn: ConnKey,
     pub syscall: Syscall,

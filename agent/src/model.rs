@@ -101,7 +101,8 @@ pub enum Record {
         conn: ConnKey,
         role: HttpRole,
         seq: u32,
-        /// Exit time of the write that carried the head's last byte.
+        /// When the write that carried the head's last byte sent it: its
+        /// wire departure, else its exit (as every record of a write).
         ts_ns: u64,
         tid: u32,
         status: u16,

@@ -220,8 +220,15 @@ out("done", len(req))
     assert_eq!(req.conn, accept.conn, "request read on the accepted socket");
     assert!(req.enter_ns <= req.ts_ns && accept.ts_ns <= req.ts_ns);
 
+    let wire_in = req.wire_ns.expect("the request's wire arrival (sock:sk_data_ready)");
+    assert!(wire_in <= req.ts_ns, "arrived {wire_in} before the read returned {}", req.ts_ns);
+
     let resp = find_io(&evs, pid, Syscall::Sendto, &response);
     assert_eq!((resp.dir, resp.conn), (Dir::Out, accept.conn));
+    // On loopback the bytes leave inside the call: its wire departure
+    // (net:net_dev_queue of this socket's packet) lies between entry and exit.
+    let wire_out = resp.wire_ns.expect("the response's wire departure (net:net_dev_queue)");
+    assert!(resp.enter_ns <= wire_out && wire_out <= resp.ts_ns, "{} <= {wire_out} <= {}", resp.enter_ns, resp.ts_ns);
     assert_eq!(&response[..], b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello");
 
     let close = evs
@@ -245,6 +252,7 @@ out("done", len(req))
     assert_eq!(connect.local, Some(upstream.peer_addr().unwrap()));
     let upw = find_io(&evs, pid, Syscall::Sendto, b"upstream-bytes");
     assert_eq!(upw.conn, connect.conn);
+    assert!(upw.wire_ns.is_some_and(|w| upw.enter_ns <= w && w <= upw.ts_ns), "a client's write departs inside the call too: {upw:?}");
 
     let stats = src.stats();
     assert!(stats.get("kernel_events").unwrap() >= evs.len() as u64);
@@ -491,11 +499,12 @@ fn a_spawned_command_is_traced_from_its_first_syscall() {
         })
         .expect("exec event of the spawned child");
     assert!(exec.comm.starts_with("python3"), "{exec:?}");
-    find_io(&evs, pid, Syscall::Sendto, b"first-bytes");
+    let sent = find_io(&evs, pid, Syscall::Sendto, b"first-bytes");
+    assert_eq!(sent.wire_ns, None, "a unix socket's bytes pass no device: {sent:?}");
     find_io(&evs, pid, Syscall::Recvfrom, b"first-bytes");
 
     let progs = src.program_stats();
-    assert_eq!(progs.len(), 32, "{progs:?}");
+    assert_eq!(progs.len(), 33, "{progs:?}");
     let (_, cnt, ns) = progs.iter().find(|(n, _, _)| n == "sys_exit_sendto").unwrap();
     assert!(*cnt >= 1 && *ns > 0, "bpf stats enabled but sys_exit_sendto ran {cnt} times in {ns} ns");
     for (name, cnt, ns) in &progs {

@@ -20,6 +20,9 @@ struct Compared {
     fallback: u64,
     /// Gaps and TTFTs left out for want of the client's own stamp.
     unstamped: usize,
+    /// Raw client only: requests whose send has no kernel transmit stamp (a
+    /// clock read before send() instead); their TTFTs are left out too.
+    user_sends: usize,
 }
 
 /// Matches client records to report requests by id and compares timings.
@@ -33,7 +36,7 @@ fn compare(client: &[Value], report: &Value) -> Compared {
         .map(|r| (r["id"].as_str().unwrap(), r))
         .collect();
     assert_eq!(reqs.len(), client.len(), "request count: hopscope saw {:?}", reqs.keys().collect::<Vec<_>>());
-    let mut out = Compared { ttft_diff_ms: Vec::new(), itl_diff_ms: Vec::new(), matched: 0, coalesced: 0, fallback: 0, unstamped: 0 };
+    let mut out = Compared { ttft_diff_ms: Vec::new(), itl_diff_ms: Vec::new(), matched: 0, coalesced: 0, fallback: 0, unstamped: 0, user_sends: 0 };
     for c in client {
         let id = c["id"].as_str().expect("client saw an id");
         let r = reqs.get(id).unwrap_or_else(|| panic!("hopscope has no request {id}"));
@@ -56,7 +59,11 @@ fn compare(client: &[Value], report: &Value) -> Compared {
         let wire_ttft = r["wire_ttft_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no wire arrival"));
         let delay = r["read_delay_ms"].as_f64().unwrap();
         assert!((wire_ttft - (delay + ttft)).abs() < 1e-6, "{id}: wire ttft = read delay + ttft");
-        if own[0] {
+        // The raw client's send stamp is the kernel's transmit stamp unless it
+        // says otherwise; the SDK clients' is a clock read before the send.
+        let kernel_send = c["send_kernel"].as_bool().unwrap_or(true);
+        out.user_sends += usize::from(!kernel_send);
+        if own[0] && kernel_send {
             out.ttft_diff_ms.push(wire_ttft - client_ttft);
         } else {
             out.unstamped += 1;
@@ -99,10 +106,10 @@ fn summarize(what: &str, cmp: &Compared) {
         p(&cmp.itl_diff_ms, 99.0),
         p(&cmp.itl_diff_ms, 100.0),
         cmp.itl_diff_ms.len(),
-        if cmp.coalesced + cmp.fallback > 0 {
+        if cmp.coalesced + cmp.fallback + cmp.user_sends as u64 > 0 {
             format!(
-                "; {} chunks stamped with a later write's arrival, {} stamped after recv(): {} gaps or TTFTs next to them left out",
-                cmp.coalesced, cmp.fallback, cmp.unstamped
+                "; {} chunks stamped with a later write's arrival, {} stamped after recv(), {} sends without a kernel stamp: {} gaps or TTFTs next to them left out",
+                cmp.coalesced, cmp.fallback, cmp.user_sends, cmp.unstamped
             )
         } else {
             String::new()
@@ -111,12 +118,15 @@ fn summarize(what: &str, cmp: &Compared) {
 }
 
 /// Timing is held against a raw-socket client whose reference clock is the
-/// kernel's: each request's start is CLOCK_MONOTONIC right before its
-/// send(), and each content chunk is stamped with the kernel's receive time
-/// of its bytes at the client's socket (SO_TIMESTAMPNS, converted from
-/// CLOCK_REALTIME to CLOCK_MONOTONIC). When the client's one event loop
+/// kernel's: each request's start is the kernel's software transmit stamp of
+/// its bytes (SO_TIMESTAMPING; a preemption between a clock read and send()
+/// put a whole time slice, 2-3 ms, into the reference on a loaded CI
+/// machine), and each content chunk is stamped with the kernel's receive
+/// time of its bytes at the client's socket (SO_TIMESTAMPNS), both converted
+/// from CLOCK_REALTIME to CLOCK_MONOTONIC. When the client's one event loop
 /// reads a connection late, the stamp does not move: the figure measures
-/// hopscope, not the client's scheduling or a library's parsing. A recv()
+/// hopscope, not the client's scheduling or a library's parsing. A request
+/// the kernel gave no transmit stamp has no TTFT reference. A recv()
 /// that brings several server writes stamps them all with the newest one's
 /// arrival: the client marks those chunks, and a gap next to one (or a TTFT
 /// ending on one) has no reference and is left out of the timing figures

@@ -71,6 +71,17 @@ fn dir_of(i: usize) -> Dir {
     }
 }
 
+/// When a syscall's bytes moved: for a write, its wire departure when the
+/// kernel saw one inside the call, else the call's exit (what ran between the
+/// two, e.g. a preemption by the peer it woke, is not the server's latency);
+/// for a read, its exit (the wire arrival travels beside it, `At::ready`).
+fn stamp(io: &IoEvent) -> u64 {
+    match (io.dir, io.wire_ns) {
+        (Dir::Out, Some(w)) if (io.enter_ns..=io.ts_ns).contains(&w) => w,
+        _ => io.ts_ns,
+    }
+}
+
 fn inc(x: &mut u64, n: u64) {
     *x = x.saturating_add(n);
 }
@@ -353,9 +364,12 @@ impl Conn {
         }
         let d = didx(io.dir);
         let at = At {
-            ts: io.ts_ns,
+            ts: stamp(io),
             tid: io.tid,
-            ready: io.ready_ns,
+            ready: match io.dir {
+                Dir::In => io.wire_ns,
+                Dir::Out => None,
+            },
         };
         let mut pos = 0;
         let mut stalls = 0u32;

@@ -19,7 +19,7 @@ fn io_cap(k: ConnKey, dir: Dir, ts: u64, captured: &[u8], len: u64) -> KEvent {
     KEvent::Io(IoEvent {
         ts_ns: ts,
         enter_ns: ts.saturating_sub(1),
-        ready_ns: None,
+        wire_ns: None,
         tid: 7,
         conn: k,
         syscall: if dir == IN {
@@ -1357,7 +1357,7 @@ fn unix_socket_io_is_reported_without_payload() {
     let ev = KEvent::Io(IoEvent {
         ts_ns: 5,
         enter_ns: 4,
-        ready_ns: None,
+        wire_ns: None,
         tid: 9,
         conn: k,
         syscall: Syscall::Sendmsg,
@@ -1792,6 +1792,48 @@ fn soak_random_traffic() {
 }
 
 #[test]
+fn a_writes_records_are_stamped_at_its_wire_departure_when_the_call_saw_one() {
+    let k = key(62);
+    let (mut evs, _) = deliver(k, &chat_exchange("chatcmpl-w", &["Hi", "there"]), Mode::AsIs, 0);
+    // Each write entered 500 ns before its exit. Its departure, after entry:
+    // the head's 100 ns, the role chunk's unseen, the first content chunk's an
+    // impossible stamp after the exit (kept at the exit), then the others'.
+    let departs = [Some(100), None, Some(10_000), Some(50), Some(20), Some(30), Some(40), Some(10)];
+    let mut outs = 0;
+    let mut want = Vec::new();
+    for ev in &mut evs {
+        let KEvent::Io(io) = ev else { continue };
+        io.enter_ns = io.ts_ns - 500;
+        if io.dir == IN {
+            io.wire_ns = Some(io.enter_ns);
+            continue;
+        }
+        io.wire_ns = departs[outs].map(|d| io.enter_ns + d);
+        want.push(match departs[outs] {
+            Some(d) if d <= 500 => io.enter_ns + d,
+            _ => io.ts_ns,
+        });
+        outs += 1;
+    }
+    assert_eq!(outs, departs.len(), "head, role, 2 content, finish, usage, [DONE], terminator");
+    let mut dec = decoder();
+    let out = run(&mut dec, &evs);
+    let got: Vec<u64> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::HttpResponse { ts_ns, .. } | Record::Sse { ts_ns, .. } | Record::HttpResponseEnd { ts_ns, .. } => Some(*ts_ns),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, want);
+    // A read's stamp stays its exit: its wire arrival travels beside it.
+    match &out[0] {
+        Record::HttpRequest { start_ns, ready_ns, .. } => assert_eq!((*start_ns, *ready_ns), (1_000, Some(500))),
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
 fn request_carries_the_wire_arrival_of_the_read_that_delivered_its_first_byte() {
     let k = key(61);
     let mut dec = decoder();
@@ -1799,13 +1841,13 @@ fn request_carries_the_wire_arrival_of_the_read_that_delivered_its_first_byte() 
     let head = b"GET /health HTTP/1.1\r\nHost: x\r\n";
     let mut first = io_cap(k, IN, 1_000, head, head.len() as u64);
     if let KEvent::Io(io) = &mut first {
-        io.ready_ns = Some(400);
+        io.wire_ns = Some(400);
     }
     dec.on_event(&first, &mut out);
     // The second read has its own (later) arrival: the request keeps the first's.
     let mut second = io_cap(k, IN, 2_000, b"\r\n", 2);
     if let KEvent::Io(io) = &mut second {
-        io.ready_ns = Some(1_900);
+        io.wire_ns = Some(1_900);
     }
     dec.on_event(&second, &mut out);
     let got: Vec<_> = out

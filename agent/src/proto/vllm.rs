@@ -1273,7 +1273,7 @@ mod tests {
         KEvent::Io(IoEvent {
             ts_ns: ts,
             enter_ns: ts.saturating_sub(1),
-            ready_ns: None,
+            wire_ns: None,
             tid: k.tgid + 1,
             conn: k,
             syscall: if dir == Dir::In {

@@ -183,7 +183,7 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
     Ok(IoEvent {
         ts_ns: h.ts_ns,
         enter_ns: r.u64(HS_IO_OFF_ENTER_NS)?,
-        ready_ns: match r.u64(HS_IO_OFF_READY_NS)? {
+        wire_ns: match r.u64(HS_IO_OFF_WIRE_NS)? {
             0 => None,
             t => Some(t),
         },

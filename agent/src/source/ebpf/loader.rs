@@ -57,20 +57,29 @@ const SYSCALL_PROGRAMS: &[&str] = &[
     "sys_exit_close",
 ];
 /// Classic tracepoints outside `syscalls`: (function, category, tracepoint).
-/// sk_data_ready and inet_sock_set_state date from 6.6 and 4.16.
+/// sk_data_ready and inet_sock_set_state date from 6.6 and 4.16,
+/// net_dev_queue from 3.x.
 const SOCK_PROGRAMS: &[(&str, &str, &str)] = &[
     ("sock_sk_data_ready", "sock", "sk_data_ready"),
     ("sock_inet_sock_set_state", "sock", "inet_sock_set_state"),
+    ("net_net_dev_queue", "net", "net_dev_queue"),
 ];
 /// Programs whose tracepoint a kernel may lack without tracing being
 /// pointless: (function, `category:tracepoint`, what goes without it). On
 /// kernels before 6.6 (Ubuntu 22.04's 5.15, RHEL 9's 5.14) there is no
 /// sock:sk_data_ready: recording goes on without the wire arrival.
-pub const OPTIONAL_PROGRAMS: &[(&str, &str, &str)] = &[(
-    "sock_sk_data_ready",
-    "sock:sk_data_ready",
-    "the wire arrival (wire_arrive_ns, read_delay_ms, wire_ttft_ms, wire_e2e_ms stay null; kernel >= 6.6 has it)",
-)];
+pub const OPTIONAL_PROGRAMS: &[(&str, &str, &str)] = &[
+    (
+        "sock_sk_data_ready",
+        "sock:sk_data_ready",
+        "the wire arrival (wire_arrive_ns, read_delay_ms, wire_ttft_ms, wire_e2e_ms stay null; kernel >= 6.6 has it)",
+    ),
+    (
+        "net_net_dev_queue",
+        "net:net_dev_queue",
+        "the wire departure (responses are timed at their writes' exits, which a preemption inside the call delays)",
+    ),
+];
 /// Test hook: tracepoints (`category:name`, comma-separated) to treat as
 /// absent, so the fallback for older kernels runs on a new one.
 pub const HIDE_TRACEPOINTS_ENV: &str = "HOPSCOPE_HIDE_TRACEPOINTS";

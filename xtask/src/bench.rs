@@ -100,7 +100,7 @@ fn prog_stats(since_unix: u64) -> Result<Vec<Prog>> {
     let mut progs = Vec::new();
     for p in v.as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap_or("");
-        let ours = ["sys_enter_", "sys_exit_", "sched_", "sock_"].iter().any(|pre| name.starts_with(pre))
+        let ours = ["sys_enter_", "sys_exit_", "sched_", "sock_", "net_"].iter().any(|pre| name.starts_with(pre))
             && p["loaded_at"].as_u64().is_some_and(|t| t >= since_unix);
         if !ours {
             continue;

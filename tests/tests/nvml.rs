@@ -146,7 +146,10 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     gaps.sort_by(f64::total_cmp);
     let median = gaps[gaps.len() / 2];
     assert!((45.0..=60.0).contains(&median), "median sampling period {median} ms (asked 50)");
-    assert!(gaps[0] >= 40.0, "fixed-rate ticks never bunch: shortest gap {} ms", gaps[0]);
+    // A tick woken late is followed by one on time (a shorter gap by the
+    // lateness, up to a CI machine's time slices); a sampler catching up on
+    // missed ticks would fire them back to back, near 0 ms apart.
+    assert!(gaps[0] >= 20.0, "fixed-rate ticks never bunch: shortest gap {} ms", gaps[0]);
 
     let rep = report_json(&hop);
     let drops = &rep["recording"]["drops"];

@@ -9,7 +9,9 @@
 //!
 //! ctl bit 0: direction (0 In, 1 Out); bits 1–2: 0/1 I/O, 2 close, 3 accept;
 //! bit 3: the syscall moved 4096 more bytes than were captured (a gap);
-//! bits 4–5: which of four connections.
+//! bits 4–5: which of four connections; bit 6: the kernel saw the bytes on the
+//! wire 5 ns before the exit (a read's arrival, a write's departure); bit 7:
+//! 5 ns after it (a stamp the decoder must not trust for a write).
 
 use hopscope::event::{CloseEvent, ConnEvent, ConnKey, ConnOp, Dir, Family, IoEvent, KEvent, Syscall};
 
@@ -50,7 +52,11 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
                 out.push(KEvent::Io(IoEvent {
                     ts_ns: ts,
                     enter_ns: ts - 10,
-                    ready_ns: None,
+                    wire_ns: match ctl >> 6 {
+                        0 => None,
+                        1 => Some(ts - 5),
+                        _ => Some(ts + 5),
+                    },
                     tid: 43,
                     conn,
                     syscall: if dir == Dir::In { Syscall::Read } else { Syscall::Write },

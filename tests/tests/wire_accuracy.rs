@@ -171,6 +171,12 @@ fn ttft_and_every_itl_match_the_clients_within_1ms_at_p99() {
     assert!(reqs.iter().any(|r| r["path"] == "/v1/completions"), "completions streams are captured too");
     let drops = &report["recording"]["drops"];
     assert_eq!(drops["kernel_ringbuf_full"], 0, "{drops}");
+    // On loopback a write's bytes leave inside the call: (nearly) every
+    // response write is timed at its wire departure, not its exit.
+    let chunks: u64 = reqs.iter().filter_map(|r| r["content_chunks"].as_u64()).sum();
+    let at_exit = drops["writes_timed_at_exit"].as_u64().unwrap_or(0);
+    eprintln!("writes timed at their exit: {at_exit} (content chunks {chunks})");
+    assert!(at_exit * 20 <= chunks, "{at_exit} writes timed at their exit for {chunks} content chunks: the wire departure is missing");
 }
 
 #[test]

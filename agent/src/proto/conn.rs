@@ -46,7 +46,7 @@ use super::http::{self, BodyFraming, HeadBuf, Start};
 use super::openai;
 use super::sse::{SseOut, SseParser};
 use super::{Counters, DecoderConfig};
-use crate::event::{ConnKey, Dir, IoEvent};
+use crate::event::{ConnKey, Dir, Family, IoEvent};
 use crate::model::{Header, HttpRole, Record, SseKind};
 
 const IN: usize = 0;
@@ -75,10 +75,12 @@ fn dir_of(i: usize) -> Dir {
 /// kernel saw one inside the call, else the call's exit (what ran between the
 /// two, e.g. a preemption by the peer it woke, is not the server's latency);
 /// for a read, its exit (the wire arrival travels beside it, `At::ready`).
-fn stamp(io: &IoEvent) -> u64 {
+/// Also whether a write fell back to its exit.
+fn stamp(io: &IoEvent) -> (u64, bool) {
     match (io.dir, io.wire_ns) {
-        (Dir::Out, Some(w)) if (io.enter_ns..=io.ts_ns).contains(&w) => w,
-        _ => io.ts_ns,
+        (Dir::Out, Some(w)) if (io.enter_ns..=io.ts_ns).contains(&w) => (w, false),
+        (Dir::Out, _) => (io.ts_ns, true),
+        (Dir::In, _) => (io.ts_ns, false),
     }
 }
 
@@ -363,8 +365,12 @@ impl Conn {
             return;
         }
         let d = didx(io.dir);
+        let (ts, at_exit) = stamp(io);
+        if at_exit && matches!(io.family, Family::Inet | Family::Inet6) {
+            ctx.c.writes_timed_at_exit += 1;
+        }
         let at = At {
-            ts: stamp(io),
+            ts,
             tid: io.tid,
             ready: match io.dir {
                 Dir::In => io.wire_ns,

@@ -169,6 +169,10 @@ counters! {
     body_encoded,
     /// Internal guard: the decoder stopped making progress (a bug; connection given up).
     internal_stall,
+    /// Writes on IP sockets whose bytes the kernel did not see leave inside
+    /// the call (congestion window, pacing, no `net:net_dev_queue`): their
+    /// records are timed at the call's exit instead of the wire departure.
+    writes_timed_at_exit,
 }
 
 /// Decodes socket events into records. Feed events in timestamp order.

@@ -1040,6 +1040,9 @@ pub fn is_loss(name: &str) -> bool {
         "gpu_records_decoded",
         "gpu_records_sent",
         "gpu_connects",
+        // Writes timed at their exit for want of a wire departure: a
+        // coarser stamp, nothing lost.
+        "writes_timed_at_exit",
         // NVML sampler (source::nvml).
         "nvml_devices",
         "nvml_samples",

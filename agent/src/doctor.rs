@@ -24,6 +24,18 @@ fn check(what: &'static str, level: Level, detail: impl Into<String>) -> Check {
     Check { what, level, detail: detail.into() }
 }
 
+/// A tracepoint hopscope records without when the kernel lacks it
+/// (the loader's `OPTIONAL_PROGRAMS`): a warning, never a failure.
+fn optional_tracepoint(what: &'static str, tp: &str, present: &'static str, missing: &'static str) -> Check {
+    if ebpf::tracepoint_exists(tp) {
+        check(what, Level::Ok, present)
+    } else if ebpf::tracefs_mounted() {
+        check(what, Level::Warn, missing)
+    } else {
+        check(what, Level::Warn, "unknown until tracefs is mounted")
+    }
+}
+
 fn kernel_at_least(release: &str, major: u32, minor: u32) -> Option<bool> {
     let mut it = release.split(|c: char| !c.is_ascii_digit());
     let ma: u32 = it.next()?.parse().ok()?;
@@ -68,20 +80,18 @@ pub fn run(load: bool) -> Vec<Check> {
     } else {
         check("tracefs", Level::Fail, "not mounted: run `mount -t tracefs nodev /sys/kernel/tracing`")
     });
-    out.push(if ebpf::tracepoint_exists("sock:sk_data_ready") {
-        check("wire arrival", Level::Ok, "sock:sk_data_ready present (wire_arrive_ns, read_delay_ms)")
-    } else if ebpf::tracefs_mounted() {
-        check("wire arrival", Level::Warn, "sock:sk_data_ready missing (kernel < 6.6): wire_arrive_ns will be null")
-    } else {
-        check("wire arrival", Level::Warn, "unknown until tracefs is mounted")
-    });
-    out.push(if ebpf::tracepoint_exists("net:net_dev_queue") {
-        check("wire departure", Level::Ok, "net:net_dev_queue present (responses timed when their bytes leave)")
-    } else if ebpf::tracefs_mounted() {
-        check("wire departure", Level::Warn, "net:net_dev_queue missing: responses are timed at their writes' exits")
-    } else {
-        check("wire departure", Level::Warn, "unknown until tracefs is mounted")
-    });
+    out.push(optional_tracepoint(
+        "wire arrival",
+        "sock:sk_data_ready",
+        "sock:sk_data_ready present (wire_arrive_ns, read_delay_ms)",
+        "sock:sk_data_ready missing (kernel < 6.6): wire_arrive_ns will be null",
+    ));
+    out.push(optional_tracepoint(
+        "wire departure",
+        "net:net_dev_queue",
+        "net:net_dev_queue present (responses timed when their bytes leave)",
+        "net:net_dev_queue missing: responses are timed at their writes' exits",
+    ));
     out.push(if ebpf::privileged() {
         check("privileges", Level::Ok, "CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)")
     } else {

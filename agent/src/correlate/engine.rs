@@ -232,6 +232,9 @@ pub struct Step {
     /// (engine request number, in first-seen order over the whole recording,
     /// new tokens, first tokens of that request?).
     pub members: Vec<(u32, u64, bool)>,
+    /// The engine that ran it: `EngineCoreOutputs.engine_index` (the
+    /// data-parallel rank), 0 when the message had none.
+    pub engine: u64,
 }
 
 /// How many recent pure-decode step durations the interference baseline
@@ -285,6 +288,14 @@ impl RollingMedian {
     }
 }
 
+/// One engine's step clock: when its last step ended, and its recent
+/// pure-decode step durations.
+#[derive(Default)]
+struct EngineClock {
+    last_step_end: Option<u64>,
+    baseline: RollingMedian,
+}
+
 #[derive(Default)]
 pub struct EngineSide {
     /// Engine requests not yet claimed or forgotten; their slab keys by id,
@@ -300,12 +311,14 @@ pub struct EngineSide {
     /// Steps built so far and not yet taken.
     steps: Vec<Step>,
     steps_seen: usize,
-    last_step_end: Option<u64>,
-    baseline: RollingMedian,
+    /// Per engine (`EngineCoreOutputs.engine_index`: with data parallelism
+    /// several engines step on their own clocks, their outputs interleaved
+    /// on the frontend's socket): its last step's end and its baseline.
+    clocks: Vec<(u64, EngineClock)>,
     /// The reader's copies (In), held only until a writer's copy shows the
     /// engine is traced; used once past the horizon (or at the end) if it
-    /// never was.
-    held_in: std::collections::VecDeque<(u64, Option<u64>, Vec<EngineOutput>)>,
+    /// never was: (sent, built, engine index, outputs).
+    held_in: std::collections::VecDeque<(u64, Option<u64>, u64, Vec<EngineOutput>)>,
     seen_writer: bool,
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
@@ -465,8 +478,9 @@ impl EngineSide {
                     r.last_ns = r.last_ns.max(*ts_ns);
                 }
             }
-            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, .. } => {
+            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, engine_index, .. } => {
                 let built = timestamp_s.and_then(s_to_ns);
+                let engine = engine_index.unwrap_or(0);
                 match dir {
                     Dir::Out => {
                         if !self.seen_writer {
@@ -479,10 +493,10 @@ impl EngineSide {
                                 self.count("engine_writer_after_reader_steps");
                             }
                         }
-                        self.step(*ts_ns, built, outputs);
+                        self.step(*ts_ns, built, engine, outputs);
                         self.touched.extend_from_slice(&self.prev_step);
                     }
-                    Dir::In if !self.seen_writer => self.held_in.push_back((*ts_ns, built, outputs.clone())),
+                    Dir::In if !self.seen_writer => self.held_in.push_back((*ts_ns, built, engine, outputs.clone())),
                     Dir::In => {}
                 }
             }
@@ -494,16 +508,23 @@ impl EngineSide {
     /// here: a step that carried someone's first token (their prefill) and
     /// took longer than the baseline of recent pure-decode steps cost the
     /// excess to every member already decoding.
-    fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, outputs: &[EngineOutput]) {
+    fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, engine: u64, outputs: &[EngineOutput]) {
         let (end_ns, impossible) = step_end(sent_ns, built_ns);
         if impossible {
             self.count("engine_timestamp_after_send");
         }
         let idx = self.steps_seen;
         self.steps_seen += 1;
-        let dur = self.last_step_end.map(|p| end_ns.saturating_sub(p));
-        let prev_end = self.last_step_end;
-        self.last_step_end = Some(end_ns);
+        let k = match self.clocks.iter().position(|c| c.0 == engine) {
+            Some(k) => k,
+            None => {
+                self.clocks.push((engine, EngineClock::default()));
+                self.clocks.len() - 1
+            }
+        };
+        let prev_end = self.clocks[k].1.last_step_end;
+        let dur = prev_end.map(|p| end_ns.saturating_sub(p));
+        self.clocks[k].1.last_step_end = Some(end_ns);
         let mut members = Vec::with_capacity(outputs.len());
         let mut decoding = std::mem::take(&mut self.decoding);
         let mut newcomers = std::mem::take(&mut self.newcomers);
@@ -552,9 +573,9 @@ impl EngineSide {
             members.push((r.num, o.new_tokens, first));
         }
         match (dur, newcomers.is_empty()) {
-            (Some(d), true) => self.baseline.push(d),
+            (Some(d), true) => self.clocks[k].1.baseline.push(d),
             (Some(d), false) => {
-                if let Some(med) = self.baseline.median().filter(|&m| d > m) {
+                if let Some(med) = self.clocks[k].1.baseline.median().filter(|&m| d > m) {
                     for &ri in &decoding {
                         let Some(r) = self.reqs.get_mut(ri) else { continue };
                         r.interference_ns += d - med;
@@ -568,7 +589,7 @@ impl EngineSide {
         }
         (self.decoding, self.newcomers) = (decoding, newcomers);
         (self.prev_step, self.cur_step) = (cur, prev);
-        self.steps.push(Step { end_ns, sent_ns, members });
+        self.steps.push(Step { end_ns, sent_ns, members, engine });
     }
 
     /// Reader's copies older than `horizon` become steps when no writer's copy
@@ -579,12 +600,12 @@ impl EngineSide {
             return;
         }
         while self.held_in.front().is_some_and(|h| h.0 < horizon_ns) {
-            let (sent, built, outputs) = self.held_in.pop_front().expect("front checked");
+            let (sent, built, engine, outputs) = self.held_in.pop_front().expect("front checked");
             if !self.from_reader {
                 self.from_reader = true;
                 self.count("engine_steps_from_reader");
             }
-            self.step(sent, built, &outputs);
+            self.step(sent, built, engine, &outputs);
         }
     }
 
@@ -1073,6 +1094,61 @@ mod tests {
         let sum = [p.frontend, p.queue, p.prefill, p.first_output, p.decode].iter().map(|x| x.unwrap()).sum::<f64>();
         assert!((sum - ra.e2e_ms().unwrap()).abs() < 1e-9, "{p:?}");
         assert_eq!((p.frontend, p.queue, p.prefill), (Some(1.0), Some(1.0), Some(18.0)));
+    }
+
+    /// [`step`] of data-parallel engine `index` (its own process and socket).
+    fn step_of(index: u64, at: u64, outs: &[(&str, bool, Option<u64>)]) -> Record {
+        let mut r = step(at, outs);
+        if let Record::EngineOutputs { engine_index, conn, .. } = &mut r {
+            *engine_index = Some(index);
+            conn.tgid += index as u32 * 100;
+        }
+        r
+    }
+
+    /// Data parallelism: engine 0 runs A then B as in
+    /// [`a_neighbours_prefill_in_a_decode_step_is_charged_as_interference_and_named`];
+    /// engine 1 decodes C in 10 ms steps of its own, 5 ms out of phase, with
+    /// its outputs interleaved on the same frontend (D, not traced from its
+    /// start, decodes there before C). Each engine's steps are
+    /// timed from its own previous step: A still loses 40 ms to B, C nothing,
+    /// and C's first step is scheduled when engine 1's previous one ended.
+    #[test]
+    fn data_parallel_engines_steps_are_timed_against_their_own_previous_step() {
+        let mut recs = http("chatcmpl-a", 5, 0);
+        recs.extend(http("chatcmpl-c", 7, 0));
+        recs.push(step_of(1, 15 * MS, &[("chatcmpl-d", false, None)]));
+        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
+        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
+        recs.push(step_of(1, 25 * MS, &[("chatcmpl-c", true, None)]));
+        recs.push(sse("chatcmpl-c", 7, 26 * MS, SseKind::Content));
+        recs.push(step(30 * MS, &[("chatcmpl-a", false, None)]));
+        recs.push(step(40 * MS, &[("chatcmpl-a", false, None)]));
+        recs.extend(http("chatcmpl-b", 6, 41 * MS));
+        recs.push(step(50 * MS, &[("chatcmpl-a", false, None)]));
+        for k in 0..9 {
+            recs.push(step_of(1, 35 * MS + k * 10 * MS, &[("chatcmpl-c", false, None)]));
+        }
+        recs.push(step(100 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", true, Some(51 * MS))]));
+        recs.push(step(110 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", false, None)]));
+        recs.push(sse("chatcmpl-a", 5, 111 * MS, SseKind::Done));
+        recs.push(end(5, 112 * MS));
+        recs.push(sse("chatcmpl-b", 6, 112 * MS, SseKind::Content));
+        recs.push(end(6, 113 * MS));
+        recs.push(sse("chatcmpl-c", 7, 116 * MS, SseKind::Done));
+        recs.push(end(7, 117 * MS));
+        recs.sort_by_key(Record::ts_ns);
+        let mut c = Correlator::new(Config::default());
+        for r in &recs {
+            c.ingest(r);
+        }
+        let a = c.finish();
+        let eng = |id: &str| a.requests.iter().find(|r| r.id == id).and_then(|r| r.engine.clone()).unwrap_or_else(|| panic!("{id} joined its engine request"));
+        let (ea, ec) = (eng("chatcmpl-a"), eng("chatcmpl-c"));
+        assert_eq!((ea.interference_ns, ea.interference_from.clone()), (40 * MS, vec![super::Name::from("chatcmpl-b")]));
+        assert_eq!(ea.steps, 6);
+        assert_eq!((ec.interference_ns, ec.steps), (0, 10), "engine 0's prefill of B is not C's step");
+        assert_eq!((ec.scheduled_ns, ec.scheduled_source), (Some(15 * MS), "step"), "C's first step began when engine 1's step before it ended");
     }
 
     /// ZMQ's I/O thread (tid 7) is woken by A's send at 1.5 ms but gets a

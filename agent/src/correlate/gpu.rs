@@ -26,8 +26,11 @@
 //!   without a GPU the engine thread's on-CPU time from `oncpu`); the
 //!   correlator takes them when the request is final.
 //!
-//! Data parallelism (several engines, each with its own GPUs) is not told
-//! apart: steps of different engines ending within [`RANK_ALIGN_NS`] merge.
+//! Data parallelism (several engines, each with its own GPUs, stepping on
+//! their own clocks): ranks are aligned only with ranks of the same engine,
+//! and an engine's output steps are matched only to its own GPU steps
+//! ([`Engines`]: which engine a GPU process serves, learned from the IPC and
+//! the injection's hello).
 
 use super::oncpu::{step_end_of, EngineCompute};
 use crate::event::Dir;
@@ -136,6 +139,9 @@ pub struct RankStep {
 /// One engine step: the same step on every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuStep {
+    /// The engine process it belongs to, when the engine IPC tied its ranks
+    /// to one ([`Engines::engine_of`]); None: no engine is known for them.
+    pub engine: Option<u32>,
     pub start_ns: u64,
     /// Latest step-end copy over the ranks.
     pub gpu_end_ns: u64,
@@ -198,6 +204,58 @@ impl Sync {
     }
 }
 
+/// Which engine each GPU process serves, learned from the records: a
+/// process that reads engine requests or writes engine outputs is an engine
+/// (vLLM's EngineCore, one per data-parallel rank); a GPU process that is
+/// not one serves its parent when that is an engine (vLLM's multiprocessing
+/// executor spawns one worker per tensor-parallel rank from the engine core;
+/// with one rank the engine core runs the model itself). Parents come from
+/// the injection's hello ([`Record::GpuProcess`]). While only one engine is
+/// known every GPU process serves it (whatever launched them: Ray actors,
+/// torchrun workers).
+#[derive(Debug, Default, Clone)]
+pub struct Engines {
+    parents: super::FxMap<u32, u32>,
+    /// Few (one per data-parallel rank): a vector.
+    engines: Vec<u32>,
+}
+
+impl Engines {
+    /// Learns from one record (any kind).
+    #[inline]
+    pub fn learn(&mut self, rec: &Record) {
+        let engine = match rec {
+            Record::GpuProcess { pid, ppid, .. } => {
+                self.parents.insert(*pid, *ppid);
+                return;
+            }
+            Record::EngineRequest { conn, dir: Dir::In, .. } | Record::EngineOutputs { conn, dir: Dir::Out, .. } => conn.tgid,
+            _ => return,
+        };
+        if !self.engines.contains(&engine) {
+            self.engines.push(engine);
+        }
+    }
+
+    /// The engine GPU process `pid` serves, when known.
+    pub fn engine_of(&self, pid: u32) -> Option<u32> {
+        if let [only] = self.engines[..] {
+            return Some(only);
+        }
+        if self.engines.contains(&pid) {
+            return Some(pid);
+        }
+        self.parents.get(&pid).copied().filter(|p| self.engines.contains(p))
+    }
+
+    /// The ranks of one engine step share this: their engine, else (no IPC
+    /// decoded) their parent, so tensor-parallel workers still align; 0:
+    /// nothing known (every such process aligns with every other).
+    fn align_key(&self, pid: u32) -> u32 {
+        self.engine_of(pid).or_else(|| self.parents.get(&pid).copied()).unwrap_or(0)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Proc {
     next_index: u32,
@@ -223,6 +281,7 @@ pub struct GpuSteps {
     /// Processes that have ended at least one step (the ranks).
     ranks: BTreeSet<u32>,
     pruned_at: u64,
+    pub engines: Engines,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -256,6 +315,7 @@ impl GpuSteps {
     /// the clock: that is most records, so it is done here, without a call.
     #[inline(always)]
     pub(crate) fn push_at(&mut self, rec: &Record, ts: u64) {
+        self.engines.learn(rec);
         if self.procs.is_empty() && self.pending.is_empty() && !matches!(rec, Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } | Record::GpuSync { .. }) {
             self.watermark = self.watermark.max(ts);
             if self.watermark >= self.pruned_at.saturating_add(PRUNE_EVERY_NS) {
@@ -400,7 +460,8 @@ impl GpuSteps {
     }
 
     /// Groups per-process steps into engine steps once no rank can still add
-    /// to the earliest group.
+    /// to the earliest group. Only ranks of one engine group: engines of
+    /// data-parallel ranks step on their own clocks.
     fn align(&mut self, wm: u64) {
         while let Some(first) = self.pending.first() {
             let t0 = first.gpu_end_ns;
@@ -408,18 +469,22 @@ impl GpuSteps {
             if wm != u64::MAX && wm < t0.saturating_add(RANK_ALIGN_NS + SYNC_LAG_NS + RANK_ALIGN_NS) {
                 break;
             }
+            let key = self.engines.align_key(first.pid);
             let mut group: Vec<RankStep> = Vec::new();
             let mut i = 0;
             while i < self.pending.len() && self.pending[i].gpu_end_ns <= t0 + RANK_ALIGN_NS {
-                if group.iter().any(|g| g.pid == self.pending[i].pid) {
+                let pid = self.pending[i].pid;
+                if group.iter().any(|g| g.pid == pid) || self.engines.align_key(pid) != key {
                     i += 1;
                     continue;
                 }
                 group.push(self.pending.remove(i));
             }
-            let missing = self.ranks.len().saturating_sub(group.len()) as u64;
+            let ranks = self.ranks.iter().filter(|&&p| self.engines.align_key(p) == key).count();
+            let missing = ranks.saturating_sub(group.len()) as u64;
             self.count("gpu_step_ranks_missing", missing);
-            self.ready.push_back(merge_ranks(group));
+            let engine = group.first().and_then(|r| self.engines.engine_of(r.pid));
+            self.ready.push_back(merge_ranks(engine, group));
         }
     }
 
@@ -508,9 +573,10 @@ fn rank_step(pid: u32, index: u32, c: Cand, host_end: u64, acts: &[Act], counts:
     }
 }
 
-fn merge_ranks(mut ranks: Vec<RankStep>) -> GpuStep {
+fn merge_ranks(engine: Option<u32>, mut ranks: Vec<RankStep>) -> GpuStep {
     ranks.sort_by_key(|r| r.pid);
     GpuStep {
+        engine,
         start_ns: ranks.iter().map(|r| r.start_ns).min().unwrap_or(0),
         gpu_end_ns: ranks.iter().map(|r| r.gpu_end_ns).max().unwrap_or(0),
         end_ns: ranks.iter().map(|r| r.end_ns).max().unwrap_or(0),
@@ -693,11 +759,27 @@ impl Eng {
     }
 }
 
-/// An engine output step: its end and (request key, first token?).
+/// An engine output step: its engine (the writer; 0 when only the reader's
+/// copy was seen), its end and (request key, first token?).
 #[derive(Debug, Clone)]
 struct OutStep {
+    engine: u32,
     end_ns: u64,
     members: Vec<(Key, bool)>,
+}
+
+/// GPU work waiting for a first token to claim it: an output-less step (or
+/// the part of a step no output member accounts for), of engine `key`.
+#[derive(Debug, Clone, Copy)]
+struct Silent {
+    key: u32,
+    end_ns: u64,
+    gpu_ns: u64,
+}
+
+/// A GPU step's engine as outputs are matched by (0: none known).
+fn step_key(g: &GpuStep) -> u32 {
+    g.engine.unwrap_or(0)
 }
 
 /// An engine request's key in [`Attribution`] (its id is hashed once per
@@ -711,14 +793,16 @@ const EV_SCHEDULED: u8 = 2;
 /// §3 "every phase also carries its GPU share"; docs/attribution.md):
 ///
 /// * every engine output step (EngineCoreOutputs, the writer's copy) is
-///   matched, [`MATCH_WAIT_NS`] after its end, to the latest GPU step that
-///   ended (host side) no later than it and not more than
+///   matched, [`MATCH_WAIT_NS`] after its end, to the latest GPU step of
+///   its engine that ended (host side) no later than it and not more than
 ///   [`IPC_AFTER_GPU_MAX_NS`] before; that GPU step's time is split among
-///   the output's members by [`member_tokens`];
+///   the output's members by [`member_tokens`]. With data parallelism each
+///   engine has its own GPU steps; an engine whose GPU processes are not
+///   known ([`Engines`]) is matched to the steps no engine is known for;
 /// * GPU steps no output step matched produced no outputs: partial prefill
 ///   chunks. The requests whose first token comes in a later output step and
 ///   that were scheduled before such a step ended claim it, split by their
-///   prefill tokens;
+///   prefill tokens (requests of the same engine only, here and below);
 /// * KV copies ([`GpuCopy::is_kv`]) are claimed by the requests whose
 ///   [submit, first token] holds the copy's start, split equally;
 /// * step compute: the matched GPU step's time, else (no GPU records at all)
@@ -739,11 +823,14 @@ pub struct Attribution {
     ids: super::FxMap<String, Key>,
     eng: super::slab::Slab<Eng>,
     outs: VecDeque<OutStep>,
-    /// Decided GPU steps not yet matched, in order.
+    /// Decided GPU steps not yet matched, in order (of every engine).
     gsteps: VecDeque<GpuStep>,
-    /// Output-less GPU steps waiting for a claim: (start, end, gpu ns).
-    silent: VecDeque<(u64, u64, u64)>,
-    kv: VecDeque<GpuCopy>,
+    /// Engines that have GPU steps of their own ([`GpuStep::engine`]).
+    gpu_engines: Vec<u32>,
+    /// Output-less GPU steps waiting for a claim.
+    silent: VecDeque<Silent>,
+    /// KV copies waiting for a claim, with their step's engine key.
+    kv: VecDeque<(u32, GpuCopy)>,
     /// Output steps waiting for their on-CPU figure, by end.
     cpu_wait: BTreeMap<u64, Vec<(Key, bool)>>,
     /// Every GPU step (copies dropped), and every output step's compute:
@@ -869,7 +956,8 @@ impl Attribution {
                 if !self.gpu_seen && *dir == Dir::Out && self.cpu.step_end(conn.tgid, end) {
                     self.cpu_wait.insert(end, members.clone());
                 }
-                self.outs.push_back(OutStep { end_ns: end, members });
+                let engine = if *dir == Dir::Out { conn.tgid } else { 0 };
+                self.outs.push_back(OutStep { engine, end_ns: end, members });
             }
             _ => {}
         }
@@ -891,7 +979,7 @@ impl Attribution {
 
     fn collect(&mut self) {
         while let Some(g) = self.gpu.pop() {
-            self.gsteps.push_back(g);
+            self.decided(g);
         }
         while let Some(c) = self.cpu.pop() {
             if self.gpu_seen {
@@ -908,15 +996,36 @@ impl Attribution {
         }
     }
 
+    /// A GPU step [`GpuSteps`] decided, in order.
+    fn decided(&mut self, g: GpuStep) {
+        if let Some(e) = g.engine.filter(|e| !self.gpu_engines.contains(e)) {
+            self.gpu_engines.push(e);
+        }
+        self.gsteps.push_back(g);
+    }
+
     fn mature(&mut self, all: bool) {
         while let Some(o) = self.outs.front() {
             if !all && self.watermark < o.end_ns.saturating_add(MATCH_WAIT_NS) {
                 break;
             }
             let o = self.outs.pop_front().expect("front checked");
+            let key = if self.gpu_engines.contains(&o.engine) { o.engine } else { 0 };
             let mut mine: Option<GpuStep> = None;
-            while self.gsteps.front().is_some_and(|g| g.end_ns <= o.end_ns.saturating_add(MATCH_SLACK_NS)) {
-                let g = self.gsteps.pop_front().expect("front checked");
+            let mut i = 0;
+            while self.gsteps.get(i).is_some_and(|g| g.end_ns <= o.end_ns.saturating_add(MATCH_SLACK_NS)) {
+                if step_key(&self.gsteps[i]) != key {
+                    // Another engine's: its own outputs match it, unless it
+                    // is too old for any output still to come.
+                    if o.end_ns.saturating_sub(self.gsteps[i].end_ns) > IPC_AFTER_GPU_MAX_NS + MATCH_WAIT_NS {
+                        let g = self.gsteps.remove(i).expect("checked");
+                        self.unmatched(g);
+                    } else {
+                        i += 1;
+                    }
+                    continue;
+                }
+                let g = self.gsteps.remove(i).expect("checked");
                 if let Some(prev) = mine.replace(g) {
                     self.unmatched(prev);
                 }
@@ -925,7 +1034,17 @@ impl Attribution {
                 let g = mine.take().expect("checked");
                 self.unmatched(g);
             }
-            self.apply(o, mine);
+            if o.members.is_empty() {
+                // A message with no outputs: the step's scheduler stats,
+                // which vLLM (and the testbed) send after every step, one
+                // that produced no tokens too (a partial prefill chunk). Its
+                // GPU step is output-less.
+                if let Some(g) = mine {
+                    self.unmatched(g);
+                }
+                continue;
+            }
+            self.apply(o, key, mine);
         }
         if all {
             while let Some(g) = self.gsteps.pop_front() {
@@ -938,26 +1057,29 @@ impl Attribution {
         }
         let old = if all { u64::MAX } else { self.watermark.saturating_sub(CLAIM_WAIT_NS) };
         let before = self.silent.len();
-        self.silent.retain(|s| s.1 > old);
+        self.silent.retain(|s| s.end_ns > old);
         let n = (before - self.silent.len()) as u64;
         self.count("gpu_steps_unattributed", n);
         let before = self.kv.len();
-        self.kv.retain(|c| c.start_ns > old);
+        self.kv.retain(|c| c.1.start_ns > old);
         let n = (before - self.kv.len()) as u64;
         self.count("gpu_kv_copies_unattributed", n);
     }
 
     /// A GPU step no output step is: output-less, its time waits for a claim.
     fn unmatched(&mut self, mut g: GpuStep) {
-        self.kv.extend(g.copies().filter(|c| c.is_kv()).copied());
-        self.silent.push_back((g.start_ns, g.end_ns, g.gpu_ns));
+        let key = step_key(&g);
+        self.kv.extend(g.copies().filter(|c| c.is_kv()).map(|c| (key, *c)));
+        self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: g.gpu_ns });
         for r in &mut g.ranks {
             r.copies = Vec::new();
         }
         self.steps.push(g);
     }
 
-    fn apply(&mut self, o: OutStep, g: Option<GpuStep>) {
+    /// Output step `o`, whose GPU steps are those of engine key `key`, and
+    /// the GPU step matched to it.
+    fn apply(&mut self, o: OutStep, key: u32, g: Option<GpuStep>) {
         if g.is_none() && self.silent.is_empty() && self.kv.is_empty() {
             // No GPU step, and nothing a first token could claim: what is
             // below would only count (every output step of a recording
@@ -983,7 +1105,7 @@ impl Attribution {
                 let mut shares = split_by_tokens(g.gpu_ns, &toks);
                 if rest > 0 && !known.is_empty() {
                     let part = shares.pop().expect("pushed");
-                    self.silent.push_back((g.start_ns, g.end_ns, part));
+                    self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: part });
                 }
                 for ((k, first), ns) in known.iter().zip(shares) {
                     let e = self.eng.get_mut(*k).expect("known");
@@ -1000,7 +1122,7 @@ impl Attribution {
                     self.count("gpu_steps_unattributed", 1);
                 }
                 self.step_compute.push(StepCompute { end_ns: o.end_ns, compute_ns: g.gpu_ns, source: ComputeSource::Cupti, gpu_end_ns: Some(g.gpu_end_ns) });
-                self.kv.extend(g.copies().filter(|c| c.is_kv()).copied());
+                self.kv.extend(g.copies().filter(|c| c.is_kv()).map(|c| (key, *c)));
                 for r in &mut g.ranks {
                     r.copies = Vec::new();
                 }
@@ -1017,26 +1139,34 @@ impl Attribution {
         }
         let mut keep = VecDeque::new();
         while let Some(s) = self.silent.pop_front() {
-            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[*k].scheduled_ns.or(self.eng[*k].submit_ns).is_some_and(|t| t <= s.1) && s.1 <= o.end_ns).collect();
+            let who: Vec<Key> = if s.key != key || s.end_ns > o.end_ns {
+                Vec::new()
+            } else {
+                firsts.iter().copied().filter(|k| self.eng[*k].scheduled_ns.or(self.eng[*k].submit_ns).is_some_and(|t| t <= s.end_ns)).collect()
+            };
             if who.is_empty() {
                 keep.push_back(s);
                 continue;
             }
             let w: Vec<u64> = who.iter().map(|k| self.eng[*k].prefill_tokens()).collect();
-            for (k, ns) in who.iter().zip(split_by_tokens(s.2, &w)) {
+            for (k, ns) in who.iter().zip(split_by_tokens(s.gpu_ns, &w)) {
                 let e = self.eng.get_mut(*k).expect("known");
                 e.share.prefill_ns += ns;
                 e.share.steps += 1;
-                e.add_compute(s.2, true, ComputeSource::Cupti);
+                e.add_compute(s.gpu_ns, true, ComputeSource::Cupti);
             }
         }
         self.silent = keep;
         let mut spans: BTreeMap<Key, Vec<(u64, u64)>> = BTreeMap::new();
         let mut keep = VecDeque::new();
-        while let Some(c) = self.kv.pop_front() {
-            let who: Vec<Key> = firsts.iter().copied().filter(|k| self.eng[*k].kv_window_start_ns() <= c.start_ns && c.start_ns <= o.end_ns).collect();
+        while let Some((ck, c)) = self.kv.pop_front() {
+            let who: Vec<Key> = if ck != key || c.start_ns > o.end_ns {
+                Vec::new()
+            } else {
+                firsts.iter().copied().filter(|k| self.eng[*k].kv_window_start_ns() <= c.start_ns).collect()
+            };
             if who.is_empty() {
-                keep.push_back(c);
+                keep.push_back((ck, c));
                 continue;
             }
             for (k, ns) in who.iter().zip(split_by_tokens(c.end_ns - c.start_ns, &vec![1; who.len()])) {
@@ -1094,8 +1224,9 @@ impl Attribution {
     /// The recording ended: decides everything left. Requests are still to
     /// be taken; [`Attribution::counters`] holds every counter.
     pub fn finish(&mut self) {
-        let rest = self.gpu.finish();
-        self.gsteps.extend(rest);
+        for g in self.gpu.finish() {
+            self.decided(g);
+        }
         for c in self.cpu.finish() {
             self.cpu.ready.push_back(c);
         }
@@ -1386,6 +1517,66 @@ mod tests {
         assert_eq!(counters.get("gpu_step_ranks_missing"), Some(&1));
     }
 
+    fn hello(pid: u32, ppid: u32) -> Record {
+        Record::GpuProcess { ts_ns: T0 - 100 * MS, pid, ppid, own_pid: pid, comm: "python".into(), cupti_version: 130401, clock: 1, enabled: 0, init_ns: T0 - 200 * MS, cupti_lib: "libcupti.so".into() }
+    }
+
+    fn engine_reads_request(engine: u32, at: u64) -> Record {
+        Record::EngineRequest {
+            conn: ConnKey { tgid: engine, fd: 12, ino: u64::from(engine) },
+            ts_ns: at,
+            tid: engine,
+            dir: Dir::In,
+            request_id: format!("r-{engine}"),
+            external_req_id: None,
+            prompt_tokens: Some(8),
+            max_tokens: None,
+            arrival_time_s: None,
+            traceparent: None,
+            data_parallel_rank: None,
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn data_parallel_engines_never_align_into_one_step_and_their_tensor_parallel_workers_do() {
+        // vLLM with data parallelism 3 behind one API server (pid 50):
+        // engine 100 and engine 200 run their models themselves (TP 1);
+        // engine 300 has two TP workers, 301 and 302, spawned from it. The
+        // engines step on their own clocks, 0.4–1 ms apart: closer than
+        // ranks of one step may be.
+        let mut recs = vec![hello(100, 50), hello(200, 50), hello(301, 300), hello(302, 300)];
+        recs.extend([100, 200, 300].map(|e| engine_reads_request(e, T0 - MS)));
+        for k in 0..3u64 {
+            let t = T0 + k * 5 * MS;
+            recs.extend(eager_step(100, t, 16).0);
+            recs.extend(eager_step(200, t + 400 * US, 24).0);
+            recs.extend(eager_step(301, t + MS, 32).0);
+            if k != 1 {
+                recs.extend(eager_step(302, t + MS + 20 * US, 32).0);
+            }
+        }
+        let (steps, counters) = run(&recs);
+        let got: Vec<(Option<u32>, Vec<u32>, Option<u64>)> = steps.iter().map(|s| (s.engine, s.ranks.iter().map(|r| r.pid).collect(), s.tokens)).collect();
+        let mut want = Vec::new();
+        for k in 0..3 {
+            want.push((Some(100), vec![100], Some(16)));
+            want.push((Some(200), vec![200], Some(24)));
+            want.push((Some(300), if k == 1 { vec![301] } else { vec![301, 302] }, Some(32)));
+        }
+        assert_eq!(got, want, "{counters:?}");
+        assert_eq!(counters.get("gpu_step_ranks_missing"), Some(&1), "only engine 300 lost a rank, once");
+
+        // Without the IPC (no engine known), the workers still align by
+        // their parent; the engines' own processes share theirs (the API
+        // server) and stay merged: nothing tells them apart.
+        recs.retain(|r| !matches!(r, Record::EngineRequest { .. }));
+        let (steps, _) = run(&recs);
+        assert!(steps.iter().all(|s| s.engine.is_none()));
+        let ranks: Vec<Vec<u32>> = steps.iter().map(|s| s.ranks.iter().map(|r| r.pid).collect()).collect();
+        assert_eq!(ranks[..2], [vec![100, 200], vec![301, 302]]);
+    }
+
     #[test]
     fn bad_late_and_stray_gpu_records_are_counted_and_never_panic() {
         let pid = 9;
@@ -1477,11 +1668,16 @@ mod tests {
     const IPC: ConnKey = ConnKey { tgid: 2, fd: 9, ino: 99 };
 
     fn add(at: u64, id: &str, prompt: u64) -> Record {
+        add_on(IPC, Dir::Out, at, id, prompt)
+    }
+
+    /// `id` submitted on `conn`: the frontend's write (Out) or the engine's read (In).
+    fn add_on(conn: ConnKey, dir: Dir, at: u64, id: &str, prompt: u64) -> Record {
         Record::EngineRequest {
-            conn: IPC,
+            conn,
             ts_ns: at,
             tid: 1,
-            dir: Dir::Out,
+            dir,
             request_id: id.into(),
             external_req_id: None,
             prompt_tokens: Some(prompt),
@@ -1497,8 +1693,13 @@ mod tests {
     /// scheduled at, computed prompt tokens) get their first token when
     /// `scheduled` is given.
     fn outputs(end: u64, members: &[(&str, Option<(u64, u64)>)]) -> Record {
+        outputs_on(IPC, end, members)
+    }
+
+    /// [`outputs`] as the engine process `conn.tgid` wrote it.
+    fn outputs_on(conn: ConnKey, end: u64, members: &[(&str, Option<(u64, u64)>)]) -> Record {
         Record::EngineOutputs {
-            conn: IPC,
+            conn,
             ts_ns: end + 50 * US,
             tid: 3,
             dir: Dir::Out,
@@ -1616,6 +1817,23 @@ mod tests {
     }
 
     #[test]
+    fn a_stats_only_message_after_a_partial_prefill_chunk_leaves_its_gpu_step_to_the_requests_first_token() {
+        // C's 400-token prompt in two chunks; after the first the engine
+        // sends only its scheduler stats (no outputs), as vLLM does with
+        // stats logging on.
+        let mut recs = vec![add(MS, "C", 400)];
+        recs.extend(gpu_step(1000, 2 * MS, 3 * MS, 256));
+        recs.push(outputs(5 * MS + 100 * US, &[]));
+        recs.extend(gpu_step(1000, 6 * MS, 2 * MS, 144));
+        recs.push(outputs(8 * MS + 100 * US, &[("C", Some((1_500 * US, 400)))]));
+        let mut a = attribute_all(&mut recs);
+        let (gc, cc) = a.take("C");
+        assert_eq!(gc.map(|g| (g.prefill_ns, g.steps)), Some((5 * MS, 2)));
+        assert_eq!(cc.and_then(|c| c.prefill_ns), Some(5 * MS));
+        assert!(a.counters.keys().all(|k| !k.contains("unattributed") && !k.contains("unmatched")), "{:?}", a.counters);
+    }
+
+    #[test]
     fn attribution_counts_outputs_without_gpu_steps_and_gpu_work_nobody_claims() {
         let mut recs = vec![add(40 * MS, "A", 10)];
         // A KV-sized copy and a step long before A existed: nobody's.
@@ -1628,6 +1846,47 @@ mod tests {
         assert_eq!(a.counters.get("gpu_ipc_steps_unmatched"), Some(&1));
         assert_eq!(a.counters.get("gpu_steps_unattributed"), Some(&1));
         assert_eq!(a.counters.get("gpu_kv_copies_unattributed"), Some(&1));
+    }
+
+    #[test]
+    fn each_data_parallel_engines_requests_get_only_their_own_engines_gpu_steps_and_copies() {
+        // Engines 100 and 200 (data parallel, each its own GPU process) step
+        // on their own clocks; their step ends lie 0.5–1 ms apart.
+        // Engine 200: D prefills alone (d0), then B's 50-token prompt is
+        // chunked: 30 tokens in b0 (no outputs), 20 in b2 beside D's decode;
+        // b1 is D's decode alone, and its output leaves b0 waiting for a
+        // claim before A's first token below.
+        // Engine 100: A's KV is onloaded at 1.2–1.8 ms, A prefills in a0
+        // (first token at 8.1 ms, after b0 ended) and decodes in a1.
+        let (e1, e2) = (ConnKey { tgid: 100, fd: 9, ino: 1 }, ConnKey { tgid: 200, fd: 9, ino: 2 });
+        let mut recs = vec![add_on(e2, Dir::In, 200 * US, "D", 10), add_on(e1, Dir::In, MS, "A", 100), add_on(e2, Dir::In, 2 * MS, "B", 50)];
+        recs.extend(gpu_step(200, 500 * US, MS, 10));
+        recs.push(outputs_on(e2, 1_550 * US, &[("D", Some((300 * US, 10)))]));
+        recs.extend(gpu_step(200, 2_500 * US, 2_500 * US, 30));
+        recs.extend(gpu_step(200, 5_500 * US, 1_500 * US, 1));
+        recs.push(outputs_on(e2, 7_050 * US, &[("D", None)]));
+        recs.extend(gpu_step(200, 8 * MS, 2 * MS, 21));
+        recs.push(outputs_on(e2, 10_050 * US, &[("D", None), ("B", Some((2_200 * US, 50)))]));
+        recs.push(copy(100, 9, 1_200 * US, 1_800 * US, COPY_HTOD, MEM_PINNED, DEVICE, 1 << 20));
+        recs.extend(gpu_step(100, 3 * MS, 5 * MS, 100));
+        recs.push(outputs_on(e1, 8_100 * US, &[("A", Some((1_500 * US, 100)))]));
+        recs.extend(gpu_step(100, 9 * MS, 500 * US, 1));
+        recs.push(outputs_on(e1, 9_600 * US, &[("A", None)]));
+        let mut a = attribute_all(&mut recs);
+        let (steps, compute) = a.take_steps();
+        let mut got: Vec<(Option<u32>, u64)> = steps.iter().map(|s| (s.engine, s.gpu_ns)).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![(Some(100), 500 * US), (Some(100), 5_600 * US), (Some(200), MS), (Some(200), 1_500 * US), (Some(200), 2 * MS), (Some(200), 2_500 * US)], "a0 holds A's onload; no step merged");
+        assert_eq!(compute.len(), 5, "every output step matched its own engine's step: {:?}", a.counters);
+        let (ga, _) = a.take("A");
+        let (gb, cb) = a.take("B");
+        let (gd, _) = a.take("D");
+        assert_eq!(ga.map(|g| (g.prefill_ns, g.decode_ns, g.kv_gpu_ns, g.steps)), Some((5_600 * US, 500 * US, 600 * US, 2)), "A claims its engine's onload and none of engine 200's chunk");
+        // B: all of b0, and 20/21 of b2; D: d0, b1 and 1/21 of b2.
+        assert_eq!(gb.map(|g| (g.prefill_ns, g.decode_ns, g.kv_gpu_ns, g.steps)), Some((2_500 * US + 1_904_762, 0, 0, 2)));
+        assert_eq!(gd.map(|g| (g.prefill_ns, g.decode_ns, g.steps)), Some((MS, 1_500 * US + 95_238, 3)));
+        assert_eq!(cb, Some(RequestCompute { prefill_ns: Some(4_500 * US), decode_ns: None, steps: 2, source: ComputeSource::Cupti }));
+        assert!(a.counters.keys().all(|k| !k.contains("unattributed") && !k.contains("unmatched")), "{:?}", a.counters);
     }
 
     #[test]

@@ -169,6 +169,9 @@ pub struct GpuStepOut {
     pub graph_kernels: u32,
     /// The processes (ranks) that ran it.
     pub pids: Vec<u32>,
+    /// The engine process whose step it is, when the engine IPC named one
+    /// (with data parallelism, each engine has its own steps).
+    pub engine_pid: Option<u32>,
 }
 
 /// One engine output step's compute.
@@ -626,6 +629,7 @@ fn gpu_step_out(g: &crate::correlate::gpu::GpuStep) -> GpuStepOut {
         kernels: g.kernels(),
         graph_kernels: g.graph_kernels(),
         pids: g.ranks.iter().map(|r| r.pid).collect(),
+        engine_pid: g.engine,
     }
 }
 
@@ -2017,7 +2021,8 @@ impl json::Value for GpuStepOut {
             .field("tokens", &self.tokens)
             .field("kernels", &self.kernels)
             .field("graph_kernels", &self.graph_kernels)
-            .field("pids", &self.pids);
+            .field("pids", &self.pids)
+            .field("engine_pid", &self.engine_pid);
         o.end();
     }
 }
@@ -2587,8 +2592,8 @@ mod tests {
     fn step_writers_and_source_names_give_serde_json_bytes() {
         use crate::correlate::gpu::ComputeSource;
         for g in [
-            GpuStepOut { end_ns: 1, gpu_end_ns: u64::MAX, start_ns: 0, gpu_ms: f64::NAN, tokens: None, kernels: 0, graph_kernels: u32::MAX, pids: vec![] },
-            GpuStepOut { end_ns: 5, gpu_end_ns: 6, start_ns: 2, gpu_ms: 0.25, tokens: Some(512), kernels: 40, graph_kernels: 3, pids: vec![1, 2] },
+            GpuStepOut { end_ns: 1, gpu_end_ns: u64::MAX, start_ns: 0, gpu_ms: f64::NAN, tokens: None, kernels: 0, graph_kernels: u32::MAX, pids: vec![], engine_pid: None },
+            GpuStepOut { end_ns: 5, gpu_end_ns: 6, start_ns: 2, gpu_ms: 0.25, tokens: Some(512), kernels: 40, graph_kernels: 3, pids: vec![1, 2], engine_pid: Some(7) },
         ] {
             assert_eq!(written(|b| g.write(b, 0)), serde_json::to_string_pretty(&g).unwrap());
         }

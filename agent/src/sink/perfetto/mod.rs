@@ -361,7 +361,7 @@ fn plan_flows<W: Write>(w: &mut TraceWriter<W>, records: &[Record], analysis: &A
     }
     // Where each step is drawn (the raw part's rule), None when it is not.
     let mut clock = StepClock::default();
-    let step_span: Vec<Option<(u64, u64)>> = analysis.steps.iter().map(|st| clock.next(st.end_ns).map(|(a, _)| (a.max(t0), st.end_ns.max(a.max(t0))))).collect();
+    let step_span: Vec<Option<(u64, u64)>> = analysis.steps.iter().map(|st| clock.next(st.engine, st.end_ns).map(|(a, _)| (a.max(t0), st.end_ns.max(a.max(t0))))).collect();
 
     // Each request's steps: those that carried its prefill (up to its first
     // token, chunked-prefill steps before it included), then its decode steps.
@@ -592,6 +592,7 @@ pub fn write_trace_with<W: Write>(out: W, input: TraceInput<'_>, enc: Encoding) 
     }
     for (k, st) in analysis.steps.iter().enumerate() {
         let info = StepInfo {
+            engine: st.engine,
             index: k as u64,
             end_ns: st.end_ns,
             sent_ns: st.sent_ns,

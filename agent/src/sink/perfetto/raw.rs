@@ -128,11 +128,14 @@ pub const STEP_FLOWS_KEEP_NS: u64 = crate::correlate::MAX_OPEN_NS + crate::corre
 /// when there are more; ~100 bytes each).
 pub const LIVE_STEP_FLOW_REQUESTS: usize = 1 << 18;
 
-/// The lane of the "GPU steps" track each GPU step is drawn on (None: not
+/// The lane of the "GPU steps" tracks each GPU step is drawn on (None: not
 /// drawn), and its drawn span. With async scheduling the host waits for a
 /// step after it launched the next one, so a step's end (the sync's return)
-/// may follow the next one's start: such steps go to overlap lanes. Run by
-/// the offline layout ahead of drawing too, so only drawn steps get flows.
+/// may follow the next one's start: such steps go to overlap lanes. Each
+/// engine (data parallelism: engines step on their own clocks) has its own
+/// lanes: lane `n` of the `k`-th engine to have a step is
+/// `k * GPU_LANES + n` ([`GpuStepLanes::track_name`]). Run by the offline
+/// layout ahead of drawing too, so only drawn steps get flows.
 pub fn gpu_step_lanes(steps: &[crate::correlate::gpu::GpuStep], t0: u64) -> Vec<Option<(u32, u64, u64)>> {
     let mut lanes = GpuStepLanes::default();
     steps.iter().map(|g| lanes.place(g, t0)).collect()
@@ -142,28 +145,59 @@ pub fn gpu_step_lanes(steps: &[crate::correlate::gpu::GpuStep], t0: u64) -> Vec<
 /// as the correlator decides them, not all at its end.
 #[derive(Default)]
 pub struct GpuStepLanes {
+    /// Per engine, in the order of their first step.
+    engines: Vec<(Option<u32>, EngineLanes)>,
+}
+
+#[derive(Default)]
+struct EngineLanes {
     free_at: Vec<u64>,
     last_start: u64,
 }
 
 impl GpuStepLanes {
     pub fn place(&mut self, g: &crate::correlate::gpu::GpuStep, t0: u64) -> Option<(u32, u64, u64)> {
+        let k = match self.engines.iter().position(|e| e.0 == g.engine) {
+            Some(k) => k,
+            None => {
+                self.engines.push((g.engine, EngineLanes::default()));
+                self.engines.len() - 1
+            }
+        };
+        let lanes = &mut self.engines[k].1;
         let start = g.start_ns.max(t0);
         let end = g.end_ns.max(start);
-        if start < self.last_start {
+        if start < lanes.last_start {
             return None;
         }
-        self.last_start = start;
-        let lane = match self.free_at.iter().position(|f| *f <= start) {
+        lanes.last_start = start;
+        let lane = match lanes.free_at.iter().position(|f| *f <= start) {
             Some(l) => l,
-            None if self.free_at.len() < GPU_LANES as usize => {
-                self.free_at.push(0);
-                self.free_at.len() - 1
+            None if lanes.free_at.len() < GPU_LANES as usize => {
+                lanes.free_at.push(0);
+                lanes.free_at.len() - 1
             }
             None => return None,
         };
-        self.free_at[lane] = end;
-        Some((lane as u32, start, end))
+        lanes.free_at[lane] = end;
+        Some((k as u32 * GPU_LANES + lane as u32, start, end))
+    }
+
+    /// The name of lane `lane` ([`Self::place`]'s): the first engine's
+    /// lanes are "GPU steps" (what a recording with one engine shows),
+    /// every other engine's name its pid.
+    pub fn track_name(&self, lane: u32) -> String {
+        let (k, n) = ((lane / GPU_LANES) as usize, lane % GPU_LANES);
+        let engine = match (k, self.engines.get(k).and_then(|e| e.0)) {
+            (0, _) => None,
+            (_, Some(pid)) => Some(format!("engine {pid}")),
+            (_, None) => Some("no engine".to_owned()),
+        };
+        let overlap = (n > 0).then(|| format!("overlap {n}"));
+        match [engine, overlap].into_iter().flatten().collect::<Vec<_>>().join(", ") {
+            s if s.is_empty() => names::GPU_STEPS.to_owned(),
+            s => format!("{} ({s})", names::GPU_STEPS),
+        }
     }
 }
 
@@ -372,20 +406,27 @@ struct GpuFlowIds {
 }
 
 /// Where step slices go: (start, end, slice?) from a step's end, or None when
-/// it ended before the previous one.
+/// it ended before the previous one of its engine (data parallelism:
+/// engines step on their own clocks).
 #[derive(Default)]
 pub struct StepClock {
-    prev: Option<u64>,
+    /// Per engine index: its previous step's end.
+    prev: Vec<(u64, u64)>,
 }
 
 impl StepClock {
-    pub fn next(&mut self, end: u64) -> Option<(u64, bool)> {
-        let span = match self.prev {
-            Some(p) if end < p => return None,
-            Some(p) if p < end && end - p <= STEP_GAP_NS => (p, true),
+    pub fn next(&mut self, engine: u64, end: u64) -> Option<(u64, bool)> {
+        let Some(k) = self.prev.iter().position(|p| p.0 == engine) else {
+            self.prev.push((engine, end));
+            return Some((end, false));
+        };
+        let p = self.prev[k].1;
+        let span = match p {
+            p if end < p => return None,
+            p if p < end && end - p <= STEP_GAP_NS => (p, true),
             _ => (end, false),
         };
-        self.prev = Some(end);
+        self.prev[k].1 = end;
         Some(span)
     }
 }
@@ -429,6 +470,8 @@ impl ProcessNames {
 
 /// One engine step to draw.
 pub struct StepInfo {
+    /// The engine index (data-parallel rank) that ran it.
+    pub engine: u64,
     pub index: u64,
     pub end_ns: u64,
     pub sent_ns: u64,
@@ -448,8 +491,9 @@ pub struct RawLayout {
     thread_free_at: FxMap<(u32, u32), u64>,
     lanes: Lanes,
     lane_tracks: FxMap<(u32, u32, u32, u32), TrackId>,
-    steps_track: Option<TrackId>,
-    gpu_step_tracks: Vec<TrackId>,
+    /// Per engine index, in the order of their first step.
+    steps_tracks: Vec<(u64, TrackId)>,
+    gpu_step_tracks: FxMap<u32, TrackId>,
     gpu_step_lanes: GpuStepLanes,
     step_clock: StepClock,
     /// Live steps: the direction steps come from (the engine's writes win
@@ -496,8 +540,8 @@ impl RawLayout {
             thread_free_at: FxMap::default(),
             lanes: Lanes::default(),
             lane_tracks: FxMap::default(),
-            steps_track: None,
-            gpu_step_tracks: Vec::new(),
+            steps_tracks: Vec::new(),
+            gpu_step_tracks: FxMap::default(),
             gpu_step_lanes: GpuStepLanes::default(),
             step_clock: StepClock::default(),
             step_dir: None,
@@ -613,7 +657,7 @@ impl RawLayout {
                 self.stats.offcpu_slices += 1;
             }
             Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } => self.gpu(w, rec, flows)?,
-            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, .. } if self.steps_from_records => {
+            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, engine_index, .. } if self.steps_from_records => {
                 // The engine's own writes when traced, else the frontend's reads.
                 match (self.step_dir, dir) {
                     (Some(Dir::Out), Dir::In) => return Ok(()),
@@ -621,7 +665,8 @@ impl RawLayout {
                 }
                 // The correlator's end: its GPU step is matched by it.
                 let end_ns = crate::correlate::oncpu::step_end_of(*ts_ns, *timestamp_s);
-                let span = self.step_clock.next(end_ns);
+                let engine = engine_index.unwrap_or(0);
+                let span = self.step_clock.next(engine, end_ns);
                 let mut firsts = 0;
                 let mut ids = std::mem::take(&mut self.step_ids);
                 ids.clear();
@@ -661,6 +706,7 @@ impl RawLayout {
                     }
                 }
                 let info = StepInfo {
+                    engine,
                     index: self.stats.steps + self.stats.steps_skipped,
                     end_ns,
                     sent_ns: *ts_ns,
@@ -902,10 +948,10 @@ impl RawLayout {
                 self.stats.gpu_steps_skipped += 1;
                 continue;
             };
-            while self.gpu_step_tracks.len() <= lane as usize {
-                let n = self.gpu_step_tracks.len();
-                let name = if n == 0 { names::GPU_STEPS.to_owned() } else { format!("{} (overlap {n})", names::GPU_STEPS) };
-                self.gpu_step_tracks.push(w.track(&name, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() }));
+            if !self.gpu_step_tracks.contains_key(&lane) {
+                let name = self.gpu_step_lanes.track_name(lane);
+                let t = w.track(&name, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() });
+                self.gpu_step_tracks.insert(lane, t);
             }
             let pids = g.ranks.iter().map(|r| r.pid.to_string()).collect::<Vec<_>>().join(",");
             let mut args = vec![
@@ -917,6 +963,9 @@ impl RawLayout {
                 Arg::u64("ranks", g.ranks.len() as u64),
                 Arg::str("pids", &pids),
             ];
+            if let Some(e) = g.engine {
+                args.push(Arg::u64("engine_pid", u64::from(e)));
+            }
             if let Some(t) = g.tokens {
                 args.push(Arg::u64("tokens", t));
             }
@@ -924,7 +973,7 @@ impl RawLayout {
                 Some(f) => (f.start.as_slice(), f.end.as_slice()),
                 None => (ids.as_slice(), &[][..]),
             };
-            let track = self.gpu_step_tracks[lane as usize];
+            let track = self.gpu_step_tracks[&lane];
             w.begin(start, track, &Event::named(names::GPU_STEP).args(&args).flows(starts).terminating_flows(ends))?;
             w.end(end, track)?;
             self.stats.gpu_steps += 1;
@@ -977,7 +1026,7 @@ impl RawLayout {
 
     /// Draws one engine step (in step order) and the tokens/s counter.
     pub fn step<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &StepInfo, flows: Option<&Ends>) -> Result<(), PerfettoError> {
-        let Some(span) = self.step_clock.next(st.end_ns) else {
+        let Some(span) = self.step_clock.next(st.engine, st.end_ns) else {
             self.stats.steps_skipped += 1;
             return Ok(());
         };
@@ -1054,15 +1103,26 @@ impl RawLayout {
 
     /// Draws a step whose clock said `(start, slice)`, with its flow ends.
     fn draw_step<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &StepInfo, (start, slice): (u64, bool), starts: &[u64], ends: &[u64]) -> Result<(), PerfettoError> {
-        let track = *self.steps_track.get_or_insert_with(|| w.track(names::STEPS, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() }));
+        let track = match self.steps_tracks.iter().find(|t| t.0 == st.engine) {
+            Some(t) => t.1,
+            None => {
+                // Engine 0 (or the only one: no index) keeps the plain name.
+                let name = if st.engine == 0 { names::STEPS.to_owned() } else { format!("{} (DP rank {})", names::STEPS, st.engine) };
+                let t = w.track(&name, TrackOpts { rank: Some(3), own_sequence: true, ..TrackOpts::default() });
+                self.steps_tracks.push((st.engine, t));
+                t
+            }
+        };
         let args = [
             Arg::u64("step", st.index),
             Arg::u64("requests", st.requests),
             Arg::u64("new_tokens", st.new_tokens),
             Arg::u64("first_tokens", st.first_tokens),
             Arg::u64("sent_ns", st.sent_ns),
+            Arg::u64("engine_index", st.engine),
         ];
-        let ev = Event::named(names::STEP).args(&args).flows(starts).terminating_flows(ends);
+        let args = if st.engine == 0 { &args[..5] } else { &args[..] };
+        let ev = Event::named(names::STEP).args(args).flows(starts).terminating_flows(ends);
         let start = start.max(self.t0);
         let end = st.end_ns.max(start);
         if slice {

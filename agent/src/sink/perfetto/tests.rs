@@ -1431,6 +1431,7 @@ fn gpu_step_flows_reach_every_rank_and_streamed_ones_declare_the_ids_of_a_copy_t
 fn gpu_steps_that_overlap_go_to_a_second_lane() {
     use crate::correlate::gpu::{GpuStep, RankStep};
     let step = |start: u64, end: u64| GpuStep {
+        engine: None,
         start_ns: start,
         gpu_end_ns: end - 10,
         end_ns: end,
@@ -1448,6 +1449,40 @@ fn gpu_steps_that_overlap_go_to_a_second_lane() {
     assert_eq!((st.gpu_steps, st.gpu_steps_skipped), (3, 0));
     assert_eq!(s.track(names::GPU_STEPS).unwrap().slices.get(names::GPU_STEP), Some(&2));
     assert_eq!(s.track("GPU steps (overlap 1)").unwrap().slices.get(names::GPU_STEP), Some(&1));
+}
+
+#[test]
+fn each_data_parallel_engines_gpu_steps_get_their_own_tracks_and_none_is_skipped() {
+    use crate::correlate::gpu::{GpuStep, RankStep};
+    let step = |engine: u32, start: u64, end: u64| GpuStep {
+        engine: Some(engine),
+        start_ns: start,
+        gpu_end_ns: end - 10,
+        end_ns: end,
+        gpu_ns: end - start,
+        tokens: None,
+        ranks: vec![RankStep { pid: engine, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![] }],
+    };
+    // Two engines stepping on their own clocks, 1 ms apart: the correlator
+    // hands out engine 200's second step before engine 100's (which started
+    // earlier), and engine 200's steps overlap engine 100's.
+    let steps = [step(100, T0, T0 + 3 * MS), step(200, T0 + MS, T0 + 4 * MS), step(200, T0 + 4 * MS, T0 + 7 * MS), step(100, T0 + 3 * MS, T0 + 6 * MS)];
+    let placed: Vec<Option<u32>> = raw::gpu_step_lanes(&steps, T0 - MS).iter().map(|p| p.map(|x| x.0)).collect();
+    assert_eq!(placed, vec![Some(0), Some(raw::GPU_LANES), Some(raw::GPU_LANES), Some(0)]);
+    let analysis = Analysis { gpu_steps: steps.to_vec(), ..Analysis::default() };
+    let m = meta();
+    let (bytes, st) = write_trace(Vec::new(), TraceInput { meta: &m, records: &[], analysis: &analysis, read_error: None }).unwrap();
+    let s = checked(&bytes);
+    assert_eq!((st.gpu_steps, st.gpu_steps_skipped), (4, 0));
+    assert_eq!(s.track(names::GPU_STEPS).unwrap().slices.get(names::GPU_STEP), Some(&2));
+    assert_eq!(s.track("GPU steps (engine 200)").unwrap().slices.get(names::GPU_STEP), Some(&2));
+    assert!(s.tracks.iter().all(|t| !t.name.contains("overlap")), "no engine's steps overlap its own");
+    let mut lanes = raw::GpuStepLanes::default();
+    for g in &steps {
+        lanes.place(g, T0);
+    }
+    let names: Vec<String> = [0, 1, raw::GPU_LANES, raw::GPU_LANES + 2].map(|l| lanes.track_name(l)).into();
+    assert_eq!(names, ["GPU steps", "GPU steps (overlap 1)", "GPU steps (engine 200)", "GPU steps (engine 200, overlap 2)"]);
 }
 
 #[test]
@@ -1496,6 +1531,42 @@ fn a_decode_slowed_by_a_neighbours_prefill_names_it_in_the_decode_and_request_ar
     // B's chunks were written before its engine first token here, so its
     // decode has no duration and is not drawn: only A's decode slice.
     assert_eq!(decodes, vec![(Some(8.0), Some(out.interference_from[0].clone()))]);
+}
+
+/// Data parallelism: two engines (DP ranks 0 and 1, each its own process)
+/// step every 2 ms, 1 ms out of phase, their outputs interleaved. Each
+/// engine's steps are drawn on a track of their own, timed from that
+/// engine's previous step; none is left out.
+#[test]
+fn each_data_parallel_engines_steps_are_drawn_on_their_own_track_from_its_own_previous_step() {
+    let mut recs = exchange(conn(5), 0, T0, 6, "s1");
+    recs.extend(exchange(conn(6), 0, T0, 6, "s2"));
+    let steps = |from: u64| (0..6).map(|k| (from + k * 2 * MS, 1)).collect::<Vec<_>>();
+    recs.extend(engine_steps("chatcmpl-5-0", T0 + MS, &steps(T0 + 4 * MS)));
+    for mut r in engine_steps("chatcmpl-6-0", T0 + MS, &steps(T0 + 5 * MS)) {
+        if let Record::EngineOutputs { engine_index, conn, .. } = &mut r {
+            *engine_index = Some(1);
+            conn.tgid = ENGINE + 1;
+        }
+        recs.push(r);
+    }
+    let recs = sorted(recs);
+    let (whole, wst) = trace_of(&recs);
+    let (streamed, sst) = streamed_trace(&recs);
+    for (bytes, st) in [(&whole, wst), (&streamed, sst)] {
+        assert_eq!((st.steps, st.steps_skipped), (12, 0));
+        let s = checked(bytes);
+        // The first step of each is an instant (nothing before it); the
+        // other five are 2 ms slices.
+        for name in [names::STEPS.to_owned(), format!("{} (DP rank 1)", names::STEPS)] {
+            assert_eq!(s.track(&name).unwrap_or_else(|| panic!("{name}")).slices.get(names::STEP), Some(&5), "{name}");
+        }
+        let t = decode(bytes);
+        let mut slices: Vec<u64> = slices_named(&t, names::STEP).map(|(ts, _)| ts).collect();
+        slices.sort_unstable();
+        let want: Vec<u64> = (0..5).flat_map(|k| [T0 + 4 * MS + k * 2 * MS, T0 + 5 * MS + k * 2 * MS]).collect();
+        assert_eq!(slices, want, "each slice starts at its own engine's previous step end");
+    }
 }
 
 /// `records` as a recording file's bytes.

@@ -27,6 +27,8 @@
 #                  (needs the wheels: the bundle's, or .whl from examples/gpu/fetch_wheels.sh)
 #   8 nvml         `hopscope record --nvml-period 50` of a CUDA process holding 1 GiB: the
 #                  report's NVML samples and peak GPU memory (the real libnvidia-ml path)
+#   9 testbed-dp   only if under 200 s so far: the testbed with 2 data-parallel engines on the
+#                  one GPU; each engine's CUPTI step ends against its own truth
 # Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
 set -u
 cd "$(dirname "$0")/.."
@@ -297,6 +299,37 @@ PYEOF
   fi
 else
   note "nvml: skipped ($AGENT not carried)"
+fi
+
+step "9 testbed-dp"
+# Data parallelism: two testbed engines (EngineCore_DP0/1) sharing the GPU behind one API
+# server; each engine's CUPTI steps must be told apart and match that engine's truth
+# (docs/attribution.md "Data parallelism"). Last and optional: only when the steps above
+# left time (the whole check stays under 5 minutes).
+if [ $(( $(date +%s) - T0 )) -gt 200 ]; then
+  note "testbed-dp: skipped (no time left: $(( $(date +%s) - T0 )) s elapsed)"
+elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
+  W=/tmp/tb-dp; rm -rf "$W"; mkdir -p "$W"
+  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout 80 "$AGENT" run --quiet \
+      -o "$OUT/testbed-dp.hop" --cupti-lib "$INJ" -- \
+      $PY -m testbed.serve --device "$TB_DEVICE" --data-parallel-size 2 --port 0 --port-file "$W/port" \
+      --ground-truth "$OUT/testbed-dp.truth.jsonl" >"$OUT/testbed-dp-agent.log" 2>&1 &
+  APID=$!
+  for _ in $(seq 450); do [ -f "$W/port" ] && break; kill -0 $APID 2>/dev/null || break; sleep 0.1; done
+  if [ -f "$W/port" ]; then
+    PYTHONPATH="/tmp/tb-site" timeout 40 $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$W/port")" \
+      --chains 4 --hops 2 --max-tokens 32 --out "$OUT/testbed-dp.client.jsonl" >"$OUT/testbed-dp-client.log" 2>&1
+    note "testbed-dp: client rc=$? $(tail -1 "$OUT/testbed-dp-client.log" | cut -c1-200)"
+  else
+    note "testbed-dp: server did not come up (see testbed-dp-agent.log)"
+  fi
+  kill -INT $APID 2>/dev/null; wait $APID; note "testbed-dp: hopscope rc=$?"
+  "$AGENT" report "$OUT/testbed-dp.hop" --json >"$OUT/testbed-dp.report.json" 2>"$OUT/testbed-dp.report.txt"
+  "$AGENT" trace "$OUT/testbed-dp.hop" -o "$OUT/testbed-dp.pftrace" >>"$OUT/testbed-dp.report.txt" 2>&1
+  $PY examples/gpu/check_gpu_steps.py "$OUT/testbed-dp.report.json" "$OUT/testbed-dp.truth.jsonl" --tolerance-us 50 2>&1 \
+    | sed 's/^/testbed-dp: /' | tee -a "$SUMMARY"
+else
+  note "testbed-dp: skipped (needs $AGENT, $INJ and step 7's wheels)"
 fi
 
 note "total: $(( $(date +%s) - T0 )) s"

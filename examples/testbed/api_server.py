@@ -1,7 +1,10 @@
 """The API server process: FastAPI app + an AsyncLLM-like ZeroMQ client of the engine.
 
 * ``AsyncEngineClient`` binds the input ROUTER and the output PULL on ``ipc://`` paths, spawns the
-  EngineCore process, waits for the engine's ready message, then runs an output-handler task that
+  EngineCore process (``--data-parallel-size N``: N of them, ``EngineCore_DP<i>``, each its own
+  DEALER identity on the one ROUTER and PUSH to the one PULL, as vLLM's DP client; each request
+  goes to the engine with the fewest requests in flight), waits for the engines' ready messages,
+  then runs an output-handler task that
   decodes every EngineCoreOutputs, detokenises incrementally, applies stop strings (aborting the
   engine request, as vLLM's output processor does) and feeds per-request queues.
 * Endpoints: ``/v1/chat/completions``, ``/v1/completions`` (streaming SSE and plain JSON),
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -94,7 +98,10 @@ class AsyncEngineClient:
         self.engine_ipc_dir = engine_ipc_dir or ipc_dir
         self.states: dict[str, RequestState] = {}
         self.encoder = make_encoder()
-        self.proc: Optional[multiprocessing.process.BaseProcess] = None
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        # per engine identity: its requests in flight (routing); per engine request: its engine
+        self.inflight: dict[bytes, int] = {}
+        self.engine_of: dict[str, bytes] = {}
         self.ready: dict = {}
         self.dead = False
         self._output_task: Optional[asyncio.Task] = None
@@ -113,42 +120,50 @@ class AsyncEngineClient:
         self.output_sock.setsockopt(zmq.RCVHWM, 0)
         self.output_sock.bind(self.output_addr)
         mp = multiprocessing.get_context("spawn")
-        self.proc = mp.Process(target=run_engine_core, name=f"EngineCore_DP{self.cfg.engine_index}",
-                               args=(self.cfg, engine_in, engine_out, os.getpid()), daemon=True)
-        self.proc.start()
+        n = max(1, self.cfg.data_parallel_size)
+        for i in range(n):
+            cfg = dataclasses.replace(self.cfg, engine_index=i) if n > 1 else self.cfg
+            p = mp.Process(target=run_engine_core, name=f"EngineCore_DP{cfg.engine_index}",
+                           args=(cfg, engine_in, engine_out, os.getpid()), daemon=True)
+            p.start()
+            self.procs.append(p)
         deadline = time.monotonic() + timeout_s
-        while True:
+        while len(self.inflight) < n:
             if await self.input_sock.poll(200):
                 ident, payload = await self.input_sock.recv_multipart()
-                self.engine_ident = ident
+                self.inflight[ident] = 0
                 self.ready = msgspec.msgpack.decode(payload)
-                break
-            if not self.proc.is_alive():
-                raise RuntimeError(f"engine process exited with code {self.proc.exitcode} during startup")
+                continue
+            for p in self.procs:
+                if not p.is_alive():
+                    raise RuntimeError(f"engine process {p.name} exited with code {p.exitcode} during startup")
             if time.monotonic() > deadline:
-                raise RuntimeError("engine process did not become ready in time")
+                raise RuntimeError(f"{n - len(self.inflight)} of {n} engine processes did not become ready in time")
         self._output_task = asyncio.create_task(self._output_loop(), name="output_handler")
         self._monitor_task = asyncio.create_task(self._monitor(), name="engine_monitor")
 
     async def _monitor(self) -> None:
-        """Like vLLM's engine-death monitor: fail waiting requests if the engine process dies."""
-        while self.proc is not None and self.proc.is_alive():
+        """Like vLLM's engine-death monitor: fail waiting requests if an engine process dies."""
+        while all(p.is_alive() for p in self.procs):
             await asyncio.sleep(1.0)
         self.dead = True
+        gone = ", ".join(f"{p.name} exited ({p.exitcode})" for p in self.procs if not p.is_alive())
         for st in list(self.states.values()):
-            st.queue.put_nowait(Delta("", 0, "error", f"engine process exited ({self.proc.exitcode})"))
+            st.queue.put_nowait(Delta("", 0, "error", f"engine process {gone}"))
         self.states.clear()
 
     async def shutdown(self) -> None:
         for task in (self._output_task, getattr(self, "_monitor_task", None)):
             if task is not None:
                 task.cancel()
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout=10)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(timeout=5)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
         self.input_sock.close(linger=0)
         self.output_sock.close(linger=0)
         self.ctx.term()
@@ -165,20 +180,34 @@ class AsyncEngineClient:
         if self.dead:
             raise EngineDeadError("engine core is dead")
         self.states[ecr.request_id] = state
+        # vLLM's DP load balancing: the engine with the fewest requests (ties: the lowest index)
+        ident = min(self.inflight, key=lambda i: (self.inflight[i], i))
+        self.inflight[ident] += 1
+        self.engine_of[ecr.request_id] = ident
         payload = self.encoder.encode(ecr)
         t_submit = time.monotonic_ns()
-        await self.input_sock.send_multipart([self.engine_ident, EngineCoreRequestType.ADD.value, payload],
-                                             copy=False)
+        await self.input_sock.send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
         return t_submit, time.monotonic_ns()
 
+    def _done(self, engine_id: str) -> None:
+        ident = self.engine_of.pop(engine_id, None)
+        if ident is not None:
+            self.inflight[ident] -= 1
+
     async def abort(self, engine_ids: list[str]) -> None:
-        ids = [i for i in engine_ids]
-        for i in ids:
+        per_engine: dict[bytes, list[str]] = {}
+        for i in engine_ids:
             st = self.states.pop(i, None)
             if st is not None:
                 st.finished = True
-        if ids and not self.dead:
-            await self.input_sock.send_multipart([self.engine_ident, EngineCoreRequestType.ABORT.value,
+            ident = self.engine_of.get(i)
+            if ident is not None:
+                per_engine.setdefault(ident, []).append(i)
+                self._done(i)
+        if self.dead:
+            return
+        for ident, ids in per_engine.items():
+            await self.input_sock.send_multipart([ident, EngineCoreRequestType.ABORT.value,
                                                   self.encoder.encode(ids)], copy=False)
 
     async def _output_loop(self) -> None:
@@ -225,6 +254,8 @@ class AsyncEngineClient:
                     if finish is not None:
                         st.finished = True
                         self.states.pop(o.request_id, None)
+                        if o.request_id not in to_abort:  # abort() still routes those
+                            self._done(o.request_id)
                 if to_abort:
                     await self.abort(to_abort)
         except asyncio.CancelledError:

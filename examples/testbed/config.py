@@ -26,6 +26,8 @@ class EngineConfig:
     log_stats: bool = True
     allow_eos: bool = False
     engine_index: int = 0
+    # engines behind the one API server (vLLM --data-parallel-size): engine i is EngineCore_DP<i>
+    data_parallel_size: int = 1
     ground_truth: Optional[str] = None
     step_sleep_ms: float = 0.0  # artificial extra time per step (slows the engine down for demos)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -66,6 +68,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="model weight seed")
     g.add_argument("--step-sleep-ms", type=float, default=0.0,
                    help="extra sleep inside every engine step (inside the step's span)")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="engine processes behind the API server, each with its own model and KV cache "
+                        "(vLLM's data parallelism; requests go to the engine with the fewest in flight)")
     g.add_argument("--ground-truth", default=None, metavar="FILE",
                    help="append CLOCK_MONOTONIC ground truth (JSONL) from both processes")
 
@@ -85,6 +90,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         cuda_graphs=a.cuda_graphs,
         log_stats=a.log_stats,
         allow_eos=a.allow_eos,
+        data_parallel_size=a.data_parallel_size,
         ground_truth=a.ground_truth,
         step_sleep_ms=a.step_sleep_ms,
         model=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, d_ff=a.d_ff,

@@ -158,6 +158,7 @@ class EngineCoreProc:
                     r.truth["first_output_send_ns"] = t_send
                 for r in finished:
                     r.truth["finished_send_ns"] = t_send
+                    r.truth["engine"] = self.cfg.engine_index
                     self.truth.write(r.truth)
         finally:
             sock.close(linger=4000)
@@ -241,6 +242,7 @@ class EngineCoreProc:
         if self.truth.enabled:
             step_rec = {
                 "type": "step",
+                "engine": self.cfg.engine_index,
                 "step": so.step,
                 "start_ns": t0,
                 "end_ns": t_end,

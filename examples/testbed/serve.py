@@ -104,7 +104,7 @@ async def _serve(args: argparse.Namespace) -> None:
             while not server.started:
                 await asyncio.sleep(0.02)
             print(f"testbed: serving {cfg.model_name} on http://{args.host}:{port} "
-                  f"(api pid {os.getpid()}, engine pid {client.proc.pid}, device {cfg.device})",
+                  f"(api pid {os.getpid()}, engine pid {', '.join(str(p.pid) for p in client.procs)}, device {cfg.device})",
                   file=sys.stderr, flush=True)
             if args.port_file:
                 tmp = args.port_file + ".tmp"

@@ -142,3 +142,37 @@ def test_preemption_and_kv_offload_with_tiny_pool(tmp_path):
     assert any(r["kv_copies"] for r in reqs)
     stop = [r for r in read_truth(tb.truth_path) if r["type"] == "engine_stop"][0]
     assert stop["preemptions"] >= 1 and stop["offloaded_blocks"] >= 1 and stop["onloaded_blocks"] >= 1
+
+
+def test_data_parallel_engines_share_the_load_abort_their_own_requests_and_stop(tmp_path):
+    tb = Testbed("--data-parallel-size", "2", "--max-num-seqs", "2", workdir=str(tmp_path)).start()
+    try:
+        hops = run_chains(tb.base_url, "--chains", "4", "--hops", "2", "--max-tokens", "12",
+                          out=str(tmp_path / "c.jsonl"))
+        assert not any(h["error"] for h in hops) and all(h["completion_tokens"] == 12 for h in hops)
+        # a stop string: the API server aborts the engine request on the engine that runs it
+        r = httpx.post(tb.base_url + "/v1/completions", json={
+            "model": MODEL, "prompt": "stop here", "max_tokens": 2000, "stop": [" "], "seed": 1}, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+        ids = {h["id"] for h in hops}
+        recs = _wait(tb.truth_path, lambda rs: len([x for x in rs if x["type"] == "request"]) >= len(ids) + 1)
+    finally:
+        engine_pids = [x["pid"] for x in read_truth(tb.truth_path) if x["type"] == "engine_start"]
+        assert tb.stop() == 0
+    assert len(engine_pids) == 2
+    reqs = [x for x in recs if x["type"] == "request"]
+    by_engine = {e: [x for x in reqs if x["engine"] == e] for e in (0, 1)}
+    assert by_engine[0] and by_engine[1], "concurrent chains are spread over both engines"
+    stopped = [x for x in reqs if x["finish_reason"] in ("abort", "stop") and x["external_id"].startswith("cmpl-")]
+    assert len(stopped) == 1 and stopped[0]["output_tokens"] < 2000, "the abort reached the request's own engine"
+    steps = [x for x in recs if x["type"] == "step"]
+    for e in (0, 1):
+        mine = {x["req"] for x in by_engine[e]}
+        own = [s for s in steps if s["engine"] == e]
+        # each engine numbers its own steps and runs only its own requests
+        assert [s["step"] for s in own] == list(range(1, len(own) + 1))
+        assert all(m["req"] in mine for s in own for m in s["members"] if m["req"] in {x["req"] for x in reqs})
+    types = [x["type"] for x in read_truth(tb.truth_path)]
+    assert types.count("engine_stop") == 2 and types[-1] == "frontend_stop"
+    for pid in engine_pids:
+        assert not _pid_alive(pid)

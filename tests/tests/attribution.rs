@@ -291,3 +291,41 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
     eprintln!("sse-cluster steps: {exact}/{n} requests exact, total |error| {abs_err} of {total} steps ({:.1} %)", rel * 100.0);
     assert!(rel <= 0.05, "step count error {:.1} % > 5 %", rel * 100.0);
 }
+
+/// Data parallelism (vLLM `--data-parallel-size`): two engine processes
+/// behind one API server, each with its own scheduler, stepping on its own
+/// clock; their outputs interleave on the frontend's one socket. Every
+/// request's phases still match the truth, neighbours are only ever charged
+/// for interference within their own engine, and the trace draws each
+/// engine's steps on its own track, all of them.
+#[test]
+fn phases_match_ground_truth_with_two_data_parallel_engines() {
+    let Some(_serial) = privileged("phases_match_ground_truth_with_two_data_parallel_engines") else { return };
+    let run = run_testbed("attr-dp", &["--data-parallel-size", "2", "--max-num-seqs", "2"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "40"]]);
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("2 data-parallel engines: worst phase error {worst:.3} ms");
+    let engine_of: HashMap<&str, i64> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["external_id"].as_str().unwrap(), t["engine"].as_i64().unwrap())).collect();
+    assert_eq!(engine_of.values().collect::<BTreeSet<_>>(), [0, 1].iter().collect(), "both engines served requests");
+    let mut charged = 0;
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let mine = engine_of[r["id"].as_str().unwrap()];
+        for from in r["interference_from"].as_array().into_iter().flatten() {
+            let from = from.as_str().unwrap();
+            assert_eq!(engine_of.get(from), Some(&mine), "{}: charged for {from}, which ran on the other engine", r["id"]);
+            charged += 1;
+        }
+    }
+    eprintln!("interference: {charged} neighbours named, all on the request's own engine");
+
+    let trace = run.hop.with_extension("pftrace");
+    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
+    for (engine, track) in [(0, "Engine steps".to_owned()), (1, "Engine steps (DP rank 1)".to_owned())] {
+        let steps = summary.track(&track).unwrap_or_else(|| panic!("no {track} track"));
+        let drawn: u64 = steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>();
+        let want = run.truth.iter().filter(|t| t["type"] == "step" && t["engine"] == engine && t["outputs"].as_array().is_some_and(|o| !o.is_empty())).count();
+        assert_eq!(drawn as usize, want, "{track}: every output step of engine {engine} drawn");
+    }
+}

@@ -1010,6 +1010,15 @@ impl Attribution {
                 break;
             }
             let o = self.outs.pop_front().expect("front checked");
+            if o.members.is_empty() {
+                // A message with no outputs: scheduler stats, which vLLM
+                // (and the testbed) send after every step, one that made no
+                // tokens too (a partial prefill chunk), or an engine's
+                // report to the data-parallel coordinator. It claims no GPU
+                // step: the next output of its engine finds a chunk's step
+                // output-less.
+                continue;
+            }
             let key = if self.gpu_engines.contains(&o.engine) { o.engine } else { 0 };
             let mut mine: Option<GpuStep> = None;
             let mut i = 0;
@@ -1033,16 +1042,6 @@ impl Attribution {
             if mine.as_ref().is_some_and(|g| o.end_ns.saturating_sub(g.end_ns) > IPC_AFTER_GPU_MAX_NS) {
                 let g = mine.take().expect("checked");
                 self.unmatched(g);
-            }
-            if o.members.is_empty() {
-                // A message with no outputs: the step's scheduler stats,
-                // which vLLM (and the testbed) send after every step, one
-                // that produced no tokens too (a partial prefill chunk). Its
-                // GPU step is output-less.
-                if let Some(g) = mine {
-                    self.unmatched(g);
-                }
-                continue;
             }
             self.apply(o, key, mine);
         }
@@ -1825,6 +1824,9 @@ mod tests {
         recs.extend(gpu_step(1000, 2 * MS, 3 * MS, 256));
         recs.push(outputs(5 * MS + 100 * US, &[]));
         recs.extend(gpu_step(1000, 6 * MS, 2 * MS, 144));
+        // An empty message just before the step's outputs (a report to a
+        // data-parallel coordinator) takes nothing from them.
+        recs.push(outputs(8 * MS + 60 * US, &[]));
         recs.push(outputs(8 * MS + 100 * US, &[("C", Some((1_500 * US, 400)))]));
         let mut a = attribute_all(&mut recs);
         let (gc, cc) = a.take("C");

@@ -305,17 +305,20 @@ impl GpuSteps {
         }
     }
 
-    /// Feeds one record (any kind; non-GPU records only advance time).
+    /// Feeds one record (any kind; non-GPU records only advance time, the
+    /// IPC's and the injection's hello teach [`Engines`]).
     pub fn push(&mut self, rec: &Record) {
+        self.engines.learn(rec);
         self.push_at(rec, rec.ts_ns());
     }
 
-    /// [`Self::push`] of a record whose time the caller has (`rec.ts_ns()`).
-    /// While no GPU work is held a record that is not GPU work only moves
-    /// the clock: that is most records, so it is done here, without a call.
+    /// [`Self::push`] of a record whose time the caller has (`rec.ts_ns()`),
+    /// and whose engine facts it gave [`Engines::learn`] (only a few kinds
+    /// of record have any: not asked of every record). While no GPU work is
+    /// held a record that is not GPU work only moves the clock: that is most
+    /// records, so it is done here, without a call.
     #[inline(always)]
     pub(crate) fn push_at(&mut self, rec: &Record, ts: u64) {
-        self.engines.learn(rec);
         if self.procs.is_empty() && self.pending.is_empty() && !matches!(rec, Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } | Record::GpuSync { .. }) {
             self.watermark = self.watermark.max(ts);
             if self.watermark >= self.pruned_at.saturating_add(PRUNE_EVERY_NS) {
@@ -898,6 +901,12 @@ impl Attribution {
     #[inline(always)]
     pub(crate) fn tick(&mut self, rec: &Record, ts: u64) {
         match rec {
+            Record::GpuProcess { .. } => {
+                self.gpu.engines.learn(rec);
+                self.watermark = self.watermark.max(ts);
+                self.gpu.push_at(rec, ts);
+                self.after(ts);
+            }
             Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } | Record::OffCpu { .. } | Record::EngineRequest { .. } | Record::EngineOutputs { .. } => {
                 self.ingest_hinted(rec, ts, &mut [])
             }
@@ -918,13 +927,16 @@ impl Attribution {
         match rec {
             Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } => self.gpu_seen = true,
             Record::OffCpu { ts_ns, tgid, tid, off_ns, .. } => self.cpu.off_cpu(*ts_ns, *tgid, *tid, *off_ns),
+            Record::GpuProcess { .. } => self.gpu.engines.learn(rec),
             Record::EngineRequest { ts_ns, request_id, prompt_tokens, .. } => {
+                self.gpu.engines.learn(rec);
                 let (_, e) = self.key_hinted(request_id, hints.first_mut());
                 e.submit_ns = Some(e.submit_ns.map_or(*ts_ns, |s| s.min(*ts_ns)));
                 e.prompt_tokens = e.prompt_tokens.or(*prompt_tokens);
                 e.last_ns = ts;
             }
             Record::EngineOutputs { conn, ts_ns, dir, timestamp_s, outputs, .. } => {
+                self.gpu.engines.learn(rec);
                 // One copy per message: the writer's, or the reader's while
                 // the writer is not traced.
                 if *dir == Dir::Out {

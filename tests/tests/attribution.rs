@@ -310,6 +310,7 @@ fn phases_match_ground_truth_with_two_data_parallel_engines() {
     let mut charged = 0;
     for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
         let mine = engine_of[r["id"].as_str().unwrap()];
+        assert_eq!(r["engine_index"].as_i64(), Some(mine), "{}: the report names the engine that ran it", r["id"]);
         for from in r["interference_from"].as_array().into_iter().flatten() {
             let from = from.as_str().unwrap();
             assert_eq!(engine_of.get(from), Some(&mine), "{}: charged for {from}, which ran on the other engine", r["id"]);

@@ -122,6 +122,7 @@ fn a_slowed_requests_span_names_whose_prefill_slowed_it() {
     for r in report["requests"].as_array().unwrap().iter().filter(|r| r["done_ns"].is_u64()) {
         let s = spans.iter().find(|s| s["kind"] == 2 && attr(s, "gen_ai.request.id") == r["id"]).unwrap();
         assert_eq!(attr(s, "hopscope.preemptions").as_str().map(|v| v.parse::<u64>().unwrap()), r["preemptions"].as_u64(), "{}", r["id"]);
+        assert_eq!(attr(s, "hopscope.engine_index").as_str().map(|v| v.parse::<u64>().unwrap()), r["engine_index"].as_u64(), "{}", r["id"]);
         let from: Vec<&str> = r["interference_from"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         let got: Vec<&str> = s["attributes"]["hopscope.interference_from"]["arrayValue"]["values"]
             .as_array()

@@ -198,6 +198,9 @@ pub struct EngineReq {
     /// Decode time lost to co-batched prefills, and whose (charged step by step).
     pub interference_ns: u64,
     pub interference_from: Vec<Name>,
+    /// The engine that ran it (`EngineCoreOutputs.engine_index`, the
+    /// data-parallel rank), from its first output.
+    pub engine_index: Option<u64>,
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
@@ -288,6 +291,14 @@ impl RollingMedian {
     }
 }
 
+/// A reader's copy of an output message, held ([`EngineSide::settle`]).
+struct HeldIn {
+    sent_ns: u64,
+    built_ns: Option<u64>,
+    engine_index: Option<u64>,
+    outputs: Vec<EngineOutput>,
+}
+
 /// One engine's step clock: when its last step ended, and its recent
 /// pure-decode step durations.
 #[derive(Default)]
@@ -317,8 +328,8 @@ pub struct EngineSide {
     clocks: Vec<(u64, EngineClock)>,
     /// The reader's copies (In), held only until a writer's copy shows the
     /// engine is traced; used once past the horizon (or at the end) if it
-    /// never was: (sent, built, engine index, outputs).
-    held_in: std::collections::VecDeque<(u64, Option<u64>, u64, Vec<EngineOutput>)>,
+    /// never was.
+    held_in: std::collections::VecDeque<HeldIn>,
     seen_writer: bool,
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
@@ -480,7 +491,6 @@ impl EngineSide {
             }
             Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, engine_index, .. } => {
                 let built = timestamp_s.and_then(s_to_ns);
-                let engine = engine_index.unwrap_or(0);
                 match dir {
                     Dir::Out => {
                         if !self.seen_writer {
@@ -493,10 +503,10 @@ impl EngineSide {
                                 self.count("engine_writer_after_reader_steps");
                             }
                         }
-                        self.step(*ts_ns, built, engine, outputs);
+                        self.step(*ts_ns, built, *engine_index, outputs);
                         self.touched.extend_from_slice(&self.prev_step);
                     }
-                    Dir::In if !self.seen_writer => self.held_in.push_back((*ts_ns, built, engine, outputs.clone())),
+                    Dir::In if !self.seen_writer => self.held_in.push_back(HeldIn { sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone() }),
                     Dir::In => {}
                 }
             }
@@ -508,7 +518,8 @@ impl EngineSide {
     /// here: a step that carried someone's first token (their prefill) and
     /// took longer than the baseline of recent pure-decode steps cost the
     /// excess to every member already decoding.
-    fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, engine: u64, outputs: &[EngineOutput]) {
+    fn step(&mut self, sent_ns: u64, built_ns: Option<u64>, engine_index: Option<u64>, outputs: &[EngineOutput]) {
+        let engine = engine_index.unwrap_or(0);
         let (end_ns, impossible) = step_end(sent_ns, built_ns);
         if impossible {
             self.count("engine_timestamp_after_send");
@@ -541,6 +552,7 @@ impl EngineSide {
             r.last_ns = r.last_ns.max(sent_ns);
             r.steps += 1;
             r.new_tokens += o.new_tokens;
+            r.engine_index = r.engine_index.or(engine_index);
             let first = o.new_tokens > 0 && r.first_token_ns.is_none();
             if first {
                 r.first_token_ns = Some(end_ns);
@@ -599,13 +611,13 @@ impl EngineSide {
         if self.seen_writer {
             return;
         }
-        while self.held_in.front().is_some_and(|h| h.0 < horizon_ns) {
-            let (sent, built, engine, outputs) = self.held_in.pop_front().expect("front checked");
+        while self.held_in.front().is_some_and(|h| h.sent_ns < horizon_ns) {
+            let h = self.held_in.pop_front().expect("front checked");
             if !self.from_reader {
                 self.from_reader = true;
                 self.count("engine_steps_from_reader");
             }
-            self.step(sent, built, engine, &outputs);
+            self.step(h.sent_ns, h.built_ns, h.engine_index, &h.outputs);
         }
     }
 
@@ -673,6 +685,7 @@ impl EngineSide {
             computed_tokens: prefill.computed_tokens,
             interference_ns: e.interference_ns,
             interference_from: e.interference_from,
+            engine_index: e.engine_index,
             scheduled_source,
             submit_source,
             engine_request_id: e.request_id,
@@ -867,6 +880,9 @@ pub struct EnginePhases {
     /// Decode time lost to co-batched prefills of other requests (ns), and whose.
     pub interference_ns: u64,
     pub interference_from: Vec<Name>,
+    /// The engine that ran it (`EngineCoreOutputs.engine_index`: the
+    /// data-parallel rank; 0 with one engine), None without outputs.
+    pub engine_index: Option<u64>,
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
@@ -1149,6 +1165,7 @@ mod tests {
         assert_eq!(ea.steps, 6);
         assert_eq!((ec.interference_ns, ec.steps), (0, 10), "engine 0's prefill of B is not C's step");
         assert_eq!((ec.scheduled_ns, ec.scheduled_source), (Some(15 * MS), "step"), "C's first step began when engine 1's step before it ended");
+        assert_eq!((ea.engine_index, ec.engine_index), (Some(0), Some(1)));
     }
 
     /// ZMQ's I/O thread (tid 7) is woken by A's send at 1.5 ms but gets a

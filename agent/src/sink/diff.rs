@@ -2054,6 +2054,7 @@ mod tests {
                 computed_tokens: Some(s.prompt - s.cached),
                 interference_ns: 0,
                 interference_from: vec![],
+                engine_index: Some(0),
                 scheduled_source: "event",
                 submit_source: "wake",
             }),

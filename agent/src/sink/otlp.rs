@@ -264,6 +264,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("hopscope.cached_tokens", q.cached_tokens);
     int("hopscope.steps", q.steps);
     int("hopscope.preemptions", q.preemptions.map(u64::from));
+    int("hopscope.engine_index", q.engine_index);
     // Whose co-batched prefill took this request's decode time (the
     // report's `interference_from`): request ids, as the hop table names them.
     if !q.interference_from.is_empty() {

@@ -111,6 +111,9 @@ pub struct RequestOut {
     pub phase_source: String,
     /// The engine's id for this request (vLLM: `<external id>-<8 hex>`).
     pub engine_request_id: Option<String>,
+    /// The engine that ran it: `EngineCoreOutputs.engine_index`, the
+    /// data-parallel rank (0 with one engine); null without engine outputs.
+    pub engine_index: Option<u64>,
     /// How queue's end was found: "event" (SCHEDULED), "step" (end of the step
     /// before the first-token step), "submit" (no earlier step).
     pub scheduled_source: Option<String>,
@@ -255,6 +258,7 @@ pub struct RequestRef<'a> {
     pub wire_e2e_ms: Option<f64>,
     pub phase_source: &'static str,
     pub engine_request_id: Option<&'a str>,
+    pub engine_index: Option<u64>,
     pub scheduled_source: Option<&'static str>,
     pub submit_source: Option<&'static str>,
     pub preemptions: Option<u32>,
@@ -389,6 +393,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         wire_e2e_ms: r.wire_e2e_ms(),
         phase_source: if e.is_some() { "ipc" } else { "wire" },
         engine_request_id: e.map(|e| e.engine_request_id.as_str()),
+        engine_index: e.and_then(|e| e.engine_index),
         scheduled_source: e.map(|e| e.scheduled_source),
         submit_source: e.map(|e| e.submit_source),
         preemptions: e.map(|e| e.preemptions),
@@ -450,6 +455,7 @@ impl RequestRef<'_> {
             wire_e2e_ms: self.wire_e2e_ms,
             phase_source: self.phase_source.to_owned(),
             engine_request_id: own(self.engine_request_id),
+            engine_index: self.engine_index,
             scheduled_source: own(self.scheduled_source),
             submit_source: own(self.submit_source),
             preemptions: self.preemptions,
@@ -515,6 +521,7 @@ impl RequestRef<'_> {
             .field("wire_e2e_ms", &self.wire_e2e_ms)
             .field("phase_source", self.phase_source)
             .field("engine_request_id", &self.engine_request_id)
+            .field("engine_index", &self.engine_index)
             .field("scheduled_source", &self.scheduled_source)
             .field("submit_source", &self.submit_source)
             .field("preemptions", &self.preemptions)
@@ -2271,6 +2278,7 @@ mod tests {
             wire_e2e_ms: Some(123456789.125),
             phase_source: "wire",
             engine_request_id: None,
+            engine_index: Some(u64::MAX),
             scheduled_source: Some("event"),
             submit_source: Some("arrival_time"),
             preemptions: Some(0),

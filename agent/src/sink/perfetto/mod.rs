@@ -1099,6 +1099,9 @@ impl RequestArgs {
         if let Some(n) = out.gpu_steps {
             args.push(Arg::u64("gpu_steps", u64::from(n)));
         }
+        if let Some(e) = r.engine.as_ref().and_then(|e| e.engine_index) {
+            args.push(Arg::u64("engine_index", e));
+        }
         args.push(Arg::u64("content_chunks", r.content_ns.len() as u64));
         if let Some(v) = r.ttft_ms() {
             args.push(Arg::f64("ttft_ms", v));

@@ -526,13 +526,7 @@ impl EngineSide {
         }
         let idx = self.steps_seen;
         self.steps_seen += 1;
-        let k = match self.clocks.iter().position(|c| c.0 == engine) {
-            Some(k) => k,
-            None => {
-                self.clocks.push((engine, EngineClock::default()));
-                self.clocks.len() - 1
-            }
-        };
+        let k = super::slot(&mut self.clocks, engine);
         let prev_end = self.clocks[k].1.last_step_end;
         let dur = prev_end.map(|p| end_ns.saturating_sub(p));
         self.clocks[k].1.last_step_end = Some(end_ns);
@@ -1076,9 +1070,8 @@ mod tests {
     }
 
     /// A decodes in 10 ms steps; B's prefill lands in A's 4th decode step,
-    /// which takes 50 ms: A loses 40 ms to B.
-    #[test]
-    fn a_neighbours_prefill_in_a_decode_step_is_charged_as_interference_and_named() {
+    /// which takes 50 ms. On engine 0 (unsorted).
+    fn a_decodes_and_b_prefills_in_its_fourth_step() -> Vec<Record> {
         let mut recs = http("chatcmpl-a", 5, 0);
         recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
         recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
@@ -1092,6 +1085,13 @@ mod tests {
         recs.push(end(5, 112 * MS));
         recs.push(sse("chatcmpl-b", 6, 112 * MS, SseKind::Content));
         recs.push(end(6, 113 * MS));
+        recs
+    }
+
+    /// [`a_decodes_and_b_prefills_in_its_fourth_step`]: A loses 40 ms to B.
+    #[test]
+    fn a_neighbours_prefill_in_a_decode_step_is_charged_as_interference_and_named() {
+        let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
         recs.sort_by_key(Record::ts_ns);
         let mut c = Correlator::new(Config::default());
         for r in &recs {
@@ -1122,8 +1122,8 @@ mod tests {
         r
     }
 
-    /// Data parallelism: engine 0 runs A then B as in
-    /// [`a_neighbours_prefill_in_a_decode_step_is_charged_as_interference_and_named`];
+    /// Data parallelism: engine 0 runs A then B
+    /// ([`a_decodes_and_b_prefills_in_its_fourth_step`]);
     /// engine 1 decodes C in 10 ms steps of its own, 5 ms out of phase, with
     /// its outputs interleaved on the same frontend (D, not traced from its
     /// start, decodes there before C). Each engine's steps are
@@ -1131,26 +1131,14 @@ mod tests {
     /// and C's first step is scheduled when engine 1's previous one ended.
     #[test]
     fn data_parallel_engines_steps_are_timed_against_their_own_previous_step() {
-        let mut recs = http("chatcmpl-a", 5, 0);
+        let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
         recs.extend(http("chatcmpl-c", 7, 0));
         recs.push(step_of(1, 15 * MS, &[("chatcmpl-d", false, None)]));
-        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
-        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
         recs.push(step_of(1, 25 * MS, &[("chatcmpl-c", true, None)]));
         recs.push(sse("chatcmpl-c", 7, 26 * MS, SseKind::Content));
-        recs.push(step(30 * MS, &[("chatcmpl-a", false, None)]));
-        recs.push(step(40 * MS, &[("chatcmpl-a", false, None)]));
-        recs.extend(http("chatcmpl-b", 6, 41 * MS));
-        recs.push(step(50 * MS, &[("chatcmpl-a", false, None)]));
         for k in 0..9 {
             recs.push(step_of(1, 35 * MS + k * 10 * MS, &[("chatcmpl-c", false, None)]));
         }
-        recs.push(step(100 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", true, Some(51 * MS))]));
-        recs.push(step(110 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", false, None)]));
-        recs.push(sse("chatcmpl-a", 5, 111 * MS, SseKind::Done));
-        recs.push(end(5, 112 * MS));
-        recs.push(sse("chatcmpl-b", 6, 112 * MS, SseKind::Content));
-        recs.push(end(6, 113 * MS));
         recs.push(sse("chatcmpl-c", 7, 116 * MS, SseKind::Done));
         recs.push(end(7, 117 * MS));
         recs.sort_by_key(Record::ts_ns);

@@ -901,13 +901,7 @@ impl Attribution {
     #[inline(always)]
     pub(crate) fn tick(&mut self, rec: &Record, ts: u64) {
         match rec {
-            Record::GpuProcess { .. } => {
-                self.gpu.engines.learn(rec);
-                self.watermark = self.watermark.max(ts);
-                self.gpu.push_at(rec, ts);
-                self.after(ts);
-            }
-            Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } | Record::OffCpu { .. } | Record::EngineRequest { .. } | Record::EngineOutputs { .. } => {
+            Record::GpuKernel { .. } | Record::GpuMemcpy { .. } | Record::GpuMemset { .. } | Record::OffCpu { .. } | Record::GpuProcess { .. } | Record::EngineRequest { .. } | Record::EngineOutputs { .. } => {
                 self.ingest_hinted(rec, ts, &mut [])
             }
             _ => {

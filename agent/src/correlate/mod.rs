@@ -377,6 +377,18 @@ impl std::hash::Hasher for FxHasher {
 /// A map with [`FxHasher`].
 pub type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
+/// The index of `key`'s entry in a map of a few keys kept as a vector (one
+/// per engine: data-parallel ranks), made with a default value when new.
+pub fn slot<K: PartialEq, V: Default>(map: &mut Vec<(K, V)>, key: K) -> usize {
+    match map.iter().position(|e| e.0 == key) {
+        Some(k) => k,
+        None => {
+            map.push((key, V::default()));
+            map.len() - 1
+        }
+    }
+}
+
 /// A request's connection and sequence, as `open` keys it: hashed as one
 /// word (one multiply where the fields' own hash takes four; an SSE chunk
 /// looks its request up by it).

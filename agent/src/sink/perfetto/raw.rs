@@ -157,13 +157,7 @@ struct EngineLanes {
 
 impl GpuStepLanes {
     pub fn place(&mut self, g: &crate::correlate::gpu::GpuStep, t0: u64) -> Option<(u32, u64, u64)> {
-        let k = match self.engines.iter().position(|e| e.0 == g.engine) {
-            Some(k) => k,
-            None => {
-                self.engines.push((g.engine, EngineLanes::default()));
-                self.engines.len() - 1
-            }
-        };
+        let k = crate::correlate::slot(&mut self.engines, g.engine);
         let lanes = &mut self.engines[k].1;
         let start = g.start_ns.max(t0);
         let end = g.end_ns.max(start);
@@ -188,15 +182,17 @@ impl GpuStepLanes {
     /// every other engine's name its pid.
     pub fn track_name(&self, lane: u32) -> String {
         let (k, n) = ((lane / GPU_LANES) as usize, lane % GPU_LANES);
-        let engine = match (k, self.engines.get(k).and_then(|e| e.0)) {
-            (0, _) => None,
-            (_, Some(pid)) => Some(format!("engine {pid}")),
-            (_, None) => Some("no engine".to_owned()),
-        };
-        let overlap = (n > 0).then(|| format!("overlap {n}"));
-        match [engine, overlap].into_iter().flatten().collect::<Vec<_>>().join(", ") {
-            s if s.is_empty() => names::GPU_STEPS.to_owned(),
-            s => format!("{} ({s})", names::GPU_STEPS),
+        let mut parts = Vec::new();
+        if k > 0 {
+            parts.push(self.engines.get(k).and_then(|e| e.0).map_or_else(|| "no engine".to_owned(), |pid| format!("engine {pid}")));
+        }
+        if n > 0 {
+            parts.push(format!("overlap {n}"));
+        }
+        if parts.is_empty() {
+            names::GPU_STEPS.to_owned()
+        } else {
+            format!("{} ({})", names::GPU_STEPS, parts.join(", "))
         }
     }
 }
@@ -411,22 +407,19 @@ struct GpuFlowIds {
 #[derive(Default)]
 pub struct StepClock {
     /// Per engine index: its previous step's end.
-    prev: Vec<(u64, u64)>,
+    prev: Vec<(u64, Option<u64>)>,
 }
 
 impl StepClock {
     pub fn next(&mut self, engine: u64, end: u64) -> Option<(u64, bool)> {
-        let Some(k) = self.prev.iter().position(|p| p.0 == engine) else {
-            self.prev.push((engine, end));
-            return Some((end, false));
-        };
-        let p = self.prev[k].1;
-        let span = match p {
-            p if end < p => return None,
-            p if p < end && end - p <= STEP_GAP_NS => (p, true),
+        let k = crate::correlate::slot(&mut self.prev, engine);
+        let prev = &mut self.prev[k].1;
+        let span = match *prev {
+            Some(p) if end < p => return None,
+            Some(p) if p < end && end - p <= STEP_GAP_NS => (p, true),
             _ => (end, false),
         };
-        self.prev[k].1 = end;
+        *prev = Some(end);
         Some(span)
     }
 }

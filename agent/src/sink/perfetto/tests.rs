@@ -1427,18 +1427,23 @@ fn gpu_step_flows_reach_every_rank_and_streamed_ones_declare_the_ids_of_a_copy_t
     assert_eq!(checked(&streamed).flows, checked(&whole).flows);
 }
 
-#[test]
-fn gpu_steps_that_overlap_go_to_a_second_lane() {
+/// A GPU step of one rank, `pid`, busy all of [start, end], of `engine`.
+fn one_rank_gpu_step(engine: Option<u32>, pid: u32, start: u64, end: u64) -> crate::correlate::gpu::GpuStep {
     use crate::correlate::gpu::{GpuStep, RankStep};
-    let step = |start: u64, end: u64| GpuStep {
-        engine: None,
+    GpuStep {
+        engine,
         start_ns: start,
         gpu_end_ns: end - 10,
         end_ns: end,
         gpu_ns: end - start,
         tokens: None,
-        ranks: vec![RankStep { pid: ENGINE, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![] }],
-    };
+        ranks: vec![RankStep { pid, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![] }],
+    }
+}
+
+#[test]
+fn gpu_steps_that_overlap_go_to_a_second_lane() {
+    let step = |start: u64, end: u64| one_rank_gpu_step(None, ENGINE, start, end);
     // Async scheduling: step 1 starts before the host's wait for step 0 returned.
     let steps = [step(T0, T0 + 3 * MS), step(T0 + 2 * MS, T0 + 5 * MS), step(T0 + 4 * MS, T0 + 6 * MS)];
     assert_eq!(raw::gpu_step_lanes(&steps, T0 - MS).iter().map(|p| p.map(|x| x.0)).collect::<Vec<_>>(), vec![Some(0), Some(1), Some(0)]);
@@ -1453,16 +1458,7 @@ fn gpu_steps_that_overlap_go_to_a_second_lane() {
 
 #[test]
 fn each_data_parallel_engines_gpu_steps_get_their_own_tracks_and_none_is_skipped() {
-    use crate::correlate::gpu::{GpuStep, RankStep};
-    let step = |engine: u32, start: u64, end: u64| GpuStep {
-        engine: Some(engine),
-        start_ns: start,
-        gpu_end_ns: end - 10,
-        end_ns: end,
-        gpu_ns: end - start,
-        tokens: None,
-        ranks: vec![RankStep { pid: engine, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![] }],
-    };
+    let step = |engine: u32, start: u64, end: u64| one_rank_gpu_step(Some(engine), engine, start, end);
     // Two engines stepping on their own clocks, 1 ms apart: the correlator
     // hands out engine 200's second step before engine 100's (which started
     // earlier), and engine 200's steps overlap engine 100's.

@@ -228,25 +228,32 @@ step "7 testbed"
 # injection library carried.
 TB_DEVICE="${TESTBED_DEVICE:-cuda}"   # cpu: dry-run this step on a machine without a GPU
 TB_ARGS="${TESTBED_ARGS:---cuda-graphs}"
+# testbed_under_hopscope NAME RUN_S WAIT_S CLIENT_S "SERVE_ARGS" CLIENT_ARGS...: the testbed under
+# `hopscope run` (eBPF + the injection) and the chain client against it; writes $OUT/NAME.hop,
+# NAME.truth.jsonl, NAME.client.jsonl and NAME-{agent,client}.log; notes as "NAME: …".
+testbed_under_hopscope() {
+  local name=$1 run_s=$2 wait_s=$3 client_s=$4 serve_args=$5 w="/tmp/$1-work"
+  shift 5
+  rm -rf "$w"; mkdir -p "$w"
+  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout "$run_s" "$AGENT" run --quiet \
+      -o "$OUT/$name.hop" --cupti-lib "$INJ" -- \
+      $PY -m testbed.serve --device "$TB_DEVICE" $serve_args --port 0 --port-file "$w/port" \
+      --ground-truth "$OUT/$name.truth.jsonl" >"$OUT/$name-agent.log" 2>&1 &
+  local apid=$!
+  for _ in $(seq $(( wait_s * 10 ))); do [ -f "$w/port" ] && break; kill -0 $apid 2>/dev/null || break; sleep 0.1; done
+  if [ -f "$w/port" ]; then
+    PYTHONPATH="/tmp/tb-site" timeout "$client_s" $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$w/port")" \
+      "$@" --out "$OUT/$name.client.jsonl" >"$OUT/$name-client.log" 2>&1
+    note "$name: client rc=$? $(tail -1 "$OUT/$name-client.log" | cut -c1-200)"
+  else
+    note "$name: server did not come up (see $name-agent.log)"
+  fi
+  kill -INT $apid 2>/dev/null; wait $apid; note "$name: hopscope rc=$?"
+}
 if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tb-site "$WHL"/*.whl \
     >"$OUT/testbed-pip.log" 2>&1 || note "testbed: wheel install failed (see testbed-pip.log)"
-  W=/tmp/tb-work; rm -rf "$W"; mkdir -p "$W"
-  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout 240 "$AGENT" run --quiet \
-      -o "$OUT/testbed.hop" --cupti-lib "$INJ" -- \
-      $PY -m testbed.serve --device "$TB_DEVICE" $TB_ARGS --port 0 --port-file "$W/port" \
-      --ground-truth "$OUT/testbed.truth.jsonl" >"$OUT/testbed-agent.log" 2>&1 &
-  APID=$!
-  for _ in $(seq 900); do [ -f "$W/port" ] && break; kill -0 $APID 2>/dev/null || break; sleep 0.1; done
-  if [ -f "$W/port" ]; then
-    PYTHONPATH="/tmp/tb-site" timeout 120 $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$W/port")" \
-      --chains 4 --hops 3 --max-tokens 64 --traceparent --out "$OUT/testbed.client.jsonl" \
-      >"$OUT/testbed-client.log" 2>&1
-    note "testbed: client rc=$? $(tail -1 "$OUT/testbed-client.log" | cut -c1-200)"
-  else
-    note "testbed: server did not come up (see testbed-agent.log)"
-  fi
-  kill -INT $APID 2>/dev/null; wait $APID; note "testbed: hopscope rc=$?"
+  testbed_under_hopscope testbed 240 90 120 "$TB_ARGS" --chains 4 --hops 3 --max-tokens 64 --traceparent
   "$AGENT" report "$OUT/testbed.hop" >"$OUT/testbed.report.txt" 2>&1
   "$AGENT" report "$OUT/testbed.hop" --json >"$OUT/testbed.report.json" 2>>"$OUT/testbed.report.txt"
   "$AGENT" trace "$OUT/testbed.hop" -o "$OUT/testbed.pftrace" --layout streamed >>"$OUT/testbed.report.txt" 2>&1
@@ -309,21 +316,7 @@ step "9 testbed-dp"
 if [ $(( $(date +%s) - T0 )) -gt 200 ]; then
   note "testbed-dp: skipped (no time left: $(( $(date +%s) - T0 )) s elapsed)"
 elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
-  W=/tmp/tb-dp; rm -rf "$W"; mkdir -p "$W"
-  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout 80 "$AGENT" run --quiet \
-      -o "$OUT/testbed-dp.hop" --cupti-lib "$INJ" -- \
-      $PY -m testbed.serve --device "$TB_DEVICE" --data-parallel-size 2 --port 0 --port-file "$W/port" \
-      --ground-truth "$OUT/testbed-dp.truth.jsonl" >"$OUT/testbed-dp-agent.log" 2>&1 &
-  APID=$!
-  for _ in $(seq 450); do [ -f "$W/port" ] && break; kill -0 $APID 2>/dev/null || break; sleep 0.1; done
-  if [ -f "$W/port" ]; then
-    PYTHONPATH="/tmp/tb-site" timeout 40 $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$W/port")" \
-      --chains 4 --hops 2 --max-tokens 32 --out "$OUT/testbed-dp.client.jsonl" >"$OUT/testbed-dp-client.log" 2>&1
-    note "testbed-dp: client rc=$? $(tail -1 "$OUT/testbed-dp-client.log" | cut -c1-200)"
-  else
-    note "testbed-dp: server did not come up (see testbed-dp-agent.log)"
-  fi
-  kill -INT $APID 2>/dev/null; wait $APID; note "testbed-dp: hopscope rc=$?"
+  testbed_under_hopscope testbed-dp 80 45 40 "--data-parallel-size 2" --chains 4 --hops 2 --max-tokens 32
   "$AGENT" report "$OUT/testbed-dp.hop" --json >"$OUT/testbed-dp.report.json" 2>"$OUT/testbed-dp.report.txt"
   "$AGENT" trace "$OUT/testbed-dp.hop" -o "$OUT/testbed-dp.pftrace" >>"$OUT/testbed-dp.report.txt" 2>&1
   $PY examples/gpu/check_gpu_steps.py "$OUT/testbed-dp.report.json" "$OUT/testbed-dp.truth.jsonl" --tolerance-us 50 2>&1 \

@@ -93,6 +93,18 @@ impl Writer {
     }
 }
 
+/// An ADD still waiting for an anchor of its writer thread.
+#[derive(Debug, Clone, Copy)]
+struct Unplaced {
+    tid: u32,
+    req: SlabKey,
+    write_ns: u64,
+    arrival_s: f64,
+}
+
+/// At most this many ADDs wait for an anchor; older ones keep their write.
+const UNPLACED_MAX: usize = 64;
+
 /// What the scheduler and the unix sockets told about one thread lately.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Woke {
@@ -334,6 +346,10 @@ pub struct EngineSide {
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
     writers: super::FxMap<u32, Writer>,
+    /// ADDs written with neither a wake-up nor an earlier anchor to place
+    /// them by (the first of a recording, when the thread's wake-up was not
+    /// seen): placed by the anchors that come after them ([`Self::place_unplaced`]).
+    unplaced: Vec<Unplaced>,
     /// [`Self::step`]'s lists, kept for their capacity.
     decoding: Vec<SlabKey>,
     /// The last step's requests, in its order ([`Self::idx_after`]), and the
@@ -448,26 +464,39 @@ impl EngineSide {
                     // thread that was awake, are placed by their
                     // arrival_time after the latest wake-up seen, else keep
                     // the write time.
+                    let arrival = arrival_time_s.filter(|a| a.is_finite());
+                    let mut anchored = None;
                     let handover = if !writer {
                         None
                     } else {
                         let w = self.writers.entry(*tid).or_default();
                         let wake = if w.write_ns == *ts_ns { None } else { woke.get(tid).and_then(|o| o.woken_for(*ts_ns)) };
                         w.write_ns = *ts_ns;
-                        match (wake, *arrival_time_s) {
-                            (Some(t), a) => {
-                                if let Some(a) = a.filter(|a| a.is_finite()) {
+                        match wake {
+                            Some(t) => {
+                                if let Some(a) = arrival {
                                     w.anchor(t, a);
+                                    anchored = Some((t, a));
                                 }
                                 Some((t, SUBMIT_WAKE))
                             }
-                            (None, a) => w.placed(*ts_ns, a).map(|t| (t, SUBMIT_ARRIVAL)),
+                            None => w.placed(*ts_ns, arrival).map(|t| (t, SUBMIT_ARRIVAL)),
                         }
                     };
                     let r = self.reqs.get_mut(ri).expect("idx inserts");
                     r.submit_handover = handover;
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
+                    match (anchored, arrival) {
+                        (Some((t, a)), _) => self.place_unplaced(*tid, t, a),
+                        (None, Some(a)) if writer && handover.is_none() => {
+                            if self.unplaced.len() == UNPLACED_MAX {
+                                self.unplaced.remove(0);
+                            }
+                            self.unplaced.push(Unplaced { tid: *tid, req: ri, write_ns: *ts_ns, arrival_s: a });
+                        }
+                        _ => {}
+                    }
                 }
                 let r = self.reqs.get_mut(ri).expect("idx inserts");
                 r.last_ns = r.last_ns.max(*ts_ns);
@@ -596,6 +625,33 @@ impl EngineSide {
         (self.decoding, self.newcomers) = (decoding, newcomers);
         (self.prev_step, self.cur_step) = (cur, prev);
         self.steps.push(Step { end_ns, sent_ns, members, engine });
+    }
+
+    /// A new anchor of writer `tid` (wake-up `wake_ns`, `arrival_s`) places
+    /// the ADDs it wrote before with nothing to place them by, as
+    /// [`Writer::placed`] places later ones: by how much earlier they were
+    /// built, the least delayed of the anchors within a second after them
+    /// taken, never after their write. Whether the placement falls inside
+    /// the HTTP request is checked at the claim.
+    fn place_unplaced(&mut self, tid: u32, wake_ns: u64, arrival_s: f64) {
+        let reqs = &mut self.reqs;
+        self.unplaced.retain(|u| {
+            if u.tid != tid {
+                return true;
+            }
+            if wake_ns > u.write_ns.saturating_add(ANCHOR_MAX_NS) {
+                return false;
+            }
+            let Some(r) = reqs.get_mut(u.req) else { return false };
+            let at = wake_ns as f64 + (u.arrival_s - arrival_s) * 1e9;
+            if at.is_finite() {
+                // `as` saturates: a placement before the clock's start is 0.
+                let at = (at.round() as u64).min(u.write_ns);
+                let best = r.submit_handover.map_or(at, |(t, _)| t.min(at));
+                r.submit_handover = Some((best, SUBMIT_ARRIVAL));
+            }
+            true
+        });
     }
 
     /// Reader's copies older than `horizon` become steps when no writer's copy
@@ -1208,6 +1264,67 @@ mod tests {
         assert_eq!(source, super::SUBMIT_ARRIVAL, "a write the thread was awake for");
         assert!(e.abs_diff(3 * MS / 2 + 30 * MS) < 1_000, "E 30 ms after A's wake-up: {e}");
         assert_eq!(got("chatcmpl-f"), (1102 * MS, super::SUBMIT_WRITE), "over a second after the last wake-up seen: the write");
+    }
+
+    /// The recording's first ADD, A, leaves in a write whose wake-up is not
+    /// trusted (the I/O thread wrote 3.6 ms after the switch-in hopscope
+    /// saw: short preemptions are not recorded, a stopped vCPU shows as
+    /// nothing) and nothing earlier places it. B's send wakes the
+    /// thread 20 ms later: A is placed from B's wake-up by how much earlier
+    /// it was built, not left at its write with the I/O thread's delay in
+    /// the frontend. C and D leave while the thread was awake, over a second
+    /// after B's wake-up: C, more than a second before the next anchor (E's),
+    /// keeps its write; so does D, whom E's wake-up would place before its
+    /// HTTP request arrived.
+    #[test]
+    fn an_add_nothing_before_it_places_is_placed_by_the_next_wake_up() {
+        const US: u64 = 1_000;
+        let add = |id: &str, at: u64, arrival_time_s: Option<f64>| add(id, at, 7, arrival_time_s);
+        let t0 = 1_796_127_787.051_362_5;
+        let mut recs = Vec::new();
+        for (id, fd, at) in [("chatcmpl-a", 5, MS), ("chatcmpl-b", 6, 20 * MS), ("chatcmpl-c", 8, 1029 * MS), ("chatcmpl-d", 9, 2039 * MS), ("chatcmpl-e", 10, 2040 * MS)] {
+            recs.push(http(id, fd, at).remove(0));
+        }
+        // A: the thread was woken at 1.5 ms, switched in at 1.6 ms, wrote at 5.2 ms.
+        recs.push(Record::OffCpu { ts_ns: 1600 * US, tgid: 2, tid: 7, off_ns: 0, wake_ns: Some(1500 * US), prev_state: 1 });
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 5200 * US, enter_ns: 5200 * US, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-a", 5200 * US, Some(t0)));
+        recs.push(Record::OffCpu { ts_ns: 21800 * US, tgid: 2, tid: 7, off_ns: 5300 * US, wake_ns: Some(21500 * US), prev_state: 1 });
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 21900 * US, enter_ns: 21900 * US, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-b", 21900 * US, Some(t0 + 0.02)));
+        // C and D: written while the thread was awake, over a second after B's wake-up.
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 1030 * MS, enter_ns: 1030 * MS, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-c", 1030 * MS, Some(t0 + 1.0285)));
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 2040 * MS, enter_ns: 2040 * MS, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-d", 2040 * MS, Some(t0 + 2.0)));
+        recs.push(Record::OffCpu { ts_ns: 2041 * MS + 100 * US, tgid: 2, tid: 7, off_ns: 2040 * MS + 100 * US, wake_ns: Some(2041 * MS), prev_state: 1 });
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 2041 * MS + 200 * US, enter_ns: 2041 * MS + 200 * US, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-e", 2041 * MS + 200 * US, Some(t0 + 2.0395)));
+        recs.push(step(40 * MS, &[("chatcmpl-a", true, Some(39 * MS)), ("chatcmpl-b", true, Some(39 * MS))]));
+        recs.push(step(1035 * MS, &[("chatcmpl-c", true, Some(1034 * MS))]));
+        recs.push(step(2050 * MS, &[("chatcmpl-d", true, Some(2049 * MS)), ("chatcmpl-e", true, Some(2049 * MS))]));
+        for (id, fd, at) in [("chatcmpl-a", 5, 41 * MS), ("chatcmpl-b", 6, 41 * MS), ("chatcmpl-c", 8, 2045 * MS), ("chatcmpl-d", 9, 2051 * MS), ("chatcmpl-e", 10, 2051 * MS)] {
+            recs.push(sse(id, fd, at, SseKind::Content));
+            recs.push(sse(id, fd, at + MS, SseKind::Done));
+            recs.push(end(fd, at + 2 * MS));
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let mut c = Correlator::new(Config::default());
+        for r in &recs {
+            c.ingest(r);
+        }
+        let a = c.finish();
+        let got = |id: &str| {
+            let e = a.requests.iter().find(|r| r.id == id).unwrap().engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
+            (e.submit_ns, e.submit_source)
+        };
+        let (at, source) = got("chatcmpl-a");
+        assert_eq!(source, super::SUBMIT_ARRIVAL, "placed by B's wake-up");
+        assert!(at.abs_diff(1500 * US) < 1_000, "A built 20 ms before B, whose send woke the thread at 21.5 ms: {at}");
+        assert_eq!(got("chatcmpl-b"), (21500 * US, super::SUBMIT_WAKE));
+        assert_eq!(got("chatcmpl-c"), (1030 * MS, super::SUBMIT_WRITE), "the next wake-up is over a second after the write");
+        assert_eq!(got("chatcmpl-d"), (2040 * MS, super::SUBMIT_WRITE), "placed before its HTTP request arrived: the write");
+        assert_eq!(got("chatcmpl-e"), (2041 * MS, super::SUBMIT_WAKE));
     }
 
     /// The placement never leaves [wake-up, write]: an arrival_time before

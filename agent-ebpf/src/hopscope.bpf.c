@@ -158,6 +158,10 @@ struct offcpu {
 	__u64 wake_ns;
 	__u32 prev_state;
 	__u32 _pad;
+	/* The latest switch-in that ended a sleep, and the wake-up before it:
+	 * kept for every sleep, the short ones too, for the io records. */
+	__u64 burst_on_ns;
+	__u64 burst_wake_ns;
 };
 
 struct {
@@ -481,6 +485,19 @@ static __always_inline struct io_scratch *io_begin(struct inflight *inf, __s64 r
 	s->io.dir = dir;
 	s->io.family = inf->family;
 	s->io.flags = 0;
+	s->io.burst_wake_ns = 0;
+	s->io.burst_on_ns = 0;
+	/* Which wake-up this write came after: a ZMQ I/O thread woken by the
+	 * frontend's send() writes the ADD it was handed. */
+	if (dir == HS_DIR_OUT && inf->family == HS_AF_UNIX) {
+		struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+		struct offcpu *o = bpf_task_storage_get(&offcpu, task, 0, 0);
+
+		if (o) {
+			s->io.burst_wake_ns = o->burst_wake_ns;
+			s->io.burst_on_ns = o->burst_on_ns;
+		}
+	}
 	return s;
 }
 
@@ -868,6 +885,11 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	o->off_ns = 0;
 	if (now < off_ns)
 		return 0;
+	/* A preemption (switched out while runnable) does not end a burst. */
+	if (state != 0) {
+		o->burst_on_ns = now;
+		o->burst_wake_ns = wake_ns;
+	}
 	__u64 dur = now - off_ns;
 	if (dur < min_offcpu_ns) {
 		stat_add(HS_STAT_SCHED_SHORT, 1);

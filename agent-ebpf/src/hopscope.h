@@ -111,6 +111,10 @@ struct hs_io {
 	__u8 dir;        /* HS_DIR_* */
 	__u8 family;     /* HS_AF_* or 0 */
 	__u32 flags;     /* HS_IO_* */
+	__u64 burst_wake_ns; /* unix-socket writes: the wake-up that ended the calling thread's
+	                      * latest sleep, however short (off-CPU records keep only those of
+	                      * min_offcpu_ns or more); 0 if not seen, and in every other record */
+	__u64 burst_on_ns;   /* the switch-in after that wake-up; 0 likewise */
 	__u8 data[];
 };
 

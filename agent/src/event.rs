@@ -67,6 +67,10 @@ pub struct IoEvent {
     pub data: Vec<u8>,
     /// The kernel could not read the user buffer at all.
     pub copy_failed: bool,
+    /// Unix-socket writes: the wake-up that ended the calling thread's latest
+    /// sleep and its switch-in after it, `(wake_ns, on_ns)`, however short the
+    /// sleep (`Record::OffCpu` keeps only the long ones). None if not seen.
+    pub burst: Option<(u64, u64)>,
 }
 
 impl IoEvent {

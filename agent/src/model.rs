@@ -426,6 +426,18 @@ pub enum Record {
         prefix_cache_queries: Option<u64>,
         prefix_cache_hits: Option<u64>,
     },
+    /// A unix-socket write (the [`Record::UnixIo`] at the same `ts_ns`, which
+    /// follows it) by a thread whose latest sleep ended with the wake-up at
+    /// `wake_ns` and the switch-in at `on_ns`, however short the sleep
+    /// ([`Record::OffCpu`] keeps only those of `--min-offcpu` or more). Which
+    /// `send()` handed a ZMQ I/O thread the message it wrote. Format 3.
+    WokenWrite {
+        ts_ns: u64,
+        tgid: u32,
+        tid: u32,
+        wake_ns: u64,
+        on_ns: u64,
+    },
 }
 
 /// The peer side of a peer-to-peer copy.
@@ -498,7 +510,8 @@ impl Record {
             | Record::GpuApi { ts_ns, .. }
             | Record::GpuCalibration { ts_ns, .. }
             | Record::GpuSample { ts_ns, .. }
-            | Record::EngineStats { ts_ns, .. } => *ts_ns,
+            | Record::EngineStats { ts_ns, .. }
+            | Record::WokenWrite { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }
     }

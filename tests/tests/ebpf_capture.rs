@@ -480,6 +480,83 @@ out("done")
     eprintln!("sched: short={:?} short_ns={:?}", st.get("kernel_sched_short"), st.get("kernel_sched_short_ns"));
 }
 
+/// A process that sleeps only ~0.3 ms between writes (too short for an
+/// off-CPU record: under `min_offcpu_ns`) still has each unix-socket write
+/// say which wake-up it came after: the one its parent's pipe write made,
+/// stamped on both sides of that write. (Two processes, not two threads:
+/// a thread woken from its read would wait for the GIL, a second sleep.)
+#[test]
+fn a_unix_write_after_a_short_sleep_carries_the_wake_up_that_ended_it() {
+    let Some(_serial) = privileged("a_unix_write_after_a_short_sleep_carries_the_wake_up_that_ended_it") else { return };
+    let mut py = Py::spawn(
+        r#"
+a, b = socket.socketpair()
+r, w = os.pipe()
+out("ready")
+wait_go()
+child = os.fork()
+if child == 0:
+    for i in range(20):
+        os.read(r, 1)                     # a pipe: no io record
+        a.send(b"burst-%02d" % i)
+    os._exit(0)
+marks = []
+time.sleep(0.05)
+for i in range(20):
+    time.sleep(0.0003)                    # the child is back in read()
+    t0 = time.monotonic_ns(); os.write(w, b"x"); t1 = time.monotonic_ns()
+    assert b.recv(100) == b"burst-%02d" % i
+    marks.append("%d:%d" % (t0, t1))
+os.waitpid(child, 0)
+out("done", child, *marks)
+"#,
+    );
+    py.line("ready");
+    let mut src = start(vec![py.pid()], |_| {});
+    py.go();
+    let done = py.line("done");
+    let child: u32 = done[0].parse().unwrap();
+    let marks: Vec<(u64, u64)> = done[1..]
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_once(':').unwrap();
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect();
+    let pid = py.pid();
+    py.finish();
+    let evs = collect(&mut src);
+    let offcpu_ends: Vec<u64> = evs
+        .iter()
+        .filter_map(|e| match e {
+            KEvent::Sched(s) if s.tid == child => Some(s.ts_ns),
+            _ => None,
+        })
+        .collect();
+    let (mut exact, mut unseen) = (0, 0);
+    for (i, &(t0, t1)) in marks.iter().enumerate() {
+        let io = find_io(&evs, child, Syscall::Sendto, format!("burst-{i:02}").as_bytes());
+        let Some((wake, on)) = io.burst else { panic!("write {i} carries no burst: {io:?}") };
+        assert!(wake <= on && on <= io.enter_ns, "write {i}: wake {wake}, switch-in {on}, syscall entry {}", io.enter_ns);
+        // The child may not have been back asleep yet (then its burst is
+        // the previous wake-up's): most writes, not all.
+        if (t0..=t1).contains(&wake) {
+            exact += 1;
+        } else {
+            assert!(wake < t0, "write {i}: a wake-up after the send that woke it ({wake} > {t1})");
+        }
+        if !offcpu_ends.contains(&on) {
+            unseen += 1;
+        }
+    }
+    eprintln!("{exact} of 20 short-sleep writes timed from their own wake-up; {unseen} after a sleep no off-CPU record shows");
+    assert!(exact >= 15, "{exact} of 20 writes name the wake-up the pipe write made");
+    assert!(unseen >= 5, "the sleeps were meant to be shorter than min_offcpu_ns: {unseen} of 20 unseen");
+    let reads: Vec<_> = ios(&evs, pid).into_iter().filter(|io| io.dir == Dir::In).collect();
+    assert_eq!(reads.len(), 20, "the parent's reads");
+    assert!(reads.iter().all(|io| io.burst.is_none()), "reads carry none");
+}
+
 #[test]
 fn a_spawned_command_is_traced_from_its_first_syscall() {
     let Some(_serial) = privileged("a_spawned_command_is_traced_from_its_first_syscall") else { return };

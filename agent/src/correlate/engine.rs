@@ -24,7 +24,17 @@ const EV_SCHEDULED: u8 = 2;
 const EV_PREEMPTED: u8 = 3;
 
 /// A thread that wrote within this long of getting the CPU was woken to write.
+/// Off-CPU records keep only sleeps of `--min-offcpu` (1 ms) or more: a
+/// thread that slept less since is seen as still in its older burst, so the
+/// bound is also how wrong an unseen short sleep can make the wake-up.
 const WAKE_TO_WRITE_NS: u64 = 2_000_000;
+
+/// The same when the write itself says which sleep it came after
+/// ([`Woke::woken_write`]): no sleep is unseen, and this only bounds a
+/// thread woken for something else that stayed on a CPU until a `send()`
+/// handed it the write. Long enough for a write delayed by preemptions too
+/// short to record or by a vCPU the hypervisor stopped (3.6 ms seen in CI).
+const WOKEN_WRITE_MAX_NS: u64 = 10_000_000;
 
 /// Where a request's submit came from (`submit_source` in the report).
 pub const SUBMIT_WAKE: &str = "wake";
@@ -117,17 +127,46 @@ pub struct Woke {
     /// Its two latest distinct unix-socket I/O times.
     pub last_io_ns: u64,
     pub prev_io_ns: u64,
+    /// The write whose burst the kernel told ([`Self::woken_write`]).
+    pub told_write_ns: u64,
+    /// Its latest off-CPU intervals (switch-out, switch-in), oldest
+    /// overwritten first: when it cannot have run ([`Self::running_at`]).
+    pub offs: [(u64, u64); OFFS],
+    pub offs_next: usize,
 }
 
+/// How many of a thread's latest off-CPU intervals [`Woke`] keeps.
+const OFFS: usize = 8;
+
 impl Woke {
-    /// An off-CPU interval ended at `on_ns`; `prev_state` 0 = it was
-    /// preempted while runnable (TASK_RUNNING), else it slept.
-    pub fn switched_in(&mut self, on_ns: u64, wake_ns: Option<u64>, prev_state: u32) {
+    /// An off-CPU interval from `off_ns` ended at `on_ns`; `prev_state` 0 =
+    /// it was preempted while runnable (TASK_RUNNING), else it slept.
+    pub fn switched_in(&mut self, on_ns: u64, off_ns: u64, wake_ns: Option<u64>, prev_state: u32) {
+        self.offs[self.offs_next] = (off_ns, on_ns);
+        self.offs_next = (self.offs_next + 1) % OFFS;
         self.on_ns = on_ns;
         if prev_state != 0 {
             self.burst_on_ns = on_ns;
             self.wake_ns = wake_ns;
         }
+    }
+
+    /// The kernel's word for the write at `write_ns` (`Record::WokenWrite`):
+    /// the thread's latest sleep ended with `wake_ns` and `on_ns`, however
+    /// short it was.
+    pub fn woken_write(&mut self, write_ns: u64, wake_ns: u64, on_ns: u64) {
+        if on_ns >= self.burst_on_ns {
+            self.burst_on_ns = on_ns;
+            self.wake_ns = Some(wake_ns);
+            self.on_ns = self.on_ns.max(on_ns);
+        }
+        self.told_write_ns = write_ns;
+    }
+
+    /// The earliest time from `t` on that the thread may have been running:
+    /// `t`, or the end of a kept off-CPU interval `t` falls in.
+    pub fn running_at(&self, t: u64) -> u64 {
+        self.offs.iter().find(|&&(off, on)| off <= t && t < on).map_or(t, |&(_, on)| on)
     }
 
     pub fn io(&mut self, ts_ns: u64) {
@@ -145,8 +184,9 @@ impl Woke {
     pub fn woken_for(&self, write_ns: u64) -> Option<u64> {
         let wake = self.wake_ns?;
         let io_before = if self.last_io_ns < write_ns { self.last_io_ns } else { self.prev_io_ns };
+        let window = if self.told_write_ns == write_ns { WOKEN_WRITE_MAX_NS } else { WAKE_TO_WRITE_NS };
         (self.on_ns <= write_ns
-            && write_ns - self.on_ns <= WAKE_TO_WRITE_NS
+            && write_ns - self.on_ns <= window
             && wake <= self.burst_on_ns
             && io_before <= self.burst_on_ns)
             .then_some(wake)
@@ -446,10 +486,17 @@ impl EngineSide {
     /// for milliseconds before it writes. When the writer thread was woken and
     /// wrote shortly after it got the CPU, the wake-up is when the frontend
     /// handed the request over; the run-queue wait is IPC transit (queue).
-    pub fn ingest<S: std::hash::BuildHasher>(&mut self, rec: &Record, woke: &HashMap<u32, Woke, S>) {
+    ///
+    /// `senders`: per frontend process, the thread that serves its HTTP
+    /// requests, taken for the one that calls `send()` (vLLM's and the
+    /// testbed's asyncio loop). A placed hand-over never falls where the
+    /// scheduler shows that thread off its CPU: under load the frontend is
+    /// preempted between building a request and sending it, which no anchor
+    /// can know.
+    pub fn ingest<S: std::hash::BuildHasher>(&mut self, rec: &Record, woke: &HashMap<u32, Woke, S>, senders: &HashMap<u32, u32, S>) {
         self.touched.clear();
         match rec {
-            Record::EngineRequest { ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, arrival_time_s, .. } => {
+            Record::EngineRequest { conn, ts_ns, tid, dir, request_id, external_req_id, prompt_tokens, arrival_time_s, .. } => {
                 let ri = self.idx(request_id);
                 self.touched.push(ri);
                 let writer = *dir == Dir::Out;
@@ -465,6 +512,7 @@ impl EngineSide {
                     // arrival_time after the latest wake-up seen, else keep
                     // the write time.
                     let arrival = arrival_time_s.filter(|a| a.is_finite());
+                    let sender = senders.get(&conn.tgid).filter(|&s| s != tid).and_then(|s| woke.get(s));
                     let mut anchored = None;
                     let handover = if !writer {
                         None
@@ -480,7 +528,7 @@ impl EngineSide {
                                 }
                                 Some((t, SUBMIT_WAKE))
                             }
-                            None => w.placed(*ts_ns, arrival).map(|t| (t, SUBMIT_ARRIVAL)),
+                            None => w.placed(*ts_ns, arrival).map(|t| (sender.map_or(t, |s| s.running_at(t)).min(*ts_ns), SUBMIT_ARRIVAL)),
                         }
                     };
                     let r = self.reqs.get_mut(ri).expect("idx inserts");
@@ -488,7 +536,7 @@ impl EngineSide {
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
                     match (anchored, arrival) {
-                        (Some((t, a)), _) => self.place_unplaced(*tid, t, a),
+                        (Some((t, a)), _) => self.place_unplaced(*tid, t, a, sender),
                         (None, Some(a)) if writer && handover.is_none() => {
                             if self.unplaced.len() == UNPLACED_MAX {
                                 self.unplaced.remove(0);
@@ -633,7 +681,7 @@ impl EngineSide {
     /// built, the least delayed of the anchors within a second after them
     /// taken, never after their write. Whether the placement falls inside
     /// the HTTP request is checked at the claim.
-    fn place_unplaced(&mut self, tid: u32, wake_ns: u64, arrival_s: f64) {
+    fn place_unplaced(&mut self, tid: u32, wake_ns: u64, arrival_s: f64, sender: Option<&Woke>) {
         let reqs = &mut self.reqs;
         self.unplaced.retain(|u| {
             if u.tid != tid {
@@ -647,6 +695,7 @@ impl EngineSide {
             if at.is_finite() {
                 // `as` saturates: a placement before the clock's start is 0.
                 let at = (at.round() as u64).min(u.write_ns);
+                let at = sender.map_or(at, |s| s.running_at(at)).min(u.write_ns);
                 let best = r.submit_handover.map_or(at, |(t, _)| t.min(at));
                 r.submit_handover = Some((best, SUBMIT_ARRIVAL));
             }
@@ -1325,6 +1374,112 @@ mod tests {
         assert_eq!(got("chatcmpl-c"), (1030 * MS, super::SUBMIT_WRITE), "the next wake-up is over a second after the write");
         assert_eq!(got("chatcmpl-d"), (2040 * MS, super::SUBMIT_WRITE), "placed before its HTTP request arrived: the write");
         assert_eq!(got("chatcmpl-e"), (2041 * MS, super::SUBMIT_WAKE));
+    }
+
+    /// The I/O thread slept 0.4 ms before A's send woke it (too short for an
+    /// off-CPU record: the last one seen is a sleep that ended 8 ms earlier),
+    /// then wrote 3 ms after its switch-in. The write's own word from the
+    /// kernel (`WokenWrite`) gives A's wake-up; without it the stale burst
+    /// is too old to trust and A keeps its write. B's write says the thread
+    /// woke to read first (its read came after the switch-in): not B's
+    /// hand-over, so B is placed from A's anchor instead.
+    #[test]
+    fn a_write_the_kernel_says_came_after_a_short_sleep_is_timed_from_that_wake_up() {
+        const US: u64 = 1_000;
+        let run = |told: bool| {
+            let add = |id: &str, at: u64, arrival_time_s: Option<f64>| add(id, at, 7, arrival_time_s);
+            let t0 = 1_796_127_787.051_362_5;
+            let mut recs = Vec::new();
+            for (id, fd, at) in [("chatcmpl-a", 5, 9 * MS), ("chatcmpl-b", 6, 19 * MS)] {
+                recs.push(http(id, fd, at).remove(0));
+            }
+            recs.push(Record::OffCpu { ts_ns: 2 * MS, tgid: 2, tid: 7, off_ns: 0, wake_ns: Some(MS), prev_state: 1 });
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: 2 * MS + 50 * US, enter_ns: 2 * MS, tid: 7, dir: Dir::In, len: 100 });
+            if told {
+                recs.push(Record::WokenWrite { ts_ns: 13 * MS, tgid: 2, tid: 7, wake_ns: 9900 * US, on_ns: 10 * MS });
+            }
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: 13 * MS, enter_ns: 13 * MS, tid: 7, dir: Dir::Out, len: 1000 });
+            recs.push(add("chatcmpl-a", 13 * MS, Some(t0)));
+            // B: woken at 20 ms, read at 20.2 ms, then wrote B.
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: 20200 * US, enter_ns: 20200 * US, tid: 7, dir: Dir::In, len: 100 });
+            if told {
+                recs.push(Record::WokenWrite { ts_ns: 20300 * US, tgid: 2, tid: 7, wake_ns: 20 * MS, on_ns: 20100 * US });
+            }
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: 20300 * US, enter_ns: 20300 * US, tid: 7, dir: Dir::Out, len: 1000 });
+            recs.push(add("chatcmpl-b", 20300 * US, Some(t0 + 0.0101)));
+            recs.push(step(30 * MS, &[("chatcmpl-a", true, Some(29 * MS)), ("chatcmpl-b", true, Some(29 * MS))]));
+            for (id, fd) in [("chatcmpl-a", 5), ("chatcmpl-b", 6)] {
+                recs.push(sse(id, fd, 31 * MS, SseKind::Content));
+                recs.push(sse(id, fd, 32 * MS, SseKind::Done));
+                recs.push(end(fd, 33 * MS));
+            }
+            recs.sort_by_key(Record::ts_ns);
+            let mut c = Correlator::new(Config::default());
+            for r in &recs {
+                c.ingest(r);
+            }
+            let a = c.finish();
+            let got = |id: &str| {
+                let e = a.requests.iter().find(|r| r.id == id).unwrap().engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
+                (e.submit_ns, e.submit_source)
+            };
+            (got("chatcmpl-a"), got("chatcmpl-b"))
+        };
+        let ((a, a_source), (b, b_source)) = run(true);
+        assert_eq!((a, a_source), (9900 * US, super::SUBMIT_WAKE), "the wake-up the write came after");
+        assert_eq!(b_source, super::SUBMIT_ARRIVAL, "woken to read: not B's hand-over");
+        assert!(b.abs_diff(20 * MS) < 1_000, "B built 10.1 ms after A, placed from A's wake-up: {b}");
+        let ((a, a_source), _) = run(false);
+        assert_eq!((a, a_source), (13 * MS, super::SUBMIT_WRITE), "without the kernel's word the burst seen is 11 ms old");
+    }
+
+    /// B is built 10 ms after A (its arrival_time), so A's anchor places
+    /// its hand-over at 12 ms; but the frontend's thread (the one serving
+    /// its HTTP requests, tid 3) was preempted from 11.5 ms to 14 ms and
+    /// cannot have called send() before 14 ms. Without that off-CPU record
+    /// the placement stands.
+    #[test]
+    fn a_placed_hand_over_never_falls_while_the_frontend_thread_was_off_its_cpu() {
+        let run = |preempted: bool| {
+            let add = |id: &str, at: u64, arrival_time_s: Option<f64>| add(id, at, 7, arrival_time_s);
+            let t0 = 1_796_127_787.051_362_5;
+            let mut recs = Vec::new();
+            for (id, fd, at) in [("chatcmpl-a", 5, MS), ("chatcmpl-b", 6, 10 * MS)] {
+                recs.push(http(id, fd, at).remove(0));
+            }
+            // The frontend process's own HTTP thread: tid 3 of tgid 2.
+            let mut health = http("health", 50, MS / 2).remove(0);
+            if let Record::HttpRequest { conn, tid, path, .. } = &mut health {
+                (conn.tgid, *tid, *path) = (2, 3, "/health".into());
+            }
+            recs.push(health);
+            recs.push(Record::OffCpu { ts_ns: 2 * MS + MS / 10, tgid: 2, tid: 7, off_ns: 0, wake_ns: Some(2 * MS), prev_state: 1 });
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: 2 * MS + MS / 5, enter_ns: 2 * MS + MS / 5, tid: 7, dir: Dir::Out, len: 1000 });
+            recs.push(add("chatcmpl-a", 2 * MS + MS / 5, Some(t0)));
+            if preempted {
+                recs.push(Record::OffCpu { ts_ns: 14 * MS, tgid: 2, tid: 3, off_ns: 11 * MS + MS / 2, wake_ns: None, prev_state: 0 });
+            }
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: 14 * MS + MS / 2, enter_ns: 14 * MS + MS / 2, tid: 7, dir: Dir::Out, len: 1000 });
+            recs.push(add("chatcmpl-b", 14 * MS + MS / 2, Some(t0 + 0.01)));
+            recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(19 * MS)), ("chatcmpl-b", true, Some(19 * MS))]));
+            for (id, fd) in [("chatcmpl-a", 5), ("chatcmpl-b", 6)] {
+                recs.push(sse(id, fd, 21 * MS, SseKind::Content));
+                recs.push(sse(id, fd, 22 * MS, SseKind::Done));
+                recs.push(end(fd, 23 * MS));
+            }
+            recs.sort_by_key(Record::ts_ns);
+            let mut c = Correlator::new(Config::default());
+            for r in &recs {
+                c.ingest(r);
+            }
+            let a = c.finish();
+            let e = a.requests.iter().find(|r| r.id == "chatcmpl-b").unwrap().engine.clone().expect("B joined");
+            (e.submit_ns, e.submit_source)
+        };
+        assert_eq!(run(true), (14 * MS, super::SUBMIT_ARRIVAL), "when the frontend's thread got its CPU back");
+        let (b, source) = run(false);
+        assert_eq!(source, super::SUBMIT_ARRIVAL);
+        assert!(b.abs_diff(12 * MS) < 1_000, "10 ms after A's wake-up: {b}");
     }
 
     /// The placement never leaves [wake-up, write]: an arrival_time before

@@ -435,6 +435,8 @@ pub struct Correlator {
     engine: engine::EngineSide,
     /// Per thread: last switch-in, the wake-up before it, latest socket I/O.
     woke: FxMap<u32, engine::Woke>,
+    /// Per process, the thread that served its latest HTTP request.
+    http_threads: FxMap<u32, u32>,
     first_ns: Option<u64>,
     last_ns: Option<u64>,
     kernels: KernelTotals,
@@ -471,6 +473,7 @@ impl Correlator {
             own: BTreeMap::new(),
             engine: engine::EngineSide::default(),
             woke: FxMap::default(),
+            http_threads: FxMap::default(),
             first_ns: None,
             last_ns: None,
             kernels: KernelTotals::default(),
@@ -501,7 +504,7 @@ impl Correlator {
         if self.cfg.use_ipc && matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
             // The engine side first (the two keep no state in common): it
             // hands the attribution the keys it kept for these requests.
-            self.engine.ingest(rec, &self.woke);
+            self.engine.ingest(rec, &self.woke, &self.http_threads);
             let mut hints = std::mem::take(&mut self.hints);
             hints.clear();
             self.engine.attr_hints(&mut hints);
@@ -512,7 +515,8 @@ impl Correlator {
         }
         self.attribution.tick(rec, ts);
         match rec {
-            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, method, path, headers, body_len, stream, ready_ns, .. } => {
+            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, ready_ns, .. } => {
+                self.http_threads.insert(conn.tgid, *tid);
                 // A readable-since older than the read by more than a minute is a
                 // stale kernel entry (socket address reuse), not a wait.
                 let wire_arrive_ns = match ready_ns {
@@ -648,8 +652,9 @@ impl Correlator {
                     None => self.count("response_ends_without_request"),
                 }
             }
-            Record::OffCpu { ts_ns, tid, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *wake_ns, *prev_state),
+            Record::OffCpu { ts_ns, tid, off_ns, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *off_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
+            Record::WokenWrite { ts_ns, tid, wake_ns, on_ns, .. } => self.woke.entry(*tid).or_default().woken_write(*ts_ns, *wake_ns, *on_ns),
             Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),
             Record::GpuDevice { pid, device, name, cc_major, cc_minor, sm_count, total_mem_bytes, driver_version, .. } => {
                 match self.gpus.iter_mut().find(|g| g.device == *device && g.name == *name) {

@@ -51,7 +51,7 @@ pub mod zmtp;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::event::{ConnKey, Family, KEvent};
+use crate::event::{ConnKey, Dir, Family, KEvent};
 use crate::model::Record;
 use conn::{Budget, Conn, Ctx};
 
@@ -234,6 +234,9 @@ impl WireDecoder {
                     });
                 }
                 if io.family == Family::Unix {
+                    if let (Dir::Out, Some((wake_ns, on_ns))) = (io.dir, io.burst) {
+                        out.push(Record::WokenWrite { ts_ns: io.ts_ns, tgid: io.conn.tgid, tid: io.tid, wake_ns, on_ns });
+                    }
                     out.push(Record::UnixIo {
                         conn: io.conn,
                         ts_ns: io.ts_ns,

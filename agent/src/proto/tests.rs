@@ -32,6 +32,7 @@ fn io_cap(k: ConnKey, dir: Dir, ts: u64, captured: &[u8], len: u64) -> KEvent {
         len,
         data: captured.to_vec(),
         copy_failed: false,
+        burst: None,
     })
 }
 
@@ -1369,6 +1370,7 @@ fn unix_socket_io_is_reported_without_payload() {
         len: 100,
         data: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
         copy_failed: false,
+        burst: None,
     });
     let out = run(&mut dec, &[ev]);
     assert_eq!(

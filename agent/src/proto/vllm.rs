@@ -1286,6 +1286,7 @@ mod tests {
             len,
             data: captured.to_vec(),
             copy_failed: false,
+            burst: None,
         })
     }
 

@@ -1249,10 +1249,10 @@ fn engine_request_map(records: &[Record], analysis: &Analysis) -> Option<Vec<Opt
     use crate::correlate::engine::{EngineSide, Woke};
     let mut side = EngineSide::default();
     // Wake-ups only move submit times, never the request order.
-    let woke: HashMap<u32, Woke> = HashMap::new();
+    let (woke, senders): (HashMap<u32, Woke>, HashMap<u32, u32>) = Default::default();
     for r in records {
         if matches!(r, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
-            side.ingest(r, &woke);
+            side.ingest(r, &woke, &senders);
         }
     }
     let (reqs, steps, _) = side.finish();

@@ -195,6 +195,12 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
         len: ret as u64,
         data: b[HS_IO_OFF_DATA..].to_vec(),
         copy_failed,
+        // A wake-up after its switch-in, or a burst after the syscall, is
+        // not one this write came in: dropped, not trusted.
+        burst: match (r.u64(HS_IO_OFF_BURST_WAKE_NS)?, r.u64(HS_IO_OFF_BURST_ON_NS)?) {
+            (w, on) if w != 0 && w <= on && on <= h.ts_ns => Some((w, on)),
+            _ => None,
+        },
     })
 }
 
@@ -363,6 +369,24 @@ mod tests {
         assert_eq!(io.data, b"GET / HTTP/1.1\r\n");
         assert_eq!(io.gap(), 100 - 16);
         assert!(!io.copy_failed);
+    }
+
+    #[test]
+    fn a_writes_burst_decodes_only_when_its_wake_up_and_switch_in_precede_the_write() {
+        let burst = |wake: u64, on: u64| {
+            let mut rec = io_record(b"x", 1, HS_SYS_SENDTO, HS_DIR_OUT);
+            rec[HS_IO_OFF_BURST_WAKE_NS..HS_IO_OFF_BURST_WAKE_NS + 8].copy_from_slice(&wake.to_ne_bytes());
+            rec[HS_IO_OFF_BURST_ON_NS..HS_IO_OFF_BURST_ON_NS + 8].copy_from_slice(&on.to_ne_bytes());
+            let KEvent::Io(io) = decode(&rec).unwrap() else { panic!("not an io event") };
+            io.burst
+        };
+        // The record's ts_ns (the write's exit) is 1000.
+        assert_eq!(burst(500, 600), Some((500, 600)));
+        assert_eq!(burst(600, 1_000), Some((600, 1_000)));
+        assert_eq!(burst(0, 0), None, "not seen");
+        assert_eq!(burst(0, 600), None, "a sleep whose wake-up was not seen");
+        assert_eq!(burst(700, 600), None, "woken after its switch-in");
+        assert_eq!(burst(500, 1_001), None, "a burst that began after the write");
     }
 
     #[test]

@@ -754,10 +754,10 @@ mod tests {
 
     #[test]
     fn the_smallest_ring_holds_sixteen_records_of_the_largest_capture() {
-        // 72-byte io header + 32 KiB + the ring's 8-byte header, 16 times.
-        assert_eq!(min_ringbuf_bytes(32768), 16 * 32848);
+        // 88-byte io header + 32 KiB + the ring's 8-byte header, 16 times.
+        assert_eq!(min_ringbuf_bytes(32768), 16 * 32864);
         // Records are 8-byte aligned in the ring.
-        assert_eq!(min_ringbuf_bytes(1), 16 * 88);
+        assert_eq!(min_ringbuf_bytes(1), 16 * 104);
         // `--ringbuf-mib 1`, the CLI's smallest ring, takes the largest capture.
         assert!(min_ringbuf_bytes(HS_MAX_CAPTURE) <= 1 << 20);
     }

@@ -15,10 +15,10 @@ use hopscope::model::Record;
 use hopscope::recording::{Meta, Reader};
 use hopscope::sink::report;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-const FIXTURES: [&str; 4] = ["chain3", "queue2", "tp_chunked", "loaded"];
+const FIXTURES: [&str; 5] = ["chain3", "queue2", "tp_chunked", "loaded", "dp_loaded"];
 
 fn fixture(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(file)
@@ -212,7 +212,46 @@ fn loaded_report_equals_its_golden_json_byte_for_byte() {
 /// was late); from the least delayed of the recent ones, 0.173 ms.
 #[test]
 fn submits_placed_by_arrival_time_stay_near_the_frontends_send() {
-    let truth: BTreeMap<String, (u64, u64)> = std::fs::read_to_string(fixture("loaded.truth.jsonl"))
+    let (placed, worst) = submit_errors("loaded");
+    assert!(placed >= 1, "the fixture holds submits placed by arrival_time");
+    assert!(worst.placed <= 250_000, "a placed submit {} ns outside the frontend's send", worst.placed);
+}
+
+#[test]
+fn dp_loaded_report_equals_its_golden_json_byte_for_byte() {
+    assert_matches_golden("dp_loaded");
+}
+
+/// `dp_loaded`: two data-parallel engines, two busy loops beside the
+/// testbed, recording format 3 (each unix write names the wake-up of its
+/// thread's latest sleep: `WokenWrite`). One ADD was handed over while the
+/// I/O thread was awake, built 2.1 ms before the API server's thread was
+/// preempted and sent when it came back: placed by the least delayed
+/// anchor alone it came out 2.1 ms before the frontend's send (the
+/// attribution test failed on it); kept out of the thread's off-CPU time,
+/// 0.03 ms. Every submit, wake-up or placed, is held within 0.25 ms.
+#[test]
+fn data_parallel_submits_under_load_stay_near_the_frontends_send() {
+    let r = replay("dp_loaded");
+    assert!(r.records.iter().any(|x| matches!(x, Record::WokenWrite { .. })), "a format 3 recording with the writes' wake-ups");
+    let engines: BTreeSet<Option<u64>> = r.analysis.requests.iter().filter(|q| q.path == "/v1/chat/completions").map(|q| q.engine.as_ref().and_then(|e| e.engine_index)).collect();
+    assert_eq!(engines, [Some(0), Some(1)].into_iter().collect(), "both engines served");
+    let (placed, worst) = submit_errors("dp_loaded");
+    assert!(placed >= 1, "the fixture holds submits placed by arrival_time");
+    assert!(worst.placed <= 250_000 && worst.any <= 250_000, "a submit outside the frontend's send by {worst:?} ns");
+}
+
+#[derive(Debug, Default)]
+struct Worst {
+    placed: u64,
+    any: u64,
+}
+
+/// How many submits of fixture `name` were placed by arrival_time, and the
+/// worst distance of those and of all from the frontend's marks around its
+/// send (`NAME.truth.jsonl`).
+fn submit_errors(name: &str) -> (usize, Worst) {
+    let truth: BTreeMap<String, (u64, u64)> = std::fs::read_to_string(fixture(&format!("{name}.truth.jsonl")))
         .expect("truth present")
         .lines()
         .map(|l| {
@@ -221,20 +260,20 @@ fn submits_placed_by_arrival_time_stay_near_the_frontends_send() {
             (v["id"].as_str().expect("id").to_owned(), (ns("submit_ns"), ns("submit_sent_ns")))
         })
         .collect();
-    let r = replay("loaded");
-    let (mut placed, mut worst) = (0, 0u64);
+    let r = replay(name);
+    let (mut placed, mut worst) = (0, Worst::default());
     for q in r.analysis.requests.iter().filter(|q| q.path == "/v1/chat/completions") {
         let e = q.engine.as_ref().expect("engine joined");
         let m = engine::marks(q).expect("marks");
         let (lo, hi) = truth[&q.id];
         let err = lo.saturating_sub(m.submit).max(m.submit.saturating_sub(hi));
+        worst.any = worst.any.max(err);
         if e.submit_source == engine::SUBMIT_ARRIVAL {
             placed += 1;
-            worst = worst.max(err);
+            worst.placed = worst.placed.max(err);
         }
     }
-    assert!(placed >= 1, "the fixture holds submits placed by arrival_time");
-    assert!(worst <= 250_000, "a placed submit {worst} ns outside the frontend's send");
+    (placed, worst)
 }
 
 #[test]
@@ -338,7 +377,7 @@ fn a_chain_table_adds_up_its_hops_and_the_clients_time_between_them() {
 #[test]
 fn fixtures_hold_no_prompt_text() {
     // The first words of each fixture's seeded task text (chain_client.py
-    // task_text with --task-seed 4242, 4343/4344, 4444/4445).
+    // task_text with --task-seed 4242, 4343/4344, 4444/4445, 1-4).
     let planted = [
         "careful senior software engineer",
         "Task: build a small tool",
@@ -348,6 +387,11 @@ fn fixtures_hold_no_prompt_text() {
         "context retry handler protocol eviction",
         "capture trace worker timeout memory",
         "engine backend policy socket frontend",
+        // The attribution tests' default --task-seed 1, chains 0-3 (`loaded`, `dp_loaded`).
+        "memory engine backoff socket dealer phase",
+        "block decode batch eviction client agent",
+        "timeout buffer offload backend engine",
+        "timeout session kernel copy handler",
     ];
     for name in FIXTURES {
         let bytes = std::fs::read(fixture(&format!("{name}.hop"))).unwrap();

@@ -11,7 +11,9 @@
 //! bit 3: the syscall moved 4096 more bytes than were captured (a gap);
 //! bits 4–5: which of four connections; bit 6: the kernel saw the bytes on the
 //! wire 5 ns before the exit (a read's arrival, a write's departure); bit 7:
-//! 5 ns after it (a stamp the decoder must not trust for a write).
+//! 5 ns after it (a stamp the decoder must not trust for a write). A write
+//! with bit 6 also says its thread was woken 500 ns before the exit (the
+//! kernel's `burst`: `Record::WokenWrite` on unix sockets).
 
 use hopscope::event::{CloseEvent, ConnEvent, ConnKey, ConnOp, Dir, Family, IoEvent, KEvent, Syscall};
 
@@ -65,6 +67,7 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
                     len: chunk.len() as u64 + gap,
                     data: chunk.to_vec(),
                     copy_failed: false,
+                    burst: (dir == Dir::Out && ctl & 0x40 != 0).then(|| (ts - 500, ts - 400)),
                 }))
             }
         }

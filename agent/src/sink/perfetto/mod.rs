@@ -1096,6 +1096,11 @@ impl RequestArgs {
         if let Some(s) = &out.compute_source {
             args.push(Arg::str("compute_source", s));
         }
+        // How the frontend/queue and queue/prefill boundaries were timed.
+        if let Some(e) = r.engine.as_ref() {
+            args.push(Arg::str("submit_source", e.submit_source));
+            args.push(Arg::str("scheduled_source", e.scheduled_source));
+        }
         if let Some(n) = out.gpu_steps {
             args.push(Arg::u64("gpu_steps", u64::from(n)));
         }

@@ -1256,6 +1256,10 @@ fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_fig
     assert!(out.interference_ms.is_some());
     let source = req.debug_annotations.iter().find(|d| d.name.as_deref() == Some("compute_source")).expect("compute_source");
     assert_eq!(source.string_value.as_deref(), Some("cupti"));
+    let arg_str = |name: &str| req.debug_annotations.iter().find(|d| d.name.as_deref() == Some(name)).and_then(|d| d.string_value.clone());
+    assert!(out.submit_source.is_some() && out.scheduled_source.is_some());
+    assert_eq!(arg_str("submit_source").as_deref(), out.submit_source.as_deref(), "the report's submit_source");
+    assert_eq!(arg_str("scheduled_source").as_deref(), out.scheduled_source.as_deref(), "the report's scheduled_source");
     let (_, q) = slices_named(&t, "queue").next().unwrap();
     assert_eq!(arg_f64(q, "queue_ms"), Some(0.5));
     let (_, p) = slices_named(&t, "prefill").next().unwrap();

@@ -90,10 +90,7 @@ impl Writer {
         let earliest = self.anchor[..self.anchors]
             .iter()
             .filter(|x| usable(x))
-            .filter_map(|&(wake, a0)| {
-                let d = (a - a0) * 1e9;
-                d.is_finite().then_some(wake as f64 + d)
-            })
+            .filter_map(|&(wake, a0)| anchored_at(wake, a0, a))
             .fold(f64::INFINITY, f64::min);
         if !earliest.is_finite() {
             return None;
@@ -101,6 +98,21 @@ impl Writer {
         // `as` saturates: a far-past placement lands on the latest anchor.
         Some((earliest.round() as u64).clamp(latest, write_ns))
     }
+}
+
+/// Where an anchor (woken at `wake_ns`, built at `anchor_arrival_s`) places
+/// the hand-over of a request built at `arrival_s`: as much later (or
+/// earlier) as it was built. None when the clock values are not numbers.
+fn anchored_at(wake_ns: u64, anchor_arrival_s: f64, arrival_s: f64) -> Option<f64> {
+    let d = (arrival_s - anchor_arrival_s) * 1e9;
+    d.is_finite().then_some(wake_ns as f64 + d)
+}
+
+/// A placed hand-over `t` of an ADD written at `write_ns`, moved out of the
+/// frontend thread's off-CPU time ([`Woke::running_at`]: it cannot have
+/// called `send()` then) and never after the write.
+fn sendable_at(sender: Option<&Woke>, t: u64, write_ns: u64) -> u64 {
+    sender.map_or(t, |s| s.running_at(t)).min(write_ns)
 }
 
 /// An ADD still waiting for an anchor of its writer thread.
@@ -528,7 +540,7 @@ impl EngineSide {
                                 }
                                 Some((t, SUBMIT_WAKE))
                             }
-                            None => w.placed(*ts_ns, arrival).map(|t| (sender.map_or(t, |s| s.running_at(t)).min(*ts_ns), SUBMIT_ARRIVAL)),
+                            None => w.placed(*ts_ns, arrival).map(|t| (sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL)),
                         }
                     };
                     let r = self.reqs.get_mut(ri).expect("idx inserts");
@@ -691,11 +703,9 @@ impl EngineSide {
                 return false;
             }
             let Some(r) = reqs.get_mut(u.req) else { return false };
-            let at = wake_ns as f64 + (u.arrival_s - arrival_s) * 1e9;
-            if at.is_finite() {
+            if let Some(at) = anchored_at(wake_ns, arrival_s, u.arrival_s) {
                 // `as` saturates: a placement before the clock's start is 0.
-                let at = (at.round() as u64).min(u.write_ns);
-                let at = sender.map_or(at, |s| s.running_at(at)).min(u.write_ns);
+                let at = sendable_at(sender, at.round() as u64, u.write_ns);
                 let best = r.submit_handover.map_or(at, |(t, _)| t.min(at));
                 r.submit_handover = Some((best, SUBMIT_ARRIVAL));
             }
@@ -1261,6 +1271,30 @@ mod tests {
         assert_eq!((ea.engine_index, ec.engine_index), (Some(0), Some(1)));
     }
 
+    /// Each request answered: its first content chunk at `at` on connection
+    /// `fd`, `[DONE]` 1 ms later, the response's end 1 ms after that.
+    fn answered(recs: &mut Vec<Record>, reqs: &[(&str, i32, u64)]) {
+        for &(id, fd, at) in reqs {
+            recs.push(sse(id, fd, at, SseKind::Content));
+            recs.push(sse(id, fd, at + MS, SseKind::Done));
+            recs.push(end(fd, at + 2 * MS));
+        }
+    }
+
+    /// The records, in time order, through the correlator: by HTTP request
+    /// id, its submit and where it came from (panics for one not joined to
+    /// its engine request).
+    fn submits(mut recs: Vec<Record>) -> impl Fn(&str) -> (u64, &'static str) {
+        recs.sort_by_key(Record::ts_ns);
+        let mut c = Correlator::new(Config::default());
+        for r in &recs {
+            c.ingest(r);
+        }
+        let by_id: std::collections::HashMap<String, (u64, &'static str)> =
+            c.finish().requests.into_iter().filter_map(|r| r.engine.map(|e| (r.id, (e.submit_ns, e.submit_source)))).collect();
+        move |id| *by_id.get(id).unwrap_or_else(|| panic!("{id} joined"))
+    }
+
     /// ZMQ's I/O thread (tid 7) is woken by A's send at 1.5 ms but gets a
     /// CPU only at 5 ms; B and D were sent meanwhile and all three leave in
     /// one write at 5.1 ms. A owns the wake-up; B is placed by how much
@@ -1288,21 +1322,8 @@ mod tests {
         let all = [("chatcmpl-a", true, Some(10 * MS)), ("chatcmpl-b", true, Some(10 * MS)), ("chatcmpl-d", true, Some(10 * MS)), ("chatcmpl-e", true, Some(33 * MS))];
         recs.push(step(40 * MS, &all));
         recs.push(step(1110 * MS, &[("chatcmpl-f", true, Some(1103 * MS))]));
-        for (id, fd, at) in [("chatcmpl-a", 5, 41 * MS), ("chatcmpl-b", 6, 41 * MS), ("chatcmpl-d", 8, 41 * MS), ("chatcmpl-e", 9, 41 * MS), ("chatcmpl-f", 10, 1111 * MS)] {
-            recs.push(sse(id, fd, at, SseKind::Content));
-            recs.push(sse(id, fd, at + MS, SseKind::Done));
-            recs.push(end(fd, at + 2 * MS));
-        }
-        recs.sort_by_key(Record::ts_ns);
-        let mut c = Correlator::new(Config::default());
-        for r in &recs {
-            c.ingest(r);
-        }
-        let a = c.finish();
-        let got = |id: &str| {
-            let e = a.requests.iter().find(|r| r.id == id).unwrap().engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
-            (e.submit_ns, e.submit_source)
-        };
+        answered(&mut recs, &[("chatcmpl-a", 5, 41 * MS), ("chatcmpl-b", 6, 41 * MS), ("chatcmpl-d", 8, 41 * MS), ("chatcmpl-e", 9, 41 * MS), ("chatcmpl-f", 10, 1111 * MS)]);
+        let got = submits(recs);
         assert_eq!(got("chatcmpl-a"), (3 * MS / 2, super::SUBMIT_WAKE));
         // arrival_time is a float of seconds since 1970: a quarter µs apart.
         let (b, source) = got("chatcmpl-b");
@@ -1352,21 +1373,8 @@ mod tests {
         recs.push(step(40 * MS, &[("chatcmpl-a", true, Some(39 * MS)), ("chatcmpl-b", true, Some(39 * MS))]));
         recs.push(step(1035 * MS, &[("chatcmpl-c", true, Some(1034 * MS))]));
         recs.push(step(2050 * MS, &[("chatcmpl-d", true, Some(2049 * MS)), ("chatcmpl-e", true, Some(2049 * MS))]));
-        for (id, fd, at) in [("chatcmpl-a", 5, 41 * MS), ("chatcmpl-b", 6, 41 * MS), ("chatcmpl-c", 8, 2045 * MS), ("chatcmpl-d", 9, 2051 * MS), ("chatcmpl-e", 10, 2051 * MS)] {
-            recs.push(sse(id, fd, at, SseKind::Content));
-            recs.push(sse(id, fd, at + MS, SseKind::Done));
-            recs.push(end(fd, at + 2 * MS));
-        }
-        recs.sort_by_key(Record::ts_ns);
-        let mut c = Correlator::new(Config::default());
-        for r in &recs {
-            c.ingest(r);
-        }
-        let a = c.finish();
-        let got = |id: &str| {
-            let e = a.requests.iter().find(|r| r.id == id).unwrap().engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
-            (e.submit_ns, e.submit_source)
-        };
+        answered(&mut recs, &[("chatcmpl-a", 5, 41 * MS), ("chatcmpl-b", 6, 41 * MS), ("chatcmpl-c", 8, 2045 * MS), ("chatcmpl-d", 9, 2051 * MS), ("chatcmpl-e", 10, 2051 * MS)]);
+        let got = submits(recs);
         let (at, source) = got("chatcmpl-a");
         assert_eq!(source, super::SUBMIT_ARRIVAL, "placed by B's wake-up");
         assert!(at.abs_diff(1500 * US) < 1_000, "A built 20 ms before B, whose send woke the thread at 21.5 ms: {at}");
@@ -1408,21 +1416,8 @@ mod tests {
             recs.push(Record::UnixIo { conn: IPC, ts_ns: 20300 * US, enter_ns: 20300 * US, tid: 7, dir: Dir::Out, len: 1000 });
             recs.push(add("chatcmpl-b", 20300 * US, Some(t0 + 0.0101)));
             recs.push(step(30 * MS, &[("chatcmpl-a", true, Some(29 * MS)), ("chatcmpl-b", true, Some(29 * MS))]));
-            for (id, fd) in [("chatcmpl-a", 5), ("chatcmpl-b", 6)] {
-                recs.push(sse(id, fd, 31 * MS, SseKind::Content));
-                recs.push(sse(id, fd, 32 * MS, SseKind::Done));
-                recs.push(end(fd, 33 * MS));
-            }
-            recs.sort_by_key(Record::ts_ns);
-            let mut c = Correlator::new(Config::default());
-            for r in &recs {
-                c.ingest(r);
-            }
-            let a = c.finish();
-            let got = |id: &str| {
-                let e = a.requests.iter().find(|r| r.id == id).unwrap().engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
-                (e.submit_ns, e.submit_source)
-            };
+            answered(&mut recs, &[("chatcmpl-a", 5, 31 * MS), ("chatcmpl-b", 6, 31 * MS)]);
+            let got = submits(recs);
             (got("chatcmpl-a"), got("chatcmpl-b"))
         };
         let ((a, a_source), (b, b_source)) = run(true);
@@ -1462,19 +1457,8 @@ mod tests {
             recs.push(Record::UnixIo { conn: IPC, ts_ns: 14 * MS + MS / 2, enter_ns: 14 * MS + MS / 2, tid: 7, dir: Dir::Out, len: 1000 });
             recs.push(add("chatcmpl-b", 14 * MS + MS / 2, Some(t0 + 0.01)));
             recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(19 * MS)), ("chatcmpl-b", true, Some(19 * MS))]));
-            for (id, fd) in [("chatcmpl-a", 5), ("chatcmpl-b", 6)] {
-                recs.push(sse(id, fd, 21 * MS, SseKind::Content));
-                recs.push(sse(id, fd, 22 * MS, SseKind::Done));
-                recs.push(end(fd, 23 * MS));
-            }
-            recs.sort_by_key(Record::ts_ns);
-            let mut c = Correlator::new(Config::default());
-            for r in &recs {
-                c.ingest(r);
-            }
-            let a = c.finish();
-            let e = a.requests.iter().find(|r| r.id == "chatcmpl-b").unwrap().engine.clone().expect("B joined");
-            (e.submit_ns, e.submit_source)
+            answered(&mut recs, &[("chatcmpl-a", 5, 21 * MS), ("chatcmpl-b", 6, 21 * MS)]);
+            submits(recs)("chatcmpl-b")
         };
         assert_eq!(run(true), (14 * MS, super::SUBMIT_ARRIVAL), "when the frontend's thread got its CPU back");
         let (b, source) = run(false);

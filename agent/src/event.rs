@@ -68,9 +68,35 @@ pub struct IoEvent {
     /// The kernel could not read the user buffer at all.
     pub copy_failed: bool,
     /// Unix-socket writes: the wake-up that ended the calling thread's latest
-    /// sleep and its switch-in after it, `(wake_ns, on_ns)`, however short the
-    /// sleep (`Record::OffCpu` keeps only the long ones). None if not seen.
-    pub burst: Option<(u64, u64)>,
+    /// sleep and its switch-in after it, however short the sleep
+    /// (`Record::OffCpu` keeps only the long ones).
+    pub burst: Burst,
+}
+
+/// What the kernel said about the sleep a unix-socket write came after
+/// (`hs_io.burst_wake_ns`, `burst_on_ns`), checked at decode: stamps out of
+/// order are kept apart so the wire decoder can count them, never trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Burst {
+    /// Not a unix-socket write, or its thread has not slept since the probes attached.
+    NoSleep,
+    /// The thread's latest sleep ended (it was switched in again) but the
+    /// wake-up before it was not seen.
+    WakeUnseen,
+    /// Woken at `wake_ns`, on its CPU again at `on_ns`; both before the write.
+    Woken { wake_ns: u64, on_ns: u64 },
+    /// Stamps out of order: woken after its switch-in, or switched in after the write.
+    Implausible,
+}
+
+impl Burst {
+    /// The wake-up and switch-in when they can be trusted.
+    pub fn woken(self) -> Option<(u64, u64)> {
+        match self {
+            Burst::Woken { wake_ns, on_ns } => Some((wake_ns, on_ns)),
+            _ => None,
+        }
+    }
 }
 
 impl IoEvent {

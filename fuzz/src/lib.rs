@@ -15,7 +15,7 @@
 //! with bit 6 also says its thread was woken 500 ns before the exit (the
 //! kernel's `burst`: `Record::WokenWrite` on unix sockets).
 
-use hopscope::event::{CloseEvent, ConnEvent, ConnKey, ConnOp, Dir, Family, IoEvent, KEvent, Syscall};
+use hopscope::event::{Burst, CloseEvent, ConnEvent, ConnKey, ConnOp, Dir, Family, IoEvent, KEvent, Syscall};
 
 pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
     let mut out = Vec::new();
@@ -67,7 +67,11 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
                     len: chunk.len() as u64 + gap,
                     data: chunk.to_vec(),
                     copy_failed: false,
-                    burst: (dir == Dir::Out && ctl & 0x40 != 0).then(|| (ts - 500, ts - 400)),
+                    burst: if dir == Dir::Out && ctl & 0x40 != 0 {
+                        Burst::Woken { wake_ns: ts - 500, on_ns: ts - 400 }
+                    } else {
+                        Burst::NoSleep
+                    },
                 }))
             }
         }

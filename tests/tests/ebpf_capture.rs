@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hopscope_integration::privileged;
-use hopscope::event::{ConnOp, Dir, Family, IoEvent, KEvent, ProcOp, Syscall};
+use hopscope::event::{Burst, ConnOp, Dir, Family, IoEvent, KEvent, ProcOp, Syscall};
 use hopscope::source::ebpf::{EbpfConfig, EbpfSource, SourceError};
 
 
@@ -536,7 +536,7 @@ out("done", child, *marks)
     let (mut exact, mut unseen) = (0, 0);
     for (i, &(t0, t1)) in marks.iter().enumerate() {
         let io = find_io(&evs, child, Syscall::Sendto, format!("burst-{i:02}").as_bytes());
-        let Some((wake, on)) = io.burst else { panic!("write {i} carries no burst: {io:?}") };
+        let Burst::Woken { wake_ns: wake, on_ns: on } = io.burst else { panic!("write {i} carries no burst: {io:?}") };
         assert!(wake <= on && on <= io.enter_ns, "write {i}: wake {wake}, switch-in {on}, syscall entry {}", io.enter_ns);
         // The child may not have been back asleep yet (then its burst is
         // the previous wake-up's): most writes, not all.
@@ -554,7 +554,7 @@ out("done", child, *marks)
     assert!(unseen >= 5, "the sleeps were meant to be shorter than min_offcpu_ns: {unseen} of 20 unseen");
     let reads: Vec<_> = ios(&evs, pid).into_iter().filter(|io| io.dir == Dir::In).collect();
     assert_eq!(reads.len(), 20, "the parent's reads");
-    assert!(reads.iter().all(|io| io.burst.is_none()), "reads carry none");
+    assert!(reads.iter().all(|io| io.burst == Burst::NoSleep), "reads carry none");
 }
 
 #[test]

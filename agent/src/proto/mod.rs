@@ -51,7 +51,7 @@ pub mod zmtp;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::event::{ConnKey, Dir, Family, KEvent};
+use crate::event::{Burst, ConnKey, Dir, Family, KEvent};
 use crate::model::Record;
 use conn::{Budget, Conn, Ctx};
 
@@ -173,6 +173,13 @@ counters! {
     /// the call (congestion window, pacing, no `net:net_dev_queue`): their
     /// records are timed at the call's exit instead of the wire departure.
     writes_timed_at_exit,
+    /// Unix-socket writes whose thread was switched in after a sleep whose
+    /// wake-up was not seen: their hand-over is timed without it (coarser).
+    write_wakeups_unseen,
+    /// Unix-socket writes whose wake-up and switch-in stamps were out of
+    /// order (woken after the switch-in, or switched in after the write):
+    /// dropped, not trusted.
+    write_wakeups_implausible,
 }
 
 /// Decodes socket events into records. Feed events in timestamp order.
@@ -234,8 +241,19 @@ impl WireDecoder {
                     });
                 }
                 if io.family == Family::Unix {
-                    if let (Dir::Out, Some((wake_ns, on_ns))) = (io.dir, io.burst) {
-                        out.push(Record::WokenWrite { ts_ns: io.ts_ns, tgid: io.conn.tgid, tid: io.tid, wake_ns, on_ns });
+                    if io.dir == Dir::Out {
+                        match io.burst {
+                            Burst::Woken { wake_ns, on_ns } => out.push(Record::WokenWrite {
+                                ts_ns: io.ts_ns,
+                                tgid: io.conn.tgid,
+                                tid: io.tid,
+                                wake_ns,
+                                on_ns,
+                            }),
+                            Burst::WakeUnseen => self.c.write_wakeups_unseen += 1,
+                            Burst::Implausible => self.c.write_wakeups_implausible += 1,
+                            Burst::NoSleep => {}
+                        }
                     }
                     out.push(Record::UnixIo {
                         conn: io.conn,

@@ -32,7 +32,7 @@ fn io_cap(k: ConnKey, dir: Dir, ts: u64, captured: &[u8], len: u64) -> KEvent {
         len,
         data: captured.to_vec(),
         copy_failed: false,
-        burst: None,
+        burst: Burst::NoSleep,
     })
 }
 
@@ -1370,7 +1370,7 @@ fn unix_socket_io_is_reported_without_payload() {
         len: 100,
         data: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
         copy_failed: false,
-        burst: None,
+        burst: Burst::NoSleep,
     });
     let out = run(&mut dec, &[ev]);
     assert_eq!(
@@ -1385,6 +1385,44 @@ fn unix_socket_io_is_reported_without_payload() {
         }]
     );
     assert_eq!(dec.tracked_conns(), 0);
+}
+
+#[test]
+fn a_unix_write_names_its_wake_up_only_when_trusted_and_counts_the_others() {
+    let k = key(62);
+    let mut dec = decoder();
+    let write = |ts: u64, dir: Dir, burst: Burst| {
+        KEvent::Io(IoEvent {
+            ts_ns: ts,
+            enter_ns: ts - 1,
+            wire_ns: None,
+            tid: 9,
+            conn: k,
+            syscall: if dir == OUT { Syscall::Sendmsg } else { Syscall::Recvmsg },
+            dir,
+            family: Family::Unix,
+            len: 3,
+            data: b"abc".to_vec(),
+            copy_failed: false,
+            burst,
+        })
+    };
+    let out = run(
+        &mut dec,
+        &[
+            write(100, OUT, Burst::Woken { wake_ns: 40, on_ns: 50 }),
+            write(200, OUT, Burst::WakeUnseen),
+            write(300, OUT, Burst::Implausible),
+            write(400, OUT, Burst::Implausible),
+            write(500, OUT, Burst::NoSleep),
+            write(600, IN, Burst::Woken { wake_ns: 540, on_ns: 550 }),
+        ],
+    );
+    let woken: Vec<_> = out.iter().filter(|r| matches!(r, Record::WokenWrite { .. })).collect();
+    assert_eq!(woken, [&Record::WokenWrite { ts_ns: 100, tgid: 4242, tid: 9, wake_ns: 40, on_ns: 50 }], "reads name none");
+    assert_eq!(out.iter().filter(|r| matches!(r, Record::UnixIo { .. })).count(), 6, "every write is still reported");
+    assert_eq!(counter(&dec, "write_wakeups_unseen"), 1);
+    assert_eq!(counter(&dec, "write_wakeups_implausible"), 2);
 }
 
 #[test]

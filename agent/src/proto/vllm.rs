@@ -1181,7 +1181,7 @@ mod tests {
     use super::super::msgpack::enc::{to_vec, V};
     use super::super::{DecoderConfig, WireDecoder};
     use super::*;
-    use crate::event::{CloseEvent, Family, KEvent, Syscall};
+    use crate::event::{Burst, CloseEvent, Family, KEvent, Syscall};
     use std::path::PathBuf;
 
     // ---------------------------------------------------------------- helpers
@@ -1286,7 +1286,7 @@ mod tests {
             len,
             data: captured.to_vec(),
             copy_failed: false,
-            burst: None,
+            burst: Burst::NoSleep,
         })
     }
 

@@ -1054,6 +1054,8 @@ pub fn is_loss(name: &str) -> bool {
         // Writes timed at their exit for want of a wire departure: a
         // coarser stamp, nothing lost.
         "writes_timed_at_exit",
+        // Unix writes whose wake-up was not seen: timed without it, coarser.
+        "write_wakeups_unseen",
         // NVML sampler (source::nvml).
         "nvml_devices",
         "nvml_samples",

@@ -7,7 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use hopscope_ebpf::layout::*;
 
 use crate::event::{
-    CloseEvent, ConnEvent, ConnKey, ConnOp, Dir, Family, IoEvent, KEvent, ProcEvent, ProcOp, SchedEvent, Syscall,
+    Burst, CloseEvent, ConnEvent, ConnKey, ConnOp, Dir, Family, IoEvent, KEvent, ProcEvent, ProcOp, SchedEvent,
+    Syscall,
 };
 
 /// Why a ring-buffer sample was rejected.
@@ -196,10 +197,13 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
         data: b[HS_IO_OFF_DATA..].to_vec(),
         copy_failed,
         // A wake-up after its switch-in, or a burst after the syscall, is
-        // not one this write came in: dropped, not trusted.
+        // not one this write came in: kept apart (and counted), not trusted.
         burst: match (r.u64(HS_IO_OFF_BURST_WAKE_NS)?, r.u64(HS_IO_OFF_BURST_ON_NS)?) {
-            (w, on) if w != 0 && w <= on && on <= h.ts_ns => Some((w, on)),
-            _ => None,
+            (0, 0) => Burst::NoSleep,
+            (_, on) if on > h.ts_ns => Burst::Implausible,
+            (0, _) => Burst::WakeUnseen,
+            (w, on) if w <= on => Burst::Woken { wake_ns: w, on_ns: on },
+            _ => Burst::Implausible,
         },
     })
 }
@@ -372,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn a_writes_burst_decodes_only_when_its_wake_up_and_switch_in_precede_the_write() {
+    fn a_writes_burst_is_trusted_only_when_its_wake_up_and_switch_in_precede_the_write() {
         let burst = |wake: u64, on: u64| {
             let mut rec = io_record(b"x", 1, HS_SYS_SENDTO, HS_DIR_OUT);
             rec[HS_IO_OFF_BURST_WAKE_NS..HS_IO_OFF_BURST_WAKE_NS + 8].copy_from_slice(&wake.to_ne_bytes());
@@ -381,12 +385,13 @@ mod tests {
             io.burst
         };
         // The record's ts_ns (the write's exit) is 1000.
-        assert_eq!(burst(500, 600), Some((500, 600)));
-        assert_eq!(burst(600, 1_000), Some((600, 1_000)));
-        assert_eq!(burst(0, 0), None, "not seen");
-        assert_eq!(burst(0, 600), None, "a sleep whose wake-up was not seen");
-        assert_eq!(burst(700, 600), None, "woken after its switch-in");
-        assert_eq!(burst(500, 1_001), None, "a burst that began after the write");
+        assert_eq!(burst(500, 600), Burst::Woken { wake_ns: 500, on_ns: 600 });
+        assert_eq!(burst(600, 1_000), Burst::Woken { wake_ns: 600, on_ns: 1_000 });
+        assert_eq!(burst(0, 0), Burst::NoSleep, "not seen");
+        assert_eq!(burst(0, 600), Burst::WakeUnseen, "a sleep whose wake-up was not seen");
+        assert_eq!(burst(700, 600), Burst::Implausible, "woken after its switch-in");
+        assert_eq!(burst(500, 1_001), Burst::Implausible, "a burst that began after the write");
+        assert_eq!(burst(0, 1_001), Burst::Implausible, "a switch-in after the write");
     }
 
     #[test]

@@ -79,6 +79,33 @@ impl Py {
     }
 }
 
+/// What one traced run of a [`Py`] script left: its `ready` and `done`
+/// words, its pid, the source (for its counters and targets) and every event
+/// the kernel delivered.
+struct Traced {
+    ready: Vec<String>,
+    done: Vec<String>,
+    pid: u32,
+    src: EbpfSource,
+    evs: Vec<KEvent>,
+}
+
+impl Py {
+    /// The sequence every single-script capture test follows: attach once the
+    /// script is ready (so its set-up is not traced), let it go, wait for its
+    /// `done` line and its exit (status 0), then drain the ring.
+    fn traced(mut self, tweak: impl FnOnce(&mut EbpfConfig)) -> Traced {
+        let ready = self.line("ready");
+        let mut src = start(vec![self.pid()], tweak);
+        self.go();
+        let done = self.line("done");
+        let pid = self.pid();
+        assert_eq!(self.finish(), 0, "the traced script failed (its stderr is above)");
+        let evs = collect(&mut src);
+        Traced { ready, done, pid, src, evs }
+    }
+}
+
 fn start(pids: Vec<u32>, tweak: impl FnOnce(&mut EbpfConfig)) -> EbpfSource {
     let mut cfg = EbpfConfig { pids, ..EbpfConfig::default() };
     tweak(&mut cfg);
@@ -262,7 +289,7 @@ out("done", len(req))
 #[test]
 fn unix_socketpair_bytes_are_captured_with_the_unix_family() {
     let Some(_serial) = privileged("unix_socketpair_bytes_are_captured_with_the_unix_family") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 out("ready")
@@ -276,13 +303,8 @@ with open("/proc/self/stat", "rb") as f:
 out("done", got1.decode(), got2.decode())
 "#,
     );
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |_| {});
-    py.go();
-    assert_eq!(py.line("done"), ["unix-ping-123", "raw-write"]);
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
+    let Traced { done, pid, evs, .. } = py.traced(|_| {});
+    assert_eq!(done, ["unix-ping-123", "raw-write"]);
 
     let send = find_io(&evs, pid, Syscall::Sendto, b"unix-ping-123");
     let recv = find_io(&evs, pid, Syscall::Recvfrom, b"unix-ping-123");
@@ -302,7 +324,7 @@ out("done", got1.decode(), got2.decode())
 #[test]
 fn writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order() {
     let Some(_serial) = privileged("writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 out("ready")
@@ -317,13 +339,8 @@ rest = b.recv(100)
 out("done", n, data.decode(), rest.decode())
 "#,
     );
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |_| {});
-    py.go();
-    assert_eq!(py.line("done"), ["8", "m1-m2-m3", "ABCDEFGHIJ"]);
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
+    let Traced { done, pid, src, evs, .. } = py.traced(|_| {});
+    assert_eq!(done, ["8", "m1-m2-m3", "ABCDEFGHIJ"]);
 
     let wv = find_io(&evs, pid, Syscall::Writev, b"v1-v2-v3");
     assert_eq!((wv.len, wv.gap()), (8, 0));
@@ -342,7 +359,7 @@ out("done", n, data.decode(), rest.decode())
 #[test]
 fn writes_longer_than_capture_len_are_truncated_and_counted() {
     let Some(_serial) = privileged("writes_longer_than_capture_len_are_truncated_and_counted") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 out("ready")
@@ -354,14 +371,8 @@ while got < 1024:
 out("done", got)
 "#,
     );
-    py.line("ready");
     // A socketpair is AF_UNIX: its own knob, not capture_len.
-    let mut src = start(vec![py.pid()], |c| c.capture_len_unix = 64);
-    py.go();
-    py.line("done");
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
+    let Traced { pid, src, evs, .. } = py.traced(|c| c.capture_len_unix = 64);
     let expect: Vec<u8> = b"0123456789abcdef".repeat(4);
     let w = find_io(&evs, pid, Syscall::Sendto, &expect);
     assert_eq!((w.len, w.data.len(), w.gap()), (1024, 64, 960));
@@ -375,7 +386,7 @@ out("done", got)
 #[test]
 fn a_forked_child_of_the_target_is_followed_and_its_exit_reported() {
     let Some(_serial) = privileged("a_forked_child_of_the_target_is_followed_and_its_exit_reported") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 out("ready")
@@ -389,15 +400,9 @@ got = b.recv(100)
 out("done", pid, got.decode())
 "#,
     );
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |_| {});
-    py.go();
-    let done = py.line("done");
+    let Traced { done, pid, src, evs, .. } = py.traced(|_| {});
     let child: u32 = done[0].parse().unwrap();
     assert_eq!(done[1], "from-the-child");
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
 
     let fork = evs
         .iter()
@@ -426,7 +431,7 @@ out("done", pid, got.decode())
 #[test]
 fn a_thread_sleeping_20ms_appears_as_an_off_cpu_interval_of_about_20ms() {
     let Some(_serial) = privileged("a_thread_sleeping_20ms_appears_as_an_off_cpu_interval_of_about_20ms") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 tids = []
 def sleeper():
@@ -442,13 +447,8 @@ t.join()
 out("done")
 "#,
     );
-    let tid: u32 = py.line("ready")[0].parse().unwrap();
-    let mut src = start(vec![py.pid()], |c| c.min_offcpu_ns = 5_000_000);
-    py.go();
-    py.line("done");
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
+    let Traced { ready, pid, src, evs, .. } = py.traced(|c| c.min_offcpu_ns = 5_000_000);
+    let tid: u32 = ready[0].parse().unwrap();
     let offs: Vec<_> = evs
         .iter()
         .filter_map(|e| match e {
@@ -488,7 +488,7 @@ out("done")
 #[test]
 fn a_unix_write_after_a_short_sleep_carries_the_wake_up_that_ended_it() {
     let Some(_serial) = privileged("a_unix_write_after_a_short_sleep_carries_the_wake_up_that_ended_it") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 r, w = os.pipe()
@@ -511,10 +511,7 @@ os.waitpid(child, 0)
 out("done", child, *marks)
 "#,
     );
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |_| {});
-    py.go();
-    let done = py.line("done");
+    let Traced { done, pid, evs, .. } = py.traced(|_| {});
     let child: u32 = done[0].parse().unwrap();
     let marks: Vec<(u64, u64)> = done[1..]
         .iter()
@@ -523,9 +520,6 @@ out("done", child, *marks)
             (a.parse().unwrap(), b.parse().unwrap())
         })
         .collect();
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
     let offcpu_ends: Vec<u64> = evs
         .iter()
         .filter_map(|e| match e {
@@ -631,7 +625,7 @@ fn start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_glob
 #[test]
 fn full_capture_of_4096_bytes_is_exact_for_one_buffer_and_for_iovecs() {
     let Some(_serial) = privileged("full_capture_of_4096_bytes_is_exact_for_one_buffer_and_for_iovecs") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -650,13 +644,7 @@ while len(got) < 6000:
 out("done")
 "#,
     );
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |c| c.capture_len_unix = 4096);
-    py.go();
-    py.line("done");
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
+    let Traced { pid, evs, .. } = py.traced(|c| c.capture_len_unix = 4096);
     let blob: Vec<u8> = (0..6000u32).map(|i| (i % 251) as u8).collect();
     let one = find_io(&evs, pid, Syscall::Sendto, &blob[..4096]);
     assert_eq!((one.len, one.gap()), (6000, 1904));
@@ -667,7 +655,7 @@ out("done")
 #[test]
 fn unix_sockets_capture_32_kib_while_tcp_keeps_4_kib_by_default() {
     let Some(_serial) = privileged("unix_sockets_capture_32_kib_while_tcp_keeps_4_kib_by_default") else { return };
-    let mut py = Py::spawn(
+    let py = Py::spawn(
         r#"
 a, b = socket.socketpair()
 a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -694,13 +682,7 @@ drain(s, 6000)
 out("done")
 "#,
     );
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |_| {});
-    py.go();
-    py.line("done");
-    let pid = py.pid();
-    py.finish();
-    let evs = collect(&mut src);
+    let Traced { pid, src, evs, .. } = py.traced(|_| {});
     let blob: Vec<u8> = (0..40000u32).map(|i| (i % 251) as u8).collect();
     let one = find_io(&evs, pid, Syscall::Write, &blob[..32768]);
     assert_eq!((one.family, one.len, one.gap()), (Family::Unix, 40000, 7232));
@@ -857,7 +839,7 @@ fn ipc_run(name: &str, capture_unix: u32, writes: &[(&str, Vec<u8>)]) -> IpcRun 
         std::fs::write(dir.join(format!("w{i}.bin")), bytes).unwrap();
         plan.push_str(&format!("({how:?}, {:?}),", dir.join(format!("w{i}.bin")).display().to_string()));
     }
-    let mut py = Py::spawn(&format!(
+    let py = Py::spawn(&format!(
         r#"
 a, b = socket.socketpair()
 a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -878,13 +860,7 @@ for how, data in chunks:
 out("done")
 "#
     ));
-    py.line("ready");
-    let mut src = start(vec![py.pid()], |c| c.capture_len_unix = capture_unix);
-    py.go();
-    py.line("done");
-    let pid = py.pid();
-    py.finish();
-    let mut evs = collect(&mut src);
+    let Traced { pid, src, mut evs, .. } = py.traced(|c| c.capture_len_unix = capture_unix);
     let _ = std::fs::remove_dir_all(&dir);
     evs.retain(|e| matches!(e, KEvent::Io(io) if io.conn.tgid == pid));
     evs.sort_by_key(|e| match e {

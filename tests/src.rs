@@ -370,25 +370,43 @@ impl Drop for Agent {
     }
 }
 
-/// The CUPTI injection library, the CUPTI ABI test double and its host
-/// program, built into target/cupti-double (the surrounding `cargo test`
-/// holds the lock on target/): (injection, double, host).
-pub fn cupti_double_artifacts() -> (PathBuf, PathBuf, PathBuf) {
-    let target = workspace().join("target/cupti-double");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(workspace())
-        .args(["build", "--quiet", "-p", "agent-cupti", "-p", "cupti-abi-test-double", "--target-dir"])
-        .arg(&target)
-        .output()
-        .expect("running cargo build");
-    assert!(out.status.success(), "building the injection library and the test double failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let d = target.join("debug");
-    let a = (d.join("libhopscope_cupti.so"), d.join("libcupti_abi_test_double.so"), d.join("cupti-abi-test-double-host"));
-    for p in [&a.0, &a.1, &a.2] {
-        assert!(p.exists(), "{} not built", p.display());
-    }
-    a
+/// The CUPTI injection library, the CUPTI ABI test double (a stand-in for
+/// libcupti at the hardware boundary, never GPU evidence) and its host program.
+pub struct CuptiDouble {
+    pub injection: PathBuf,
+    pub double: PathBuf,
+    pub host: PathBuf,
+}
+
+/// Builds [`CuptiDouble`] into target/cupti-double (the surrounding `cargo
+/// test` holds the lock on target/), once per test binary.
+pub fn cupti_double_artifacts() -> &'static CuptiDouble {
+    static BUILT: std::sync::OnceLock<CuptiDouble> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let target = workspace().join("target/cupti-double");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .current_dir(workspace())
+            .args(["build", "--quiet", "-p", "agent-cupti", "-p", "cupti-abi-test-double", "--target-dir"])
+            .arg(&target)
+            .output()
+            .expect("running cargo build");
+        assert!(
+            out.status.success(),
+            "building the injection library and the test double failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let d = target.join("debug");
+        let a = CuptiDouble {
+            injection: d.join("libhopscope_cupti.so"),
+            double: d.join("libcupti_abi_test_double.so"),
+            host: d.join("cupti-abi-test-double-host"),
+        };
+        for p in [&a.injection, &a.double, &a.host] {
+            assert!(p.exists(), "{} not built", p.display());
+        }
+        a
+    })
 }
 
 /// tests/fixtures/otlp_receiver.py, listening: (process, port, spans file).

@@ -13,7 +13,7 @@
 use hopscope_gpu_wire as gpu_wire;
 
 use gpu_wire::{ClockSource, Counter, Message};
-use hopscope_integration::{scratch, workspace};
+use hopscope_integration::{cupti_double_artifacts, scratch, workspace};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
@@ -21,39 +21,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-struct Artifacts {
-    injection: PathBuf,
-    double: PathBuf,
-    host: PathBuf,
-}
-
-fn artifacts() -> &'static Artifacts {
-    static A: OnceLock<Artifacts> = OnceLock::new();
-    A.get_or_init(|| {
-        let target = workspace().join("target/cupti-double");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .current_dir(workspace())
-            .args(["build", "--quiet", "-p", "agent-cupti", "-p", "cupti-abi-test-double", "--target-dir"])
-            .arg(&target)
-            .output()
-            .expect("running cargo build");
-        assert!(out.status.success(), "building the injection library and the double failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        let d = target.join("debug");
-        let a = Artifacts {
-            injection: d.join("libhopscope_cupti.so"),
-            double: d.join("libcupti_abi_test_double.so"),
-            host: d.join("cupti-abi-test-double-host"),
-        };
-        for p in [&a.injection, &a.double, &a.host] {
-            assert!(p.exists(), "{} not built", p.display());
-        }
-        a
-    })
-}
 
 /// One host at a time: timing bounds must not measure a neighbour test.
 fn serial() -> MutexGuard<'static, ()> {
@@ -69,7 +38,7 @@ struct Host {
 
 impl Host {
     fn spawn(env: &[(&str, String)], steps: &[String]) -> Host {
-        let mut c = Command::new(&artifacts().host);
+        let mut c = Command::new(&cupti_double_artifacts().host);
         for k in ["HOPSCOPE_GPU_SOCKET", "HOPSCOPE_CUPTI_LIB", "CUDA_INJECTION64_PATH", "VIRTUAL_ENV"] {
             c.env_remove(k);
         }
@@ -126,7 +95,7 @@ impl Host {
 }
 
 fn env(dir: &Path, version: u32, bad_every: u32) -> Vec<(&'static str, String)> {
-    let a = artifacts();
+    let a = cupti_double_artifacts();
     vec![
         ("CUDA_INJECTION64_PATH", a.injection.display().to_string()),
         ("HOPSCOPE_CUPTI_LIB", a.double.display().to_string()),

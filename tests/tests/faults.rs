@@ -84,7 +84,7 @@ fn sigkill_loses_at_most_the_last_second_and_the_trace_is_rebuilt_from_the_recor
 #[test]
 fn sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_reach_the_report() {
     let Some(_serial) = privileged("sigstop_of_the_agent_leaves_an_injected_process_at_full_speed_and_its_drops_reach_the_report") else { return };
-    let (injection, double, host) = cupti_double_artifacts();
+    let CuptiDouble { injection, double, host } = cupti_double_artifacts();
     let dir = scratch("faults-sigstop-gpu");
     let hop = dir.join("run.hop");
     // No truth file: a record's truth line is ~4 KB (1 GB a run), and only

@@ -18,7 +18,7 @@
 use hopscope::model::Record;
 use hopscope::sink::perfetto::names::GPU_STEPS;
 use hopscope_gpu_wire as wire;
-use hopscope_integration::{hopscope_bin, privileged, scratch, workspace};
+use hopscope_integration::{cupti_double_artifacts, hopscope_bin, privileged, scratch};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,32 +27,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
-
-struct Artifacts {
-    injection: PathBuf,
-    double: PathBuf,
-    host: PathBuf,
-}
-
-/// The injection library and the test double, built into their own target
-/// dir (the surrounding `cargo test` holds the lock on target/).
-fn artifacts() -> Artifacts {
-    let target = workspace().join("target/cupti-double");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(workspace())
-        .args(["build", "--quiet", "-p", "agent-cupti", "-p", "cupti-abi-test-double", "--target-dir"])
-        .arg(&target)
-        .output()
-        .expect("running cargo build");
-    assert!(out.status.success(), "building the injection library and the test double failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let d = target.join("debug");
-    let a = Artifacts { injection: d.join("libhopscope_cupti.so"), double: d.join("libcupti_abi_test_double.so"), host: d.join("cupti-abi-test-double-host") };
-    for p in [&a.injection, &a.double, &a.host] {
-        assert!(p.exists(), "{} not built", p.display());
-    }
-    a
-}
 
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
@@ -97,7 +71,7 @@ fn activity(r: &Record) -> Option<(u32, u32, u64, u64)> {
 #[test]
 fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_kernels() {
     let Some(_serial) = privileged("hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_kernels") else { return };
-    let a = artifacts();
+    let a = cupti_double_artifacts();
     let dir = scratch("gpu-pipeline");
     let out = dir.join("run.hop");
     let go = dir.join("go");

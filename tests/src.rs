@@ -68,6 +68,25 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A plain HTTP server to trace (`python -m http.server` serving `dir`),
+/// accepting connections, and its port.
+pub fn http_server(dir: &Path) -> (Child, u16) {
+    let port = free_port();
+    let child = Command::new(python())
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning python -m http.server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "http.server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, port)
+}
+
 /// A fresh scratch directory under target/, of this call alone: tests run
 /// in parallel threads of one process, and two that asked for the same name
 /// (the OTLP tests export one fixture twice) emptied each other's.

@@ -4,7 +4,6 @@
 //! exactly those capabilities, through util-linux `setpriv`.
 
 use hopscope_integration::*;
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -28,24 +27,6 @@ fn as_nobody(caps: &str) -> Vec<String> {
 fn as_root_with(caps: &str) -> Vec<String> {
     let plus: Vec<String> = caps.split(',').map(|c| format!("+{c}")).collect();
     vec![format!("--bounding-set=-all,{}", plus.join(",")), "--".into()]
-}
-
-/// A root-owned HTTP server to trace, and its port.
-fn server(dir: &Path) -> (std::process::Child, u16) {
-    let port = free_port();
-    let child = Command::new(python())
-        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "http.server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (child, port)
 }
 
 /// `hopscope record` under `setpriv ARGS` for 3 s with one request in the middle.
@@ -74,7 +55,7 @@ fn the_documented_capability_sets_record_and_fewer_fail_in_one_line() {
     let dir = scratch("deploy-caps");
     // nobody writes its recordings here.
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let (mut srv, port) = server(&dir);
+    let (mut srv, port) = http_server(&dir);
     let pid = srv.id();
     let mut results = Vec::new();
     for (name, args, works) in [

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -32,24 +32,6 @@ fn double() -> &'static PathBuf {
         assert!(p.exists(), "{} not built", p.display());
         p
     })
-}
-
-/// A plain HTTP server to trace (`python -m http.server`).
-fn http_server(dir: &Path) -> (Child, u16) {
-    let port = free_port();
-    let child = Command::new(python())
-        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "http.server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (child, port)
 }
 
 fn get(port: u16) {

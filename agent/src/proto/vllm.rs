@@ -74,6 +74,14 @@ ipc_counters! {
     ipc_utility,
     /// START_DP_WAVE messages.
     ipc_dp_wave,
+    /// vLLM's DP coordinator traffic on its publish sockets: load and wave
+    /// updates to the front-ends, a front-end's first-request notice, and
+    /// (un)subscriptions. Not engine steps or requests.
+    ipc_dp_coordinator,
+    /// `scheduler_stats` an engine sent on a connection other than the ones
+    /// carrying its outputs (vLLM DP: request counts for the coordinator):
+    /// not taken as the engine's stats (their KV-cache usage is not filled).
+    ipc_stats_elsewhere,
     /// Handshake/ready messages skipped (maps, JSON, `READY`, empty frames).
     ipc_handshake,
     /// EngineCoreOutputs messages decoded.
@@ -108,6 +116,7 @@ pub(crate) enum Ipc {
     Abort(Vec<String>),
     Utility,
     DpWave,
+    DpCoordinator,
     Handshake,
     Outputs(Outputs),
     UtilityOutput,
@@ -350,9 +359,46 @@ pub(crate) fn classify(m: &Message, sender: Option<&str>, notes: &mut Notes) -> 
     if sender == Some("DEALER") || (m.num_frames == 1 && is_handshake_frame(&f0.captured)) {
         return Ipc::Handshake;
     }
+    if is_dp_coordinator(m, f0, sender) {
+        return Ipc::DpCoordinator;
+    }
     match msgpack::peek_header(&f0.captured) {
         Some((msgpack::Kind::Array, _)) => decode_outputs(&f0.captured, notes),
         _ => Ipc::Unknown,
+    }
+}
+
+/// vLLM's DP coordinator (`v1/engine/coordinator.py`) talks over XPUB
+/// sockets: engines and front-ends subscribe (a lone `01`/`00` byte), it
+/// publishes `[[[waiting, running], …], wave, running]` to the front-ends,
+/// and a front-end sends it `[engine_to_exclude, wave]` when a request finds
+/// the engines paused. Its START_DP_WAVE to the engines is an input message
+/// (`classify_input`). Told by the socket type when the greeting was seen,
+/// else by those shapes, which no EngineCoreOutputs (4 or more fields) has.
+fn is_dp_coordinator(m: &Message, f0: &zmtp::Frame, sender: Option<&str>) -> bool {
+    if m.num_frames != 1 || !f0.is_complete() {
+        return false;
+    }
+    if matches!(sender, Some("XPUB" | "PUB" | "XSUB" | "SUB")) {
+        return true;
+    }
+    if f0.captured == [0x00] || f0.captured == [0x01] {
+        return true;
+    }
+    let d = msgpack::decode(&f0.captured);
+    if d.status != msgpack::Status::Complete {
+        return false;
+    }
+    let int = |v: &Value| v.as_i128().is_some();
+    match d.value.as_array() {
+        Some((2, [exclude, wave])) => (exclude.is_nil() || int(exclude)) && int(wave),
+        Some((3, [counts, wave, Value::Bool(_)])) => {
+            int(wave)
+                && counts.as_array().is_some_and(|(_, per_engine)| {
+                    per_engine.iter().all(|c| c.as_array().is_some_and(|(n, xs)| n == 2 && xs.iter().all(int)))
+                })
+        }
+        _ => false,
     }
 }
 
@@ -990,6 +1036,11 @@ pub(crate) struct IpcDecoder {
     c: IpcCounters,
     /// A writer-side (engine) copy of the outputs stream carried stats.
     stats_writer_seen: bool,
+    /// Connections (and direction) that carried an engine's outputs,
+    /// finished requests or utility replies: a front-end's, by engine index.
+    output_conns: HashMap<(ConnKey, Dir), Option<u64>>,
+    /// Engines (index, direction) with an output connection known.
+    engines_with_outputs: std::collections::HashSet<(Option<u64>, Dir)>,
 }
 
 impl IpcDecoder {
@@ -1010,6 +1061,7 @@ impl IpcDecoder {
                 if let Some(mut e) = self.streams.remove(&old) {
                     e.s.finish(&mut self.z);
                 }
+                self.output_conns.remove(&old);
                 self.c.ipc_streams_evicted += 1;
             }
         }
@@ -1083,8 +1135,14 @@ impl IpcDecoder {
             }
             Ipc::Utility => self.c.ipc_utility += 1,
             Ipc::DpWave => self.c.ipc_dp_wave += 1,
+            Ipc::DpCoordinator => self.c.ipc_dp_coordinator += 1,
             Ipc::Handshake => self.c.ipc_handshake += 1,
-            Ipc::UtilityOutput => self.c.ipc_utility_outputs += 1,
+            Ipc::UtilityOutput => {
+                self.c.ipc_utility_outputs += 1;
+                // The engine index is not read from a bare utility reply: it
+                // marks the connection for any engine until outputs say which.
+                self.output_conns.entry((io.conn, io.dir)).or_insert(None);
+            }
             Ipc::EngineDead => self.c.ipc_engine_dead += 1,
             Ipc::Unknown => self.c.ipc_unknown_layout += 1,
             Ipc::Outputs(o) => {
@@ -1098,7 +1156,26 @@ impl IpcDecoder {
                 if io.dir == Dir::Out {
                     self.stats_writer_seen = true;
                 }
-                if let Some(st) = o.stats.filter(|_| io.dir == Dir::Out || !self.stats_writer_seen) {
+                let carries = !o.outputs.is_empty()
+                    || !o.finished_requests.is_empty()
+                    || o.outputs_total != Some(0)
+                    || o.utility;
+                if carries {
+                    self.output_conns.insert((io.conn, io.dir), o.engine_index);
+                    self.engines_with_outputs.insert((o.engine_index, io.dir));
+                }
+                // Stats-only messages ride on a front-end's connection (a step
+                // whose requests got no tokens) or go elsewhere (vLLM DP: the
+                // engine's request counts for the coordinator, KV usage unset).
+                // Until an engine's outputs show which connection is whose,
+                // all are taken.
+                let frontend = carries
+                    || self.output_conns.contains_key(&(io.conn, io.dir))
+                    || !self.engines_with_outputs.contains(&(o.engine_index, io.dir));
+                if o.stats.is_some() && !frontend {
+                    self.c.ipc_stats_elsewhere += 1;
+                }
+                if let Some(st) = o.stats.filter(|_| frontend && (io.dir == Dir::Out || !self.stats_writer_seen)) {
                     self.c.ipc_stats += 1;
                     out.push(Record::EngineStats {
                         conn: io.conn,
@@ -1140,6 +1217,7 @@ impl IpcDecoder {
             if let Some(mut e) = self.streams.remove(&(conn, dir)) {
                 e.s.finish(&mut self.z);
             }
+            self.output_conns.remove(&(conn, dir));
         }
     }
 
@@ -2915,5 +2993,80 @@ mod tests {
         // The garbled stats, seen on both ends.
         assert_eq!(counter(&dec, "ipc_stats_undecoded"), 2);
         assert_eq!(counter(&dec, "ipc_unknown_layout"), 0);
+    }
+
+    /// vLLM DP (`v1/engine/coordinator.py`): the coordinator's load and wave
+    /// publishes, a front-end's first-request notice and subscriptions are
+    /// coordinator traffic, by socket type or, without a greeting, by shape;
+    /// none is an unknown message.
+    #[test]
+    fn dp_coordinator_traffic_is_told_apart_from_engine_messages() {
+        let publish = zframe(&to_vec(&V::A(vec![V::A(vec![V::A(vec![V::I(0), V::I(2)]), V::A(vec![V::I(1), V::I(0)])]), V::I(3), V::B(true)])), false);
+        let first_req = zframe(&to_vec(&V::A(vec![V::I(1), V::I(3)])), false);
+        let first_req_any = zframe(&to_vec(&V::A(vec![V::Nil, V::I(3)])), false);
+        for (what, wire) in [("publish", &publish), ("first request", &first_req), ("first request, no engine", &first_req_any)] {
+            assert_eq!(classify_one(wire).0, Ipc::DpCoordinator, "{what}");
+        }
+        assert_eq!(classify_one(&zframe(&[0x01], false)).0, Ipc::DpCoordinator, "subscribe");
+        assert_eq!(classify_one(&zframe(&[0x00], false)).0, Ipc::DpCoordinator, "unsubscribe");
+        // By socket type, whatever the shape (a later version's publish).
+        let m = only(frames_of(&zframe(&to_vec(&V::A(vec![V::I(1), V::I(2), V::I(3), V::I(4)])), false)));
+        for st in ["XPUB", "XSUB"] {
+            assert_eq!(classify(&m, Some(st), &mut Notes::default()), Ipc::DpCoordinator, "{st}");
+        }
+        // Look-alikes stay what they were: three ints, a START_DP_WAVE input.
+        assert_eq!(classify_one(&zframe(&[0x93, 1, 2, 3], false)).0, Ipc::Unknown);
+        assert_eq!(classify_one(&input_msg(0x02, &to_vec(&V::A(vec![V::I(3), V::Nil])))).0, Ipc::DpWave);
+        // Through the decoder: counted, nothing emitted, nothing unknown.
+        let hs = synthetic_handshake("XPUB");
+        let w = [hs, publish.clone(), zframe(&[0x01], false)].concat();
+        let mut dec = WireDecoder::new(DecoderConfig::default());
+        let out = run(&mut dec, &[unix_io(FRONT, Dir::In, 5, &w, w.len() as u64)]);
+        assert!(engine_records(&out).is_empty(), "{out:?}");
+        assert_eq!(counter(&dec, "ipc_dp_coordinator"), 2);
+        assert_eq!(counter(&dec, "ipc_unknown_layout"), 0);
+    }
+
+    /// vLLM DP engines send their request counts to the coordinator as
+    /// stats-only EngineCoreOutputs on a second PUSH socket (KV usage unset):
+    /// once an engine's outputs show which connection is its front-end's,
+    /// stats on any other are counted, not taken as the engine's.
+    #[test]
+    fn stats_an_engine_sends_the_dp_coordinator_are_not_its_stats() {
+        const COORD: ConnKey = ConnKey { tgid: 200, fd: 11, ino: 557 };
+        let counts = |running: i64| outputs_msg(outputs_033(vec![], sched_stats_v(running, 0, 9, V::F(0.0), 0, 0)));
+        let step = |usage: f64| outputs_msg(outputs_033(vec![output_of_len(19, None, 0)], sched_stats_v(1, 0, 9, V::F(usage), 4, 2)));
+        let chunk = outputs_msg(outputs_033(vec![], sched_stats_v(1, 0, 10, V::F(0.75), 0, 0)));
+        let hs = synthetic_handshake("PUSH");
+        let mut dec = WireDecoder::new(DecoderConfig::default());
+        let evs = [
+            unix_io(ENGINE, Dir::Out, 1, &hs, hs.len() as u64),
+            unix_io(COORD, Dir::Out, 2, &hs, hs.len() as u64),
+            // Before any output, a stats message could be either's: taken.
+            unix_io(COORD, Dir::Out, 10, &counts(0), counts(0).len() as u64),
+            unix_io(ENGINE, Dir::Out, 20, &step(0.5), step(0.5).len() as u64),
+            unix_io(COORD, Dir::Out, 21, &counts(1), counts(1).len() as u64),
+            // A step whose request got no token (a prefill chunk): stats
+            // only, on the front-end's connection: taken.
+            unix_io(ENGINE, Dir::Out, 30, &chunk, chunk.len() as u64),
+            unix_io(COORD, Dir::Out, 31, &counts(2), counts(2).len() as u64),
+        ];
+        let out = run(&mut dec, &evs);
+        let got: Vec<(u64, Option<f64>)> = out
+            .iter()
+            .filter_map(|r| match r {
+                Record::EngineStats { ts_ns, kv_cache_usage, .. } => Some((*ts_ns, *kv_cache_usage)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, [(10, Some(0.0)), (20, Some(0.5)), (30, Some(0.75))]);
+        assert_eq!(counter(&dec, "ipc_stats_elsewhere"), 2);
+        assert_eq!(out.iter().filter(|r| matches!(r, Record::EngineOutputs { .. })).count(), 1, "stats-only messages are no steps");
+        // The front-end connection closes and another opens: stats on a
+        // connection not seen carrying outputs stay apart meanwhile.
+        run(&mut dec, &[KEvent::Close(CloseEvent { ts_ns: 40, tid: 1, conn: ENGINE })]);
+        let out = run(&mut dec, &[unix_io(COORD, Dir::Out, 41, &counts(0), counts(0).len() as u64)]);
+        assert!(!out.iter().any(|r| matches!(r, Record::EngineStats { .. })));
+        assert_eq!(counter(&dec, "ipc_stats_elsewhere"), 3);
     }
 }

@@ -1039,6 +1039,13 @@ pub fn is_loss(name: &str) -> bool {
         "ipc_handshake",
         "ipc_utility",
         "ipc_stats",
+        // Messages that are neither steps nor requests, by design: DP wave
+        // and coordinator traffic, utility replies, stats meant for the
+        // DP coordinator.
+        "ipc_dp_wave",
+        "ipc_dp_coordinator",
+        "ipc_utility_outputs",
+        "ipc_stats_elsewhere",
         "zmtp_streams",
         "resyncs",
         "engine_requests_linked",

@@ -3,7 +3,8 @@
 * ``AsyncEngineClient`` binds the input ROUTER and the output PULL on ``ipc://`` paths, spawns the
   EngineCore process (``--data-parallel-size N``: N of them, ``EngineCore_DP<i>``, each its own
   DEALER identity on the one ROUTER and PUSH to the one PULL, as vLLM's DP client; each request
-  goes to the engine with the fewest requests in flight), waits for the engines' ready messages,
+  goes to the engine with the fewest requests in flight; a DP coordinator process as vLLM's,
+  coordinator.py), waits for the engines' ready messages,
   then runs an output-handler task that
   decodes every EngineCoreOutputs, detokenises incrementally, applies stop strings (aborting the
   engine request, as vLLM's output processor does) and feeds per-request queues.
@@ -38,6 +39,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import EMULATED_VLLM_VERSION, __version__
 from .config import EngineConfig
+from .coordinator import CoordinatorAddrs, run_coordinator
 from .engine_core import run_engine_core
 from .protocol import (
     ENGINE_CORE_DEAD,
@@ -105,6 +107,14 @@ class AsyncEngineClient:
         self.ready: dict = {}
         self.dead = False
         self._output_task: Optional[asyncio.Task] = None
+        # data parallel: the coordinator process, its address set, our XSUB to its publishes, and
+        # the wave state it publishes (vLLM's DPLBAsyncMPClient)
+        self.coord_proc: Optional[multiprocessing.process.BaseProcess] = None
+        self.coord: Optional[CoordinatorAddrs] = None
+        self.coord_sock = None
+        self._coord_task: Optional[asyncio.Task] = None
+        self.current_wave = 0
+        self.engines_running = False
 
     async def start(self, timeout_s: float = 120.0) -> None:
         self.ctx = zmq.asyncio.Context()
@@ -121,10 +131,21 @@ class AsyncEngineClient:
         self.output_sock.bind(self.output_addr)
         mp = multiprocessing.get_context("spawn")
         n = max(1, self.cfg.data_parallel_size)
+        coord_addrs = None
+        if n > 1:
+            self.coord = CoordinatorAddrs(self.ipc_dir, self.ipc_names[0][:8])
+            self.coord_proc = mp.Process(target=run_coordinator, name="VLLM_DP_Coordinator",
+                                         args=(n, self.coord, os.getpid()), daemon=True)
+            self.coord_proc.start()
+            coord_addrs = (self.coord.back_publish, self.coord.back_output)
+            self.coord_sock = self.ctx.socket(zmq.XSUB)
+            self.coord_sock.setsockopt(zmq.LINGER, 0)
+            self.coord_sock.connect(self.coord.front_publish)
+            await self.coord_sock.send(b"\x01")
         for i in range(n):
             cfg = dataclasses.replace(self.cfg, engine_index=i) if n > 1 else self.cfg
             p = mp.Process(target=run_engine_core, name=f"EngineCore_DP{cfg.engine_index}",
-                           args=(cfg, engine_in, engine_out, os.getpid()), daemon=True)
+                           args=(cfg, engine_in, engine_out, os.getpid(), coord_addrs), daemon=True)
             p.start()
             self.procs.append(p)
         deadline = time.monotonic() + timeout_s
@@ -140,6 +161,8 @@ class AsyncEngineClient:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{n - len(self.inflight)} of {n} engine processes did not become ready in time")
         self._output_task = asyncio.create_task(self._output_loop(), name="output_handler")
+        if self.coord_sock is not None:
+            self._coord_task = asyncio.create_task(self._coord_loop(), name="dp_stats")
         self._monitor_task = asyncio.create_task(self._monitor(), name="engine_monitor")
 
     async def _monitor(self) -> None:
@@ -152,10 +175,21 @@ class AsyncEngineClient:
             st.queue.put_nowait(Delta("", 0, "error", f"engine process {gone}"))
         self.states.clear()
 
+    async def _coord_loop(self) -> None:
+        """vLLM's DP stats task: the coordinator's load/wave publishes ([[waiting, running]…], wave,
+        running). Routing here stays by requests in flight; only the wave state is used."""
+        while True:
+            _counts, wave, running = msgspec.msgpack.decode(await self.coord_sock.recv())
+            if wave > self.current_wave or (wave == self.current_wave and not running):
+                self.current_wave, self.engines_running = wave, running
+
     async def shutdown(self) -> None:
-        for task in (self._output_task, getattr(self, "_monitor_task", None)):
+        for task in (self._output_task, getattr(self, "_monitor_task", None), self._coord_task):
             if task is not None:
                 task.cancel()
+        if self.coord_proc is not None and self.coord_proc.is_alive():
+            self.coord_proc.terminate()
+            self.coord_proc.join(timeout=5)
         for p in self.procs:
             if p.is_alive():
                 p.terminate()
@@ -166,10 +200,13 @@ class AsyncEngineClient:
                 p.join(timeout=5)
         self.input_sock.close(linger=0)
         self.output_sock.close(linger=0)
+        if self.coord_sock is not None:
+            self.coord_sock.close(linger=0)
         self.ctx.term()
-        for a in (self.input_addr, self.output_addr):
+        paths = [a[len("ipc://"):] for a in (self.input_addr, self.output_addr)]
+        for path in paths + (self.coord.paths() if self.coord is not None else []):
             try:
-                os.unlink(a[len("ipc://"):])
+                os.unlink(path)
             except OSError:
                 pass
 
@@ -184,10 +221,17 @@ class AsyncEngineClient:
         ident = min(self.inflight, key=lambda i: (self.inflight[i], i))
         self.inflight[ident] += 1
         self.engine_of[ecr.request_id] = ident
+        if self.coord_sock is not None:
+            ecr.current_wave = self.current_wave
         payload = self.encoder.encode(ecr)
         t_submit = time.monotonic_ns()
         await self.input_sock.send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
-        return t_submit, time.monotonic_ns()
+        t_sent = time.monotonic_ns()
+        if self.coord_sock is not None and not self.engines_running:
+            # vLLM: after the ADD, tell the coordinator to wake the other engines.
+            self.engines_running = True
+            await self.coord_sock.send(msgspec.msgpack.encode((int.from_bytes(ident, "little"), self.current_wave)))
+        return t_submit, t_sent
 
     def _done(self, engine_id: str) -> None:
         ident = self.engine_of.pop(engine_id, None)

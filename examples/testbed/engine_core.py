@@ -10,6 +10,11 @@ Three threads, as in vLLM:
   thread. One EngineCoreOutputs per step, holding only the requests that got new tokens;
 * output thread: PUSH connected to the API server's PULL; encodes and sends each step's message,
   then appends the step's (and finished requests') ground-truth lines.
+
+With ``--data-parallel-size`` > 1 each engine also talks to the DP coordinator (coordinator.py), as
+vLLM's DPEngineCoreProc: the input thread subscribes to its START_DP_WAVE publishes (XSUB), and
+the output thread PUSHes it the engine's request counts after every step that changed them and,
+from engine 0, ``wave_complete`` when the engine runs out of work.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from .protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
+    SchedulerStats,
     engine_identity,
     make_abort_decoder,
     make_encoder,
@@ -43,6 +49,7 @@ from .scheduler import Request, Scheduler
 from .truth import TruthWriter
 
 _SHUTDOWN = object()
+_COORD = object()  # output-queue tag: a message for the DP coordinator
 
 
 def _set_comm(name: str) -> None:
@@ -67,11 +74,18 @@ def build_runner(cfg: EngineConfig):
 
 
 class EngineCoreProc:
-    def __init__(self, cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None):
+    def __init__(self, cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None,
+                 coord_addrs: Optional[tuple[str, str]] = None):
         self.cfg = cfg
         self.input_addr = input_addr
         self.output_addr = output_addr
         self.parent_pid = parent_pid
+        # (the coordinator's back publish, its back output) when data-parallel
+        self.coord_addrs = coord_addrs
+        self.current_wave = 0
+        self.engines_running = False
+        self.stepped_in_wave = False
+        self.last_counts = (0, 0)
         self.truth = TruthWriter(cfg.ground_truth)
         self.runner = build_runner(cfg)
         self.kv = KVCacheManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
@@ -104,18 +118,35 @@ class EngineCoreProc:
         sock.connect(self.input_addr)
         add_dec = make_request_decoder()
         abort_dec = make_abort_decoder()
+        coord = None
+        if self.coord_addrs is not None:
+            # vLLM: an XSUB to the coordinator's publish socket, subscribed to everything.
+            coord = self.ctx.socket(zmq.XSUB)
+            coord.setsockopt(zmq.LINGER, 0)
+            coord.connect(self.coord_addrs[0])
+            coord.send(b"\x01")
         try:
             # vLLM: "Send initial message to each input socket - this is required before the
             # front-end ROUTER socket can send input messages back to us."
             sock.send(self._ready_payload())
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
+            if coord is not None:
+                poller.register(coord, zmq.POLLIN)
             while not self._stop.is_set():
-                if not poller.poll(500):
+                ready = dict(poller.poll(500))
+                if not ready:
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
                         self.input_queue.put(_SHUTDOWN)
                         return
                     continue
+                if coord is not None and coord in ready:
+                    frames = coord.recv_multipart(copy=True)
+                    if frames[0] == EngineCoreRequestType.START_DP_WAVE.value:
+                        self.input_queue.put((EngineCoreRequestType.START_DP_WAVE,
+                                              msgspec.msgpack.decode(frames[1]), time.monotonic_ns()))
+                    if sock not in ready:
+                        continue
                 frames = sock.recv_multipart(copy=True)
                 t_ns = time.monotonic_ns()
                 rtype = EngineCoreRequestType(frames[0])
@@ -130,12 +161,21 @@ class EngineCoreProc:
             self.input_queue.put(_SHUTDOWN)
         finally:
             sock.close(linger=0)
+            if coord is not None:
+                coord.close(linger=0)
 
     def process_output_socket(self) -> None:
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.LINGER, 4000)
         sock.connect(self.output_addr)
+        coord = None
+        if self.coord_addrs is not None:
+            # vLLM: the coordinator is the last output socket (client_index -1).
+            coord = self.ctx.socket(zmq.PUSH)
+            coord.setsockopt(zmq.SNDHWM, 0)
+            coord.setsockopt(zmq.LINGER, 0)
+            coord.connect(self.coord_addrs[1])
         enc = make_encoder()
         try:
             while True:
@@ -144,6 +184,10 @@ class EngineCoreProc:
                     break
                 if isinstance(item, bytes):  # raw frame (ENGINE_CORE_DEAD)
                     sock.send(item)
+                    continue
+                if item[0] is _COORD:
+                    if coord is not None:
+                        coord.send(enc.encode(item[1]), copy=False)
                     continue
                 msg, step_rec, first_reqs, finished = item
                 t_send = None
@@ -162,6 +206,8 @@ class EngineCoreProc:
                     self.truth.write(r.truth)
         finally:
             sock.close(linger=4000)
+            if coord is not None:
+                coord.close(linger=0)
 
     # ------------------------------------------------------------ core loop
     def _handle(self, item: Any) -> bool:
@@ -170,7 +216,21 @@ class EngineCoreProc:
         rtype, obj, t_ns = item
         if rtype == EngineCoreRequestType.ADD:
             assert isinstance(obj, EngineCoreRequest)
+            if self.coord_addrs is not None:
+                # vLLM DPEngineCoreProc.add_request: a request of an older, finished wave asks
+                # the coordinator to start the next one.
+                if obj.current_wave > self.current_wave:
+                    self.current_wave = obj.current_wave
+                elif obj.current_wave < self.current_wave and not self.engines_running:
+                    self._to_coordinator(EngineCoreOutputs(engine_index=self.cfg.engine_index,
+                                                           start_wave=self.current_wave))
+                self.engines_running = True
             self.sched.add_request(obj, t_ns)
+        elif rtype == EngineCoreRequestType.START_DP_WAVE:
+            new_wave, exclude = obj
+            if exclude != self.cfg.engine_index and new_wave >= self.current_wave:
+                self.current_wave = new_wave
+                self.engines_running = True
         elif rtype == EngineCoreRequestType.ABORT:
             aborted = self.sched.abort_requests(list(obj))
             if aborted:
@@ -263,6 +323,30 @@ class EngineCoreProc:
             }
         self.output_queue.put((msg, step_rec, first, finished))
 
+    def _to_coordinator(self, msg: EngineCoreOutputs) -> None:
+        self.output_queue.put((_COORD, msg))
+
+    def _maybe_publish_request_counts(self) -> None:
+        """vLLM: the engine's (running, waiting) counts for the coordinator's load balancing, when
+        they changed; a SchedulerStats with nothing else filled (no KV usage)."""
+        counts = (len(self.sched.running), len(self.sched.waiting))
+        if counts != self.last_counts:
+            self.last_counts = counts
+            self._to_coordinator(EngineCoreOutputs(
+                engine_index=self.cfg.engine_index,
+                scheduler_stats=SchedulerStats(num_running_reqs=counts[0], num_waiting_reqs=counts[1],
+                                               step_counter=self.sched.step_counter,
+                                               current_wave=self.current_wave)))
+
+    def _maybe_end_wave(self) -> None:
+        """Out of work after stepping: the wave ends (vLLM decides it across ranks, idle ones running
+        dummy batches meanwhile; here engine 0 tells when it is done)."""
+        if self.engines_running and self.stepped_in_wave and not self.sched.has_work():
+            self.engines_running = self.stepped_in_wave = False
+            if self.cfg.engine_index == 0:
+                self._to_coordinator(EngineCoreOutputs(engine_index=0, wave_complete=self.current_wave))
+            self.current_wave += 1
+
     def run(self) -> None:
         tin = threading.Thread(target=self.process_input_socket, name="EngineCoreInput", daemon=True)
         tout = threading.Thread(target=self.process_output_socket, name="EngineCoreOutput", daemon=True)
@@ -272,6 +356,10 @@ class EngineCoreProc:
             while self._process_input_queue():
                 if self.sched.has_work():
                     self.step()
+                    self.stepped_in_wave = True
+                if self.coord_addrs is not None:
+                    self._maybe_publish_request_counts()
+                    self._maybe_end_wave()
         except Exception:
             traceback.print_exc()
             self.output_queue.put(ENGINE_CORE_DEAD)
@@ -289,7 +377,8 @@ class EngineCoreProc:
             self.ctx.term()
 
 
-def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None) -> None:
+def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None,
+                    coord_addrs: Optional[tuple[str, str]] = None) -> None:
     """Process entry point (multiprocessing 'spawn' target)."""
     _set_comm(f"EngineCore_DP{cfg.engine_index}")
 
@@ -299,7 +388,7 @@ def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server shuts us down
     try:
-        EngineCoreProc(cfg, input_addr, output_addr, parent_pid).run()
+        EngineCoreProc(cfg, input_addr, output_addr, parent_pid, coord_addrs).run()
     except SystemExit:
         pass
     except Exception:

@@ -215,3 +215,58 @@ def test_scheduler_stats_count_prefix_lookups_and_reset():
     off, _ = _engine()
     off.log_stats = False
     assert off.make_stats(0.5) is None
+
+
+def test_dp_coordinator_relays_load_and_waves_like_vllms(tmp_path):
+    """The DP coordinator process, driven over its three sockets as vLLM's engines and API server
+    drive it: an engine's request counts reach the front-end's publishes, a front-end's
+    first-request notice wakes the other engines with START_DP_WAVE, engine 0's wave_complete moves
+    the wave on and pauses the engines."""
+    import multiprocessing
+    import zmq
+
+    from testbed.coordinator import CoordinatorAddrs, run_coordinator
+    from testbed.protocol import EngineCoreRequestType, SchedulerStats
+
+    addrs = CoordinatorAddrs(str(tmp_path), "t")
+    proc = multiprocessing.get_context("spawn").Process(target=run_coordinator, args=(2, addrs, None, 20),
+                                                        daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    front = ctx.socket(zmq.XSUB)
+    engine_in = ctx.socket(zmq.XSUB)
+    engine_out = ctx.socket(zmq.PUSH)
+    try:
+        front.connect(addrs.front_publish)
+        front.send(b"\x01")
+        engine_in.connect(addrs.back_publish)
+        engine_in.send(b"\x01")
+        engine_out.connect(addrs.back_output)
+        enc = msgspec.msgpack.Encoder()
+
+        def publish_where(pred, what):
+            for _ in range(100):
+                if front.poll(5000):
+                    counts, wave, running = msgspec.msgpack.decode(front.recv())
+                    if pred(counts, wave, running):
+                        return counts, wave, running
+            raise AssertionError(f"no publish with {what}")
+
+        engine_out.send(enc.encode(EngineCoreOutputs(engine_index=1, scheduler_stats=SchedulerStats(
+            num_running_reqs=2, num_waiting_reqs=1))))
+        counts, wave, running = publish_where(lambda c, w, r: c[1] == [1, 2], "engine 1's counts")
+        assert (counts[0], wave, running) == ([0, 0], 0, False)
+        # A request reached engine 1 while paused: the coordinator wakes the others.
+        front.send(msgspec.msgpack.encode((1, 0)))
+        assert engine_in.poll(5000), "no START_DP_WAVE"
+        ty, body = engine_in.recv_multipart()
+        assert ty == EngineCoreRequestType.START_DP_WAVE.value and msgspec.msgpack.decode(body) == [0, 1]
+        publish_where(lambda c, w, r: r and w == 0, "the engines running")
+        engine_out.send(enc.encode(EngineCoreOutputs(engine_index=0, wave_complete=0)))
+        publish_where(lambda c, w, r: not r and w == 1, "wave 1, paused")
+    finally:
+        for s in (front, engine_in, engine_out):
+            s.close(linger=0)
+        ctx.term()
+        proc.terminate()
+        proc.join(timeout=5)

@@ -297,7 +297,8 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
 /// clock; their outputs interleave on the frontend's one socket. Every
 /// request's phases still match the truth, neighbours are only ever charged
 /// for interference within their own engine, and the trace draws each
-/// engine's steps on its own track, all of them.
+/// engine's steps on its own track, all of them. The testbed's DP
+/// coordinator process (as vLLM's) adds its traffic on other sockets.
 #[test]
 fn phases_match_ground_truth_with_two_data_parallel_engines() {
     let Some(_serial) = privileged("phases_match_ground_truth_with_two_data_parallel_engines") else { return };
@@ -318,6 +319,21 @@ fn phases_match_ground_truth_with_two_data_parallel_engines() {
         }
     }
     eprintln!("interference: {charged} neighbours named, all on the request's own engine");
+    // The testbed runs vLLM's DP coordinator: its publishes, wake-ups and the
+    // engines' request counts are told apart, none an unknown message, and
+    // the counts (no KV usage) are not taken as the engines' stats.
+    let drops = &run.report["recording"]["drops"];
+    let count = |k: &str| drops[k].as_u64().unwrap_or(0);
+    eprintln!(
+        "dp coordinator: {} messages, {} START_DP_WAVE, {} stats sent elsewhere, {} taken",
+        count("ipc_dp_coordinator"),
+        count("ipc_dp_wave"),
+        count("ipc_stats_elsewhere"),
+        count("ipc_stats")
+    );
+    assert_eq!(count("ipc_unknown_layout"), 0, "{drops}");
+    assert!(count("ipc_dp_coordinator") > 0 && count("ipc_dp_wave") > 0, "coordinator traffic seen: {drops}");
+    assert!(count("ipc_stats_elsewhere") > 0, "the engines' request counts for the coordinator: {drops}");
 
     let trace = run.hop.with_extension("pftrace");
     let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();

@@ -4,7 +4,9 @@
   EngineCore process (``--data-parallel-size N``: N of them, ``EngineCore_DP<i>``, each its own
   DEALER identity on the one ROUTER and PUSH to the one PULL, as vLLM's DP client; each request
   goes to the engine with the fewest requests in flight; a DP coordinator process as vLLM's,
-  coordinator.py), waits for the engines' ready messages,
+  coordinator.py); ``--api-server-count N``: N engine clients, each its own ROUTER/PULL pair and
+  ``client_index``, requests spread over them in turn — vLLM runs N API server processes, the
+  engines' per-client output messages are the same), waits for the engines' ready messages,
   then runs an output-handler task that
   decodes every EngineCoreOutputs, detokenises incrementally, applies stop strings (aborting the
   engine request, as vLLM's output processor does) and feeds per-request queues.
@@ -104,9 +106,13 @@ class AsyncEngineClient:
         # per engine identity: its requests in flight (routing); per engine request: its engine
         self.inflight: dict[bytes, int] = {}
         self.engine_of: dict[str, bytes] = {}
+        # engine clients (vLLM: API server processes): per engine request its client_index
+        self.n_clients = max(1, cfg.api_server_count)
+        self.client_of: dict[str, int] = {}
+        self.next_client = 0
         self.ready: dict = {}
         self.dead = False
-        self._output_task: Optional[asyncio.Task] = None
+        self._output_tasks: list[asyncio.Task] = []
         # data parallel: the coordinator process, its address set, our XSUB to its publishes, and
         # the wave state it publishes (vLLM's DPLBAsyncMPClient)
         self.coord_proc: Optional[multiprocessing.process.BaseProcess] = None
@@ -118,17 +124,25 @@ class AsyncEngineClient:
 
     async def start(self, timeout_s: float = 120.0) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.input_addr = f"ipc://{self.ipc_dir}/{self.ipc_names[0]}"
-        self.output_addr = f"ipc://{self.ipc_dir}/{self.ipc_names[1]}"
-        engine_in = f"ipc://{self.engine_ipc_dir}/{self.ipc_names[0]}"
-        engine_out = f"ipc://{self.engine_ipc_dir}/{self.ipc_names[1]}"
-        self.input_sock = self.ctx.socket(zmq.ROUTER)
-        self.input_sock.setsockopt(zmq.RCVHWM, 0)
-        self.input_sock.setsockopt(zmq.SNDHWM, 0)
-        self.input_sock.bind(self.input_addr)
-        self.output_sock = self.ctx.socket(zmq.PULL)
-        self.output_sock.setsockopt(zmq.RCVHWM, 0)
-        self.output_sock.bind(self.output_addr)
+        # client 0 keeps the plain names (tests relay them); client i appends ".i"
+        names = [(self.ipc_names[0], self.ipc_names[1])] + [
+            (f"{self.ipc_names[0]}.{i}", f"{self.ipc_names[1]}.{i}") for i in range(1, self.n_clients)]
+        self.input_addrs = [f"ipc://{self.ipc_dir}/{a}" for a, _ in names]
+        self.output_addrs = [f"ipc://{self.ipc_dir}/{b}" for _, b in names]
+        engine_in = [f"ipc://{self.engine_ipc_dir}/{a}" for a, _ in names]
+        engine_out = [f"ipc://{self.engine_ipc_dir}/{b}" for _, b in names]
+        self.input_socks, self.output_socks = [], []
+        for addr in self.input_addrs:
+            sock = self.ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.bind(addr)
+            self.input_socks.append(sock)
+        for addr in self.output_addrs:
+            sock = self.ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.bind(addr)
+            self.output_socks.append(sock)
         mp = multiprocessing.get_context("spawn")
         n = max(1, self.cfg.data_parallel_size)
         coord_addrs = None
@@ -149,18 +163,27 @@ class AsyncEngineClient:
             p.start()
             self.procs.append(p)
         deadline = time.monotonic() + timeout_s
-        while len(self.inflight) < n:
-            if await self.input_sock.poll(200):
-                ident, payload = await self.input_sock.recv_multipart()
-                self.inflight[ident] = 0
-                self.ready = msgspec.msgpack.decode(payload)
+        # every engine's ready message on every client's ROUTER: only then can each route to it
+        ready: set[tuple[int, bytes]] = set()
+        while len(ready) < n * self.n_clients:
+            got = False
+            for c, sock in enumerate(self.input_socks):
+                if await sock.poll(200 // self.n_clients or 1):
+                    ident, payload = await sock.recv_multipart()
+                    ready.add((c, ident))
+                    self.inflight[ident] = 0
+                    self.ready = msgspec.msgpack.decode(payload)
+                    got = True
+            if got:
                 continue
             for p in self.procs:
                 if not p.is_alive():
                     raise RuntimeError(f"engine process {p.name} exited with code {p.exitcode} during startup")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{n - len(self.inflight)} of {n} engine processes did not become ready in time")
-        self._output_task = asyncio.create_task(self._output_loop(), name="output_handler")
+                raise RuntimeError(f"{n * self.n_clients - len(ready)} of {n * self.n_clients} engine connections "
+                                   "did not become ready in time")
+        self._output_tasks = [asyncio.create_task(self._output_loop(sock), name=f"output_handler_{c}")
+                              for c, sock in enumerate(self.output_socks)]
         if self.coord_sock is not None:
             self._coord_task = asyncio.create_task(self._coord_loop(), name="dp_stats")
         self._monitor_task = asyncio.create_task(self._monitor(), name="engine_monitor")
@@ -184,7 +207,7 @@ class AsyncEngineClient:
                 self.current_wave, self.engines_running = wave, running
 
     async def shutdown(self) -> None:
-        for task in (self._output_task, getattr(self, "_monitor_task", None), self._coord_task):
+        for task in (*self._output_tasks, getattr(self, "_monitor_task", None), self._coord_task):
             if task is not None:
                 task.cancel()
         if self.coord_proc is not None and self.coord_proc.is_alive():
@@ -198,12 +221,12 @@ class AsyncEngineClient:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        self.input_sock.close(linger=0)
-        self.output_sock.close(linger=0)
+        for sock in self.input_socks + self.output_socks:
+            sock.close(linger=0)
         if self.coord_sock is not None:
             self.coord_sock.close(linger=0)
         self.ctx.term()
-        paths = [a[len("ipc://"):] for a in (self.input_addr, self.output_addr)]
+        paths = [a[len("ipc://"):] for a in self.input_addrs + self.output_addrs]
         for path in paths + (self.coord.paths() if self.coord is not None else []):
             try:
                 os.unlink(path)
@@ -223,9 +246,13 @@ class AsyncEngineClient:
         self.engine_of[ecr.request_id] = ident
         if self.coord_sock is not None:
             ecr.current_wave = self.current_wave
+        client = self.next_client
+        self.next_client = (client + 1) % self.n_clients
+        ecr.client_index = client
+        self.client_of[ecr.request_id] = client
         payload = self.encoder.encode(ecr)
         t_submit = time.monotonic_ns()
-        await self.input_sock.send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
+        await self.input_socks[client].send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
         t_sent = time.monotonic_ns()
         if self.coord_sock is not None and not self.engines_running:
             # vLLM: after the ADD, tell the coordinator to wake the other engines.
@@ -234,31 +261,32 @@ class AsyncEngineClient:
         return t_submit, t_sent
 
     def _done(self, engine_id: str) -> None:
+        self.client_of.pop(engine_id, None)
         ident = self.engine_of.pop(engine_id, None)
         if ident is not None:
             self.inflight[ident] -= 1
 
     async def abort(self, engine_ids: list[str]) -> None:
-        per_engine: dict[bytes, list[str]] = {}
+        per_engine: dict[tuple[int, bytes], list[str]] = {}
         for i in engine_ids:
             st = self.states.pop(i, None)
             if st is not None:
                 st.finished = True
             ident = self.engine_of.get(i)
             if ident is not None:
-                per_engine.setdefault(ident, []).append(i)
+                per_engine.setdefault((self.client_of.get(i, 0), ident), []).append(i)
                 self._done(i)
         if self.dead:
             return
-        for ident, ids in per_engine.items():
-            await self.input_sock.send_multipart([ident, EngineCoreRequestType.ABORT.value,
-                                                  self.encoder.encode(ids)], copy=False)
+        for (client, ident), ids in per_engine.items():
+            await self.input_socks[client].send_multipart([ident, EngineCoreRequestType.ABORT.value,
+                                                           self.encoder.encode(ids)], copy=False)
 
-    async def _output_loop(self) -> None:
+    async def _output_loop(self, sock) -> None:
         dec = make_outputs_decoder()
         try:
             while True:
-                frames = await self.output_sock.recv_multipart(copy=True)
+                frames = await sock.recv_multipart(copy=True)
                 t_recv = time.monotonic_ns()
                 if frames[0] == ENGINE_CORE_DEAD:
                     raise EngineDeadError("engine reported ENGINE_CORE_DEAD")

@@ -28,6 +28,9 @@ class EngineConfig:
     engine_index: int = 0
     # engines behind the one API server (vLLM --data-parallel-size): engine i is EngineCore_DP<i>
     data_parallel_size: int = 1
+    # engine clients (vLLM --api-server-count: N API server processes, each its own client_index;
+    # emulated by N clients in the one API server process)
+    api_server_count: int = 1
     ground_truth: Optional[str] = None
     step_sleep_ms: float = 0.0  # artificial extra time per step (slows the engine down for demos)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -71,6 +74,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="engine processes behind the API server, each with its own model and KV cache "
                         "(vLLM's data parallelism; requests go to the engine with the fewest in flight)")
+    g.add_argument("--api-server-count", "-asc", type=int, default=1,
+                   help="engine clients, requests spread over them in turn (vLLM runs N API server "
+                        "processes, each with its own sockets to every engine; here N clients in one "
+                        "process: the engines send each step as one message per client, as vLLM)")
     g.add_argument("--ground-truth", default=None, metavar="FILE",
                    help="append CLOCK_MONOTONIC ground truth (JSONL) from both processes")
 
@@ -91,6 +98,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         log_stats=a.log_stats,
         allow_eos=a.allow_eos,
         data_parallel_size=a.data_parallel_size,
+        api_server_count=a.api_server_count,
         ground_truth=a.ground_truth,
         step_sleep_ms=a.step_sleep_ms,
         model=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, d_ff=a.d_ff,

@@ -11,6 +11,11 @@ Three threads, as in vLLM:
 * output thread: PUSH connected to the API server's PULL; encodes and sends each step's message,
   then appends the step's (and finished requests') ground-truth lines.
 
+With ``--api-server-count`` N each engine has N DEALERs and N PUSHes, one pair per engine client
+(vLLM: per API server process), and sends each step's outputs as one message per client whose
+requests got tokens (the stats ride on the first), as vLLM's scheduler groups them by
+``client_index``.
+
 With ``--data-parallel-size`` > 1 each engine also talks to the DP coordinator (coordinator.py), as
 vLLM's DPEngineCoreProc: the input thread subscribes to its START_DP_WAVE publishes (XSUB), and
 the output thread PUSHes it the engine's request counts after every step that changed them and,
@@ -74,11 +79,12 @@ def build_runner(cfg: EngineConfig):
 
 
 class EngineCoreProc:
-    def __init__(self, cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None,
-                 coord_addrs: Optional[tuple[str, str]] = None):
+    def __init__(self, cfg: EngineConfig, input_addrs: "str | list[str]", output_addrs: "str | list[str]",
+                 parent_pid: Optional[int] = None, coord_addrs: Optional[tuple[str, str]] = None):
         self.cfg = cfg
-        self.input_addr = input_addr
-        self.output_addr = output_addr
+        # one (input, output) address pair per engine client (API server), client_index order
+        self.input_addrs = [input_addrs] if isinstance(input_addrs, str) else list(input_addrs)
+        self.output_addrs = [output_addrs] if isinstance(output_addrs, str) else list(output_addrs)
         self.parent_pid = parent_pid
         # (the coordinator's back publish, its back output) when data-parallel
         self.coord_addrs = coord_addrs
@@ -110,12 +116,15 @@ class EngineCoreProc:
         })
 
     def process_input_socket(self) -> None:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, engine_identity(self.cfg.engine_index))
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.input_addr)
+        socks = []
+        for addr in self.input_addrs:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, engine_identity(self.cfg.engine_index))
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(addr)
+            socks.append(sock)
         add_dec = make_request_decoder()
         abort_dec = make_abort_decoder()
         coord = None
@@ -128,9 +137,11 @@ class EngineCoreProc:
         try:
             # vLLM: "Send initial message to each input socket - this is required before the
             # front-end ROUTER socket can send input messages back to us."
-            sock.send(self._ready_payload())
+            for sock in socks:
+                sock.send(self._ready_payload())
             poller = zmq.Poller()
-            poller.register(sock, zmq.POLLIN)
+            for sock in socks:
+                poller.register(sock, zmq.POLLIN)
             if coord is not None:
                 poller.register(coord, zmq.POLLIN)
             while not self._stop.is_set():
@@ -145,30 +156,35 @@ class EngineCoreProc:
                     if frames[0] == EngineCoreRequestType.START_DP_WAVE.value:
                         self.input_queue.put((EngineCoreRequestType.START_DP_WAVE,
                                               msgspec.msgpack.decode(frames[1]), time.monotonic_ns()))
+                for sock in socks:
                     if sock not in ready:
                         continue
-                frames = sock.recv_multipart(copy=True)
-                t_ns = time.monotonic_ns()
-                rtype = EngineCoreRequestType(frames[0])
-                if rtype == EngineCoreRequestType.ADD:
-                    self.input_queue.put((rtype, add_dec.decode(frames[1]), t_ns))
-                elif rtype == EngineCoreRequestType.ABORT:
-                    self.input_queue.put((rtype, abort_dec.decode(frames[1]), t_ns))
-                elif rtype == EngineCoreRequestType.UTILITY:
-                    self.input_queue.put((rtype, msgspec.msgpack.decode(frames[1]), t_ns))
+                    frames = sock.recv_multipart(copy=True)
+                    t_ns = time.monotonic_ns()
+                    rtype = EngineCoreRequestType(frames[0])
+                    if rtype == EngineCoreRequestType.ADD:
+                        self.input_queue.put((rtype, add_dec.decode(frames[1]), t_ns))
+                    elif rtype == EngineCoreRequestType.ABORT:
+                        self.input_queue.put((rtype, abort_dec.decode(frames[1]), t_ns))
+                    elif rtype == EngineCoreRequestType.UTILITY:
+                        self.input_queue.put((rtype, msgspec.msgpack.decode(frames[1]), t_ns))
         except Exception:
             traceback.print_exc()
             self.input_queue.put(_SHUTDOWN)
         finally:
-            sock.close(linger=0)
+            for sock in socks:
+                sock.close(linger=0)
             if coord is not None:
                 coord.close(linger=0)
 
     def process_output_socket(self) -> None:
-        sock = self.ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.LINGER, 4000)
-        sock.connect(self.output_addr)
+        socks = []
+        for addr in self.output_addrs:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 4000)
+            sock.connect(addr)
+            socks.append(sock)
         coord = None
         if self.coord_addrs is not None:
             # vLLM: the coordinator is the last output socket (client_index -1).
@@ -182,19 +198,21 @@ class EngineCoreProc:
                 item = self.output_queue.get()
                 if item is _SHUTDOWN:
                     break
-                if isinstance(item, bytes):  # raw frame (ENGINE_CORE_DEAD)
-                    sock.send(item)
+                if isinstance(item, bytes):  # raw frame (ENGINE_CORE_DEAD), to every client
+                    for sock in socks:
+                        sock.send(item)
                     continue
                 if item[0] is _COORD:
                     if coord is not None:
                         coord.send(enc.encode(item[1]), copy=False)
                     continue
-                msg, step_rec, first_reqs, finished = item
+                msgs, step_rec, first_reqs, finished = item
                 t_send = None
-                if msg is not None:
-                    buf = enc.encode(msg)
-                    sock.send(buf, copy=False)
-                    t_send = time.monotonic_ns()
+                # vLLM: one message per client, sent one after the other.
+                for client, msg in msgs:
+                    socks[client].send(enc.encode(msg), copy=False)
+                    if t_send is None:
+                        t_send = time.monotonic_ns()
                 if step_rec is not None:
                     step_rec["output_send_ns"] = t_send
                     self.truth.write(step_rec)
@@ -205,7 +223,8 @@ class EngineCoreProc:
                     r.truth["engine"] = self.cfg.engine_index
                     self.truth.write(r.truth)
         finally:
-            sock.close(linger=4000)
+            for sock in socks:
+                sock.close(linger=4000)
             if coord is not None:
                 coord.close(linger=0)
 
@@ -234,15 +253,16 @@ class EngineCoreProc:
         elif rtype == EngineCoreRequestType.ABORT:
             aborted = self.sched.abort_requests(list(obj))
             if aborted:
-                self.output_queue.put((None, None, [], aborted))
+                self.output_queue.put(([], None, [], aborted))
         elif rtype == EngineCoreRequestType.UTILITY:
             # [client_index, call_id, method, args] -> UtilityOutput [call_id, failure, [type, value]]
             try:
-                _client, call_id, _method, _args = obj
+                client, call_id, _method, _args = obj
             except Exception:
-                call_id = 0
-            self.output_queue.put((EngineCoreOutputs(engine_index=self.cfg.engine_index,
-                                                     utility_output=[call_id, None, [None, None]]),
+                client, call_id = 0, 0
+            client = client if 0 <= client < len(self.output_addrs) else 0
+            self.output_queue.put(([(client, EngineCoreOutputs(engine_index=self.cfg.engine_index,
+                                                               utility_output=[call_id, None, [None, None]]))],
                                    None, [], []))
         return True
 
@@ -287,17 +307,24 @@ class EngineCoreProc:
             r = by_id.get(c.req_id)
             if r is not None:
                 r.truth["kv_copies"].append({k: rec[k] for k in ("start_ns", "end_ns", "bytes", "dir")})
-        # As vLLM: the step's stats ride on client 0's message, which is sent even when no
-        # request got tokens this step (a partial prefill chunk).
+        # As vLLM (Scheduler.update_from_output): one message per client whose requests got
+        # tokens, in the order of their first output; the step's stats ride on the first, or on
+        # client 0's message, which is then sent even when no request got tokens this step (a
+        # partial prefill chunk).
         stats = self.sched.make_stats(self.kv.usage)
-        msg = None
-        if outputs or stats is not None:
-            msg = EngineCoreOutputs(engine_index=self.cfg.engine_index, outputs=outputs,
-                                    scheduler_stats=stats)
-        # The step ends when its output is built: the message's own timestamp (what the engine
-        # tells and hopscope reads), not a second clock read after it, which a thread switch
-        # between the two put 1.8 ms later on a loaded VM.
-        t_end = round(msg.timestamp * 1e9) if msg is not None else time.monotonic_ns()
+        per_client: dict[int, list] = {}
+        for o in outputs:
+            per_client.setdefault(by_id[o.request_id].client_index, []).append(o)
+        msgs = [(c, EngineCoreOutputs(engine_index=self.cfg.engine_index, outputs=outs))
+                for c, outs in per_client.items()]
+        if stats is not None:
+            if not msgs:
+                msgs.append((0, EngineCoreOutputs(engine_index=self.cfg.engine_index)))
+            msgs[0][1].scheduler_stats = stats
+        # The step ends when its output is built: the (first) message's own timestamp (what the
+        # engine tells and hopscope reads), not a second clock read after it, which a thread
+        # switch between the two put 1.8 ms later on a loaded VM.
+        t_end = round(msgs[0][1].timestamp * 1e9) if msgs else time.monotonic_ns()
         step_rec = None
         if self.truth.enabled:
             step_rec = {
@@ -321,7 +348,9 @@ class EngineCoreProc:
                 "kv_usage": round(self.kv.usage, 4),
                 "device": getattr(self.runner, "device", "cpu"),
             }
-        self.output_queue.put((msg, step_rec, first, finished))
+        if step_rec is not None and len(msgs) > 1:
+            step_rec["messages"] = len(msgs)
+        self.output_queue.put((msgs, step_rec, first, finished))
 
     def _to_coordinator(self, msg: EngineCoreOutputs) -> None:
         self.output_queue.put((_COORD, msg))
@@ -377,8 +406,8 @@ class EngineCoreProc:
             self.ctx.term()
 
 
-def run_engine_core(cfg: EngineConfig, input_addr: str, output_addr: str, parent_pid: Optional[int] = None,
-                    coord_addrs: Optional[tuple[str, str]] = None) -> None:
+def run_engine_core(cfg: EngineConfig, input_addr: "str | list[str]", output_addr: "str | list[str]",
+                    parent_pid: Optional[int] = None, coord_addrs: Optional[tuple[str, str]] = None) -> None:
     """Process entry point (multiprocessing 'spawn' target)."""
     _set_comm(f"EngineCore_DP{cfg.engine_index}")
 

@@ -51,6 +51,7 @@ class Request:
                  arrive_ns: int):
         self.request_id = ecr.request_id
         self.external_id = ecr.external_req_id
+        self.client_index = ecr.client_index  # the engine client (API server) it came from
         self.prompt_token_ids = list(ecr.prompt_token_ids or [])
         self.sp = ecr.sampling_params or SamplingParams()
         self.cache_salt = ecr.cache_salt

@@ -176,3 +176,21 @@ def test_data_parallel_engines_share_the_load_abort_their_own_requests_and_stop(
     assert types.count("engine_stop") == 2 and types[-1] == "frontend_stop"
     for pid in engine_pids:
         assert not _pid_alive(pid)
+
+
+def test_two_api_server_clients_get_each_step_as_one_message_each(tmp_path):
+    """--api-server-count 2: requests alternate between the two engine clients, and a step whose
+    requests came from both is sent as two messages (vLLM groups a step's outputs by client_index),
+    the step's truth line saying so."""
+    tb = Testbed("--api-server-count", "2", "--max-num-seqs", "4", workdir=str(tmp_path)).start()
+    try:
+        hops = run_chains(tb.base_url, "--chains", "4", "--hops", "2", "--max-tokens", "12",
+                          out=str(tmp_path / "c.jsonl"))
+        assert not any(h["error"] for h in hops) and all(h["completion_tokens"] == 12 for h in hops)
+        recs = _wait(tb.truth_path, lambda rs: len([x for x in rs if x["type"] == "request"]) >= len(hops))
+    finally:
+        assert tb.stop() == 0
+    steps = [x for x in recs if x["type"] == "step"]
+    split = [s for s in steps if s.get("messages") == 2]
+    assert split, "some step carried requests of both clients"
+    assert all(s.get("messages", 1) <= 2 for s in steps)

@@ -292,6 +292,32 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
     assert!(rel <= 0.05, "step count error {:.1} % > 5 %", rel * 100.0);
 }
 
+/// Several API servers (vLLM `--api-server-count`, the default with data
+/// parallelism): the engine sends each step as one message per API server
+/// whose requests got tokens, on that server's own socket. A step is one
+/// step however many messages carry it: the trace draws each once, and the
+/// phases still match the truth.
+#[test]
+fn a_step_sent_to_two_api_servers_is_one_step() {
+    let Some(_serial) = privileged("a_step_sent_to_two_api_servers_is_one_step") else { return };
+    let run = run_testbed("attr-asc", &["--api-server-count", "2", "--max-num-seqs", "4"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"]]);
+    let split = run.truth.iter().filter(|t| t["type"] == "step" && t["messages"] == 2).count();
+    assert!(split > 0, "no step carried requests of both clients: nothing tested");
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("2 api servers: {split} steps sent as two messages; worst phase error {worst:.3} ms");
+    let trace = run.hop.with_extension("pftrace");
+    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
+    let steps = summary.track("Engine steps").expect("engine steps track");
+    let drawn: u64 = steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>();
+    let want = run.truth.iter().filter(|t| t["type"] == "step" && t["outputs"].as_array().is_some_and(|o| !o.is_empty())).count();
+    assert_eq!(drawn as usize, want, "every output step drawn once");
+    let joined = run.report["recording"]["drops"]["engine_outputs_joined"].as_u64().unwrap_or(0);
+    assert_eq!(joined as usize, split, "each second message joined to its step");
+}
+
 /// Data parallelism (vLLM `--data-parallel-size`): two engine processes
 /// behind one API server, each with its own scheduler, stepping on its own
 /// clock; their outputs interleave on the frontend's one socket. Every
@@ -302,7 +328,8 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
 #[test]
 fn phases_match_ground_truth_with_two_data_parallel_engines() {
     let Some(_serial) = privileged("phases_match_ground_truth_with_two_data_parallel_engines") else { return };
-    let run = run_testbed("attr-dp", &["--data-parallel-size", "2", "--max-num-seqs", "2"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "40"]]);
+    // Two API servers too, vLLM's default with `--data-parallel-size 2`.
+    let run = run_testbed("attr-dp", &["--data-parallel-size", "2", "--api-server-count", "2", "--max-num-seqs", "2"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "40"]]);
     let worst = check_phases(&run);
     check_steps(&run);
     eprintln!("2 data-parallel engines: worst phase error {worst:.3} ms");

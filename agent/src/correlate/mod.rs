@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod gpu;
+pub mod join;
 pub mod oncpu;
 pub mod slab;
 pub mod wire_steps;
@@ -446,6 +447,10 @@ pub struct Correlator {
     /// The attribution's keys for an engine record's requests, as the engine
     /// side keeps them ([`engine::EngineSide::attr_hints`]); reused.
     hints: Vec<slab::SlabKey>,
+    /// One record per engine step when several API servers get its parts.
+    joiner: join::StepJoiner,
+    /// Records the joiner released, to ingest in turn; reused.
+    released: Vec<Record>,
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -480,6 +485,8 @@ impl Correlator {
             gpus: Vec::new(),
             attribution: gpu::Attribution::new(),
             hints: Vec::new(),
+            joiner: join::StepJoiner::default(),
+            released: Vec::new(),
         }
     }
 
@@ -496,6 +503,43 @@ impl Correlator {
 
     /// Feeds one record. Records must come in timestamp order (the recording's order).
     pub fn ingest(&mut self, rec: &Record) {
+        let engine_record = matches!(rec, Record::EngineRequest { .. } | Record::EngineOutputs { .. });
+        if !self.cfg.use_ipc || !(engine_record || self.joiner.is_holding()) {
+            return self.ingest_one(rec);
+        }
+        let mut released = std::mem::take(&mut self.released);
+        if self.joiner.is_holding() {
+            self.joiner.due(rec.ts_ns(), &mut released);
+        }
+        let held = self.joiner.offer(rec, &mut released) == join::Offer::Held;
+        for r in released.drain(..) {
+            self.ingest_one(&r);
+        }
+        self.released = released;
+        if !held {
+            self.ingest_one(rec);
+        }
+    }
+
+    /// Ingests the messages the joiner still holds (the end of the input, or
+    /// input time past their wait).
+    fn release_held(&mut self, until_ns: u64) {
+        if !self.joiner.is_holding() {
+            return;
+        }
+        let mut released = std::mem::take(&mut self.released);
+        if until_ns == u64::MAX {
+            self.joiner.drain(&mut released);
+        } else {
+            self.joiner.due(until_ns, &mut released);
+        }
+        for r in released.drain(..) {
+            self.ingest_one(&r);
+        }
+        self.released = released;
+    }
+
+    fn ingest_one(&mut self, rec: &Record) {
         let ts = rec.ts_ns();
         if ts > 0 {
             self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
@@ -781,6 +825,7 @@ impl Correlator {
     /// (`requests_late`, `wire_steps_late`, or as orphans). Handing requests
     /// out at any horizons gives the same requests as [`Correlator::finish`].
     pub fn drain_final(&mut self, now_ns: u64) -> Vec<Request> {
+        self.release_held(now_ns);
         let horizon = now_ns.saturating_sub(SETTLE_NS);
         if self.cfg.use_ipc {
             self.engine.settle(horizon);
@@ -845,6 +890,10 @@ impl Correlator {
     /// totals. `chains` stays empty: whoever took the requests as they came
     /// has them.
     pub fn finish_streaming(mut self) -> Analysis {
+        self.release_held(u64::MAX);
+        if self.joiner.joined > 0 {
+            self.own.insert("engine_outputs_joined", self.joiner.joined);
+        }
         let unfinished = self.open.len() as u64;
         if unfinished > 0 {
             self.own.insert("requests_unfinished", unfinished);

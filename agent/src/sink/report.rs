@@ -1046,6 +1046,8 @@ pub fn is_loss(name: &str) -> bool {
         "ipc_dp_coordinator",
         "ipc_utility_outputs",
         "ipc_stats_elsewhere",
+        // One step's messages to several API servers, merged (correlate::join).
+        "engine_outputs_joined",
         "zmtp_streams",
         "resyncs",
         "engine_requests_linked",

@@ -89,16 +89,6 @@ pub enum Burst {
     Implausible,
 }
 
-impl Burst {
-    /// The wake-up and switch-in when they can be trusted.
-    pub fn woken(self) -> Option<(u64, u64)> {
-        match self {
-            Burst::Woken { wake_ns, on_ns } => Some((wake_ns, on_ns)),
-            _ => None,
-        }
-    }
-}
-
 impl IoEvent {
     /// Bytes moved that were not captured (the decoder must skip them).
     pub fn gap(&self) -> u64 {

@@ -103,12 +103,11 @@ class AsyncEngineClient:
         self.states: dict[str, RequestState] = {}
         self.encoder = make_encoder()
         self.procs: list[multiprocessing.process.BaseProcess] = []
-        # per engine identity: its requests in flight (routing); per engine request: its engine
+        # per engine identity: its requests in flight (routing); per engine request: the engine
+        # client it went through (vLLM: its API server process, client_index) and its engine
         self.inflight: dict[bytes, int] = {}
-        self.engine_of: dict[str, bytes] = {}
-        # engine clients (vLLM: API server processes): per engine request its client_index
+        self.engine_of: dict[str, tuple[int, bytes]] = {}
         self.n_clients = max(1, cfg.api_server_count)
-        self.client_of: dict[str, int] = {}
         self.next_client = 0
         self.ready: dict = {}
         self.dead = False
@@ -243,13 +242,12 @@ class AsyncEngineClient:
         # vLLM's DP load balancing: the engine with the fewest requests (ties: the lowest index)
         ident = min(self.inflight, key=lambda i: (self.inflight[i], i))
         self.inflight[ident] += 1
-        self.engine_of[ecr.request_id] = ident
         if self.coord_sock is not None:
             ecr.current_wave = self.current_wave
         client = self.next_client
         self.next_client = (client + 1) % self.n_clients
         ecr.client_index = client
-        self.client_of[ecr.request_id] = client
+        self.engine_of[ecr.request_id] = (client, ident)
         payload = self.encoder.encode(ecr)
         t_submit = time.monotonic_ns()
         await self.input_socks[client].send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
@@ -261,10 +259,9 @@ class AsyncEngineClient:
         return t_submit, t_sent
 
     def _done(self, engine_id: str) -> None:
-        self.client_of.pop(engine_id, None)
-        ident = self.engine_of.pop(engine_id, None)
-        if ident is not None:
-            self.inflight[ident] -= 1
+        route = self.engine_of.pop(engine_id, None)
+        if route is not None:
+            self.inflight[route[1]] -= 1
 
     async def abort(self, engine_ids: list[str]) -> None:
         per_engine: dict[tuple[int, bytes], list[str]] = {}
@@ -272,9 +269,9 @@ class AsyncEngineClient:
             st = self.states.pop(i, None)
             if st is not None:
                 st.finished = True
-            ident = self.engine_of.get(i)
-            if ident is not None:
-                per_engine.setdefault((self.client_of.get(i, 0), ident), []).append(i)
+            route = self.engine_of.get(i)
+            if route is not None:
+                per_engine.setdefault(route, []).append(i)
                 self._done(i)
         if self.dead:
             return

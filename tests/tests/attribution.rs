@@ -134,6 +134,28 @@ fn check_phases(run: &Run) -> f64 {
 }
 
 /// Steps that produced outputs: same count and same members as the truth.
+/// `hopscope trace` of the run's recording, checked and summarised.
+fn trace_of(run: &Run) -> hopscope::sink::perfetto::check::Summary {
+    let trace = run.hop.with_extension("pftrace");
+    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"))
+}
+
+/// Slices and instants on an engine-step track.
+fn drawn_steps(summary: &hopscope::sink::perfetto::check::Summary, track: &str) -> usize {
+    let steps = summary.track(track).unwrap_or_else(|| panic!("no {track} track"));
+    (steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>()) as usize
+}
+
+/// The truth's steps that sent outputs (of one engine, or all).
+fn output_steps(run: &Run, engine: Option<i64>) -> usize {
+    run.truth
+        .iter()
+        .filter(|t| t["type"] == "step" && engine.is_none_or(|e| t["engine"] == e) && t["outputs"].as_array().is_some_and(|o| !o.is_empty()))
+        .count()
+}
+
 fn check_steps(run: &Run) {
     let truth_steps: Vec<BTreeSet<String>> = run
         .truth
@@ -160,13 +182,8 @@ fn phases_match_ground_truth_for_a_single_chain() {
 
     // The Perfetto trace of the same recording: valid, with the engine steps
     // and every request's partition drawn.
-    let trace = run.hop.with_extension("pftrace");
-    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
-    let steps = summary.track("Engine steps").expect("engine steps track");
-    let drawn: u64 = steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>();
-    assert_eq!(drawn as usize, run.truth.iter().filter(|t| t["type"] == "step" && t["outputs"].as_array().is_some_and(|o| !o.is_empty())).count());
+    let summary = trace_of(&run);
+    assert_eq!(drawn_steps(&summary, "Engine steps"), output_steps(&run, None));
     for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
         let t = summary.track(r["id"].as_str().unwrap()).expect("request track");
         for phase in ["frontend", "prefill", "first output", "decode"] {
@@ -306,14 +323,8 @@ fn a_step_sent_to_two_api_servers_is_one_step() {
     let worst = check_phases(&run);
     check_steps(&run);
     eprintln!("2 api servers: {split} steps sent as two messages; worst phase error {worst:.3} ms");
-    let trace = run.hop.with_extension("pftrace");
-    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
-    let steps = summary.track("Engine steps").expect("engine steps track");
-    let drawn: u64 = steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>();
-    let want = run.truth.iter().filter(|t| t["type"] == "step" && t["outputs"].as_array().is_some_and(|o| !o.is_empty())).count();
-    assert_eq!(drawn as usize, want, "every output step drawn once");
+    let summary = trace_of(&run);
+    assert_eq!(drawn_steps(&summary, "Engine steps"), output_steps(&run, None), "every output step drawn once");
     let joined = run.report["recording"]["drops"]["engine_outputs_joined"].as_u64().unwrap_or(0);
     assert_eq!(joined as usize, split, "each second message joined to its step");
 }
@@ -362,14 +373,8 @@ fn phases_match_ground_truth_with_two_data_parallel_engines() {
     assert!(count("ipc_dp_coordinator") > 0 && count("ipc_dp_wave") > 0, "coordinator traffic seen: {drops}");
     assert!(count("ipc_stats_elsewhere") > 0, "the engines' request counts for the coordinator: {drops}");
 
-    let trace = run.hop.with_extension("pftrace");
-    let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
+    let summary = trace_of(&run);
     for (engine, track) in [(0, "Engine steps".to_owned()), (1, "Engine steps (DP rank 1)".to_owned())] {
-        let steps = summary.track(&track).unwrap_or_else(|| panic!("no {track} track"));
-        let drawn: u64 = steps.slices.values().sum::<u64>() + steps.instants.values().sum::<u64>();
-        let want = run.truth.iter().filter(|t| t["type"] == "step" && t["engine"] == engine && t["outputs"].as_array().is_some_and(|o| !o.is_empty())).count();
-        assert_eq!(drawn as usize, want, "{track}: every output step of engine {engine} drawn");
+        assert_eq!(drawn_steps(&summary, &track), output_steps(&run, Some(engine)), "{track}: every output step of engine {engine} drawn");
     }
 }

@@ -244,6 +244,11 @@ mod tests {
         got
     }
 
+    /// The ids of each output record ingested, in order: the steps the engine side sees.
+    fn steps(got: &[Record]) -> Vec<Vec<String>> {
+        got.iter().filter(|r| matches!(r, Record::EngineOutputs { .. })).map(ids).collect()
+    }
+
     fn ids(r: &Record) -> Vec<String> {
         match r {
             Record::EngineOutputs { outputs, .. } => outputs.iter().map(|o| o.request_id.clone()).collect(),
@@ -269,7 +274,7 @@ mod tests {
                 outs(3, 20 * MS + 15 * US, 20 * MS - 90 * US, &["a"]),
             ],
         );
-        let steps: Vec<Vec<String>> = got.iter().filter(|r| matches!(r, Record::EngineOutputs { .. })).map(ids).collect();
+        let steps = steps(&got);
         assert_eq!(steps, [vec!["a", "b"], vec!["a"], vec!["b", "a"]]);
         assert_eq!(j.joined, 2);
         let Record::EngineOutputs { ts_ns, outputs_total, timestamp_s, .. } = &got[2] else { panic!("{:?}", got[2]) };
@@ -312,7 +317,7 @@ mod tests {
                 add(1, 50 * MS),
             ],
         );
-        let steps: Vec<Vec<String>> = got.iter().filter(|r| matches!(r, Record::EngineOutputs { .. })).map(ids).collect();
+        let steps = steps(&got);
         assert_eq!(steps, [vec!["a"], vec!["b"], vec!["c"], vec!["d"]]);
         assert_eq!(j.joined, 0);
         let order: Vec<u64> = got.iter().map(Record::ts_ns).collect();
@@ -335,7 +340,7 @@ mod tests {
                 outs(4, 20 * MS + 10 * US, 15 * MS + 3 * US, &["b2"]),
             ],
         );
-        let steps: Vec<Vec<String>> = got.iter().filter(|r| matches!(r, Record::EngineOutputs { .. })).map(ids).collect();
+        let steps = steps(&got);
         assert_eq!(steps, [vec!["a1", "b1"], vec!["a2", "b2"]]);
         assert_eq!(j.joined, 2);
     }

@@ -521,13 +521,7 @@ impl Correlator {
             self.joiner.due(rec.ts_ns(), &mut self.released);
         }
         let held = self.joiner.offer(rec, &mut self.released) == join::Offer::Held;
-        if !self.released.is_empty() {
-            let mut released = std::mem::take(&mut self.released);
-            for r in released.drain(..) {
-                self.ingest_released(&r);
-            }
-            self.released = released;
-        }
+        self.ingest_released();
         held
     }
 
@@ -537,25 +531,28 @@ impl Correlator {
         if !self.joiner.is_holding() {
             return;
         }
-        let mut released = std::mem::take(&mut self.released);
         if until_ns == u64::MAX {
-            self.joiner.drain(&mut released);
+            self.joiner.drain(&mut self.released);
         } else {
-            self.joiner.due(until_ns, &mut released);
+            self.joiner.due(until_ns, &mut self.released);
         }
-        for r in released.drain(..) {
-            self.ingest_released(&r);
-        }
-        self.released = released;
+        self.ingest_released();
     }
 
-    /// A record the joiner released, through [`Self::ingest`] past the joiner:
-    /// [`Self::ingest_one`] keeps one caller, inlined there (a call per
-    /// record, or a second inlined copy, cost 1–1.3 % of `report`).
-    fn ingest_released(&mut self, rec: &Record) {
+    /// The records the joiner released, through [`Self::ingest`] past the
+    /// joiner: [`Self::ingest_one`] keeps one caller, inlined there (a call
+    /// per record, or a second inlined copy, cost 1–1.3 % of `report`).
+    fn ingest_released(&mut self) {
+        if self.released.is_empty() {
+            return;
+        }
+        let mut released = std::mem::take(&mut self.released);
         self.bypass_joiner = true;
-        self.ingest(rec);
+        for r in released.drain(..) {
+            self.ingest(&r);
+        }
         self.bypass_joiner = false;
+        self.released = released;
     }
 
     fn ingest_one(&mut self, rec: &Record) {

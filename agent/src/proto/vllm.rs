@@ -1037,8 +1037,8 @@ pub(crate) struct IpcDecoder {
     /// A writer-side (engine) copy of the outputs stream carried stats.
     stats_writer_seen: bool,
     /// Connections (and direction) that carried an engine's outputs,
-    /// finished requests or utility replies: a front-end's, by engine index.
-    output_conns: HashMap<(ConnKey, Dir), Option<u64>>,
+    /// finished requests or utility replies: a front-end's.
+    output_conns: std::collections::HashSet<(ConnKey, Dir)>,
     /// Engines (index, direction) with an output connection known.
     engines_with_outputs: std::collections::HashSet<(Option<u64>, Dir)>,
 }
@@ -1139,9 +1139,7 @@ impl IpcDecoder {
             Ipc::Handshake => self.c.ipc_handshake += 1,
             Ipc::UtilityOutput => {
                 self.c.ipc_utility_outputs += 1;
-                // The engine index is not read from a bare utility reply: it
-                // marks the connection for any engine until outputs say which.
-                self.output_conns.entry((io.conn, io.dir)).or_insert(None);
+                self.output_conns.insert((io.conn, io.dir));
             }
             Ipc::EngineDead => self.c.ipc_engine_dead += 1,
             Ipc::Unknown => self.c.ipc_unknown_layout += 1,
@@ -1161,7 +1159,7 @@ impl IpcDecoder {
                     || o.outputs_total != Some(0)
                     || o.utility;
                 if carries {
-                    self.output_conns.insert((io.conn, io.dir), o.engine_index);
+                    self.output_conns.insert((io.conn, io.dir));
                     self.engines_with_outputs.insert((o.engine_index, io.dir));
                 }
                 // Stats-only messages ride on a front-end's connection (a step
@@ -1170,7 +1168,7 @@ impl IpcDecoder {
                 // Until an engine's outputs show which connection is whose,
                 // all are taken.
                 let frontend = carries
-                    || self.output_conns.contains_key(&(io.conn, io.dir))
+                    || self.output_conns.contains(&(io.conn, io.dir))
                     || !self.engines_with_outputs.contains(&(o.engine_index, io.dir));
                 if o.stats.is_some() && !frontend {
                     self.c.ipc_stats_elsewhere += 1;

@@ -136,10 +136,21 @@ fn check_phases(run: &Run) -> f64 {
 /// Steps that produced outputs: same count and same members as the truth.
 /// `hopscope trace` of the run's recording, checked and summarised.
 fn trace_of(run: &Run) -> hopscope::sink::perfetto::check::Summary {
+    trace_and_flows(run).0
+}
+
+/// The trace's summary, and how many step members it drew no request→step
+/// flow for because no request of the trace was theirs (`hopscope trace`'s
+/// flow line).
+fn trace_and_flows(run: &Run) -> (hopscope::sink::perfetto::check::Summary, u64) {
     let trace = run.hop.with_extension("pftrace");
     let out = std::process::Command::new(hopscope_bin()).arg("trace").arg(&run.hop).arg("-o").arg(&trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"))
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("hopscope: flows: ") && l.contains("step members without")).unwrap_or_else(|| panic!("no flow line: {stderr}"));
+    let unmapped = line.rsplit_once(", ").and_then(|(_, tail)| tail.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("flow line: {line}"));
+    let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("trace invalid: {e}"));
+    (summary, unmapped)
 }
 
 /// Slices and instants on an engine-step track.
@@ -310,10 +321,11 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
 }
 
 /// Several API servers (vLLM `--api-server-count`, the default with data
-/// parallelism): the engine sends each step as one message per API server
-/// whose requests got tokens, on that server's own socket. A step is one
-/// step however many messages carry it: the trace draws each once, and the
-/// phases still match the truth.
+/// parallelism; the testbed runs them as processes, as vLLM does): the
+/// engine sends each step as one message per API server whose requests got
+/// tokens, on that server's own socket. A step is one step however many
+/// messages carry it: the trace draws each once with its requests' flows,
+/// and the phases still match the truth.
 #[test]
 fn a_step_sent_to_two_api_servers_is_one_step() {
     let Some(_serial) = privileged("a_step_sent_to_two_api_servers_is_one_step") else { return };
@@ -323,8 +335,9 @@ fn a_step_sent_to_two_api_servers_is_one_step() {
     let worst = check_phases(&run);
     check_steps(&run);
     eprintln!("2 api servers: {split} steps sent as two messages; worst phase error {worst:.3} ms");
-    let summary = trace_of(&run);
+    let (summary, unmapped) = trace_and_flows(&run);
     assert_eq!(drawn_steps(&summary, "Engine steps"), output_steps(&run, None), "every output step drawn once");
+    assert_eq!(unmapped, 0, "every step member's request found: the trace joins the steps as the report does");
     let joined = run.report["recording"]["drops"]["engine_outputs_joined"].as_u64().unwrap_or(0);
     assert_eq!(joined as usize, split, "each second message joined to its step");
 }
@@ -373,7 +386,8 @@ fn phases_match_ground_truth_with_two_data_parallel_engines() {
     assert!(count("ipc_dp_coordinator") > 0 && count("ipc_dp_wave") > 0, "coordinator traffic seen: {drops}");
     assert!(count("ipc_stats_elsewhere") > 0, "the engines' request counts for the coordinator: {drops}");
 
-    let summary = trace_of(&run);
+    let (summary, unmapped) = trace_and_flows(&run);
+    assert_eq!(unmapped, 0, "every step member's request found");
     for (engine, track) in [(0, "Engine steps".to_owned()), (1, "Engine steps (DP rank 1)".to_owned())] {
         assert_eq!(drawn_steps(&summary, &track), output_steps(&run, Some(engine)), "{track}: every output step of engine {engine} drawn");
     }

@@ -13,14 +13,21 @@
 //! The messages of one step were built one after the other (µs apart on the
 //! engine's own clock, `timestamp`), the next step's a whole step later. A
 //! writer's message is held only when its engine process is known to serve
-//! several clients (it read requests on two or more connections), until a part
-//! has come from each of them or for at most [`JOIN_WAIT_NS`] of record time,
-//! so a single API server's recordings are ingested exactly as before. Readers' copies (`Dir::In`, each API server
-//! reads its own) are not joined: they are used only while no engine is traced.
+//! several clients (it read requests on two or more connections), until every
+//! client that still has requests on the engine (read, not finished or
+//! aborted) has sent its part, or for at most [`JOIN_WAIT_NS`] of record
+//! time (a client whose requests all wait in the queue sends none), so a
+//! single API server's recordings are ingested exactly as before. Which
+//! client a part is for is learned from the requests it carries: each was
+//! read on its client's input connection. Readers' copies (`Dir::In`, each API
+//! server reads its own) are not joined: they are used only while no engine
+//! is traced.
 
-use super::FxMap;
+use std::hash::{Hash, Hasher};
+
+use super::{FxHasher, FxMap};
 use crate::event::{ConnKey, Dir};
-use crate::model::Record;
+use crate::model::{EngineOutput, Record};
 
 /// Most apart two messages of one step were built (`EngineCoreOutputs.timestamp`):
 /// vLLM builds them in one loop, microseconds apart (3–6 µs in the testbed),
@@ -29,15 +36,25 @@ use crate::model::Record;
 /// (4.8 ms the shortest there). Two real steps that close, one of each
 /// client's requests only, would be taken as one.
 pub const SAME_STEP_NS: u64 = 1_000_000;
-/// How long (record time) a writer's message waits for the rest of its step.
-/// The engine's output thread sends them back to back, but a Python thread
-/// waits for the GIL: the testbed's second part was written up to 2.9 ms after
-/// the first on the 2-core VM. The parts are told by their build times, so a
-/// longer wait only delays the step's ingestion (requests are final seconds
-/// later, output steps are matched to GPU steps tens of ms later).
-pub const JOIN_WAIT_NS: u64 = 10_000_000;
+/// How long (record time) a writer's message waits for the rest of its step
+/// when a client with requests on the engine sent no part. The engine's
+/// output thread sends the parts back to back, but a Python thread waits for
+/// the GIL (a 5 ms switch interval) while the busy loop computes: with two API
+/// server processes beside the engine on the 2-core VM the second part was
+/// written up to 15.3 ms after the first. A step whose clients have all sent
+/// their parts goes on at once; only one that misses a part waits this long.
+/// Bounded by what a late output step still finds: its engine thread's
+/// on-CPU records ([`super::oncpu::SETTLE_NS`]) and its GPU step, which
+/// another engine's outputs give up on [`super::gpu::IPC_AFTER_GPU_MAX_NS`] +
+/// [`super::gpu::MATCH_WAIT_NS`] after it.
+pub const JOIN_WAIT_NS: u64 = 40_000_000;
+const _: () = assert!(JOIN_WAIT_NS < super::oncpu::SETTLE_NS);
+const _: () = assert!(JOIN_WAIT_NS < super::gpu::IPC_AFTER_GPU_MAX_NS + super::gpu::MATCH_WAIT_NS);
 /// Client connections remembered per engine process.
 const MAX_CLIENTS: usize = 64;
+/// Requests in flight remembered per engine process; past this, new ones
+/// are not (their client is then waited for only by the connection count).
+const MAX_LIVE: usize = 1 << 20;
 
 struct Held {
     rec: Record,
@@ -48,11 +65,94 @@ struct Held {
     built_ns: u64,
 }
 
+/// What one engine process's clients are: where their requests came in and
+/// went out, and which still have requests on it.
+#[derive(Default)]
+struct Clients {
+    /// The connections it read requests on, one per client.
+    inputs: Vec<ConnKey>,
+    /// Per client (as `inputs`): its requests read and not yet finished.
+    live: Vec<u32>,
+    /// Those requests, by id hash → client.
+    requests: FxMap<u64, u8>,
+    /// Output connection → client, learned from the requests its parts carry.
+    outputs: Vec<(ConnKey, u8)>,
+    /// A request was not remembered (`MAX_LIVE`): a client may have
+    /// requests `live` does not count.
+    overflowed: bool,
+}
+
+fn id_hash(id: &str) -> u64 {
+    let mut h = FxHasher::default();
+    id.hash(&mut h);
+    h.finish()
+}
+
+impl Clients {
+    fn added(&mut self, conn: ConnKey, id: &str) {
+        let c = match self.inputs.iter().position(|x| *x == conn) {
+            Some(c) => c,
+            None if self.inputs.len() < MAX_CLIENTS => {
+                self.inputs.push(conn);
+                self.live.push(0);
+                self.inputs.len() - 1
+            }
+            None => return,
+        };
+        if self.requests.len() >= MAX_LIVE {
+            self.overflowed = true;
+            return;
+        }
+        if self.requests.insert(id_hash(id), c as u8).is_none() {
+            self.live[c] += 1;
+        }
+    }
+
+    fn ended(&mut self, id: &str) {
+        if let Some(c) = self.requests.remove(&id_hash(id)) {
+            self.live[usize::from(c)] -= 1;
+        }
+    }
+
+    /// A part written on `conn`: learns its client from its first known
+    /// request, then forgets the requests it finished.
+    fn part(&mut self, conn: ConnKey, outputs: &[EngineOutput], finished: &[String]) {
+        if self.inputs.len() > 1 && !self.outputs.iter().any(|o| o.0 == conn) {
+            if let Some(&c) = outputs.iter().find_map(|o| self.requests.get(&id_hash(&o.request_id))) {
+                self.outputs.push((conn, c));
+            }
+        }
+        for o in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+            self.ended(&o.request_id);
+        }
+        for id in finished {
+            self.ended(id);
+        }
+    }
+
+    /// Whether a step whose parts came on `conns` has them all: one from
+    /// every client with requests on the engine. A part of an unknown client
+    /// (it carried no request read here) leaves only the count to go by.
+    fn complete(&self, conns: &[ConnKey]) -> bool {
+        if conns.len() >= self.inputs.len() {
+            return true;
+        }
+        let mut have = 0u64;
+        for conn in conns {
+            match self.outputs.iter().find(|o| o.0 == *conn) {
+                Some(&(_, c)) => have |= 1 << c,
+                None => return false,
+            }
+        }
+        !self.overflowed && self.live.iter().enumerate().all(|(c, &n)| n == 0 || have & (1 << c) != 0)
+    }
+}
+
 #[derive(Default)]
 pub struct StepJoiner {
-    /// Per engine process, the connections it read requests on (one per
-    /// client; several: its writes may be parts of one step).
-    inputs: FxMap<u32, Vec<ConnKey>>,
+    /// Per engine process, its clients (one per connection it read requests
+    /// on; several: its writes may be parts of one step).
+    clients: FxMap<u32, Clients>,
     held: Vec<Held>,
     /// Messages merged into an earlier one of their step.
     pub joined: u64,
@@ -85,6 +185,17 @@ impl StepJoiner {
         }
     }
 
+    /// One record in recording order: appends to `out` what to ingest now,
+    /// in order (released steps, then `rec` unless it was held).
+    pub fn feed(&mut self, rec: &Record, out: &mut Vec<Record>) {
+        if self.is_holding() {
+            self.due(rec.ts_ns(), out);
+        }
+        if self.offer(rec, out) == Offer::Now {
+            out.push(rec.clone());
+        }
+    }
+
     /// Every held message, oldest first (the end of the recording).
     pub fn drain(&mut self, out: &mut Vec<Record>) {
         while !self.held.is_empty() {
@@ -114,17 +225,24 @@ impl StepJoiner {
     /// when it was merged into one of them).
     pub fn offer(&mut self, rec: &Record, out: &mut Vec<Record>) -> Offer {
         match rec {
-            Record::EngineRequest { conn, dir: Dir::In, .. } => {
-                let e = self.inputs.entry(conn.tgid).or_default();
-                if !e.contains(conn) && e.len() < MAX_CLIENTS {
-                    e.push(*conn);
+            Record::EngineRequest { conn, dir: Dir::In, request_id, .. } => {
+                self.clients.entry(conn.tgid).or_default().added(*conn, request_id);
+                Offer::Now
+            }
+            Record::EngineAbort { conn, dir: Dir::In, request_ids, .. } => {
+                if let Some(cl) = self.clients.get_mut(&conn.tgid) {
+                    for id in request_ids {
+                        cl.ended(id);
+                    }
                 }
                 Offer::Now
             }
-            Record::EngineOutputs { conn, dir: Dir::Out, timestamp_s, engine_index, .. } => {
+            Record::EngineOutputs { conn, dir: Dir::Out, timestamp_s, engine_index, outputs, finished_requests, .. } => {
                 let engine = (conn.tgid, *engine_index);
-                let clients = self.inputs.get(&conn.tgid).map_or(0, Vec::len);
-                let Some(b) = built(*timestamp_s).filter(|_| clients > 1) else {
+                let Some(cl) = self.clients.get_mut(&conn.tgid) else { return Offer::Now };
+                cl.part(*conn, outputs, finished_requests);
+                let several = cl.inputs.len() > 1;
+                let Some(b) = built(*timestamp_s).filter(|_| several) else {
                     // One client (or no build time): never held; what its
                     // engine had held goes first.
                     while let Some(i) = self.held.iter().position(|h| h.engine == engine) {
@@ -150,8 +268,7 @@ impl StepJoiner {
                         self.held.len() - 1
                     }
                 };
-                // A part from every client: nothing more to wait for.
-                if self.held[i].conns.len() >= clients {
+                if self.clients.get(&conn.tgid).is_some_and(|cl| cl.complete(&self.held[i].conns)) {
                     self.release(i, out);
                 }
                 Offer::Held
@@ -199,13 +316,14 @@ mod tests {
         ConnKey { tgid: 7, fd, ino: 100 + fd as u64 }
     }
 
-    fn add(fd: i32, ts: u64) -> Record {
+    /// Request `id` read on client connection `fd`.
+    fn add(fd: i32, ts: u64, id: &str) -> Record {
         Record::EngineRequest {
             conn: conn(fd),
             ts_ns: ts,
             tid: 8,
             dir: Dir::In,
-            request_id: format!("r{fd}-{ts}"),
+            request_id: id.into(),
             external_req_id: None,
             prompt_tokens: Some(4),
             max_tokens: None,
@@ -235,10 +353,7 @@ mod tests {
     fn run(j: &mut StepJoiner, recs: &[Record]) -> Vec<Record> {
         let mut got = Vec::new();
         for r in recs {
-            j.due(r.ts_ns(), &mut got);
-            if j.offer(r, &mut got) == Offer::Now {
-                got.push(r.clone());
-            }
+            j.feed(r, &mut got);
         }
         j.drain(&mut got);
         got
@@ -262,8 +377,8 @@ mod tests {
         let got = run(
             &mut j,
             &[
-                add(1, MS),
-                add(2, 2 * MS),
+                add(1, MS, "a"),
+                add(2, 2 * MS, "b"),
                 // Step 1: both clients, built 30 µs apart, written 20 µs apart.
                 outs(3, 10 * MS, 10 * MS - 100 * US, &["a"]),
                 outs(4, 10 * MS + 20 * US, 10 * MS - 70 * US, &["b"]),
@@ -286,8 +401,8 @@ mod tests {
     fn a_single_api_servers_messages_are_never_held_or_joined() {
         let mut j = StepJoiner::default();
         let recs = [
-            add(1, MS),
-            add(1, 2 * MS),
+            add(1, MS, "a"),
+            add(1, 2 * MS, "b"),
             outs(3, 10 * MS, 10 * MS - 100 * US, &["a"]),
             // Built 10 µs after on the same connection: a utility reply, not a part.
             outs(3, 10 * MS + 20 * US, 10 * MS - 90 * US, &["b"]),
@@ -305,16 +420,16 @@ mod tests {
         let got = run(
             &mut j,
             &[
-                add(1, MS),
-                add(2, 2 * MS),
+                add(1, MS, "a"),
+                add(2, 2 * MS, "b"),
                 outs(3, 10 * MS, 10 * MS, &["a"]),
                 // Another connection but built 1.5 ms later: the next step.
                 outs(4, 12 * MS, 11 * MS + 500 * US, &["b"]),
                 // Same connection as the held one: the next step.
                 outs(4, 12 * MS + 150 * US, 11 * MS + 510 * US, &["c"]),
                 // Far later than the wait: released by time, alone.
-                outs(3, 30 * MS, 30 * MS - 100 * US, &["d"]),
-                add(1, 50 * MS),
+                outs(3, 60 * MS, 60 * MS - 100 * US, &["d"]),
+                add(1, 110 * MS, "e"),
             ],
         );
         let steps = steps(&got);
@@ -332,8 +447,8 @@ mod tests {
         let got = run(
             &mut j,
             &[
-                add(1, MS),
-                add(2, 2 * MS),
+                add(1, MS, "a"),
+                add(2, 2 * MS, "b"),
                 outs(3, 20 * MS, 10 * MS, &["a1"]),
                 outs(3, 20 * MS, 15 * MS, &["a2"]),
                 outs(4, 20 * MS + 10 * US, 10 * MS + 3 * US, &["b1"]),
@@ -343,5 +458,87 @@ mod tests {
         let steps = steps(&got);
         assert_eq!(steps, [vec!["a1", "b1"], vec!["a2", "b2"]]);
         assert_eq!(j.joined, 2);
+    }
+
+    fn finishing(mut rec: Record, id: &str) -> Record {
+        if let Record::EngineOutputs { outputs, .. } = &mut rec {
+            for o in outputs.iter_mut().filter(|o| o.request_id == id) {
+                o.finish_reason = Some(1);
+            }
+        }
+        rec
+    }
+
+    fn abort(fd: i32, ts: u64, id: &str) -> Record {
+        Record::EngineAbort { conn: conn(fd), ts_ns: ts, tid: 8, dir: Dir::In, request_ids: vec![id.into()] }
+    }
+
+    /// Offers `rec` alone; what was released with it (nothing waits for time).
+    fn offer_now(j: &mut StepJoiner, rec: &Record) -> Vec<Vec<String>> {
+        let mut got = Vec::new();
+        if j.offer(rec, &mut got) == Offer::Now {
+            got.push(rec.clone());
+        }
+        steps(&got)
+    }
+
+    /// A step is released as soon as every client that still has requests on
+    /// the engine sent its part: one whose requests finished or were aborted
+    /// is not waited for.
+    #[test]
+    fn a_step_goes_on_once_every_client_with_requests_in_flight_sent_its_part() {
+        let mut j = StepJoiner::default();
+        for r in [add(1, MS, "a"), add(2, 2 * MS, "b"), add(2, 3 * MS, "c")] {
+            assert!(offer_now(&mut j, &r).is_empty());
+        }
+        // Both clients have requests: the first part waits for the second.
+        assert!(offer_now(&mut j, &outs(3, 10 * MS, 10 * MS, &["a"])).is_empty());
+        let step1 = offer_now(&mut j, &finishing(outs(4, 10 * MS + 20 * US, 10 * MS + 4 * US, &["b"]), "b"));
+        assert_eq!(step1, [vec!["a", "b"]]);
+        // Client 2 still has c (not scheduled yet): a lone part of client 1 waits.
+        assert!(offer_now(&mut j, &outs(3, 15 * MS, 15 * MS, &["a"])).is_empty());
+        assert!(j.is_holding());
+        // c is aborted: client 2 has nothing on the engine. The held step,
+        // built before the abort was read, may still get c's part; the next
+        // one cannot, and goes on at once, after it.
+        assert!(offer_now(&mut j, &abort(2, 16 * MS, "c")).is_empty());
+        assert_eq!(offer_now(&mut j, &outs(3, 20 * MS, 20 * MS, &["a"])), [vec!["a"], vec!["a"]], "released at once, in order");
+        assert!(!j.is_holding());
+        assert_eq!(j.joined, 1);
+    }
+
+    /// A Python output thread waits for the GIL between the parts of a step:
+    /// the second can be written many milliseconds after the first.
+    #[test]
+    fn a_part_written_15_ms_after_the_first_still_joins_its_step() {
+        let mut j = StepJoiner::default();
+        let got = run(
+            &mut j,
+            &[
+                add(1, MS, "a"),
+                add(2, 2 * MS, "b"),
+                outs(3, 10 * MS, 10 * MS - 100 * US, &["a"]),
+                add(1, 12 * MS, "c"),
+                outs(4, 25 * MS + 300 * US, 10 * MS - 96 * US, &["b"]),
+            ],
+        );
+        assert_eq!(steps(&got), [vec!["a", "b"]]);
+        assert_eq!(j.joined, 1);
+    }
+
+    /// A client whose requests all wait in the queue sends no part: the step
+    /// waits for it at most [`JOIN_WAIT_NS`] of record time.
+    #[test]
+    fn a_step_waits_for_a_client_with_only_queued_requests_no_longer_than_the_wait() {
+        let mut j = StepJoiner::default();
+        let mut got = Vec::new();
+        for r in [add(1, MS, "a"), add(2, 2 * MS, "b")] {
+            assert_eq!(j.offer(&r, &mut got), Offer::Now);
+        }
+        assert_eq!(j.offer(&outs(3, 10 * MS, 10 * MS, &["a"]), &mut got), Offer::Held);
+        j.due(10 * MS + JOIN_WAIT_NS, &mut got);
+        assert!(got.is_empty(), "still within the wait");
+        j.due(10 * MS + JOIN_WAIT_NS + 1, &mut got);
+        assert_eq!(steps(&got), [vec!["a"]]);
     }
 }

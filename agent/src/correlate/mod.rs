@@ -506,7 +506,7 @@ impl Correlator {
 
     /// Feeds one record. Records must come in timestamp order (the recording's order).
     pub fn ingest(&mut self, rec: &Record) {
-        let engine_record = matches!(rec, Record::EngineRequest { .. } | Record::EngineOutputs { .. });
+        let engine_record = matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. });
         if self.cfg.use_ipc && !self.bypass_joiner && (engine_record || self.joiner.is_holding()) && self.join(rec) {
             return;
         }

@@ -1255,10 +1255,20 @@ fn engine_request_map(records: &[Record], analysis: &Analysis) -> Option<Vec<Opt
     let mut side = EngineSide::default();
     // Wake-ups only move submit times, never the request order.
     let (woke, senders): (HashMap<u32, Woke>, HashMap<u32, u32>) = Default::default();
+    // A step sent to several API servers is one step, as the correlator joins it.
+    let mut joiner = crate::correlate::join::StepJoiner::default();
+    let mut now = Vec::new();
     for r in records {
         if matches!(r, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
-            side.ingest(r, &woke, &senders);
+            joiner.feed(r, &mut now);
+            for r in now.drain(..) {
+                side.ingest(&r, &woke, &senders);
+            }
         }
+    }
+    joiner.drain(&mut now);
+    for r in &now {
+        side.ingest(r, &woke, &senders);
     }
     let (reqs, steps, _) = side.finish();
     let same = steps.len() == analysis.steps.len() && steps.iter().zip(&analysis.steps).all(|(a, b)| a.end_ns == b.end_ns && a.members == b.members);

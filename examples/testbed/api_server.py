@@ -1,13 +1,12 @@
 """The API server process: FastAPI app + an AsyncLLM-like ZeroMQ client of the engine.
 
-* ``AsyncEngineClient`` binds the input ROUTER and the output PULL on ``ipc://`` paths, spawns the
-  EngineCore process (``--data-parallel-size N``: N of them, ``EngineCore_DP<i>``, each its own
-  DEALER identity on the one ROUTER and PUSH to the one PULL, as vLLM's DP client; each request
-  goes to the engine with the fewest requests in flight; a DP coordinator process as vLLM's,
-  coordinator.py); ``--api-server-count N``: N engine clients, each its own ROUTER/PULL pair and
-  ``client_index``, requests spread over them in turn — vLLM runs N API server processes, the
-  engines' per-client output messages are the same), waits for the engines' ready messages,
-  then runs an output-handler task that
+* ``AsyncEngineClient`` binds the input ROUTER and the output PULL on ``ipc://`` paths (the
+  engines, started by launcher.py, connect to them: ``--data-parallel-size N``: N of them,
+  ``EngineCore_DP<i>``, each its own DEALER identity on the one ROUTER and PUSH to the one PULL,
+  as vLLM's DP client; each request goes to the engine with the fewest requests in flight; a DP
+  coordinator process as vLLM's, coordinator.py; ``--api-server-count N``: N API server
+  processes, each its own client with its own ROUTER/PULL pair and ``client_index``, see
+  serve.py), waits for the engines' ready messages, then runs an output-handler task that
   decodes every EngineCoreOutputs, detokenises incrementally, applies stop strings (aborting the
   engine request, as vLLM's output processor does) and feeds per-request queues.
 * Endpoints: ``/v1/chat/completions``, ``/v1/completions`` (streaming SSE and plain JSON),
@@ -24,9 +23,7 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import multiprocessing
 import os
 import time
 import uuid
@@ -41,8 +38,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import EMULATED_VLLM_VERSION, __version__
 from .config import EngineConfig
-from .coordinator import CoordinatorAddrs, run_coordinator
-from .engine_core import run_engine_core
+from .coordinator import CoordinatorAddrs
+from .launcher import Engines, client_ipc_names, coordinator_addrs
 from .protocol import (
     ENGINE_CORE_DEAD,
     EngineCoreRequest,
@@ -92,109 +89,84 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngineClient:
-    def __init__(self, cfg: EngineConfig, ipc_dir: str, ipc_names: Optional[tuple[str, str]] = None,
-                 engine_ipc_dir: Optional[str] = None):
+    """One engine client (vLLM: one API server process's AsyncMPClient): its own input ROUTER and
+    output PULL, ``client_index`` in every request, every engine of the testbed behind them. With
+    ``engines`` it also watches the engine processes (it runs in the process that started them)."""
+
+    def __init__(self, cfg: EngineConfig, ipc_dir: str, ipc_names: tuple[str, str], client_index: int = 0,
+                 engines: Optional[Engines] = None):
         self.cfg = cfg
         self.ipc_dir = ipc_dir
-        # socket file names (vLLM: uuid4) and, for byte-capturing relays in tests, the directory
-        # the engine connects to instead of the one the API server binds in
-        self.ipc_names = ipc_names or (str(uuid.uuid4()), str(uuid.uuid4()))
-        self.engine_ipc_dir = engine_ipc_dir or ipc_dir
+        self.ipc_names = ipc_names
+        self.client_index = client_index
+        self.engines = engines
+        self.n_engines = max(1, cfg.data_parallel_size)
         self.states: dict[str, RequestState] = {}
         self.encoder = make_encoder()
-        self.procs: list[multiprocessing.process.BaseProcess] = []
-        # per engine identity: its requests in flight (routing); per engine request: the engine
-        # client it went through (vLLM: its API server process, client_index) and its engine
+        # per engine identity: its requests in flight (routing); per engine request: its engine
         self.inflight: dict[bytes, int] = {}
-        self.engine_of: dict[str, tuple[int, bytes]] = {}
-        self.n_clients = max(1, cfg.api_server_count)
-        self.next_client = 0
+        self.engine_of: dict[str, bytes] = {}
         self.ready: dict = {}
         self.dead = False
-        self._output_tasks: list[asyncio.Task] = []
-        # data parallel: the coordinator process, its address set, our XSUB to its publishes, and
-        # the wave state it publishes (vLLM's DPLBAsyncMPClient)
-        self.coord_proc: Optional[multiprocessing.process.BaseProcess] = None
-        self.coord: Optional[CoordinatorAddrs] = None
+        self._output_task: Optional[asyncio.Task] = None
+        self._monitor_task: Optional[asyncio.Task] = None
+        # data parallel: our XSUB to the coordinator's publishes, and the wave state it publishes
+        # (vLLM's DPLBAsyncMPClient)
+        self.coord: Optional[CoordinatorAddrs] = coordinator_addrs(ipc_dir, ipc_names) if self.n_engines > 1 else None
         self.coord_sock = None
         self._coord_task: Optional[asyncio.Task] = None
         self.current_wave = 0
         self.engines_running = False
 
     async def start(self, timeout_s: float = 120.0) -> None:
+        """Binds this client's sockets, then waits for every engine's ready message on them."""
         self.ctx = zmq.asyncio.Context()
-        # client 0 keeps the plain names (tests relay them); client i appends ".i"
-        names = [(self.ipc_names[0], self.ipc_names[1])] + [
-            (f"{self.ipc_names[0]}.{i}", f"{self.ipc_names[1]}.{i}") for i in range(1, self.n_clients)]
-        self.input_addrs = [f"ipc://{self.ipc_dir}/{a}" for a, _ in names]
-        self.output_addrs = [f"ipc://{self.ipc_dir}/{b}" for _, b in names]
-        engine_in = [f"ipc://{self.engine_ipc_dir}/{a}" for a, _ in names]
-        engine_out = [f"ipc://{self.engine_ipc_dir}/{b}" for _, b in names]
-        self.input_socks, self.output_socks = [], []
-        for addr in self.input_addrs:
-            sock = self.ctx.socket(zmq.ROUTER)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.bind(addr)
-            self.input_socks.append(sock)
-        for addr in self.output_addrs:
-            sock = self.ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            sock.bind(addr)
-            self.output_socks.append(sock)
-        mp = multiprocessing.get_context("spawn")
-        n = max(1, self.cfg.data_parallel_size)
-        coord_addrs = None
-        if n > 1:
-            self.coord = CoordinatorAddrs(self.ipc_dir, self.ipc_names[0][:8])
-            self.coord_proc = mp.Process(target=run_coordinator, name="VLLM_DP_Coordinator",
-                                         args=(n, self.coord, os.getpid()), daemon=True)
-            self.coord_proc.start()
-            coord_addrs = (self.coord.back_publish, self.coord.back_output)
+        names = client_ipc_names(self.ipc_names, self.client_index)
+        self.input_addr = f"ipc://{self.ipc_dir}/{names[0]}"
+        self.output_addr = f"ipc://{self.ipc_dir}/{names[1]}"
+        self.input_sock = self.ctx.socket(zmq.ROUTER)
+        self.input_sock.setsockopt(zmq.RCVHWM, 0)
+        self.input_sock.setsockopt(zmq.SNDHWM, 0)
+        self.input_sock.bind(self.input_addr)
+        self.output_sock = self.ctx.socket(zmq.PULL)
+        self.output_sock.setsockopt(zmq.RCVHWM, 0)
+        self.output_sock.bind(self.output_addr)
+        if self.coord is not None:
             self.coord_sock = self.ctx.socket(zmq.XSUB)
             self.coord_sock.setsockopt(zmq.LINGER, 0)
             self.coord_sock.connect(self.coord.front_publish)
             await self.coord_sock.send(b"\x01")
-        for i in range(n):
-            cfg = dataclasses.replace(self.cfg, engine_index=i) if n > 1 else self.cfg
-            p = mp.Process(target=run_engine_core, name=f"EngineCore_DP{cfg.engine_index}",
-                           args=(cfg, engine_in, engine_out, os.getpid(), coord_addrs), daemon=True)
-            p.start()
-            self.procs.append(p)
         deadline = time.monotonic() + timeout_s
-        # every engine's ready message on every client's ROUTER: only then can each route to it
-        ready: set[tuple[int, bytes]] = set()
-        while len(ready) < n * self.n_clients:
-            got = False
-            for c, sock in enumerate(self.input_socks):
-                if await sock.poll(200 // self.n_clients or 1):
-                    ident, payload = await sock.recv_multipart()
-                    ready.add((c, ident))
-                    self.inflight[ident] = 0
-                    self.ready = msgspec.msgpack.decode(payload)
-                    got = True
-            if got:
+        # every engine's ready message: only then can we route to it
+        while len(self.inflight) < self.n_engines:
+            if await self.input_sock.poll(200):
+                ident, payload = await self.input_sock.recv_multipart()
+                self.inflight[ident] = 0
+                self.ready = msgspec.msgpack.decode(payload)
                 continue
-            for p in self.procs:
-                if not p.is_alive():
-                    raise RuntimeError(f"engine process {p.name} exited with code {p.exitcode} during startup")
+            if self.engines is not None and (gone := self.engines.dead()):
+                raise RuntimeError(f"engine process {', '.join(gone)} during startup")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{n * self.n_clients - len(ready)} of {n * self.n_clients} engine connections "
-                                   "did not become ready in time")
-        self._output_tasks = [asyncio.create_task(self._output_loop(sock), name=f"output_handler_{c}")
-                              for c, sock in enumerate(self.output_socks)]
+                raise RuntimeError(f"{self.n_engines - len(self.inflight)} of {self.n_engines} engines "
+                                   f"did not connect to API server {self.client_index} in time")
+        self._output_task = asyncio.create_task(self._output_loop(self.output_sock), name="output_handler")
         if self.coord_sock is not None:
             self._coord_task = asyncio.create_task(self._coord_loop(), name="dp_stats")
-        self._monitor_task = asyncio.create_task(self._monitor(), name="engine_monitor")
+        if self.engines is not None:
+            self._monitor_task = asyncio.create_task(self._monitor(), name="engine_monitor")
 
     async def _monitor(self) -> None:
         """Like vLLM's engine-death monitor: fail waiting requests if an engine process dies."""
-        while all(p.is_alive() for p in self.procs):
+        assert self.engines is not None
+        while not (gone := self.engines.dead()):
             await asyncio.sleep(1.0)
+        self.fail(f"engine process {', '.join(gone)}")
+
+    def fail(self, why: str) -> None:
+        """The engines are gone: every waiting request ends with an error."""
         self.dead = True
-        gone = ", ".join(f"{p.name} exited ({p.exitcode})" for p in self.procs if not p.is_alive())
         for st in list(self.states.values()):
-            st.queue.put_nowait(Delta("", 0, "error", f"engine process {gone}"))
+            st.queue.put_nowait(Delta("", 0, "error", why))
         self.states.clear()
 
     async def _coord_loop(self) -> None:
@@ -206,31 +178,15 @@ class AsyncEngineClient:
                 self.current_wave, self.engines_running = wave, running
 
     async def shutdown(self) -> None:
-        for task in (*self._output_tasks, getattr(self, "_monitor_task", None), self._coord_task):
+        """Closes this client's sockets (the engines are stopped by whoever started them)."""
+        for task in (self._output_task, self._monitor_task, self._coord_task):
             if task is not None:
                 task.cancel()
-        if self.coord_proc is not None and self.coord_proc.is_alive():
-            self.coord_proc.terminate()
-            self.coord_proc.join(timeout=5)
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        for sock in self.input_socks + self.output_socks:
-            sock.close(linger=0)
-        if self.coord_sock is not None:
-            self.coord_sock.close(linger=0)
-        self.ctx.term()
-        paths = [a[len("ipc://"):] for a in self.input_addrs + self.output_addrs]
-        for path in paths + (self.coord.paths() if self.coord is not None else []):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        for sock in (getattr(self, "input_sock", None), getattr(self, "output_sock", None), self.coord_sock):
+            if sock is not None:
+                sock.close(linger=0)
+        if hasattr(self, "ctx"):
+            self.ctx.term()
 
     # ------------------------------------------------------------- requests
     async def add_request(self, ecr: EngineCoreRequest, state: RequestState) -> tuple[int, int]:
@@ -244,13 +200,11 @@ class AsyncEngineClient:
         self.inflight[ident] += 1
         if self.coord_sock is not None:
             ecr.current_wave = self.current_wave
-        client = self.next_client
-        self.next_client = (client + 1) % self.n_clients
-        ecr.client_index = client
-        self.engine_of[ecr.request_id] = (client, ident)
+        ecr.client_index = self.client_index
+        self.engine_of[ecr.request_id] = ident
         payload = self.encoder.encode(ecr)
         t_submit = time.monotonic_ns()
-        await self.input_socks[client].send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
+        await self.input_sock.send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
         t_sent = time.monotonic_ns()
         if self.coord_sock is not None and not self.engines_running:
             # vLLM: after the ADD, tell the coordinator to wake the other engines.
@@ -259,25 +213,25 @@ class AsyncEngineClient:
         return t_submit, t_sent
 
     def _done(self, engine_id: str) -> None:
-        route = self.engine_of.pop(engine_id, None)
-        if route is not None:
-            self.inflight[route[1]] -= 1
+        ident = self.engine_of.pop(engine_id, None)
+        if ident is not None:
+            self.inflight[ident] -= 1
 
     async def abort(self, engine_ids: list[str]) -> None:
-        per_engine: dict[tuple[int, bytes], list[str]] = {}
+        per_engine: dict[bytes, list[str]] = {}
         for i in engine_ids:
             st = self.states.pop(i, None)
             if st is not None:
                 st.finished = True
-            route = self.engine_of.get(i)
-            if route is not None:
-                per_engine.setdefault(route, []).append(i)
+            ident = self.engine_of.get(i)
+            if ident is not None:
+                per_engine.setdefault(ident, []).append(i)
                 self._done(i)
         if self.dead:
             return
-        for (client, ident), ids in per_engine.items():
-            await self.input_socks[client].send_multipart([ident, EngineCoreRequestType.ABORT.value,
-                                                           self.encoder.encode(ids)], copy=False)
+        for ident, ids in per_engine.items():
+            await self.input_sock.send_multipart([ident, EngineCoreRequestType.ABORT.value,
+                                                  self.encoder.encode(ids)], copy=False)
 
     async def _output_loop(self, sock) -> None:
         dec = make_outputs_decoder()
@@ -330,10 +284,7 @@ class AsyncEngineClient:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # engine died or bad message: fail every waiting request
-            self.dead = True
-            for st in list(self.states.values()):
-                st.queue.put_nowait(Delta("", 0, "error", repr(e)))
-            self.states.clear()
+            self.fail(repr(e))
 
 
 # ---------------------------------------------------------------------- app

@@ -178,10 +178,11 @@ def test_data_parallel_engines_share_the_load_abort_their_own_requests_and_stop(
         assert not _pid_alive(pid)
 
 
-def test_two_api_server_clients_get_each_step_as_one_message_each(tmp_path):
-    """--api-server-count 2: requests alternate between the two engine clients, and a step whose
-    requests came from both is sent as two messages (vLLM groups a step's outputs by client_index),
-    the step's truth line saying so."""
+def test_two_api_server_processes_get_each_step_as_one_message_each(tmp_path):
+    """--api-server-count 2: two API server processes (as vLLM's run_multi_api_server: the first
+    process serves no HTTP) share the listening socket, each its own engine client, and a step
+    whose requests came from both is sent as two messages (vLLM groups a step's outputs by
+    client_index), the step's truth line saying so."""
     tb = Testbed("--api-server-count", "2", "--max-num-seqs", "4", workdir=str(tmp_path)).start()
     try:
         hops = run_chains(tb.base_url, "--chains", "4", "--hops", "2", "--max-tokens", "12",
@@ -194,3 +195,8 @@ def test_two_api_server_clients_get_each_step_as_one_message_each(tmp_path):
     split = [s for s in steps if s.get("messages") == 2]
     assert split, "some step carried requests of both clients"
     assert all(s.get("messages", 1) <= 2 for s in steps)
+    main = next(x["pid"] for x in recs if x["type"] == "frontend_start")
+    served_by = {x["pid"] for x in recs if x["type"] == "http" and x["id"] is not None}
+    assert len(served_by) == 2 and main not in served_by, f"requests served by {served_by}, main {main}"
+    for pid in served_by:
+        assert not _pid_alive(pid), "API servers stop with the testbed"

@@ -37,6 +37,7 @@
 use hopscope_integration::*;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 struct Run {
     report: Value,
@@ -391,4 +392,78 @@ fn phases_match_ground_truth_with_two_data_parallel_engines() {
     for (engine, track) in [(0, "Engine steps".to_owned()), (1, "Engine steps (DP rank 1)".to_owned())] {
         assert_eq!(drawn_steps(&summary, &track), output_steps(&run, Some(engine)), "{track}: every output step of engine {engine} drawn");
     }
+}
+
+/// The children of `pid` whose name starts with `prefix` (from /proc).
+fn children_named(pid: u32, prefix: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // pid (comm) state ppid …: comm may hold spaces, so split after its ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let ppid = stat[close + 2..].split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) && stat[open + 1..close].starts_with(prefix) {
+            out.push(stat[..open].trim().parse().unwrap());
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Only the API server processes traced (`record --pid` on each, the
+/// engine not): each reads its own part of a step, and hopscope has only
+/// these copies. A step read as two parts by two processes is one step: the
+/// trace draws every output step once, and each request's step count is
+/// the truth's.
+#[test]
+fn with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step() {
+    let Some(_serial) = privileged("with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step") else { return };
+    let dir = scratch("attr-readers");
+    let (port, truth) = (free_port(), dir.join("truth.jsonl"));
+    let mut server = std::process::Command::new(python())
+        .arg(workspace().join("examples/serve.py"))
+        .args(["--port", &port.to_string(), "--ground-truth", truth.to_str().unwrap(), "--api-server-count", "2", "--max-num-seqs", "4"])
+        .env("OPENBLAS_NUM_THREADS", "1")
+        .env("OMP_NUM_THREADS", "1")
+        .spawn()
+        .expect("spawning the testbed");
+    wait_healthy(port, Duration::from_secs(60));
+    let api = children_named(server.id(), "APIServer_");
+    assert_eq!(api.len(), 2, "two API server processes under the testbed");
+    let hop = dir.join("run.hop");
+    let mut args = vec!["record".to_owned(), "--quiet".into(), "--nvml-period".into(), "0".into(), "-o".into(), hop.display().to_string()];
+    for p in &api {
+        args.extend(["--pid".to_owned(), p.to_string()]);
+    }
+    let agent = Agent::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    agent.wait_line("hopscope: attached", Duration::from_secs(60));
+    let client = dir.join("client.jsonl");
+    let out = std::process::Command::new(python())
+        .arg(workspace().join("examples/chain_client.py"))
+        .args(["--base-url", &format!("http://127.0.0.1:{port}"), "--quiet", "--out", client.to_str().unwrap()])
+        .args(["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(300));
+    agent.stop();
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    assert!(server.wait().unwrap().success(), "the testbed stops cleanly");
+    let run = Run { report: report_json(&hop), truth: read_jsonl(&truth), client: read_jsonl(&client), hop };
+
+    let split = run.truth.iter().filter(|t| t["type"] == "step" && t["messages"] == 2).count();
+    assert!(split > 0, "no step carried requests of both API servers: nothing tested");
+    let drops = &run.report["recording"]["drops"];
+    let count = |k: &str| drops[k].as_u64().unwrap_or(0);
+    assert!(count("engine_steps_from_reader") > 0, "steps from the API servers' copies: {drops}");
+    assert_eq!(count("engine_outputs_joined"), 0, "no engine traced, no writer's copy: {drops}");
+    assert_eq!(count("engine_reader_outputs_joined") as usize, split, "each second part joined to its step: {drops}");
+    check_steps(&run);
+    let chats = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").count();
+    assert_eq!(chats, run.client.len(), "every hop seen: {chats} of {}", run.client.len());
+    let (summary, unmapped) = trace_and_flows(&run);
+    assert_eq!(drawn_steps(&summary, "Engine steps"), output_steps(&run, None), "every output step drawn once");
+    assert_eq!(unmapped, 0, "every step member's request found");
+    eprintln!("api servers only: {split} steps read as two parts, all joined");
 }

@@ -14,7 +14,7 @@
 
 use super::slab::{Slab, SlabKey, NO_KEY};
 use super::{ms, Name, Request};
-use crate::event::Dir;
+use crate::event::{ConnKey, Dir};
 use crate::model::{EngineOutput, PrefillStats, Record};
 use std::collections::{BTreeMap, HashMap};
 
@@ -355,8 +355,15 @@ impl RollingMedian {
     }
 }
 
+/// How long after a reader's copy of a step's part the other API servers'
+/// parts may be read (each its own process, woken in turn); well under
+/// [`super::SETTLE_NS`], for which the copies are held.
+const READER_PART_WAIT_NS: u64 = 500_000_000;
+const _: () = assert!(READER_PART_WAIT_NS < super::SETTLE_NS);
+
 /// A reader's copy of an output message, held ([`EngineSide::settle`]).
 struct HeldIn {
+    conn: ConnKey,
     sent_ns: u64,
     built_ns: Option<u64>,
     engine_index: Option<u64>,
@@ -578,7 +585,7 @@ impl EngineSide {
                     r.last_ns = r.last_ns.max(*ts_ns);
                 }
             }
-            Record::EngineOutputs { ts_ns, dir, timestamp_s, outputs, engine_index, .. } => {
+            Record::EngineOutputs { conn, ts_ns, dir, timestamp_s, outputs, engine_index, .. } => {
                 let built = timestamp_s.and_then(s_to_ns);
                 match dir {
                     Dir::Out => {
@@ -595,7 +602,7 @@ impl EngineSide {
                         self.step(*ts_ns, built, *engine_index, outputs);
                         self.touched.extend_from_slice(&self.prev_step);
                     }
-                    Dir::In if !self.seen_writer => self.held_in.push_back(HeldIn { sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone() }),
+                    Dir::In if !self.seen_writer => self.held_in.push_back(HeldIn { conn: *conn, sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone() }),
                     Dir::In => {}
                 }
             }
@@ -721,12 +728,41 @@ impl EngineSide {
             return;
         }
         while self.held_in.front().is_some_and(|h| h.sent_ns < horizon_ns) {
-            let h = self.held_in.pop_front().expect("front checked");
+            let mut h = self.held_in.pop_front().expect("front checked");
             if !self.from_reader {
                 self.from_reader = true;
                 self.count("engine_steps_from_reader");
             }
+            self.join_reader_parts(&mut h);
             self.step(h.sent_ns, h.built_ns, h.engine_index, &h.outputs);
+        }
+    }
+
+    /// vLLM with several API servers sends a step as one message per API
+    /// server, each read by its own process ([`super::join`] joins the
+    /// engine's writes; with no engine traced only these copies are there).
+    /// The parts of `h`'s step are the copies of the same engine read on
+    /// other connections, built within [`super::join::SAME_STEP_NS`] of it.
+    /// Held copies cover the last [`super::SETTLE_NS`] of the recording:
+    /// every part read within [`READER_PART_WAIT_NS`] of `h` is at hand.
+    fn join_reader_parts(&mut self, h: &mut HeldIn) {
+        let Some(b) = h.built_ns else { return };
+        let mut conns = vec![h.conn];
+        let mut i = 0;
+        while let Some(p) = self.held_in.get(i) {
+            if p.sent_ns > h.sent_ns.saturating_add(READER_PART_WAIT_NS) {
+                break;
+            }
+            let part = p.engine_index == h.engine_index && !conns.contains(&p.conn) && p.built_ns.is_some_and(|pb| pb.abs_diff(b) <= super::join::SAME_STEP_NS);
+            if !part {
+                i += 1;
+                continue;
+            }
+            let p = self.held_in.remove(i).expect("got it");
+            conns.push(p.conn);
+            h.outputs.extend(p.outputs);
+            h.built_ns = h.built_ns.min(p.built_ns);
+            self.count("engine_reader_outputs_joined");
         }
     }
 
@@ -1225,6 +1261,57 @@ mod tests {
         let sum = [p.frontend, p.queue, p.prefill, p.first_output, p.decode].iter().map(|x| x.unwrap()).sum::<f64>();
         assert!((sum - ra.e2e_ms().unwrap()).abs() < 1e-9, "{p:?}");
         assert_eq!((p.frontend, p.queue, p.prefill), (Some(1.0), Some(1.0), Some(18.0)));
+    }
+
+    /// No engine traced: only each API server's copies of the outputs. With
+    /// two API servers a step whose requests came from both is read as two
+    /// messages, one per server process (built µs apart, read ms apart):
+    /// they are one step, as when one server reads the whole step.
+    #[test]
+    fn with_no_engine_traced_the_api_servers_parts_of_a_step_are_one_step() {
+        let servers = [ConnKey { tgid: 40, fd: 20, ino: 400 }, ConnKey { tgid: 41, fd: 21, ino: 410 }];
+        let read = |recs: Vec<Record>, split: bool| -> Vec<Record> {
+            let mut out = Vec::new();
+            for r in recs {
+                let Record::EngineOutputs { ts_ns, timestamp_s, outputs, .. } = &r else {
+                    out.push(r);
+                    continue;
+                };
+                let parts: Vec<Vec<EngineOutput>> = if split { outputs.iter().map(|o| vec![o.clone()]).collect() } else { vec![outputs.clone()] };
+                for (k, part) in parts.into_iter().enumerate() {
+                    let mut p = r.clone();
+                    if let Record::EngineOutputs { conn, dir, ts_ns: t, timestamp_s: b, outputs, outputs_total, .. } = &mut p {
+                        (*conn, *dir, *t, *outputs_total) = (servers[k], Dir::In, ts_ns + 3 * MS * k as u64, Some(part.len() as u64));
+                        *b = timestamp_s.map(|s| s + 4e-6 * k as f64);
+                        *outputs = part;
+                    }
+                    out.push(p);
+                }
+            }
+            out.sort_by_key(Record::ts_ns);
+            out
+        };
+        let run = |recs: &[Record]| {
+            let mut c = Correlator::new(Config::default());
+            for r in recs {
+                c.ingest(r);
+            }
+            c.finish()
+        };
+        let mut whole = run(&read(a_decodes_and_b_prefills_in_its_fourth_step(), false));
+        let mut parts = run(&read(a_decodes_and_b_prefills_in_its_fourth_step(), true));
+        assert_eq!(parts.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", parts.drops);
+        assert_eq!(whole.drops.get("engine_reader_outputs_joined"), None);
+        assert_eq!(parts.steps.len(), whole.steps.len(), "one step per step");
+        for a in [&mut whole, &mut parts] {
+            a.requests.sort_by(|x, y| x.id.cmp(&y.id));
+        }
+        for (w, p) in whole.requests.iter().zip(&parts.requests) {
+            let (we, pe) = (w.engine.as_ref().unwrap(), p.engine.as_ref().unwrap());
+            assert_eq!((pe.steps, pe.interference_ns, &pe.interference_from), (we.steps, we.interference_ns, &we.interference_from), "{}", w.id);
+        }
+        let a = parts.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
+        assert_eq!(a.engine.as_ref().unwrap().interference_ns, 40 * MS, "A still loses 40 ms to B's prefill");
     }
 
     /// [`step`] of data-parallel engine `index` (its own process and socket).

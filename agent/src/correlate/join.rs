@@ -20,8 +20,8 @@
 //! single API server's recordings are ingested exactly as before. Which
 //! client a part is for is learned from the requests it carries: each was
 //! read on its client's input connection. Readers' copies (`Dir::In`, each API
-//! server reads its own) are not joined: they are used only while no engine
-//! is traced.
+//! server reads its own) are joined where they are used, only while no engine
+//! is traced: `EngineSide::settle`, which holds them for seconds anyway.
 
 use std::hash::{Hash, Hasher};
 

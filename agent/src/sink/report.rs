@@ -1046,8 +1046,10 @@ pub fn is_loss(name: &str) -> bool {
         "ipc_dp_coordinator",
         "ipc_utility_outputs",
         "ipc_stats_elsewhere",
-        // One step's messages to several API servers, merged (correlate::join).
+        // One step's messages to several API servers, merged (correlate::join;
+        // the API servers' copies when no engine is traced).
         "engine_outputs_joined",
+        "engine_reader_outputs_joined",
         "zmtp_streams",
         "resyncs",
         "engine_requests_linked",

@@ -401,6 +401,10 @@ pub struct EngineSide {
     /// engine is traced; used once past the horizon (or at the end) if it
     /// never was.
     held_in: std::collections::VecDeque<HeldIn>,
+    /// The first connection a reader's copy came on, and whether others
+    /// did (several API servers, each reading its own part of a step).
+    reader_conn: Option<ConnKey>,
+    several_readers: bool,
     seen_writer: bool,
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
@@ -602,7 +606,13 @@ impl EngineSide {
                         self.step(*ts_ns, built, *engine_index, outputs);
                         self.touched.extend_from_slice(&self.prev_step);
                     }
-                    Dir::In if !self.seen_writer => self.held_in.push_back(HeldIn { conn: *conn, sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone() }),
+                    Dir::In if !self.seen_writer => {
+                        match self.reader_conn {
+                            None => self.reader_conn = Some(*conn),
+                            Some(c) => self.several_readers |= c != *conn,
+                        }
+                        self.held_in.push_back(HeldIn { conn: *conn, sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone() });
+                    }
                     Dir::In => {}
                 }
             }
@@ -728,14 +738,37 @@ impl EngineSide {
             return;
         }
         while self.held_in.front().is_some_and(|h| h.sent_ns < horizon_ns) {
-            let mut h = self.held_in.pop_front().expect("front checked");
+            let first = if self.several_readers { self.built_first() } else { 0 };
+            let mut h = self.held_in.remove(first).expect("in range");
             if !self.from_reader {
                 self.from_reader = true;
                 self.count("engine_steps_from_reader");
             }
-            self.join_reader_parts(&mut h);
+            if self.several_readers {
+                self.join_reader_parts(&mut h);
+            }
             self.step(h.sent_ns, h.built_ns, h.engine_index, &h.outputs);
         }
+    }
+
+    /// Each API server reads its parts in its own time: one may read its
+    /// part of a step after another read its part of the next step. An
+    /// engine's steps go on in the order it built them: the held copy of the
+    /// first one's engine built first, among those read within
+    /// [`READER_PART_WAIT_NS`] of it.
+    fn built_first(&self) -> usize {
+        let Some(f) = self.held_in.front() else { return 0 };
+        let Some(mut best) = f.built_ns else { return 0 };
+        let mut at = 0;
+        for (i, p) in self.held_in.iter().enumerate().skip(1) {
+            if p.sent_ns > f.sent_ns.saturating_add(READER_PART_WAIT_NS) {
+                break;
+            }
+            if p.engine_index == f.engine_index && p.built_ns.is_some_and(|b| b < best) {
+                (best, at) = (p.built_ns.expect("checked"), i);
+            }
+        }
+        at
     }
 
     /// vLLM with several API servers sends a step as one message per API
@@ -1125,7 +1158,7 @@ pub fn partition(r: &Request) -> Partition {
 
 #[cfg(test)]
 mod tests {
-    use crate::correlate::{Config, Correlator};
+    use crate::correlate::{Analysis, Config, Correlator};
     use crate::event::{ConnKey, Dir};
     use crate::model::{EngineEvent, EngineOutput, HttpRole, Record, SseKind};
 
@@ -1263,55 +1296,110 @@ mod tests {
         assert_eq!((p.frontend, p.queue, p.prefill), (Some(1.0), Some(1.0), Some(18.0)));
     }
 
-    /// No engine traced: only each API server's copies of the outputs. With
-    /// two API servers a step whose requests came from both is read as two
-    /// messages, one per server process (built µs apart, read ms apart):
-    /// they are one step, as when one server reads the whole step.
-    #[test]
-    fn with_no_engine_traced_the_api_servers_parts_of_a_step_are_one_step() {
+    /// What two API server processes read of `recs`' steps with no engine
+    /// traced: B's requests (`chatcmpl-b`) on the second server when `split`
+    /// (else all on the first), each part of a step built 4 µs after the one
+    /// before; the second server reads `lag(send)` after the send.
+    fn read_by_servers(recs: Vec<Record>, split: bool, lag: impl Fn(u64) -> u64) -> Vec<Record> {
         let servers = [ConnKey { tgid: 40, fd: 20, ino: 400 }, ConnKey { tgid: 41, fd: 21, ino: 410 }];
-        let read = |recs: Vec<Record>, split: bool| -> Vec<Record> {
-            let mut out = Vec::new();
-            for r in recs {
-                let Record::EngineOutputs { ts_ns, timestamp_s, outputs, .. } = &r else {
-                    out.push(r);
+        let mut out = Vec::new();
+        for r in recs {
+            let Record::EngineOutputs { ts_ns, timestamp_s, outputs, .. } = &r else {
+                out.push(r);
+                continue;
+            };
+            let server = |o: &EngineOutput| usize::from(split && o.request_id.starts_with("chatcmpl-b"));
+            let mut k = 0;
+            for (s, reader) in servers.iter().enumerate() {
+                let part: Vec<EngineOutput> = outputs.iter().filter(|o| server(o) == s).cloned().collect();
+                if part.is_empty() {
                     continue;
-                };
-                let parts: Vec<Vec<EngineOutput>> = if split { outputs.iter().map(|o| vec![o.clone()]).collect() } else { vec![outputs.clone()] };
-                for (k, part) in parts.into_iter().enumerate() {
-                    let mut p = r.clone();
-                    if let Record::EngineOutputs { conn, dir, ts_ns: t, timestamp_s: b, outputs, outputs_total, .. } = &mut p {
-                        (*conn, *dir, *t, *outputs_total) = (servers[k], Dir::In, ts_ns + 3 * MS * k as u64, Some(part.len() as u64));
-                        *b = timestamp_s.map(|s| s + 4e-6 * k as f64);
-                        *outputs = part;
-                    }
-                    out.push(p);
                 }
+                let mut p = r.clone();
+                if let Record::EngineOutputs { conn, dir, ts_ns: t, timestamp_s: b, outputs, outputs_total, .. } = &mut p {
+                    let read = if s == 0 { *ts_ns } else { ts_ns + lag(*ts_ns) };
+                    (*conn, *dir, *t, *outputs_total) = (*reader, Dir::In, read, Some(part.len() as u64));
+                    *b = timestamp_s.map(|t| t + 4e-6 * f64::from(k));
+                    *outputs = part;
+                }
+                out.push(p);
+                k += 1;
             }
-            out.sort_by_key(Record::ts_ns);
-            out
-        };
-        let run = |recs: &[Record]| {
-            let mut c = Correlator::new(Config::default());
-            for r in recs {
-                c.ingest(r);
-            }
-            c.finish()
-        };
-        let mut whole = run(&read(a_decodes_and_b_prefills_in_its_fourth_step(), false));
-        let mut parts = run(&read(a_decodes_and_b_prefills_in_its_fourth_step(), true));
-        assert_eq!(parts.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", parts.drops);
-        assert_eq!(whole.drops.get("engine_reader_outputs_joined"), None);
+        }
+        out.sort_by_key(Record::ts_ns);
+        out
+    }
+
+    fn correlate(recs: &[Record]) -> Analysis {
+        let mut c = Correlator::new(Config::default());
+        for r in recs {
+            c.ingest(r);
+        }
+        c.finish()
+    }
+
+    /// Each request's engine steps and interference in `parts` are those of `whole`.
+    fn same_engine_figures(whole: &mut Analysis, parts: &mut Analysis) {
         assert_eq!(parts.steps.len(), whole.steps.len(), "one step per step");
-        for a in [&mut whole, &mut parts] {
+        for a in [&mut *whole, &mut *parts] {
             a.requests.sort_by(|x, y| x.id.cmp(&y.id));
         }
         for (w, p) in whole.requests.iter().zip(&parts.requests) {
             let (we, pe) = (w.engine.as_ref().unwrap(), p.engine.as_ref().unwrap());
             assert_eq!((pe.steps, pe.interference_ns, &pe.interference_from), (we.steps, we.interference_ns, &we.interference_from), "{}", w.id);
         }
+    }
+
+    /// No engine traced: only each API server's copies of the outputs. With
+    /// two API servers a step whose requests came from both is read as two
+    /// messages, one per server process (built µs apart, read ms apart):
+    /// they are one step, as when one server reads the whole step.
+    #[test]
+    fn with_no_engine_traced_the_api_servers_parts_of_a_step_are_one_step() {
+        let mut whole = correlate(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), false, |_| 3 * MS));
+        let mut parts = correlate(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), true, |_| 3 * MS));
+        assert_eq!(parts.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", parts.drops);
+        assert_eq!(whole.drops.get("engine_reader_outputs_joined"), None);
+        same_engine_figures(&mut whole, &mut parts);
         let a = parts.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
         assert_eq!(a.engine.as_ref().unwrap().interference_ns, 40 * MS, "A still loses 40 ms to B's prefill");
+    }
+
+    /// Each API server reads in its own time: the second server read its
+    /// part of a step with only its request in it (B's prefill, built at
+    /// 30 ms) after the first read its part of the next step (40 ms). The
+    /// engine's steps still go on in the order it built them.
+    #[test]
+    fn with_no_engine_traced_a_step_read_after_the_next_ones_part_still_goes_first() {
+        let mut recs = http("chatcmpl-a", 5, 0);
+        recs.extend(http("chatcmpl-b", 6, 2 * MS));
+        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
+        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
+        recs.push(step(30 * MS, &[("chatcmpl-b", true, Some(21 * MS))]));
+        recs.push(step(40 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", false, None)]));
+        recs.push(sse("chatcmpl-a", 5, 41 * MS, SseKind::Content));
+        recs.push(sse("chatcmpl-b", 6, 43 * MS, SseKind::Content));
+        recs.push(step(50 * MS, &[("chatcmpl-a", false, None), ("chatcmpl-b", false, None)]));
+        recs.push(sse("chatcmpl-a", 5, 51 * MS, SseKind::Done));
+        recs.push(end(5, 52 * MS));
+        recs.push(sse("chatcmpl-b", 6, 54 * MS, SseKind::Done));
+        recs.push(end(6, 55 * MS));
+        let late = |sent: u64| if sent == 30 * MS + 100_000 { 12 * MS } else { 3 * MS };
+        let split = read_by_servers(recs.clone(), true, late);
+        let reads: Vec<(u64, u64)> = split
+            .iter()
+            .filter_map(|r| match r {
+                Record::EngineOutputs { ts_ns, timestamp_s: Some(b), .. } => Some(((b * 1e3).round() as u64, *ts_ns)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reads.iter().map(|r| r.0).collect::<Vec<_>>(), [20, 40, 30, 40, 50, 50], "the case: a step read after the next one's first part");
+        let mut whole = correlate(&read_by_servers(recs.clone(), false, late));
+        let mut parts = correlate(&split);
+        assert_eq!(parts.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", parts.drops);
+        let ends: Vec<u64> = parts.steps.iter().map(|s| s.end_ns / MS).collect();
+        assert_eq!(ends, [20, 30, 40, 50], "steps in build order");
+        same_engine_figures(&mut whole, &mut parts);
     }
 
     /// [`step`] of data-parallel engine `index` (its own process and socket).

@@ -506,6 +506,14 @@ impl Correlator {
 
     /// Feeds one record. Records must come in timestamp order (the recording's order).
     pub fn ingest(&mut self, rec: &Record) {
+        // Here, not past the joiner: a part merged into its step's first
+        // message is never ingested on its own, and the recording's span
+        // still covers it.
+        let ts = rec.ts_ns();
+        if ts > 0 {
+            self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
+            self.last_ns = Some(self.last_ns.map_or(ts, |l| l.max(ts)));
+        }
         let engine_record = matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. });
         if self.cfg.use_ipc && !self.bypass_joiner && (engine_record || self.joiner.is_holding()) && self.join(rec) {
             return;
@@ -557,10 +565,6 @@ impl Correlator {
 
     fn ingest_one(&mut self, rec: &Record) {
         let ts = rec.ts_ns();
-        if ts > 0 {
-            self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
-            self.last_ns = Some(self.last_ns.map_or(ts, |l| l.max(ts)));
-        }
         if self.cfg.use_ipc && matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
             // The engine side first (the two keep no state in common): it
             // hands the attribution the keys it kept for these requests.

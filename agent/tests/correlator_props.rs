@@ -1,8 +1,9 @@
 //! Property tests of the correlator (issue 5 "Replay", issue 8 item 1): record
 //! streams from the replay fixtures and from a seeded synthetic generator
 //! (chains of streamed requests, a simulated continuous-batching engine with
-//! chunked prefill and queueing, its IPC seen from one or both ends, scheduler
-//! wake-ups) are shuffled, duplicated, dropped, truncated and time-perturbed,
+//! chunked prefill and queueing, its IPC seen from one or both ends, one or
+//! two API server processes (each step then one message per server, some
+//! sent milliseconds apart), scheduler wake-ups) are shuffled, duplicated, dropped, truncated and time-perturbed,
 //! and the correlator must
 //!   - never panic (nor the report built from its result);
 //!   - give every request with all marks a partition that adds up to E2E
@@ -124,6 +125,10 @@ struct Synthetic {
     steps: usize,
     /// Extra wire-only requests (health checks).
     health: usize,
+    /// API server processes.
+    clients: u32,
+    /// Steps whose parts were sent milliseconds apart.
+    late_parts: u64,
 }
 
 struct Pending {
@@ -167,12 +172,51 @@ struct Gen {
     /// Unrelated records (drops snapshots, connection churn, other threads).
     noise: bool,
     drops_seen: u64,
+    /// API server processes (vLLM `--api-server-count`): 1, or 2, each with
+    /// its own HTTP connections and IPC sockets; chain `c` is served by
+    /// `c % clients`, and the engine sends each step as one message per API
+    /// server with outputs in it.
+    clients: u32,
+    /// Draws only two-server streams make, so a one-server stream is the
+    /// same as before they existed (seeds keep their cases).
+    split: Rng,
+    /// When the engine's output thread is free again (it sends in order).
+    out_free: u64,
+    /// Each API server's latest read of an output message (a socket reads
+    /// in the order it was written).
+    last_read: [u64; 2],
+    /// Steps whose second part was sent milliseconds after the first (the
+    /// output thread waited for the GIL).
+    late_parts: u64,
 }
 
 const TGID: u32 = 100;
 const ENGINE_TGID: u32 = 200;
 const IPC_IN: ConnKey = ConnKey { tgid: TGID, fd: 3, ino: 77 };
 const IPC_OUT: ConnKey = ConnKey { tgid: TGID, fd: 4, ino: 78 };
+
+/// One API server's IPC sockets: (its input, its output, the engine's input
+/// from it, the engine's output to it). With one API server, both ends are
+/// named as one socket pair, as before two-server streams.
+struct Ipc {
+    api_in: ConnKey,
+    api_out: ConnKey,
+    engine_in: ConnKey,
+    engine_out: ConnKey,
+}
+
+fn ipc(clients: u32, k: u32) -> Ipc {
+    if clients == 1 {
+        return Ipc { api_in: IPC_IN, api_out: IPC_OUT, engine_in: IPC_IN, engine_out: IPC_OUT };
+    }
+    let (fd, ino) = (k as i32, u64::from(k));
+    Ipc {
+        api_in: ConnKey { tgid: TGID + k, fd: 3, ino: 77 + 10 * ino },
+        api_out: ConnKey { tgid: TGID + k, fd: 4, ino: 78 + 10 * ino },
+        engine_in: ConnKey { tgid: ENGINE_TGID, fd: 30 + fd, ino: 300 + ino },
+        engine_out: ConnKey { tgid: ENGINE_TGID, fd: 40 + fd, ino: 400 + ino },
+    }
+}
 
 impl Gen {
     fn emit(&mut self, r: Record) {
@@ -181,8 +225,13 @@ impl Gen {
     }
 
     fn conn(&mut self) -> ConnKey {
+        self.conn_of(0)
+    }
+
+    /// A new HTTP connection of API server `k`.
+    fn conn_of(&mut self, k: u32) -> ConnKey {
         self.next_fd += 1;
-        ConnKey { tgid: TGID, fd: self.next_fd, ino: 10_000 + self.next_fd as u64 }
+        ConnKey { tgid: TGID + k, fd: self.next_fd, ino: 10_000 + self.next_fd as u64 }
     }
 
     fn sse(&mut self, p: &mut Pending, at: u64, kind: SseKind, usage: Option<Usage>, finish: Option<&str>) -> u64 {
@@ -224,6 +273,8 @@ impl Gen {
     fn start(&mut self, c: usize, ch: &mut ChainGen, arrive: u64) -> Pending {
         let hop = ch.next_hop;
         ch.next_hop += 1;
+        let k = c as u32 % self.clients;
+        let io = ipc(self.clients, k);
         let (conn, seq) = match ch.source {
             // Connection chains ride one keep-alive connection; the others
             // reuse theirs sometimes.
@@ -238,9 +289,9 @@ impl Gen {
                 (k, s)
             }
             _ => {
-                let k = self.conn();
-                ch.conn = Some((k, 1));
-                (k, 0)
+                let conn = self.conn_of(k);
+                ch.conn = Some((conn, 1));
+                (conn, 0)
             }
         };
         let mut headers = Vec::new();
@@ -282,17 +333,17 @@ impl Gen {
             let wake = self.rng.range(arrive.max(write - 3 * MS / 2), write - 50 * US);
             let on = self.rng.range(wake + 1, write);
             let off_ns = on - self.rng.range(1, 5 * MS);
-            self.emit(Record::OffCpu { ts_ns: on, tgid: TGID, tid, off_ns, wake_ns: Some(wake), prev_state: 1 });
+            self.emit(Record::OffCpu { ts_ns: on, tgid: TGID + k, tid, off_ns, wake_ns: Some(wake), prev_state: 1 });
             submit = wake;
             woken = true;
         }
-        self.emit(Record::UnixIo { conn: IPC_IN, ts_ns: write, enter_ns: write - 2 * US, tid, dir: Dir::Out, len: 900 });
+        self.emit(Record::UnixIo { conn: io.api_in, ts_ns: write, enter_ns: write - 2 * US, tid, dir: Dir::Out, len: 900 });
         let engine_id = format!("{id}-{}", self.rng.hex(8));
         let prompt = self.rng.range(20, 2000);
         let max_tokens = self.rng.range(1, 9);
         let external = self.rng.chance(0.8).then(|| id.clone());
-        let add = |ts_ns: u64, tid: u32, dir: Dir| Record::EngineRequest {
-            conn: IPC_IN,
+        let add = |conn: ConnKey, ts_ns: u64, tid: u32, dir: Dir| Record::EngineRequest {
+            conn,
             ts_ns,
             tid,
             dir,
@@ -305,10 +356,10 @@ impl Gen {
             data_parallel_rank: None,
             truncated: false,
         };
-        self.emit(add(write, tid, Dir::Out));
+        self.emit(add(io.api_in, write, tid, Dir::Out));
         let read = write + self.rng.range(5 * US, 300 * US);
         if self.engine_traced {
-            self.emit(add(read, 2, Dir::In));
+            self.emit(add(io.engine_in, read, 2, Dir::In));
         }
         let head = write + self.rng.range(10 * US, 200 * US);
         self.emit(Record::HttpResponse {
@@ -381,7 +432,14 @@ fn http_request(conn: ConnKey, seq: u32, start: u64, end: u64, method: &str, pat
 /// steps, one token per decode step), its IPC and the frontend's SSE.
 fn synthetic(seed: u64) -> Synthetic {
     let mut rng = Rng::new(seed);
+    let mut split = Rng::new(seed ^ 0x5e17_a91c_0de5);
+    let clients = if split.chance(0.35) { 2 } else { 1 };
     let mut g = Gen {
+        clients,
+        split,
+        out_free: 0,
+        last_read: [0; 2],
+        late_parts: 0,
         engine_traced: rng.chance(0.6),
         events: rng.chance(0.6),
         wakeups: rng.chance(0.5),
@@ -400,7 +458,7 @@ fn synthetic(seed: u64) -> Synthetic {
                 _ => ChainSource::Connection,
             };
             let trace_id = g.rng.hex(32);
-            let conn = (source == ChainSource::Connection).then(|| (g.conn(), 0));
+            let conn = (source == ChainSource::Connection).then(|| (g.conn_of(c as u32 % g.clients), 0));
             let key = match source {
                 ChainSource::Traceparent => trace_id.clone(),
                 ChainSource::Header => format!("session-{c}-{}", g.rng.hex(4)),
@@ -521,27 +579,62 @@ fn synthetic(seed: u64) -> Synthetic {
                 }
             }
             step_ends.push(end);
-            let msg = |ts_ns: u64, tid: u32, dir: Dir, outputs: Vec<EngineOutput>| Record::EngineOutputs {
-                conn: IPC_OUT,
+            let msg = |conn: ConnKey, ts_ns: u64, tid: u32, dir: Dir, built: u64, outputs: Vec<EngineOutput>| Record::EngineOutputs {
+                conn,
                 ts_ns,
                 tid,
                 dir,
                 engine_index: Some(0),
-                timestamp_s: Some(end as f64 / 1e9),
+                timestamp_s: Some(built as f64 / 1e9),
                 outputs_total: Some(outputs.len() as u64),
                 outputs,
                 finished_requests: vec![],
                 truncated: false,
             };
-            let read = sent + g.rng.range(5 * US, 200 * US);
-            if g.engine_traced {
-                g.emit(msg(sent, 3, Dir::Out, outputs.clone()));
-                g.emit(Record::UnixIo { conn: IPC_OUT, ts_ns: sent, enter_ns: sent - US, tid: 3, dir: Dir::Out, len: 300 });
+            // One message per API server with outputs in the step, built µs
+            // apart, sent one after the other by the engine's output thread
+            // (sometimes milliseconds apart: it waited for the GIL), each read
+            // by its own API server.
+            let mut parts: Vec<(u32, Vec<EngineOutput>, Vec<usize>)> = Vec::new();
+            for (o, &i) in outputs.into_iter().zip(&got) {
+                let k = running[i].chain as u32 % g.clients;
+                match parts.iter_mut().find(|p| p.0 == k) {
+                    Some(p) => {
+                        p.1.push(o);
+                        p.2.push(i);
+                    }
+                    None => parts.push((k, vec![o], vec![i])),
+                }
             }
-            g.emit(msg(read, 1, Dir::In, outputs));
+            let mut reads = vec![0; running.len()];
+            let (mut built, mut at) = (end, sent.max(g.out_free));
+            for (j, (k, outs, idx)) in parts.into_iter().enumerate() {
+                if j > 0 {
+                    built += g.split.range(2 * US, 60 * US);
+                    at += if g.split.chance(0.15) {
+                        g.late_parts += 1;
+                        g.split.range(MS, 20 * MS)
+                    } else {
+                        g.split.range(5 * US, 300 * US)
+                    };
+                }
+                let io = ipc(g.clients, k);
+                let read = at + if j == 0 { g.rng.range(5 * US, 200 * US) } else { g.split.range(5 * US, 200 * US) };
+                let read = read.max(g.last_read[k as usize] + US);
+                g.last_read[k as usize] = read;
+                if g.engine_traced {
+                    g.emit(msg(io.engine_out, at, 3, Dir::Out, built, outs.clone()));
+                    g.emit(Record::UnixIo { conn: io.engine_out, ts_ns: at, enter_ns: at - US, tid: 3, dir: Dir::Out, len: 300 });
+                }
+                g.emit(msg(io.api_out, read, 1, Dir::In, built, outs));
+                for i in idx {
+                    reads[i] = read;
+                }
+            }
+            g.out_free = at + US;
             // The frontend streams each new token.
             for &i in &got {
-                let at = read + g.rng.range(20 * US, MS);
+                let at = reads[i] + g.rng.range(20 * US, MS);
                 let ts = g.sse(&mut running[i], at, SseKind::Content, None, None);
                 let p = &mut running[i];
                 if p.truth.ttft == 0 {
@@ -574,7 +667,7 @@ fn synthetic(seed: u64) -> Synthetic {
     }
     let mut out = std::mem::take(&mut g.out);
     out.sort_by_key(|(ts, n, _)| (*ts, *n));
-    Synthetic { records: out.into_iter().map(|(_, _, r)| r).collect(), truth, steps: step_ends.len(), health }
+    Synthetic { records: out.into_iter().map(|(_, _, r)| r).collect(), truth, steps: step_ends.len(), health, clients: g.clients, late_parts: g.late_parts }
 }
 
 /// Records that must not change the analysis: drops snapshots (unrelated
@@ -892,7 +985,7 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
     // Engine side: every engine request is linked, unlinked, extra, or had no ADD.
     let has_writer = recs.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
     let mut ids: BTreeSet<&str> = BTreeSet::new();
-    let mut step_msgs = 0;
+    let mut step_msgs = 0u64;
     for r in recs {
         match r {
             Record::EngineRequest { request_id, .. } => {
@@ -910,7 +1003,9 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
     assert_eq!(count(&a, "engine_requests_linked"), linked, "{ctx}");
     let accounted = linked + count(&a, "engine_requests_unlinked") + count(&a, "engine_requests_extra") + count(&a, "engine_outputs_without_request");
     assert_eq!(accounted, ids.len() as u64, "{ctx}: engine requests accounted for");
-    assert_eq!(a.steps.len(), step_msgs, "{ctx}: one step per output message (writer's copies when traced)");
+    // A step sent to several API servers is one message each, joined back.
+    let joined = count(&a, "engine_outputs_joined") + count(&a, "engine_reader_outputs_joined");
+    assert_eq!(a.steps.len() as u64 + joined, step_msgs, "{ctx}: one step per output message (writer's copies when traced) but those joined into their step");
     for s in &a.steps {
         assert!(s.end_ns <= s.sent_ns, "{ctx}: a step ends before its output is sent");
     }
@@ -1004,6 +1099,11 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
             }
             let reader_only = !s.records.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
             *c.entry("reader_only".into()).or_default() += u64::from(reader_only);
+            if s.clients > 1 {
+                *c.entry("two_api_servers".into()).or_default() += 1;
+                *c.entry("two_api_servers_reader_only".into()).or_default() += u64::from(reader_only);
+                *c.entry("part_sent_ms_late".into()).or_default() += s.late_parts;
+            }
         }
         let a = check(&s.records, "clean");
         assert_eq!(a.requests.len(), s.truth.len() + s.health, "every request found");
@@ -1037,7 +1137,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
     });
     let c = covered.into_inner();
     eprintln!("clean: covered {c:?}");
-    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken"] {
+    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late"] {
         assert!(c.get(k).copied().unwrap_or(0) > 0, "no case covered {k}: {c:?}");
     }
 }
@@ -1307,3 +1407,4 @@ fn damaged_streams_handed_out_at_random_horizons_give_every_request_exactly_once
         }
     });
 }
+

@@ -330,8 +330,11 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
 #[test]
 fn a_step_sent_to_two_api_servers_is_one_step() {
     let Some(_serial) = privileged("a_step_sent_to_two_api_servers_is_one_step") else { return };
-    let run = run_testbed("attr-asc", &["--api-server-count", "2", "--max-num-seqs", "4"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"]]);
-    let split = run.truth.iter().filter(|t| t["type"] == "step" && t["messages"] == 2).count();
+    let (run, split) = until_split("a_step_sent_to_two_api_servers_is_one_step", || {
+        let run = run_testbed("attr-asc", &["--api-server-count", "2", "--max-num-seqs", "4"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"]]);
+        let split = split_steps(&run);
+        (run, split)
+    });
     assert!(split > 0, "no step carried requests of both clients: nothing tested");
     let worst = check_phases(&run);
     check_steps(&run);
@@ -394,6 +397,47 @@ fn phases_match_ground_truth_with_two_data_parallel_engines() {
     }
 }
 
+/// Steps of the truth sent as two messages (both API servers' requests in them).
+fn split_steps(run: &Run) -> usize {
+    run.truth.iter().filter(|t| t["type"] == "step" && t["messages"] == 2).count()
+}
+
+/// Runs `attempt` (a run and its [`split_steps`]) until a step carried both
+/// API servers' requests, at most 3 times: which process accepts each
+/// connection is the kernel's pick on the one listening socket (as with
+/// vLLM's), and now and then one takes them all, which tests nothing. Says
+/// so when it runs again.
+fn until_split(test: &str, mut attempt: impl FnMut() -> (Run, usize)) -> (Run, usize) {
+    for i in 1.. {
+        let (run, split) = attempt();
+        if split > 0 || i == 3 {
+            return (run, split);
+        }
+        eprintln!("{test}: attempt {i}: one API server took every connection, no step carried both servers' requests: running again");
+    }
+    unreachable!("the loop returns by its third attempt")
+}
+
+/// A testbed started by the test: stopped (SIGTERM: it stops its children)
+/// when the test ends, passed or not.
+struct Testbed(std::process::Child);
+
+impl Testbed {
+    fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        self.0.wait().expect("waiting for the testbed")
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
 /// The children of `pid` whose name starts with `prefix` (from /proc).
 fn children_named(pid: u32, prefix: &str) -> Vec<u32> {
     let mut out = Vec::new();
@@ -418,41 +462,47 @@ fn children_named(pid: u32, prefix: &str) -> Vec<u32> {
 #[test]
 fn with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step() {
     let Some(_serial) = privileged("with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step") else { return };
-    let dir = scratch("attr-readers");
-    let (port, truth) = (free_port(), dir.join("truth.jsonl"));
-    let mut server = std::process::Command::new(python())
-        .arg(workspace().join("examples/serve.py"))
-        .args(["--port", &port.to_string(), "--ground-truth", truth.to_str().unwrap(), "--api-server-count", "2", "--max-num-seqs", "4"])
-        .env("OPENBLAS_NUM_THREADS", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .spawn()
-        .expect("spawning the testbed");
-    wait_healthy(port, Duration::from_secs(60));
-    let api = children_named(server.id(), "APIServer_");
-    assert_eq!(api.len(), 2, "two API server processes under the testbed");
-    let hop = dir.join("run.hop");
-    let mut args = vec!["record".to_owned(), "--quiet".into(), "--nvml-period".into(), "0".into(), "-o".into(), hop.display().to_string()];
-    for p in &api {
-        args.extend(["--pid".to_owned(), p.to_string()]);
-    }
-    let agent = Agent::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
-    agent.wait_line("hopscope: attached", Duration::from_secs(60));
-    let client = dir.join("client.jsonl");
-    let out = std::process::Command::new(python())
-        .arg(workspace().join("examples/chain_client.py"))
-        .args(["--base-url", &format!("http://127.0.0.1:{port}"), "--quiet", "--out", client.to_str().unwrap()])
-        .args(["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
-    std::thread::sleep(Duration::from_millis(300));
-    agent.stop();
-    // SAFETY: plain kill(2) on our own child's pid.
-    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
-    assert!(server.wait().unwrap().success(), "the testbed stops cleanly");
-    let run = Run { report: report_json(&hop), truth: read_jsonl(&truth), client: read_jsonl(&client), hop };
-
-    let split = run.truth.iter().filter(|t| t["type"] == "step" && t["messages"] == 2).count();
+    let (run, split) = until_split("with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step", || {
+        let dir = scratch("attr-readers");
+        let (port, truth) = (free_port(), dir.join("truth.jsonl"));
+        let mut server = Testbed(std::process::Command::new(python())
+            .arg(workspace().join("examples/serve.py"))
+            .args(["--port", &port.to_string(), "--ground-truth", truth.to_str().unwrap(), "--api-server-count", "2", "--max-num-seqs", "4"])
+            .env("OPENBLAS_NUM_THREADS", "1")
+            .env("OMP_NUM_THREADS", "1")
+            .spawn()
+            .expect("spawning the testbed"));
+        wait_healthy(port, Duration::from_secs(60));
+        // Healthy once one serves: the other may not have named itself yet.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut api = children_named(server.0.id(), "APIServer_");
+        while api.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            api = children_named(server.0.id(), "APIServer_");
+        }
+        assert_eq!(api.len(), 2, "two API server processes under the testbed");
+        let hop = dir.join("run.hop");
+        let mut args = vec!["record".to_owned(), "--quiet".into(), "--nvml-period".into(), "0".into(), "-o".into(), hop.display().to_string()];
+        for p in &api {
+            args.extend(["--pid".to_owned(), p.to_string()]);
+        }
+        let agent = Agent::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        agent.wait_line("hopscope: attached", Duration::from_secs(60));
+        let client = dir.join("client.jsonl");
+        let out = std::process::Command::new(python())
+            .arg(workspace().join("examples/chain_client.py"))
+            .args(["--base-url", &format!("http://127.0.0.1:{port}"), "--quiet", "--out", client.to_str().unwrap()])
+            .args(["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(300));
+        agent.stop();
+        assert!(server.stop().success(), "the testbed stops cleanly");
+        let run = Run { report: report_json(&hop), truth: read_jsonl(&truth), client: read_jsonl(&client), hop };
+        let split = split_steps(&run);
+        (run, split)
+    });
     assert!(split > 0, "no step carried requests of both API servers: nothing tested");
     let drops = &run.report["recording"]["drops"];
     let count = |k: &str| drops[k].as_u64().unwrap_or(0);

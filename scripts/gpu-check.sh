@@ -28,7 +28,8 @@
 #   8 nvml         `hopscope record --nvml-period 50` of a CUDA process holding 1 GiB: the
 #                  report's NVML samples and peak GPU memory (the real libnvidia-ml path)
 #   9 testbed-dp   only if under 200 s so far: the testbed with 2 data-parallel engines on the
-#                  one GPU; each engine's CUPTI step ends against its own truth
+#                  one GPU and 2 API server processes (vLLM's default with DP); each engine's
+#                  CUPTI step ends against its own truth
 # Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
 set -u
 cd "$(dirname "$0")/.."
@@ -309,14 +310,15 @@ else
 fi
 
 step "9 testbed-dp"
-# Data parallelism: two testbed engines (EngineCore_DP0/1) sharing the GPU behind one API
-# server; each engine's CUPTI steps must be told apart and match that engine's truth
-# (docs/attribution.md "Data parallelism"). Last and optional: only when the steps above
-# left time (the whole check stays under 5 minutes).
+# Data parallelism as vLLM deploys it by default: two testbed engines (EngineCore_DP0/1)
+# sharing the GPU behind two API server processes (vLLM's --api-server-count defaults to the
+# data-parallel size), each step sent as one message per API server; each engine's CUPTI steps
+# must be told apart and match that engine's truth (docs/attribution.md "Data parallelism").
+# Last and optional: only when the steps above left time (the whole check stays under 5 minutes).
 if [ $(( $(date +%s) - T0 )) -gt 200 ]; then
   note "testbed-dp: skipped (no time left: $(( $(date +%s) - T0 )) s elapsed)"
 elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
-  testbed_under_hopscope testbed-dp 80 45 40 "--data-parallel-size 2" --chains 4 --hops 2 --max-tokens 32
+  testbed_under_hopscope testbed-dp 80 45 40 "--data-parallel-size 2 --api-server-count 2" --chains 4 --hops 2 --max-tokens 32
   "$AGENT" report "$OUT/testbed-dp.hop" --json >"$OUT/testbed-dp.report.json" 2>"$OUT/testbed-dp.report.txt"
   "$AGENT" trace "$OUT/testbed-dp.hop" -o "$OUT/testbed-dp.pftrace" >>"$OUT/testbed-dp.report.txt" 2>&1
   $PY examples/gpu/check_gpu_steps.py "$OUT/testbed-dp.report.json" "$OUT/testbed-dp.truth.jsonl" --tolerance-us 50 2>&1 \

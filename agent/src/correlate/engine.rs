@@ -1158,7 +1158,7 @@ pub fn partition(r: &Request) -> Partition {
 
 #[cfg(test)]
 mod tests {
-    use crate::correlate::{Analysis, Config, Correlator};
+    use crate::correlate::{analyse, Analysis};
     use crate::event::{ConnKey, Dir};
     use crate::model::{EngineEvent, EngineOutput, HttpRole, Record, SseKind};
 
@@ -1277,11 +1277,7 @@ mod tests {
     fn a_neighbours_prefill_in_a_decode_step_is_charged_as_interference_and_named() {
         let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
         recs.sort_by_key(Record::ts_ns);
-        let mut c = Correlator::new(Config::default());
-        for r in &recs {
-            c.ingest(r);
-        }
-        let a = c.finish();
+        let a = analyse(&recs);
         let ra = a.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
         let ea = ra.engine.as_ref().expect("A joined its engine request");
         assert_eq!(ea.interference_ns, 40 * MS);
@@ -1330,14 +1326,6 @@ mod tests {
         out
     }
 
-    fn correlate(recs: &[Record]) -> Analysis {
-        let mut c = Correlator::new(Config::default());
-        for r in recs {
-            c.ingest(r);
-        }
-        c.finish()
-    }
-
     /// Each request's engine steps and interference in `parts` are those of `whole`.
     fn same_engine_figures(whole: &mut Analysis, parts: &mut Analysis) {
         assert_eq!(parts.steps.len(), whole.steps.len(), "one step per step");
@@ -1356,8 +1344,8 @@ mod tests {
     /// they are one step, as when one server reads the whole step.
     #[test]
     fn with_no_engine_traced_the_api_servers_parts_of_a_step_are_one_step() {
-        let mut whole = correlate(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), false, |_| 3 * MS));
-        let mut parts = correlate(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), true, |_| 3 * MS));
+        let mut whole = analyse(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), false, |_| 3 * MS));
+        let mut parts = analyse(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), true, |_| 3 * MS));
         assert_eq!(parts.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", parts.drops);
         assert_eq!(whole.drops.get("engine_reader_outputs_joined"), None);
         same_engine_figures(&mut whole, &mut parts);
@@ -1394,8 +1382,8 @@ mod tests {
             })
             .collect();
         assert_eq!(reads.iter().map(|r| r.0).collect::<Vec<_>>(), [20, 40, 30, 40, 50, 50], "the case: a step read after the next one's first part");
-        let mut whole = correlate(&read_by_servers(recs.clone(), false, late));
-        let mut parts = correlate(&split);
+        let mut whole = analyse(&read_by_servers(recs.clone(), false, late));
+        let mut parts = analyse(&split);
         assert_eq!(parts.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", parts.drops);
         let ends: Vec<u64> = parts.steps.iter().map(|s| s.end_ns / MS).collect();
         assert_eq!(ends, [20, 30, 40, 50], "steps in build order");
@@ -1432,11 +1420,7 @@ mod tests {
         recs.push(sse("chatcmpl-c", 7, 116 * MS, SseKind::Done));
         recs.push(end(7, 117 * MS));
         recs.sort_by_key(Record::ts_ns);
-        let mut c = Correlator::new(Config::default());
-        for r in &recs {
-            c.ingest(r);
-        }
-        let a = c.finish();
+        let a = analyse(&recs);
         let eng = |id: &str| a.requests.iter().find(|r| r.id == id).and_then(|r| r.engine.clone()).unwrap_or_else(|| panic!("{id} joined its engine request"));
         let (ea, ec) = (eng("chatcmpl-a"), eng("chatcmpl-c"));
         assert_eq!((ea.interference_ns, ea.interference_from.clone()), (40 * MS, vec![super::Name::from("chatcmpl-b")]));
@@ -1461,12 +1445,8 @@ mod tests {
     /// its engine request).
     fn submits(mut recs: Vec<Record>) -> impl Fn(&str) -> (u64, &'static str) {
         recs.sort_by_key(Record::ts_ns);
-        let mut c = Correlator::new(Config::default());
-        for r in &recs {
-            c.ingest(r);
-        }
         let by_id: std::collections::HashMap<String, (u64, &'static str)> =
-            c.finish().requests.into_iter().filter_map(|r| r.engine.map(|e| (r.id, (e.submit_ns, e.submit_source)))).collect();
+            analyse(&recs).requests.into_iter().filter_map(|r| r.engine.map(|e| (r.id, (e.submit_ns, e.submit_source)))).collect();
         move |id| *by_id.get(id).unwrap_or_else(|| panic!("{id} joined"))
     }
 

@@ -985,6 +985,17 @@ pub fn chains_of(requests: &[Request]) -> Vec<Chain> {
     chains
 }
 
+/// The analysis of `records`, fed in order to a correlator with the default
+/// configuration (the crate's tests).
+#[cfg(test)]
+pub(crate) fn analyse(records: &[Record]) -> Analysis {
+    let mut c = Correlator::new(Config::default());
+    for r in records {
+        c.ingest(r);
+    }
+    c.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1038,14 +1049,6 @@ mod tests {
         v.push(sse(c, seq, end + 100, SseKind::Done, None));
         v.push(Record::HttpResponseEnd { conn: c, seq, ts_ns: end + 200, body_len: 999 });
         v
-    }
-
-    fn run(records: &[Record]) -> Analysis {
-        let mut c = Correlator::new(Config::default());
-        for r in records {
-            c.ingest(r);
-        }
-        c.finish()
     }
 
     /// Ids that differ only in their last digits (every vLLM id does) must
@@ -1115,7 +1118,7 @@ mod tests {
 
     #[test]
     fn streamed_request_gets_wire_ttft_itl_e2e_and_usage() {
-        let a = run(&exchange(conn(5), 0, 1_000_000_000, 4, &[]));
+        let a = analyse(&exchange(conn(5), 0, 1_000_000_000, 4, &[]));
         assert_eq!(a.requests.len(), 1);
         let r = &a.requests[0];
         assert_eq!(r.id, "chatcmpl-0");
@@ -1140,7 +1143,7 @@ mod tests {
         recs.extend(exchange(conn(7), 0, 3_000_000_000, 2, &[("traceparent", tp)]));
         recs.extend(exchange(conn(6), 1, 4_000_000_000, 2, &[("x-session-id", "s1")]));
         recs.extend(exchange(conn(8), 0, 5_000_000_000, 2, &[]));
-        let a = run(&recs);
+        let a = analyse(&recs);
         assert_eq!(a.chains.len(), 3);
         assert_eq!(a.chains[0].chain, "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(a.chains[0].source, ChainSource::Traceparent);
@@ -1152,7 +1155,7 @@ mod tests {
 
     #[test]
     fn invalid_traceparent_falls_back_to_the_chain_header() {
-        let a = run(&exchange(conn(5), 0, 1, 1, &[("traceparent", "00-zz-xx-01"), ("x-session-id", "abc")]));
+        let a = analyse(&exchange(conn(5), 0, 1, 1, &[("traceparent", "00-zz-xx-01"), ("x-session-id", "abc")]));
         assert_eq!(a.requests[0].chain, "abc");
         assert_eq!(a.requests[0].chain_source, ChainSource::Header);
     }
@@ -1163,7 +1166,7 @@ mod tests {
         recs.pop(); // no response end
         recs.pop(); // and no [DONE]
         recs.push(sse(conn(9), 3, 99_000_000, SseKind::Content, None));
-        let a = run(&recs);
+        let a = analyse(&recs);
         assert_eq!(a.requests[0].done_ns, None);
         assert_eq!(a.requests[0].e2e_ms(), None);
         assert_eq!(a.drops.get("requests_unfinished"), Some(&1));
@@ -1173,7 +1176,7 @@ mod tests {
     #[test]
     fn request_without_sse_id_is_named_by_x_request_id_else_by_connection() {
         let recs = vec![req(conn(5), 0, 10, &[("x-request-id", "abc-123")]), req(conn(6), 2, 20, &[])];
-        let a = run(&recs);
+        let a = analyse(&recs);
         assert_eq!(a.requests[0].id, "abc-123");
         assert_eq!(a.requests[1].id, "conn:100:6:2");
     }
@@ -1230,6 +1233,6 @@ mod tests {
             Record::Drops { ts_ns: 1, counters: vec![("kernel_ringbuf_full".into(), 3)] },
             Record::Drops { ts_ns: 2, counters: vec![("kernel_ringbuf_full".into(), 7)] },
         ];
-        assert_eq!(run(&recs).drops.get("kernel_ringbuf_full"), Some(&7));
+        assert_eq!(analyse(&recs).drops.get("kernel_ringbuf_full"), Some(&7));
     }
 }

@@ -5,7 +5,7 @@
 use super::check::{self, CheckError, Summary};
 use super::proto::{self, ChildOrdering, CounterUnit, Data, Trace};
 use super::*;
-use crate::correlate::{Analysis, Config, Correlator};
+use crate::correlate::{analyse, Analysis, Config};
 use crate::event::{ConnKey, ProcOp};
 use crate::model::{HttpRole, Record, SseKind, Usage};
 use crate::recording::Meta;
@@ -57,14 +57,6 @@ fn meta() -> Meta {
 fn sorted(mut recs: Vec<Record>) -> Vec<Record> {
     recs.sort_by_key(Record::ts_ns);
     recs
-}
-
-fn analyse(records: &[Record]) -> Analysis {
-    let mut c = Correlator::new(Config::default());
-    for r in records {
-        c.ingest(r);
-    }
-    c.finish()
 }
 
 fn trace_of(records: &[Record]) -> (Vec<u8>, TraceStats) {

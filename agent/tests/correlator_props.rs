@@ -1407,4 +1407,3 @@ fn damaged_streams_handed_out_at_random_horizons_give_every_request_exactly_once
         }
     });
 }
-

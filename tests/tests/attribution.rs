@@ -331,9 +331,7 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
 fn a_step_sent_to_two_api_servers_is_one_step() {
     let Some(_serial) = privileged("a_step_sent_to_two_api_servers_is_one_step") else { return };
     let (run, split) = until_split("a_step_sent_to_two_api_servers_is_one_step", || {
-        let run = run_testbed("attr-asc", &["--api-server-count", "2", "--max-num-seqs", "4"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"]]);
-        let split = split_steps(&run);
-        (run, split)
+        run_testbed("attr-asc", &["--api-server-count", "2", "--max-num-seqs", "4"], &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "10"]])
     });
     assert!(split > 0, "no step carried requests of both clients: nothing tested");
     let worst = check_phases(&run);
@@ -402,14 +400,15 @@ fn split_steps(run: &Run) -> usize {
     run.truth.iter().filter(|t| t["type"] == "step" && t["messages"] == 2).count()
 }
 
-/// Runs `attempt` (a run and its [`split_steps`]) until a step carried both
-/// API servers' requests, at most 3 times: which process accepts each
-/// connection is the kernel's pick on the one listening socket (as with
-/// vLLM's), and now and then one takes them all, which tests nothing. Says
-/// so when it runs again.
-fn until_split(test: &str, mut attempt: impl FnMut() -> (Run, usize)) -> (Run, usize) {
+/// Runs `attempt` until a step carried both API servers' requests, at most 3
+/// times, and returns that run and its [`split_steps`]: which process
+/// accepts each connection is the kernel's pick on the one listening socket
+/// (as with vLLM's), and now and then one takes them all, which tests
+/// nothing. Says so when it runs again.
+fn until_split(test: &str, mut attempt: impl FnMut() -> Run) -> (Run, usize) {
     for i in 1.. {
-        let (run, split) = attempt();
+        let run = attempt();
+        let split = split_steps(&run);
         if split > 0 || i == 3 {
             return (run, split);
         }
@@ -499,9 +498,7 @@ fn with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step() {
         std::thread::sleep(Duration::from_millis(300));
         agent.stop();
         assert!(server.stop().success(), "the testbed stops cleanly");
-        let run = Run { report: report_json(&hop), truth: read_jsonl(&truth), client: read_jsonl(&client), hop };
-        let split = split_steps(&run);
-        (run, split)
+        Run { report: report_json(&hop), truth: read_jsonl(&truth), client: read_jsonl(&client), hop }
     });
     assert!(split > 0, "no step carried requests of both API servers: nothing tested");
     let drops = &run.report["recording"]["drops"];

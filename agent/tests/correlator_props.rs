@@ -351,7 +351,14 @@ impl Gen {
             external_req_id: external.clone(),
             prompt_tokens: Some(prompt),
             max_tokens: Some(max_tokens),
-            arrival_time_s: Some(1.7e9),
+            // The generator has no wall clock: an ADD whose wake-up it
+            // shows carries a constant one (in a clean stream its wake-up is
+            // its hand-over); one without carries none, or another writer's
+            // wake-up would place it (`Writer::pooled`) and its truth, the
+            // write, would be wrong. Placement by arrival_time is checked in
+            // engine.rs's tests and against the testbed's truth
+            // (tests/attribution.rs).
+            arrival_time_s: woken.then_some(1.7e9),
             traceparent: None,
             data_parallel_rank: None,
             truncated: false,

@@ -56,6 +56,8 @@ const ANCHORS: usize = 8;
 #[derive(Debug, Clone, Copy, Default)]
 struct Writer {
     write_ns: u64,
+    /// The write before `write_ns` ([`Writer::pooled`]'s floor).
+    prev_write_ns: u64,
     /// (wake-up, arrival_time), oldest overwritten first; `latest` is the
     /// newest's slot, `anchors` how many slots are filled.
     anchor: [(u64, f64); ANCHORS],
@@ -85,19 +87,36 @@ impl Writer {
     /// that places the ADD earliest — the least delayed — is taken.
     fn placed(&self, write_ns: u64, arrival_s: Option<f64>) -> Option<u64> {
         let a = arrival_s.filter(|a| a.is_finite())?;
-        let usable = |&(wake, _): &(u64, f64)| write_ns >= wake && write_ns - wake <= ANCHOR_MAX_NS;
-        let latest = Some(self.anchor[self.latest]).filter(|_| self.anchors > 0).filter(usable)?.0;
+        let latest = Some(self.anchor[self.latest]).filter(|_| self.anchors > 0).filter(|&(wake, _)| usable(wake, write_ns))?.0;
+        // `as` saturates: a far-past placement lands on the latest anchor.
+        Some((self.earliest(write_ns, a)?.round() as u64).clamp(latest, write_ns))
+    }
+
+    /// The placement of the least delayed usable anchor (see [`Self::placed`]).
+    fn earliest(&self, write_ns: u64, arrival_s: f64) -> Option<f64> {
         let earliest = self.anchor[..self.anchors]
             .iter()
-            .filter(|x| usable(x))
-            .filter_map(|&(wake, a0)| anchored_at(wake, a0, a))
+            .filter(|&&(wake, _)| usable(wake, write_ns))
+            .filter_map(|&(wake, a0)| anchored_at(wake, a0, arrival_s))
             .fold(f64::INFINITY, f64::min);
-        if !earliest.is_finite() {
-            return None;
-        }
-        // `as` saturates: a far-past placement lands on the latest anchor.
-        Some((earliest.round() as u64).clamp(latest, write_ns))
+        earliest.is_finite().then_some(earliest)
     }
+
+    /// The hand-over of an ADD that its own writer thread has no anchor to
+    /// place by, placed by the anchors of every writer thread (this is
+    /// their pool): each frontend process stamps `arrival_time` on the
+    /// machine's one wall clock, so another process's anchor places it as
+    /// well, give or take how much faster that process builds a request.
+    /// Never before `floor` (its thread's previous write, which carried what
+    /// had been handed over before it) nor after its write.
+    fn pooled(&self, write_ns: u64, arrival_s: f64, floor: u64) -> Option<u64> {
+        self.earliest(write_ns, arrival_s).map(|e| (e.round() as u64).max(floor).min(write_ns))
+    }
+}
+
+/// An anchor woken at `wake_ns` may place an ADD written at `write_ns`.
+fn usable(wake_ns: u64, write_ns: u64) -> bool {
+    write_ns >= wake_ns && write_ns - wake_ns <= ANCHOR_MAX_NS
 }
 
 /// Where an anchor (woken at `wake_ns`, built at `anchor_arrival_s`) places
@@ -115,12 +134,16 @@ fn sendable_at(sender: Option<&Woke>, t: u64, write_ns: u64) -> u64 {
     sender.map_or(t, |s| s.running_at(t)).min(write_ns)
 }
 
-/// An ADD still waiting for an anchor of its writer thread.
+/// An ADD still waiting for an anchor of its writer thread (placed by
+/// other threads' anchors meanwhile, if at all).
 #[derive(Debug, Clone, Copy)]
 struct Unplaced {
     tid: u32,
+    tgid: u32,
     req: SlabKey,
     write_ns: u64,
+    /// Its thread's previous write ([`Writer::pooled`]'s floor).
+    floor_ns: u64,
     arrival_s: f64,
 }
 
@@ -243,6 +266,9 @@ pub struct EngineReq {
     /// after the writer's latest such wake-up by `arrival_time`
     /// ([`SUBMIT_ARRIVAL`]).
     pub submit_handover: Option<(u64, &'static str)>,
+    /// `submit_handover` came from other writer threads' anchors
+    /// ([`Writer::pooled`]), not its own.
+    handover_pooled: bool,
     pub prompt_tokens: Option<u64>,
     pub queued_ns: Option<u64>,
     pub scheduled_ns: Option<u64>,
@@ -409,9 +435,13 @@ pub struct EngineSide {
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
     writers: super::FxMap<u32, Writer>,
-    /// ADDs written with neither a wake-up nor an earlier anchor to place
-    /// them by (the first of a recording, when the thread's wake-up was not
-    /// seen): placed by the anchors that come after them ([`Self::place_unplaced`]).
+    /// Every writer thread's latest anchors ([`Writer::pooled`]).
+    pool: Writer,
+    /// ADDs written with neither a wake-up nor an earlier anchor of their
+    /// thread to place them by (the first of a recording, when the thread's
+    /// wake-up was not seen; with several API servers, one whose previous
+    /// ADD was over a second before): placed by the anchors that come
+    /// after them ([`Self::place_unplaced`]).
     unplaced: Vec<Unplaced>,
     /// [`Self::step`]'s lists, kept for their capacity.
     decoding: Vec<SlabKey>,
@@ -537,12 +567,16 @@ impl EngineSide {
                     let arrival = arrival_time_s.filter(|a| a.is_finite());
                     let sender = senders.get(&conn.tgid).filter(|&s| s != tid).and_then(|s| woke.get(s));
                     let mut anchored = None;
+                    let (mut pooled, mut floor_ns) = (false, 0);
                     let handover = if !writer {
                         None
                     } else {
                         let w = self.writers.entry(*tid).or_default();
                         let wake = if w.write_ns == *ts_ns { None } else { woke.get(tid).and_then(|o| o.woken_for(*ts_ns)) };
-                        w.write_ns = *ts_ns;
+                        if w.write_ns != *ts_ns {
+                            (w.prev_write_ns, w.write_ns) = (w.write_ns, *ts_ns);
+                        }
+                        floor_ns = w.prev_write_ns;
                         match wake {
                             Some(t) => {
                                 if let Some(a) = arrival {
@@ -551,20 +585,30 @@ impl EngineSide {
                                 }
                                 Some((t, SUBMIT_WAKE))
                             }
-                            None => w.placed(*ts_ns, arrival).map(|t| (sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL)),
+                            None => match w.placed(*ts_ns, arrival) {
+                                Some(t) => Some((sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL)),
+                                None => {
+                                    pooled = true;
+                                    arrival.and_then(|a| self.pool.pooled(*ts_ns, a, floor_ns)).map(|t| (sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL))
+                                }
+                            },
                         }
                     };
                     let r = self.reqs.get_mut(ri).expect("idx inserts");
                     r.submit_handover = handover;
+                    r.handover_pooled = pooled && handover.is_some();
                     r.submit_ns = Some(*ts_ns);
                     r.submit_from_writer = writer;
                     match (anchored, arrival) {
-                        (Some((t, a)), _) => self.place_unplaced(*tid, t, a, sender),
-                        (None, Some(a)) if writer && handover.is_none() => {
+                        (Some((t, a)), _) => {
+                            self.pool.anchor(t, a);
+                            self.place_unplaced(*tid, t, a, woke, senders);
+                        }
+                        (None, Some(a)) if writer && (handover.is_none() || pooled) => {
                             if self.unplaced.len() == UNPLACED_MAX {
                                 self.unplaced.remove(0);
                             }
-                            self.unplaced.push(Unplaced { tid: *tid, req: ri, write_ns: *ts_ns, arrival_s: a });
+                            self.unplaced.push(Unplaced { tid: *tid, tgid: conn.tgid, req: ri, write_ns: *ts_ns, floor_ns, arrival_s: a });
                         }
                         _ => {}
                     }
@@ -708,23 +752,35 @@ impl EngineSide {
     /// the ADDs it wrote before with nothing to place them by, as
     /// [`Writer::placed`] places later ones: by how much earlier they were
     /// built, the least delayed of the anchors within a second after them
-    /// taken, never after their write. Whether the placement falls inside
-    /// the HTTP request is checked at the claim.
-    fn place_unplaced(&mut self, tid: u32, wake_ns: u64, arrival_s: f64, sender: Option<&Woke>) {
+    /// taken, never after their write. Other threads' waiting ADDs it places
+    /// as the pool does ([`Writer::pooled`]), until an anchor of their own
+    /// comes. Whether the placement falls inside the HTTP request is checked
+    /// at the claim.
+    fn place_unplaced<S: std::hash::BuildHasher>(&mut self, tid: u32, wake_ns: u64, arrival_s: f64, woke: &HashMap<u32, Woke, S>, senders: &HashMap<u32, u32, S>) {
         let reqs = &mut self.reqs;
         self.unplaced.retain(|u| {
-            if u.tid != tid {
-                return true;
-            }
+            // Anchors come in time order: none later can be usable either.
             if wake_ns > u.write_ns.saturating_add(ANCHOR_MAX_NS) {
                 return false;
             }
             let Some(r) = reqs.get_mut(u.req) else { return false };
+            let own = u.tid == tid;
+            if !own && r.submit_handover.is_some() && !r.handover_pooled {
+                return true;
+            }
             if let Some(at) = anchored_at(wake_ns, arrival_s, u.arrival_s) {
                 // `as` saturates: a placement before the clock's start is 0.
-                let at = sendable_at(sender, at.round() as u64, u.write_ns);
-                let best = r.submit_handover.map_or(at, |(t, _)| t.min(at));
+                let at = at.round() as u64;
+                let at = if own { at } else { at.max(u.floor_ns) };
+                let sender = senders.get(&u.tgid).filter(|&s| *s != u.tid).and_then(|s| woke.get(s));
+                let at = sendable_at(sender, at, u.write_ns);
+                // Its own thread's first anchor replaces what the pool placed.
+                let best = match r.submit_handover {
+                    Some((t, _)) if own != r.handover_pooled => t.min(at),
+                    _ => at,
+                };
                 r.submit_handover = Some((best, SUBMIT_ARRIVAL));
+                r.handover_pooled = !own;
             }
             true
         });
@@ -1667,6 +1723,50 @@ mod tests {
         w.anchor(super::ANCHOR_MAX_NS + 10 * MS, 101.0);
         let got = w.placed(super::ANCHOR_MAX_NS + 20 * MS, Some(101.005)).unwrap();
         assert!(got.abs_diff(super::ANCHOR_MAX_NS + 15 * MS) < 1_000, "the second's 5 ms after it, not the first's: {got}");
+    }
+
+    /// Two API servers, each with its own ZMQ I/O thread (X's tid 7, Y's
+    /// tid 8); X's frontend hands a request over 6.5 ms after it stamped
+    /// `arrival_time`, Y's 4.5 ms after. Y's thread was awake when B and C
+    /// were handed over and wrote them late, with no wake-up or anchor of
+    /// its own before them: X's anchor places them (2 ms late, X's delay)
+    /// rather than leaving the thread's lag in the frontend, until D's
+    /// wake-up gives Y an anchor, which places them exactly. E comes over a
+    /// second after Y's last anchor, with none of Y's after it: X's recent
+    /// one places it.
+    #[test]
+    fn an_add_its_own_thread_cannot_place_is_placed_by_the_other_api_servers_anchors() {
+        const US: u64 = 1_000;
+        let t0 = 1_796_127_787.051_362_5;
+        let mut recs = Vec::new();
+        for (id, fd, at) in [("chatcmpl-b", 6, MS), ("chatcmpl-a", 5, 2 * MS), ("chatcmpl-c", 8, 20 * MS), ("chatcmpl-d", 9, 40 * MS), ("chatcmpl-e", 10, 1180 * MS), ("chatcmpl-f", 11, 1185 * MS)] {
+            recs.push(http(id, fd, at).remove(0));
+        }
+        let write = |recs: &mut Vec<Record>, id: &str, tid: u32, at: u64, arrival: f64| {
+            recs.push(Record::UnixIo { conn: IPC, ts_ns: at, enter_ns: at, tid, dir: Dir::Out, len: 1000 });
+            recs.push(add(id, at, tid, Some(t0 + arrival)));
+        };
+        write(&mut recs, "chatcmpl-b", 8, 9 * MS, 0.0);
+        recs.push(Record::OffCpu { ts_ns: 9600 * US, tgid: 2, tid: 7, off_ns: 0, wake_ns: Some(9500 * US), prev_state: 1 });
+        write(&mut recs, "chatcmpl-a", 7, 10 * MS, 0.003);
+        write(&mut recs, "chatcmpl-c", 8, 30 * MS, 0.020);
+        recs.push(Record::OffCpu { ts_ns: 45100 * US, tgid: 2, tid: 8, off_ns: 31 * MS, wake_ns: Some(45 * MS), prev_state: 1 });
+        write(&mut recs, "chatcmpl-d", 8, 45200 * US, 0.0405);
+        recs.push(Record::OffCpu { ts_ns: 1_195_100 * US, tgid: 2, tid: 7, off_ns: 11 * MS, wake_ns: Some(1195 * MS), prev_state: 1 });
+        write(&mut recs, "chatcmpl-f", 7, 1_195_200 * US, 1.1885);
+        write(&mut recs, "chatcmpl-e", 8, 1200 * MS, 1.190);
+        let first = |ids: &[&'static str], at: u64| ids.iter().map(|&id| (id, true, Some(at))).collect::<Vec<_>>();
+        recs.push(step(50 * MS, &first(&["chatcmpl-a", "chatcmpl-b", "chatcmpl-c", "chatcmpl-d"], 49 * MS)));
+        recs.push(step(1210 * MS, &first(&["chatcmpl-e", "chatcmpl-f"], 1209 * MS)));
+        answered(&mut recs, &[("chatcmpl-a", 5, 51 * MS), ("chatcmpl-b", 6, 51 * MS), ("chatcmpl-c", 8, 51 * MS), ("chatcmpl-d", 9, 51 * MS), ("chatcmpl-e", 10, 1211 * MS), ("chatcmpl-f", 11, 1211 * MS)]);
+        let got = submits(recs);
+        assert_eq!(got("chatcmpl-a"), (9500 * US, super::SUBMIT_WAKE));
+        assert_eq!(got("chatcmpl-d"), (45 * MS, super::SUBMIT_WAKE));
+        for (id, want, why) in [("chatcmpl-b", 4500 * US, "placed by X's later anchor, then by Y's own"), ("chatcmpl-c", 24500 * US, "placed by X's earlier anchor, then by Y's own"), ("chatcmpl-e", 1_196_500 * US, "Y's anchor is over a second old: X's")] {
+            let (at, source) = got(id);
+            assert_eq!(source, super::SUBMIT_ARRIVAL, "{id}: {why}");
+            assert!(at.abs_diff(want) < US, "{id}: {why}: want {want}, got {at}");
+        }
     }
 
     #[test]

@@ -120,8 +120,9 @@ pub struct RequestOut {
     /// How queue's start (the hand-over to the engine) was found: "wake" (the
     /// wake-up of the frontend's ZMQ I/O thread), "arrival_time" (an ADD whose
     /// send woke nobody: placed after the latest wake-up-timed ADD by its
-    /// `arrival_time`), "write" (the frontend's write), "read" (the engine's
-    /// read: the frontend was not traced).
+    /// `arrival_time`; with several API servers, by another one's such ADDs
+    /// when its own has none within a second), "write" (the frontend's
+    /// write), "read" (the engine's read: the frontend was not traced).
     pub submit_source: Option<String>,
     pub preemptions: Option<u32>,
     /// Requests whose co-batched prefill slowed this one's decode.

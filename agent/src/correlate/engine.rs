@@ -170,17 +170,23 @@ pub struct Woke {
     pub offs_next: usize,
 }
 
+/// The task state bit of a freezable sleep (Linux 6.1+): futex waits and
+/// nanosleep, not epoll (`sched_switch`'s `prev_state`).
+const TASK_FREEZABLE: u32 = 0x2000;
+
 /// How many of a thread's latest off-CPU intervals [`Woke`] keeps.
 const OFFS: usize = 8;
 
 impl Woke {
     /// An off-CPU interval from `off_ns` ended at `on_ns`; `prev_state` 0 =
-    /// it was preempted while runnable (TASK_RUNNING), else it slept.
+    /// it was preempted while runnable (TASK_RUNNING), else it slept. A
+    /// sleep on a lock (TASK_FREEZABLE: futex, nanosleep) does not end a
+    /// burst either, as in the eBPF side's burst (hopscope.bpf.c).
     pub fn switched_in(&mut self, on_ns: u64, off_ns: u64, wake_ns: Option<u64>, prev_state: u32) {
         self.offs[self.offs_next] = (off_ns, on_ns);
         self.offs_next = (self.offs_next + 1) % OFFS;
         self.on_ns = on_ns;
-        if prev_state != 0 {
+        if prev_state != 0 && prev_state & TASK_FREEZABLE == 0 {
             self.burst_on_ns = on_ns;
             self.wake_ns = wake_ns;
         }
@@ -1723,6 +1729,25 @@ mod tests {
         w.anchor(super::ANCHOR_MAX_NS + 10 * MS, 101.0);
         let got = w.placed(super::ANCHOR_MAX_NS + 20 * MS, Some(101.005)).unwrap();
         assert!(got.abs_diff(super::ANCHOR_MAX_NS + 15 * MS) < 1_000, "the second's 5 ms after it, not the first's: {got}");
+    }
+
+    /// ZMQ's I/O thread is woken by A's send at 30.144 ms, runs 50 µs, then
+    /// waits 4.4 ms on a mutex (a futex: TASK_INTERRUPTIBLE|TASK_FREEZABLE)
+    /// and writes A right after that wait (seen in CI). The lock's wake-up is
+    /// not the hand-over: A's submit is the first wake-up, as the write's
+    /// own word from the kernel says.
+    #[test]
+    fn a_wait_on_a_lock_between_the_hand_over_and_the_write_does_not_move_the_hand_over() {
+        const US: u64 = 1_000;
+        let mut recs = vec![http("chatcmpl-a", 5, MS).remove(0)];
+        recs.push(Record::OffCpu { ts_ns: 30_169 * US, tgid: 2, tid: 7, off_ns: 5 * MS, wake_ns: Some(30_144 * US), prev_state: 1 });
+        recs.push(Record::OffCpu { ts_ns: 34_670 * US, tgid: 2, tid: 7, off_ns: 30_220 * US, wake_ns: Some(34_653 * US), prev_state: 0x2001 });
+        recs.push(Record::WokenWrite { ts_ns: 34_720 * US, tgid: 2, tid: 7, wake_ns: 30_144 * US, on_ns: 30_169 * US });
+        recs.push(Record::UnixIo { conn: IPC, ts_ns: 34_720 * US, enter_ns: 34_700 * US, tid: 7, dir: Dir::Out, len: 1000 });
+        recs.push(add("chatcmpl-a", 34_720 * US, 7, Some(1_796_127_787.0)));
+        recs.push(step(50 * MS, &[("chatcmpl-a", true, Some(49 * MS))]));
+        answered(&mut recs, &[("chatcmpl-a", 5, 51 * MS)]);
+        assert_eq!(submits(recs)("chatcmpl-a"), (30_144 * US, super::SUBMIT_WAKE));
     }
 
     /// Two API servers, each with its own ZMQ I/O thread (X's tid 7, Y's

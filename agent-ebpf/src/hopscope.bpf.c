@@ -886,12 +886,11 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	if (now < off_ns)
 		return 0;
 	/* A preemption (switched out while runnable) does not end a burst, nor
-	 * does a wait on a lock: TASK_FREEZABLE (0x2000, Linux 6.1+) marks futex
-	 * and nanosleep sleeps, never the epoll wait in which ZMQ's I/O thread
-	 * is handed work, and one woken for an ADD that then blocks on a mutex
-	 * before it writes was handed the ADD at the first wake-up (4.5 ms
-	 * earlier once in CI). Mirrored by correlate::engine::Woke. */
-	if (state != 0 && !(state & 0x2000)) {
+	 * does a wait on a lock (HS_TASK_FREEZABLE): never the epoll wait in
+	 * which ZMQ's I/O thread is handed work, and one woken for an ADD that
+	 * then blocks on a mutex before it writes was handed the ADD at the first
+	 * wake-up (4.5 ms earlier once in CI). As correlate::engine::Woke. */
+	if (state != 0 && !(state & HS_TASK_FREEZABLE)) {
 		o->burst_on_ns = now;
 		o->burst_wake_ns = wake_ns;
 	}

@@ -166,4 +166,9 @@ struct hs_sched {
 	__u32 cpu;        /* CPU it switched in on */
 };
 
+/* A bit of prev_state (the kernel's TASK_FREEZABLE, Linux 6.1+): the sleep was
+ * a futex wait or a nanosleep, never an epoll wait. Such a sleep does not end
+ * a thread's burst (the bursts behind hs_io.burst_wake_ns, and the agent's). */
+#define HS_TASK_FREEZABLE 0x2000
+
 #endif /* HOPSCOPE_H */

@@ -134,6 +134,13 @@ fn sendable_at(sender: Option<&Woke>, t: u64, write_ns: u64) -> u64 {
     sender.map_or(t, |s| s.running_at(t)).min(write_ns)
 }
 
+/// What the scheduler told of the thread that serves process `tgid`'s HTTP
+/// requests (taken for the one that calls `send()`), unless that is the
+/// writer `tid` itself.
+fn sender_of<'a, S: std::hash::BuildHasher>(woke: &'a HashMap<u32, Woke, S>, senders: &HashMap<u32, u32, S>, tgid: u32, tid: u32) -> Option<&'a Woke> {
+    senders.get(&tgid).filter(|&&s| s != tid).and_then(|s| woke.get(s))
+}
+
 /// An ADD still waiting for an anchor of its writer thread (placed by
 /// other threads' anchors meanwhile, if at all).
 #[derive(Debug, Clone, Copy)]
@@ -170,23 +177,19 @@ pub struct Woke {
     pub offs_next: usize,
 }
 
-/// The task state bit of a freezable sleep (Linux 6.1+): futex waits and
-/// nanosleep, not epoll (`sched_switch`'s `prev_state`).
-const TASK_FREEZABLE: u32 = 0x2000;
-
 /// How many of a thread's latest off-CPU intervals [`Woke`] keeps.
 const OFFS: usize = 8;
 
 impl Woke {
     /// An off-CPU interval from `off_ns` ended at `on_ns`; `prev_state` 0 =
     /// it was preempted while runnable (TASK_RUNNING), else it slept. A
-    /// sleep on a lock (TASK_FREEZABLE: futex, nanosleep) does not end a
+    /// sleep on a lock (`HS_TASK_FREEZABLE`: futex, nanosleep) does not end a
     /// burst either, as in the eBPF side's burst (hopscope.bpf.c).
     pub fn switched_in(&mut self, on_ns: u64, off_ns: u64, wake_ns: Option<u64>, prev_state: u32) {
         self.offs[self.offs_next] = (off_ns, on_ns);
         self.offs_next = (self.offs_next + 1) % OFFS;
         self.on_ns = on_ns;
-        if prev_state != 0 && prev_state & TASK_FREEZABLE == 0 {
+        if prev_state != 0 && prev_state & hopscope_ebpf::layout::HS_TASK_FREEZABLE == 0 {
             self.burst_on_ns = on_ns;
             self.wake_ns = wake_ns;
         }
@@ -571,7 +574,7 @@ impl EngineSide {
                     // arrival_time after the latest wake-up seen, else keep
                     // the write time.
                     let arrival = arrival_time_s.filter(|a| a.is_finite());
-                    let sender = senders.get(&conn.tgid).filter(|&s| s != tid).and_then(|s| woke.get(s));
+                    let sender = sender_of(woke, senders, conn.tgid, *tid);
                     let mut anchored = None;
                     let (mut pooled, mut floor_ns) = (false, 0);
                     let handover = if !writer {
@@ -591,13 +594,12 @@ impl EngineSide {
                                 }
                                 Some((t, SUBMIT_WAKE))
                             }
-                            None => match w.placed(*ts_ns, arrival) {
-                                Some(t) => Some((sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL)),
-                                None => {
-                                    pooled = true;
-                                    arrival.and_then(|a| self.pool.pooled(*ts_ns, a, floor_ns)).map(|t| (sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL))
-                                }
-                            },
+                            None => {
+                                let own = w.placed(*ts_ns, arrival);
+                                pooled = own.is_none();
+                                own.or_else(|| arrival.and_then(|a| self.pool.pooled(*ts_ns, a, floor_ns)))
+                                    .map(|t| (sendable_at(sender, t, *ts_ns), SUBMIT_ARRIVAL))
+                            }
                         }
                     };
                     let r = self.reqs.get_mut(ri).expect("idx inserts");
@@ -778,8 +780,7 @@ impl EngineSide {
                 // `as` saturates: a placement before the clock's start is 0.
                 let at = at.round() as u64;
                 let at = if own { at } else { at.max(u.floor_ns) };
-                let sender = senders.get(&u.tgid).filter(|&s| *s != u.tid).and_then(|s| woke.get(s));
-                let at = sendable_at(sender, at, u.write_ns);
+                let at = sendable_at(sender_of(woke, senders, u.tgid, u.tid), at, u.write_ns);
                 // Its own thread's first anchor replaces what the pool placed.
                 let best = match r.submit_handover {
                     Some((t, _)) if own != r.handover_pooled => t.min(at),

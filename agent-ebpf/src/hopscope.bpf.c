@@ -922,7 +922,29 @@ static __always_inline void note_wakeup(struct task_struct *p)
 	if (!is_target(p->tgid))
 		return;
 	o = bpf_task_storage_get(&offcpu, p, 0, 0);
-	if (o && o->off_ns != 0 && o->wake_ns == 0)
+	if (!o) {
+		/* No switch-out seen: asleep since before the attach (a ZMQ I/O
+		 * thread idle in epoll_wait when `record --pid` attached). Its
+		 * sleep is known from this wake-up on, which is what its next
+		 * write's burst needs: without it the first hand-over after an
+		 * attach had no wake-up and fell back to estimates. The state
+		 * still holds the sleep's kind (the wake-up sets it running
+		 * after this tracepoint): a lock wait keeps its exemption. */
+		o = bpf_task_storage_get(&offcpu, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!o) {
+			stat_add(HS_STAT_SCHED_MAP_FULL, 1);
+			return;
+		}
+		if (o->off_ns == 0) {
+			__u64 now = bpf_ktime_get_ns();
+
+			o->off_ns = now;
+			o->wake_ns = now;
+			o->prev_state = p->__state;
+		}
+		return;
+	}
+	if (o->off_ns != 0 && o->wake_ns == 0)
 		o->wake_ns = bpf_ktime_get_ns();
 }
 

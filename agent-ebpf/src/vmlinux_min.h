@@ -35,6 +35,7 @@ struct files_struct {
 };
 
 struct task_struct {
+	unsigned int __state; /* Linux 5.14+ (README: 5.15) */
 	int pid;
 	int tgid;
 	int exit_code;

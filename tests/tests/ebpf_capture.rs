@@ -551,6 +551,42 @@ out("done", child, *marks)
     assert!(reads.iter().all(|io| io.burst == Burst::NoSleep), "reads carry none");
 }
 
+/// A thread asleep since before the attach has no switch-out the probes saw,
+/// yet its first wake-up after the attach is the hand-over its next write
+/// needs (the first request after `record --pid` on an idle server: ZMQ's
+/// I/O thread has sat in epoll_wait since long before). The child blocks in
+/// read() before the script says `ready`, so before the probes exist.
+#[test]
+fn a_write_by_a_thread_asleep_since_before_the_attach_carries_its_first_wake_up() {
+    let Some(_serial) = privileged("a_write_by_a_thread_asleep_since_before_the_attach_carries_its_first_wake_up") else { return };
+    let py = Py::spawn(
+        r#"
+a, b = socket.socketpair()
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.read(r, 1)                         # asleep from here, before the attach
+    a.send(b"first-after-attach")
+    os._exit(0)
+time.sleep(0.2)
+out("ready", child)
+wait_go()
+time.sleep(0.05)
+t0 = time.monotonic_ns(); os.write(w, b"x"); t1 = time.monotonic_ns()
+assert b.recv(100) == b"first-after-attach"
+os.waitpid(child, 0)
+out("done", t0, t1)
+"#,
+    );
+    let Traced { ready, done, evs, .. } = py.traced(|_| {});
+    let child: u32 = ready[0].parse().unwrap();
+    let (t0, t1): (u64, u64) = (done[0].parse().unwrap(), done[1].parse().unwrap());
+    let io = find_io(&evs, child, Syscall::Sendto, b"first-after-attach");
+    let Burst::Woken { wake_ns: wake, on_ns: on } = io.burst else { panic!("the first write after the attach carries no burst: {io:?}") };
+    assert!((t0..=t1).contains(&wake), "its wake-up {wake} is the pipe write's, within [{t0}, {t1}]");
+    assert!(wake <= on && on <= io.enter_ns, "wake {wake}, switch-in {on}, syscall entry {}", io.enter_ns);
+}
+
 #[test]
 fn a_spawned_command_is_traced_from_its_first_syscall() {
     let Some(_serial) = privileged("a_spawned_command_is_traced_from_its_first_syscall") else { return };

@@ -129,6 +129,8 @@ struct Synthetic {
     clients: u32,
     /// Steps whose parts were sent milliseconds apart.
     late_parts: u64,
+    /// Each step's first message carried scheduler stats.
+    stats: bool,
 }
 
 struct Pending {
@@ -188,6 +190,10 @@ struct Gen {
     /// Steps whose second part was sent milliseconds after the first (the
     /// output thread waited for the GIL).
     late_parts: u64,
+    /// The server logs stats (vLLM's default): each step's first message
+    /// carries its scheduler stats. Drawn from its own generator, so the
+    /// other draws of a seed stay as they were.
+    stats: bool,
 }
 
 const TGID: u32 = 100;
@@ -447,6 +453,7 @@ fn synthetic(seed: u64) -> Synthetic {
         out_free: 0,
         last_read: [0; 2],
         late_parts: 0,
+        stats: Rng::new(seed ^ 0x57a7_5c0d_e001).chance(0.5),
         engine_traced: rng.chance(0.6),
         events: rng.chance(0.6),
         wakeups: rng.chance(0.5),
@@ -629,9 +636,27 @@ fn synthetic(seed: u64) -> Synthetic {
                 let read = at + if j == 0 { g.rng.range(5 * US, 200 * US) } else { g.split.range(5 * US, 200 * US) };
                 let read = read.max(g.last_read[k as usize] + US);
                 g.last_read[k as usize] = read;
+                // vLLM sends a step's stats to one client only: its first.
+                let stats = |conn: ConnKey, ts_ns: u64| Record::EngineStats {
+                    conn,
+                    ts_ns,
+                    engine_index: Some(0),
+                    running: Some(running.len() as u64),
+                    waiting: Some(0),
+                    kv_cache_usage: Some(0.25),
+                    step_counter: None,
+                    prefix_cache_queries: None,
+                    prefix_cache_hits: None,
+                };
                 if g.engine_traced {
+                    if g.stats && j == 0 {
+                        g.emit(stats(io.engine_out, at));
+                    }
                     g.emit(msg(io.engine_out, at, 3, Dir::Out, built, outs.clone()));
                     g.emit(Record::UnixIo { conn: io.engine_out, ts_ns: at, enter_ns: at - US, tid: 3, dir: Dir::Out, len: 300 });
+                }
+                if g.stats && j == 0 {
+                    g.emit(stats(io.api_out, read));
                 }
                 g.emit(msg(io.api_out, read, 1, Dir::In, built, outs));
                 for i in idx {
@@ -674,7 +699,7 @@ fn synthetic(seed: u64) -> Synthetic {
     }
     let mut out = std::mem::take(&mut g.out);
     out.sort_by_key(|(ts, n, _)| (*ts, *n));
-    Synthetic { records: out.into_iter().map(|(_, _, r)| r).collect(), truth, steps: step_ends.len(), health, clients: g.clients, late_parts: g.late_parts }
+    Synthetic { records: out.into_iter().map(|(_, _, r)| r).collect(), truth, steps: step_ends.len(), health, clients: g.clients, late_parts: g.late_parts, stats: g.stats }
 }
 
 /// Records that must not change the analysis: drops snapshots (unrelated
@@ -1110,6 +1135,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 *c.entry("two_api_servers".into()).or_default() += 1;
                 *c.entry("two_api_servers_reader_only".into()).or_default() += u64::from(reader_only);
                 *c.entry("part_sent_ms_late".into()).or_default() += s.late_parts;
+                *c.entry("two_api_servers_with_stats".into()).or_default() += u64::from(s.stats);
             }
         }
         let a = check(&s.records, "clean");
@@ -1144,7 +1170,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
     });
     let c = covered.into_inner();
     eprintln!("clean: covered {c:?}");
-    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late"] {
+    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats"] {
         assert!(c.get(k).copied().unwrap_or(0) > 0, "no case covered {k}: {c:?}");
     }
 }

@@ -403,6 +403,8 @@ struct HeldIn {
     built_ns: Option<u64>,
     engine_index: Option<u64>,
     outputs: Vec<EngineOutput>,
+    /// It carried its step's scheduler stats (sent to one client a step).
+    stats: bool,
 }
 
 /// One engine's step clock: when its last step ended, and its recent
@@ -440,6 +442,9 @@ pub struct EngineSide {
     /// did (several API servers, each reading its own part of a step).
     reader_conn: Option<ConnKey>,
     several_readers: bool,
+    /// The latest `EngineStats` (connection, time): the stats of the output
+    /// message read or written at the same connection and time.
+    stats_at: Option<(ConnKey, u64)>,
     seen_writer: bool,
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
@@ -466,6 +471,12 @@ pub struct EngineSide {
 }
 
 impl EngineSide {
+    /// A message's scheduler stats were decoded (`Record::EngineStats`, just
+    /// before its outputs).
+    pub fn stats_seen(&mut self, conn: ConnKey, ts_ns: u64) {
+        self.stats_at = Some((conn, ts_ns));
+    }
+
     fn count(&mut self, what: &'static str) {
         *self.counters.entry(what).or_default() += 1;
     }
@@ -663,7 +674,8 @@ impl EngineSide {
                             None => self.reader_conn = Some(*conn),
                             Some(c) => self.several_readers |= c != *conn,
                         }
-                        self.held_in.push_back(HeldIn { conn: *conn, sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone() });
+                        let stats = self.stats_at == Some((*conn, *ts_ns));
+                        self.held_in.push_back(HeldIn { conn: *conn, sent_ns: *ts_ns, built_ns: built, engine_index: *engine_index, outputs: outputs.clone(), stats });
                     }
                     Dir::In => {}
                 }
@@ -849,7 +861,11 @@ impl EngineSide {
             if p.sent_ns > h.sent_ns.saturating_add(READER_PART_WAIT_NS) {
                 break;
             }
-            let part = p.engine_index == h.engine_index && !conns.contains(&p.conn) && p.built_ns.is_some_and(|pb| pb.abs_diff(b) <= super::join::SAME_STEP_NS);
+            // Two copies with stats are two steps (`join::SAME_STEP_NS`).
+            let part = p.engine_index == h.engine_index
+                && !conns.contains(&p.conn)
+                && p.built_ns.is_some_and(|pb| pb.abs_diff(b) <= super::join::SAME_STEP_NS)
+                && !(h.stats && p.stats);
             if !part {
                 i += 1;
                 continue;
@@ -858,6 +874,7 @@ impl EngineSide {
             conns.push(p.conn);
             h.outputs.extend(p.outputs);
             h.built_ns = h.built_ns.min(p.built_ns);
+            h.stats |= p.stats;
             self.count("engine_reader_outputs_joined");
         }
     }
@@ -1451,6 +1468,57 @@ mod tests {
         let ends: Vec<u64> = parts.steps.iter().map(|s| s.end_ns / MS).collect();
         assert_eq!(ends, [20, 30, 40, 50], "steps in build order");
         same_engine_figures(&mut whole, &mut parts);
+    }
+
+    /// No engine traced, two API servers: A's step (built at 20 ms) and B's
+    /// (built 400 µs later), each of one server's requests only, as a fast
+    /// GPU's decode steps can be. Each carries scheduler stats, which vLLM
+    /// sends to one client a step: two steps. The second without stats is
+    /// a part of the first's step.
+    #[test]
+    fn with_no_engine_traced_two_copies_that_both_carry_stats_are_two_steps() {
+        let stats = |conn: ConnKey, at: u64| Record::EngineStats {
+            conn,
+            ts_ns: at,
+            engine_index: Some(0),
+            running: Some(2),
+            waiting: Some(0),
+            kv_cache_usage: Some(0.1),
+            step_counter: None,
+            prefix_cache_queries: None,
+            prefix_cache_hits: None,
+        };
+        let run = |second_has_stats: bool| {
+            let mut recs = http("chatcmpl-a", 5, 0);
+            recs.extend(http("chatcmpl-b", 6, MS));
+            recs.push(step(10 * MS, &[("chatcmpl-a", true, Some(2 * MS)), ("chatcmpl-b", true, Some(2 * MS))]));
+            recs.push(step(20 * MS, &[("chatcmpl-a", false, None)]));
+            recs.push(step(20 * MS + 400_000, &[("chatcmpl-b", false, None)]));
+            recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Done));
+            recs.push(end(5, 22 * MS));
+            recs.push(sse("chatcmpl-b", 6, 22 * MS, SseKind::Done));
+            recs.push(end(6, 23 * MS));
+            let mut split = Vec::new();
+            for r in read_by_servers(recs, true, |_| 3 * MS) {
+                // The first server's parts carry their steps' stats, and
+                // the second's B-only step its own when `second_has_stats`.
+                if let Record::EngineOutputs { conn, ts_ns, timestamp_s: Some(b), .. } = &r {
+                    let b_only = (b * 1e6).round() as u64 == 20_400;
+                    if conn.tgid == 40 || (b_only && second_has_stats) {
+                        split.push(stats(*conn, *ts_ns));
+                    }
+                }
+                split.push(r);
+            }
+            analyse(&split)
+        };
+        let two = run(true);
+        let ends: Vec<u64> = two.steps.iter().map(|s| s.end_ns / 100_000).collect();
+        assert_eq!(ends, [100, 200, 204], "three steps: {:?}", two.drops);
+        assert_eq!(two.drops.get("engine_reader_outputs_joined"), Some(&1), "only the first step's parts: {:?}", two.drops);
+        let one = run(false);
+        assert_eq!(one.steps.len(), 2, "{:?}", one.drops);
+        assert_eq!(one.drops.get("engine_reader_outputs_joined"), Some(&2), "{:?}", one.drops);
     }
 
     /// [`step`] of data-parallel engine `index` (its own process and socket).

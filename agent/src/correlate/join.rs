@@ -34,7 +34,9 @@ use crate::model::{EngineOutput, Record};
 /// but a GC pause or a preemption between two can part them (380 µs once in
 /// 32 steps on the 2-core VM); a step, model and scheduling, takes longer
 /// (4.8 ms the shortest there). Two real steps that close, one of each
-/// client's requests only, would be taken as one.
+/// client's requests only, are told apart by their scheduler stats when
+/// the server logs them (vLLM's default): every step sends them to one of
+/// its clients only, so two messages that both carry them are two steps.
 pub const SAME_STEP_NS: u64 = 1_000_000;
 /// How long (record time) a writer's message waits for the rest of its step
 /// when a client with requests on the engine sent no part. The engine's
@@ -63,6 +65,8 @@ struct Held {
     /// Connections its parts were written on.
     conns: Vec<ConnKey>,
     built_ns: u64,
+    /// One of its parts carried the step's scheduler stats.
+    stats: bool,
 }
 
 /// What one engine process's clients are: where their requests came in and
@@ -154,6 +158,9 @@ pub struct StepJoiner {
     /// on; several: its writes may be parts of one step).
     clients: FxMap<u32, Clients>,
     held: Vec<Held>,
+    /// The latest `EngineStats` (connection, time): the stats of the output
+    /// message at the same connection and time, which comes right after it.
+    stats_at: Option<(ConnKey, u64)>,
     /// Messages merged into an earlier one of their step.
     pub joined: u64,
 }
@@ -237,8 +244,13 @@ impl StepJoiner {
                 }
                 Offer::Now
             }
-            Record::EngineOutputs { conn, dir: Dir::Out, timestamp_s, engine_index, outputs, finished_requests, .. } => {
+            Record::EngineStats { conn, ts_ns, .. } => {
+                self.stats_at = Some((*conn, *ts_ns));
+                Offer::Now
+            }
+            Record::EngineOutputs { conn, ts_ns, dir: Dir::Out, timestamp_s, engine_index, outputs, finished_requests, .. } => {
                 let engine = (conn.tgid, *engine_index);
+                let stats = self.stats_at == Some((*conn, *ts_ns));
                 let Some(cl) = self.clients.get_mut(&conn.tgid) else { return Offer::Now };
                 cl.part(*conn, outputs, finished_requests);
                 let several = cl.inputs.len() > 1;
@@ -254,17 +266,22 @@ impl StepJoiner {
                 // connection yet. With libzmq batching writes, the next
                 // step's part on one connection may come before this step's
                 // on another: several steps of an engine can be held at once.
-                let part_of = self.held.iter().position(|h| h.engine == engine && !h.conns.contains(conn) && h.built_ns.abs_diff(b) <= SAME_STEP_NS);
+                // A step's stats go to one client: two parts with stats are
+                // two steps, however close they were built.
+                let part_of = self.held.iter().position(|h| {
+                    h.engine == engine && !h.conns.contains(conn) && h.built_ns.abs_diff(b) <= SAME_STEP_NS && !(h.stats && stats)
+                });
                 let i = match part_of {
                     Some(i) => {
                         let h = &mut self.held[i];
                         h.conns.push(*conn);
+                        h.stats |= stats;
                         merge(&mut h.rec, rec);
                         self.joined += 1;
                         i
                     }
                     None => {
-                        self.held.push(Held { rec: rec.clone(), engine, conns: vec![*conn], built_ns: b });
+                        self.held.push(Held { rec: rec.clone(), engine, conns: vec![*conn], built_ns: b, stats });
                         self.held.len() - 1
                     }
                 };
@@ -524,6 +541,49 @@ mod tests {
         );
         assert_eq!(steps(&got), [vec!["a", "b"]]);
         assert_eq!(j.joined, 1);
+    }
+
+    fn stats(fd: i32, ts: u64) -> Record {
+        Record::EngineStats {
+            conn: conn(fd),
+            ts_ns: ts,
+            engine_index: Some(0),
+            running: Some(1),
+            waiting: Some(0),
+            kv_cache_usage: Some(0.1),
+            step_counter: None,
+            prefix_cache_queries: None,
+            prefix_cache_hits: None,
+        }
+    }
+
+    /// vLLM sends a step's scheduler stats to one of its clients: two
+    /// messages built 400 µs apart that both carry stats are two steps (a
+    /// fast GPU's decode steps, each of one client's requests only); the
+    /// same without stats on the second are one step's parts.
+    #[test]
+    fn two_messages_that_both_carry_scheduler_stats_are_two_steps_however_close() {
+        let two_steps = [
+            add(1, MS, "a"),
+            add(2, 2 * MS, "b"),
+            stats(3, 10 * MS),
+            outs(3, 10 * MS, 10 * MS - 500 * US, &["a"]),
+            stats(4, 10 * MS + 20 * US),
+            outs(4, 10 * MS + 20 * US, 10 * MS - 100 * US, &["b"]),
+        ];
+        let mut j = StepJoiner::default();
+        assert_eq!(steps(&run(&mut j, &two_steps)), [vec!["a"], vec!["b"]]);
+        assert_eq!(j.joined, 0);
+        // The second without its own stats: a part of the first's step.
+        let mut j = StepJoiner::default();
+        let one_step: Vec<Record> = two_steps.iter().enumerate().filter(|(i, _)| *i != 4).map(|(_, r)| r.clone()).collect();
+        assert_eq!(steps(&run(&mut j, &one_step)), [vec!["a", "b"]]);
+        assert_eq!(j.joined, 1);
+        // Stats on the second part only (the first client's part came later
+        // on the wire): still one step.
+        let mut j = StepJoiner::default();
+        let second: Vec<Record> = two_steps.iter().enumerate().filter(|(i, _)| *i != 2).map(|(_, r)| r.clone()).collect();
+        assert_eq!(steps(&run(&mut j, &second)), [vec!["a", "b"]]);
     }
 
     /// A client whose requests all wait in the queue sends no part: the step

@@ -514,7 +514,8 @@ impl Correlator {
             self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
             self.last_ns = Some(self.last_ns.map_or(ts, |l| l.max(ts)));
         }
-        let engine_record = matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. });
+        // The stats too: which output message carried its step's stats.
+        let engine_record = matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. } | Record::EngineStats { .. });
         if self.cfg.use_ipc && !self.bypass_joiner && (engine_record || self.joiner.is_holding()) && self.join(rec) {
             return;
         }
@@ -565,6 +566,9 @@ impl Correlator {
 
     fn ingest_one(&mut self, rec: &Record) {
         let ts = rec.ts_ns();
+        if let Record::EngineStats { conn, ts_ns, .. } = rec {
+            self.engine.stats_seen(*conn, *ts_ns);
+        }
         if self.cfg.use_ipc && matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
             // The engine side first (the two keep no state in common): it
             // hands the attribution the keys it kept for these requests.

@@ -1477,17 +1477,6 @@ mod tests {
     /// a part of the first's step.
     #[test]
     fn with_no_engine_traced_two_copies_that_both_carry_stats_are_two_steps() {
-        let stats = |conn: ConnKey, at: u64| Record::EngineStats {
-            conn,
-            ts_ns: at,
-            engine_index: Some(0),
-            running: Some(2),
-            waiting: Some(0),
-            kv_cache_usage: Some(0.1),
-            step_counter: None,
-            prefix_cache_queries: None,
-            prefix_cache_hits: None,
-        };
         let run = |second_has_stats: bool| {
             let mut recs = http("chatcmpl-a", 5, 0);
             recs.extend(http("chatcmpl-b", 6, MS));
@@ -1505,7 +1494,7 @@ mod tests {
                 if let Record::EngineOutputs { conn, ts_ns, timestamp_s: Some(b), .. } = &r {
                     let b_only = (b * 1e6).round() as u64 == 20_400;
                     if conn.tgid == 40 || (b_only && second_has_stats) {
-                        split.push(stats(*conn, *ts_ns));
+                        split.push(crate::testutil::engine_stats(*conn, *ts_ns));
                     }
                 }
                 split.push(r);

@@ -544,17 +544,7 @@ mod tests {
     }
 
     fn stats(fd: i32, ts: u64) -> Record {
-        Record::EngineStats {
-            conn: conn(fd),
-            ts_ns: ts,
-            engine_index: Some(0),
-            running: Some(1),
-            waiting: Some(0),
-            kv_cache_usage: Some(0.1),
-            step_counter: None,
-            prefix_cache_queries: None,
-            prefix_cache_hits: None,
-        }
+        crate::testutil::engine_stats(conn(fd), ts)
     }
 
     /// vLLM sends a step's scheduler stats to one of its clients: two

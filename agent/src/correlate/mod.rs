@@ -566,9 +566,6 @@ impl Correlator {
 
     fn ingest_one(&mut self, rec: &Record) {
         let ts = rec.ts_ns();
-        if let Record::EngineStats { conn, ts_ns, .. } = rec {
-            self.engine.stats_seen(*conn, *ts_ns);
-        }
         if self.cfg.use_ipc && matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
             // The engine side first (the two keep no state in common): it
             // hands the attribution the keys it kept for these requests.
@@ -742,6 +739,8 @@ impl Correlator {
                     }),
                 }
             }
+            // Which output message carried its step's stats (the readers' join).
+            Record::EngineStats { conn, ts_ns, .. } => self.engine.stats_seen(*conn, *ts_ns),
             Record::Drops { counters, .. } => {
                 // Cumulative snapshots: the latest wins.
                 for (k, v) in counters {

@@ -19,7 +19,8 @@
 //! a prefill joins), each step's EngineCoreOutputs seen twice (engine write,
 //! frontend read) and the engine thread's switch-in, per request the HTTP
 //! request, the ADD (both copies), the response head, the SSE role, 8-24
-//! content chunks, usage, [DONE] and the response end. `--gpu` adds what
+//! content chunks, usage, [DONE] and the response end; each step's scheduler
+//! stats (vLLM's default). `--gpu` adds what
 //! CUPTI records of each step (a separate cached file): 48 kernels, the
 //! sampled ids' copy to pinned memory and the sync that waits for it, as
 //! vLLM's model runner ends a step (docs/attribution.md).
@@ -37,7 +38,7 @@ const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const CLIENTS: u64 = 16;
 /// Bump when the generator changes: the cached file is remade.
-const GENERATOR: u32 = 1;
+const GENERATOR: u32 = 2;
 
 struct Req {
     conn: ConnKey,
@@ -229,6 +230,19 @@ fn generate(path: &Path, requests: u64, gpu: bool) -> Result<u64> {
                 finished.push((*c, at + 5 * US));
             }
         }
+        // vLLM logs stats by default: every step's output message carries
+        // the scheduler's, decoded once (the writer's copy) ahead of it.
+        g.emit(Record::EngineStats {
+            conn: ipc,
+            ts_ns: end + 30 * US,
+            engine_index: Some(0),
+            running: Some(running.len() as u64),
+            waiting: Some(waiting.len() as u64),
+            kv_cache_usage: Some(running.len() as f64 / 64.0),
+            step_counter: None,
+            prefix_cache_queries: Some(1500 * newcomers),
+            prefix_cache_hits: Some(1024 * newcomers),
+        });
         for (dir, dt, tid) in [(Dir::Out, 30 * US, 3002), (Dir::In, 60 * US, 1003)] {
             g.emit(Record::EngineOutputs {
                 conn: ipc,

@@ -47,6 +47,7 @@ _Static_assert((HS_MAX_CAPTURE & (HS_MAX_CAPTURE - 1)) == 0, "HS_MAX_CAPTURE mus
 const volatile __u32 self_tgid = 0;            /* the agent: never traced */
 const volatile __u32 capture_len = HS_CAPTURE_DEFAULT;           /* payload prefix per io record */
 const volatile __u32 capture_len_unix = HS_CAPTURE_UNIX_DEFAULT; /* the same on AF_UNIX sockets (IPC) */
+const volatile __u32 capture_tail_unix = HS_TAIL_UNIX_DEFAULT;   /* last bytes of a longer unix transfer */
 const volatile __u64 min_offcpu_ns = 1000000;  /* shorter off-CPU intervals are only counted */
 const volatile __u64 wakeup_bytes = 262144;    /* force a consumer wake-up past this backlog */
 
@@ -180,6 +181,7 @@ struct io_scratch {
 };
 _Static_assert(__builtin_offsetof(struct io_scratch, data) == sizeof(struct hs_io),
 	       "io_scratch.data must directly follow the hs_io header");
+_Static_assert(HS_MAX_CAPTURE + HS_MAX_TAIL <= 2 * HS_MAX_CAPTURE, "a prefix and a tail fit the staging area");
 
 /* A plain array indexed by CPU, not a per-CPU array: per-CPU values are
  * limited to 32 KiB (PCPU_MIN_UNIT_SIZE) and this one is 64 KiB. The program
@@ -501,22 +503,27 @@ static __always_inline struct io_scratch *io_begin(struct inflight *inf, __s64 r
 	return s;
 }
 
-static __always_inline void io_finish(struct io_scratch *s, __u64 ret, __u32 cap, __u32 flags)
+static __always_inline void io_finish(struct io_scratch *s, __u64 ret, __u32 cap, __u32 tail, __u32 flags)
 {
 	if (flags & HS_IO_COPY_FAILED) {
 		cap = 0;
+		tail = 0;
 		stat_add(HS_STAT_COPY_FAILED, 1);
-	} else if (ret > cap) {
-		flags |= HS_IO_TRUNCATED;
-		stat_add(HS_STAT_TRUNCATED, 1);
 	}
 	if (cap > HS_MAX_CAPTURE)
 		cap = HS_MAX_CAPTURE;
+	if (tail > HS_MAX_TAIL)
+		tail = HS_MAX_TAIL;
+	if (!(flags & HS_IO_COPY_FAILED) && ret > (__u64)cap + tail) {
+		flags |= HS_IO_TRUNCATED;
+		stat_add(HS_STAT_TRUNCATED, 1);
+	}
 	s->io.cap_len = cap;
+	s->io.tail_len = tail;
 	s->io.flags = flags;
-	s->io.h.size = sizeof(struct hs_io) + cap;
+	s->io.h.size = sizeof(struct hs_io) + cap + tail;
 	/* hs_io is followed by data[] in io_scratch: one contiguous record. */
-	emit(s, sizeof(struct hs_io) + (cap & (2 * HS_MAX_CAPTURE - 1)));
+	emit(s, sizeof(struct hs_io) + ((cap + tail) & (2 * HS_MAX_CAPTURE - 1)));
 }
 
 static __always_inline __u32 want_bytes(__s64 ret, __u8 family)
@@ -538,7 +545,7 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	struct io_scratch *s;
 	__u64 now = bpf_ktime_get_ns();
 	__s64 ret = ctx->ret;
-	__u32 n, flags = 0;
+	__u32 n, t = 0, flags = 0;
 
 	if (!unstash(sys, &inf))
 		return 0;
@@ -552,7 +559,22 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 		n = HS_MAX_CAPTURE;
 	if (n > 0 && bpf_probe_read_user(s->data, n, (const void *)inf.arg) != 0)
 		flags |= HS_IO_COPY_FAILED;
-	io_finish(s, (__u64)ret, n, flags);
+	/* A unix transfer longer than the prefix: its last bytes too (a long
+	 * ADD's fields after the prompt ids), never overlapping the prefix. */
+	if (!flags && inf.family == HS_AF_UNIX && (__u64)ret > n) {
+		__u64 rest = (__u64)ret - n;
+
+		t = capture_tail_unix;
+		if (t > HS_MAX_TAIL)
+			t = HS_MAX_TAIL;
+		if (rest < t)
+			t = (__u32)rest;
+		if (t > HS_MAX_TAIL)
+			t = HS_MAX_TAIL;
+		if (t > 0 && bpf_probe_read_user(&s->data[n], t, (const void *)(inf.arg + (__u64)ret - t)) != 0)
+			t = 0;
+	}
+	io_finish(s, (__u64)ret, n, t, flags);
 	return 0;
 }
 
@@ -615,14 +637,14 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	if (is_msg) {
 		struct hs_user_msghdr msg;
 		if (bpf_probe_read_user(&msg, sizeof(msg), (const void *)inf.arg) != 0) {
-			io_finish(s, (__u64)ret, 0, HS_IO_COPY_FAILED);
+			io_finish(s, (__u64)ret, 0, 0, HS_IO_COPY_FAILED);
 			return 0;
 		}
 		iov_ptr = msg.msg_iov;
 		iovcnt = msg.msg_iovlen;
 	}
 	copy_iov(s, iov_ptr, iovcnt, ret, inf.family, &cap, &flags);
-	io_finish(s, (__u64)ret, cap, flags);
+	io_finish(s, (__u64)ret, cap, 0, flags);
 	return 0;
 }
 

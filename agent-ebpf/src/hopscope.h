@@ -29,6 +29,15 @@
 #define HS_CAPTURE_DEFAULT 4096
 #define HS_CAPTURE_UNIX_DEFAULT 32768
 
+/* Largest tail of a unix-socket transfer longer than its capture that a record
+ * carries after the prefix: its last bytes. libzmq writes (and reads) a message
+ * over 8 KiB as one syscall of its own, so for a vLLM ADD with a long prompt
+ * the transfer's end is the request's fields after the prompt ids (sampling
+ * parameters, arrival time, ids: a few hundred bytes), which the prefix alone
+ * loses. `capture_tail_unix` (<= this) is the effective size; 0 turns it off. */
+#define HS_MAX_TAIL 4096
+#define HS_TAIL_UNIX_DEFAULT 4096
+
 /* hs_hdr.kind */
 #define HS_KIND_IO 1    /* struct hs_io: data moved on a socket */
 #define HS_KIND_CONN 2  /* struct hs_conn: accept/accept4/connect returned */
@@ -51,7 +60,7 @@
 #define HS_DIR_OUT 1 /* the traced process sent bytes */
 
 /* hs_io.flags */
-#define HS_IO_TRUNCATED 0x1   /* ret > cap_len: only a prefix was captured */
+#define HS_IO_TRUNCATED 0x1   /* ret > cap_len + tail_len: bytes in between were not captured */
 #define HS_IO_COPY_FAILED 0x2 /* bpf_probe_read_user failed; cap_len is 0 */
 
 /* hs_conn.op */
@@ -72,7 +81,8 @@
  * CPUs. Every kernel-side loss has one; none is ever reset by the kernel. */
 #define HS_STAT_EVENTS 0           /* records submitted to the ring buffer */
 #define HS_STAT_RINGBUF_FULL 1     /* records lost: ring buffer had no room */
-#define HS_STAT_TRUNCATED 2        /* io records whose payload was cut to their family's capture */
+#define HS_STAT_TRUNCATED 2        /* io records missing bytes: past their family's capture (and
+                                    * before a unix transfer's captured tail) */
 #define HS_STAT_COPY_FAILED 3      /* io records whose user buffer could not be read (or, never
                                     * expected, that found no staging area: not emitted) */
 #define HS_STAT_INFLIGHT_FULL 4    /* syscall enters lost: no in-flight slot (task storage allocation failed) */
@@ -95,7 +105,8 @@ struct hs_hdr {
 	__u8 _pad[3];
 };
 
-/* A data syscall on a socket fd; `data` holds the first cap_len bytes moved. */
+/* A data syscall on a socket fd; `data` holds the first cap_len bytes moved,
+ * then the last tail_len ones (unix sockets only, when ret > cap_len). */
 struct hs_io {
 	struct hs_hdr h;
 	__u64 enter_ns;  /* syscall entry time */
@@ -115,6 +126,9 @@ struct hs_io {
 	                      * latest sleep, however short (off-CPU records keep only those of
 	                      * min_offcpu_ns or more); 0 if not seen, and in every other record */
 	__u64 burst_on_ns;   /* the switch-in after that wake-up; 0 likewise */
+	__u32 tail_len;      /* bytes of data[] after the prefix: the transfer's last ones
+	                      * (<= HS_MAX_TAIL, <= ret - cap_len) */
+	__u32 _pad2;
 	__u8 data[];
 };
 

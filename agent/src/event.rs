@@ -63,8 +63,12 @@ pub struct IoEvent {
     pub family: Family,
     /// Bytes the syscall moved (its return value, > 0 for events that reach the decoders).
     pub len: u64,
-    /// The captured prefix: `data.len() <= len`. When shorter, the rest is a gap.
+    /// The captured prefix: `data.len() <= len`. When shorter, the rest is a
+    /// gap, then `tail`.
     pub data: Vec<u8>,
+    /// The transfer's last bytes when they were captured apart from the
+    /// prefix (unix sockets: `hs_io.tail_len`); empty otherwise.
+    pub tail: Vec<u8>,
     /// The kernel could not read the user buffer at all.
     pub copy_failed: bool,
     /// Unix-socket writes: the wake-up that ended the calling thread's latest
@@ -90,9 +94,10 @@ pub enum Burst {
 }
 
 impl IoEvent {
-    /// Bytes moved that were not captured (the decoder must skip them).
+    /// Bytes moved that were not captured, between `data` and `tail` (the
+    /// decoder must skip them).
     pub fn gap(&self) -> u64 {
-        self.len.saturating_sub(self.data.len() as u64)
+        self.len.saturating_sub(self.data.len() as u64 + self.tail.len() as u64)
     }
 }
 

@@ -519,6 +519,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         ringbuf_bytes: mib << 20,
         ..EbpfConfig::default()
     };
+    let capture_tail_unix = cfg.capture_tail_unix;
     let mut source = EbpfSource::start(cfg).context("cannot start eBPF tracing")?;
     for (tp, what) in source.missing_tracepoints() {
         say!("hopscope: note: this kernel has no {tp} tracepoint: recording without {what}");
@@ -636,6 +637,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         chain_header: opts.chain_header.to_ascii_lowercase(),
         capture_len: opts.capture_bytes,
         capture_len_unix: opts.capture_bytes_unix,
+        capture_tail_unix,
         capture_payload: opts.capture_payload,
         gpu: false,
         missing_tracepoints: source.missing_tracepoints().iter().map(|(tp, _)| tp.to_string()).collect(),

@@ -65,7 +65,18 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
                     dir,
                     family,
                     len: chunk.len() as u64 + gap,
-                    data: chunk.to_vec(),
+                    // A unix transfer with a gap may carry its end apart
+                    // (the kernel's tail capture): the chunk's second half.
+                    data: if gap != 0 && family == Family::Unix && ctl & 0x20 != 0 {
+                        chunk[..chunk.len() / 2].to_vec()
+                    } else {
+                        chunk.to_vec()
+                    },
+                    tail: if gap != 0 && family == Family::Unix && ctl & 0x20 != 0 {
+                        chunk[chunk.len() / 2..].to_vec()
+                    } else {
+                        vec![]
+                    },
                     copy_failed: false,
                     burst: if dir == Dir::Out && ctl & 0x40 != 0 {
                         Burst::Woken { wake_ns: ts - 500, on_ns: ts - 400 }

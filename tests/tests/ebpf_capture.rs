@@ -364,23 +364,65 @@ fn writes_longer_than_capture_len_are_truncated_and_counted() {
 a, b = socket.socketpair()
 out("ready")
 wait_go()
-a.sendall(b"0123456789abcdef" * 64)
+a.sendall(b"0123456789abcdef" * 512)
 got = 0
-while got < 1024:
+while got < 8192:
     got += len(b.recv(4096))
 out("done", got)
 "#,
     );
-    // A socketpair is AF_UNIX: its own knob, not capture_len.
+    // A socketpair is AF_UNIX: its own knob, not capture_len. Its last 4 KiB
+    // come apart (`capture_tail_unix`); what lies between is the gap.
     let Traced { pid, src, evs, .. } = py.traced(|c| c.capture_len_unix = 64);
     let expect: Vec<u8> = b"0123456789abcdef".repeat(4);
     let w = find_io(&evs, pid, Syscall::Sendto, &expect);
-    assert_eq!((w.len, w.data.len(), w.gap()), (1024, 64, 960));
+    assert_eq!((w.len, w.data.len(), w.tail.len(), w.gap()), (8192, 64, 4096, 4032));
     assert!(!w.copy_failed);
     for io in ios(&evs, pid) {
         assert!(io.data.len() <= 64, "capture_len_unix not honoured: {io:?}");
     }
     assert!(src.stats().get("kernel_truncated").unwrap() >= 1);
+}
+
+/// A unix transfer longer than its capture brings its last bytes too, after
+/// the prefix and apart from it (the gap between them is what was not
+/// captured), on both the writer's and the reader's side; TCP's never do,
+/// and `capture_tail_unix = 0` turns it off.
+#[test]
+fn a_long_unix_transfer_carries_its_last_bytes_after_its_prefix() {
+    let Some(_serial) = privileged("a_long_unix_transfer_carries_its_last_bytes_after_its_prefix") else { return };
+    let script = r#"
+a, b = socket.socketpair()
+a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+c = socket.create_connection(srv.getsockname()); s, _ = srv.accept()
+data = bytes((i * 7 + i // 251) % 256 for i in range(100000))
+out("ready")
+wait_go()
+assert a.send(data) == len(data)
+assert len(b.recv(len(data), socket.MSG_WAITALL)) == len(data)
+c.sendall(data[:50000])
+got = 0
+while got < 50000:
+    got += len(s.recv(65536))
+out("done")
+"#;
+    let data: Vec<u8> = (0..100_000u32).map(|i| ((i * 7 + i / 251) % 256) as u8).collect();
+    for tail in [4096u32, 0] {
+        let py = Py::spawn(script);
+        let Traced { pid, evs, .. } = py.traced(|c| c.capture_tail_unix = tail);
+        let ios = ios(&evs, pid);
+        let unix: Vec<&&IoEvent> = ios.iter().filter(|io| io.family == Family::Unix && io.len == 100_000).collect();
+        assert_eq!(unix.len(), 2, "the write and the read: {ios:?}");
+        for io in unix {
+            assert_eq!(io.data, data[..32768], "{:?}: the prefix", io.dir);
+            assert_eq!(io.tail, data[data.len() - tail as usize..], "{:?}: the last {tail} bytes", io.dir);
+            assert_eq!(io.gap(), 100_000 - 32768 - u64::from(tail), "{:?}", io.dir);
+        }
+        let tcp: Vec<&&IoEvent> = ios.iter().filter(|io| io.family != Family::Unix).collect();
+        assert!(!tcp.is_empty() && tcp.iter().all(|io| io.tail.is_empty() && io.data.len() <= 4096), "{tcp:?}");
+    }
 }
 
 #[test]
@@ -680,7 +722,11 @@ while len(got) < 6000:
 out("done")
 "#,
     );
-    let Traced { pid, evs, .. } = py.traced(|c| c.capture_len_unix = 4096);
+    // Prefixes only: the last bytes of a longer transfer are another test's.
+    let Traced { pid, evs, .. } = py.traced(|c| {
+        c.capture_len_unix = 4096;
+        c.capture_tail_unix = 0;
+    });
     let blob: Vec<u8> = (0..6000u32).map(|i| (i % 251) as u8).collect();
     let one = find_io(&evs, pid, Syscall::Sendto, &blob[..4096]);
     assert_eq!((one.len, one.gap()), (6000, 1904));
@@ -720,10 +766,13 @@ out("done")
     );
     let Traced { pid, src, evs, .. } = py.traced(|_| {});
     let blob: Vec<u8> = (0..40000u32).map(|i| (i % 251) as u8).collect();
+    // One buffer: its last 4 KiB too; iovecs: the prefix only.
     let one = find_io(&evs, pid, Syscall::Write, &blob[..32768]);
-    assert_eq!((one.family, one.len, one.gap()), (Family::Unix, 40000, 7232));
+    assert_eq!((one.family, one.len, one.gap()), (Family::Unix, 40000, 40000 - 32768 - 4096));
+    assert_eq!(one.tail, blob[40000 - 4096..]);
     let iov = find_io(&evs, pid, Syscall::Writev, &blob[..32768]);
     assert_eq!((iov.family, iov.len, iov.gap()), (Family::Unix, 40000, 7232));
+    assert!(iov.tail.is_empty());
     // Reads of 32 KiB are whole.
     let reads: Vec<&IoEvent> = ios(&evs, pid).into_iter().filter(|io| io.family == Family::Unix && io.dir == Dir::In).collect();
     assert_eq!(reads.iter().map(|io| io.len).sum::<u64>(), 80000, "{reads:?}");
@@ -865,7 +914,7 @@ impl IpcRun {
 /// One traced process writes `writes` (`(syscall, bytes)`, `sendmsg` split
 /// into two iovecs) into one end of a socketpair and reads each back from the
 /// other in pieces of at most 32 KiB; both ends are decoded as vLLM IPC.
-fn ipc_run(name: &str, capture_unix: u32, writes: &[(&str, Vec<u8>)]) -> IpcRun {
+fn ipc_run(name: &str, capture_unix: u32, tail_unix: u32, writes: &[(&str, Vec<u8>)]) -> IpcRun {
     use hopscope::model::Record;
     use hopscope::proto::{DecoderConfig, WireDecoder};
     let dir = std::env::temp_dir().join(format!("hopscope-{name}-{}", std::process::id()));
@@ -896,7 +945,10 @@ for how, data in chunks:
 out("done")
 "#
     ));
-    let Traced { pid, src, mut evs, .. } = py.traced(|c| c.capture_len_unix = capture_unix);
+    let Traced { pid, src, mut evs, .. } = py.traced(|c| {
+        c.capture_len_unix = capture_unix;
+        c.capture_tail_unix = tail_unix;
+    });
     let _ = std::fs::remove_dir_all(&dir);
     evs.retain(|e| matches!(e, KEvent::Io(io) if io.conn.tgid == pid));
     evs.sort_by_key(|e| match e {
@@ -925,7 +977,8 @@ out("done")
 /// so a large ADD and the start of the next message leave in one write. A
 /// 4 KiB capture cuts the next message's frame header (a desync, that message
 /// lost); the 32 KiB unix capture keeps it. Past 32 KiB (libzmq writes the
-/// rest of a large message alone) only that message's trailing fields are lost.
+/// rest of a large message alone) the write's last 4 KiB, captured apart,
+/// keep that message's fields after its prompt ids.
 #[test]
 fn a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded() {
     let Some(_serial) = privileged("a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded") else { return };
@@ -933,10 +986,11 @@ fn a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded() {
     let b = zmtp_add("chatcmpl-b", 10);
     let c = zmtp_add("chatcmpl-c", 5000); // ~25 KB
     let d = zmtp_add("chatcmpl-d", 20);
-    let e = zmtp_add("chatcmpl-e", 9000); // ~45 KB: an 8 KiB batch, then 37 KB alone
+    let e = zmtp_add("chatcmpl-e", 9500); // ~47 KB: an 8 KiB batch, then 39 KB alone
     let f = zmtp_add("chatcmpl-f", 30);
     assert!(a.len() > 4096 && a.len() + b.len() < 8192, "{}", a.len());
-    assert!(c.len() + d.len() < 32768 && e.len() - 8192 > 32768, "{} {}", c.len(), e.len());
+    // E's second write has bytes neither its 32 KiB prefix nor its 4 KiB tail holds.
+    assert!(c.len() + d.len() < 32768 && e.len() - 8192 > 32768 + 4096 + 1000, "{} {}", c.len(), e.len());
     let writes = vec![
         ("write", zmtp_handshake()),
         ("write", [a, b].concat()),
@@ -946,30 +1000,40 @@ fn a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded() {
         ("write", f),
     ];
     let want = |ext: &str, prompt: u64| (format!("{ext}-0000abcd"), Some(ext.to_owned()), Some(prompt), Some(200 + prompt % 50), Some(1_800_000_000.25), false);
-    let full = [want("chatcmpl-a", 1200), want("chatcmpl-b", 10), want("chatcmpl-c", 5000), want("chatcmpl-d", 20), want("chatcmpl-e", 9000), want("chatcmpl-f", 30)];
-
-    let run = ipc_run("ipc-32k", 32768, &writes);
-    let side = |dir: Dir| -> Vec<_> {
+    let full = [want("chatcmpl-a", 1200), want("chatcmpl-b", 10), want("chatcmpl-c", 5000), want("chatcmpl-d", 20), want("chatcmpl-e", 9500), want("chatcmpl-f", 30)];
+    let side = |run: &IpcRun, dir: Dir| -> Vec<_> {
         run.adds.iter().filter(|x| x.0 == dir).map(|x| (x.1.clone(), x.2.clone(), x.3, x.4, x.5, x.6)).collect()
     };
+
+    let run = ipc_run("ipc-32k", 32768, 4096, &writes);
     // The reader's pieces are at most 32 KiB: it sees every byte.
-    assert_eq!(side(Dir::In), full);
-    // The writer's 37 KB write is cut: E keeps its id and prompt length only.
-    let mut out_side = full.to_vec();
-    out_side[4] = ("chatcmpl-e-0000abcd".into(), None, Some(9000), None, None, true);
-    assert_eq!(side(Dir::Out), out_side);
-    assert_eq!(run.kernel_truncated, 1, "only E's 37 KB write exceeds 32 KiB");
-    for (name, v) in [("zmtp_desync", 0), ("zmtp_messages_lost", 0), ("zmtp_resyncs", 0), ("ipc_add", 12), ("ipc_messages", 12), ("zmtp_gap_frames", 1), ("ipc_truncated_fields", 5)] {
+    assert_eq!(side(&run, Dir::In), full);
+    // The writer's 39 KB write is cut in the middle of E's prompt ids: its
+    // last 4 KiB still bring E's fields after them.
+    assert_eq!(side(&run, Dir::Out), full);
+    assert_eq!(run.kernel_truncated, 1, "only E's 39 KB write exceeds 32 KiB + 4 KiB");
+    for (name, v) in [("zmtp_desync", 0), ("zmtp_messages_lost", 0), ("zmtp_resyncs", 0), ("ipc_add", 12), ("ipc_messages", 12), ("zmtp_gap_frames", 1), ("ipc_truncated_fields", 0)] {
         assert_eq!(run.counter(name), v, "{name}: {:?}", run.counters);
     }
-    // A and C fit in the frame's kept 40 KiB and are read whole from it; E
-    // read whole is longer: its fields after the prompt ids come from its tail.
-    assert_eq!(run.counter("ipc_tail_recovered"), 1, "{:?}", run.counters);
+    // A and C fit in the frame's kept 40 KiB and are read whole from it; E,
+    // longer, on both sides: its fields after the prompt ids come from its tail.
+    assert_eq!(run.counter("ipc_tail_recovered"), 2, "{:?}", run.counters);
 
-    // The same bytes under the old 4 KiB capture: B's header is cut (a desync
-    // in each direction); C+D's write is cut at D's header too, so C is no
-    // safe resync point; the stream picks up at E.
-    let old = ipc_run("ipc-4k", 4096, &writes);
+    // Without the tail (as before it was captured): E keeps its id and
+    // prompt length only on the writer's side.
+    let head_only = ipc_run("ipc-32k-no-tail", 32768, 0, &writes);
+    assert_eq!(side(&head_only, Dir::In), full);
+    let mut out_side = full.to_vec();
+    out_side[4] = ("chatcmpl-e-0000abcd".into(), None, Some(9500), None, None, true);
+    assert_eq!(side(&head_only, Dir::Out), out_side);
+    for (name, v) in [("ipc_truncated_fields", 5), ("ipc_tail_recovered", 1)] {
+        assert_eq!(head_only.counter(name), v, "{name}: {:?}", head_only.counters);
+    }
+
+    // The same bytes under the old 4 KiB capture, prefixes only: B's header
+    // is cut (a desync in each direction); C+D's write is cut at D's header
+    // too, so C is no safe resync point; the stream picks up at E.
+    let old = ipc_run("ipc-4k", 4096, 0, &writes);
     for dir in [Dir::Out, Dir::In] {
         let mine: Vec<&str> = old.adds.iter().filter(|x| x.0 == dir).map(|x| x.1.as_str()).collect();
         assert_eq!(mine, ["chatcmpl-a-0000abcd", "chatcmpl-e-0000abcd", "chatcmpl-f-0000abcd"], "{dir:?}");
@@ -1001,6 +1065,7 @@ out("done")
         c.ringbuf_bytes = 4096;
         c.capture_len = 128;
         c.capture_len_unix = 128;
+        c.capture_tail_unix = 0;
         c.wakeup_bytes = 0;
     });
     py.go();

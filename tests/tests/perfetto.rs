@@ -72,6 +72,7 @@ fn meta() -> Meta {
         chain_header: "x-session-id".into(),
         capture_len: 4096,
         capture_len_unix: 32768,
+        capture_tail_unix: 4096,
         capture_payload: false,
         gpu: false,
         missing_tracepoints: vec![],

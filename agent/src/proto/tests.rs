@@ -31,6 +31,7 @@ fn io_cap(k: ConnKey, dir: Dir, ts: u64, captured: &[u8], len: u64) -> KEvent {
         family: Family::Inet,
         len,
         data: captured.to_vec(),
+        tail: vec![],
         copy_failed: false,
         burst: Burst::NoSleep,
     })
@@ -1369,6 +1370,7 @@ fn unix_socket_io_is_reported_without_payload() {
         family: Family::Unix,
         len: 100,
         data: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        tail: vec![],
         copy_failed: false,
         burst: Burst::NoSleep,
     });
@@ -1403,6 +1405,7 @@ fn a_unix_write_names_its_wake_up_only_when_trusted_and_counts_the_others() {
             family: Family::Unix,
             len: 3,
             data: b"abc".to_vec(),
+            tail: vec![],
             copy_failed: false,
             burst,
         })

@@ -1088,6 +1088,13 @@ impl IpcDecoder {
             &mut self.z,
             &mut msgs,
         );
+        // The transfer's last bytes, captured apart (a long message's end:
+        // an ADD's fields after its prompt ids) — after the gap, in place.
+        // A stream that lost its framing in the gap does not resync on them:
+        // they start anywhere in a message.
+        if !io.tail.is_empty() && !e.s.is_dead() && !e.s.is_lost() {
+            e.s.feed(&io.tail, 0, io.ts_ns, io.tid, &plausible, &mut self.z, &mut msgs);
+        }
         let sender = e.s.socket_type().map(str::to_owned);
         for m in &msgs {
             self.message(io, m, sender.as_deref(), out);
@@ -1361,6 +1368,7 @@ mod tests {
             family: Family::Unix,
             len,
             data: captured.to_vec(),
+            tail: vec![],
             copy_failed: false,
             burst: Burst::NoSleep,
         })
@@ -1913,6 +1921,61 @@ mod tests {
             (Some(37), None, true)
         );
         assert_eq!(counter(&dec, "ipc_truncated_fields"), 5);
+    }
+
+    /// The probe brings a unix transfer's last 4 KiB apart from its 32 KiB
+    /// prefix (`IoEvent::tail`): an ADD whose rest after libzmq's 8 KiB batch
+    /// is longer than the prefix keeps its fields after the prompt ids. A
+    /// stream that lost its framing takes no tail as a resync point: a tail
+    /// starts anywhere in a message.
+    #[test]
+    fn a_long_adds_fields_come_back_from_the_transfers_own_tail() {
+        // 9500 5-byte ids: 47.5 KB, the rest after the batch 39 KB.
+        let req = request_022("chatcmpl-big-7e57ab1e", "chatcmpl-big", 9500, Some(256), None);
+        let wire = input_msg(0, &req);
+        let rest = &wire[8192..];
+        assert!(rest.len() > 32768 + 4096);
+        let io = |ts: u64, head: &[u8], len: usize, tail: &[u8]| {
+            let KEvent::Io(mut io) = unix_io(FRONT, Dir::Out, ts, head, len as u64) else { unreachable!() };
+            io.tail = tail.to_vec();
+            KEvent::Io(io)
+        };
+        let hs = synthetic_handshake("DEALER");
+        for tail in [4096usize, 0] {
+            let mut dec = WireDecoder::new(DecoderConfig::default());
+            let evs = [
+                io(10, &hs, hs.len(), b""),
+                io(20, &wire[..8192], 8192, b""),
+                io(30, &rest[..32768], rest.len(), &rest[rest.len() - tail..]),
+            ];
+            let out = run(&mut dec, &evs);
+            let Record::EngineRequest { prompt_tokens, external_req_id, max_tokens, arrival_time_s, truncated, .. } =
+                only(engine_records(&out))
+            else {
+                panic!()
+            };
+            let got = (*prompt_tokens, external_req_id.as_deref(), *max_tokens, *arrival_time_s, *truncated);
+            if tail > 0 {
+                assert_eq!(got, (Some(9500), Some("chatcmpl-big"), Some(256), Some(1_800_000_000.25), false));
+                assert_eq!((counter(&dec, "ipc_tail_recovered"), counter(&dec, "ipc_truncated_fields")), (1, 0));
+            } else {
+                assert_eq!(got, (Some(9500), None, None, None, true));
+                assert_eq!(counter(&dec, "ipc_truncated_fields"), 5);
+            }
+            assert_eq!((counter(&dec, "zmtp_desync"), counter(&dec, "zmtp_gap_frames")), (0, 1));
+        }
+        // Attached mid-stream (framing lost): a transfer whose tail happens
+        // to hold a whole small ADD gives nothing; the next whole one does.
+        let small = input_msg(0, &request_022("chatcmpl-s-00000001", "chatcmpl-s", 10, Some(8), None));
+        let mut dec = WireDecoder::new(DecoderConfig::default());
+        let evs = [
+            io(10, &rest[100..32868], 32768 + 5000 + small.len(), &small),
+            io(20, &small, small.len(), b""),
+        ];
+        let out = run(&mut dec, &evs);
+        let adds = engine_records(&out);
+        assert_eq!(adds.len(), 1, "{adds:?}");
+        assert!(matches!(adds[0], Record::EngineRequest { ts_ns: 20, .. }), "{adds:?}");
     }
 
     /// libzmq writes a large message as one 8 KiB batch, then the rest: with a

@@ -855,6 +855,7 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
         Arg::str("chain_header", &meta.chain_header),
         Arg::u64("capture_len", meta.capture_len as u64),
         Arg::u64("capture_len_unix", u64::from(meta.capture_len_unix)),
+        Arg::u64("capture_tail_unix", u64::from(meta.capture_tail_unix)),
         Arg::bool("capture_payload", meta.capture_payload),
         Arg::bool("gpu", meta.gpu),
         Arg::u64("requests", requests),

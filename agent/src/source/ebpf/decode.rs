@@ -30,6 +30,8 @@ pub enum DecodeError {
     CaptureMismatch { cap_len: u32, room: usize },
     #[error("captured {cap_len} bytes but the syscall moved only {ret}")]
     CaptureExceedsRet { cap_len: u32, ret: i64 },
+    #[error("tail of {tail_len} bytes on a record that may not carry one (at most {max}, unix sockets, no failed copy)")]
+    TailInvalid { tail_len: u32, max: u32 },
     #[error("io record with non-positive return value {0}")]
     IoReturn(i64),
     #[error("io record with unknown flag bits {0:#x}")]
@@ -156,9 +158,14 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
     if cap_len > HS_MAX_CAPTURE {
         return Err(DecodeError::CaptureTooLong { cap_len, max: HS_MAX_CAPTURE });
     }
+    let tail_len = r.u32(HS_IO_OFF_TAIL_LEN)?;
+    if tail_len > HS_MAX_TAIL {
+        return Err(DecodeError::TailInvalid { tail_len, max: HS_MAX_TAIL });
+    }
+    // The prefix, then the tail: the record's data bytes exactly.
     let room = b.len() - HS_IO_OFF_DATA;
-    if cap_len as usize != room {
-        return Err(DecodeError::CaptureMismatch { cap_len, room });
+    if cap_len as usize + tail_len as usize != room {
+        return Err(DecodeError::CaptureMismatch { cap_len: cap_len + tail_len, room });
     }
     let syscall = syscall_tag(r.u16(HS_IO_OFF_SYSCALL)?)?;
     let dir = dir_tag(r.u8(HS_IO_OFF_DIR)?)?;
@@ -174,13 +181,17 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
     if copy_failed && cap_len != 0 {
         return Err(DecodeError::CopyFailedWithData(cap_len));
     }
+    if tail_len != 0 && (copy_failed || family != Family::Unix) {
+        return Err(DecodeError::TailInvalid { tail_len, max: HS_MAX_TAIL });
+    }
     let ret = r.i64(HS_IO_OFF_RET)?;
     if ret <= 0 {
         return Err(DecodeError::IoReturn(ret));
     }
-    if i64::from(cap_len) > ret {
-        return Err(DecodeError::CaptureExceedsRet { cap_len, ret });
+    if i64::from(cap_len) + i64::from(tail_len) > ret {
+        return Err(DecodeError::CaptureExceedsRet { cap_len: cap_len + tail_len, ret });
     }
+    let tail_at = HS_IO_OFF_DATA + cap_len as usize;
     Ok(IoEvent {
         ts_ns: h.ts_ns,
         enter_ns: r.u64(HS_IO_OFF_ENTER_NS)?,
@@ -194,7 +205,8 @@ fn decode_io(b: &[u8], h: Hdr) -> Result<IoEvent, DecodeError> {
         dir,
         family,
         len: ret as u64,
-        data: b[HS_IO_OFF_DATA..].to_vec(),
+        data: b[HS_IO_OFF_DATA..tail_at].to_vec(),
+        tail: b[tail_at..].to_vec(),
         copy_failed,
         // A wake-up after its switch-in, or a burst after the syscall, is
         // not one this write came in: kept apart (and counted), not trusted.
@@ -460,6 +472,39 @@ mod tests {
         let Ok(KEvent::Io(io)) = decode(&rec) else { panic!("{:?}", decode(&rec)) };
         assert_eq!((io.family, io.len, io.data.len(), io.gap()), (Family::Unix, 40_000, 32768, 7232));
         assert_eq!(io.data, payload);
+    }
+
+    /// A unix record with `head` then `tail` of a `ret`-byte transfer.
+    fn unix_record(head: &[u8], tail: &[u8], ret: i64) -> Vec<u8> {
+        let mut rec = io_record(&[head, tail].concat(), ret, HS_SYS_SENDTO, HS_DIR_OUT);
+        rec[HS_IO_OFF_FAMILY] = HS_AF_UNIX as u8;
+        rec[HS_IO_OFF_CAP_LEN..HS_IO_OFF_CAP_LEN + 4].copy_from_slice(&(head.len() as u32).to_ne_bytes());
+        rec[HS_IO_OFF_TAIL_LEN..HS_IO_OFF_TAIL_LEN + 4].copy_from_slice(&(tail.len() as u32).to_ne_bytes());
+        rec
+    }
+
+    #[test]
+    fn a_long_unix_transfer_decodes_its_prefix_its_tail_and_the_gap_between() {
+        let rec = unix_record(b"head", b"tail!", 1_000);
+        let Ok(KEvent::Io(io)) = decode(&rec) else { panic!("{:?}", decode(&rec)) };
+        assert_eq!((io.data.as_slice(), io.tail.as_slice(), io.gap()), (&b"head"[..], &b"tail!"[..], 1_000 - 9));
+        // Prefix and tail may meet: nothing in between.
+        let Ok(KEvent::Io(io)) = decode(&unix_record(b"ab", b"cd", 4)) else { panic!() };
+        assert_eq!((io.data.len(), io.tail.len(), io.gap()), (2, 2, 0));
+    }
+
+    #[test]
+    fn a_tail_that_is_too_long_overlaps_the_prefix_or_is_not_a_unix_sockets_is_rejected() {
+        let big = vec![7u8; HS_MAX_TAIL as usize + 1];
+        assert!(matches!(decode(&unix_record(b"h", &big, 100_000)), Err(DecodeError::TailInvalid { .. })));
+        assert_eq!(decode(&unix_record(b"abc", b"de", 4)), Err(DecodeError::CaptureExceedsRet { cap_len: 5, ret: 4 }));
+        let mut tcp = unix_record(b"abc", b"de", 100);
+        tcp[HS_IO_OFF_FAMILY] = HS_AF_INET as u8;
+        assert!(matches!(decode(&tcp), Err(DecodeError::TailInvalid { tail_len: 2, .. })));
+        // The tail's length must account for the record's last bytes.
+        let mut rec = unix_record(b"abc", b"de", 100);
+        rec[HS_IO_OFF_TAIL_LEN..HS_IO_OFF_TAIL_LEN + 4].copy_from_slice(&3u32.to_ne_bytes());
+        assert_eq!(decode(&rec), Err(DecodeError::CaptureMismatch { cap_len: 6, room: 5 }));
     }
 
     #[test]

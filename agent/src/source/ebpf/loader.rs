@@ -22,7 +22,9 @@ use aya::{
     programs::{BtfTracePoint, Program, ProgramError, TracePoint},
     Btf, BtfError, Ebpf, EbpfError, EbpfLoader,
 };
-use hopscope_ebpf::layout::{HS_CAPTURE_DEFAULT, HS_CAPTURE_UNIX_DEFAULT, HS_IO_SIZE, HS_MAX_CAPTURE, HS_STAT_MAX, HS_STAT_NAMES};
+use hopscope_ebpf::layout::{
+    HS_CAPTURE_DEFAULT, HS_CAPTURE_UNIX_DEFAULT, HS_IO_SIZE, HS_MAX_CAPTURE, HS_MAX_TAIL, HS_STAT_MAX, HS_STAT_NAMES, HS_TAIL_UNIX_DEFAULT,
+};
 
 use super::decode::DecodeError;
 use crate::event::KEvent;
@@ -171,6 +173,11 @@ pub struct EbpfConfig {
     /// The same on unix-domain sockets (the engine IPC): larger by default, so
     /// that libzmq's batched writes keep every frame header.
     pub capture_len_unix: u32,
+    /// Last bytes (0..=HS_MAX_TAIL) also captured of a unix-socket transfer
+    /// longer than `capture_len_unix`: libzmq moves a message over 8 KiB in a
+    /// syscall of its own, so this is the message's end (a long ADD's fields
+    /// after its prompt ids). 0: the prefix only.
+    pub capture_tail_unix: u32,
     /// Off-CPU intervals shorter than this are only counted in the kernel.
     pub min_offcpu_ns: u64,
     /// Ring-buffer backlog (bytes) past which the kernel wakes the reader;
@@ -202,6 +209,7 @@ impl Default for EbpfConfig {
             pids: Vec::new(),
             capture_len: HS_CAPTURE_DEFAULT,
             capture_len_unix: HS_CAPTURE_UNIX_DEFAULT,
+            capture_tail_unix: HS_TAIL_UNIX_DEFAULT,
             min_offcpu_ns: 1_000_000,
             wakeup_bytes: 256 * 1024,
             ringbuf_bytes: 16 * 1024 * 1024,
@@ -367,7 +375,13 @@ impl EbpfSource {
             cfg.ringbuf_bytes.max(4096).checked_next_power_of_two().ok_or_else(|| {
                 SourceError::InvalidConfig(format!("ringbuf_bytes {} is too large", cfg.ringbuf_bytes))
             })?;
-        let least = min_ringbuf_bytes(cfg.capture_len.max(cfg.capture_len_unix));
+        if cfg.capture_tail_unix > HS_MAX_TAIL {
+            return Err(SourceError::InvalidConfig(format!(
+                "capture_tail_unix {} exceeds the kernel maximum {HS_MAX_TAIL}",
+                cfg.capture_tail_unix
+            )));
+        }
+        let least = min_ringbuf_bytes(cfg.capture_len.max(cfg.capture_len_unix + cfg.capture_tail_unix));
         if u64::from(ringbuf_bytes) < least {
             return Err(SourceError::InvalidConfig(format!(
                 "ringbuf_bytes {ringbuf_bytes} holds fewer than {RING_MIN_RECORDS} records of the largest capture: use at least {least} bytes or smaller captures"
@@ -388,6 +402,7 @@ impl EbpfSource {
             .override_global("self_tgid", &self_tgid, true)
             .override_global("capture_len", &cfg.capture_len, true)
             .override_global("capture_len_unix", &cfg.capture_len_unix, true)
+            .override_global("capture_tail_unix", &cfg.capture_tail_unix, true)
             .override_global("min_offcpu_ns", &cfg.min_offcpu_ns, true)
             .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
             .map_max_entries("events", ringbuf_bytes)
@@ -746,19 +761,21 @@ mod tests {
     #[test]
     fn default_config_is_within_kernel_limits() {
         let c = EbpfConfig::default();
-        assert_eq!((c.capture_len, c.capture_len_unix), (4096, 32768));
-        assert!(c.capture_len <= HS_MAX_CAPTURE && c.capture_len_unix <= HS_MAX_CAPTURE);
+        assert_eq!((c.capture_len, c.capture_len_unix, c.capture_tail_unix), (4096, 32768, 4096));
+        assert!(c.capture_len <= HS_MAX_CAPTURE && c.capture_len_unix <= HS_MAX_CAPTURE && c.capture_tail_unix <= HS_MAX_TAIL);
         assert!(c.ringbuf_bytes.is_power_of_two());
-        assert!(u64::from(c.ringbuf_bytes) >= min_ringbuf_bytes(c.capture_len_unix));
+        assert!(u64::from(c.ringbuf_bytes) >= min_ringbuf_bytes(c.capture_len_unix + c.capture_tail_unix));
     }
 
     #[test]
     fn the_smallest_ring_holds_sixteen_records_of_the_largest_capture() {
-        // 88-byte io header + 32 KiB + the ring's 8-byte header, 16 times.
-        assert_eq!(min_ringbuf_bytes(32768), 16 * 32864);
+        // 96-byte io header + 32 KiB + the ring's 8-byte header, 16 times.
+        assert_eq!(HS_IO_SIZE, 96);
+        assert_eq!(min_ringbuf_bytes(32768), 16 * 32872);
         // Records are 8-byte aligned in the ring.
-        assert_eq!(min_ringbuf_bytes(1), 16 * 104);
-        // `--ringbuf-mib 1`, the CLI's smallest ring, takes the largest capture.
-        assert!(min_ringbuf_bytes(HS_MAX_CAPTURE) <= 1 << 20);
+        assert_eq!(min_ringbuf_bytes(1), 16 * 112);
+        // `--ringbuf-mib 1`, the CLI's smallest ring, takes the largest
+        // capture with the largest tail.
+        assert!(min_ringbuf_bytes(HS_MAX_CAPTURE + HS_MAX_TAIL) <= 1 << 20);
     }
 }

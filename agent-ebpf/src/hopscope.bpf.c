@@ -565,10 +565,9 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 		__u64 rest = (__u64)ret - n;
 
 		t = capture_tail_unix;
-		if (t > HS_MAX_TAIL)
-			t = HS_MAX_TAIL;
 		if (rest < t)
 			t = (__u32)rest;
+		/* Last, so the verifier sees the bound at the copy. */
 		if (t > HS_MAX_TAIL)
 			t = HS_MAX_TAIL;
 		if (t > 0 && bpf_probe_read_user(&s->data[n], t, (const void *)(inf.arg + (__u64)ret - t)) != 0)

@@ -47,6 +47,9 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
             })),
             _ => {
                 let gap = if ctl & 8 != 0 { 4096 } else { 0 };
+                // A unix transfer with a gap may carry its end apart (the
+                // kernel's tail capture): the chunk's second half.
+                let head = if gap != 0 && family == Family::Unix && ctl & 0x20 != 0 { chunk.len() / 2 } else { chunk.len() };
                 // The source never delivers a syscall that moved nothing.
                 if chunk.is_empty() && gap == 0 {
                     continue;
@@ -65,18 +68,8 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
                     dir,
                     family,
                     len: chunk.len() as u64 + gap,
-                    // A unix transfer with a gap may carry its end apart
-                    // (the kernel's tail capture): the chunk's second half.
-                    data: if gap != 0 && family == Family::Unix && ctl & 0x20 != 0 {
-                        chunk[..chunk.len() / 2].to_vec()
-                    } else {
-                        chunk.to_vec()
-                    },
-                    tail: if gap != 0 && family == Family::Unix && ctl & 0x20 != 0 {
-                        chunk[chunk.len() / 2..].to_vec()
-                    } else {
-                        vec![]
-                    },
+                    data: chunk[..head].to_vec(),
+                    tail: chunk[head..].to_vec(),
                     copy_failed: false,
                     burst: if dir == Dir::Out && ctl & 0x40 != 0 {
                         Burst::Woken { wake_ns: ts - 500, on_ns: ts - 400 }

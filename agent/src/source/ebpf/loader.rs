@@ -366,21 +366,19 @@ impl EbpfSource {
         if let Some(&pid) = cfg.pids.iter().find(|&&p| !pid_exists(p)) {
             return Err(SourceError::PidNotFound(pid));
         }
-        for (name, len) in [("capture_len", cfg.capture_len), ("capture_len_unix", cfg.capture_len_unix)] {
-            if len > HS_MAX_CAPTURE {
-                return Err(SourceError::InvalidConfig(format!("{name} {len} exceeds the kernel maximum {HS_MAX_CAPTURE}")));
+        for (name, len, max) in [
+            ("capture_len", cfg.capture_len, HS_MAX_CAPTURE),
+            ("capture_len_unix", cfg.capture_len_unix, HS_MAX_CAPTURE),
+            ("capture_tail_unix", cfg.capture_tail_unix, HS_MAX_TAIL),
+        ] {
+            if len > max {
+                return Err(SourceError::InvalidConfig(format!("{name} {len} exceeds the kernel maximum {max}")));
             }
         }
         let ringbuf_bytes =
             cfg.ringbuf_bytes.max(4096).checked_next_power_of_two().ok_or_else(|| {
                 SourceError::InvalidConfig(format!("ringbuf_bytes {} is too large", cfg.ringbuf_bytes))
             })?;
-        if cfg.capture_tail_unix > HS_MAX_TAIL {
-            return Err(SourceError::InvalidConfig(format!(
-                "capture_tail_unix {} exceeds the kernel maximum {HS_MAX_TAIL}",
-                cfg.capture_tail_unix
-            )));
-        }
         let least = min_ringbuf_bytes(cfg.capture_len.max(cfg.capture_len_unix + cfg.capture_tail_unix));
         if u64::from(ringbuf_bytes) < least {
             return Err(SourceError::InvalidConfig(format!(

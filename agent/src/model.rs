@@ -438,6 +438,19 @@ pub enum Record {
         wake_ns: u64,
         on_ns: u64,
     },
+    /// vLLM engine IPC: the ADD of the [`Record::EngineRequest`] that follows
+    /// (same `conn`, `ts_ns`, `dir` and `request_id`) began in an earlier
+    /// syscall, which returned at `first_ns`: libzmq writes a message longer
+    /// than its 8 KiB batch in several. Its hand-over is that first write's
+    /// wake-up. Only for ADDs that spanned syscalls. Format 4.
+    EngineRequestStart {
+        conn: ConnKey,
+        ts_ns: u64,
+        tid: u32,
+        dir: Dir,
+        request_id: String,
+        first_ns: u64,
+    },
 }
 
 /// The peer side of a peer-to-peer copy.
@@ -511,7 +524,8 @@ impl Record {
             | Record::GpuCalibration { ts_ns, .. }
             | Record::GpuSample { ts_ns, .. }
             | Record::EngineStats { ts_ns, .. }
-            | Record::WokenWrite { ts_ns, .. } => *ts_ns,
+            | Record::WokenWrite { ts_ns, .. }
+            | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }
     }

@@ -116,6 +116,8 @@ struct Truth {
     preemptions: u32,
     /// The scheduler showed the writer thread's wake-up (submit is the wake-up).
     woken: bool,
+    /// The ADD left in two writes (submit is the first one's wake-up).
+    spanned: bool,
 }
 
 struct Synthetic {
@@ -332,19 +334,28 @@ impl Gen {
         // here, so wake-ups stay unambiguous).
         let tid = 1000 + c as u32;
         let write = end + self.rng.range(200 * US, 4 * MS);
+        // A long ADD: libzmq writes its 8 KiB batch, then the rest.
+        let first_write = self.rng.chance(0.2).then(|| write - self.rng.range(20 * US, 150 * US));
+        let first = first_write.unwrap_or(write);
         let mut submit = write;
         let mut woken = false;
         if self.wakeups && self.rng.chance(0.6) {
             // Slept, woken by the hand-over, got the CPU, wrote.
-            let wake = self.rng.range(arrive.max(write - 3 * MS / 2), write - 50 * US);
-            let on = self.rng.range(wake + 1, write);
+            let wake = self.rng.range(arrive.max(first - 3 * MS / 2), first - 50 * US);
+            let on = self.rng.range(wake + 1, first);
             let off_ns = on - self.rng.range(1, 5 * MS);
             self.emit(Record::OffCpu { ts_ns: on, tgid: TGID + k, tid, off_ns, wake_ns: Some(wake), prev_state: 1 });
             submit = wake;
             woken = true;
         }
+        if let Some(at) = first_write {
+            self.emit(Record::UnixIo { conn: io.api_in, ts_ns: at, enter_ns: at - 2 * US, tid, dir: Dir::Out, len: 8192 });
+        }
         self.emit(Record::UnixIo { conn: io.api_in, ts_ns: write, enter_ns: write - 2 * US, tid, dir: Dir::Out, len: 900 });
         let engine_id = format!("{id}-{}", self.rng.hex(8));
+        if let Some(first_ns) = first_write {
+            self.emit(Record::EngineRequestStart { conn: io.api_in, ts_ns: write, tid, dir: Dir::Out, request_id: engine_id.clone(), first_ns });
+        }
         let prompt = self.rng.range(20, 2000);
         let max_tokens = self.rng.range(1, 9);
         let external = self.rng.chance(0.8).then(|| id.clone());
@@ -403,6 +414,7 @@ impl Gen {
                 tokens: 0,
                 preemptions: 0,
                 woken,
+                spanned: first_write.is_some(),
             },
             conn,
             seq,
@@ -776,6 +788,10 @@ fn perturb(r: &mut Record, rng: &mut Rng, j: u64) {
             *ts_ns = shift(*ts_ns, d(rng));
             *enter_ns = shift(*enter_ns, d(rng));
         }
+        Record::EngineRequestStart { ts_ns, first_ns, .. } => {
+            *ts_ns = shift(*ts_ns, d(rng));
+            *first_ns = shift(*first_ns, d(rng));
+        }
         Record::EngineOutputs { ts_ns, timestamp_s, outputs, .. } => {
             *ts_ns = shift(*ts_ns, d(rng));
             if let Some(s) = timestamp_s {
@@ -1127,6 +1143,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 *c.entry(format!("chain:{:?}", t.source)).or_default() += 1;
                 *c.entry("preempted".into()).or_default() += u64::from(t.preemptions > 0);
                 *c.entry("woken".into()).or_default() += u64::from(t.woken);
+                *c.entry("woken_spanning_writes".into()).or_default() += u64::from(t.woken && t.spanned);
                 *c.entry("queued".into()).or_default() += u64::from(t.scheduled > t.submit + 5 * MS);
             }
             let reader_only = !s.records.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
@@ -1170,7 +1187,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
     });
     let c = covered.into_inner();
     eprintln!("clean: covered {c:?}");
-    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats"] {
+    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "woken_spanning_writes", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats"] {
         assert!(c.get(k).copied().unwrap_or(0) > 0, "no case covered {k}: {c:?}");
     }
 }
@@ -1268,6 +1285,10 @@ fn offset(r: &mut Record, d: u64) {
         Record::UnixIo { ts_ns, enter_ns, .. } => {
             *ts_ns += d;
             *enter_ns += d;
+        }
+        Record::EngineRequestStart { ts_ns, first_ns, .. } => {
+            *ts_ns += d;
+            *first_ns += d;
         }
         Record::EngineOutputs { ts_ns, timestamp_s, outputs, .. } => {
             *ts_ns += d;

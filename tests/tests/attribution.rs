@@ -251,6 +251,40 @@ fn phases_match_ground_truth_when_requests_are_preempted() {
     eprintln!("preemption: worst phase error {worst:.3} ms");
 }
 
+/// Prompts longer than libzmq's 8 KiB batch (an agent chain's later hops in
+/// real vLLM: 3–5 msgpack bytes per id, so ~2 K tokens): the frontend's
+/// I/O thread writes each ADD as the batch and then the rest, and the ADD
+/// is decoded at the second write, which is not the thread's first I/O
+/// since the send woke it. hopscope times the hand-over by the wake-up
+/// before the first write (`EngineRequestStart`); the partition holds as
+/// for short prompts.
+#[test]
+fn phases_match_ground_truth_for_prompts_longer_than_a_zmq_batch() {
+    let Some(_serial) = privileged("phases_match_ground_truth_for_prompts_longer_than_a_zmq_batch") else { return };
+    // ~1300 words: ~9 K byte tokens, one msgpack byte each.
+    let run = run_testbed("attr-long", &[], &[&["--chains", "2", "--hops", "2", "--max-tokens", "8", "--prompt-words", "1300", "--stagger-ms", "40"]]);
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("prompts over a ZMQ batch: worst phase error {worst:.3} ms");
+    let chat: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
+    assert_eq!(chat.len(), 4);
+    for r in &chat {
+        assert!(r["prompt_tokens"].as_u64().unwrap() > 8192, "{}: a prompt over one batch of ids", r["id"]);
+    }
+    let recs = hopscope::recording::load(&run.hop).unwrap().records;
+    let started: Vec<(u64, u64)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            hopscope::model::Record::EngineRequestStart { ts_ns, dir: hopscope::event::Dir::Out, first_ns, .. } => Some((*first_ns, *ts_ns)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started.len(), chat.len(), "every written ADD spanned two writes: {started:?}");
+    assert!(started.iter().all(|&(first, last)| first < last));
+    let woken = chat.iter().filter(|r| r["submit_source"] == "wake").count();
+    assert!(woken * 2 >= chat.len(), "most long ADDs are timed by the wake-up before their first write: {woken} of {}", chat.len());
+}
+
 /// Without engine stats logging vLLM sends no SCHEDULED events: queue's end
 /// falls back to the end of the step before the first-token step. That is
 /// exact when nothing else ran in between and late by up to a chunked

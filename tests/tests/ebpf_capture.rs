@@ -901,6 +901,8 @@ type Add = (Dir, String, Option<String>, Option<u64>, Option<u64>, Option<f64>, 
 
 struct IpcRun {
     adds: Vec<Add>,
+    /// The writer's ADDs that said they began in an earlier write.
+    started_out: Vec<String>,
     counters: Vec<(&'static str, u64)>,
     kernel_truncated: u64,
 }
@@ -961,6 +963,13 @@ out("done")
         dec.on_event(e, &mut out);
     }
     dec.finish(&mut out);
+    let started_out = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::EngineRequestStart { dir: Dir::Out, request_id, first_ns, ts_ns, .. } if first_ns < ts_ns => Some(request_id.clone()),
+            _ => None,
+        })
+        .collect();
     let adds = out
         .into_iter()
         .filter_map(|r| match r {
@@ -970,7 +979,7 @@ out("done")
             _ => None,
         })
         .collect();
-    IpcRun { adds, counters: dec.counters(), kernel_truncated: src.stats().get("kernel_truncated").unwrap() }
+    IpcRun { adds, started_out, counters: dec.counters(), kernel_truncated: src.stats().get("kernel_truncated").unwrap() }
 }
 
 /// The demo's lost link: libzmq batches messages into writes of up to 8 KiB,
@@ -1018,6 +1027,8 @@ fn a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded() {
     // A and C fit in the frame's kept 40 KiB and are read whole from it; E,
     // longer, on both sides: its fields after the prompt ids come from its tail.
     assert_eq!(run.counter("ipc_tail_recovered"), 2, "{:?}", run.counters);
+    // E alone spans writes: its hand-over is its first write's.
+    assert_eq!(run.started_out, ["chatcmpl-e-0000abcd"]);
 
     // Without the tail (as before it was captured): E keeps its id and
     // prompt length only on the writer's side.

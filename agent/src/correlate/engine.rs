@@ -175,10 +175,21 @@ pub struct Woke {
     /// overwritten first: when it cannot have run ([`Self::running_at`]).
     pub offs: [(u64, u64); OFFS],
     pub offs_next: usize,
+    /// Its latest unix-socket I/Os and what [`Self::woken_for`] said of
+    /// each when it happened, oldest overwritten first: a message written
+    /// in several syscalls was handed over when the thread woke for the
+    /// first ([`Self::woken_for_message`]).
+    pub ios: [(u64, Option<u64>); IOS],
+    pub ios_next: usize,
 }
 
 /// How many of a thread's latest off-CPU intervals [`Woke`] keeps.
 const OFFS: usize = 8;
+
+/// How many of a thread's latest unix-socket I/Os [`Woke`] keeps: libzmq
+/// writes a long message as its 8 KiB batch and the rest (more writes only
+/// when the socket's buffer fills), with other sockets' I/O maybe between.
+const IOS: usize = 8;
 
 impl Woke {
     /// An off-CPU interval from `off_ns` ended at `on_ns`; `prev_state` 0 =
@@ -217,7 +228,22 @@ impl Woke {
         if ts_ns != self.last_io_ns {
             self.prev_io_ns = self.last_io_ns;
             self.last_io_ns = ts_ns;
+            // Judged now: by a later write of the same message the thread
+            // may have done other I/O, been preempted or slept.
+            self.ios[self.ios_next] = (ts_ns, self.woken_for(ts_ns));
+            self.ios_next = (self.ios_next + 1) % IOS;
         }
+    }
+
+    /// [`Self::woken_for`] a message whose first byte left in the write at
+    /// `first_ns` and whose last in the one at `write_ns`: the first write's
+    /// wake-up, as judged when it happened. None once that write is past
+    /// the I/Os kept.
+    pub fn woken_for_message(&self, first_ns: u64, write_ns: u64) -> Option<u64> {
+        if first_ns >= write_ns {
+            return self.woken_for(write_ns);
+        }
+        self.ios.iter().find(|&&(t, _)| t == first_ns).and_then(|&(_, wake)| wake)
     }
 
     /// The wake-up that made this thread write at `write_ns`: it got the CPU
@@ -445,6 +471,10 @@ pub struct EngineSide {
     /// The latest `EngineStats` (connection, time): the stats of the output
     /// message read or written at the same connection and time.
     stats_at: Option<(ConnKey, u64)>,
+    /// The latest `EngineRequestStart` (connection, time, thread, id's
+    /// [`name_hash`], first write): where the written ADD that follows it
+    /// began.
+    started: Option<(ConnKey, u64, u32, u64, u64)>,
     seen_writer: bool,
     from_reader: bool,
     /// Per writer thread, what its ADDs told ([`Writer`]).
@@ -475,6 +505,12 @@ impl EngineSide {
     /// before its outputs).
     pub fn stats_seen(&mut self, conn: ConnKey, ts_ns: u64) {
         self.stats_at = Some((conn, ts_ns));
+    }
+
+    /// The written ADD `request_id` that follows at `ts_ns` began in the
+    /// write at `first_ns` (`Record::EngineRequestStart`).
+    pub fn request_started(&mut self, conn: ConnKey, ts_ns: u64, tid: u32, request_id: &str, first_ns: u64) {
+        self.started = Some((conn, ts_ns, tid, name_hash(request_id), first_ns));
     }
 
     fn count(&mut self, what: &'static str) {
@@ -573,6 +609,11 @@ impl EngineSide {
                 let ri = self.idx(request_id);
                 self.touched.push(ri);
                 let writer = *dir == Dir::Out;
+                // Its first byte's write, when libzmq wrote it in several.
+                let first_ns = match self.started.take() {
+                    Some((c, t, th, h, first)) if writer && (c, t, th) == (*conn, *ts_ns, *tid) && h == name_hash(request_id) => first,
+                    _ => *ts_ns,
+                };
                 let r = &self.reqs[ri];
                 // The writer's syscall wins; the first copy seen otherwise.
                 let (has_submit, from_writer) = (r.submit_ns.is_some(), r.submit_from_writer);
@@ -592,7 +633,9 @@ impl EngineSide {
                         None
                     } else {
                         let w = self.writers.entry(*tid).or_default();
-                        let wake = if w.write_ns == *ts_ns { None } else { woke.get(tid).and_then(|o| o.woken_for(*ts_ns)) };
+                        // Not the first handed over when an earlier ADD left
+                        // in the write this one began in.
+                        let wake = if w.write_ns == *ts_ns || w.write_ns == first_ns { None } else { woke.get(tid).and_then(|o| o.woken_for_message(first_ns, *ts_ns)) };
                         if w.write_ns != *ts_ns {
                             (w.prev_write_ns, w.write_ns) = (w.write_ns, *ts_ns);
                         }
@@ -1701,6 +1744,64 @@ mod tests {
         assert!(b.abs_diff(20 * MS) < 1_000, "B built 10.1 ms after A, placed from A's wake-up: {b}");
         let ((a, a_source), _) = run(false);
         assert_eq!((a, a_source), (13 * MS, super::SUBMIT_WRITE), "without the kernel's word the burst seen is 11 ms old");
+    }
+
+    /// libzmq writes an ADD longer than its 8 KiB batch in two syscalls.
+    /// B's send woke the I/O thread at 4 ms; the batch at 5.1 ms carried
+    /// B's start, the rest left at 5.2 ms. B's hand-over is that wake-up,
+    /// though the write that completed it was not the thread's first I/O
+    /// since. C began in the batch that also carried D whole: D owns that
+    /// wake-up, C is placed by its arrival_time. Without the record of
+    /// where B began (recordings before format 4) B is placed by its
+    /// arrival_time too.
+    #[test]
+    fn an_add_written_in_several_syscalls_is_handed_over_when_its_first_write_woke() {
+        const US: u64 = 1_000;
+        let run = |started: bool| {
+            let add = |id: &str, at: u64, arrival_time_s: Option<f64>| add(id, at, 7, arrival_time_s);
+            let t0 = 1_796_127_787.051_362_5;
+            let mut recs = Vec::new();
+            for (id, fd, at) in [("chatcmpl-a", 5, MS), ("chatcmpl-b", 6, 3 * MS), ("chatcmpl-d", 8, 19 * MS), ("chatcmpl-c", 9, 19 * MS)] {
+                recs.push(http(id, fd, at).remove(0));
+            }
+            let write = |recs: &mut Vec<Record>, at: u64, wake_ns: u64, on_ns: u64, len: u64| {
+                recs.push(Record::WokenWrite { ts_ns: at, tgid: 2, tid: 7, wake_ns, on_ns });
+                recs.push(Record::UnixIo { conn: IPC, ts_ns: at, enter_ns: at - 20 * US, tid: 7, dir: Dir::Out, len });
+            };
+            let start = |recs: &mut Vec<Record>, id: &str, at: u64, first_ns: u64| {
+                if started {
+                    recs.push(Record::EngineRequestStart { conn: IPC, ts_ns: at, tid: 7, dir: Dir::Out, request_id: format!("{id}-0123abcd"), first_ns });
+                }
+            };
+            recs.push(Record::OffCpu { ts_ns: 2 * MS, tgid: 2, tid: 7, off_ns: 0, wake_ns: Some(1500 * US), prev_state: 1 });
+            write(&mut recs, 2100 * US, 1500 * US, 2 * MS, 1000);
+            recs.push(add("chatcmpl-a", 2100 * US, Some(t0)));
+            recs.push(Record::OffCpu { ts_ns: 4500 * US, tgid: 2, tid: 7, off_ns: 2200 * US, wake_ns: Some(4 * MS), prev_state: 1 });
+            write(&mut recs, 5100 * US, 4 * MS, 4500 * US, 8192);
+            write(&mut recs, 5200 * US, 4 * MS, 4500 * US, 40_000);
+            start(&mut recs, "chatcmpl-b", 5200 * US, 5100 * US);
+            recs.push(add("chatcmpl-b", 5200 * US, Some(t0 + 0.002)));
+            recs.push(Record::OffCpu { ts_ns: 20200 * US, tgid: 2, tid: 7, off_ns: 5300 * US, wake_ns: Some(20 * MS), prev_state: 1 });
+            write(&mut recs, 20300 * US, 20 * MS, 20200 * US, 8192);
+            recs.push(add("chatcmpl-d", 20300 * US, Some(t0 + 0.0185)));
+            write(&mut recs, 20400 * US, 20 * MS, 20200 * US, 30_000);
+            start(&mut recs, "chatcmpl-c", 20400 * US, 20300 * US);
+            recs.push(add("chatcmpl-c", 20400 * US, Some(t0 + 0.0188)));
+            let all = [("chatcmpl-a", true, Some(29 * MS)), ("chatcmpl-b", true, Some(29 * MS)), ("chatcmpl-d", true, Some(29 * MS)), ("chatcmpl-c", true, Some(29 * MS))];
+            recs.push(step(30 * MS, &all));
+            answered(&mut recs, &[("chatcmpl-a", 5, 31 * MS), ("chatcmpl-b", 6, 31 * MS), ("chatcmpl-d", 8, 31 * MS), ("chatcmpl-c", 9, 31 * MS)]);
+            let got = submits(recs);
+            ["chatcmpl-a", "chatcmpl-b", "chatcmpl-d", "chatcmpl-c"].map(got)
+        };
+        let [a, b, d, (c, c_source)] = run(true);
+        assert_eq!(a, (1500 * US, super::SUBMIT_WAKE));
+        assert_eq!(b, (4 * MS, super::SUBMIT_WAKE), "the wake-up its first write came after");
+        assert_eq!(d, (20 * MS, super::SUBMIT_WAKE));
+        assert_eq!(c_source, super::SUBMIT_ARRIVAL, "not the first handed over in its first write");
+        assert!(c.abs_diff(20300 * US) < 1_000, "C built 0.3 ms after D, placed from D's wake-up: {c}");
+        let [_, (b, b_source), ..] = run(false);
+        assert_eq!(b_source, super::SUBMIT_ARRIVAL, "its completing write was not the thread's first I/O since the wake-up");
+        assert!(b.abs_diff(3500 * US) < 1_000, "B built 2 ms after A, placed from A's wake-up: {b}");
     }
 
     /// B is built 10 ms after A (its arrival_time), so A's anchor places

@@ -741,6 +741,8 @@ impl Correlator {
             }
             // Which output message carried its step's stats (the readers' join).
             Record::EngineStats { conn, ts_ns, .. } => self.engine.stats_seen(*conn, *ts_ns),
+            // Where a written ADD that spanned writes began (its hand-over).
+            Record::EngineRequestStart { conn, ts_ns, tid, dir: crate::event::Dir::Out, request_id, first_ns } => self.engine.request_started(*conn, *ts_ns, *tid, request_id, *first_ns),
             Record::Drops { counters, .. } => {
                 // Cumulative snapshots: the latest wins.
                 for (k, v) in counters {

@@ -4,7 +4,8 @@
 //! classifies every complete message (see `shared/vllm-wire.md` §2, §6, §8):
 //!
 //! * **input** (frontend → engine): frame 0 is the 1-byte request type, frame 1
-//!   msgpack. ADD `00` → [`Record::EngineRequest`], ABORT `01` →
+//!   msgpack. ADD `00` → [`Record::EngineRequest`] (after a
+//!   [`Record::EngineRequestStart`] when it spanned syscalls), ABORT `01` →
 //!   [`Record::EngineAbort`], UTILITY `03` (and `02` before #13923) counted,
 //!   START_DP_WAVE `02` counted.
 //! * **output** (engine → frontend): frame 0 is a msgpack `EngineCoreOutputs`
@@ -1115,6 +1116,16 @@ impl IpcDecoder {
         match ipc {
             Ipc::Add(r) => {
                 self.c.ipc_add += 1;
+                if m.first_ns != 0 && m.first_ns < m.ts_ns {
+                    out.push(Record::EngineRequestStart {
+                        conn: io.conn,
+                        ts_ns: m.ts_ns,
+                        tid: m.tid,
+                        dir: io.dir,
+                        request_id: r.request_id.clone(),
+                        first_ns: m.first_ns,
+                    });
+                }
                 out.push(Record::EngineRequest {
                     conn: io.conn,
                     ts_ns: m.ts_ns,
@@ -1390,9 +1401,11 @@ mod tests {
             .unwrap_or_else(|| panic!("no counter {name}"))
     }
 
+    /// The messages decoded (not the syscalls, nor where a long ADD began:
+    /// `an_add_that_spans_writes_is_preceded_by_where_it_began`).
     fn engine_records(rs: &[Record]) -> Vec<&Record> {
         rs.iter()
-            .filter(|r| !matches!(r, Record::UnixIo { .. }))
+            .filter(|r| !matches!(r, Record::UnixIo { .. } | Record::EngineRequestStart { .. }))
             .collect()
     }
 
@@ -1978,6 +1991,41 @@ mod tests {
         assert!(matches!(adds[0], Record::EngineRequest { ts_ns: 20, .. }), "{adds:?}");
     }
 
+    /// An ADD written in two syscalls says where it began, just before it;
+    /// one written in one says nothing more.
+    #[test]
+    fn an_add_that_spans_writes_is_preceded_by_where_it_began() {
+        let small = input_msg(0, &request_022("chatcmpl-s-00000001", "chatcmpl-s", 10, Some(8), None));
+        let long = input_msg(0, &request_022("chatcmpl-big-7e57ab1e", "chatcmpl-big", 3000, Some(256), None));
+        let mut batch = small.clone();
+        batch.extend_from_slice(&long[..8192 - small.len()]);
+        let rest = &long[8192 - small.len()..];
+        let hs = synthetic_handshake("DEALER");
+        let mut dec = WireDecoder::new(DecoderConfig::default());
+        let evs = [
+            unix_io(FRONT, Dir::Out, 10, &hs, hs.len() as u64),
+            unix_io(FRONT, Dir::Out, 20, &batch, batch.len() as u64),
+            unix_io(FRONT, Dir::Out, 30, rest, rest.len() as u64),
+        ];
+        let out = run(&mut dec, &evs);
+        let got: Vec<_> = out
+            .iter()
+            .filter_map(|r| match r {
+                Record::EngineRequestStart { ts_ns, dir, request_id, first_ns, .. } => Some((*ts_ns, *dir, request_id.as_str(), Some(*first_ns))),
+                Record::EngineRequest { ts_ns, dir, request_id, .. } => Some((*ts_ns, *dir, request_id.as_str(), None)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (20, Dir::Out, "chatcmpl-s-00000001", None),
+                (30, Dir::Out, "chatcmpl-big-7e57ab1e", Some(20)),
+                (30, Dir::Out, "chatcmpl-big-7e57ab1e", None),
+            ]
+        );
+    }
+
     /// libzmq writes a large message as one 8 KiB batch, then the rest: with a
     /// 4 KiB unix capture (`--capture-bytes-unix 4096`, the probe's capture
     /// before 32 KiB) the request's fields after the prompt ids are in the
@@ -2452,6 +2500,7 @@ mod tests {
             num_frames: 1,
             ts_ns: 1,
             tid: 1,
+            first_ns: 1,
         };
         let mut n = Notes::default();
         let Ipc::Outputs(o) = classify(&m, Some("PUSH"), &mut n) else {
@@ -2819,6 +2868,7 @@ mod tests {
                 num_frames: 1,
                 ts_ns: 0,
                 tid: 0,
+                first_ns: 0,
             };
             if let Ipc::Outputs(o) = classify(&m, Some("PUSH"), &mut Notes::default()) {
                 assert!(o.outputs.len() >= prev, "outputs only grow with the prefix");

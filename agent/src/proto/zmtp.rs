@@ -108,6 +108,10 @@ pub struct Message {
     pub ts_ns: u64,
     /// Thread of that syscall.
     pub tid: u32,
+    /// Exit time of the syscall that carried the message's first byte:
+    /// `ts_ns` unless the message spanned syscalls (libzmq writes one
+    /// longer than its 8 KiB batch in several).
+    pub first_ns: u64,
 }
 
 /// Greeting facts.
@@ -192,6 +196,8 @@ pub struct Stream {
     /// Frames of the message being assembled.
     frames: Vec<Frame>,
     num_frames: u32,
+    /// The syscall that carried its first byte ([`Message::first_ns`]).
+    first_ns: u64,
     greeting: Option<Greeting>,
     socket_type: Option<String>,
     identity: Option<Vec<u8>>,
@@ -215,6 +221,7 @@ impl Stream {
             seg: None,
             frames: Vec::new(),
             num_frames: 0,
+            first_ns: 0,
             greeting: None,
             socket_type: None,
             identity: None,
@@ -370,6 +377,7 @@ impl Stream {
             self.seg = probe.seg;
             self.frames = probe.frames;
             self.num_frames = probe.num_frames;
+            self.first_ns = probe.first_ns;
             out.append(&mut got);
             if gap > 0 {
                 self.skip_gap(gap, ts_ns, tid, st, out);
@@ -412,6 +420,7 @@ impl Stream {
             num_frames,
             ts_ns: 0,
             tid: 0,
+            first_ns: self.first_ns,
         }
     }
 
@@ -525,6 +534,9 @@ impl Stream {
                 State::Header { n } => {
                     let n = n as usize;
                     if n == 0 {
+                        if self.num_frames == 0 {
+                            self.first_ns = ts_ns;
+                        }
                         let f = data[i];
                         // Reserved bits must be zero; a command is never multipart.
                         if f & !0x07 != 0 || (f & FLAG_CMD != 0 && f & FLAG_MORE != 0) {
@@ -643,6 +655,7 @@ impl Stream {
                 num_frames: std::mem::replace(&mut self.num_frames, 0),
                 ts_ns,
                 tid,
+                first_ns: self.first_ns,
             });
         }
     }
@@ -792,6 +805,38 @@ mod tests {
         assert!(out.is_empty());
         s.feed(&wire[head + 3..], 0, 20, 2, &any, &mut st, &mut out);
         assert_eq!((out[0].ts_ns, out[0].tid), (20, 2));
+    }
+
+    /// libzmq writes a message longer than its 8 KiB batch in several
+    /// syscalls: the message says where it began as well as where it ended.
+    /// Its multipart frames, the message before it in the same write and a
+    /// resync do not move that start.
+    #[test]
+    fn message_knows_the_syscall_that_carried_its_first_byte() {
+        let mut wire = greeting();
+        wire.extend(ready(&[("Socket-Type", b"DEALER"), ("Identity", b"")]));
+        let head = wire.len();
+        wire.extend(frame(&[0x00], true));
+        wire.extend(frame(b"small", false));
+        let second = wire.len();
+        wire.extend(frame(&[0x00], true));
+        wire.extend(frame(&[7u8; 12_000], false));
+        let mut s = Stream::new(Limits::default());
+        let mut st = Stats::default();
+        let mut out = Vec::new();
+        s.feed(&wire[..head], 0, 5, 1, &any, &mut st, &mut out);
+        // One batch: the small message whole and the long one's start; then the rest.
+        s.feed(&wire[head..second + 100], 0, 10, 1, &any, &mut st, &mut out);
+        s.feed(&wire[second + 100..], 0, 20, 1, &any, &mut st, &mut out);
+        let at: Vec<_> = out.iter().map(|m| (m.first_ns, m.ts_ns, m.num_frames)).collect();
+        assert_eq!(at, [(10, 10, 2), (10, 20, 2)]);
+        // Attached mid-stream: the long message starts at the syscall it was adopted at.
+        let mut s = Stream::at_boundary(Limits::default());
+        s.state = State::Lost { tries: 0, attach: true };
+        let mut out = Vec::new();
+        s.feed(&wire[second..second + 100], 0, 30, 1, &any, &mut st, &mut out);
+        s.feed(&wire[second + 100..], 0, 40, 1, &any, &mut st, &mut out);
+        assert_eq!(out.iter().map(|m| (m.first_ns, m.ts_ns)).collect::<Vec<_>>(), [(30, 40)]);
     }
 
     #[test]

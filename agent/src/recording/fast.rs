@@ -522,11 +522,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::GpuSample { .. } => 24,
         Record::EngineStats { .. } => 25,
         Record::WokenWrite { .. } => 26,
+        Record::EngineRequestStart { .. } => 27,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 27;
+pub const VARIANTS: usize = 28;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -581,6 +582,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
             fields!(c; conn, ts_ns, engine_index, running, waiting, kv_cache_usage, step_counter, prefix_cache_queries, prefix_cache_hits)
         }
         Record::WokenWrite { ts_ns, tgid, tid, wake_ns, on_ns } => fields!(c; ts_ns, tgid, tid, wake_ns, on_ns),
+        Record::EngineRequestStart { conn, ts_ns, tid, dir, request_id, first_ns } => fields!(c; conn, ts_ns, tid, dir, request_id, first_ns),
     }
 }
 
@@ -996,6 +998,7 @@ mod tests {
             },
             Record::EngineStats { conn: ck(k + 13), ts_ns: 148, engine_index: opt(149), running: Some(150), waiting: None, kv_cache_usage: Some(0.151), step_counter: opt(152), prefix_cache_queries: Some(153), prefix_cache_hits: Some(154) },
             Record::WokenWrite { ts_ns: 155, tgid: 156, tid: 157, wake_ns: 158, on_ns: 159 },
+            Record::EngineRequestStart { conn: ck(k + 14), ts_ns: 160, tid: 161, dir: Dir::In, request_id: s("start"), first_ns: 162 },
         ]
     }
 

@@ -1872,8 +1872,8 @@ fn decimals_read_as_the_formatter_writes_them() {
 fn streamed_traces_of_the_testbed_recordings_draw_the_whole_layouts_request_step_flows() {
     // The committed recordings of the real testbed (real sockets, eBPF,
     // the vLLM-shaped engine's IPC): queueing, a 3-hop chain, tensor
-    // parallel with chunked prefill.
-    for name in ["queue2", "chain3", "tp_chunked"] {
+    // parallel with chunked prefill, ADDs longer than a ZMQ batch.
+    for name in ["queue2", "chain3", "tp_chunked", "long_adds"] {
         let file = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.hop"))).expect("fixture");
         let mut reader = crate::recording::Reader::new(&file[..]).unwrap();
         let m = reader.meta().clone();

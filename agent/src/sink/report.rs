@@ -1053,6 +1053,12 @@ pub fn is_loss(name: &str) -> bool {
         "engine_reader_outputs_joined",
         "zmtp_streams",
         "resyncs",
+        // Framing picked up again, a stream adopted mid-way, an ADD's
+        // fields read from its transfer's end: recoveries (the desync and
+        // the messages it lost are counted apart, as losses).
+        "zmtp_resyncs",
+        "zmtp_attach_mid_stream",
+        "ipc_tail_recovered",
         "engine_requests_linked",
         "engine_steps_from_reader",
         "upgrades",
@@ -2251,6 +2257,76 @@ mod tests {
     use crate::sink::summary::ReqView;
 
     const NASTY: &str = "a\"b\\c/d\u{0}\u{1f}\n\t\r\u{8}\u{c}\u{7f} é 日本 🚀";
+
+    /// Counter names written as literals in `src`: `count("x"`,
+    /// `entry("x"`, `(("x", n)`, `("x".to_owned()`, `("x".into()`.
+    fn literal_counters(src: &str) -> Vec<String> {
+        // Not the file's tests.
+        let src = src.split("#[cfg(test)]").next().unwrap_or(src);
+        let mut out = Vec::new();
+        for pat in ["count(\"", "entry(\"", "((\"", "(\""] {
+            for (at, _) in src.match_indices(pat) {
+                let rest = &src[at + pat.len()..];
+                let Some(end) = rest.find('"') else { continue };
+                let name = &rest[..end];
+                let follows = &rest[end + 1..];
+                let literal = match pat {
+                    "((\"" => follows.starts_with(", "),
+                    "(\"" => follows.starts_with(".to_owned()") || follows.starts_with(".into()"),
+                    _ => true,
+                };
+                if literal && !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+                    out.push(name.to_owned());
+                }
+            }
+        }
+        out
+    }
+
+    /// Every counter a recording's `drops` can hold — the kernel's, the
+    /// wire decoder's, the pipeline's, the GPU and NVML receivers' and the
+    /// correlator's — is explained in docs/counters.md.
+    #[test]
+    fn every_counter_a_report_can_show_is_in_the_glossary() {
+        let doc = include_str!("../../../docs/counters.md");
+        let mut names: Vec<String> = crate::source::ebpf::KernelStats::default().iter().map(|(n, _)| n.to_owned()).collect();
+        names.extend(crate::proto::WireDecoder::new(crate::proto::DecoderConfig::default()).counters().into_iter().map(|(n, _)| n.to_owned()));
+        names.extend(hopscope_gpu_wire::Counter::ALL.iter().map(|c| format!("gpu_{}", c.name())));
+        names.extend(["events_late", "events_invalid", "gpu_records_late"].map(str::to_owned));
+        for src in [
+            include_str!("../source/cupti.rs"),
+            include_str!("../source/nvml.rs"),
+            include_str!("../correlate/mod.rs"),
+            include_str!("../correlate/engine.rs"),
+            include_str!("../correlate/gpu.rs"),
+            include_str!("../correlate/oncpu.rs"),
+            include_str!("../correlate/wire_steps.rs"),
+            include_str!("../correlate/join.rs"),
+        ] {
+            // The receivers' files name other things in literals too.
+            let receiver = src.contains("fn counters(&self) -> Vec<(String, u64)>");
+            names.extend(literal_counters(src).into_iter().filter(|n| !receiver || n.starts_with("gpu_") || n.starts_with("nvml_")));
+        }
+        names.sort();
+        names.dedup();
+        assert!(names.len() > 100, "{} names: the scan found too few", names.len());
+        let missing: Vec<&String> = names.iter().filter(|n| !doc.contains(&format!("`{n}`"))).collect();
+        assert!(missing.is_empty(), "counters missing from docs/counters.md: {missing:?}");
+        // Each row's kind is the one the report prints it under.
+        let mut rows = 0;
+        for line in doc.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let [_, name, kind, ..] = cells[..] else { continue };
+            let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else { continue };
+            if name.contains('<') {
+                continue;
+            }
+            let want = if is_loss(name) { "loss" } else { "activity" };
+            assert_eq!(kind, want, "docs/counters.md: {name}");
+            rows += 1;
+        }
+        assert!(rows >= names.len(), "{rows} rows for {} names", names.len());
+    }
 
     fn edge_request<'a>(itl: &'a [f64], from: &'a [crate::correlate::Name]) -> RequestRef<'a> {
         RequestRef {

@@ -987,6 +987,10 @@ impl Attribution {
         while let Some(g) = self.gpu.pop() {
             self.decided(g);
         }
+        for end in self.cpu.take_unknown() {
+            // Counted once, in oncpu_windows_unknown.
+            self.cpu_wait.remove(&end);
+        }
         while let Some(c) = self.cpu.pop() {
             if self.gpu_seen {
                 continue;
@@ -1914,6 +1918,36 @@ mod tests {
         assert_eq!(g, None, "no GPU source: no GPU share");
         assert_eq!(c, Some(RequestCompute { prefill_ns: None, decode_ns: Some(24 * MS), steps: 4, source: ComputeSource::Oncpu }), "its prefill step was the engine's first: no figure");
         assert_eq!(a.counters.get("oncpu_steps_without_start"), Some(&1));
+    }
+
+    #[test]
+    fn a_step_whose_on_cpu_window_is_unknown_is_counted_once_and_not_held() {
+        // Engine 2 (thread 2 seen off CPU at 5 ms and until just after 2 s)
+        // ends steps at 10 ms and 2 s: its window is known and the threads'
+        // intervals before 1 s are let go. Engine 4, its thread seen off CPU
+        // at 50 ms, says at 2.001 s that its first step ended at 100 ms,
+        // then ends one at 2.01 s: that window's start was let go.
+        let b = ConnKey { tgid: 4, fd: 9, ino: 98 };
+        let mut late = outputs_on(b, 2_001 * MS, &[("A", None)]);
+        if let Record::EngineOutputs { timestamp_s, .. } = &mut late {
+            *timestamp_s = Some(0.1);
+        }
+        let mut recs = vec![
+            add(MS, "A", 10),
+            Record::OffCpu { ts_ns: 6 * MS, tgid: 2, tid: 2, off_ns: 5 * MS, wake_ns: None, prev_state: 1 },
+            Record::OffCpu { ts_ns: 60 * MS, tgid: 4, tid: 4, off_ns: 50 * MS, wake_ns: None, prev_state: 1 },
+            outputs(10 * MS, &[("A", Some((2 * MS, 10)))]),
+            Record::OffCpu { ts_ns: 2_000 * MS + 20 * US, tgid: 2, tid: 2, off_ns: 1_999 * MS, wake_ns: None, prev_state: 1 },
+            outputs(2_000 * MS, &[("A", None)]),
+            late,
+            outputs_on(b, 2_010 * MS, &[("A", None)]),
+        ];
+        let mut a = attribute_all(&mut recs);
+        let (_, compute) = a.take_steps();
+        assert_eq!(compute.iter().map(|c| c.end_ns).collect::<Vec<_>>(), vec![2_000 * MS], "engine 2's window only");
+        assert_eq!(a.counters.get("oncpu_windows_unknown"), Some(&1));
+        assert_eq!(a.counters.get("oncpu_steps_unknown"), None, "the same step again");
+        assert!(a.cpu_wait.is_empty(), "nothing will come for it: not held");
     }
 
     fn http(fd: i32, at: u64, sse_id: &str, content: &[u64], done: u64) -> Vec<Record> {

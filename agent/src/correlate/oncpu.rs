@@ -153,6 +153,10 @@ pub struct StepCpu {
 /// the thread slept through the end of a step it produced.
 pub const SETTLE_NS: u64 = 50_000_000;
 
+/// How far before the oldest window still held the threads' intervals are
+/// kept (see [`EngineCompute::step_end`]).
+pub const PRUNE_LAG_NS: u64 = 1_000_000_000;
+
 #[derive(Debug, Default)]
 struct Engine {
     prev_end: Option<u64>,
@@ -165,12 +169,16 @@ struct Engine {
 /// [`EngineCompute::off_cpu`] and step ends with [`EngineCompute::step_end`],
 /// in recording order; take results with [`EngineCompute::pop`] (in step
 /// order per engine), end with [`EngineCompute::finish`]. Memory: the
-/// windows of the last [`SETTLE_NS`] and the threads' intervals since.
+/// windows of the last [`SETTLE_NS`] and the threads' intervals from
+/// [`PRUNE_LAG_NS`] before them.
 #[derive(Debug, Default)]
 pub struct EngineCompute {
     pub cpu: OnCpu,
     engines: BTreeMap<u32, Engine>,
     pub(crate) ready: VecDeque<StepCpu>,
+    /// Ends of the steps whose window could not be had (counted in
+    /// `oncpu_windows_unknown`): no figure will come for them.
+    unknown: Vec<u64>,
     watermark: u64,
     pruned_at: u64,
     /// The earliest time a held window settles (its end + [`SETTLE_NS`]),
@@ -229,7 +237,11 @@ impl EngineCompute {
         self.resolve(false);
         let oldest = self.engines.values().filter_map(|e| e.windows.front().map(|w| w.0).or(e.prev_end)).min();
         if let Some(t) = oldest {
-            self.cpu.prune_before(t);
+            // Kept PRUNE_LAG_NS longer: an engine not seen yet (a data
+            // parallel rank whose first output comes after another's) opens
+            // its first window at a step end that may be older than every
+            // window held.
+            self.cpu.prune_before(t.saturating_sub(PRUNE_LAG_NS));
         }
         window
     }
@@ -259,7 +271,10 @@ impl EngineCompute {
                         }
                         self.ready.push_back(StepCpu { tgid, end_ns: b, start_ns: a, tid, on_cpu_ns: ns, assumed });
                     }
-                    None => *self.counters.entry("oncpu_windows_unknown").or_default() += 1,
+                    None => {
+                        *self.counters.entry("oncpu_windows_unknown").or_default() += 1;
+                        self.unknown.push(b);
+                    }
                 }
             }
         }
@@ -267,14 +282,19 @@ impl EngineCompute {
         self.due = self.engines.values().filter_map(|e| e.windows.front().map(|w| w.1.saturating_add(SETTLE_NS))).min().unwrap_or(u64::MAX);
     }
 
-    /// Whether results wait in [`pop`](Self::pop).
+    /// Whether results wait in [`pop`](Self::pop) or [`take_unknown`](Self::take_unknown).
     pub fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || !self.unknown.is_empty()
     }
 
     /// Results ready so far.
     pub fn pop(&mut self) -> Option<StepCpu> {
         self.ready.pop_front()
+    }
+
+    /// Ends of the steps that will have no figure, since the last call.
+    pub fn take_unknown(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.unknown)
     }
 
     /// The recording ended: resolves what is left.
@@ -407,6 +427,38 @@ mod tests {
         assert_eq!((last.end_ns, last.on_cpu_ns, last.assumed), (extra, 10 * MS, true));
         assert!(e.finish().is_empty());
         assert_eq!(e.counters.get("oncpu_windows_assumed"), Some(&1));
+    }
+
+    #[test]
+    fn an_engine_whose_first_step_end_comes_after_another_engines_later_ones_gets_its_first_window() {
+        // Engine 50 as in `engine`; engine 70 (a second data parallel rank)
+        // reports its first step end, 5 ms before engine 50's 7th, only
+        // after it, and its second 8 ms later. Its thread was off CPU at the
+        // start, for 2 ms in that window and just after it.
+        let (mut offs, ends) = engine(10);
+        let (e1, e2) = (ends[6] - 5 * MS, ends[6] + 3 * MS);
+        offs.extend([(T0 + MS, 70, 70, T0), (e1 + 3 * MS, 70, 70, e1 + MS), (e2 + MS, 70, 70, e2 + MS / 2)]);
+        offs.sort_unstable();
+        let mut seen: Vec<(u64, u32, u64)> = ends.iter().map(|&t| (t, 50, t)).collect();
+        seen.extend([(ends[6] + 1, 70, e1), (e2 + MS, 70, e2)]);
+        seen.sort_unstable();
+        let mut e = EngineCompute::new();
+        let mut got = Vec::new();
+        let mut i = 0;
+        for &(at, tgid, end) in &seen {
+            while i < offs.len() && offs[i].0 <= at {
+                let (on, g, tid, off) = offs[i];
+                e.off_cpu(on, g, tid, off);
+                i += 1;
+            }
+            e.step_end(tgid, end);
+            got.extend(std::iter::from_fn(|| e.pop()));
+        }
+        got.extend(e.finish());
+        let second: Vec<_> = got.iter().filter(|s| s.tgid == 70).map(|s| (s.start_ns, s.end_ns, s.on_cpu_ns, s.assumed)).collect();
+        assert_eq!(second, vec![(e1, e2, e2 - e1 - 2 * MS, false)]);
+        assert_eq!(got.iter().filter(|s| s.tgid == 50).count(), 9);
+        assert_eq!(e.counters.get("oncpu_windows_unknown"), None);
     }
 
     #[test]

@@ -129,10 +129,13 @@ fn fixtures_read_cleanly_and_lose_nothing() {
         assert!(!r.meta.capture_payload, "{name}");
         assert!(!r.meta.gpu, "{name}");
         let losses: Vec<_> = r.analysis.drops.iter().filter(|(k, v)| **v > 0 && report::is_loss(k)).map(|(k, _)| k.as_str()).collect();
-        // Each long prompt's HTTP body is ~10 KB: past the 4 KiB TCP
-        // capture, skipped by count (`gap_bytes_in_body`); nothing else.
-        let expected: &[&str] = if name == "long_adds" { &["gap_bytes_in_body", "kernel_truncated"] } else { &[] };
-        assert_eq!(losses, expected, "{name}: {:?}", r.analysis.drops);
+        assert!(losses.is_empty(), "{name}: {losses:?} in {:?}", r.analysis.drops);
+        if name == "long_adds" {
+            // Each long prompt's HTTP body is ~10 KB: past the 4 KiB TCP
+            // capture, skipped by count, which costs no figure.
+            let d = |k: &str| r.analysis.drops.get(k).copied().unwrap_or(0);
+            assert!(d("gap_bytes_in_body") > 0 && d("kernel_truncated") == 4, "{:?}", r.analysis.drops);
+        }
     }
 }
 

@@ -980,13 +980,19 @@ fn text_tail(s: &mut String, rep: &Report) {
             let _ = writeln!(s, "  {:>10.3} {:>8}  {}", k.gpu_ms, k.count, trunc(&k.name, 100));
         }
     }
-    let _ = writeln!(s, "\ndrops and anomalies (cumulative)");
+    let _ = writeln!(s, "\ndrops and anomalies (cumulative; every counter: docs/counters.md)");
     let losses: Vec<_> = r.drops.iter().filter(|(k, v)| **v > 0 && is_loss(k)).collect();
     if losses.is_empty() {
         let _ = writeln!(s, "  none");
     }
     for (k, v) in losses {
         let _ = writeln!(s, "  {k:<32} {v}");
+        if let Some(g) = gloss(k) {
+            wrap_into(s, g.what, "      ", 100);
+            if let Some(todo) = g.todo {
+                wrap_into(s, &format!("what to do: {todo}"), "      ", 100);
+            }
+        }
     }
     let activity: Vec<String> = r.drops.iter().filter(|(k, v)| **v > 0 && !is_loss(k)).map(|(k, v)| format!("{k}={v}")).collect();
     if !activity.is_empty() {
@@ -1059,6 +1065,15 @@ pub fn is_loss(name: &str) -> bool {
         "zmtp_resyncs",
         "zmtp_attach_mid_stream",
         "ipc_tail_recovered",
+        // Capture limits: bytes past a syscall's capture, skipped by count
+        // with the framing kept. What a figure lacks for want of them is
+        // counted by the decoder that needed them, as a loss
+        // (gap_bytes_in_head, sse_events_truncated, ipc_truncated_fields,
+        // ipc_outputs_truncated…); long prompts alone reach these.
+        "kernel_truncated",
+        "gap_bytes_in_body",
+        "zmtp_gap_frames",
+        "zmtp_gap_bytes",
         "engine_requests_linked",
         "engine_steps_from_reader",
         "upgrades",
@@ -1085,6 +1100,62 @@ pub fn is_loss(name: &str) -> bool {
         "oncpu_steps_without_start",
     ];
     !ACTIVITY.contains(&name)
+}
+
+/// docs/counters.md, the glossary of every counter: the text report explains
+/// the losses it prints with it (one source for both; a test keeps it
+/// complete and its kinds those of [`is_loss`]).
+const GLOSSARY: &str = include_str!("../../../docs/counters.md");
+
+/// What a counter counts and, where a user can act, what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Gloss {
+    what: &'static str,
+    todo: Option<&'static str>,
+}
+
+/// A counter's row of [`GLOSSARY`] (`gpu_counter_<id>` for every unknown
+/// injection-library number); a "what to do" that only points at another
+/// counter ("see `x`", "as `x`") is that counter's.
+fn gloss(name: &str) -> Option<Gloss> {
+    fn row(name: &str) -> Option<(&'static str, &'static str)> {
+        GLOSSARY.lines().find_map(|line| {
+            let cells: Vec<&'static str> = line.split('|').map(str::trim).collect();
+            match cells[..] {
+                ["", n, _, what, todo, ""] if n.strip_prefix('`')?.strip_suffix('`')? == name => Some((what, todo)),
+                _ => None,
+            }
+        })
+    }
+    let key = match name.strip_prefix("gpu_counter_") {
+        Some(id) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) => "gpu_counter_<id>",
+        _ => name,
+    };
+    let (what, mut todo) = row(key)?;
+    let pointer = todo.strip_prefix("see `").or_else(|| todo.strip_prefix("as `")).and_then(|t| t.strip_suffix('`'));
+    if let Some((_, t)) = pointer.and_then(row) {
+        todo = t;
+    }
+    Some(Gloss { what, todo: (todo != "—").then_some(todo) })
+}
+
+/// `text` as lines of at most `width` columns (a longer word gets its own),
+/// each after `indent`.
+fn wrap_into(s: &mut String, text: &str, indent: &str, width: usize) {
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && indent.len() + line.chars().count() + 1 + word.chars().count() > width {
+            let _ = writeln!(s, "{indent}{line}");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        let _ = writeln!(s, "{indent}{line}");
+    }
 }
 
 fn trunc(s: &str, n: usize) -> String {
@@ -2288,7 +2359,7 @@ mod tests {
     /// correlator's — is explained in docs/counters.md.
     #[test]
     fn every_counter_a_report_can_show_is_in_the_glossary() {
-        let doc = include_str!("../../../docs/counters.md");
+        let doc = GLOSSARY;
         let mut names: Vec<String> = crate::source::ebpf::KernelStats::default().iter().map(|(n, _)| n.to_owned()).collect();
         names.extend(crate::proto::WireDecoder::new(crate::proto::DecoderConfig::default()).counters().into_iter().map(|(n, _)| n.to_owned()));
         names.extend(hopscope_gpu_wire::Counter::ALL.iter().map(|c| format!("gpu_{}", c.name())));
@@ -2326,6 +2397,41 @@ mod tests {
             rows += 1;
         }
         assert!(rows >= names.len(), "{rows} rows for {} names", names.len());
+    }
+
+    /// The text report says, under each loss it prints, what the counter
+    /// counts and what to do, from the glossary.
+    #[test]
+    fn the_text_report_explains_each_loss_it_prints_and_what_to_do() {
+        let mut rep = build("t.hop", &Meta::default(), &Analysis::default(), None);
+        rep.recording.drops.clear();
+        for (k, v) in [("kernel_ringbuf_full", 7), ("responses_missing", 2), ("gpu_counter_99", 1), ("not_a_counter_yet", 3), ("kernel_events", 50), ("kernel_iov_truncated", 0)] {
+            rep.recording.drops.insert(k.into(), v);
+        }
+        let text = render_text(&rep);
+        let tail = &text[text.find("drops and anomalies").expect("section")..];
+        let lines: Vec<&str> = tail.lines().collect();
+        let at = |name: &str| lines.iter().position(|l| l.trim_start().starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} in {tail}"));
+        // Its meaning and the flag to raise, under it.
+        let block = |name: &str| lines[at(name) + 1..].iter().take_while(|l| l.starts_with("      ")).map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+        let ring_text = block("kernel_ringbuf_full");
+        assert!(ring_text.contains("ring buffer had no room") && ring_text.contains("what to do: a larger ring buffer: `--ringbuf-mib`"), "{tail}");
+        assert!(lines.iter().all(|l| l.chars().count() <= 100), "wrapped at 100 columns: {tail}");
+        // "as `x`" is x's advice.
+        let gloss_missing = gloss("responses_missing").expect("row");
+        assert_eq!(gloss_missing.todo, gloss("responses_incomplete").expect("row").todo);
+        assert!(gloss_missing.todo.is_some_and(|t| !t.starts_with("as `")));
+        // Unknown injection-library numbers share one row; a name the
+        // glossary lacks is still printed, bare.
+        assert!(block("gpu_counter_99").contains("injection-library counter"), "{tail}");
+        assert!(gloss("not_a_counter_yet").is_none() && block("not_a_counter_yet").is_empty(), "{tail}");
+        // Activity is not explained; zeros are not printed.
+        assert!(!tail.contains("records the probes submitted") && !tail.contains("kernel_iov_truncated"), "{tail}");
+        assert!(tail.contains("activity: kernel_events=50"), "{tail}");
+        // Every row of the glossary parses, with a meaning.
+        let rows = GLOSSARY.lines().filter(|l| l.starts_with("| `")).count();
+        let parsed = GLOSSARY.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).filter_map(|n| gloss(if n == "gpu_counter_<id>" { "gpu_counter_1" } else { n })).filter(|g| !g.what.is_empty()).count();
+        assert_eq!((rows, parsed), (151, 151));
     }
 
     fn edge_request<'a>(itl: &'a [f64], from: &'a [crate::correlate::Name]) -> RequestRef<'a> {

@@ -2431,7 +2431,8 @@ mod tests {
         // Every row of the glossary parses, with a meaning.
         let rows = GLOSSARY.lines().filter(|l| l.starts_with("| `")).count();
         let parsed = GLOSSARY.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).filter_map(|n| gloss(if n == "gpu_counter_<id>" { "gpu_counter_1" } else { n })).filter(|g| !g.what.is_empty()).count();
-        assert_eq!((rows, parsed), (151, 151));
+        assert!(rows > 100, "{rows} rows");
+        assert_eq!(parsed, rows, "rows without a meaning, or that do not parse");
     }
 
     fn edge_request<'a>(itl: &'a [f64], from: &'a [crate::correlate::Name]) -> RequestRef<'a> {

@@ -988,15 +988,15 @@ fn text_tail(s: &mut String, rep: &Report) {
     for (k, v) in losses {
         let _ = writeln!(s, "  {k:<32} {v}");
         if let Some(g) = gloss(k) {
-            wrap_into(s, g.what, "      ", 100);
+            wrap_hanging(s, g.what, "      ", "      ", 100);
             if let Some(todo) = g.todo {
-                wrap_into(s, &format!("what to do: {todo}"), "      ", 100);
+                wrap_hanging(s, &format!("what to do: {todo}"), "      ", "      ", 100);
             }
         }
     }
     let activity: Vec<String> = r.drops.iter().filter(|(k, v)| **v > 0 && !is_loss(k)).map(|(k, v)| format!("{k}={v}")).collect();
     if !activity.is_empty() {
-        let _ = writeln!(s, "activity: {}", activity.join(" "));
+        wrap_hanging(s, &format!("activity: {}", activity.join(" ")), "", "          ", 100);
     }
 }
 
@@ -1140,13 +1140,15 @@ fn gloss(name: &str) -> Option<Gloss> {
 }
 
 /// `text` as lines of at most `width` columns (a longer word gets its own),
-/// each after `indent`.
-fn wrap_into(s: &mut String, text: &str, indent: &str, width: usize) {
+/// the first after `first`, the others after `indent`.
+fn wrap_hanging(s: &mut String, text: &str, first: &str, indent: &str, width: usize) {
     let mut line = String::new();
+    let mut lead = first;
     for word in text.split_whitespace() {
-        if !line.is_empty() && indent.len() + line.chars().count() + 1 + word.chars().count() > width {
-            let _ = writeln!(s, "{indent}{line}");
+        if !line.is_empty() && lead.len() + line.chars().count() + 1 + word.chars().count() > width {
+            let _ = writeln!(s, "{lead}{line}");
             line.clear();
+            lead = indent;
         }
         if !line.is_empty() {
             line.push(' ');
@@ -1154,7 +1156,7 @@ fn wrap_into(s: &mut String, text: &str, indent: &str, width: usize) {
         line.push_str(word);
     }
     if !line.is_empty() {
-        let _ = writeln!(s, "{indent}{line}");
+        let _ = writeln!(s, "{lead}{line}");
     }
 }
 
@@ -2428,6 +2430,12 @@ mod tests {
         // Activity is not explained; zeros are not printed.
         assert!(!tail.contains("records the probes submitted") && !tail.contains("kernel_iov_truncated"), "{tail}");
         assert!(tail.contains("activity: kernel_events=50"), "{tail}");
+        // A long activity line wraps under itself.
+        let activity = GLOSSARY.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).filter(|n| !is_loss(n));
+        rep.recording.drops = activity.map(|n| (n.to_owned(), 12_345)).collect();
+        let text = render_text(&rep);
+        let act: Vec<&str> = text[text.find("activity: ").expect("activity")..].lines().collect();
+        assert!(act.len() > 3 && act.iter().all(|l| l.chars().count() <= 100) && act[1..].iter().all(|l| l.starts_with("          ") && !l[10..].starts_with(' ')), "{act:?}");
         // Every row of the glossary parses, with a meaning.
         let rows = GLOSSARY.lines().filter(|l| l.starts_with("| `")).count();
         let parsed = GLOSSARY.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).filter_map(|n| gloss(if n == "gpu_counter_<id>" { "gpu_counter_1" } else { n })).filter(|g| !g.what.is_empty()).count();

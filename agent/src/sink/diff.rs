@@ -254,6 +254,9 @@ pub struct SideInfo {
     pub gpu: bool,
     pub read_error: Option<String>,
     pub hopscope_version: String,
+    /// The recording's loss counters above 0 (`report::is_loss`): what its
+    /// figures may lack. `hopscope report` says what each means.
+    pub losses: BTreeMap<String, u64>,
 }
 
 /// GPU time per normalised kernel name.
@@ -454,7 +457,8 @@ impl SideBuilder {
 
     /// The chains in the report's order (first hop's arrival, then name and
     /// source: `correlate::chains_of`), with the figures `report::build` gives.
-    fn finish(self, path: String, gpu: bool, read_error: Option<String>, hopscope_version: String, kernels: Vec<KernelOut>) -> Side {
+    fn finish(self, r: crate::sink::report::RecordingInfo, kernels: Vec<KernelOut>) -> Side {
+        let losses = r.drops.into_iter().filter(|(k, v)| *v > 0 && report::is_loss(k)).collect();
         let mut chains = self.chains;
         chains.sort_by(|x, y| (x.first_arrive_ns, &x.name, x.source).cmp(&(y.first_arrive_ns, &y.name, y.source)));
         let chains: Vec<SideChain> = chains
@@ -467,7 +471,7 @@ impl SideBuilder {
             })
             .collect();
         Side {
-            info: SideInfo { path, requests: self.reqs.len(), chains: chains.len(), gpu, read_error, hopscope_version },
+            info: SideInfo { path: r.path, requests: self.reqs.len(), chains: chains.len(), gpu: r.gpu, read_error: r.read_error, hopscope_version: r.hopscope_version, losses },
             routes: self.routes,
             reqs: self.reqs,
             chains,
@@ -483,8 +487,7 @@ impl Side {
         for q in &rep.requests {
             b.add(q);
         }
-        let r = &rep.recording;
-        b.finish(r.path.clone(), r.gpu, r.read_error.clone(), r.hopscope_version.clone(), rep.kernels.clone())
+        b.finish(rep.recording.clone(), rep.kernels.clone())
     }
 
     /// A recording read through the correlator (as `hopscope report` reads
@@ -502,8 +505,7 @@ impl Side {
         let (tail, read_error) = report::stream_requests(reader, cfg, &mut gpu_mem, put, |_, _| Ok(()))?;
         // The requests went by; the recording-wide parts (kernels) are left.
         let rep = report::build(path, &meta, &tail, read_error.clone());
-        let r = rep.recording;
-        Ok((b.finish(r.path, r.gpu, r.read_error, r.hopscope_version, rep.kernels), read_error))
+        Ok((b.finish(rep.recording, rep.kernels), read_error))
     }
 
     fn route(&self, q: &Req) -> (&str, &str) {
@@ -1790,6 +1792,10 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
         if let Some(e) = &x.read_error {
             let _ = writeln!(s, "WARNING: {w} ends early: {e} (the diff covers what precedes it)");
         }
+        if !x.losses.is_empty() {
+            let l: Vec<String> = x.losses.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "WARNING: {w} lost data its figures may lack: {} (`hopscope report {}` says what each means and what to do)", l.join(" "), x.path);
+        }
     }
     let m = &d.matching;
     let _ = writeln!(
@@ -2136,6 +2142,24 @@ mod tests {
         // Without explicit chains there is nothing to say about chains.
         let conn = |i| request(i, i as u64 * 100 * MS, &format!("conn:{i}"), ChainSource::Connection, BASE);
         assert_eq!(compare(&rep("b", &analysis(vec![conn(1)])), &rep("a", &analysis(vec![conn(2)]))).chains, None);
+    }
+
+    /// A side that lost data says so in the text and the JSON; activity
+    /// and zeros are not losses.
+    #[test]
+    fn a_recording_that_lost_data_is_named_with_its_losses() {
+        let before = rep("before.hop", &analysis(chain("s-b", 0, |_| BASE)));
+        let mut after = rep("after.hop", &analysis(chain("s-a", 0, |_| BASE)));
+        after.recording.drops = [("kernel_ringbuf_full", 12), ("kernel_events", 900), ("sse_without_request", 0), ("kernel_truncated", 3)].map(|(k, v)| (k.to_owned(), v)).into();
+        let d = compare(&before, &after);
+        assert!(d.before.losses.is_empty());
+        assert_eq!(d.after.losses, [("kernel_ringbuf_full".to_owned(), 12)].into());
+        let text = render_text(&d);
+        assert!(text.contains("WARNING: AFTER lost data its figures may lack: kernel_ringbuf_full=12 (`hopscope report after.hop`"), "{text}");
+        assert!(!text.contains("WARNING: BEFORE"), "{text}");
+        let v = serde_json::to_value(&d).expect("json");
+        assert_eq!(v["after"]["losses"], serde_json::json!({ "kernel_ringbuf_full": 12 }));
+        assert_eq!(v["before"]["losses"], serde_json::json!({}));
     }
 
     #[test]

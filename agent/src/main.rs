@@ -780,6 +780,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         kernel.extend(g.counters());
         gpu_records = Some(g.records());
     }
+    let losses: Vec<String> = pipe.drop_counters(&kernel).into_iter().filter(|(k, v)| *v > 0 && report::is_loss(k)).map(|(k, v)| format!("{k}={v}")).collect();
     let (_, stats) = pipe.finish(sys::monotonic_ns(), &kernel).context("finishing the recording")?;
     drop(source);
     if gpu_records.is_some_and(|n| n > 0) {
@@ -801,6 +802,9 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         gpu_records.map(|n| format!(", {n} gpu records")).unwrap_or_default(),
         child_status.map(|s| format!(", command exited with {s}")).unwrap_or_default()
     );
+    if !losses.is_empty() {
+        say!("hopscope: lost while recording: {} (`hopscope report {}` says what each means and what to do)", losses.join(" "), opts.output.display());
+    }
     if let (Some(p), Some(live)) = (&opts.perfetto, live_trace) {
         finish_live_trace(p, &opts.output, live)?;
     }

@@ -516,6 +516,9 @@ a.close(); t.join()\n";
     let report = report_json(&hop);
     let full = drop_count(&report, "kernel_ringbuf_full");
     assert!(full > 0, "150 000 × 4 KiB through a 1 MiB ring buffer loses records: {}", report["recording"]["drops"]);
+    // Said when recording stops, with where to read what to do.
+    let said = err.lines().find(|l| l.starts_with("hopscope: lost while recording: ")).unwrap_or_else(|| panic!("no loss line in {err}"));
+    assert!(said.contains(&format!("kernel_ringbuf_full={full}")) && said.contains("hopscope report"), "{said}");
     let summary = hopscope::sink::perfetto::check::check_bytes(&std::fs::read(&trace).expect("trace written")).unwrap_or_else(|e| panic!("{e}"));
     let track = summary.track("drops: kernel_ringbuf_full").unwrap_or_else(|| panic!("no drops track in {:?}", summary.tracks.iter().map(|t| &t.name).collect::<Vec<_>>()));
     assert_eq!(track.kind, "counter");

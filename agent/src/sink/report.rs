@@ -1107,6 +1107,18 @@ pub fn is_loss(name: &str) -> bool {
 /// complete and its kinds those of [`is_loss`]).
 const GLOSSARY: &str = include_str!("../../../docs/counters.md");
 
+/// The counter rows of [`GLOSSARY`]'s tables: [name, kind, what it counts,
+/// what to do].
+fn glossary_rows() -> impl Iterator<Item = [&'static str; 4]> {
+    GLOSSARY.lines().filter_map(|line| {
+        let cells: Vec<&'static str> = line.split('|').map(str::trim).collect();
+        match cells[..] {
+            ["", n, kind, what, todo, ""] => Some([n.strip_prefix('`')?.strip_suffix('`')?, kind, what, todo]),
+            _ => None,
+        }
+    })
+}
+
 /// What a counter counts and, where a user can act, what to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Gloss {
@@ -1118,15 +1130,7 @@ struct Gloss {
 /// injection-library number); a "what to do" that only points at another
 /// counter ("see `x`", "as `x`") is that counter's.
 fn gloss(name: &str) -> Option<Gloss> {
-    fn row(name: &str) -> Option<(&'static str, &'static str)> {
-        GLOSSARY.lines().find_map(|line| {
-            let cells: Vec<&'static str> = line.split('|').map(str::trim).collect();
-            match cells[..] {
-                ["", n, _, what, todo, ""] if n.strip_prefix('`')?.strip_suffix('`')? == name => Some((what, todo)),
-                _ => None,
-            }
-        })
-    }
+    let row = |name: &str| glossary_rows().find(|r| r[0] == name).map(|[_, _, what, todo]| (what, todo));
     let key = match name.strip_prefix("gpu_counter_") {
         Some(id) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) => "gpu_counter_<id>",
         _ => name,
@@ -2387,10 +2391,7 @@ mod tests {
         assert!(missing.is_empty(), "counters missing from docs/counters.md: {missing:?}");
         // Each row's kind is the one the report prints it under.
         let mut rows = 0;
-        for line in doc.lines() {
-            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            let [_, name, kind, ..] = cells[..] else { continue };
-            let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else { continue };
+        for [name, kind, ..] in glossary_rows() {
             if name.contains('<') {
                 continue;
             }
@@ -2431,14 +2432,14 @@ mod tests {
         assert!(!tail.contains("records the probes submitted") && !tail.contains("kernel_iov_truncated"), "{tail}");
         assert!(tail.contains("activity: kernel_events=50"), "{tail}");
         // A long activity line wraps under itself.
-        let activity = GLOSSARY.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).filter(|n| !is_loss(n));
+        let activity = glossary_rows().map(|r| r[0]).filter(|n| !is_loss(n));
         rep.recording.drops = activity.map(|n| (n.to_owned(), 12_345)).collect();
         let text = render_text(&rep);
         let act: Vec<&str> = text[text.find("activity: ").expect("activity")..].lines().collect();
         assert!(act.len() > 3 && act.iter().all(|l| l.chars().count() <= 100) && act[1..].iter().all(|l| l.starts_with("          ") && !l[10..].starts_with(' ')), "{act:?}");
         // Every row of the glossary parses, with a meaning.
         let rows = GLOSSARY.lines().filter(|l| l.starts_with("| `")).count();
-        let parsed = GLOSSARY.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).filter_map(|n| gloss(if n == "gpu_counter_<id>" { "gpu_counter_1" } else { n })).filter(|g| !g.what.is_empty()).count();
+        let parsed = glossary_rows().filter_map(|[n, ..]| gloss(if n == "gpu_counter_<id>" { "gpu_counter_1" } else { n })).filter(|g| !g.what.is_empty()).count();
         assert!(rows > 100, "{rows} rows");
         assert_eq!(parsed, rows, "rows without a meaning, or that do not parse");
     }

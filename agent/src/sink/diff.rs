@@ -457,8 +457,8 @@ impl SideBuilder {
 
     /// The chains in the report's order (first hop's arrival, then name and
     /// source: `correlate::chains_of`), with the figures `report::build` gives.
-    fn finish(self, r: crate::sink::report::RecordingInfo, kernels: Vec<KernelOut>) -> Side {
-        let losses = r.drops.into_iter().filter(|(k, v)| *v > 0 && report::is_loss(k)).collect();
+    fn finish(self, r: &crate::sink::report::RecordingInfo, kernels: Vec<KernelOut>) -> Side {
+        let losses = r.drops.iter().filter(|(k, v)| **v > 0 && report::is_loss(k)).map(|(k, v)| (k.clone(), *v)).collect();
         let mut chains = self.chains;
         chains.sort_by(|x, y| (x.first_arrive_ns, &x.name, x.source).cmp(&(y.first_arrive_ns, &y.name, y.source)));
         let chains: Vec<SideChain> = chains
@@ -471,7 +471,15 @@ impl SideBuilder {
             })
             .collect();
         Side {
-            info: SideInfo { path: r.path, requests: self.reqs.len(), chains: chains.len(), gpu: r.gpu, read_error: r.read_error, hopscope_version: r.hopscope_version, losses },
+            info: SideInfo {
+                path: r.path.clone(),
+                requests: self.reqs.len(),
+                chains: chains.len(),
+                gpu: r.gpu,
+                read_error: r.read_error.clone(),
+                hopscope_version: r.hopscope_version.clone(),
+                losses,
+            },
             routes: self.routes,
             reqs: self.reqs,
             chains,
@@ -487,7 +495,7 @@ impl Side {
         for q in &rep.requests {
             b.add(q);
         }
-        b.finish(rep.recording.clone(), rep.kernels.clone())
+        b.finish(&rep.recording, rep.kernels.clone())
     }
 
     /// A recording read through the correlator (as `hopscope report` reads
@@ -505,7 +513,7 @@ impl Side {
         let (tail, read_error) = report::stream_requests(reader, cfg, &mut gpu_mem, put, |_, _| Ok(()))?;
         // The requests went by; the recording-wide parts (kernels) are left.
         let rep = report::build(path, &meta, &tail, read_error.clone());
-        Ok((b.finish(rep.recording, rep.kernels), read_error))
+        Ok((b.finish(&rep.recording, rep.kernels), read_error))
     }
 
     fn route(&self, q: &Req) -> (&str, &str) {

@@ -26,7 +26,7 @@ pub struct Report {
     pub step_compute: Vec<StepComputeOut>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct RecordingInfo {
     pub path: String,
     pub duration_ms: f64,

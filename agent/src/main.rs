@@ -87,8 +87,10 @@ enum Cmd {
     /// tokens), a sum row and the chain's time between hops; the summary in
     /// `vllm bench serve`'s layout; every loss counter.
     Report {
-        /// The recording (`record -o` / `run -o`).
-        file: PathBuf,
+        /// The recording (`record -o` / `run -o`), or the segments of a
+        /// rotated one (`run-*.hop`), read as one.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
         /// Machine-readable output (schema 1, see docs/report-json.md).
         #[arg(long)]
         json: bool,
@@ -107,9 +109,11 @@ enum Cmd {
     /// Perfetto protobuf trace of a recording: open it in ui.perfetto.dev
     /// (what each track shows: docs/perfetto.md).
     Trace {
-        /// The recording (`record -o` / `run -o`).
-        file: PathBuf,
-        /// Trace file to write (default: FILE with the extension .pftrace).
+        /// The recording (`record -o` / `run -o`), or the segments of a
+        /// rotated one (`run-*.hop`), drawn as one.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// Trace file to write (default: the (first) FILE with the extension .pftrace).
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
         /// Write packets uncompressed (for debugging the encoding; by default
@@ -144,8 +148,10 @@ enum ExportTo {
     /// OTLP/HTTP protobuf: one span per request, a child per phase, joined to
     /// the caller's trace when the request carried `traceparent`.
     Otlp {
-        /// The recording (`record -o` / `run -o`).
-        file: PathBuf,
+        /// The recording (`record -o` / `run -o`), or the segments of a
+        /// rotated one (`run-*.hop`), exported as one.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
         /// Collector endpoint, e.g. http://127.0.0.1:4318 (/v1/traces is appended).
         #[arg(long)]
         endpoint: String,
@@ -207,6 +213,19 @@ struct RecordOpts {
     /// it off. Without an NVIDIA driver this is one note, not an error.
     #[arg(long, value_name = "MS", value_parser = parse_period, default_value = "100")]
     nvml_period: Duration,
+    /// Start a new file every DURATION (e.g. 1h, 30m): the recording is
+    /// written as segments OUTPUT-0001.hop, OUTPUT-0002.hop, …, which
+    /// `report`, `trace` and `export otlp` read as one (`report run-*.hop`);
+    /// each is also a recording of its own. For a recorder left running.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    rotate_every: Option<Duration>,
+    /// Start a new segment once the current one holds this many MiB.
+    #[arg(long, value_name = "MIB")]
+    rotate_mib: Option<u64>,
+    /// With rotation: keep the newest N segments, deleting older ones, so
+    /// the disk used stays bounded.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    keep: Option<u32>,
     /// NVML library to load (default: $HOPSCOPE_NVML_LIB, else libnvidia-ml.so.1).
     #[arg(long, value_name = "PATH", hide = true)]
     nvml_lib: Option<PathBuf>,
@@ -251,10 +270,10 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
         Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
-        Cmd::Report { file, json, chain_header, no_ipc, percentiles } => report_cmd(file, json, chain_header, no_ipc, percentiles),
+        Cmd::Report { files, json, chain_header, no_ipc, percentiles } => report_cmd(&files, json, chain_header, no_ipc, percentiles),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
-        Cmd::Export { to: ExportTo::Otlp { file, endpoint } } => otlp_cmd(&file, &endpoint),
-        Cmd::Trace { file, output, no_compress, layout } => trace_cmd(file, output, no_compress, layout),
+        Cmd::Export { to: ExportTo::Otlp { files, endpoint } } => otlp_cmd(&files, &endpoint),
+        Cmd::Trace { files, output, no_compress, layout } => trace_cmd(&files, output, no_compress, layout),
         Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
     };
     if let Err(e) = res {
@@ -278,10 +297,25 @@ fn one_line(e: &anyhow::Error) -> String {
     msg
 }
 
-fn otlp_cmd(file: &std::path::Path, endpoint: &str) -> Result<()> {
+/// How the files read are named in messages: the file, or the first and
+/// last of several segments.
+fn files_label(files: &[PathBuf]) -> String {
+    match files {
+        [one] => one.display().to_string(),
+        [first, .., last] => format!("{} … {} ({} segments)", first.display(), last.display(), files.len()),
+        [] => String::new(),
+    }
+}
+
+/// Opens a recording or the segments of one run, as one stream.
+fn open_files(files: &[PathBuf]) -> Result<recording::Reader<std::io::BufReader<std::fs::File>>> {
+    recording::Reader::open_all(files).with_context(|| format!("reading {}", files_label(files)))
+}
+
+fn otlp_cmd(files: &[PathBuf], endpoint: &str) -> Result<()> {
     use hopscope::sink::otlp;
     // Streamed, in messages of BATCH_SPANS: memory follows the open requests.
-    let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut reader = open_files(files)?;
     let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
     let (sent, read_error) = otlp::export_streamed(&mut reader, cfg, endpoint, otlp::BATCH_SPANS).context("exporting spans")?;
     say!("hopscope: exported {} spans ({} requests) to {endpoint} in {} message(s)", sent.spans, sent.requests, sent.posts);
@@ -320,15 +354,15 @@ fn reader_gone(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::BrokenPipe
 }
 
-fn report_cmd(file: PathBuf, json: bool, chain_header: Option<String>, no_ipc: bool, percentiles: Option<Vec<f64>>) -> Result<()> {
+fn report_cmd(files: &[PathBuf], json: bool, chain_header: Option<String>, no_ipc: bool, percentiles: Option<Vec<f64>>) -> Result<()> {
     use hopscope::sink::summary;
     // Streamed: memory follows the open requests, not the recording's length.
-    let mut reader = recording::Reader::open(&file).with_context(|| format!("reading {}", file.display()))?;
+    let mut reader = open_files(files)?;
     let cfg = correlate::Config { chain_header: chain_header.unwrap_or_else(|| reader.meta().chain_header.clone()), use_ipc: !no_ipc };
     let p = percentiles.unwrap_or_else(|| summary::DEFAULT_PERCENTILES.to_vec());
     // Stdout is line-buffered: unwrapped, the report would be a write(2) per few lines.
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    let path = file.display().to_string();
+    let path = files_label(files);
     // A full disk is most likely TMPDIR's: the report spools there (docs/report-json.md).
     let full = |e: std::io::Error| {
         let hint = if e.kind() == std::io::ErrorKind::StorageFull {
@@ -384,18 +418,21 @@ enum TraceLayout {
     Streamed,
 }
 
-fn trace_cmd(file: PathBuf, output: Option<PathBuf>, no_compress: bool, layout: TraceLayout) -> Result<()> {
+fn trace_cmd(files: &[PathBuf], output: Option<PathBuf>, no_compress: bool, layout: TraceLayout) -> Result<()> {
     use hopscope::sink::perfetto;
-    let output = output.unwrap_or_else(|| file.with_extension("pftrace"));
+    let output = output.unwrap_or_else(|| files[0].with_extension("pftrace"));
     let enc = if no_compress { perfetto::Encoding::PLAIN } else { perfetto::Encoding::default() };
-    let size = std::fs::metadata(&file).with_context(|| format!("reading {}", file.display()))?.len();
+    let mut size = 0;
+    for file in files {
+        size += std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
+    }
     let full_max = std::env::var("HOPSCOPE_TRACE_FULL_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(perfetto::FULL_LAYOUT_MAX_BYTES);
     match layout {
-        TraceLayout::Auto if size > full_max => return trace_streamed(&file, &output, enc, StreamedBecause::Size { size, full_max }),
-        TraceLayout::Streamed => return trace_streamed(&file, &output, enc, StreamedBecause::Asked),
+        TraceLayout::Auto if size > full_max => return trace_streamed(files, &output, enc, StreamedBecause::Size { size, full_max }),
+        TraceLayout::Streamed => return trace_streamed(files, &output, enc, StreamedBecause::Asked),
         TraceLayout::Auto | TraceLayout::Whole => {}
     }
-    let loaded = recording::load(&file).with_context(|| format!("reading {}", file.display()))?;
+    let loaded = recording::load_all(files).with_context(|| format!("reading {}", files_label(files)))?;
     let mut c = Correlator::new(correlate::Config { chain_header: loaded.meta.chain_header.clone(), use_ipc: true });
     for r in &loaded.records {
         c.ingest(r);
@@ -497,6 +534,25 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if !mib.is_power_of_two() || mib > 1024 {
         bail!("--ringbuf-mib must be a power of two up to 1024");
     }
+    let rotating = opts.rotate_every.is_some() || opts.rotate_mib.is_some();
+    if opts.rotate_every.is_some_and(|d| d < Duration::from_secs(1)) {
+        bail!("--rotate-every must be at least 1s");
+    }
+    if opts.rotate_mib == Some(0) {
+        bail!("--rotate-mib must be at least 1");
+    }
+    if opts.keep.is_some() && !rotating {
+        bail!("--keep counts the segments of a rotated recording: add --rotate-every or --rotate-mib");
+    }
+    if rotating && opts.perfetto.is_some() {
+        bail!("--perfetto writes one trace of one file, not of a rotated recording: leave it out and run `hopscope trace` on the segments");
+    }
+    if rotating && opts.otlp.is_some() {
+        bail!("--otlp exports when recording stops, not per segment: leave it out and run `hopscope export otlp SEGMENTS… --endpoint URL`");
+    }
+    // With rotation, -o names the run: its files are OUTPUT-0001.hop, ….
+    let mut seg = rotating.then(|| Rotation::new(&opts.output, opts.keep));
+    let output = seg.as_ref().map_or_else(|| opts.output.clone(), Rotation::path);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
@@ -529,7 +585,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     // can still be bound); after the load, so that an unprivileged user first
     // learns what tracing needs.
     let mut created = Created::default();
-    let out_file = created.create(&opts.output).with_context(|| format!("cannot create the recording {}", opts.output.display()))?;
+    let out_file = created.create(&output).with_context(|| format!("cannot create the recording {}", output.display()))?;
     let perfetto_file = match &opts.perfetto {
         Some(p) => Some(created.create(p).with_context(|| format!("cannot create the trace {}", p.display()))?),
         None => None,
@@ -641,9 +697,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         capture_payload: opts.capture_payload,
         gpu: false,
         missing_tracepoints: source.missing_tracepoints().iter().map(|(tp, _)| tp.to_string()).collect(),
+        segment: seg.as_ref().map(|_| recording::Segment { run_start_ns: start_ns, index: 1, counters_before: Default::default() }),
     };
     created.truncate_old()?;
-    let writer = Writer::new(std::io::BufWriter::new(out_file), &meta).with_context(|| format!("writing {}", opts.output.display()))?;
+    let writer = Writer::new(std::io::BufWriter::new(out_file), &meta).with_context(|| format!("writing {}", output.display()))?;
     let dcfg = DecoderConfig { chain_header: meta.chain_header.clone(), capture_payload: opts.capture_payload, ..DecoderConfig::default() };
     let mut pipe = Pipeline::new(dcfg, writer);
     let live_trace = match (&opts.perfetto, perfetto_file) {
@@ -660,7 +717,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         say!("hopscope: metrics on http://{bound}/metrics{scope}");
     }
     let what = if cmd.is_empty() { format!("pids {pids:?}") } else { format!("{:?} (pid {})", cmd.join(" "), pids[0]) };
-    say!("hopscope: recording {what} to {} (Ctrl-C to stop)", opts.output.display());
+    let rotation = seg.as_ref().map(|_| rotation_words(&opts)).unwrap_or_default();
+    say!("hopscope: recording {what} to {}{rotation} (Ctrl-C to stop)", output.display());
+    let mut output = output;
+    let mut seg_started = Instant::now();
 
     let started = Instant::now();
     let mut last_tick = Instant::now();
@@ -709,13 +769,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             }
         }
         if last_tick.elapsed() >= Duration::from_secs(1) {
-            let mut kernel = kernel_counters(&source);
-            if let Some(g) = &gpu {
-                kernel.extend(g.counters());
-            }
-            if let Some(s) = &nvml {
-                kernel.extend(s.counters());
-            }
+            let kernel = all_counters(&source, gpu.as_ref(), nvml.as_ref());
             pipe.tick(sys::monotonic_ns(), &kernel).context("writing the recording")?;
             if !opts.quiet {
                 let st = pipe.stats();
@@ -732,6 +786,15 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 last_events = st.events;
             }
             last_tick = Instant::now();
+        }
+        if let Some(r) = seg.as_mut() {
+            let due = opts.rotate_every.is_some_and(|d| seg_started.elapsed() >= d) || opts.rotate_mib.is_some_and(|m| pipe.bytes_written() >= m.saturating_mul(1 << 20));
+            if due {
+                let gpu_seen = gpu.as_ref().is_some_and(|g| g.records() > 0);
+                let counters = pipe.drop_counters(&all_counters(&source, gpu.as_ref(), nvml.as_ref()));
+                output = r.rotate(&mut pipe, &meta, counters, gpu_seen)?;
+                seg_started = Instant::now();
+            }
         }
         if stop.load(Ordering::Relaxed) {
             break;
@@ -772,19 +835,15 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     }
     // Final drain of whatever the kernel still holds.
     drain(&mut source, &mut pipe)?;
-    let mut kernel = kernel_counters(&source);
-    if let Some(s) = &nvml {
-        kernel.extend(s.counters());
-    }
+    let kernel = all_counters(&source, gpu.as_ref(), nvml.as_ref());
     if let Some(g) = &gpu {
-        kernel.extend(g.counters());
         gpu_records = Some(g.records());
     }
     let losses: Vec<String> = pipe.drop_counters(&kernel).into_iter().filter(|(k, v)| *v > 0 && report::is_loss(k)).map(|(k, v)| format!("{k}={v}")).collect();
     let (_, stats) = pipe.finish(sys::monotonic_ns(), &kernel).context("finishing the recording")?;
     drop(source);
     if gpu_records.is_some_and(|n| n > 0) {
-        cupti::mark_recording_gpu(&opts.output).with_context(|| format!("marking {} as holding gpu records", opts.output.display()))?;
+        cupti::mark_recording_gpu(&output).with_context(|| format!("marking {} as holding gpu records", output.display()))?;
     }
     if let Some(mut c) = child.0.take() {
         if child_status.is_none() {
@@ -793,9 +852,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             child_status = c.wait().ok();
         }
     }
+    // What `report` is pointed at: the file, or the run's kept segments.
+    let written = seg.as_ref().map_or_else(|| output.display().to_string(), Rotation::kept_label);
     say!(
-        "hopscope: wrote {} ({} events, {} records, {} http requests{}{})",
-        opts.output.display(),
+        "hopscope: wrote {written} ({} events, {} records, {} http requests{}{})",
         stats.events,
         stats.records,
         stats.http_requests,
@@ -803,13 +863,14 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         child_status.map(|s| format!(", command exited with {s}")).unwrap_or_default()
     );
     if !losses.is_empty() {
-        say!("hopscope: lost while recording: {} (`hopscope report {}` says what each means and what to do)", losses.join(" "), opts.output.display());
+        let read = seg.as_ref().map_or_else(|| output.display().to_string(), Rotation::glob);
+        say!("hopscope: lost while recording: {} (`hopscope report {read}` says what each means and what to do)", losses.join(" "));
     }
     if let (Some(p), Some(live)) = (&opts.perfetto, live_trace) {
-        finish_live_trace(p, &opts.output, live)?;
+        finish_live_trace(p, &output, live)?;
     }
     if let Some(url) = &opts.otlp {
-        otlp_cmd(&opts.output, url)?;
+        otlp_cmd(&[output.clone()], url)?;
     }
     Ok(())
 }
@@ -832,9 +893,9 @@ enum StreamedBecause {
     Live,
 }
 
-fn trace_streamed(file: &std::path::Path, output: &std::path::Path, enc: hopscope::sink::perfetto::Encoding, why: StreamedBecause) -> Result<()> {
+fn trace_streamed(files: &[PathBuf], output: &std::path::Path, enc: hopscope::sink::perfetto::Encoding, why: StreamedBecause) -> Result<()> {
     use hopscope::sink::perfetto;
-    let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut reader = open_files(files)?;
     let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
     let out = std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
     let (_, stats, read_error) = match perfetto::live::write_trace_streamed(std::io::BufWriter::new(out), &mut reader, cfg, enc) {
@@ -968,5 +1029,133 @@ fn drain<W: Write>(source: &mut EbpfSource, pipe: &mut Pipeline<W>) -> Result<()
 
 fn kernel_counters(source: &EbpfSource) -> Vec<(String, u64)> {
     source.stats().iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// The counters kept outside the pipeline: the kernel's, the GPU receiver's
+/// and the NVML sampler's.
+fn all_counters(source: &EbpfSource, gpu: Option<&hopscope::source::cupti::GpuReceiver>, nvml: Option<&hopscope::source::nvml::NvmlSampler>) -> Vec<(String, u64)> {
+    let mut kernel = kernel_counters(source);
+    if let Some(g) = gpu {
+        kernel.extend(g.counters());
+    }
+    if let Some(s) = nvml {
+        kernel.extend(s.counters());
+    }
+    kernel
+}
+
+/// `record --rotate-every/--rotate-mib` in the startup line.
+fn rotation_words(opts: &RecordOpts) -> String {
+    let mut when = Vec::new();
+    if let Some(d) = opts.rotate_every {
+        when.push(format!("every {}", humantime_secs(d)));
+    }
+    if let Some(m) = opts.rotate_mib {
+        when.push(format!("at {m} MiB"));
+    }
+    let keep = opts.keep.map(|n| format!(", keeping the newest {n}")).unwrap_or_default();
+    format!(" (a new segment {}{keep})", when.join(" or "))
+}
+
+fn humantime_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 3600.0 && s % 3600.0 == 0.0 {
+        format!("{}h", s / 3600.0)
+    } else if s >= 60.0 && s % 60.0 == 0.0 {
+        format!("{}m", s / 60.0)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The files of a rotated recording: OUTPUT's stem, a 4-digit index (more
+/// digits past 9999), OUTPUT's extension.
+struct Rotation {
+    base: PathBuf,
+    index: u32,
+    keep: Option<u32>,
+    /// The segments on disk, oldest first (the current one last).
+    kept: std::collections::VecDeque<PathBuf>,
+}
+
+impl Rotation {
+    fn new(base: &std::path::Path, keep: Option<u32>) -> Self {
+        let mut r = Rotation { base: base.to_owned(), index: 1, keep, kept: Default::default() };
+        r.kept.push_back(r.path());
+        r
+    }
+
+    fn path_of(&self, index: u32) -> PathBuf {
+        let stem = self.base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = match self.base.extension() {
+            Some(ext) => format!("{stem}-{index:04}.{}", ext.to_string_lossy()),
+            None => format!("{stem}-{index:04}"),
+        };
+        self.base.with_file_name(name)
+    }
+
+    /// The current segment.
+    fn path(&self) -> PathBuf {
+        self.path_of(self.index)
+    }
+
+    /// What a shell expands to the run's segments (`report` checks they
+    /// are one run's, consecutive).
+    fn glob(&self) -> String {
+        let stem = self.base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = match self.base.extension() {
+            Some(ext) => format!("{stem}-*.{}", ext.to_string_lossy()),
+            None => format!("{stem}-*"),
+        };
+        self.base.with_file_name(name).display().to_string()
+    }
+
+    /// The segments left on disk, for the closing line.
+    fn kept_label(&self) -> String {
+        match (self.kept.front(), self.kept.back()) {
+            (Some(a), Some(b)) if self.kept.len() > 1 => format!("{} segments, {} … {}", self.kept.len(), a.display(), b.display()),
+            (Some(a), _) => a.display().to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// Ends the current segment with `counters` and goes on in the next
+    /// (the run's metadata, but its own start and place in the run);
+    /// deletes the oldest past `keep`. Returns the new segment's path.
+    fn rotate(&mut self, pipe: &mut Pipeline<std::io::BufWriter<std::fs::File>>, run: &Meta, counters: Vec<(String, u64)>, gpu_seen: bool) -> Result<PathBuf> {
+        let prev = self.path();
+        self.index += 1;
+        let path = self.path();
+        let now = sys::monotonic_ns();
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let meta = Meta {
+            start_ns: now,
+            start_unix_ns: since_epoch.as_nanos() as u64,
+            created_unix_s: since_epoch.as_secs(),
+            gpu: gpu_seen,
+            segment: Some(recording::Segment { run_start_ns: run.start_ns, index: self.index, counters_before: counters.iter().cloned().collect() }),
+            ..run.clone()
+        };
+        let f = std::fs::File::create(&path).with_context(|| format!("cannot create the next segment {}", path.display()))?;
+        let next = Writer::new(std::io::BufWriter::new(f), &meta).with_context(|| format!("writing {}", path.display()))?;
+        let done = pipe.rotate(next, now, counters).with_context(|| format!("finishing {}", prev.display()))?;
+        done.into_inner().map_err(std::io::IntoInnerError::into_error).with_context(|| format!("finishing {}", prev.display()))?;
+        if gpu_seen {
+            hopscope::source::cupti::mark_recording_gpu(&prev).with_context(|| format!("marking {} as holding gpu records", prev.display()))?;
+        }
+        self.kept.push_back(path.clone());
+        let mut removed = Vec::new();
+        while self.keep.is_some_and(|k| self.kept.len() > k as usize) {
+            let Some(old) = self.kept.pop_front() else { break };
+            match std::fs::remove_file(&old) {
+                Ok(()) => removed.push(old.display().to_string()),
+                // Not worth stopping the recording for: said, and left.
+                Err(e) => say!("hopscope: warning: cannot remove {} (--keep): {e}", old.display()),
+            }
+        }
+        let removed = if removed.is_empty() { String::new() } else { format!("; removed {} (--keep)", removed.join(", ")) };
+        say!("hopscope: segment {} done; recording to {}{removed}", prev.display(), path.display());
+        Ok(path)
+    }
 }
 

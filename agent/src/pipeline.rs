@@ -380,6 +380,25 @@ impl<W: Write> Pipeline<W> {
         v
     }
 
+    /// Bytes written to the current file so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.writer.bytes_written()
+    }
+
+    /// Rotation: ends the current file with `counters` (the snapshot the
+    /// next file's metadata starts from, [`Pipeline::drop_counters`]) and
+    /// goes on writing to `next`. Nothing is drained or reset: the records
+    /// queued and the decoders' state carry on into `next`, so the files read
+    /// one after the other are the stream one file would have held. Returns
+    /// the finished file.
+    pub fn rotate(&mut self, next: Writer<W>, now_ns: u64, counters: Vec<(String, u64)>) -> Result<W, RecordingError> {
+        // Stamped with the newest record written: the next file's records
+        // are not older, so the segments read in order stay in time order.
+        let mut old = std::mem::replace(&mut self.writer, next);
+        old.push(&Record::Drops { ts_ns: self.written_ts, counters })?;
+        old.finish(now_ns)
+    }
+
     /// Drains everything, writes the final drop snapshot and seals the file.
     pub fn finish(mut self, now_ns: u64, kernel: &[(String, u64)]) -> Result<(W, PipelineStats), RecordingError> {
         self.release(u64::MAX)?;
@@ -391,5 +410,151 @@ impl<W: Write> Pipeline<W> {
         self.writer.push(&Record::Drops { ts_ns: now_ns.max(self.released_ts).max(self.written_ts), counters: drops })?;
         let stats = self.stats;
         Ok((self.writer.finish(now_ns)?, stats))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ConnKey;
+    use crate::recording::{Meta, Reader, Segment, FORMAT_VERSION};
+    use std::path::{Path, PathBuf};
+
+    const MS: u64 = 1_000_000;
+
+    fn meta(segment: Option<Segment>) -> Meta {
+        Meta { format_version: FORMAT_VERSION, hopscope_version: "test".into(), start_ns: MS, hostname: "h".into(), segment, ..Meta::default() }
+    }
+
+    fn seg(index: u32, counters: &[(String, u64)]) -> Option<Segment> {
+        Some(Segment { run_start_ns: MS, index, counters_before: counters.iter().cloned().collect() })
+    }
+
+    fn create(path: &Path, m: &Meta) -> Writer<std::io::BufWriter<std::fs::File>> {
+        Writer::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), m).unwrap()
+    }
+
+    fn read(paths: &[PathBuf]) -> (Vec<Record>, Option<RecordingError>) {
+        let mut r = Reader::open_all(paths).unwrap();
+        let mut out = Vec::new();
+        loop {
+            match r.next_record() {
+                Ok(Some(x)) => out.push(x),
+                Ok(None) => return (out, None),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+    }
+
+    fn last_drops(recs: &[Record]) -> Vec<(String, u64)> {
+        recs.iter()
+            .rev()
+            .find_map(|r| match r {
+                Record::Drops { counters, .. } => Some(counters.iter().filter(|(k, _)| k == "kernel_ringbuf_full").cloned().collect()),
+                _ => None,
+            })
+            .expect("a drops record")
+    }
+
+    /// Feeds 300 records over 3 s (a tick each 10 ms, the kernel's loss
+    /// counter growing by one a tick) to `pipes`, rotating the first at
+    /// records 100 and 200.
+    fn run(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
+        let whole = dir.join("whole.hop");
+        let segs: Vec<PathBuf> = (1..=3).map(|i| dir.join(format!("run-{i:04}.hop"))).collect();
+        let mut one = Pipeline::new(DecoderConfig::default(), create(&whole, &meta(None)));
+        let mut rot = Pipeline::new(DecoderConfig::default(), create(&segs[0], &meta(seg(1, &[]))));
+        for i in 0..300u64 {
+            let ts = MS + i * 10 * MS;
+            let kernel = vec![("kernel_ringbuf_full".to_owned(), i)];
+            for p in [&mut one, &mut rot] {
+                p.push_sample(Record::ConnClose { ts_ns: ts, conn: ConnKey { tgid: 1, fd: 3, ino: i } });
+                p.tick(ts + REORDER_WINDOW_NS, &kernel).unwrap();
+            }
+            if i == 99 || i == 199 {
+                let index = (i / 100 + 2) as u32;
+                let counters = rot.drop_counters(&kernel);
+                let next = create(&segs[index as usize - 1], &meta(seg(index, &counters)));
+                let done = rot.rotate(next, ts + REORDER_WINDOW_NS, counters).unwrap();
+                done.into_inner().unwrap();
+            }
+        }
+        let kernel = vec![("kernel_ringbuf_full".to_owned(), 300)];
+        one.finish(4 * 1000 * MS, &kernel).unwrap().0.into_inner().unwrap();
+        rot.finish(4 * 1000 * MS, &kernel).unwrap().0.into_inner().unwrap();
+        (whole, segs)
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hopscope-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn segments_read_together_are_the_stream_one_file_would_have_held() {
+        let dir = scratch("segments");
+        let (whole, segs) = run(&dir);
+        let (all, err) = read(std::slice::from_ref(&whole));
+        assert!(err.is_none(), "{err:?}");
+        // Given in any order, read by index.
+        let (joined, err) = read(&[segs[2].clone(), segs[0].clone(), segs[1].clone()]);
+        assert!(err.is_none(), "{err:?}");
+        // Each rotation ends its segment with one more counter snapshot;
+        // everything else is the same records in the same order.
+        let not_drops = |v: &[Record]| v.iter().filter(|r| !matches!(r, Record::Drops { .. })).cloned().collect::<Vec<_>>();
+        assert_eq!(not_drops(&joined), not_drops(&all));
+        assert_eq!(not_drops(&all).len(), 300);
+        let drops = |v: &[Record]| v.iter().filter(|r| matches!(r, Record::Drops { .. })).count();
+        assert_eq!(drops(&joined), drops(&all) + 2);
+        assert!(joined.windows(2).all(|w| w[0].ts_ns() <= w[1].ts_ns()), "the joined stream is in time order");
+        assert_eq!(last_drops(&joined), last_drops(&all));
+        assert_eq!(last_drops(&all), vec![("kernel_ringbuf_full".to_owned(), 300)]);
+        // A segment alone, or the newest two (the first deleted by --keep):
+        // the counters are those of the files read.
+        let (middle, err) = read(&segs[1..2]);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(not_drops(&middle).len(), 100);
+        assert_eq!(last_drops(&middle), vec![("kernel_ringbuf_full".to_owned(), 100)], "199 at its end less 99 at its start");
+        let (newest, _) = read(&segs[1..]);
+        assert_eq!(not_drops(&newest).len(), 200);
+        assert_eq!(last_drops(&newest), vec![("kernel_ringbuf_full".to_owned(), 201)]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn files_that_are_not_consecutive_segments_of_one_run_are_refused_with_why() {
+        let dir = scratch("segments-refused");
+        let (whole, segs) = run(&dir);
+        let other = dir.join("other-0002.hop");
+        let m = Meta { segment: Some(Segment { run_start_ns: 7, index: 2, ..Segment::default() }), ..meta(None) };
+        create(&other, &m).finish(0).unwrap();
+        let err = |paths: &[PathBuf]| Reader::open_all(paths).err().expect("refused").to_string();
+        let e = err(&[segs[0].clone(), segs[2].clone()]);
+        assert!(e.contains("segment 2 of the run") && e.contains("is missing") && e.contains("run-0001.hop"), "{e}");
+        let e = err(&[segs[0].clone(), whole.clone()]);
+        assert!(e.contains("whole.hop is not a segment of a rotated recording"), "{e}");
+        let e = err(&[segs[1].clone(), segs[1].clone()]);
+        assert!(e.contains("both segment 2"), "{e}");
+        let e = err(&[segs[0].clone(), other.clone()]);
+        assert!(e.contains("segments of different runs"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn damage_in_a_later_segment_names_that_file_and_keeps_what_precedes_it() {
+        let dir = scratch("segments-damaged");
+        let (_, segs) = run(&dir);
+        let mut bytes = std::fs::read(&segs[1]).unwrap();
+        let n = bytes.len();
+        bytes.truncate(n - 5);
+        std::fs::write(&segs[1], &bytes).unwrap();
+        let (recs, err) = read(&segs);
+        let e = err.expect("the cut is an error").to_string();
+        assert!(e.starts_with(&format!("in {}: recording is truncated at offset", segs[1].display())), "{e}");
+        let got = recs.iter().filter(|r| !matches!(r, Record::Drops { .. })).count();
+        assert!((100..200).contains(&got), "segment 1 whole and segment 2 up to its cut block: {got}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

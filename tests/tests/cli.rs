@@ -392,3 +392,129 @@ fn one_shot_commands_with_a_closed_stdout_end_quietly_not_with_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// The segments of a rotated recording in `dir` named `stem-NNNN.hop`, in order.
+fn segments(dir: &std::path::Path, stem: &str) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".hop")))
+        .collect();
+    v.sort();
+    v
+}
+
+fn report_json_of(files: &[std::path::PathBuf]) -> serde_json::Value {
+    let out = Command::new(hopscope_bin()).arg("report").args(files).arg("--json").output().unwrap();
+    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("report --json is json")
+}
+
+fn counter(rep: &serde_json::Value, name: &str) -> u64 {
+    rep["recording"]["drops"][name].as_u64().unwrap_or(0)
+}
+
+/// `--rotate-every`: the recording is cut into segments while requests are
+/// in flight; read together they give every request whole (no request or
+/// event cut at a boundary, as one file would have held them); one alone
+/// says what it is and counts what its boundaries cut.
+#[test]
+fn a_rotated_recording_read_as_its_segments_gives_every_request_whole() {
+    let Some(_serial) = privileged("a_rotated_recording_read_as_its_segments_gives_every_request_whole") else { return };
+    let dir = scratch("cli-rotate");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let mut rec = Recording::run(&dir.join("run.hop"), &["--rotate-every", "1s"], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    rec.wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    // 2 connections × 8 requests of 30 chunks 15 ms apart: ~3.6 s of
+    // requests always in flight across 1 s rotations.
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--concurrent", "2x8", "--tokens", "30", "--token-ms", "15", "--sdk", "raw"]);
+    rec.stop();
+    assert!(!dir.join("run.hop").exists(), "with rotation -o names the run, not a file");
+    let segs = segments(&dir, "run");
+    assert!(segs.len() >= 4, "a segment a second: {segs:?}");
+    for (i, s) in segs.iter().enumerate() {
+        assert!(s.ends_with(format!("run-{:04}.hop", i + 1)), "consecutive from 0001: {segs:?}");
+    }
+    let clients = read_jsonl(&out);
+    assert_eq!(clients.len(), 16);
+
+    let all = report_json_of(&segs);
+    assert_eq!(all["recording"]["segments"]["first"], 1);
+    assert_eq!(all["recording"]["segments"]["last"], segs.len());
+    for c in &clients {
+        let id = c["id"].as_str().unwrap();
+        let r = all["requests"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("request {id} in the joined report"));
+        assert!(r["ttft_ms"].is_number() && r["e2e_ms"].is_number(), "{id} whole: {r}");
+        assert_eq!(r["itl_ms"].as_array().unwrap().len(), 29, "{id}: every gap, across the boundary too");
+    }
+    for name in ["sse_without_request", "responses_without_request", "response_ends_without_request", "requests_unfinished"] {
+        assert_eq!(counter(&all, name), 0, "{name}: nothing is cut when the segments are read together: {}", all["recording"]["drops"]);
+    }
+
+    // Alone, the segments cut what crossed their boundaries, and say so.
+    let mut cut = 0;
+    let mut whole = 0;
+    for (i, s) in segs.iter().enumerate() {
+        let one = report_json_of(std::slice::from_ref(s));
+        assert_eq!((one["recording"]["segments"]["first"].as_u64(), one["recording"]["segments"]["last"].as_u64()), (Some(i as u64 + 1), Some(i as u64 + 1)));
+        cut += counter(&one, "sse_without_request") + counter(&one, "requests_unfinished");
+        whole += one["requests"].as_array().unwrap().iter().filter(|r| clients.iter().any(|c| c["id"] == r["id"]) && r["e2e_ms"].is_number()).count();
+    }
+    assert!(cut > 0, "the test cut no request at a rotation: it proves nothing");
+    assert!(whole < clients.len(), "some requests are whole only when segments are read together ({whole} of {})", clients.len());
+    let text = Command::new(hopscope_bin()).arg("report").arg(&segs[1]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("segment 2 of a rotated recording") && text.contains("report consecutive segments together"), "{text}");
+
+    // A gap is refused, naming the missing segment.
+    let gap = Command::new(hopscope_bin()).arg("report").arg(&segs[0]).arg(&segs[2]).output().unwrap();
+    assert!(!gap.status.success());
+    let err = String::from_utf8_lossy(&gap.stderr);
+    assert!(err.contains("segment 2 of the run") && err.contains("missing"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+/// `--keep N` leaves the newest N segments, which read together.
+#[test]
+fn rotation_with_keep_leaves_the_newest_segments_readable_together() {
+    let Some(_serial) = privileged("rotation_with_keep_leaves_the_newest_segments_readable_together") else { return };
+    let dir = scratch("cli-rotate-keep");
+    let port = free_port();
+    let py = python();
+    let server = fixture("sse_server.py");
+    let mut rec = Recording::run(&dir.join("svc.hop"), &["--rotate-every", "1s", "--keep", "2"], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    rec.wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "8", "--tokens", "30", "--token-ms", "10", "--sdk", "raw"]);
+    std::thread::sleep(Duration::from_millis(1200));
+    rec.stop();
+    let segs = segments(&dir, "svc");
+    assert_eq!(segs.len(), 2, "--keep 2: {segs:?}");
+    let rep = report_json_of(&segs);
+    let last = rep["recording"]["segments"]["last"].as_u64().unwrap();
+    assert!(last >= 4, "older segments were written and removed: {}", rep["recording"]);
+    assert_eq!(rep["recording"]["segments"]["first"].as_u64(), Some(last - 1));
+    assert!(segs[1].ends_with(format!("svc-{last:04}.hop")), "{segs:?}");
+}
+
+/// Rotation options that cannot work together are refused before anything
+/// is traced, each with what to do instead.
+#[test]
+fn rotation_options_that_do_not_fit_are_refused_with_what_to_do() {
+    for (args, says) in [
+        (&["--keep", "3"][..], "add --rotate-every or --rotate-mib"),
+        (&["--rotate-every", "1h", "--perfetto", "x.pftrace"][..], "run `hopscope trace` on the segments"),
+        (&["--rotate-mib", "64", "--otlp", "http://127.0.0.1:4318"][..], "hopscope export otlp SEGMENTS"),
+        (&["--rotate-every", "10ms"][..], "at least 1s"),
+        (&["--rotate-mib", "0"][..], "at least 1"),
+    ] {
+        let out = hopscope(&[&["record", "--pid", "1", "-o", "/dev/null"][..], args].concat());
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}

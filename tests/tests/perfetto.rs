@@ -76,6 +76,7 @@ fn meta() -> Meta {
         capture_payload: false,
         gpu: false,
         missing_tracepoints: vec![],
+        segment: None,
     }
 }
 

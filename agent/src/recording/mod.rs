@@ -71,6 +71,36 @@ pub struct Meta {
     /// so no wire arrival). Empty in older files and when none was missing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_tracepoints: Vec<String>,
+    /// Set in each file of a rotated recording (`record --rotate-every` /
+    /// `--rotate-mib`): which run and which part of it this file is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<Segment>,
+}
+
+/// One file of a rotated recording. Its records carry on exactly where the
+/// previous segment's stopped (the agent's decoders are not reset), so a
+/// request in flight at a rotation has its start in one file and its end in
+/// the next: read together ([`Reader::open_all`]) the segments are the one
+/// recording they were cut from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// The run's first `start_ns`: with `hostname`, names the run.
+    pub run_start_ns: u64,
+    /// 1-based, consecutive within a run.
+    pub index: u32,
+    /// The run's counters (the cumulative `Drops` ones) when this segment
+    /// started: what a reader starting here subtracts, so a file's
+    /// counters are its own.
+    #[serde(default)]
+    pub counters_before: std::collections::BTreeMap<String, u64>,
+}
+
+/// The segments of one run a reader read: `first` to `last`, consecutive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SegmentsRead {
+    pub run_start_ns: u64,
+    pub first: u32,
+    pub last: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +117,12 @@ pub enum RecordingError {
     Truncated { offset: u64, what: &'static str },
     #[error("recording is corrupt at offset {offset}: {what}")]
     Corrupt { offset: u64, what: String },
+    /// Several files given that are not consecutive segments of one run.
+    #[error("{0}")]
+    Segments(String),
+    /// A problem in a later file of a segmented read.
+    #[error("in {path}: {source}")]
+    InSegment { path: PathBuf, source: Box<RecordingError> },
 }
 
 /// Streams records into a `.hop` file.
@@ -210,6 +246,17 @@ pub struct Reader<R: Read> {
     body_off: u64,
     dec: fast::RecordDecoder,
     done: bool,
+    /// A segmented read ([`Reader::open_all`]): the files still to read, in
+    /// order, how to open one, the next one's expected index, and the file
+    /// being read once past the first (errors name it).
+    rest: std::collections::VecDeque<PathBuf>,
+    open_next: Option<fn(&Path) -> io::Result<R>>,
+    next_index: u32,
+    current: Option<PathBuf>,
+    /// The first file's `counters_before`, subtracted from every `Drops`
+    /// read, and the adjusted record lent out.
+    base: Vec<(String, u64)>,
+    adjusted: Option<Record>,
 }
 
 impl Reader<io::BufReader<std::fs::File>> {
@@ -219,6 +266,61 @@ impl Reader<io::BufReader<std::fs::File>> {
             source,
         })?;
         Reader::new(io::BufReader::new(file))
+    }
+
+    /// One recording, or the segments of one rotated run (any order; read
+    /// by index, each after the previous): one stream of records, as if the
+    /// run had not been cut. Segments must be consecutive (a missing one
+    /// would join requests across a gap); the first given may be any of the
+    /// run's (earlier ones deleted by `--keep`), and the counters read are
+    /// those of the segments given.
+    pub fn open_all(paths: &[PathBuf]) -> Result<Self, RecordingError> {
+        let [first, more @ ..] = paths else {
+            return Err(RecordingError::Segments("no recording given".into()));
+        };
+        if more.is_empty() {
+            return Reader::open(first);
+        }
+        let mut segs = Vec::with_capacity(paths.len());
+        for p in paths {
+            let meta = Reader::open(p)?.meta;
+            let Some(seg) = meta.segment else {
+                return Err(RecordingError::Segments(format!(
+                    "{} is not a segment of a rotated recording (record --rotate-every/--rotate-mib): give it alone, or the segments of one run",
+                    p.display()
+                )));
+            };
+            segs.push((seg.index, seg.run_start_ns, meta.hostname, p.clone()));
+        }
+        segs.sort_by_key(|s| s.0);
+        for w in segs.windows(2) {
+            let ((ia, ra, ha, pa), (ib, rb, hb, pb)) = (&w[0], &w[1]);
+            if (ra, ha) != (rb, hb) {
+                return Err(RecordingError::Segments(format!(
+                    "{} and {} are segments of different runs (started at {ra} ns on {ha:?} and {rb} ns on {hb:?}): report each run apart",
+                    pa.display(),
+                    pb.display()
+                )));
+            }
+            if ia == ib {
+                return Err(RecordingError::Segments(format!("{} and {} are both segment {ia} of one run: give each once", pa.display(), pb.display())));
+            }
+            if ib - ia != 1 {
+                return Err(RecordingError::Segments(format!(
+                    "segment{} {} of the run (between {} and {}) {} missing: requests would be joined across the gap; report the segments before and after it apart",
+                    if ib - ia > 2 { "s" } else { "" },
+                    if ib - ia > 2 { format!("{}-{}", ia + 1, ib - 1) } else { (ia + 1).to_string() },
+                    pa.display(),
+                    pb.display(),
+                    if ib - ia > 2 { "are" } else { "is" }
+                )));
+            }
+        }
+        let mut r = Reader::open(&segs[0].3)?;
+        r.next_index = segs[0].0 + 1;
+        r.rest = segs.into_iter().skip(1).map(|s| s.3).collect();
+        r.open_next = Some(|p| std::fs::File::open(p).map(io::BufReader::new));
+        Ok(r)
     }
 }
 
@@ -246,8 +348,34 @@ fn le32(b: &[u8]) -> u32 {
 
 impl<R: Read> Reader<R> {
     pub fn new(mut input: R) -> Result<Self, RecordingError> {
+        let (meta, offset) = Self::read_header(&mut input)?;
+        let base = meta.segment.as_ref().map(|s| s.counters_before.iter().map(|(k, v)| (k.clone(), *v)).collect()).unwrap_or_default();
+        Ok(Reader {
+            input,
+            meta,
+            offset,
+            comp: Vec::new(),
+            raw: Vec::new(),
+            raw_len: 0,
+            pos: 0,
+            index: 0,
+            count: 0,
+            body_off: 0,
+            dec: fast::RecordDecoder::new(),
+            done: false,
+            rest: std::collections::VecDeque::new(),
+            open_next: None,
+            next_index: 0,
+            current: None,
+            base,
+            adjusted: None,
+        })
+    }
+
+    /// The file header and metadata; the offset of the first block.
+    fn read_header(input: &mut R) -> Result<(Meta, u64), RecordingError> {
         let mut head = [0u8; 16];
-        if !read_full(&mut input, &mut head, 0, "file header")? {
+        if !read_full(input, &mut head, 0, "file header")? {
             return Err(RecordingError::Truncated { offset: 0, what: "empty file" });
         }
         if &head[..8] != MAGIC {
@@ -263,29 +391,54 @@ impl<R: Read> Reader<R> {
             return Err(RecordingError::Corrupt { offset: 12, what: format!("metadata length {meta_len} too large") });
         }
         let mut json = vec![0u8; meta_len as usize];
-        if !read_full(&mut input, &mut json, 16, "metadata")? && meta_len > 0 {
+        if !read_full(input, &mut json, 16, "metadata")? && meta_len > 0 {
             return Err(RecordingError::Truncated { offset: 16, what: "metadata" });
         }
         let meta: Meta = serde_json::from_slice(&json)
             .map_err(|e| RecordingError::Corrupt { offset: 16, what: format!("metadata is not valid json: {e}") })?;
-        Ok(Reader {
-            input,
-            meta,
-            offset: 16 + meta_len as u64,
-            comp: Vec::new(),
-            raw: Vec::new(),
-            raw_len: 0,
-            pos: 0,
-            index: 0,
-            count: 0,
-            body_off: 0,
-            dec: fast::RecordDecoder::new(),
-            done: false,
-        })
+        Ok((meta, 16 + meta_len as u64))
+    }
+
+    /// The file being read when it is not the first of a segmented read.
+    fn in_segment(&self, e: RecordingError) -> RecordingError {
+        match (&self.current, e) {
+            (_, e @ (RecordingError::InSegment { .. } | RecordingError::Open { .. })) => e,
+            (Some(path), e) => RecordingError::InSegment { path: path.clone(), source: Box::new(e) },
+            (None, e) => e,
+        }
+    }
+
+    /// Moves on to the next segment of a segmented read; false when none is
+    /// left.
+    fn next_segment(&mut self) -> Result<bool, RecordingError> {
+        let (Some(path), Some(open)) = (self.rest.pop_front(), self.open_next) else {
+            return Ok(false);
+        };
+        let mut input = open(&path).map_err(|source| RecordingError::Open { path: path.clone(), source })?;
+        self.current = Some(path);
+        let (meta, offset) = Self::read_header(&mut input)?;
+        // Checked when the read began; a file changed since is not read as
+        // the next part.
+        if meta.segment.as_ref().map(|s| s.index) != Some(self.next_index) {
+            return Err(self.in_segment(RecordingError::Segments(format!("not segment {} of the run any more (the file changed while it was read)", self.next_index))));
+        }
+        self.next_index += 1;
+        self.input = input;
+        self.offset = offset;
+        Ok(true)
     }
 
     pub fn meta(&self) -> &Meta {
         &self.meta
+    }
+
+    /// Which segments of a rotated run this reader has read so far (the
+    /// first file's, up to the one being read); None for a recording that
+    /// was not rotated.
+    pub fn segments_read(&self) -> Option<SegmentsRead> {
+        let g = self.meta.segment.as_ref()?;
+        let last = if self.next_index > g.index { self.next_index - 1 } else { g.index };
+        Some(SegmentsRead { run_start_ns: g.run_start_ns, first: g.index, last })
     }
 
     /// Byte offset of the next unread block.
@@ -310,7 +463,17 @@ impl<R: Read> Reader<R> {
             Ok(()) => {}
             Err(e) => {
                 self.done = true;
-                return Err(e);
+                return Err(self.in_segment(e));
+            }
+        }
+        if !self.base.is_empty() {
+            if let Some(Record::Drops { ts_ns, counters }) = self.dec.last() {
+                let own = counters
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.saturating_sub(self.base.iter().find(|(b, _)| b == k).map_or(0, |(_, b)| *b))))
+                    .collect();
+                self.adjusted = Some(Record::Drops { ts_ns: *ts_ns, counters: own });
+                return Ok(self.adjusted.as_ref());
             }
         }
         Ok(self.dec.last())
@@ -325,7 +488,7 @@ impl<R: Read> Reader<R> {
             if self.index < self.count {
                 return Ok(true);
             }
-            match self.read_block() {
+            match self.read_block().and_then(|more| if more { Ok(true) } else { self.next_segment() }) {
                 Ok(true) => {}
                 Ok(false) => {
                     self.done = true;
@@ -333,7 +496,7 @@ impl<R: Read> Reader<R> {
                 }
                 Err(e) => {
                     self.done = true;
-                    return Err(e);
+                    return Err(self.in_segment(e));
                 }
             }
         }
@@ -433,7 +596,12 @@ pub struct Loaded {
 
 /// Reads a whole recording, keeping what precedes the first problem.
 pub fn load(path: &Path) -> Result<Loaded, RecordingError> {
-    let mut reader = Reader::open(path)?;
+    load_all(&[path.to_owned()])
+}
+
+/// [`load`] of one recording or the segments of one run ([`Reader::open_all`]).
+pub fn load_all(paths: &[PathBuf]) -> Result<Loaded, RecordingError> {
+    let mut reader = Reader::open_all(paths)?;
     let mut records = Vec::new();
     let error = loop {
         match reader.next_record() {

@@ -2114,6 +2114,7 @@ mod tests {
             capture_payload: false,
             gpu: false,
             missing_tracepoints: vec![],
+            segment: None,
         };
         report::build(name, &meta, a, None)
     }

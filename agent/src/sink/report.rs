@@ -42,6 +42,9 @@ pub struct RecordingInfo {
     /// Optional kernel tracepoints the recording was made without (e.g.
     /// `sock:sk_data_ready` before kernel 6.6: the `wire_*` fields are null).
     pub missing_tracepoints: Vec<String>,
+    /// Which segments of a rotated recording were read (as one stream);
+    /// null for a recording that was not rotated.
+    pub segments: Option<crate::recording::SegmentsRead>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -608,6 +611,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             kernel: meta.kernel.clone(),
             gpus: analysis.gpus.clone(),
             missing_tracepoints: meta.missing_tracepoints.clone(),
+            segments: meta.segment.as_ref().map(|g| crate::recording::SegmentsRead { run_start_ns: g.run_start_ns, first: g.index, last: g.index }),
         },
         requests,
         chains,
@@ -741,6 +745,15 @@ fn text_head(s: &mut String, rep: &Report) {
     let _ = writeln!(s, "recording {}  ({:.1} s, pids {:?}, gpu: {})", r.path, r.duration_ms / 1e3, r.pids, if r.gpu { "yes" } else { "no" });
     if let Some(e) = &r.read_error {
         let _ = writeln!(s, "WARNING: the recording ends early: {e} (report covers what precedes it)");
+    }
+    match r.segments {
+        Some(g) if g.first == g.last => {
+            let _ = writeln!(s, "segment {} of a rotated recording: a request in flight when it began or ended has its other part in the segment before or after it (counted below as `…_without_request` / `requests_unfinished`); report consecutive segments together to join them", g.first);
+        }
+        Some(g) => {
+            let _ = writeln!(s, "segments {}-{} of a rotated recording, read as one", g.first, g.last);
+        }
+        None => {}
     }
     let _ = writeln!(s);
     let _ = writeln!(
@@ -2245,6 +2258,7 @@ pub fn write_json<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     let (tail, read_error) = stream_requests(reader, cfg, &mut gpu_mem, put, push_steps)?;
     requests.close()?;
     let mut rep = build(path, &meta, &tail, read_error.clone());
+    rep.recording.segments = reader.segments_read();
     let (chain_outs, hits) = chains.finish()?;
     rep.summary = acc.finish(hits, percentiles)?;
     gpu_mem.apply(&mut [], &mut rep.summary);
@@ -2307,6 +2321,7 @@ pub fn write_text<R: Read, W: Write>(reader: &mut crate::recording::Reader<R>, p
     // The text report shows no steps: they are only let go.
     let (tail, read_error) = stream_requests(reader, cfg, &mut gpu_mem, put, |_, _| Ok(()))?;
     let mut rep = build(path, &meta, &tail, read_error.clone());
+    rep.recording.segments = reader.segments_read();
     let (chain_outs, hits) = chains.finish()?;
     rep.summary = acc.finish(hits, percentiles)?;
     gpu_mem.apply(&mut [], &mut rep.summary);

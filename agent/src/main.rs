@@ -717,6 +717,15 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         say!("hopscope: metrics on http://{bound}/metrics{scope}");
     }
     let what = if cmd.is_empty() { format!("pids {pids:?}") } else { format!("{:?} (pid {})", cmd.join(" "), pids[0]) };
+    if let Some(stale) = seg.as_ref().map(Rotation::stale).filter(|v| !v.is_empty()) {
+        say!(
+            "hopscope: note: {} file(s) from an earlier recording to {} are there ({}{}): this one overwrites those it reaches, and `hopscope report` refuses to read the rest with it; move them away",
+            stale.len(),
+            opts.output.display(),
+            stale[0].display(),
+            if stale.len() > 1 { format!(" … {}", stale[stale.len() - 1].display()) } else { String::new() }
+        );
+    }
     let rotation = seg.as_ref().map(|_| rotation_words(&opts)).unwrap_or_default();
     say!("hopscope: recording {what} to {}{rotation} (Ctrl-C to stop)", output.display());
     let mut output = output;
@@ -1097,6 +1106,28 @@ impl Rotation {
     /// The current segment.
     fn path(&self) -> PathBuf {
         self.path_of(self.index)
+    }
+
+    /// Files already there that look like this run's later segments (an
+    /// earlier run's, with the same OUTPUT): this run overwrites those it
+    /// reaches, and `report` refuses to mix the rest with its own.
+    fn stale(&self) -> Vec<PathBuf> {
+        let (Some(stem), dir) = (self.base.file_stem().map(|s| s.to_string_lossy().into_owned()), self.base.parent().filter(|p| !p.as_os_str().is_empty())) else {
+            return Vec::new();
+        };
+        let ext = self.base.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+        let Ok(entries) = std::fs::read_dir(dir.unwrap_or(std::path::Path::new("."))) else { return Vec::new() };
+        let mut v: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let digits = name.strip_prefix(&format!("{stem}-")).and_then(|r| r.strip_suffix(ext.as_str()));
+                digits.is_some_and(|d| d.len() >= 4 && d.bytes().all(|b| b.is_ascii_digit()) && d.parse::<u32>().is_ok_and(|i| i > 1))
+            })
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
     }
 
     /// What a shell expands to the run's segments (`report` checks they

@@ -485,12 +485,31 @@ fn rotation_with_keep_leaves_the_newest_segments_readable_together() {
     let port = free_port();
     let py = python();
     let server = fixture("sse_server.py");
-    let mut rec = Recording::run(&dir.join("svc.hop"), &["--rotate-every", "1s", "--keep", "2"], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+    // An earlier run's segment, past where this one goes: left alone, named.
+    let stale = dir.join("svc-0042.hop");
+    std::fs::write(&stale, b"an earlier run's segment").unwrap();
+    let log = dir.join("agent.log");
+    let child = Command::new(hopscope_bin())
+        .args(["run", "-o"])
+        .arg(dir.join("svc.hop"))
+        .args(["--quiet", "--rotate-every", "1s", "--keep", "2", "--"])
+        .args([py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut rec = Recording { child, path: dir.join("svc.hop") };
     rec.wait_healthy(port, Duration::from_secs(30));
     let out = dir.join("client.jsonl");
     run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "8", "--tokens", "30", "--token-ms", "10", "--sdk", "raw"]);
     std::thread::sleep(Duration::from_millis(1200));
     rec.stop();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains(&format!("1 file(s) from an earlier recording to {} are there ({})", dir.join("svc.hop").display(), stale.display())), "{log}");
+    assert!(log.contains("removed") && log.contains("(--keep)"), "{log}");
+    assert_eq!(std::fs::read(&stale).unwrap(), b"an earlier run's segment", "not this run's: never removed");
+    let e = Command::new(hopscope_bin()).arg("report").args(segments(&dir, "svc")).output().unwrap();
+    assert!(String::from_utf8_lossy(&e.stderr).contains("svc-0042.hop: not a hopscope recording"), "{}", String::from_utf8_lossy(&e.stderr));
+    std::fs::remove_file(&stale).unwrap();
     let segs = segments(&dir, "svc");
     assert_eq!(segs.len(), 2, "--keep 2: {segs:?}");
     let rep = report_json_of(&segs);

@@ -283,7 +283,13 @@ impl Reader<io::BufReader<std::fs::File>> {
         }
         let mut segs = Vec::with_capacity(paths.len());
         for p in paths {
-            let meta = Reader::open(p)?.meta;
+            // Which of the files it is, when it is not the open that failed.
+            let meta = Reader::open(p)
+                .map_err(|e| match e {
+                    e @ RecordingError::Open { .. } => e,
+                    e => RecordingError::InSegment { path: p.clone(), source: Box::new(e) },
+                })?
+                .meta;
             let Some(seg) = meta.segment else {
                 return Err(RecordingError::Segments(format!(
                     "{} is not a segment of a rotated recording (record --rotate-every/--rotate-mib): give it alone, or the segments of one run",

@@ -1190,3 +1190,44 @@ impl Rotation {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_named_after_the_output_with_a_zero_padded_index() {
+        let r = Rotation::new(std::path::Path::new("/var/lib/hopscope/vllm.hop"), None);
+        assert_eq!(r.path(), PathBuf::from("/var/lib/hopscope/vllm-0001.hop"));
+        assert_eq!(r.path_of(12_345), PathBuf::from("/var/lib/hopscope/vllm-12345.hop"));
+        assert_eq!(r.glob(), "/var/lib/hopscope/vllm-*.hop");
+        let bare = Rotation::new(std::path::Path::new("run"), Some(3));
+        assert_eq!((bare.path_of(2), bare.glob()), (PathBuf::from("run-0002"), "run-*".to_owned()));
+        assert_eq!(bare.kept_label(), "run-0001");
+    }
+
+    #[test]
+    fn an_earlier_runs_later_segments_are_found_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("hopscope-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["svc-0001.hop", "svc-0002.hop", "svc-0017.hop", "svc-12345.hop", "svc-01.hop", "svc-0003.pftrace", "svc-x003.hop", "other-0002.hop", "svc.hop"] {
+            std::fs::write(dir.join(f), b"").unwrap();
+        }
+        let found = Rotation::new(&dir.join("svc.hop"), None).stale();
+        let names: Vec<String> = found.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, ["svc-0002.hop", "svc-0017.hop", "svc-12345.hop"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_startup_line_says_when_segments_are_cut_and_how_many_are_kept() {
+        let mut opts = Cli::parse_from(["hopscope", "record", "--pid", "1", "--rotate-every", "1h", "--rotate-mib", "512", "--keep", "48"]);
+        let Cmd::Record { opts: ref mut o, .. } = opts.cmd else { panic!("record") };
+        assert_eq!(rotation_words(o), " (a new segment every 1h or at 512 MiB, keeping the newest 48)");
+        o.rotate_every = Some(Duration::from_secs(90));
+        o.rotate_mib = None;
+        o.keep = None;
+        assert_eq!(rotation_words(o), " (a new segment every 90s)");
+    }
+}

@@ -255,7 +255,7 @@ pub struct Reader<R: Read> {
     current: Option<PathBuf>,
     /// The first file's `counters_before`, subtracted from every `Drops`
     /// read, and the adjusted record lent out.
-    base: Vec<(String, u64)>,
+    base: std::collections::BTreeMap<String, u64>,
     adjusted: Option<Record>,
 }
 
@@ -355,7 +355,7 @@ fn le32(b: &[u8]) -> u32 {
 impl<R: Read> Reader<R> {
     pub fn new(mut input: R) -> Result<Self, RecordingError> {
         let (meta, offset) = Self::read_header(&mut input)?;
-        let base = meta.segment.as_ref().map(|s| s.counters_before.iter().map(|(k, v)| (k.clone(), *v)).collect()).unwrap_or_default();
+        let base = meta.segment.as_ref().map(|s| s.counters_before.clone()).unwrap_or_default();
         Ok(Reader {
             input,
             meta,
@@ -476,7 +476,7 @@ impl<R: Read> Reader<R> {
             if let Some(Record::Drops { ts_ns, counters }) = self.dec.last() {
                 let own = counters
                     .iter()
-                    .map(|(k, v)| (k.clone(), v.saturating_sub(self.base.iter().find(|(b, _)| b == k).map_or(0, |(_, b)| *b))))
+                    .map(|(k, v)| (k.clone(), v.saturating_sub(self.base.get(k).copied().unwrap_or(0))))
                     .collect();
                 self.adjusted = Some(Record::Drops { ts_ns: *ts_ns, counters: own });
                 return Ok(self.adjusted.as_ref());

@@ -133,10 +133,11 @@ enum Cmd {
     /// changes as sums of phase deltas, token and GPU kernel deltas
     /// (docs/diff.md).
     Diff {
-        /// The recording to compare against (the baseline).
-        before: PathBuf,
-        /// The recording whose changes are explained.
-        after: PathBuf,
+        /// BEFORE (the baseline), then AFTER (whose changes are explained):
+        /// two recordings, or the segments of two rotated runs
+        /// (`before-*.hop after-*.hop`: each run's read as one).
+        #[arg(required = true, num_args = 2.., value_name = "BEFORE AFTER")]
+        files: Vec<PathBuf>,
         /// Machine-readable output (schema 1, see docs/diff.md).
         #[arg(long)]
         json: bool,
@@ -274,7 +275,7 @@ fn main() {
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Export { to: ExportTo::Otlp { files, endpoint } } => otlp_cmd(&files, &endpoint),
         Cmd::Trace { files, output, no_compress, layout } => trace_cmd(&files, output, no_compress, layout),
-        Cmd::Diff { before, after, json } => diff_cmd(before, after, json),
+        Cmd::Diff { files, json } => diff_cmd(&files, json),
     };
     if let Err(e) = res {
         say!("hopscope: {}", one_line(&e));
@@ -384,15 +385,16 @@ fn report_cmd(files: &[PathBuf], json: bool, chain_header: Option<String>, no_ip
     Ok(())
 }
 
-fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
+fn diff_cmd(files: &[PathBuf], json: bool) -> Result<()> {
     use hopscope::sink::diff;
+    let (before, after) = recording::split_before_after(files).context("diff")?;
     // Each recording correlated with its own chain header, exactly as
     // `report` does, and kept as the diff needs it (a few hundred bytes a
     // request): neither side's analysis nor report is held.
-    let load = |file: &PathBuf| -> Result<(diff::Side, Option<String>)> {
-        let mut reader = recording::Reader::open(file).with_context(|| format!("reading {}", file.display()))?;
+    let load = |files: &Vec<PathBuf>| -> Result<(diff::Side, Option<String>)> {
+        let mut reader = open_files(files)?;
         let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
-        diff::Side::read(&mut reader, &file.display().to_string(), cfg).with_context(|| format!("reading {}", file.display()))
+        diff::Side::read(&mut reader, &files_label(files), cfg).with_context(|| format!("reading {}", files_label(files)))
     };
     let (b, b_err) = load(&before)?;
     let (a, a_err) = load(&after)?;
@@ -403,9 +405,9 @@ fn diff_cmd(before: PathBuf, after: PathBuf, json: bool) -> Result<()> {
         Err(e) if reader_gone(&e) => return Ok(()),
         r => r.context("writing the diff")?,
     }
-    for (file, e) in [(&before, b_err), (&after, a_err)] {
+    for (files, e) in [(&before, b_err), (&after, a_err)] {
         if let Some(e) = e {
-            say!("hopscope: warning: {}: {e}; the diff covers the readable part", file.display());
+            say!("hopscope: warning: {}: {e}; the diff covers the readable part", files_label(files));
         }
     }
     Ok(())

@@ -426,8 +426,8 @@ mod tests {
         Meta { format_version: FORMAT_VERSION, hopscope_version: "test".into(), start_ns: MS, hostname: "h".into(), segment, ..Meta::default() }
     }
 
-    fn seg(index: u32, counters: &[(String, u64)]) -> Option<Segment> {
-        Some(Segment { run_start_ns: MS, index, counters_before: counters.iter().cloned().collect() })
+    fn seg(run_start_ns: u64, index: u32, counters: &[(String, u64)]) -> Option<Segment> {
+        Some(Segment { run_start_ns, index, counters_before: counters.iter().cloned().collect() })
     }
 
     fn create(path: &Path, m: &Meta) -> Writer<std::io::BufWriter<std::fs::File>> {
@@ -457,13 +457,18 @@ mod tests {
     }
 
     /// Feeds 300 records over 3 s (a tick each 10 ms, the kernel's loss
-    /// counter growing by one a tick) to `pipes`, rotating the first at
-    /// records 100 and 200.
+    /// counter growing by one a tick) to two pipelines: one writes
+    /// `whole.hop`, the other `run-0001.hop`, rotating to `run-0002.hop` and
+    /// `run-0003.hop` at records 100 and 200.
     fn run(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
-        let whole = dir.join("whole.hop");
-        let segs: Vec<PathBuf> = (1..=3).map(|i| dir.join(format!("run-{i:04}.hop"))).collect();
+        run_named(dir, "run", MS)
+    }
+
+    fn run_named(dir: &Path, stem: &str, run_start_ns: u64) -> (PathBuf, Vec<PathBuf>) {
+        let whole = dir.join(format!("whole-{stem}.hop"));
+        let segs: Vec<PathBuf> = (1..=3).map(|i| dir.join(format!("{stem}-{i:04}.hop"))).collect();
         let mut one = Pipeline::new(DecoderConfig::default(), create(&whole, &meta(None)));
-        let mut rot = Pipeline::new(DecoderConfig::default(), create(&segs[0], &meta(seg(1, &[]))));
+        let mut rot = Pipeline::new(DecoderConfig::default(), create(&segs[0], &meta(seg(run_start_ns, 1, &[]))));
         for i in 0..300u64 {
             let ts = MS + i * 10 * MS;
             let kernel = vec![("kernel_ringbuf_full".to_owned(), i)];
@@ -474,7 +479,7 @@ mod tests {
             if i == 99 || i == 199 {
                 let index = (i / 100 + 2) as u32;
                 let counters = rot.drop_counters(&kernel);
-                let next = create(&segs[index as usize - 1], &meta(seg(index, &counters)));
+                let next = create(&segs[index as usize - 1], &meta(seg(run_start_ns, index, &counters)));
                 let done = rot.rotate(next, ts + REORDER_WINDOW_NS, counters).unwrap();
                 done.into_inner().unwrap();
             }
@@ -534,7 +539,7 @@ mod tests {
         let e = err(&[segs[0].clone(), segs[2].clone()]);
         assert!(e.contains("segment 2 of the run") && e.contains("is missing") && e.contains("run-0001.hop"), "{e}");
         let e = err(&[segs[0].clone(), whole.clone()]);
-        assert!(e.contains("whole.hop is not a segment of a rotated recording"), "{e}");
+        assert!(e.contains("whole-run.hop is not a segment of a rotated recording"), "{e}");
         let e = err(&[segs[1].clone(), segs[1].clone()]);
         assert!(e.contains("both segment 2"), "{e}");
         let e = err(&[segs[0].clone(), other.clone()]);
@@ -555,6 +560,25 @@ mod tests {
         assert!(e.starts_with(&format!("in {}: recording is truncated at offset", segs[1].display())), "{e}");
         let got = recs.iter().filter(|r| !matches!(r, Record::Drops { .. })).count();
         assert!((100..200).contains(&got), "segment 1 whole and segment 2 up to its cut block: {got}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn diff_takes_two_files_as_given_or_the_segments_of_two_runs_split_where_the_run_changes() {
+        use crate::recording::split_before_after;
+        let dir = scratch("segments-diff");
+        let (whole, a) = run_named(&dir, "a", MS);
+        let (_, b) = run_named(&dir, "b", 2 * MS);
+        assert_eq!(split_before_after(&[whole.clone(), a[1].clone()]).unwrap(), (vec![whole.clone()], vec![a[1].clone()]));
+        let all: Vec<PathBuf> = a.iter().chain(&b).cloned().collect();
+        assert_eq!(split_before_after(&all).unwrap(), (a.clone(), b.clone()));
+        // The newest two of one run against the whole other.
+        let some: Vec<PathBuf> = a[1..].iter().chain(&b).cloned().collect();
+        assert_eq!(split_before_after(&some).unwrap(), (a[1..].to_vec(), b.clone()));
+        let e = split_before_after(&a).unwrap_err().to_string();
+        assert!(e.contains("all 3 files are segments of one run"), "{e}");
+        let e = split_before_after(&[whole.clone(), a[0].clone(), b[0].clone()]).unwrap_err().to_string();
+        assert!(e.contains("whole-a.hop is not a segment"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

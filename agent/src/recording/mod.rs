@@ -592,6 +592,44 @@ impl<R: Read> Reader<R> {
     }
 }
 
+/// `diff`'s two sides from its files: two files are BEFORE and AFTER as
+/// given; more are the segments of two rotated runs, BEFORE's first (the
+/// files up to the first one of another run), AFTER's after. Each side is
+/// then read as one ([`Reader::open_all`] checks it is one run's,
+/// consecutive).
+pub fn split_before_after(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<PathBuf>), RecordingError> {
+    if let [before, after] = paths {
+        return Ok((vec![before.clone()], vec![after.clone()]));
+    }
+    let run = |p: &PathBuf| -> Result<Option<(u64, String)>, RecordingError> {
+        let m = Reader::open(p)?.meta;
+        Ok(m.segment.map(|s| (s.run_start_ns, m.hostname)))
+    };
+    let Some(first) = paths.first() else {
+        return Err(RecordingError::Segments("diff needs BEFORE and AFTER".into()));
+    };
+    let Some(before_run) = run(first)? else {
+        return Err(RecordingError::Segments(format!(
+            "{} is not a segment of a rotated recording: with more than two files, diff takes the segments of two runs (before-*.hop after-*.hop)",
+            first.display()
+        )));
+    };
+    let mut split = None;
+    for (i, p) in paths.iter().enumerate().skip(1) {
+        if run(p)?.as_ref() != Some(&before_run) {
+            split = Some(i);
+            break;
+        }
+    }
+    match split {
+        Some(i) => Ok((paths[..i].to_vec(), paths[i..].to_vec())),
+        None => Err(RecordingError::Segments(format!(
+            "all {} files are segments of one run: give BEFORE's segments, then AFTER's (before-*.hop after-*.hop)",
+            paths.len()
+        ))),
+    }
+}
+
 /// Everything readable from a recording, and the error that stopped reading
 /// early (if any): a damaged tail still gives a partial report.
 pub struct Loaded {

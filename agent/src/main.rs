@@ -136,7 +136,7 @@ enum Cmd {
         /// BEFORE (the baseline), then AFTER (whose changes are explained):
         /// two recordings, or the segments of two rotated runs
         /// (`before-*.hop after-*.hop`: each run's read as one).
-        #[arg(required = true, num_args = 2.., value_name = "BEFORE AFTER")]
+        #[arg(required = true, num_args = 2.., value_names = ["BEFORE", "AFTER"])]
         files: Vec<PathBuf>,
         /// Machine-readable output (schema 1, see docs/diff.md).
         #[arg(long)]

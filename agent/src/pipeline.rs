@@ -581,4 +581,50 @@ mod tests {
         assert!(e.contains("whole-a.hop is not a segment"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// While a GPU source is connected every record waits ~2 s for the
+    /// merge, so a rotation finds many queued: they go to the next segment,
+    /// and the joined stream is still the one file's, in order.
+    #[test]
+    fn records_held_for_the_gpu_merge_at_a_rotation_go_on_into_the_next_segment() {
+        let dir = scratch("segments-gpu");
+        let whole = dir.join("whole.hop");
+        let segs: Vec<PathBuf> = (1..=3).map(|i| dir.join(format!("gpu-{i:04}.hop"))).collect();
+        let mut one = Pipeline::new(DecoderConfig::default(), create(&whole, &meta(None)));
+        let mut rot = Pipeline::new(DecoderConfig::default(), create(&segs[0], &meta(seg(MS, 1, &[]))));
+        for i in 0..600u64 {
+            let ts = MS + i * 10 * MS;
+            let now = ts + REORDER_WINDOW_NS;
+            let kernel = vec![("kernel_ringbuf_full".to_owned(), 0)];
+            for p in [&mut one, &mut rot] {
+                p.push_sample(Record::ConnClose { ts_ns: ts, conn: ConnKey { tgid: 1, fd: 3, ino: i } });
+                // A GPU record arrives late, stamped before the sample.
+                p.push_gpu(Record::ConnClose { ts_ns: ts - 5 * MS, conn: ConnKey { tgid: 2, fd: 3, ino: i } });
+                p.advance_gpu(now, true).unwrap();
+                p.tick(now, &kernel).unwrap();
+            }
+            if i == 299 || i == 449 {
+                let index = if i == 299 { 2 } else { 3 };
+                assert!(rot.cpu_q.len() + rot.gpu_q.len() + rot.sample_q.len() > 100, "records are held at the rotation");
+                let counters = rot.drop_counters(&kernel);
+                let next = create(&segs[index - 1], &meta(seg(MS, index as u32, &counters)));
+                rot.rotate(next, now, counters).unwrap().into_inner().unwrap();
+            }
+        }
+        let kernel = vec![("kernel_ringbuf_full".to_owned(), 0)];
+        one.finish(10 * 1000 * MS, &kernel).unwrap().0.into_inner().unwrap();
+        rot.finish(10 * 1000 * MS, &kernel).unwrap().0.into_inner().unwrap();
+        let not_drops = |v: &[Record]| v.iter().filter(|r| !matches!(r, Record::Drops { .. })).cloned().collect::<Vec<_>>();
+        let (all, err) = read(std::slice::from_ref(&whole));
+        assert!(err.is_none(), "{err:?}");
+        let (joined, err) = read(&segs);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(not_drops(&joined).len(), 1200);
+        assert_eq!(not_drops(&joined), not_drops(&all));
+        assert!(joined.windows(2).all(|w| w[0].ts_ns() <= w[1].ts_ns()), "in time order across the cuts");
+        for s in &segs {
+            assert!(!not_drops(&read(std::slice::from_ref(s)).0).is_empty(), "{} holds records", s.display());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -787,7 +787,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 let drops: u64 = pipe.drop_counters(&kernel).iter().filter(|(k, _)| report::is_loss(k)).map(|(_, v)| v).sum();
                 let rate = (st.events - last_events) as f64 / last_tick.elapsed().as_secs_f64();
                 let gpu_part = gpu.as_ref().map(|g| format!("  gpu {:>8} records", g.records())).unwrap_or_default();
-                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests{gpu_part}  drops {}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
+                let seg_part = seg.as_ref().map(|r| format!("  segment {}", r.index)).unwrap_or_default();
+                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests{gpu_part}  drops {}{seg_part}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
                 if status_tty {
                     // Not `eprint!`: a terminal that went away must not stop the recording.
                     let _ = write!(std::io::stderr(), "\r{line}   ");

@@ -1097,13 +1097,15 @@ impl Rotation {
         r
     }
 
-    fn path_of(&self, index: u32) -> PathBuf {
+    /// OUTPUT's stem and extension (with its dot, or empty).
+    fn stem_ext(&self) -> (String, String) {
         let stem = self.base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let name = match self.base.extension() {
-            Some(ext) => format!("{stem}-{index:04}.{}", ext.to_string_lossy()),
-            None => format!("{stem}-{index:04}"),
-        };
-        self.base.with_file_name(name)
+        (stem, self.base.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default())
+    }
+
+    fn path_of(&self, index: u32) -> PathBuf {
+        let (stem, ext) = self.stem_ext();
+        self.base.with_file_name(format!("{stem}-{index:04}{ext}"))
     }
 
     /// The current segment.
@@ -1115,11 +1117,9 @@ impl Rotation {
     /// earlier run's, with the same OUTPUT): this run overwrites those it
     /// reaches, and `report` refuses to mix the rest with its own.
     fn stale(&self) -> Vec<PathBuf> {
-        let (Some(stem), dir) = (self.base.file_stem().map(|s| s.to_string_lossy().into_owned()), self.base.parent().filter(|p| !p.as_os_str().is_empty())) else {
-            return Vec::new();
-        };
-        let ext = self.base.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
-        let Ok(entries) = std::fs::read_dir(dir.unwrap_or(std::path::Path::new("."))) else { return Vec::new() };
+        let (stem, ext) = self.stem_ext();
+        let dir = self.base.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
         let mut v: Vec<PathBuf> = entries
             .filter_map(|e| e.ok())
             .filter(|e| {
@@ -1136,12 +1136,8 @@ impl Rotation {
     /// What a shell expands to the run's segments (`report` checks they
     /// are one run's, consecutive).
     fn glob(&self) -> String {
-        let stem = self.base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let name = match self.base.extension() {
-            Some(ext) => format!("{stem}-*.{}", ext.to_string_lossy()),
-            None => format!("{stem}-*"),
-        };
-        self.base.with_file_name(name).display().to_string()
+        let (stem, ext) = self.stem_ext();
+        self.base.with_file_name(format!("{stem}-*{ext}")).display().to_string()
     }
 
     /// The segments left on disk, for the closing line.

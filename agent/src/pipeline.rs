@@ -435,15 +435,8 @@ mod tests {
     }
 
     fn read(paths: &[PathBuf]) -> (Vec<Record>, Option<RecordingError>) {
-        let mut r = Reader::open_all(paths).unwrap();
-        let mut out = Vec::new();
-        loop {
-            match r.next_record() {
-                Ok(Some(x)) => out.push(x),
-                Ok(None) => return (out, None),
-                Err(e) => return (out, Some(e)),
-            }
-        }
+        let l = crate::recording::load_all(paths).unwrap();
+        (l.records, l.error)
     }
 
     fn last_drops(recs: &[Record]) -> Vec<(String, u64)> {

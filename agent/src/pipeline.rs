@@ -586,7 +586,7 @@ mod tests {
         let mut one = Pipeline::new(DecoderConfig::default(), create(&whole, &meta(None)));
         let mut rot = Pipeline::new(DecoderConfig::default(), create(&segs[0], &meta(seg(MS, 1, &[]))));
         for i in 0..600u64 {
-            let ts = MS + i * 10 * MS;
+            let ts = 10 * MS + i * 10 * MS;
             let now = ts + REORDER_WINDOW_NS;
             let kernel = vec![("kernel_ringbuf_full".to_owned(), 0)];
             for p in [&mut one, &mut rot] {

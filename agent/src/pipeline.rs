@@ -572,6 +572,10 @@ mod tests {
         assert!(e.contains("all 3 files are segments of one run"), "{e}");
         let e = split_before_after(&[whole.clone(), a[0].clone(), b[0].clone()]).unwrap_err().to_string();
         assert!(e.contains("whole-a.hop is not a segment"), "{e}");
+        let junk = dir.join("junk.hop");
+        std::fs::write(&junk, b"not a recording at all").unwrap();
+        let e = split_before_after(&[a[0].clone(), junk.clone(), b[0].clone()]).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("in {}: not a hopscope recording", junk.display())), "the file is named: {e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -283,20 +283,14 @@ impl Reader<io::BufReader<std::fs::File>> {
         }
         let mut segs = Vec::with_capacity(paths.len());
         for p in paths {
-            // Which of the files it is, when it is not the open that failed.
-            let meta = Reader::open(p)
-                .map_err(|e| match e {
-                    e @ RecordingError::Open { .. } => e,
-                    e => RecordingError::InSegment { path: p.clone(), source: Box::new(e) },
-                })?
-                .meta;
-            let Some(seg) = meta.segment else {
+            let meta = meta_of(p)?;
+            let (Some((run_start_ns, hostname)), Some(g)) = (meta.run(), meta.segment.as_ref()) else {
                 return Err(RecordingError::Segments(format!(
                     "{} is not a segment of a rotated recording (record --rotate-every/--rotate-mib): give it alone, or the segments of one run",
                     p.display()
                 )));
             };
-            segs.push((seg.index, seg.run_start_ns, meta.hostname, p.clone()));
+            segs.push((g.index, run_start_ns, hostname.to_owned(), p.clone()));
         }
         segs.sort_by_key(|s| s.0);
         for w in segs.windows(2) {
@@ -327,6 +321,22 @@ impl Reader<io::BufReader<std::fs::File>> {
         r.rest = segs.into_iter().skip(1).map(|s| s.3).collect();
         r.open_next = Some(|p| std::fs::File::open(p).map(io::BufReader::new));
         Ok(r)
+    }
+}
+
+/// A file's metadata; an error names the file (a failed open already does).
+fn meta_of(p: &Path) -> Result<Meta, RecordingError> {
+    Reader::open(p).map(|r| r.meta).map_err(|e| match e {
+        e @ RecordingError::Open { .. } => e,
+        e => RecordingError::InSegment { path: p.to_owned(), source: Box::new(e) },
+    })
+}
+
+impl Meta {
+    /// The rotated run this file is a segment of: its first `start_ns` and
+    /// the host; None for a recording that was not rotated.
+    pub fn run(&self) -> Option<(u64, &str)> {
+        self.segment.as_ref().map(|g| (g.run_start_ns, self.hostname.as_str()))
     }
 }
 
@@ -601,14 +611,11 @@ pub fn split_before_after(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<PathBu
     if let [before, after] = paths {
         return Ok((vec![before.clone()], vec![after.clone()]));
     }
-    let run = |p: &PathBuf| -> Result<Option<(u64, String)>, RecordingError> {
-        let m = Reader::open(p)?.meta;
-        Ok(m.segment.map(|s| (s.run_start_ns, m.hostname)))
-    };
     let Some(first) = paths.first() else {
         return Err(RecordingError::Segments("diff needs BEFORE and AFTER".into()));
     };
-    let Some(before_run) = run(first)? else {
+    let first_meta = meta_of(first)?;
+    let Some(before_run) = first_meta.run() else {
         return Err(RecordingError::Segments(format!(
             "{} is not a segment of a rotated recording: with more than two files, diff takes the segments of two runs (before-*.hop after-*.hop)",
             first.display()
@@ -616,7 +623,7 @@ pub fn split_before_after(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<PathBu
     };
     let mut split = None;
     for (i, p) in paths.iter().enumerate().skip(1) {
-        if run(p)?.as_ref() != Some(&before_run) {
+        if meta_of(p)?.run() != Some(before_run) {
             split = Some(i);
             break;
         }

@@ -303,7 +303,7 @@ fn one_line(e: &anyhow::Error) -> String {
 fn files_label(files: &[PathBuf]) -> String {
     match files {
         [one] => one.display().to_string(),
-        [first, .., last] => format!("{} … {} ({} segments)", first.display(), last.display(), files.len()),
+        [first, .., last] => format!("{} … {}, {} segments", first.display(), last.display(), files.len()),
         [] => String::new(),
     }
 }
@@ -730,7 +730,6 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     }
     let rotation = seg.as_ref().map(|_| rotation_words(&opts)).unwrap_or_default();
     say!("hopscope: recording {what} to {}{rotation} (Ctrl-C to stop)", output.display());
-    let mut output = output;
     let mut seg_started = Instant::now();
 
     let started = Instant::now();
@@ -804,7 +803,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
             if due {
                 let gpu_seen = gpu.as_ref().is_some_and(|g| g.records() > 0);
                 let counters = pipe.drop_counters(&all_counters(&source, gpu.as_ref(), nvml.as_ref()));
-                output = r.rotate(&mut pipe, &meta, counters, gpu_seen)?;
+                r.rotate(&mut pipe, &meta, counters, gpu_seen)?;
                 seg_started = Instant::now();
             }
         }
@@ -854,6 +853,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let losses: Vec<String> = pipe.drop_counters(&kernel).into_iter().filter(|(k, v)| *v > 0 && report::is_loss(k)).map(|(k, v)| format!("{k}={v}")).collect();
     let (_, stats) = pipe.finish(sys::monotonic_ns(), &kernel).context("finishing the recording")?;
     drop(source);
+    // The file just finished: with rotation, the run's last segment.
+    let output = seg.as_ref().map_or(output, Rotation::path);
     if gpu_records.is_some_and(|n| n > 0) {
         cupti::mark_recording_gpu(&output).with_context(|| format!("marking {} as holding gpu records", output.display()))?;
     }
@@ -865,7 +866,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         }
     }
     // What `report` is pointed at: the file, or the run's kept segments.
-    let written = seg.as_ref().map_or_else(|| output.display().to_string(), Rotation::kept_label);
+    let written = seg.as_ref().map_or_else(|| output.display().to_string(), |r| files_label(&r.kept));
     say!(
         "hopscope: wrote {written} ({} events, {} records, {} http requests{}{})",
         stats.events,
@@ -1087,13 +1088,13 @@ struct Rotation {
     index: u32,
     keep: Option<u32>,
     /// The segments on disk, oldest first (the current one last).
-    kept: std::collections::VecDeque<PathBuf>,
+    kept: Vec<PathBuf>,
 }
 
 impl Rotation {
     fn new(base: &std::path::Path, keep: Option<u32>) -> Self {
         let mut r = Rotation { base: base.to_owned(), index: 1, keep, kept: Default::default() };
-        r.kept.push_back(r.path());
+        r.kept.push(r.path());
         r
     }
 
@@ -1140,19 +1141,10 @@ impl Rotation {
         self.base.with_file_name(format!("{stem}-*{ext}")).display().to_string()
     }
 
-    /// The segments left on disk, for the closing line.
-    fn kept_label(&self) -> String {
-        match (self.kept.front(), self.kept.back()) {
-            (Some(a), Some(b)) if self.kept.len() > 1 => format!("{} segments, {} … {}", self.kept.len(), a.display(), b.display()),
-            (Some(a), _) => a.display().to_string(),
-            _ => String::new(),
-        }
-    }
-
     /// Ends the current segment with `counters` and goes on in the next
     /// (the run's metadata, but its own start and place in the run);
-    /// deletes the oldest past `keep`. Returns the new segment's path.
-    fn rotate(&mut self, pipe: &mut Pipeline<std::io::BufWriter<std::fs::File>>, run: &Meta, counters: Vec<(String, u64)>, gpu_seen: bool) -> Result<PathBuf> {
+    /// deletes the oldest past `keep`.
+    fn rotate(&mut self, pipe: &mut Pipeline<std::io::BufWriter<std::fs::File>>, run: &Meta, counters: Vec<(String, u64)>, gpu_seen: bool) -> Result<()> {
         let prev = self.path();
         self.index += 1;
         let path = self.path();
@@ -1173,10 +1165,10 @@ impl Rotation {
         if gpu_seen {
             hopscope::source::cupti::mark_recording_gpu(&prev).with_context(|| format!("marking {} as holding gpu records", prev.display()))?;
         }
-        self.kept.push_back(path.clone());
+        self.kept.push(path.clone());
         let mut removed = Vec::new();
         while self.keep.is_some_and(|k| self.kept.len() > k as usize) {
-            let Some(old) = self.kept.pop_front() else { break };
+            let old = self.kept.remove(0);
             match std::fs::remove_file(&old) {
                 Ok(()) => removed.push(old.display().to_string()),
                 // Not worth stopping the recording for: said, and left.
@@ -1185,7 +1177,7 @@ impl Rotation {
         }
         let removed = if removed.is_empty() { String::new() } else { format!("; removed {} (--keep)", removed.join(", ")) };
         say!("hopscope: segment {} done; recording to {}{removed}", prev.display(), path.display());
-        Ok(path)
+        Ok(())
     }
 }
 
@@ -1202,7 +1194,7 @@ mod tests {
         assert_eq!(r.glob(), "/var/lib/hopscope/vllm-*.hop");
         let bare = Rotation::new(std::path::Path::new("run"), Some(3));
         assert_eq!((bare.path_of(2), bare.glob()), (PathBuf::from("run-0002"), "run-*".to_owned()));
-        assert_eq!(bare.kept_label(), "run-0001");
+        assert_eq!(files_label(&bare.kept), "run-0001");
     }
 
     #[test]

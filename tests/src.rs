@@ -128,19 +128,16 @@ pub struct Recording {
 
 impl Recording {
     pub fn run(path: &Path, extra: &[&str], cmd: &[&str]) -> Recording {
-        let child = Command::new(hopscope_bin())
-            .arg("run")
-            .arg("-o")
-            .arg(path)
-            .arg("--quiet")
-            .args(extra)
-            .arg("--")
-            .args(cmd)
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawning hopscope");
+        let child = Recording::command(path, extra, cmd).stdout(Stdio::inherit()).stderr(Stdio::inherit()).spawn().expect("spawning hopscope");
         Recording { child, path: path.to_owned() }
+    }
+
+    /// The command [`Recording::run`] spawns, for a test that wants its
+    /// output elsewhere.
+    pub fn command(path: &Path, extra: &[&str], cmd: &[&str]) -> Command {
+        let mut c = Command::new(hopscope_bin());
+        c.arg("run").arg("-o").arg(path).arg("--quiet").args(extra).arg("--").args(cmd);
+        c
     }
 
     pub fn record(path: &Path, pids: &[u32], extra: &[&str]) -> Recording {

@@ -489,11 +489,7 @@ fn rotation_with_keep_leaves_the_newest_segments_readable_together() {
     let stale = dir.join("svc-0042.hop");
     std::fs::write(&stale, b"an earlier run's segment").unwrap();
     let log = dir.join("agent.log");
-    let child = Command::new(hopscope_bin())
-        .args(["run", "-o"])
-        .arg(dir.join("svc.hop"))
-        .args(["--quiet", "--rotate-every", "1s", "--keep", "2", "--"])
-        .args([py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()])
+    let child = Recording::command(&dir.join("svc.hop"), &["--rotate-every", "1s", "--keep", "2"], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()])
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();

@@ -883,7 +883,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         finish_live_trace(p, &output, live)?;
     }
     if let Some(url) = &opts.otlp {
-        otlp_cmd(&[output.clone()], url)?;
+        otlp_cmd(std::slice::from_ref(&output), url)?;
     }
     Ok(())
 }

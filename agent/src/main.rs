@@ -201,10 +201,19 @@ struct RecordOpts {
     /// flows from steps to the kernels that ran in them.
     #[arg(long, value_name = "FILE.pftrace")]
     perfetto: Option<PathBuf>,
-    /// Export per-request spans to this OTLP/HTTP endpoint when recording
-    /// stops (e.g. http://127.0.0.1:4318), as `hopscope export otlp` does.
+    /// Send per-request spans to this OTLP/HTTP endpoint while recording
+    /// (e.g. http://127.0.0.1:4318): each request's spans a few seconds
+    /// after it ends, the spans `hopscope export otlp` makes from the
+    /// recording. A slow or absent collector never holds the recording up:
+    /// what it does not take is counted and said.
     #[arg(long, value_name = "URL")]
     otlp: Option<String>,
+    /// With --otlp: a session chain's span is sent once no hop of it has run
+    /// for this long (or when recording stops); a hop after that is sent
+    /// under the same chain span and counted. Raise it for clients that
+    /// think longer between hops.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s", requires = "otlp")]
+    otlp_chain_idle: Duration,
     /// Serve live Prometheus metrics at http://ADDR:PORT/metrics (a bare port
     /// binds 127.0.0.1).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
@@ -549,8 +558,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if rotating && opts.perfetto.is_some() {
         bail!("--perfetto writes one trace of one file, not of a rotated recording: leave it out and run `hopscope trace` on the segments");
     }
-    if rotating && opts.otlp.is_some() {
-        bail!("--otlp exports when recording stops, not per segment: leave it out and run `hopscope export otlp SEGMENTS… --endpoint URL`");
+    if let Some(url) = &opts.otlp {
+        hopscope::sink::otlp::endpoint_parts(url)?;
     }
     // With rotation, -o names the run: its files are OUTPUT-0001.hop, ….
     let mut seg = rotating.then(|| Rotation::new(&opts.output, opts.keep));
@@ -709,6 +718,10 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         (Some(p), Some(f)) => Some(start_live_trace(p, f, &meta, &mut pipe)?),
         _ => None,
     };
+    let live_otlp = match &opts.otlp {
+        Some(url) => Some(start_live_otlp(url, opts.otlp_chain_idle, &meta, &mut pipe)?),
+        None => None,
+    };
     // From here on the files hold what was recorded, whatever happens next.
     created.new.clear();
     if let Some(listener) = metrics_listener {
@@ -787,7 +800,8 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 let rate = (st.events - last_events) as f64 / last_tick.elapsed().as_secs_f64();
                 let gpu_part = gpu.as_ref().map(|g| format!("  gpu {:>8} records", g.records())).unwrap_or_default();
                 let seg_part = seg.as_ref().map(|r| format!("  segment {}", r.index)).unwrap_or_default();
-                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests{gpu_part}  drops {}{seg_part}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
+                let otlp_part = live_otlp.as_ref().map(|o| otlp_status(&o.borrow().tally())).unwrap_or_default();
+                let line = format!("recording {:>5.0}s  {:>8.0} ev/s  {:>6} requests{gpu_part}  drops {}{seg_part}{otlp_part}", started.elapsed().as_secs_f64(), rate, st.http_requests, drops);
                 if status_tty {
                     // Not `eprint!`: a terminal that went away must not stop the recording.
                     let _ = write!(std::io::stderr(), "\r{line}   ");
@@ -797,6 +811,11 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 last_events = st.events;
             }
             last_tick = Instant::now();
+        }
+        if let Some(o) = &live_otlp {
+            for n in o.borrow_mut().take_notes() {
+                say!("hopscope: note: {n}");
+            }
         }
         if let Some(r) = seg.as_mut() {
             let due = opts.rotate_every.is_some_and(|d| seg_started.elapsed() >= d) || opts.rotate_mib.is_some_and(|m| pipe.bytes_written() >= m.saturating_mul(1 << 20));
@@ -882,8 +901,9 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     if let (Some(p), Some(live)) = (&opts.perfetto, live_trace) {
         finish_live_trace(p, &output, live)?;
     }
-    if let Some(url) = &opts.otlp {
-        otlp_cmd(std::slice::from_ref(&output), url)?;
+    if let Some(live) = live_otlp {
+        let read = seg.as_ref().map_or_else(|| output.display().to_string(), Rotation::glob);
+        finish_live_otlp(live, &read)?;
     }
     Ok(())
 }
@@ -988,7 +1008,7 @@ fn start_live_trace<W: Write>(path: &std::path::Path, f: std::fs::File, meta: &M
     let t = hopscope::sink::perfetto::live::LiveTrace::new(std::io::BufWriter::new(f), meta).with_context(|| format!("writing {}", path.display()))?;
     let cell: LiveTrace = std::rc::Rc::new(std::cell::RefCell::new((Some(t), None)));
     let tap = std::rc::Rc::clone(&cell);
-    pipe.set_tap(Box::new(move |r| {
+    pipe.add_tap(Box::new(move |r| {
         let mut s = tap.borrow_mut();
         let (t, err) = &mut *s;
         if err.is_none() {
@@ -1000,6 +1020,53 @@ fn start_live_trace<W: Write>(path: &std::path::Path, f: std::fs::File, meta: &M
         }
     }));
     Ok(cell)
+}
+
+/// `record --otlp`: the live exporter, fed by the pipeline.
+type LiveOtlp = std::rc::Rc<std::cell::RefCell<hopscope::sink::otlp::live::LiveOtlp>>;
+
+/// Starts the live span export and has the pipeline feed it every record it writes.
+fn start_live_otlp<W: Write>(url: &str, chain_idle: Duration, meta: &Meta, pipe: &mut Pipeline<W>) -> Result<LiveOtlp> {
+    let cfg = correlate::Config { chain_header: meta.chain_header.clone(), use_ipc: true };
+    let live = hopscope::sink::otlp::live::LiveOtlp::start(meta, cfg, url, chain_idle).context("cannot start the otlp export")?;
+    let cell: LiveOtlp = std::rc::Rc::new(std::cell::RefCell::new(live));
+    let tap = std::rc::Rc::clone(&cell);
+    pipe.add_tap(Box::new(move |r| tap.borrow_mut().push(r)));
+    say!("hopscope: otlp: sending spans to {url} as requests end");
+    Ok(cell)
+}
+
+/// The status line's part for `--otlp`.
+fn otlp_status(t: &hopscope::sink::otlp::live::Tally) -> String {
+    let lost = if t.lost() > 0 { format!(" ({} lost)", t.lost()) } else { String::new() };
+    format!("  otlp {} spans{lost}", t.sent)
+}
+
+/// Recording stopped: the last spans are sent (10 s at most) and what the
+/// collector did not take is said; an error when spans were lost, after
+/// everything else was written.
+fn finish_live_otlp(live: LiveOtlp, read: &str) -> Result<()> {
+    let live = std::rc::Rc::try_unwrap(live).map_err(|_| anyhow::anyhow!("the otlp export is still in use (a bug); run `hopscope export otlp {read}`"))?.into_inner();
+    let url = live.endpoint().to_owned();
+    let t = live.finish(Duration::from_secs(10));
+    say!("hopscope: otlp: {} spans of {} requests sent to {url} in {} messages", t.sent, t.requests, t.posts);
+    if t.hops_after_chain_span > 0 {
+        say!(
+            "hopscope: note: otlp: {} hop(s) came after their session's chain span was sent (idle longer than --otlp-chain-idle): they sit under it, its end and hop count leave them out",
+            t.hops_after_chain_span
+        );
+    }
+    if t.lost() > 0 {
+        bail!(
+            "otlp: {} of {} spans did not reach {url} ({} dropped while the queue was full, {} refused or unanswered, {} unsent when recording stopped); the recording has them all: `hopscope export otlp {read} --endpoint {url}` sends them again (with the same span ids)",
+            t.lost(),
+            t.spans,
+            t.dropped,
+            t.failed,
+            t.unsent
+        );
+    }
+    Ok(())
 }
 
 /// Appends the requests (from the finished recording's analysis) to the live trace.

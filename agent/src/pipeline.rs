@@ -103,7 +103,7 @@ impl Ord for Held {
     }
 }
 
-/// Sees every record the pipeline writes ([`Pipeline::set_tap`]).
+/// Sees every record the pipeline writes ([`Pipeline::add_tap`]).
 pub type Tap = Box<dyn FnMut(&Record)>;
 
 /// Counters the pipeline itself keeps (loss is data).
@@ -132,7 +132,7 @@ pub struct Pipeline<W: Write> {
     /// Live Prometheus metrics fed with every record written (`--metrics`).
     metrics: Option<std::sync::Arc<std::sync::Mutex<crate::sink::metrics::LiveMetrics>>>,
     /// Sees every record written, in file order (`record --perfetto`).
-    tap: Option<Tap>,
+    taps: Vec<Tap>,
     out: Vec<Record>,
     stats: PipelineStats,
     /// Decoded kernel-side records waiting for the GPU merge (decoder order).
@@ -165,7 +165,7 @@ impl<W: Write> Pipeline<W> {
             decoder: WireDecoder::new(decoder_cfg),
             writer,
             metrics: None,
-            tap: None,
+            taps: Vec::new(),
             out: Vec::new(),
             stats: PipelineStats::default(),
             cpu_q: VecDeque::new(),
@@ -258,13 +258,14 @@ impl<W: Write> Pipeline<W> {
         self.metrics = Some(m);
     }
 
-    /// Hands every record written to `tap`, in file (timestamp) order.
-    pub fn set_tap(&mut self, tap: Tap) {
-        self.tap = Some(tap);
+    /// Hands every record written to `tap`, in file (timestamp) order,
+    /// across rotations.
+    pub fn add_tap(&mut self, tap: Tap) {
+        self.taps.push(tap);
     }
 
     fn observe(&mut self, rec: &Record) {
-        if let Some(t) = &mut self.tap {
+        for t in &mut self.taps {
             t(rec);
         }
         if let Some(m) = &self.metrics {

@@ -23,6 +23,11 @@ def main() -> int:
     assert "securityContext" not in containers["vllm"] or not containers["vllm"]["securityContext"].get("privileged")
     args = agent["args"][0]
     assert "--cupti-lib /hopscope/libhopscope_cupti.so" in args and "hopscope record --pid" in args
+    # Left running: a bounded disk (segments, the newest kept), and nothing
+    # written only at stop (--perfetto is one file of one run).
+    assert "--rotate-every" in args and "--keep" in args and "--perfetto" not in args, args
+    env = {e["name"]: e["value"] for e in agent["env"]}
+    assert "OTLP_ENDPOINT" in env and '${OTLP_ENDPOINT:+--otlp "$OTLP_ENDPOINT"}' in args, args
     print("kubernetes/vllm-with-hopscope.yaml: ok")
     return 0
 

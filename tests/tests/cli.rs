@@ -522,7 +522,8 @@ fn rotation_options_that_do_not_fit_are_refused_with_what_to_do() {
     for (args, says) in [
         (&["--keep", "3"][..], "add --rotate-every or --rotate-mib"),
         (&["--rotate-every", "1h", "--perfetto", "x.pftrace"][..], "run `hopscope trace` on the segments"),
-        (&["--rotate-mib", "64", "--otlp", "http://127.0.0.1:4318"][..], "hopscope export otlp SEGMENTS"),
+        // Rotation and --otlp go together; the endpoint is checked first.
+        (&["--rotate-mib", "64", "--otlp", "https://collector:4318"][..], "https is not supported"),
         (&["--rotate-every", "10ms"][..], "at least 1s"),
         (&["--rotate-mib", "0"][..], "at least 1"),
     ] {

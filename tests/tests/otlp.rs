@@ -1,36 +1,17 @@
 //! `hopscope export otlp` against a receiver built on the reference
 //! opentelemetry-proto bindings: spans arrive with the right parents,
-//! trace ids and GenAI attributes. Uses the committed replay fixtures, so it
-//! needs no root.
+//! trace ids and GenAI attributes. The offline export uses the committed
+//! replay fixtures (no root); `run --otlp` traces a real server (root).
 
 use hopscope_integration::*;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn export(fixture_name: &str) -> (Vec<Value>, Value) {
     let dir = scratch(&format!("otlp-{fixture_name}"));
-    let (out, port_file) = (dir.join("spans.jsonl"), dir.join("port"));
-    let mut rx = Command::new(python())
-        .arg(fixture("otlp_receiver.py"))
-        .arg("--out")
-        .arg(&out)
-        .arg("--port-file")
-        .arg(&port_file)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Ok(p) = std::fs::read_to_string(&port_file) {
-            if !p.is_empty() {
-                break p;
-            }
-        }
-        assert!(Instant::now() < deadline, "receiver did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (mut rx, port, out) = otlp_receiver(&dir);
     let hop = workspace().join("agent/tests/fixtures").join(format!("{fixture_name}.hop"));
     let res = Command::new(hopscope_bin()).args(["export", "otlp"]).arg(&hop).args(["--endpoint", &format!("http://127.0.0.1:{port}")]).output().unwrap();
     rx.kill().unwrap();
@@ -136,4 +117,114 @@ fn a_slowed_requests_span_names_whose_prefill_slowed_it() {
         }
     }
     assert_eq!(slowed, 1, "tp_chunked has one hop slowed by another's chunked prefill");
+}
+
+/// A span as the receiver wrote it, without what JSON spells two ways.
+fn key(s: &Value) -> (String, String, String, String, String) {
+    let t = |k: &str| s[k].as_str().map_or_else(|| s[k].to_string(), str::to_owned);
+    (s["span_id"].as_str().unwrap().to_owned(), s["parent_span_id"].as_str().unwrap().to_owned(), s["trace_id"].as_str().unwrap().to_owned(), t("start"), t("end"))
+}
+
+/// `run --otlp` on a rotating recording: a session's request spans reach a
+/// receiver built on the reference bindings while the server is still being
+/// recorded, its chain span once the session has been idle for
+/// `--otlp-chain-idle`, and what was sent live is exactly what `export otlp`
+/// makes from the segments afterwards.
+#[test]
+fn run_with_otlp_sends_each_sessions_spans_while_recording_the_same_as_export() {
+    let Some(_serial) = privileged("run_with_otlp_sends_each_sessions_spans_while_recording_the_same_as_export") else { return };
+    let dir = scratch("otlp-live");
+    let (mut rx, otlp_port, spans) = otlp_receiver(&dir);
+    let url = format!("http://127.0.0.1:{otlp_port}");
+    let port = free_port();
+    let (py, server) = (python(), fixture("sse_server.py"));
+    let hop = dir.join("run.hop");
+    let args = ["run", "-o", hop.to_str().unwrap(), "--rotate-every", "2s", "--otlp", &url, "--otlp-chain-idle", "2s", "--", py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()];
+    let agent = Agent::spawn(&args, &[]);
+    agent.wait_line("hopscope: otlp: sending spans to", Duration::from_secs(60));
+    wait_healthy(port, Duration::from_secs(30));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "3", "--tokens", "10", "--session", "live-session", "--sdk", "raw"]);
+    let ids: Vec<String> = read_jsonl(&out).iter().map(|c| c["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids.len(), 3);
+    // Still recording: the hops' spans and then the session's arrive.
+    let ended = Instant::now();
+    let (mut hops_at, mut chain_at) = (None, None);
+    while chain_at.is_none() && ended.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+        let got = if spans.exists() { read_jsonl(&spans) } else { Vec::new() };
+        if hops_at.is_none() && ids.iter().all(|id| got.iter().any(|s| s["kind"] == 2 && attr(s, "gen_ai.request.id") == *id.as_str())) {
+            hops_at = Some(ended.elapsed());
+        }
+        if got.iter().any(|s| s["name"] == "chain" && attr(s, "hopscope.chain") == "live-session") {
+            chain_at = Some(ended.elapsed());
+        }
+    }
+    let (hops_at, chain_at) = (hops_at.expect("the hops' spans arrived while recording"), chain_at.expect("the session's span arrived while recording"));
+    // Final ~2 s after the end (settle), sent at the next second's flush;
+    // the session's span 2 s idle after that.
+    assert!(hops_at < Duration::from_secs(8), "hop spans {hops_at:?} after the last hop ended");
+    assert!(chain_at < Duration::from_secs(10), "chain span {chain_at:?} after the last hop ended");
+    let (_, err) = agent.stop();
+    let live = read_jsonl(&spans);
+    let closing = err.lines().find(|l| l.starts_with("hopscope: otlp: ") && l.contains(" spans of ")).unwrap_or_else(|| panic!("no closing otlp line: {err}"));
+    assert!(closing.starts_with(&format!("hopscope: otlp: {} spans of ", live.len())), "{closing} (received {})", live.len());
+
+    // `export otlp` of the segments, to a second receiver.
+    let segs: Vec<std::path::PathBuf> = {
+        let mut v: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("run-")).collect();
+        v.sort();
+        v
+    };
+    assert!(segs.len() >= 2, "rotated: {segs:?}");
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+    let dir2 = dir.join("offline");
+    std::fs::create_dir_all(&dir2).unwrap();
+    let (mut rx2, port2, spans2) = otlp_receiver(&dir2);
+    let res = Command::new(hopscope_bin()).args(["export", "otlp"]).args(&segs).args(["--endpoint", &format!("http://127.0.0.1:{port2}")]).output().unwrap();
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    rx2.kill().unwrap();
+    rx2.wait().unwrap();
+    let offline = read_jsonl(&spans2);
+    let mut a: Vec<_> = live.iter().map(key).collect();
+    let mut b: Vec<_> = offline.iter().map(key).collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "the spans sent live are export otlp's");
+    let same_attrs = live.iter().all(|l| offline.iter().any(|o| o["span_id"] == l["span_id"] && o["attributes"] == l["attributes"] && o["name"] == l["name"]));
+    assert!(same_attrs, "names and attributes match too");
+}
+
+/// A collector that is not there never stops the recording: the recording
+/// is whole, and the stop says in one line how many spans did not go and
+/// which command sends them.
+#[test]
+fn an_absent_collector_leaves_a_whole_recording_and_says_how_to_send_the_spans() {
+    let Some(_serial) = privileged("an_absent_collector_leaves_a_whole_recording_and_says_how_to_send_the_spans") else { return };
+    let dir = scratch("otlp-absent");
+    let closed = free_port();
+    let port = free_port();
+    let (py, server) = (python(), fixture("sse_server.py"));
+    let hop = dir.join("run.hop");
+    let url = format!("http://127.0.0.1:{closed}");
+    let args = ["run", "-o", hop.to_str().unwrap(), "--otlp", &url, "--", py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()];
+    let agent = Agent::spawn(&args, &[]);
+    wait_healthy(port, Duration::from_secs(60));
+    let out = dir.join("client.jsonl");
+    run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "3", "--tokens", "10", "--sdk", "raw"]);
+    agent.wait_line("hopscope: note: otlp: cannot reach", Duration::from_secs(20));
+    agent.signal(libc::SIGINT);
+    let stopping = Instant::now();
+    let (st, _, err) = agent.wait(Duration::from_secs(60));
+    assert!(stopping.elapsed() < Duration::from_secs(20), "the stop waited {:?} on the collector", stopping.elapsed());
+    assert!(!st.success(), "spans were lost: not a clean exit\n{err}");
+    let last = err.trim().lines().last().unwrap();
+    assert!(last.contains("did not reach") && last.contains(&format!("hopscope export otlp {} --endpoint {url}", hop.display())), "{err}");
+    let rep = report_json(&hop);
+    let ids: Vec<String> = read_jsonl(&out).iter().map(|c| c["id"].as_str().unwrap().to_owned()).collect();
+    for id in &ids {
+        let r = rep["requests"].as_array().unwrap().iter().find(|r| r["id"] == *id.as_str()).unwrap_or_else(|| panic!("{id} recorded"));
+        assert!(r["e2e_ms"].is_number(), "{id} whole");
+    }
 }

@@ -910,6 +910,11 @@ impl Correlator {
         (self.live.len(), self.engine.open_requests())
     }
 
+    /// The chain keys of the requests not handed out yet (arrived, not final).
+    pub fn held_chains(&self) -> impl Iterator<Item = (&str, ChainSource)> + '_ {
+        self.live.iter().map(|(_, l)| (l.r.chain.as_str(), l.r.chain_source))
+    }
+
     /// Ends a streamed analysis: the requests not handed out yet (in report
     /// order, open ones unfinished), the steps not taken, the counters and
     /// totals. `chains` stays empty: whoever took the requests as they came

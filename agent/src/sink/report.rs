@@ -2184,41 +2184,87 @@ pub(crate) fn stream_requests<R: Read, E>(
     mut put: impl FnMut(&Request, &RequestRef) -> Result<(), E>,
     mut steps: impl FnMut(&[crate::correlate::gpu::GpuStep], &[crate::correlate::gpu::StepCompute]) -> Result<(), E>,
 ) -> Result<(Analysis, Option<String>), E> {
-    let mut c = Correlator::new(cfg);
-    let (mut itl, mut sorted) = (Vec::new(), Vec::new());
-    let mut hand = |r: &Request, gpu_mem: &GpuMemIndex| -> Result<(), E> {
-        let mut q = request_ref(r, &mut itl, &mut sorted);
-        if gpu_mem.samples() > 0 {
-            q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
-        }
-        put(r, &q)
-    };
-    let mut clock = crate::correlate::DrainClock::default();
+    let mut feed = RequestFeed::new(cfg);
     let read_error = loop {
         match reader.next_ref() {
             Ok(Some(r)) => {
                 gpu_mem.ingest(r);
-                c.ingest(r);
-                if let Some(now) = clock.tick(r.ts_ns()) {
-                    for r in c.drain_final(now) {
-                        hand(&r, gpu_mem)?;
-                    }
-                    // The report has no use for engine steps (the trace has).
-                    c.take_steps();
-                    let (g, sc) = c.take_gpu_steps();
-                    steps(&g, &sc)?;
-                }
+                feed.push(r, gpu_mem, &mut put, &mut steps)?;
             }
             Ok(None) => break None,
             Err(e) => break Some(e.to_string()),
         }
     };
-    let mut tail = c.finish_streaming();
-    for r in std::mem::take(&mut tail.requests) {
-        hand(&r, gpu_mem)?;
+    Ok((feed.finish(gpu_mem, &mut put, &mut steps)?, read_error))
+}
+
+/// The correlator as the streaming sinks drive it, fed one record at a time
+/// in file order (from a reader, [`stream_requests`], or from the recorder's
+/// pipeline, `record --otlp`): each request is handed out once final, with
+/// the report's figures.
+pub(crate) struct RequestFeed {
+    c: Correlator,
+    clock: crate::correlate::DrainClock,
+    itl: Vec<f64>,
+    sorted: Vec<f64>,
+}
+
+impl RequestFeed {
+    pub(crate) fn new(cfg: Config) -> Self {
+        RequestFeed { c: Correlator::new(cfg), clock: Default::default(), itl: Vec::new(), sorted: Vec::new() }
     }
-    steps(&std::mem::take(&mut tail.gpu_steps), &std::mem::take(&mut tail.step_compute))?;
-    Ok((tail, read_error))
+
+    fn hand<E>(itl: &mut Vec<f64>, sorted: &mut Vec<f64>, r: &Request, gpu_mem: &GpuMemIndex, put: &mut impl FnMut(&Request, &RequestRef) -> Result<(), E>) -> Result<(), E> {
+        let mut q = request_ref(r, itl, sorted);
+        if gpu_mem.samples() > 0 {
+            q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
+        }
+        put(r, &q)
+    }
+
+    /// Takes the next record; when it is time to, hands the requests now
+    /// final to `put` and the GPU steps found to `steps`. Returns the
+    /// recording time of that hand-out, if there was one.
+    pub(crate) fn push<E>(
+        &mut self,
+        r: &crate::model::Record,
+        gpu_mem: &GpuMemIndex,
+        put: &mut impl FnMut(&Request, &RequestRef) -> Result<(), E>,
+        steps: &mut impl FnMut(&[crate::correlate::gpu::GpuStep], &[crate::correlate::gpu::StepCompute]) -> Result<(), E>,
+    ) -> Result<Option<u64>, E> {
+        self.c.ingest(r);
+        let Some(now) = self.clock.tick(r.ts_ns()) else { return Ok(None) };
+        for r in self.c.drain_final(now) {
+            Self::hand(&mut self.itl, &mut self.sorted, &r, gpu_mem, put)?;
+        }
+        // The report has no use for engine steps (the trace has).
+        self.c.take_steps();
+        let (g, sc) = self.c.take_gpu_steps();
+        steps(&g, &sc)?;
+        Ok(Some(now))
+    }
+
+    /// The requests not handed out yet, as the correlator holds them.
+    pub(crate) fn correlator(&self) -> &Correlator {
+        &self.c
+    }
+
+    /// Hands out the rest (open requests unfinished) and returns what is left
+    /// of the analysis: the recording-wide parts.
+    pub(crate) fn finish<E>(
+        self,
+        gpu_mem: &GpuMemIndex,
+        put: &mut impl FnMut(&Request, &RequestRef) -> Result<(), E>,
+        steps: &mut impl FnMut(&[crate::correlate::gpu::GpuStep], &[crate::correlate::gpu::StepCompute]) -> Result<(), E>,
+    ) -> Result<Analysis, E> {
+        let RequestFeed { c, mut itl, mut sorted, .. } = self;
+        let mut tail = c.finish_streaming();
+        for r in std::mem::take(&mut tail.requests) {
+            Self::hand(&mut itl, &mut sorted, &r, gpu_mem, put)?;
+        }
+        steps(&std::mem::take(&mut tail.gpu_steps), &std::mem::take(&mut tail.step_compute))?;
+        Ok(tail)
+    }
 }
 
 /// The schema-1 JSON report of a recording, written while it is read (what

@@ -12,6 +12,10 @@
 //! of opentelemetry-proto (`opentelemetry/proto/trace/v1/trace.proto`,
 //! `common/v1/common.proto`, `collector/trace/v1/trace_service.proto`), and the
 //! test decodes our bytes with the reference Python bindings.
+//!
+//! [`live`] sends the same spans while recording (`record --otlp`).
+
+pub mod live;
 
 use crate::correlate::engine::marks;
 use crate::correlate::{Analysis, ChainSource, Config, Request};
@@ -201,6 +205,28 @@ impl ChainSpans {
         e.1 = e.1.max(done);
         e.2 += 1;
         e.3 += done.saturating_sub(r.arrive_ns);
+    }
+
+    /// Whether `chain` has hops noted whose span is not made yet.
+    fn is_open(&self, chain: &str) -> bool {
+        self.open.contains_key(chain)
+    }
+
+    /// The spans of the chains whose last hop ended at or before `cutoff`
+    /// and that `held` does not name (a hop of theirs may still come), in
+    /// the report's chain order; those chains are forgotten.
+    fn take_idle(&mut self, meta: &Meta, cutoff: u64, held: &crate::correlate::FxMap<&str, ()>, spans: &mut Vec<Span>) {
+        let idle: Vec<String> = self.open.iter().filter(|(k, v)| v.1 <= cutoff && !held.contains_key(k.as_str())).map(|(k, _)| k.clone()).collect();
+        if idle.is_empty() {
+            return;
+        }
+        let mut taken = ChainSpans::default();
+        for k in idle {
+            if let Some(v) = self.open.remove(&k) {
+                taken.open.insert(k, v);
+            }
+        }
+        taken.finish(meta, spans);
     }
 
     /// The chains' spans, in the report's chain order (first arrival, then key).
@@ -396,9 +422,8 @@ pub fn export_streamed<R: Read>(reader: &mut Reader<R>, cfg: Config, endpoint: &
     Ok((done, read_error))
 }
 
-/// POSTs the export to `endpoint` (`http://host:port`, `/v1/traces` appended
-/// unless a path is given) as OTLP/HTTP protobuf. Returns the span count.
-pub fn send(endpoint: &str, req: &ExportTraceServiceRequest) -> Result<usize, OtlpError> {
+/// `http://host:port[/path]` → (`host:port`, the path, `/v1/traces` when none).
+pub fn endpoint_parts(endpoint: &str) -> Result<(&str, &str), OtlpError> {
     let rest = endpoint.strip_prefix("http://").ok_or_else(|| OtlpError::Endpoint(endpoint.to_owned()))?;
     let (hostport, path) = match rest.find('/') {
         Some(i) if i + 1 < rest.len() => (&rest[..i], &rest[i..]),
@@ -408,10 +433,32 @@ pub fn send(endpoint: &str, req: &ExportTraceServiceRequest) -> Result<usize, Ot
     if hostport.is_empty() {
         return Err(OtlpError::Endpoint(endpoint.to_owned()));
     }
+    Ok((hostport, path))
+}
+
+/// The first of `hostport`'s addresses that accepts within `limit` each: a
+/// collector behind a dropped route costs seconds, not the system's minutes.
+fn connect_timeout(hostport: &str, limit: Duration) -> std::io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{hostport} resolves to no address"));
+    for a in hostport.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, limit) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// POSTs the export to `endpoint` (`http://host:port`, `/v1/traces` appended
+/// unless a path is given) as OTLP/HTTP protobuf. Returns the span count.
+pub fn send(endpoint: &str, req: &ExportTraceServiceRequest) -> Result<usize, OtlpError> {
+    let (hostport, path) = endpoint_parts(endpoint)?;
     let body = req.encode_to_vec();
     let connect = |e| OtlpError::Connect { endpoint: endpoint.to_owned(), source: e };
-    let mut c = TcpStream::connect(hostport).map_err(connect)?;
+    let mut c = connect_timeout(hostport, Duration::from_secs(5)).map_err(connect)?;
     c.set_read_timeout(Some(Duration::from_secs(10))).map_err(connect)?;
+    c.set_write_timeout(Some(Duration::from_secs(10))).map_err(connect)?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -440,7 +487,7 @@ mod tests {
 
     /// A collector on a local port: answers each POST with the next status
     /// of `statuses` (200 once they run out) and hands the bodies back.
-    fn collector(statuses: Vec<u16>) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
+    pub(super) fn collector(statuses: Vec<u16>) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         let h = std::thread::spawn(move || {
@@ -482,7 +529,7 @@ mod tests {
         (url, h)
     }
 
-    fn fixture() -> std::path::PathBuf {
+    pub(super) fn fixture() -> std::path::PathBuf {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop")
     }
 

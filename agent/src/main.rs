@@ -724,9 +724,11 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     };
     // From here on the files hold what was recorded, whatever happens next.
     created.new.clear();
+    let mut live_metrics = None;
     if let Some(listener) = metrics_listener {
         let live = std::sync::Arc::new(std::sync::Mutex::new(hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header)));
         let bound = hopscope::sink::metrics::serve(listener, std::sync::Arc::clone(&live)).context("cannot serve metrics")?;
+        live_metrics = Some(std::sync::Arc::clone(&live));
         pipe.set_metrics(live);
         let scope = if bound.ip().is_loopback() { "" } else { " (NOT loopback: reachable from the network)" };
         say!("hopscope: metrics on http://{bound}/metrics{scope}");
@@ -815,6 +817,9 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
         if let Some(o) = &live_otlp {
             for n in o.borrow_mut().take_notes() {
                 say!("hopscope: note: {n}");
+            }
+            if let Some(Ok(mut m)) = live_metrics.as_ref().map(|m| m.lock()) {
+                m.set_otlp(o.borrow().tally());
             }
         }
         if let Some(r) = seg.as_mut() {

@@ -139,7 +139,8 @@ fn run_with_otlp_sends_each_sessions_spans_while_recording_the_same_as_export() 
     let port = free_port();
     let (py, server) = (python(), fixture("sse_server.py"));
     let hop = dir.join("run.hop");
-    let args = ["run", "-o", hop.to_str().unwrap(), "--rotate-every", "2s", "--otlp", &url, "--otlp-chain-idle", "2s", "--", py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()];
+    let mport = free_port().to_string();
+    let args = ["run", "-o", hop.to_str().unwrap(), "--rotate-every", "2s", "--otlp", &url, "--otlp-chain-idle", "2s", "--metrics", &mport, "--", py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()];
     let agent = Agent::spawn(&args, &[]);
     agent.wait_line("hopscope: otlp: sending spans to", Duration::from_secs(60));
     wait_healthy(port, Duration::from_secs(30));
@@ -165,6 +166,16 @@ fn run_with_otlp_sends_each_sessions_spans_while_recording_the_same_as_export() 
     // the session's span 2 s idle after that.
     assert!(hops_at < Duration::from_secs(8), "hop spans {hops_at:?} after the last hop ended");
     assert!(chain_at < Duration::from_secs(10), "chain span {chain_at:?} after the last hop ended");
+    // The export's outcomes in /metrics (updated each second), read with
+    // the reference parser.
+    std::thread::sleep(Duration::from_millis(1500));
+    let scraped: Value = serde_json::from_str(&run_py("scrape.py", &[&format!("http://127.0.0.1:{mport}/metrics")])).unwrap();
+    let outcome = |o: &str| -> f64 {
+        let fam = scraped["hopscope_otlp_spans"]["samples"].as_array().unwrap_or_else(|| panic!("no hopscope_otlp_spans family: {scraped}"));
+        fam.iter().find(|s| s[1]["outcome"] == o).unwrap_or_else(|| panic!("no outcome {o}: {fam:?}"))[2].as_f64().unwrap()
+    };
+    assert!(outcome("sent") >= 4.0, "3 hops and the chain were sent: {}", scraped["hopscope_otlp_spans"]);
+    assert_eq!((outcome("dropped"), outcome("failed")), (0.0, 0.0));
     let (_, err) = agent.stop();
     let live = read_jsonl(&spans);
     let closing = err.lines().find(|l| l.starts_with("hopscope: otlp: ") && l.contains(" spans of ")).unwrap_or_else(|| panic!("no closing otlp line: {err}"));

@@ -90,6 +90,8 @@ pub struct LiveMetrics {
     engines: BTreeMap<u64, EngineGauges>,
     /// Per device: the latest NVML sample (memory used, SM utilisation).
     gpus: BTreeMap<u32, (u64, Option<u32>)>,
+    /// The live span export's counts (`--otlp`), as of the last update.
+    otlp: Option<crate::sink::otlp::live::Tally>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -119,6 +121,7 @@ impl LiveMetrics {
             prompt_tokens: 0,
             generation_tokens: 0,
             drops: Vec::new(),
+            otlp: None,
             engines: BTreeMap::new(),
             gpus: BTreeMap::new(),
         }
@@ -210,6 +213,11 @@ impl LiveMetrics {
         }
     }
 
+    /// The live span export's counts, for the `hopscope_otlp_spans_total` series.
+    pub fn set_otlp(&mut self, t: crate::sink::otlp::live::Tally) {
+        self.otlp = Some(t);
+    }
+
     /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut s = String::new();
@@ -272,6 +280,16 @@ impl LiveMetrics {
             if crate::sink::report::is_loss(k) {
                 let _ = writeln!(s, "hopscope_drops_total{{counter=\"{k}\"}} {v}");
             }
+        }
+        if let Some(t) = &self.otlp {
+            // A sidecar runs --quiet: what the collector did not take shows here.
+            let name = "hopscope_otlp_spans_total";
+            let _ = writeln!(s, "# HELP {name} Spans of the live OTLP export (--otlp) by outcome: made, sent (accepted by the collector), dropped (queue full), failed (refused or unanswered after retries).\n# TYPE {name} counter");
+            for (outcome, n) in [("made", t.spans), ("sent", t.sent), ("dropped", t.dropped), ("failed", t.failed)] {
+                let _ = writeln!(s, "{name}{{outcome=\"{outcome}\"}} {n}");
+            }
+            let name = "hopscope_otlp_hops_after_chain_span_total";
+            let _ = writeln!(s, "# HELP {name} Hops sent after their session's chain span (idle longer than --otlp-chain-idle).\n# TYPE {name} counter\n{name} {}", t.hops_after_chain_span);
         }
         s
     }
@@ -354,6 +372,20 @@ mod tests {
         assert!(s.lines().any(|l| l == "hopscope_chain_between_hops_seconds_bucket{le=\"0.01\"} 1"), "{s}");
         let sum: f64 = s.lines().find_map(|l| l.strip_prefix("hopscope_chain_between_hops_seconds_sum ")).unwrap().parse().unwrap();
         assert!((sum - 0.26).abs() < 1e-9, "{sum}");
+    }
+
+    /// With `--otlp`, what the collector did not take is a series (a
+    /// sidecar runs --quiet); without it, no such family.
+    #[test]
+    fn the_live_span_exports_outcomes_are_counters() {
+        let mut m = LiveMetrics::new("x-session-id");
+        assert!(!m.render().contains("hopscope_otlp"), "no --otlp, no series");
+        m.set_otlp(crate::sink::otlp::live::Tally { spans: 50, requests: 9, sent: 30, posts: 3, dropped: 12, failed: 8, unsent: 0, hops_after_chain_span: 2 });
+        let s = m.render();
+        assert!(s.contains("# TYPE hopscope_otlp_spans_total counter"), "{s}");
+        for line in ["hopscope_otlp_spans_total{outcome=\"made\"} 50", "hopscope_otlp_spans_total{outcome=\"sent\"} 30", "hopscope_otlp_spans_total{outcome=\"dropped\"} 12", "hopscope_otlp_spans_total{outcome=\"failed\"} 8", "hopscope_otlp_hops_after_chain_span_total 2"] {
+            assert!(s.lines().any(|l| l == line), "{line}: {s}");
+        }
     }
 
     #[test]

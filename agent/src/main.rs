@@ -317,6 +317,36 @@ fn files_label(files: &[PathBuf]) -> String {
     }
 }
 
+/// The files as shell words to paste after a command: consecutive segments
+/// `run-0003.hop … run-0005.hop` as `run-{0003..0005}.hop` (bash and zsh
+/// expand it, zero padding kept), otherwise each path, quoted where needed.
+fn files_args(files: &[PathBuf]) -> String {
+    let words: Vec<String> = files.iter().map(|f| shell_word(&f.display().to_string())).collect();
+    // (prefix, index digits, index) of a segment's name.
+    let seg = |w: &str| -> Option<(String, String, u64)> {
+        let (prefix, n) = w.strip_suffix(".hop")?.rsplit_once('-')?;
+        let plain = n.len() >= 4 && n.bytes().all(|b| b.is_ascii_digit()) && !prefix.contains(['{', '}', '\'', ',']);
+        plain.then(|| (prefix.to_owned(), n.to_owned(), n.parse().unwrap_or(0)))
+    };
+    let segs: Option<Vec<_>> = words.iter().map(|w| seg(w)).collect();
+    if let Some([first, .., last]) = segs.as_deref() {
+        let segs = segs.as_deref().unwrap_or_default();
+        let one_run = segs.iter().all(|s| s.0 == first.0 && s.1.len() == first.1.len());
+        if one_run && segs.windows(2).all(|w| w[1].2 == w[0].2 + 1) {
+            return format!("{}-{{{}..{}}}.hop", first.0, first.1, last.1);
+        }
+    }
+    words.join(" ")
+}
+
+/// `s` as one shell word: as it is when it has nothing a shell reads, else single-quoted.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_./,:=+@%-".contains(&b)) {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 /// Opens a recording or the segments of one run, as one stream.
 fn open_files(files: &[PathBuf]) -> Result<recording::Reader<std::io::BufReader<std::fs::File>>> {
     recording::Reader::open_all(files).with_context(|| format!("reading {}", files_label(files)))
@@ -403,7 +433,8 @@ fn diff_cmd(files: &[PathBuf], json: bool) -> Result<()> {
     let load = |files: &Vec<PathBuf>| -> Result<(diff::Side, Option<String>)> {
         let mut reader = open_files(files)?;
         let cfg = correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
-        diff::Side::read(&mut reader, &files_label(files), cfg).with_context(|| format!("reading {}", files_label(files)))
+        // Named as shell words: the diff's warnings paste it after `hopscope report`.
+        diff::Side::read(&mut reader, &files_args(files), cfg).with_context(|| format!("reading {}", files_label(files)))
     };
     let (b, b_err) = load(&before)?;
     let (a, a_err) = load(&after)?;
@@ -1257,6 +1288,21 @@ impl Rotation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the diff's warnings paste after `hopscope report`: a run's
+    /// consecutive segments as one brace range, anything else word by word.
+    #[test]
+    fn files_become_shell_words_a_run_of_segments_one_brace_range() {
+        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        assert_eq!(files_args(&p(&["/r/before-0003.hop", "/r/before-0004.hop", "/r/before-0005.hop"])), "/r/before-{0003..0005}.hop");
+        assert_eq!(files_args(&p(&["run.hop"])), "run.hop");
+        // A gap, another run, a name that is not a segment's: listed.
+        assert_eq!(files_args(&p(&["a-0001.hop", "a-0003.hop"])), "a-0001.hop a-0003.hop");
+        assert_eq!(files_args(&p(&["a-0001.hop", "b-0002.hop"])), "a-0001.hop b-0002.hop");
+        assert_eq!(files_args(&p(&["a-9999.hop", "a-10000.hop"])), "a-9999.hop a-10000.hop");
+        assert_eq!(files_args(&p(&["my run-0001.hop", "my run-0002.hop"])), "'my run-0001.hop' 'my run-0002.hop'");
+        assert_eq!(shell_word("it's.hop"), "'it'\\''s.hop'");
+    }
 
     #[test]
     fn segments_are_named_after_the_output_with_a_zero_padded_index() {

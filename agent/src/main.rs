@@ -47,10 +47,18 @@ struct Cli {
 enum Cmd {
     /// Attach to running processes (and the tree below them) and record until
     /// SIGINT/SIGTERM or --duration. Needs root (CAP_BPF + CAP_PERFMON).
+    #[command(group(clap::ArgGroup::new("traced").required(true).multiple(true).args(["pids", "pid_file"])))]
     Record {
         /// Process to trace; repeat for several. Its children are followed.
-        #[arg(long = "pid", required = true, num_args = 1)]
+        #[arg(long = "pid", num_args = 1)]
         pids: Vec<u32>,
+        /// A file holding the pid of a process to trace (as a start script
+        /// writes it: `echo $$ > FILE` before exec), read again every second:
+        /// when the process is restarted and the file names the new one, it is
+        /// traced too, so a recorder left running follows a server that
+        /// restarts.
+        #[arg(long, value_name = "FILE")]
+        pid_file: Option<PathBuf>,
         #[command(flatten)]
         opts: RecordOpts,
     },
@@ -278,8 +286,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Record { pids, opts } => record(pids, Vec::new(), opts),
-        Cmd::Run { opts, cmd } => record(Vec::new(), cmd, opts),
+        Cmd::Record { pids, pid_file, opts } => record(pids, pid_file, Vec::new(), opts),
+        Cmd::Run { opts, cmd } => record(Vec::new(), None, cmd, opts),
         Cmd::Report { files, json, chain_header, no_ipc, percentiles } => report_cmd(&files, json, chain_header, no_ipc, percentiles),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Export { to: ExportTo::Otlp { files, endpoint } } => otlp_cmd(&files, &endpoint),
@@ -564,7 +572,58 @@ impl Drop for Created {
     }
 }
 
-fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> {
+/// `record --pid-file`: the file, and the pid it named last.
+struct PidFile {
+    path: PathBuf,
+    pid: u32,
+    /// The traced pid's exit was said.
+    exit_said: bool,
+    /// A pid the file named that could not be traced (said once).
+    refused: Option<u32>,
+}
+
+/// The pid a pid file holds (a decimal number, blanks around it allowed).
+fn read_pid_file(path: &std::path::Path) -> Result<u32, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    match text.trim().parse::<u32>() {
+        Ok(0) | Err(_) => Err(format!("{:?} is not a pid", text.trim())),
+        Ok(pid) => Ok(pid),
+    }
+}
+
+impl PidFile {
+    fn open(path: PathBuf) -> Result<PidFile> {
+        let pid = read_pid_file(&path).map_err(|e| anyhow::anyhow!("cannot read a pid from {}: {e} (it must hold the pid of the process to trace, as `echo $$ > FILE` before exec writes it)", path.display()))?;
+        Ok(PidFile { path, pid, exit_said: false, refused: None })
+    }
+
+    /// Once a second: a new pid in the file is traced (it and its children);
+    /// the traced one's exit is said once. Returns what to tell the user.
+    fn check(&mut self, source: &mut EbpfSource) -> Option<String> {
+        let path = self.path.display();
+        match read_pid_file(&self.path) {
+            Ok(pid) if pid != self.pid && self.refused != Some(pid) => match source.add_pid(pid) {
+                Ok(()) => {
+                    let old = std::mem::replace(&mut self.pid, pid);
+                    self.exit_said = false;
+                    Some(format!("{path} now names pid {pid} (was {old}): tracing it and its children"))
+                }
+                Err(e) => {
+                    self.refused = Some(pid);
+                    Some(format!("{path} names pid {pid}, which cannot be traced ({e}); still waiting for the file to name a running process"))
+                }
+            },
+            // Unreadable for a moment (a script rewriting it): next second.
+            _ if !self.exit_said && sys::proc_state(self.pid).is_none_or(|st| st == 'Z') => {
+                self.exit_said = true;
+                Some(format!("traced pid {} exited; waiting for {path} to name its successor", self.pid))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> {
     if opts.capture_bytes == 0 || opts.capture_bytes > 4096 {
         bail!("--capture-bytes must be between 1 and 4096");
     }
@@ -575,6 +634,12 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let mib = opts.ringbuf_mib;
     if !mib.is_power_of_two() || mib > 1024 {
         bail!("--ringbuf-mib must be a power of two up to 1024");
+    }
+    let mut follow = pid_file.map(PidFile::open).transpose()?;
+    if let Some(f) = &follow {
+        if !pids.contains(&f.pid) {
+            pids.push(f.pid);
+        }
     }
     let rotating = opts.rotate_every.is_some() || opts.rotate_mib.is_some();
     if opts.rotate_every.is_some_and(|d| d < Duration::from_secs(1)) {
@@ -785,6 +850,7 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
     let mut child_status = None;
     let mut last_traced = Instant::now();
     let mut nvml_traced = Instant::now();
+    let mut last_followed = Instant::now();
     loop {
         let mut err = None;
         source
@@ -844,6 +910,12 @@ fn record(mut pids: Vec<u32>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> 
                 last_events = st.events;
             }
             last_tick = Instant::now();
+        }
+        if let Some(f) = follow.as_mut().filter(|_| last_followed.elapsed() >= Duration::from_secs(1)) {
+            if let Some(n) = f.check(&mut source) {
+                say!("hopscope: note: {n}");
+            }
+            last_followed = Instant::now();
         }
         if let Some(o) = &live_otlp {
             for n in o.borrow_mut().take_notes() {

@@ -22,7 +22,9 @@ def main() -> int:
     assert "/hopscope" in {m["mountPath"] for m in containers["vllm"]["volumeMounts"]}
     assert "securityContext" not in containers["vllm"] or not containers["vllm"]["securityContext"].get("privileged")
     args = agent["args"][0]
-    assert "--cupti-lib /hopscope/libhopscope_cupti.so" in args and "hopscope record --pid" in args
+    # --pid-file: a restarted vLLM container writes its new pid there, and the agent follows it.
+    assert "--cupti-lib /hopscope/libhopscope_cupti.so" in args and "hopscope record --pid-file /hopscope/vllm.pid" in args
+    assert "echo $$ > /hopscope/vllm.pid" in containers["vllm"]["args"][0]
     # Left running: a bounded disk (segments, the newest kept), and nothing
     # written only at stop (--perfetto is one file of one run).
     assert "--rotate-every" in args and "--keep" in args and "--perfetto" not in args, args

@@ -534,3 +534,66 @@ fn rotation_options_that_do_not_fit_are_refused_with_what_to_do() {
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
 }
+
+/// `record --pid-file`: a server restarted under the recorder (a new pid
+/// written to the file, as a start script does) is traced too; the stop
+/// between is said, and both lives' requests are in the one recording.
+#[test]
+fn record_with_a_pid_file_follows_a_restarted_server() {
+    let Some(_serial) = privileged("record_with_a_pid_file_follows_a_restarted_server") else { return };
+    let dir = scratch("cli-pid-file");
+    let (py, server) = (python(), fixture("sse_server.py"));
+    let pid_file = dir.join("vllm.pid");
+    let start = |port: u16| -> std::process::Child {
+        let c = Command::new(&py).arg(&server).args(["--port", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::fs::write(&pid_file, format!("{}\n", c.id())).unwrap();
+        c
+    };
+    let client = |port: u16, out: &str| -> Vec<String> {
+        wait_healthy(port, Duration::from_secs(30));
+        let out = dir.join(out);
+        run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "2", "--tokens", "5", "--sdk", "raw"]);
+        read_jsonl(&out).iter().map(|c| c["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let (p1, p2) = (free_port(), free_port());
+    let mut first = start(p1);
+    let hop = dir.join("run.hop");
+    let agent = Agent::spawn(&["record", "--pid-file", pid_file.to_str().unwrap(), "-o", hop.to_str().unwrap(), "--quiet"], &[]);
+    agent.wait_line("hopscope: recording pids", Duration::from_secs(60));
+    let ids1 = client(p1, "first.jsonl");
+    first.kill().unwrap();
+    first.wait().unwrap();
+    agent.wait_line(&format!("hopscope: note: traced pid {} exited; waiting for", first.id()), Duration::from_secs(10));
+    let mut second = start(p2);
+    agent.wait_line(&format!("hopscope: note: {} now names pid {} (was {})", pid_file.display(), second.id(), first.id()), Duration::from_secs(10));
+    let ids2 = client(p2, "second.jsonl");
+    let (_, err) = agent.stop();
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let rep = report_json(&hop);
+    let reqs = rep["requests"].as_array().unwrap();
+    for (ids, pid) in [(&ids1, first.id()), (&ids2, second.id())] {
+        assert_eq!(ids.len(), 2);
+        for id in ids {
+            let r = reqs.iter().find(|r| r["id"] == *id.as_str()).unwrap_or_else(|| panic!("{id} recorded: {err}"));
+            assert_eq!(r["pid"].as_u64(), Some(u64::from(pid)), "{id}");
+            assert!(r["e2e_ms"].is_number(), "{id} whole");
+        }
+    }
+}
+
+/// A pid file that does not hold a pid is one line saying what it must hold.
+#[test]
+fn a_pid_file_without_a_pid_is_one_line_saying_what_it_must_hold() {
+    let dir = scratch("cli-pid-file-bad");
+    let f = dir.join("vllm.pid");
+    std::fs::write(&f, "starting\n").unwrap();
+    let out = hopscope(&["record", "--pid-file", f.to_str().unwrap(), "-o", "/dev/null"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read a pid from") && err.contains("\"starting\" is not a pid") && err.contains("echo $$ > FILE"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    let out = hopscope(&["record", "-o", "/dev/null"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pid-file"), "a pid or a pid file is required: {}", String::from_utf8_lossy(&out.stderr));
+}

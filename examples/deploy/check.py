@@ -31,6 +31,15 @@ def main() -> int:
     env = {e["name"]: e["value"] for e in agent["env"]}
     assert "OTLP_ENDPOINT" in env and '${OTLP_ENDPOINT:+--otlp "$OTLP_ENDPOINT"}' in args, args
     print("kubernetes/vllm-with-hopscope.yaml: ok")
+    # The systemd units record for as long as vLLM runs: rotated, bounded, and
+    # named per start so that a restart never overwrites the last run's files.
+    for unit in ["systemd/hopscope.service", "systemd/vllm-under-hopscope.conf"]:
+        text = (HERE / unit).read_text()
+        start = [l for l in text.splitlines() if l.startswith("ExecStart=") and len(l) > len("ExecStart=")]
+        assert len(start) == 1, (unit, start)
+        line = start[0]
+        assert "--rotate-every 1h" in line and "--keep 48" in line and "$(date +%%Y%%m%%d-%%H%%M%%S)" in line, (unit, line)
+        print(f"{unit}: ok")
     return 0
 
 

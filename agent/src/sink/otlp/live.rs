@@ -272,6 +272,13 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 /// The sending thread: one message at a time, retried a few times while the
 /// recorder runs, until the queue is closed and empty.
 fn sender(shared: &Shared, meta: &Meta, endpoint: &str) {
+    // A mistyped port is said at once, not when the first request ends.
+    if let Err(e) = super::probe(endpoint) {
+        let e = with_causes(&e);
+        let mut q = shared.lock();
+        q.notes.push(format!("otlp: {e}: spans will be sent as requests end, and retried then (the recording keeps them)"));
+        q.failing = Some(e);
+    }
     loop {
         let msg = {
             let mut q = shared.lock();
@@ -483,7 +490,9 @@ mod tests {
         assert_eq!(t.sent, 0);
         assert!(t.spans >= 20, "{t:?}");
         assert_eq!(t.lost(), t.spans, "{t:?}");
-        assert!(notes.iter().any(|n| n.contains("cannot reach") && n.contains("retrying")), "{notes:?}");
+        // Said once, at start (the probe): not again for each failed message.
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("cannot reach") && notes[0].contains("Connection refused") && notes[0].contains("retried"), "{notes:?}");
     }
 
     #[test]

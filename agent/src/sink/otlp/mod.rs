@@ -436,6 +436,12 @@ pub fn endpoint_parts(endpoint: &str) -> Result<(&str, &str), OtlpError> {
     Ok((hostport, path))
 }
 
+/// Whether the endpoint accepts a connection (nothing is sent).
+pub fn probe(endpoint: &str) -> Result<(), OtlpError> {
+    let (hostport, _) = endpoint_parts(endpoint)?;
+    connect_timeout(hostport, Duration::from_secs(2)).map(drop).map_err(|e| OtlpError::Connect { endpoint: endpoint.to_owned(), source: e })
+}
+
 /// The first of `hostport`'s addresses that accepts within `limit` each: a
 /// collector behind a dropped route costs seconds, not the system's minutes.
 fn connect_timeout(hostport: &str, limit: Duration) -> std::io::Result<TcpStream> {
@@ -505,15 +511,23 @@ mod tests {
                         let mut chunk = [0u8; 65536];
                         let body = loop {
                             let n = c.read(&mut chunk).unwrap();
+                            if n == 0 && buf.is_empty() {
+                                // A connection that sent nothing (the live export's probe).
+                                break None;
+                            }
                             buf.extend_from_slice(&chunk[..n]);
-                            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                                assert!(n > 0, "connection closed mid-head");
+                                continue;
+                            };
                             let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
                             let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length: ")).unwrap().trim().parse().unwrap();
                             if buf.len() >= end + 4 + len {
-                                break buf[end + 4..end + 4 + len].to_vec();
+                                break Some(buf[end + 4..end + 4 + len].to_vec());
                             }
                             assert!(n > 0, "connection closed mid-body");
                         };
+                        let Some(body) = body else { continue };
                         let status = statuses.next().unwrap_or(200);
                         c.write_all(format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).unwrap();
                         if status == 200 {

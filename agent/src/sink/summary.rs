@@ -446,6 +446,13 @@ impl GpuMemIndex {
         self.samples
     }
 
+    /// Forgets the points before `ts_ns` (a live reader's bound: no request
+    /// still to come arrived that early), keeping the one in effect then.
+    pub fn forget_before(&mut self, ts_ns: u64) {
+        let Some((&keep, _)) = self.points.range(..ts_ns).next_back() else { return };
+        self.points = self.points.split_off(&keep);
+    }
+
     /// Largest traced-process GPU memory between `from_ns` and `to_ns`,
     /// counting the level in effect at `from_ns` (the last earlier sample, if
     /// younger than [`SAMPLE_MAX_AGE_NS`]).
@@ -567,6 +574,35 @@ mod tests {
 
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() < 1e-9, "{a} != {b}");
+    }
+
+    /// A live reader drops the points no request to come can reach, and
+    /// keeps the one in effect at the bound (a request arriving then starts at
+    /// that level).
+    #[test]
+    fn forgetting_old_gpu_memory_points_keeps_the_level_in_effect() {
+        let sample = |ts_ns, bytes| Record::GpuSample {
+            ts_ns,
+            device: 0,
+            mem_used_bytes: 0,
+            mem_total_bytes: 0,
+            process_mem: vec![(1, bytes)],
+            sm_util_pct: None,
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        };
+        let mut g = GpuMemIndex::default();
+        for (t, b) in [(100, 5), (200, 9), (300, 7), (400, 6)] {
+            g.ingest(&sample(t, b));
+        }
+        g.forget_before(350);
+        assert_eq!(g.points.keys().copied().collect::<Vec<_>>(), vec![300, 400]);
+        assert_eq!(g.peak(350, 450), Some(7), "the level at 350 counts");
+        g.forget_before(50);
+        assert_eq!(g.points.len(), 2, "nothing before the first point: nothing forgotten");
     }
 
     #[test]

@@ -131,6 +131,7 @@ impl LiveOtlp {
 
     /// Takes the next record written (file order).
     pub fn push(&mut self, rec: &Record) {
+        self.gpu_mem.ingest(rec);
         let LiveOtlp { meta, feed, gpu_mem, chains, spans, made, .. } = self;
         let mut put = |r: &Request, q: &RequestRef| -> Result<(), Infallible> {
             take(meta, chains, spans, made, r, q);
@@ -138,6 +139,9 @@ impl LiveOtlp {
         };
         let Ok(drained) = feed.push(rec, gpu_mem, &mut put, &mut |_, _| Ok::<(), Infallible>(()));
         if let Some(now) = drained {
+            // NVML points for the peaks of requests still to come: a request
+            // is handed out at most MAX_OPEN_NS after it arrived.
+            self.gpu_mem.forget_before(now.saturating_sub(2 * crate::correlate::MAX_OPEN_NS));
             self.take_idle_chains(now);
             if self.spans.len() >= BATCH_SPANS || self.last_flush_ns.is_none_or(|t| now >= t.saturating_add(FLUSH_NS)) {
                 self.flush();
@@ -390,17 +394,44 @@ mod tests {
 
     fn whole_export(recs: &[Record]) -> Vec<Span> {
         let mut c = crate::correlate::Correlator::new(cfg());
+        let mut gpu_mem = GpuMemIndex::default();
         for r in recs {
             c.ingest(r);
+            gpu_mem.ingest(r);
         }
-        build(&meta(), &c.finish()).resource_spans.remove(0).scope_spans.remove(0).spans
+        build(&meta(), &c.finish(), &gpu_mem).resource_spans.remove(0).scope_spans.remove(0).spans
+    }
+
+    /// NVML samples every 100 ms up to `end`: the traced process's GPU memory
+    /// is 1 GiB plus 1 MiB per 100 ms elapsed.
+    fn gpu_samples(recs: &mut Vec<Record>, end: u64) {
+        for k in 0..end / (100 * MS) {
+            let ts_ns = k * 100 * MS;
+            recs.push(Record::GpuSample {
+                ts_ns,
+                device: 0,
+                mem_used_bytes: 0,
+                mem_total_bytes: 80 << 30,
+                process_mem: vec![(7, (1 << 30) + k * (1 << 20))],
+                sm_util_pct: None,
+                mem_util_pct: None,
+                pcie_tx_kib_s: None,
+                pcie_rx_kib_s: None,
+                nvlink_tx_kib_s: None,
+                nvlink_rx_kib_s: None,
+            });
+        }
+    }
+
+    fn int_attr(s: &Span, key: &str) -> Option<i64> {
+        match s.attributes.iter().find(|a| a.key == key)?.value.as_ref()?.value.clone() {
+            Some(Value::Int(n)) => Some(n),
+            other => panic!("{key}: {other:?}"),
+        }
     }
 
     fn hops_attr(s: &Span) -> i64 {
-        match s.attributes.iter().find(|a| a.key == "hopscope.chain.hops").and_then(|a| a.value.as_ref()?.value.clone()) {
-            Some(Value::Int(n)) => n,
-            other => panic!("{other:?}"),
-        }
+        int_attr(s, "hopscope.chain.hops").expect("hopscope.chain.hops")
     }
 
     /// Fed the records as the recorder writes them, with chains never idle
@@ -413,9 +444,17 @@ mod tests {
         for i in 0..30u64 {
             request(&mut recs, 10 + i as i32, &format!("s{}", i % 10), 100 * MS + i * 400 * MS, 300 * MS);
         }
+        gpu_samples(&mut recs, 15_000 * MS);
         let recs = recording(recs, 15_000 * MS);
         let whole = whole_export(&recs);
         assert_eq!(whole.iter().filter(|s| s.kind == 2).count(), 30);
+        // Each request's span says its peak GPU memory: the last sample
+        // within it (the memory only grows here).
+        for s in whole.iter().filter(|s| s.kind == 2) {
+            let end_ns = s.end_time_unix_nano - meta().start_unix_ns;
+            let k = end_ns / (100 * MS);
+            assert_eq!(int_attr(s, "hopscope.peak_gpu_mem_bytes"), Some(((1 << 30) + k * (1 << 20)) as i64), "{}", s.name);
+        }
         let (msgs, t) = live_export(&recs, Duration::from_secs(3600));
         assert_eq!(msgs.concat(), whole);
         assert_eq!((t.spans, t.sent, t.requests, t.lost(), t.hops_after_chain_span), (whole.len() as u64, whole.len() as u64, 30, 0, 0), "{t:?}");

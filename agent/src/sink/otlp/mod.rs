@@ -164,11 +164,15 @@ fn caller(r: &Request) -> Option<(Vec<u8>, Vec<u8>)> {
 
 /// Builds the whole export of an analysis at once (what [`export_streamed`]
 /// sends in batches), attributes from the report's figures.
-pub fn build(meta: &Meta, analysis: &Analysis) -> ExportTraceServiceRequest {
+pub fn build(meta: &Meta, analysis: &Analysis, gpu_mem: &GpuMemIndex) -> ExportTraceServiceRequest {
     let (mut itl, mut sorted, mut spans) = (Vec::new(), Vec::new(), Vec::new());
     let mut chains = ChainSpans::default();
     for r in &analysis.requests {
-        spans_of(meta, r, &request_ref(r, &mut itl, &mut sorted), &mut spans);
+        let mut q = request_ref(r, &mut itl, &mut sorted);
+        if gpu_mem.samples() > 0 {
+            q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
+        }
+        spans_of(meta, r, &q, &mut spans);
         chains.note(r);
     }
     chains.finish(meta, &mut spans);
@@ -291,6 +295,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("hopscope.steps", q.steps);
     int("hopscope.preemptions", q.preemptions.map(u64::from));
     int("hopscope.engine_index", q.engine_index);
+    int("hopscope.peak_gpu_mem_bytes", q.peak_gpu_mem_bytes);
     // Whose co-batched prefill took this request's decode time (the
     // report's `interference_from`): request ids, as the hop table names them.
     if !q.interference_from.is_empty() {
@@ -560,7 +565,7 @@ mod tests {
             c.ingest(r);
         }
         let analysis = c.finish();
-        let whole = build(&meta, &analysis).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let whole = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
         assert!(whole.len() > 10, "{} spans", whole.len());
         let (url, rx) = collector(Vec::new());
         let (sent, err) = export_streamed(&mut Reader::open(&fixture()).unwrap(), cfg, &url, 7).unwrap();

@@ -787,7 +787,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         }
     };
     let start_ns = sys::monotonic_ns();
-    let meta = Meta {
+    let mut meta = Meta {
         format_version: FORMAT_VERSION,
         hopscope_version: env!("CARGO_PKG_VERSION").into(),
         created_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -914,6 +914,10 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         if let Some(f) = follow.as_mut().filter(|_| last_followed.elapsed() >= Duration::from_secs(1)) {
             if let Some(n) = f.check(&mut source) {
                 say!("hopscope: note: {n}");
+            }
+            // The next segment's header lists it.
+            if !meta.pids.contains(&f.pid) {
+                meta.pids.push(f.pid);
             }
             last_followed = Instant::now();
         }

@@ -558,7 +558,7 @@ fn record_with_a_pid_file_follows_a_restarted_server() {
     let (p1, p2) = (free_port(), free_port());
     let mut first = start(p1);
     let hop = dir.join("run.hop");
-    let agent = Agent::spawn(&["record", "--pid-file", pid_file.to_str().unwrap(), "-o", hop.to_str().unwrap(), "--quiet"], &[]);
+    let agent = Agent::spawn(&["record", "--pid-file", pid_file.to_str().unwrap(), "-o", hop.to_str().unwrap(), "--quiet", "--rotate-every", "1s"], &[]);
     agent.wait_line("hopscope: recording pids", Duration::from_secs(60));
     let ids1 = client(p1, "first.jsonl");
     first.kill().unwrap();
@@ -570,8 +570,13 @@ fn record_with_a_pid_file_follows_a_restarted_server() {
     let (_, err) = agent.stop();
     second.kill().unwrap();
     second.wait().unwrap();
-    let rep = report_json(&hop);
+    let segs = segments(&dir, "run");
+    let rep = report_json_of(&segs);
     let reqs = rep["requests"].as_array().unwrap();
+    // Segments begun after the restart list the new pid in their header.
+    let last = report_json_of(&segs[segs.len() - 1..]);
+    let pids: Vec<u64> = last["recording"]["pids"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
+    assert!(pids.contains(&u64::from(second.id())), "{pids:?}");
     for (ids, pid) in [(&ids1, first.id()), (&ids2, second.id())] {
         assert_eq!(ids.len(), 2);
         for id in ids {

@@ -495,6 +495,27 @@ pub struct EngineOutput {
     pub prefill: Option<PrefillStats>,
 }
 
+#[cfg(test)]
+impl Record {
+    /// An NVML sample of `device` holding the traced processes' memory (and
+    /// their sum as the device's), nothing else sampled: for tests.
+    pub(crate) fn test_gpu_sample(ts_ns: u64, device: u32, process_mem: Vec<(u32, u64)>) -> Record {
+        Record::GpuSample {
+            ts_ns,
+            device,
+            mem_used_bytes: process_mem.iter().map(|(_, b)| b).sum(),
+            mem_total_bytes: 80 << 30,
+            process_mem,
+            sm_util_pct: None,
+            mem_util_pct: None,
+            pcie_tx_kib_s: None,
+            pcie_rx_kib_s: None,
+            nvlink_tx_kib_s: None,
+            nvlink_rx_kib_s: None,
+        }
+    }
+}
+
 impl Record {
     /// Time the event happened (what the recording orders by).
     pub fn ts_ns(&self) -> u64 {

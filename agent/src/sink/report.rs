@@ -2611,19 +2611,7 @@ mod tests {
     }
 
     fn gpu_sample(ts_ns: u64, bytes: u64) -> Record {
-        Record::GpuSample {
-            ts_ns,
-            device: 0,
-            mem_used_bytes: bytes + 1,
-            mem_total_bytes: 80 << 30,
-            process_mem: vec![(100, bytes)],
-            sm_util_pct: None,
-            mem_util_pct: None,
-            pcie_tx_kib_s: None,
-            pcie_rx_kib_s: None,
-            nvlink_tx_kib_s: None,
-            nvlink_rx_kib_s: None,
-        }
+        Record::test_gpu_sample(ts_ns, 0, vec![(100, bytes)])
     }
 
     /// What `hopscope report` printed before it streamed: the whole analysis

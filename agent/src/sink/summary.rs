@@ -581,22 +581,9 @@ mod tests {
     /// that level).
     #[test]
     fn forgetting_old_gpu_memory_points_keeps_the_level_in_effect() {
-        let sample = |ts_ns, bytes| Record::GpuSample {
-            ts_ns,
-            device: 0,
-            mem_used_bytes: 0,
-            mem_total_bytes: 0,
-            process_mem: vec![(1, bytes)],
-            sm_util_pct: None,
-            mem_util_pct: None,
-            pcie_tx_kib_s: None,
-            pcie_rx_kib_s: None,
-            nvlink_tx_kib_s: None,
-            nvlink_rx_kib_s: None,
-        };
         let mut g = GpuMemIndex::default();
         for (t, b) in [(100, 5), (200, 9), (300, 7), (400, 6)] {
-            g.ingest(&sample(t, b));
+            g.ingest(&sample(t, 0, vec![(1, b)]));
         }
         g.forget_before(350);
         assert_eq!(g.points.keys().copied().collect::<Vec<_>>(), vec![300, 400]);
@@ -772,19 +759,7 @@ mod tests {
     }
 
     fn sample(ts_ns: u64, device: u32, process_mem: Vec<(u32, u64)>) -> Record {
-        Record::GpuSample {
-            ts_ns,
-            device,
-            mem_used_bytes: 0,
-            mem_total_bytes: 0,
-            process_mem,
-            sm_util_pct: None,
-            mem_util_pct: None,
-            pcie_tx_kib_s: None,
-            pcie_rx_kib_s: None,
-            nvlink_tx_kib_s: None,
-            nvlink_rx_kib_s: None,
-        }
+        Record::test_gpu_sample(ts_ns, device, process_mem)
     }
 
     #[test]

@@ -320,19 +320,7 @@ mod tests {
         let meta = Meta { format_version: crate::recording::FORMAT_VERSION, start_ns: 1, ..Meta::default() };
         let mut p = Pipeline::new(Default::default(), Writer::new(Vec::new(), &meta).unwrap());
         let off = |ts: u64| KEvent::Sched(SchedEvent { ts_ns: ts, tgid: 1, tid: 1, off_ns: ts - 1, wake_ns: None, prev_state: 1, cpu: 0 });
-        let smp = |ts_ns: u64| Record::GpuSample {
-            ts_ns,
-            device: 0,
-            mem_used_bytes: 1,
-            mem_total_bytes: 2,
-            process_mem: vec![(1, 5)],
-            sm_util_pct: None,
-            mem_util_pct: None,
-            pcie_tx_kib_s: None,
-            pcie_rx_kib_s: None,
-            nvlink_tx_kib_s: None,
-            nvlink_rx_kib_s: None,
-        };
+        let smp = |ts_ns: u64| Record::test_gpu_sample(ts_ns, 0, vec![(1, 5)]);
         const MS: u64 = 1_000_000;
         let base = 10_000 * MS;
         for t in [0, 5, 10] {

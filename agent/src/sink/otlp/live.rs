@@ -406,20 +406,7 @@ mod tests {
     /// is 1 GiB plus 1 MiB per 100 ms elapsed.
     fn gpu_samples(recs: &mut Vec<Record>, end: u64) {
         for k in 0..end / (100 * MS) {
-            let ts_ns = k * 100 * MS;
-            recs.push(Record::GpuSample {
-                ts_ns,
-                device: 0,
-                mem_used_bytes: 0,
-                mem_total_bytes: 80 << 30,
-                process_mem: vec![(7, (1 << 30) + k * (1 << 20))],
-                sm_util_pct: None,
-                mem_util_pct: None,
-                pcie_tx_kib_s: None,
-                pcie_rx_kib_s: None,
-                nvlink_tx_kib_s: None,
-                nvlink_rx_kib_s: None,
-            });
+            recs.push(Record::test_gpu_sample(k * 100 * MS, 0, vec![(7, (1 << 30) + k * (1 << 20))]));
         }
     }
 

@@ -337,8 +337,7 @@ fn files_args(files: &[PathBuf]) -> String {
         plain.then(|| (prefix.to_owned(), n.to_owned(), n.parse().unwrap_or(0)))
     };
     let segs: Option<Vec<_>> = words.iter().map(|w| seg(w)).collect();
-    if let Some([first, .., last]) = segs.as_deref() {
-        let segs = segs.as_deref().unwrap_or_default();
+    if let Some(segs @ [first, .., last]) = segs.as_deref() {
         let one_run = segs.iter().all(|s| s.0 == first.0 && s.1.len() == first.1.len());
         if one_run && segs.windows(2).all(|w| w[1].2 == w[0].2 + 1) {
             return format!("{}-{{{}..{}}}.hop", first.0, first.1, last.1);
@@ -1014,7 +1013,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         finish_live_trace(p, &output, live)?;
     }
     if let Some(live) = live_otlp {
-        let read = seg.as_ref().map_or_else(|| output.display().to_string(), Rotation::glob);
+        let read = seg.as_ref().map_or_else(|| shell_word(&output.display().to_string()), Rotation::glob);
         finish_live_otlp(live, &read)?;
     }
     Ok(())

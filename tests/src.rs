@@ -279,7 +279,7 @@ impl Agent {
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Agent {
         use std::io::BufRead;
         let mut c = Command::new(hopscope_bin());
-        for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "VIRTUAL_ENV"] {
+        for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "VIRTUAL_ENV", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"] {
             c.env_remove(k);
         }
         for (k, v) in env {

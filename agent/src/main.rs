@@ -161,9 +161,12 @@ enum ExportTo {
         /// rotated one (`run-*.hop`), exported as one.
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
-        /// Collector endpoint, e.g. http://127.0.0.1:4318 (/v1/traces is appended).
-        #[arg(long)]
-        endpoint: String,
+        /// Collector endpoint, e.g. http://127.0.0.1:4318 (/v1/traces is
+        /// appended unless it names a path). Default: the standard
+        /// $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else
+        /// $OTEL_EXPORTER_OTLP_ENDPOINT with /v1/traces appended.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
     },
 }
 
@@ -290,7 +293,7 @@ fn main() {
         Cmd::Run { opts, cmd } => record(Vec::new(), None, cmd, opts),
         Cmd::Report { files, json, chain_header, no_ipc, percentiles } => report_cmd(&files, json, chain_header, no_ipc, percentiles),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
-        Cmd::Export { to: ExportTo::Otlp { files, endpoint } } => otlp_cmd(&files, &endpoint),
+        Cmd::Export { to: ExportTo::Otlp { files, endpoint } } => otlp_endpoint(endpoint).and_then(|e| otlp_cmd(&files, &e)),
         Cmd::Trace { files, output, no_compress, layout } => trace_cmd(&files, output, no_compress, layout),
         Cmd::Diff { files, json } => diff_cmd(&files, json),
     };
@@ -357,6 +360,15 @@ fn shell_word(s: &str) -> String {
 /// Opens a recording or the segments of one run, as one stream.
 fn open_files(files: &[PathBuf]) -> Result<recording::Reader<std::io::BufReader<std::fs::File>>> {
     recording::Reader::open_all(files).with_context(|| format!("reading {}", files_label(files)))
+}
+
+/// `--endpoint`, else the OpenTelemetry exporters' standard variables.
+fn otlp_endpoint(given: Option<String>) -> Result<String> {
+    let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    given
+        .or_else(|| var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|v| format!("{}/v1/traces", v.trim_end_matches('/'))))
+        .ok_or_else(|| anyhow::anyhow!("no otlp endpoint: pass --endpoint URL (e.g. http://127.0.0.1:4318) or set OTEL_EXPORTER_OTLP_ENDPOINT"))
 }
 
 fn otlp_cmd(files: &[PathBuf], endpoint: &str) -> Result<()> {

@@ -28,8 +28,12 @@ def main() -> int:
     # Left running: a bounded disk (segments, the newest kept), and nothing
     # written only at stop (--perfetto is one file of one run).
     assert "--rotate-every" in args and "--keep" in args and "--perfetto" not in args, args
-    env = {e["name"]: e["value"] for e in agent["env"]}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
     assert "OTLP_ENDPOINT" in env and '${OTLP_ENDPOINT:+--otlp "$OTLP_ENDPOINT"}' in args, args
+    # The spans' resource names the pod (downward API, referenced before use).
+    names = [e["name"] for e in agent["env"]]
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)", env
+    assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES") and names.index("POD_NAMESPACE") < names.index("OTEL_RESOURCE_ATTRIBUTES")
     print("kubernetes/vllm-with-hopscope.yaml: ok")
     # The systemd units record for as long as vLLM runs: rotated, bounded, and
     # named per start so that a restart never overwrites the last run's files.

@@ -13,7 +13,15 @@ fn export(fixture_name: &str) -> (Vec<Value>, Value) {
     let dir = scratch(&format!("otlp-{fixture_name}"));
     let (mut rx, port, out) = otlp_receiver(&dir);
     let hop = workspace().join("agent/tests/fixtures").join(format!("{fixture_name}.hop"));
-    let res = Command::new(hopscope_bin()).args(["export", "otlp"]).arg(&hop).args(["--endpoint", &format!("http://127.0.0.1:{port}")]).output().unwrap();
+    // The resource comes from the environment: none here, whatever the caller's.
+    let res = Command::new(hopscope_bin())
+        .args(["export", "otlp"])
+        .arg(&hop)
+        .args(["--endpoint", &format!("http://127.0.0.1:{port}")])
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .output()
+        .unwrap();
     rx.kill().unwrap();
     rx.wait().unwrap();
     assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
@@ -238,4 +246,40 @@ fn an_absent_collector_leaves_a_whole_recording_and_says_how_to_send_the_spans()
         let r = rep["requests"].as_array().unwrap().iter().find(|r| r["id"] == *id.as_str()).unwrap_or_else(|| panic!("{id} recorded"));
         assert!(r["e2e_ms"].is_number(), "{id} whole");
     }
+}
+
+/// The OpenTelemetry exporters' standard environment: the endpoint from
+/// OTEL_EXPORTER_OTLP_ENDPOINT (`/v1/traces` appended), the resource from
+/// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as a receiver built on
+/// the reference bindings decodes them; without an endpoint anywhere, one line.
+#[test]
+fn export_takes_the_standard_otel_environment_for_endpoint_and_resource() {
+    let dir = scratch("otlp-env");
+    let (mut rx, port, out) = otlp_receiver(&dir);
+    let hop = workspace().join("agent/tests/fixtures/chain3.hop");
+    let res = Command::new(hopscope_bin())
+        .args(["export", "otlp"])
+        .arg(&hop)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}/"))
+        .env("OTEL_SERVICE_NAME", "llm-gateway")
+        .env("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=vllm-0,deployment.environment=prod%2Ceu")
+        .output()
+        .unwrap();
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let spans = read_jsonl(&out);
+    assert!(!spans.is_empty());
+    for s in &spans {
+        let r = &s["resource"];
+        assert_eq!(r["service.name"]["stringValue"], "llm-gateway");
+        assert_eq!(r["k8s.pod.name"]["stringValue"], "vllm-0");
+        assert_eq!(r["deployment.environment"]["stringValue"], "prod,eu");
+        assert!(r["hopscope.version"]["stringValue"].is_string() && r["host.name"]["stringValue"].is_string(), "{r}");
+    }
+    let none = Command::new(hopscope_bin()).args(["export", "otlp"]).arg(&hop).env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").output().unwrap();
+    assert!(!none.status.success());
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(err.contains("no otlp endpoint") && err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }

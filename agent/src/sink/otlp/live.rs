@@ -110,10 +110,10 @@ impl LiveOtlp {
     pub fn start(meta: &Meta, cfg: Config, endpoint: &str, chain_idle: Duration) -> Result<Self, super::OtlpError> {
         super::endpoint_parts(endpoint)?;
         let shared = Arc::new(Shared { q: Mutex::new(Queue::default()), cv: Condvar::new() });
-        let (t_shared, t_meta, t_endpoint) = (Arc::clone(&shared), meta.clone(), endpoint.to_owned());
+        let (t_shared, t_meta, t_endpoint, t_resource) = (Arc::clone(&shared), meta.clone(), endpoint.to_owned(), super::resource(meta));
         std::thread::Builder::new()
             .name("hopscope-otlp".into())
-            .spawn(move || sender(&t_shared, &t_meta, &t_endpoint))
+            .spawn(move || sender(&t_shared, &t_resource, &t_meta, &t_endpoint))
             .map_err(|e| super::OtlpError::Connect { endpoint: endpoint.to_owned(), source: e })?;
         Ok(LiveOtlp {
             meta: meta.clone(),
@@ -275,7 +275,7 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 
 /// The sending thread: one message at a time, retried a few times while the
 /// recorder runs, until the queue is closed and empty.
-fn sender(shared: &Shared, meta: &Meta, endpoint: &str) {
+fn sender(shared: &Shared, resource: &super::Resource, meta: &Meta, endpoint: &str) {
     // A mistyped port is said at once, not when the first request ends.
     if let Err(e) = super::probe(endpoint) {
         let e = with_causes(&e);
@@ -299,7 +299,7 @@ fn sender(shared: &Shared, meta: &Meta, endpoint: &str) {
             }
         };
         let n = msg.len() as u64;
-        let req = wrap(meta, msg);
+        let req = wrap(resource, meta, msg);
         let mut waits = RETRY_WAITS.iter();
         loop {
             let res = send(endpoint, &req);

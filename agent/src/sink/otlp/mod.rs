@@ -176,7 +176,7 @@ pub fn build(meta: &Meta, analysis: &Analysis, gpu_mem: &GpuMemIndex) -> ExportT
         chains.note(r);
     }
     chains.finish(meta, &mut spans);
-    wrap(meta, spans)
+    wrap(&resource(meta), meta, spans)
 }
 
 /// The span a session chain (a chain keyed by the chain header) gets: its
@@ -353,23 +353,74 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     }
 }
 
-/// One export message of `spans`, under the recording's resource.
-pub fn wrap(meta: &Meta, spans: Vec<Span>) -> ExportTraceServiceRequest {
+/// One export message of `spans`, under `resource` ([`resource`]).
+pub fn wrap(resource: &Resource, meta: &Meta, spans: Vec<Span>) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: vec![
-                    s("service.name", "hopscope"),
-                    s("host.name", &meta.hostname),
-                    s("hopscope.version", &meta.hopscope_version),
-                ],
-            }),
+            resource: Some(resource.clone()),
             scope_spans: vec![ScopeSpans {
                 scope: Some(InstrumentationScope { name: "hopscope".into(), version: meta.hopscope_version.clone() }),
                 spans,
             }],
         }],
     }
+}
+
+/// The resource every message carries, read from the environment as
+/// OpenTelemetry SDKs read it: `service.name` is `OTEL_SERVICE_NAME`, else
+/// the `service.name` of `OTEL_RESOURCE_ATTRIBUTES`, else `hopscope`;
+/// `host.name` the recording's host unless the attributes name one;
+/// `hopscope.version`; then the other `OTEL_RESOURCE_ATTRIBUTES` pairs
+/// (e.g. `k8s.pod.name=…,deployment.environment=prod`).
+pub fn resource(meta: &Meta) -> Resource {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    resource_from(meta, var("OTEL_SERVICE_NAME").as_deref(), var("OTEL_RESOURCE_ATTRIBUTES").as_deref())
+}
+
+fn resource_from(meta: &Meta, service: Option<&str>, attrs: Option<&str>) -> Resource {
+    // `key=value,…`, values percent-encoded (the spec's W3C Baggage octets);
+    // a later key replaces an earlier one.
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for pair in attrs.unwrap_or_default().split(',') {
+        let Some((k, v)) = pair.split_once('=') else { continue };
+        let (k, v) = (k.trim(), percent_decode(v.trim()));
+        if k.is_empty() {
+            continue;
+        }
+        match pairs.iter_mut().find(|(pk, _)| pk == k) {
+            Some(p) => p.1 = v,
+            None => pairs.push((k.to_owned(), v)),
+        }
+    }
+    let mut take = |key: &str| pairs.iter().position(|(k, _)| k == key).map(|i| pairs.remove(i).1);
+    let service = service.map(str::to_owned).or_else(|| take("service.name")).unwrap_or_else(|| "hopscope".into());
+    let _ = take("service.name");
+    let host = take("host.name").unwrap_or_else(|| meta.hostname.clone());
+    let _ = take("hopscope.version");
+    let mut attributes = vec![s("service.name", &service), s("host.name", &host), s("hopscope.version", &meta.hopscope_version)];
+    attributes.extend(pairs.iter().map(|(k, v)| s(k, v)));
+    Resource { attributes }
+}
+
+/// `%XX` sequences decoded; anything else (an invalid one included) kept.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Spans per message of a streamed export: about half a KiB each, so ~2 MiB
@@ -394,13 +445,14 @@ pub struct Exported {
 /// precedes it).
 pub fn export_streamed<R: Read>(reader: &mut Reader<R>, cfg: Config, endpoint: &str, batch: usize) -> Result<(Exported, Option<String>), OtlpError> {
     let meta = reader.meta().clone();
+    let res = resource(&meta);
     let mut spans: Vec<Span> = Vec::new();
     let mut done = Exported::default();
     let flush = |spans: &mut Vec<Span>, done: &mut Exported| -> Result<(), OtlpError> {
         if spans.is_empty() {
             return Ok(());
         }
-        let n = send(endpoint, &wrap(&meta, std::mem::take(spans))).map_err(|e| match e {
+        let n = send(endpoint, &wrap(&res, &meta, std::mem::take(spans))).map_err(|e| match e {
             // Nothing was sent yet: the plain error says it all.
             e if done.posts == 0 => e,
             e => OtlpError::Partial { sent: done.spans, posts: done.posts, source: Box::new(e) },
@@ -596,6 +648,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(e.to_string().contains("answered HTTP/1.1 500"), "{e}");
+    }
+
+    /// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES as SDKs read them:
+    /// the service name's precedence, percent-decoded values, later keys
+    /// replacing earlier ones, our version kept.
+    #[test]
+    fn the_resource_takes_the_standard_otel_environment() {
+        let meta = Meta { hostname: "gpu-node-3".into(), hopscope_version: "0.1.0".into(), ..Meta::default() };
+        let attrs = |r: Resource| r.attributes.into_iter().map(|kv| (kv.key, match kv.value.and_then(|v| v.value) { Some(Value::Str(s)) => s, other => panic!("{other:?}") })).collect::<Vec<_>>();
+        let kv = |v: &[(&str, &str)]| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        assert_eq!(attrs(resource_from(&meta, None, None)), kv(&[("service.name", "hopscope"), ("host.name", "gpu-node-3"), ("hopscope.version", "0.1.0")]));
+        let env = "k8s.pod.name=vllm-0, deployment.environment=prod%2Ceu,service.name=from-attrs,host.name=pod-host,k8s.pod.name=vllm-1,hopscope.version=9,broken,=x,pct=100%";
+        assert_eq!(
+            attrs(resource_from(&meta, None, Some(env))),
+            kv(&[("service.name", "from-attrs"), ("host.name", "pod-host"), ("hopscope.version", "0.1.0"), ("k8s.pod.name", "vllm-1"), ("deployment.environment", "prod,eu"), ("pct", "100%")])
+        );
+        assert_eq!(attrs(resource_from(&meta, Some("llm-gateway"), Some(env)))[0], ("service.name".into(), "llm-gateway".into()), "OTEL_SERVICE_NAME wins");
     }
 
     #[test]

@@ -2198,6 +2198,14 @@ pub(crate) fn stream_requests<R: Read, E>(
     Ok((feed.finish(gpu_mem, &mut put, &mut steps)?, read_error))
 }
 
+/// A request's figures as the report gives them, with its peak GPU memory
+/// from `gpu_mem` (none without NVML samples).
+pub(crate) fn request_figures<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f64>, gpu_mem: &GpuMemIndex) -> RequestRef<'a> {
+    let mut q = request_ref(r, itl, sorted);
+    q.peak_gpu_mem_bytes = gpu_mem.peak_during(q.arrive_ns, q.done_ns);
+    q
+}
+
 /// The correlator as the streaming sinks drive it, fed one record at a time
 /// in file order (from a reader, [`stream_requests`], or from the recorder's
 /// pipeline, `record --otlp`): each request is handed out once final, with
@@ -2214,14 +2222,6 @@ impl RequestFeed {
         RequestFeed { c: Correlator::new(cfg), clock: Default::default(), itl: Vec::new(), sorted: Vec::new() }
     }
 
-    fn hand<E>(itl: &mut Vec<f64>, sorted: &mut Vec<f64>, r: &Request, gpu_mem: &GpuMemIndex, put: &mut impl FnMut(&Request, &RequestRef) -> Result<(), E>) -> Result<(), E> {
-        let mut q = request_ref(r, itl, sorted);
-        if gpu_mem.samples() > 0 {
-            q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
-        }
-        put(r, &q)
-    }
-
     /// Takes the next record; when it is time to, hands the requests now
     /// final to `put` and the GPU steps found to `steps`. Returns the
     /// recording time of that hand-out, if there was one.
@@ -2235,7 +2235,7 @@ impl RequestFeed {
         self.c.ingest(r);
         let Some(now) = self.clock.tick(r.ts_ns()) else { return Ok(None) };
         for r in self.c.drain_final(now) {
-            Self::hand(&mut self.itl, &mut self.sorted, &r, gpu_mem, put)?;
+            put(&r, &request_figures(&r, &mut self.itl, &mut self.sorted, gpu_mem))?;
         }
         // The report has no use for engine steps (the trace has).
         self.c.take_steps();
@@ -2260,7 +2260,7 @@ impl RequestFeed {
         let RequestFeed { c, mut itl, mut sorted, .. } = self;
         let mut tail = c.finish_streaming();
         for r in std::mem::take(&mut tail.requests) {
-            Self::hand(&mut itl, &mut sorted, &r, gpu_mem, put)?;
+            put(&r, &request_figures(&r, &mut itl, &mut sorted, gpu_mem))?;
         }
         steps(&std::mem::take(&mut tail.gpu_steps), &std::mem::take(&mut tail.step_compute))?;
         Ok(tail)

@@ -453,6 +453,15 @@ impl GpuMemIndex {
         self.points = self.points.split_off(&keep);
     }
 
+    /// A request's peak ([`GpuMemIndex::peak`] from its arrival to its end,
+    /// or at its arrival when it has none); `None` without samples.
+    pub fn peak_during(&self, arrive_ns: u64, done_ns: Option<u64>) -> Option<u64> {
+        if self.samples == 0 {
+            return None;
+        }
+        self.peak(arrive_ns, done_ns.unwrap_or(arrive_ns))
+    }
+
     /// Largest traced-process GPU memory between `from_ns` and `to_ns`,
     /// counting the level in effect at `from_ns` (the last earlier sample, if
     /// younger than [`SAMPLE_MAX_AGE_NS`]).
@@ -468,7 +477,7 @@ impl GpuMemIndex {
             return;
         }
         for q in requests.iter_mut() {
-            q.peak_gpu_mem_bytes = self.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
+            q.peak_gpu_mem_bytes = self.peak_during(q.arrive_ns, q.done_ns);
         }
         summary.gpu_samples = self.samples;
         summary.peak_gpu_mem_bytes = self.points.values().copied().max();

@@ -57,6 +57,12 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// The counts made here (`self`: spans, requests, late hops) with the
+    /// sending thread's (`delivery`: what became of them).
+    fn with_delivery(&self, delivery: Tally) -> Tally {
+        Tally { spans: self.spans, requests: self.requests, hops_after_chain_span: self.hops_after_chain_span, ..delivery }
+    }
+
     /// Spans made and not accepted by the collector.
     pub fn lost(&self) -> u64 {
         self.dropped + self.failed + self.unsent
@@ -199,8 +205,7 @@ impl LiveOtlp {
 
     /// The counts so far.
     pub fn tally(&self) -> Tally {
-        let t = self.shared.lock().tally;
-        Tally { spans: self.made.spans, requests: self.made.requests, hops_after_chain_span: self.made.hops_after_chain_span, ..t }
+        self.made.with_delivery(self.shared.lock().tally)
     }
 
     pub fn endpoint(&self) -> &str {
@@ -239,7 +244,7 @@ impl LiveOtlp {
             q = shared.cv.wait_timeout(q, left).map_or_else(|p| p.into_inner().0, |r| r.0);
         }
         q.tally.unsent = (q.queued + q.in_flight) as u64;
-        Tally { spans: made.spans, requests: made.requests, hops_after_chain_span: made.hops_after_chain_span, ..q.tally }
+        made.with_delivery(q.tally)
     }
 }
 

@@ -20,7 +20,7 @@ pub mod live;
 use crate::correlate::engine::marks;
 use crate::correlate::{Analysis, ChainSource, Config, Request};
 use crate::recording::{Meta, Reader};
-use crate::sink::report::{request_ref, stream_requests, Phases, RequestRef};
+use crate::sink::report::{request_figures, stream_requests, Phases, RequestRef};
 use crate::sink::summary::GpuMemIndex;
 use prost::Message;
 use std::io::{Read, Write};
@@ -168,11 +168,7 @@ pub fn build(meta: &Meta, analysis: &Analysis, gpu_mem: &GpuMemIndex) -> ExportT
     let (mut itl, mut sorted, mut spans) = (Vec::new(), Vec::new(), Vec::new());
     let mut chains = ChainSpans::default();
     for r in &analysis.requests {
-        let mut q = request_ref(r, &mut itl, &mut sorted);
-        if gpu_mem.samples() > 0 {
-            q.peak_gpu_mem_bytes = gpu_mem.peak(q.arrive_ns, q.done_ns.unwrap_or(q.arrive_ns));
-        }
-        spans_of(meta, r, &q, &mut spans);
+        spans_of(meta, r, &request_figures(r, &mut itl, &mut sorted, gpu_mem), &mut spans);
         chains.note(r);
     }
     chains.finish(meta, &mut spans);

@@ -6,17 +6,69 @@ use cupti_sys::clock::{convert_span, BadTimestamp, Conversion, TimeBounds};
 use cupti_sys::record::Record;
 use hopscope_gpu_wire as wire;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 /// Names seen by this process: each gets one id (from 1) for the process's
 /// life; the sender announces an id on a connection before its first use.
 #[derive(Default)]
 pub struct NameTable {
-    ids: HashMap<Box<[u8]>, u32>,
+    ids: HashMap<Arc<[u8]>, u32>,
+    /// Each id's bytes as first seen (before any cut), for [`NameTable::intern_at`].
+    raw: Vec<Arc<[u8]>>,
     names: Vec<Arc<str>>,
+    /// Where a name last lay → its id. CUPTI shares one name string among
+    /// all records of a kernel (cupti_activity.h, `CUpti_ActivityKernel*::name`),
+    /// so the address finds the id without hashing the name: hashing a
+    /// mangled template name of a kilobyte or more was most of the library's
+    /// cost per kernel record (`cargo xtask bench-injection`).
+    by_addr: HashMap<usize, u32, BuildHasherDefault<AddrHasher>>,
 }
 
+/// Hashes an address with one multiply: SipHash of a usize was a twentieth
+/// of the callback's time per kernel record.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        // The product's high half is well mixed; fold it into the low bits,
+        // which pick the bucket (addresses end in zero bits).
+        let h = self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = n as u64;
+    }
+}
+
+/// Addresses remembered at most (a process loading modules without end
+/// would otherwise grow the map); past it the map starts again.
+const MAX_ADDRS: usize = 1 << 16;
+
 impl NameTable {
+    /// [`NameTable::intern`] of `raw`, the bytes at `addr`, by address when
+    /// it was seen there before. The bytes are compared all the same: a
+    /// string freed with its module may be reused for another name.
+    pub fn intern_at(&mut self, addr: usize, raw: &[u8]) -> (u32, bool) {
+        if let Some(&id) = self.by_addr.get(&addr) {
+            if self.raw.get(id as usize - 1).is_some_and(|r| **r == *raw) {
+                return (id, false);
+            }
+        }
+        let got = self.intern(raw);
+        if self.by_addr.len() >= MAX_ADDRS {
+            self.by_addr.clear();
+        }
+        self.by_addr.insert(addr, got.0);
+        got
+    }
+
     /// The id of `raw` (bytes of a C string, or a static name), and whether it
     /// had to be cut to the wire's string limit when first seen.
     pub fn intern(&mut self, raw: &[u8]) -> (u32, bool) {
@@ -28,7 +80,9 @@ impl NameTable {
         let truncated = cut.len() < text.len();
         self.names.push(Arc::from(cut));
         let id = self.names.len() as u32;
-        self.ids.insert(raw.into(), id);
+        let raw: Arc<[u8]> = raw.into();
+        self.raw.push(Arc::clone(&raw));
+        self.ids.insert(raw, id);
         (id, truncated)
     }
 
@@ -81,8 +135,8 @@ pub fn push(
             return;
         }
     };
-    let mut intern = |raw: &[u8], counts: &mut Local| {
-        let (id, cut) = names.intern(raw);
+    let mut intern = |addr: usize, raw: &[u8], counts: &mut Local| {
+        let (id, cut) = names.intern_at(addr, raw);
         if cut {
             counts.name_truncated += 1;
         }
@@ -92,7 +146,7 @@ pub fn push(
     let msg = match rec {
         Record::Kernel(k) => {
             let name_id = match (k.name_ptr != 0).then(|| src.kernel_name(k.name_ptr)).flatten() {
-                Some(raw) => intern(raw, counts),
+                Some(raw) => intern(k.name_ptr, raw, counts),
                 None => 0,
             };
             wire::Message::Kernel(wire::Kernel {
@@ -165,7 +219,7 @@ pub fn push(
                 counts.unknown_kind += 1;
                 return;
             };
-            let name_id = intern(t.name.as_bytes(), counts);
+            let name_id = intern(t.name.as_ptr() as usize, t.name.as_bytes(), counts);
             wire::Message::Api(wire::Api {
                 start_ns,
                 end_ns,
@@ -235,6 +289,26 @@ mod tests {
         let long = vec![b'k'; wire::MAX_STR + 10];
         assert_eq!(t.intern(&long), (3, true));
         assert_eq!(t.get(3).unwrap().len(), wire::MAX_STR);
+    }
+
+    #[test]
+    fn a_name_found_by_its_address_is_still_checked_against_the_bytes_there() {
+        let mut t = NameTable::default();
+        assert_eq!(t.intern_at(0x10, b"gemm"), (1, false));
+        assert_eq!(t.intern_at(0x10, b"gemm"), (1, false), "same address, same name");
+        assert_eq!(t.intern_at(0x20, b"gemm"), (1, false), "one name, two addresses: one id");
+        assert_eq!(t.intern_at(0x10, b"attn"), (2, false), "an address reused for another name");
+        assert_eq!(t.intern_at(0x10, b"attn"), (2, false));
+        assert_eq!(t.intern_at(0x20, b"gemm"), (1, false));
+        assert_eq!(t.intern(b"attn"), (2, false), "by content as before");
+        let long = vec![b'k'; wire::MAX_STR + 10];
+        assert_eq!(t.intern_at(0x30, &long), (3, true));
+        assert_eq!(t.intern_at(0x30, &long), (3, false), "cut is said once, when first seen");
+        for a in 0..MAX_ADDRS + 5 {
+            t.intern_at(0x1000 + a, b"gemm");
+        }
+        assert!(t.by_addr.len() <= MAX_ADDRS, "addresses remembered are bounded");
+        assert_eq!(t.len(), 3);
     }
 
     #[test]

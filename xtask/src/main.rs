@@ -7,11 +7,14 @@
 //! - `demo [--out DIR]`: testbed + chain client under `hopscope run`, then the report.
 //! - `bench [--rounds N] [--secs S] [--baseline BIN]`: overhead and per-program
 //!   cost figures, side by side in one run. Every task takes `--help`.
+//! - `bench-injection [--records N] [--baseline LIB]`: the CUPTI injection
+//!   library's CPU cost per GPU record (through the CUPTI ABI test double).
 //! - `fuzz [--seconds N] [TARGET…]`: the decoders' libFuzzer targets (fuzz/), bounded.
 //! - `gpu-bundle`: what the GPU check needs on the device, in one folder to carry.
 
 mod bench;
 mod bench_correlate;
+mod bench_injection;
 mod bench_memory;
 mod codegen;
 mod demo;
@@ -222,7 +225,7 @@ fn test(args: &[String]) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        eprintln!("usage: cargo xtask <setup|test|demo|bench|bench-correlator|bench-memory|fuzz|codegen-cupti|gpu-bundle> [args]");
+        eprintln!("usage: cargo xtask <setup|test|demo|bench|bench-correlator|bench-memory|bench-injection|fuzz|codegen-cupti|gpu-bundle> [args]");
         std::process::exit(2);
     };
     let rest = &args[1..];
@@ -232,10 +235,11 @@ fn main() -> Result<()> {
         "bench" => bench::run(rest),
         "bench-correlator" => bench_correlate::run(rest),
         "bench-memory" => bench_memory::run(rest),
+        "bench-injection" => bench_injection::run(rest),
         "demo" => demo::run_demo(rest),
         "codegen-cupti" => codegen::run(rest),
         "fuzz" => fuzz::run(rest),
         "gpu-bundle" => gpu_bundle::run(rest),
-        other => bail!("unknown task {other:?}: expected setup, test, demo, bench, bench-correlator, bench-memory, fuzz, codegen-cupti or gpu-bundle"),
+        other => bail!("unknown task {other:?}: expected setup, test, demo, bench, bench-correlator, bench-memory, bench-injection, fuzz, codegen-cupti or gpu-bundle"),
     }
 }

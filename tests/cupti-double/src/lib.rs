@@ -316,7 +316,7 @@ pub unsafe extern "C" fn cuptiActivityFlushAll(_flag: u32) -> CUptiResult {
         }
     };
     if let Some(c) = partial {
-        deliver(c);
+        deliver(c, false);
         let mut p = w.pending.lock().unwrap_or_else(|e| e.into_inner());
         *p -= 1;
         w.idle.notify_all();
@@ -343,6 +343,15 @@ struct Stats {
     max_complete_ns: u64,
     delivered: u64,
     no_buffer: u64,
+    /// Wall time in the library's buffer-requested callback (the
+    /// application's thread, as with CUPTI), summed.
+    request_ns: u64,
+    /// CPU time of the calling thread inside the buffer-completed callback,
+    /// summed: the library's decoding, checking and encoding
+    /// (`cargo xtask bench-injection`). `_worker`: the part on this
+    /// double's worker thread (the rest ran on whoever flushed).
+    complete_cpu_ns: u64,
+    complete_cpu_ns_worker: u64,
 }
 
 struct Worker {
@@ -352,7 +361,25 @@ struct Worker {
 }
 
 static WORKER: OnceLock<Worker> = OnceLock::new();
-static STATS: Mutex<Stats> = Mutex::new(Stats { requests: 0, completes: 0, max_request_ns: 0, max_complete_ns: 0, delivered: 0, no_buffer: 0 });
+static STATS: Mutex<Stats> = Mutex::new(Stats {
+    requests: 0,
+    completes: 0,
+    max_request_ns: 0,
+    max_complete_ns: 0,
+    delivered: 0,
+    no_buffer: 0,
+    request_ns: 0,
+    complete_cpu_ns: 0,
+    complete_cpu_ns_worker: 0,
+});
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the clock always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 fn stats<R>(f: impl FnOnce(&mut Stats) -> R) -> R {
     f(&mut STATS.lock().unwrap_or_else(|e| e.into_inner()))
@@ -377,7 +404,7 @@ fn worker() -> &'static Worker {
             .name("cupti-double-worker".into())
             .spawn(move || {
                 while let Ok(c) = rx.recv() {
-                    deliver(c);
+                    deliver(c, true);
                     let w = worker();
                     let mut p = w.pending.lock().unwrap_or_else(|e| e.into_inner());
                     *p -= 1;
@@ -389,18 +416,23 @@ fn worker() -> &'static Worker {
     })
 }
 
-/// Calls the library's buffer-completed callback, timing it.
-fn deliver(c: Cur) {
+/// Calls the library's buffer-completed callback, timing it (wall and the
+/// thread's CPU).
+fn deliver(c: Cur, on_worker: bool) {
     let Some(complete) = reg(|r| r.complete) else { return };
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), thread_cpu_ns());
     // SAFETY: the buffer was handed to us by the library's request callback
     // with `size` bytes; `used` of them hold records.
     unsafe { complete(std::ptr::null_mut(), 0, c.ptr as *mut u8, c.size, c.used) };
-    let ns = t.elapsed().as_nanos() as u64;
+    let (ns, cpu) = (t.elapsed().as_nanos() as u64, thread_cpu_ns().saturating_sub(cpu));
     stats(|s| {
         s.completes += 1;
         s.max_complete_ns = s.max_complete_ns.max(ns);
         s.delivered += c.records;
+        s.complete_cpu_ns += cpu;
+        if on_worker {
+            s.complete_cpu_ns_worker += cpu;
+        }
     });
 }
 
@@ -435,6 +467,7 @@ fn place(rec: &[u8]) -> bool {
         stats(|s| {
             s.requests += 1;
             s.max_request_ns = s.max_request_ns.max(ns);
+            s.request_ns += ns;
         });
         if p.is_null() || size < need || !(p as usize).is_multiple_of(8) {
             DROPPED_SINCE.fetch_add(1, Ordering::AcqRel);
@@ -857,11 +890,14 @@ fn summary(placed: i64, skipped: u64, elapsed_ns: u128) -> String {
         reg(|r| (r.kinds.clone(), r.runtime_apis.len(), r.driver_apis.len(), r.forbidden.clone(), r.timestamp.is_some()));
     stats(|s| {
         format!(
-            "{{\"placed\":{placed},\"skipped\":{skipped},\"elapsed_ns\":{elapsed_ns},\"requests\":{},\"completes\":{},\"max_request_ns\":{},\"max_complete_ns\":{},\"delivered\":{},\"no_buffer\":{},\"kinds\":[{}],\"runtime_apis\":{rt},\"driver_apis\":{drv},\"forbidden\":{:?},\"timestamp_callback\":{ts_cb},\"version\":{}}}",
+            "{{\"placed\":{placed},\"skipped\":{skipped},\"elapsed_ns\":{elapsed_ns},\"requests\":{},\"completes\":{},\"max_request_ns\":{},\"max_complete_ns\":{},\"request_ns\":{},\"complete_cpu_ns\":{},\"complete_cpu_ns_worker\":{},\"delivered\":{},\"no_buffer\":{},\"kinds\":[{}],\"runtime_apis\":{rt},\"driver_apis\":{drv},\"forbidden\":{:?},\"timestamp_callback\":{ts_cb},\"version\":{}}}",
             s.requests,
             s.completes,
             s.max_request_ns,
             s.max_complete_ns,
+            s.request_ns,
+            s.complete_cpu_ns,
+            s.complete_cpu_ns_worker,
             s.delivered,
             s.no_buffer,
             kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(","),

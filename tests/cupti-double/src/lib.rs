@@ -67,8 +67,11 @@ fn env_u64(k: &str, d: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(d)
 }
 
+/// Read once: `cuptiActivityGetNextRecord` asks for every record, inside
+/// the library's callback, whose CPU time `cargo xtask bench-injection` counts.
 fn version() -> u32 {
-    env_u64("CUPTI_ABI_TEST_DOUBLE_VERSION", 28) as u32
+    static V: OnceLock<u32> = OnceLock::new();
+    *V.get_or_init(|| env_u64("CUPTI_ABI_TEST_DOUBLE_VERSION", 28) as u32)
 }
 
 /// The struct sizes the emulated version writes (which struct: see `kernel_bytes` etc.).

@@ -833,7 +833,9 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
     created.new.clear();
     let mut live_metrics = None;
     if let Some(listener) = metrics_listener {
-        let live = std::sync::Arc::new(std::sync::Mutex::new(hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header)));
+        let mut metrics = hopscope::sink::metrics::LiveMetrics::new(&meta.chain_header);
+        metrics.set_clock(meta.start_ns, meta.start_unix_ns);
+        let live = std::sync::Arc::new(std::sync::Mutex::new(metrics));
         let bound = hopscope::sink::metrics::serve(listener, std::sync::Arc::clone(&live)).context("cannot serve metrics")?;
         live_metrics = Some(std::sync::Arc::clone(&live));
         pipe.set_metrics(live);

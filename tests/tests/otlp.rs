@@ -184,6 +184,23 @@ fn run_with_otlp_sends_each_sessions_spans_while_recording_the_same_as_export() 
     };
     assert!(outcome("sent") >= 4.0, "3 hops and the chain were sent: {}", scraped["hopscope_otlp_spans"]);
     assert_eq!((outcome("dropped"), outcome("failed")), (0.0, 0.0));
+    // Scraped as Prometheus does (OpenMetrics, its strict reference parser):
+    // the buckets' exemplars name traces the collector received spans in.
+    let om: Value = serde_json::from_str(&run_py("scrape.py", &[&format!("http://127.0.0.1:{mport}/metrics"), "--openmetrics"])).unwrap();
+    assert!(om["_content_type"].as_str().unwrap().starts_with("application/openmetrics-text"), "{}", om["_content_type"]);
+    let exemplars: Vec<(String, f64)> = ["hopscope_time_to_first_token_seconds", "hopscope_e2e_request_latency_seconds", "hopscope_inter_token_latency_seconds"]
+        .iter()
+        .flat_map(|f| om[*f]["samples"].as_array().unwrap_or_else(|| panic!("no family {f}: {om}")).clone())
+        .filter(|s| !s[3].is_null())
+        .map(|s| (s[3]["labels"]["trace_id"].as_str().unwrap().to_owned(), s[3]["timestamp"].as_f64().unwrap()))
+        .collect();
+    assert!(exemplars.len() >= 3, "exemplars on TTFT, E2E and ITL buckets: {om}");
+    let received: std::collections::HashSet<String> = read_jsonl(&spans).iter().map(|s| s["trace_id"].as_str().unwrap().to_owned()).collect();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    for (trace, at) in &exemplars {
+        assert!(received.contains(trace), "exemplar trace {trace} has no span at the collector (traces: {received:?})");
+        assert!(at <= &now && now - at < 120.0, "exemplar time {at} is not this recording's (now {now})");
+    }
     let (_, err) = agent.stop();
     let live = read_jsonl(&spans);
     let closing = err.lines().find(|l| l.starts_with("hopscope: otlp: ") && l.contains(" spans of ")).unwrap_or_else(|| panic!("no closing otlp line: {err}"));

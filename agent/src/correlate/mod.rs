@@ -455,6 +455,19 @@ pub struct Correlator {
     bypass_joiner: bool,
 }
 
+/// A request's chain key: the `traceparent` trace-id, else the `chain_header`
+/// header, else the client connection. One rule for the correlator and the
+/// live metrics (whose exemplars name the request's trace).
+pub fn chain_key(conn: ConnKey, headers: &[(String, String)], chain_header: &str) -> (String, ChainSource) {
+    if let Some(id) = header(headers, "traceparent").and_then(trace_id) {
+        return (id.to_ascii_lowercase(), ChainSource::Traceparent);
+    }
+    if let Some(v) = header(headers, chain_header).filter(|v| !v.is_empty()) {
+        return (v.to_owned(), ChainSource::Header);
+    }
+    (format!("conn:{}:{}:{}", conn.tgid, conn.fd, conn.ino), ChainSource::Connection)
+}
+
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
 }
@@ -753,16 +766,8 @@ impl Correlator {
         }
     }
 
-    /// Chain key: the `traceparent` trace-id, else the configured header, else
-    /// the client connection.
     fn chain_key(&self, conn: ConnKey, headers: &[(String, String)]) -> (String, ChainSource) {
-        if let Some(id) = header(headers, "traceparent").and_then(trace_id) {
-            return (id.to_ascii_lowercase(), ChainSource::Traceparent);
-        }
-        if let Some(v) = header(headers, &self.cfg.chain_header).filter(|v| !v.is_empty()) {
-            return (v.to_owned(), ChainSource::Header);
-        }
-        (format!("conn:{}:{}:{}", conn.tgid, conn.fd, conn.ino), ChainSource::Connection)
+        chain_key(conn, headers, &self.cfg.chain_header)
     }
 
     /// A closed wire cluster: a step for each member, and the excess charged

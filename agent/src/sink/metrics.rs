@@ -4,9 +4,11 @@
 //! histograms with vLLM's names and buckets under a `hopscope_` prefix
 //! (`vllm:time_to_first_token_seconds` → `hopscope_time_to_first_token_seconds`),
 //! plus the per-hop-index TTFT vLLM cannot see. [`serve`] answers `GET
-//! /metrics` in the text exposition format from a thread of its own.
+//! /metrics` from a thread of its own: in the text exposition format, or in
+//! OpenMetrics when the scraper asks for it (Prometheus does), whose
+//! histogram buckets carry exemplars naming the trace of the request last
+//! observed in them — the trace `--otlp` and `export otlp` send its spans in.
 
-use crate::correlate::trace_id;
 use crate::event::ConnKey;
 use crate::model::{HttpRole, Record, SseKind};
 use std::collections::{BTreeMap, HashMap};
@@ -20,20 +22,42 @@ const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
 const ITL_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 const E2E_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
 
+/// The latest observation of a bucket, and whose trace it was.
+#[derive(Debug, Clone, Copy)]
+struct Exemplar {
+    trace_id: [u8; 16],
+    value: f64,
+    /// CLOCK_MONOTONIC ns of the observation.
+    at_ns: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Histogram {
     bounds: &'static [f64],
     counts: Vec<u64>,
     sum: f64,
     count: u64,
+    /// Per bucket, `+Inf` last: the latest observation that fell in it
+    /// (smallest bound at or above it).
+    exemplars: Vec<Option<Exemplar>>,
+}
+
+/// Which exposition [`LiveMetrics::render_as`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text format 0.0.4 (no exemplars).
+    Text,
+    /// OpenMetrics 1.0.0, with exemplars; `unix_offset_ns` turns their
+    /// monotonic times into Unix ones (none: exemplars without a timestamp).
+    OpenMetrics,
 }
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0, exemplars: vec![None; bounds.len() + 1] }
     }
 
-    fn observe(&mut self, v: f64) {
+    fn observe(&mut self, v: f64, trace: Option<([u8; 16], u64)>) {
         for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
             if v <= *b {
                 *c += 1;
@@ -41,14 +65,39 @@ impl Histogram {
         }
         self.sum += v;
         self.count += 1;
+        if let Some((trace_id, at_ns)) = trace {
+            let i = self.bounds.iter().position(|b| v <= *b).unwrap_or(self.bounds.len());
+            self.exemplars[i] = Some(Exemplar { trace_id, value: v, at_ns });
+        }
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
+    fn render(&self, out: &mut String, name: &str, labels: &str, om: Option<Option<i128>>) {
         let sep = if labels.is_empty() { "" } else { "," };
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
+        let exemplar = |out: &mut String, i: usize| {
+            let (Some(offset), Some(e)) = (om, self.exemplars[i]) else { return };
+            let _ = write!(out, " # {{trace_id=\"");
+            for b in e.trace_id {
+                let _ = write!(out, "{b:02x}");
+            }
+            let _ = write!(out, "\"}} {}", e.value);
+            if let Some(off) = offset {
+                let unix_ns = (e.at_ns as i128 + off).max(0);
+                let _ = write!(out, " {}.{:09}", unix_ns / 1_000_000_000, unix_ns % 1_000_000_000);
+            }
+        };
+        for (i, (b, c)) in self.bounds.iter().zip(&self.counts).enumerate() {
+            // OpenMetrics writes bounds as floats ("1.0"); 0.0.4 parsers take either.
+            if om.is_some() {
+                let _ = write!(out, "{name}_bucket{{{labels}{sep}le=\"{b:?}\"}} {c}");
+            } else {
+                let _ = write!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
+            }
+            exemplar(out, i);
+            out.push('\n');
         }
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
+        let _ = write!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
+        exemplar(out, self.bounds.len());
+        out.push('\n');
         let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
         let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
         let _ = writeln!(out, "{name}_count{braces} {}", self.count);
@@ -61,6 +110,8 @@ struct Open {
     ttft_ns: Option<u64>,
     last_content_ns: Option<u64>,
     chain: String,
+    /// The trace its spans go to ([`crate::sink::otlp::request_trace_id`]).
+    trace_id: [u8; 16],
 }
 
 /// A chain as the live stream sees it: hops so far, and when its latest hop
@@ -92,6 +143,8 @@ pub struct LiveMetrics {
     gpus: BTreeMap<u32, (u64, Option<u32>)>,
     /// The live span export's counts (`--otlp`), as of the last update.
     otlp: Option<crate::sink::otlp::live::Tally>,
+    /// Unix ns less CLOCK_MONOTONIC ns, for exemplar timestamps.
+    unix_offset_ns: Option<i128>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -124,26 +177,30 @@ impl LiveMetrics {
             otlp: None,
             engines: BTreeMap::new(),
             gpus: BTreeMap::new(),
+            unix_offset_ns: None,
         }
+    }
+
+    /// The recording's clocks (its metadata's `start_ns` and `start_unix_ns`):
+    /// exemplars then carry the Unix time of their observation.
+    pub fn set_clock(&mut self, start_ns: u64, start_unix_ns: u64) {
+        self.unix_offset_ns = (start_unix_ns > 0).then(|| start_unix_ns as i128 - start_ns as i128);
     }
 
     pub fn observe(&mut self, rec: &Record) {
         match rec {
             Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, headers, .. } => {
-                let get = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.as_str());
-                let chain = get("traceparent")
-                    .and_then(trace_id)
-                    .map(str::to_owned)
-                    .or_else(|| get(&self.chain_header).map(str::to_owned))
-                    .unwrap_or_else(|| format!("conn:{}:{}:{}", conn.tgid, conn.fd, conn.ino));
+                let (chain, _) = crate::correlate::chain_key(*conn, headers, &self.chain_header);
+                let traceparent = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("traceparent")).map(|(_, v)| v.as_str());
+                let trace_id = crate::sink::otlp::request_trace_id(traceparent, &chain);
                 let c = self.hops.entry(chain.clone()).or_default();
                 c.hops += 1;
                 // The client's own time before this hop, when the chain's
                 // previous hop had ended (hops in flight together have none).
                 if let Some(done) = c.last_done_ns.take().filter(|d| *d <= *start_ns) {
-                    self.between_hops.observe((start_ns - done) as f64 / 1e9);
+                    self.between_hops.observe((start_ns - done) as f64 / 1e9, Some((trace_id, *start_ns)));
                 }
-                self.open.insert((*conn, *seq), Open { arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, chain });
+                self.open.insert((*conn, *seq), Open { arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, chain, trace_id });
                 // Bounded: a client that never finishes cannot grow this forever.
                 if self.open.len() > 1 << 16 {
                     let oldest = self.open.iter().min_by_key(|(_, o)| o.arrive_ns).map(|(k, _)| *k);
@@ -162,12 +219,13 @@ impl LiveMetrics {
                 }
                 let Some(o) = self.open.get_mut(&(*conn, *seq)) else { return };
                 if *kind == SseKind::Content {
+                    let ex = Some((o.trace_id, *ts_ns));
                     match o.last_content_ns {
-                        Some(last) => self.itl.observe(ts_ns.saturating_sub(last) as f64 / 1e9),
+                        Some(last) => self.itl.observe(ts_ns.saturating_sub(last) as f64 / 1e9, ex),
                         None => {
                             let ttft = ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9;
-                            self.ttft.observe(ttft);
-                            self.ttft_by_hop.entry(o.hop.min(MAX_HOP_LABEL)).or_insert_with(|| Histogram::new(TTFT_BUCKETS)).observe(ttft);
+                            self.ttft.observe(ttft, ex);
+                            self.ttft_by_hop.entry(o.hop.min(MAX_HOP_LABEL)).or_insert_with(|| Histogram::new(TTFT_BUCKETS)).observe(ttft, ex);
                             o.ttft_ns = Some(*ts_ns);
                         }
                     }
@@ -184,7 +242,7 @@ impl LiveMetrics {
                 }
             Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
                 if let Some(o) = self.open.remove(&(*conn, *seq)) {
-                    self.e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9);
+                    self.e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
                     if let Some(c) = self.hops.get_mut(&o.chain) {
                         c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
                     }
@@ -220,19 +278,30 @@ impl LiveMetrics {
 
     /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
+        self.render_as(Format::Text)
+    }
+
+    /// The text exposition format, or OpenMetrics 1.0.0 with exemplars.
+    pub fn render_as(&self, format: Format) -> String {
         let mut s = String::new();
+        let om = (format == Format::OpenMetrics).then_some(self.unix_offset_ns);
+        // OpenMetrics names a counter's family without the `_total` its samples carry.
+        let family = |s: &mut String, name: &str, help: &str, kind: &str| {
+            let fam = if om.is_some() && kind == "counter" { name.strip_suffix("_total").unwrap_or(name) } else { name };
+            let _ = writeln!(s, "# HELP {fam} {help}\n# TYPE {fam} {kind}");
+        };
         let hist = |s: &mut String, name: &str, help: &str, h: &Histogram| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
-            h.render(s, name, "");
+            family(s, name, help, "histogram");
+            h.render(s, name, "", om);
         };
         hist(&mut s, "hopscope_time_to_first_token_seconds", "Wire TTFT: request's first byte read to the write of its first content chunk.", &self.ttft);
         hist(&mut s, "hopscope_inter_token_latency_seconds", "Gaps between consecutive content chunks, as written to the socket.", &self.itl);
         hist(&mut s, "hopscope_e2e_request_latency_seconds", "Request's first byte read to the write of its last byte.", &self.e2e);
         let name = "hopscope_hop_time_to_first_token_seconds";
-        let _ = writeln!(s, "# HELP {name} TTFT by hop index within a chain (traceparent, chain header, or connection).\n# TYPE {name} histogram");
+        family(&mut s, name, "TTFT by hop index within a chain (traceparent, chain header, or connection).", "histogram");
         for (hop, h) in &self.ttft_by_hop {
             let label = if *hop == MAX_HOP_LABEL { format!("{MAX_HOP_LABEL}+") } else { hop.to_string() };
-            h.render(&mut s, name, &format!("hop=\"{label}\""));
+            h.render(&mut s, name, &format!("hop=\"{label}\""), om);
         }
         hist(
             &mut s,
@@ -240,17 +309,17 @@ impl LiveMetrics {
             "A chain's time outside the server: a hop's arrival less the end of the chain's previous hop (the agent's own work between calls).",
             &self.between_hops,
         );
-        let _ = writeln!(s, "# HELP hopscope_requests_total HTTP requests answered, by status.\n# TYPE hopscope_requests_total counter");
+        family(&mut s, "hopscope_requests_total", "HTTP requests answered, by status.", "counter");
         for (status, n) in &self.requests {
             let _ = writeln!(s, "hopscope_requests_total{{status=\"{status}\"}} {n}");
         }
-        let _ = writeln!(s, "# HELP hopscope_prompt_tokens_total Prompt tokens, from usage objects.\n# TYPE hopscope_prompt_tokens_total counter");
+        family(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens, from usage objects.", "counter");
         let _ = writeln!(s, "hopscope_prompt_tokens_total {}", self.prompt_tokens);
-        let _ = writeln!(s, "# HELP hopscope_generation_tokens_total Generated tokens, from usage objects.\n# TYPE hopscope_generation_tokens_total counter");
+        family(&mut s, "hopscope_generation_tokens_total", "Generated tokens, from usage objects.", "counter");
         let _ = writeln!(s, "hopscope_generation_tokens_total {}", self.generation_tokens);
         if !self.engines.is_empty() {
             let gauge = |s: &mut String, name: &str, help: &str, kind: &str, get: &dyn Fn(&EngineGauges) -> Option<f64>| {
-                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                family(s, name, help, kind);
                 for (i, e) in &self.engines {
                     if let Some(v) = get(e) {
                         let _ = writeln!(s, "{name}{{engine=\"{i}\"}} {v}");
@@ -264,18 +333,18 @@ impl LiveMetrics {
             gauge(&mut s, "hopscope_prefix_cache_hits_total", "Prefix-cache tokens hit (vLLM scheduler_stats).", "counter", &|e| Some(e.prefix_hits as f64));
         }
         if !self.gpus.is_empty() {
-            let _ = writeln!(s, "# HELP hopscope_gpu_memory_used_bytes Device memory in use, all processes (NVML).\n# TYPE hopscope_gpu_memory_used_bytes gauge");
+            family(&mut s, "hopscope_gpu_memory_used_bytes", "Device memory in use, all processes (NVML).", "gauge");
             for (d, (used, _)) in &self.gpus {
                 let _ = writeln!(s, "hopscope_gpu_memory_used_bytes{{device=\"{d}\"}} {used}");
             }
-            let _ = writeln!(s, "# HELP hopscope_gpu_utilization_perc SM utilisation over NVML's last period, percent (NVML).\n# TYPE hopscope_gpu_utilization_perc gauge");
+            family(&mut s, "hopscope_gpu_utilization_perc", "SM utilisation over NVML's last period, percent (NVML).", "gauge");
             for (d, (_, sm)) in &self.gpus {
                 if let Some(u) = sm {
                     let _ = writeln!(s, "hopscope_gpu_utilization_perc{{device=\"{d}\"}} {u}");
                 }
             }
         }
-        let _ = writeln!(s, "# HELP hopscope_drops_total hopscope's loss and anomaly counters (see the report).\n# TYPE hopscope_drops_total counter");
+        family(&mut s, "hopscope_drops_total", "hopscope's loss and anomaly counters (see the report).", "counter");
         for (k, v) in &self.drops {
             if crate::sink::report::is_loss(k) {
                 let _ = writeln!(s, "hopscope_drops_total{{counter=\"{k}\"}} {v}");
@@ -284,15 +353,24 @@ impl LiveMetrics {
         if let Some(t) = &self.otlp {
             // A sidecar runs --quiet: what the collector did not take shows here.
             let name = "hopscope_otlp_spans_total";
-            let _ = writeln!(s, "# HELP {name} Spans of the live OTLP export (--otlp) by outcome: made, sent (accepted by the collector), dropped (queue full), failed (refused or unanswered after retries).\n# TYPE {name} counter");
+            family(&mut s, name, "Spans of the live OTLP export (--otlp) by outcome: made, sent (accepted by the collector), dropped (queue full), failed (refused or unanswered after retries).", "counter");
             for (outcome, n) in [("made", t.spans), ("sent", t.sent), ("dropped", t.dropped), ("failed", t.failed)] {
                 let _ = writeln!(s, "{name}{{outcome=\"{outcome}\"}} {n}");
             }
             let name = "hopscope_otlp_hops_after_chain_span_total";
-            let _ = writeln!(s, "# HELP {name} Hops sent after their session's chain span (idle longer than --otlp-chain-idle).\n# TYPE {name} counter\n{name} {}", t.hops_after_chain_span);
+            family(&mut s, name, "Hops sent after their session's chain span (idle longer than --otlp-chain-idle).", "counter");
+            let _ = writeln!(s, "{name} {}", t.hops_after_chain_span);
+        }
+        if om.is_some() {
+            s.push_str("# EOF\n");
         }
         s
     }
+}
+
+/// Whether a request's `Accept` header asks for OpenMetrics (Prometheus's does).
+fn wants_openmetrics(request: &str) -> bool {
+    request.lines().take_while(|l| !l.trim().is_empty()).filter_map(|l| l.split_once(':')).any(|(k, v)| k.trim().eq_ignore_ascii_case("accept") && v.contains("application/openmetrics-text"))
 }
 
 /// Binds `addr` and answers `GET /metrics` from a thread; returns the bound
@@ -306,16 +384,17 @@ pub fn serve(listener: TcpListener, metrics: Arc<Mutex<LiveMetrics>>) -> std::io
             let mut buf = [0u8; 2048];
             let n = c.read(&mut buf).unwrap_or(0);
             let req = String::from_utf8_lossy(&buf[..n]);
+            let format = if wants_openmetrics(&req) { Format::OpenMetrics } else { Format::Text };
             let (status, body) = if req.starts_with("GET /metrics") {
-                ("200 OK", metrics.lock().map(|m| m.render()).unwrap_or_default())
+                ("200 OK", metrics.lock().map(|m| m.render_as(format)).unwrap_or_default())
             } else {
                 ("404 Not Found", "try /metrics\n".to_owned())
             };
-            let _ = write!(
-                c,
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+            let ctype = match format {
+                Format::OpenMetrics if status.starts_with("200") => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                _ => "text/plain; version=0.0.4",
+            };
+            let _ = write!(c, "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
         }
     })?;
     Ok(bound)
@@ -329,10 +408,10 @@ mod tests {
     fn histogram_buckets_are_cumulative_and_count_everything() {
         let mut h = Histogram::new(&[0.1, 1.0]);
         for v in [0.05, 0.5, 5.0] {
-            h.observe(v);
+            h.observe(v, None);
         }
         let mut s = String::new();
-        h.render(&mut s, "x", "");
+        h.render(&mut s, "x", "", None);
         assert!(s.contains("x_bucket{le=\"0.1\"} 1\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"1\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
@@ -372,6 +451,79 @@ mod tests {
         assert!(s.lines().any(|l| l == "hopscope_chain_between_hops_seconds_bucket{le=\"0.01\"} 1"), "{s}");
         let sum: f64 = s.lines().find_map(|l| l.strip_prefix("hopscope_chain_between_hops_seconds_sum ")).unwrap().parse().unwrap();
         assert!((sum - 0.26).abs() < 1e-9, "{sum}");
+    }
+
+    /// OpenMetrics (what Prometheus asks for): each histogram bucket names
+    /// the trace of the latest request observed in it, the trace its spans
+    /// are sent in; counters' families drop `_total`; `# EOF` ends it. The
+    /// text format stays as it was, without exemplars.
+    #[test]
+    fn openmetrics_buckets_carry_the_trace_of_their_latest_request() {
+        const MS: u64 = 1_000_000;
+        let conn = |fd: i32| ConnKey { tgid: 1, fd, ino: fd as u64 };
+        let req = |fd: i32, at: u64, headers: Vec<(String, String)>| Record::HttpRequest {
+            conn: conn(fd),
+            role: HttpRole::Server,
+            seq: 0,
+            start_ns: at,
+            end_ns: at + 1,
+            tid: 1,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            headers,
+            body_len: 10,
+            stream: Some(true),
+            model: None,
+            ready_ns: None,
+        };
+        let chunk = |fd: i32, at: u64| Record::Sse { conn: conn(fd), seq: 0, ts_ns: at, kind: SseKind::Content, id: None, content_bytes: 3, finish_reason: None, usage: None };
+        let end = |fd: i32, at: u64| Record::HttpResponseEnd { conn: conn(fd), seq: 0, ts_ns: at, body_len: 10 };
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut m = LiveMetrics::new("x-session-id");
+        m.set_clock(1_000 * MS, 1_700_000_000_000 * MS);
+        for r in [
+            req(5, 1_000 * MS, vec![("traceparent".into(), tp.into())]),
+            chunk(5, 1_030 * MS),
+            chunk(5, 1_050 * MS),
+            end(5, 1_060 * MS),
+            req(6, 2_000 * MS, vec![("x-session-id".into(), "s1".into())]),
+            chunk(6, 2_300 * MS),
+            end(6, 2_400 * MS),
+        ] {
+            m.observe(&r);
+        }
+        let om = m.render_as(Format::OpenMetrics);
+        let hex = |id: [u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let caller = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let session = hex(crate::sink::otlp::request_trace_id(None, "s1"));
+        // TTFT 30 ms falls in le=0.04, with the caller's trace at 1700000000.030 s.
+        let want = format!("hopscope_time_to_first_token_seconds_bucket{{le=\"0.04\"}} 1 # {{trace_id=\"{caller}\"}} 0.03 1700000000.030000000");
+        assert!(om.lines().any(|l| l == want), "missing {want:?} in\n{om}");
+        // TTFT 300 ms (le=0.5) and E2E 400 ms (le=0.5): the session's trace.
+        let ttft = format!("hopscope_time_to_first_token_seconds_bucket{{le=\"0.5\"}} 2 # {{trace_id=\"{session}\"}} 0.3 1700000001.300000000");
+        assert!(om.lines().any(|l| l == ttft), "missing {ttft:?} in\n{om}");
+        assert!(om.lines().any(|l| l.starts_with("hopscope_e2e_request_latency_seconds_bucket{le=\"0.5\"} 2 # {trace_id=\"") && l.contains(&session)), "{om}");
+        assert!(om.lines().any(|l| l.starts_with("hopscope_inter_token_latency_seconds_bucket{le=\"0.025\"} 1 # ") && l.contains(caller)), "{om}");
+        assert!(om.lines().any(|l| l.starts_with("hopscope_hop_time_to_first_token_seconds_bucket{hop=\"1\",le=\"0.5\"} 2 # ") && l.contains(&session)), "{om}");
+        // Buckets nothing fell in carry none.
+        assert!(om.lines().any(|l| l == "hopscope_time_to_first_token_seconds_bucket{le=\"0.001\"} 0"), "{om}");
+        assert!(om.contains("# TYPE hopscope_requests counter\n") && !om.contains("# TYPE hopscope_requests_total"), "{om}");
+        assert!(om.contains("# TYPE hopscope_prompt_tokens counter\n"), "{om}");
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        let text = m.render();
+        assert!(!text.contains(" # {") && !text.contains("# EOF"), "no exemplars in the text format: {text}");
+        assert!(text.contains("# TYPE hopscope_requests_total counter\n"), "{text}");
+        assert!(text.lines().any(|l| l == "hopscope_time_to_first_token_seconds_bucket{le=\"1\"} 2"), "{text}");
+    }
+
+    #[test]
+    fn openmetrics_is_served_when_the_scraper_accepts_it() {
+        let prometheus = "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n\r\n";
+        assert!(wants_openmetrics(prometheus));
+        assert!(!wants_openmetrics("GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n"));
+        assert!(!wants_openmetrics("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+        // Only headers count, not a body that mentions it.
+        assert!(!wants_openmetrics("GET /metrics HTTP/1.1\r\n\r\naccept: application/openmetrics-text"));
     }
 
     /// With `--otlp`, what the collector did not take is a series (a

@@ -193,7 +193,20 @@ fn chain_span_id(chain: &str) -> Vec<u8> {
 
 /// Trace id of a request without a valid `traceparent`: its chain's.
 fn chain_trace_id(chain: &str) -> Vec<u8> {
-    [fnv(chain.as_bytes(), 1).to_be_bytes(), fnv(chain.as_bytes(), 2).to_be_bytes()].concat()
+    request_trace_id(None, chain).to_vec()
+}
+
+/// The trace a request's spans go to: the caller's (a valid `traceparent`),
+/// else its chain's (`chain`: the correlator's chain key). `record --metrics`
+/// names it in its exemplars, so a histogram bucket leads to the spans.
+pub fn request_trace_id(traceparent: Option<&str>, chain: &str) -> [u8; 16] {
+    if let Some(id) = traceparent.and_then(crate::correlate::trace_id).and_then(hex_bytes).and_then(|b| <[u8; 16]>::try_from(b).ok()) {
+        return id;
+    }
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&fnv(chain.as_bytes(), 1).to_be_bytes());
+    id[8..].copy_from_slice(&fnv(chain.as_bytes(), 2).to_be_bytes());
+    id
 }
 
 impl ChainSpans {
@@ -542,6 +555,37 @@ mod tests {
         assert_ne!(fnv(b"chain", 1), fnv(b"chain", 2));
         assert_eq!(hex_bytes("00ff10"), Some(vec![0, 255, 16]));
         assert_eq!(hex_bytes("0g"), None);
+    }
+
+    /// `record --metrics` names a request's trace in its exemplars by
+    /// [`request_trace_id`]: it must be the trace the request's spans are in.
+    #[test]
+    fn a_requests_trace_id_is_the_one_its_spans_carry() {
+        let mut reader = Reader::open(&fixture()).unwrap();
+        let meta = reader.meta().clone();
+        let mut c = crate::correlate::Correlator::new(Config { chain_header: meta.chain_header.clone(), use_ipc: true });
+        while let Some(r) = reader.next_ref().unwrap() {
+            c.ingest(r);
+        }
+        let analysis = c.finish();
+        let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let mut checked = 0;
+        for r in analysis.requests.iter().filter(|r| r.done_ns.is_some()) {
+            let want = request_trace_id(r.traceparent.as_deref(), &r.chain);
+            let mine: Vec<&Span> = spans.iter().filter(|s| s.attributes.iter().any(|a| a.key == "gen_ai.request.id" && a.value == Some(AnyValue { value: Some(Value::Str(r.id.clone())) }))).collect();
+            assert!(!mine.is_empty(), "{}: no span", r.id);
+            for sp in mine {
+                assert_eq!(sp.trace_id, want.to_vec(), "{}: span {} in another trace", r.id, sp.name);
+            }
+            checked += 1;
+        }
+        assert!(checked >= 3, "{checked} requests");
+        // A caller's traceparent: its trace id, whatever the chain key.
+        let tp = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
+        assert_eq!(request_trace_id(Some(tp), "4bf92f3577b34da6a3ce929d0e0e4736"), hex_bytes("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()[..]);
+        // An invalid one (all-zero id) is the chain's, as for the spans.
+        let zero = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
+        assert_eq!(request_trace_id(Some(zero), "s1").to_vec(), chain_trace_id("s1"));
     }
 
     /// A collector on a local port: answers each POST with the next status

@@ -526,6 +526,55 @@ mod tests {
         assert!(!wants_openmetrics("GET /metrics HTTP/1.1\r\n\r\naccept: application/openmetrics-text"));
     }
 
+    /// examples/deploy/grafana/hopscope.json asks only for series this
+    /// exporter writes, by labels it gives them: a renamed series must not
+    /// leave a panel silently empty.
+    #[test]
+    fn the_grafana_dashboard_queries_only_series_that_exist() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy/grafana/hopscope.json");
+        let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        // Every family populated.
+        let mut m = LiveMetrics::new("x-session-id");
+        let conn = ConnKey { tgid: 1, fd: 5, ino: 5 };
+        let headers = vec![("x-session-id".to_owned(), "s".to_owned())];
+        for (fd_seq, at) in [(0u32, 0u64), (1, 2_000_000_000)] {
+            m.observe(&Record::HttpRequest { conn, role: HttpRole::Server, seq: fd_seq, start_ns: at, end_ns: at + 1, tid: 1, method: "POST".into(), path: "/v1/chat/completions".into(), headers: headers.clone(), body_len: 1, stream: Some(true), model: None, ready_ns: None });
+            m.observe(&Record::HttpResponse { conn, role: HttpRole::Server, seq: fd_seq, ts_ns: at + 2, tid: 1, status: 200, headers: vec![] });
+            for k in 0..2 {
+                m.observe(&Record::Sse { conn, seq: fd_seq, ts_ns: at + 10 + k, kind: SseKind::Content, id: None, content_bytes: 1, finish_reason: None, usage: None });
+            }
+            m.observe(&Record::HttpResponseEnd { conn, seq: fd_seq, ts_ns: at + 20, body_len: 1 });
+        }
+        m.observe(&Record::EngineStats { conn, ts_ns: 1, engine_index: Some(0), running: Some(1), waiting: Some(0), kv_cache_usage: Some(0.1), step_counter: None, prefix_cache_queries: Some(10), prefix_cache_hits: Some(5) });
+        m.observe(&Record::GpuSample { ts_ns: 1, device: 0, mem_used_bytes: 1, mem_total_bytes: 2, process_mem: vec![], sm_util_pct: Some(1), mem_util_pct: None, pcie_tx_kib_s: None, pcie_rx_kib_s: None, nvlink_tx_kib_s: None, nvlink_rx_kib_s: None });
+        let loss = ["kernel_ringbuf_full", "gpu_cupti_dropped", "http_unparsed_bytes"].into_iter().find(|k| crate::sink::report::is_loss(k)).expect("a loss counter name");
+        m.observe(&Record::Drops { ts_ns: 1, counters: vec![(loss.to_owned(), 1)] });
+        m.set_otlp(crate::sink::otlp::live::Tally::default());
+        let text = m.render();
+        let series: std::collections::BTreeSet<&str> = text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
+        let mut exprs = Vec::new();
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                exprs.push(t["expr"].as_str().unwrap().to_owned());
+            }
+        }
+        let ids: std::collections::BTreeSet<u64> = dash["panels"].as_array().unwrap().iter().map(|p| p["id"].as_u64().unwrap()).collect();
+        assert_eq!(ids.len(), dash["panels"].as_array().unwrap().len(), "panel ids unique");
+        assert!(exprs.len() >= 10, "{exprs:?}");
+        for e in &exprs {
+            assert_eq!(e.matches('(').count(), e.matches(')').count(), "unbalanced: {e}");
+            for name in e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("hopscope_")) {
+                assert!(series.contains(name), "{e}: no series {name} in\n{text}");
+            }
+            // Grouping labels other than le are labels the series carry.
+            for by in e.split("by (").skip(1) {
+                for label in by.split(')').next().unwrap().split(',').map(str::trim).filter(|l| *l != "le") {
+                    assert!(text.contains(&format!("{label}=\"")), "{e}: no label {label} in the series");
+                }
+            }
+        }
+    }
+
     /// With `--otlp`, what the collector did not take is a series (a
     /// sidecar runs --quiet); without it, no such family.
     #[test]

@@ -34,7 +34,16 @@ def main() -> int:
     names = [e["name"] for e in agent["env"]]
     assert env["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)", env
     assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES") and names.index("POD_NAMESPACE") < names.index("OTEL_RESOURCE_ATTRIBUTES")
-    print("kubernetes/vllm-with-hopscope.yaml: ok")
+    # Prometheus finds the metrics where the agent serves them.
+    ann = pod["metadata"]["annotations"]
+    port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
+    assert f"--metrics 0.0.0.0:{port}" in args and ann["prometheus.io/port"] == str(port) and ann["prometheus.io/scrape"] == "true", (ann, port)
+    # The Grafana dashboard is JSON with panels querying hopscope's series
+    # (which series exist: sink::metrics the_grafana_dashboard_queries_only_series_that_exist).
+    import json
+    dash = json.loads((HERE / "grafana/hopscope.json").read_text())
+    assert any("hopscope_time_to_first_token_seconds_bucket" in t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    print("kubernetes/vllm-with-hopscope.yaml, grafana/hopscope.json: ok")
     # The systemd units record for as long as vLLM runs: rotated, bounded, and
     # named per start so that a restart never overwrites the last run's files.
     for unit in ["systemd/hopscope.service", "systemd/vllm-under-hopscope.conf"]:

@@ -226,7 +226,9 @@ struct RecordOpts {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s", requires = "otlp")]
     otlp_chain_idle: Duration,
     /// Serve live Prometheus metrics at http://ADDR:PORT/metrics (a bare port
-    /// binds 127.0.0.1).
+    /// binds 127.0.0.1). A scraper that accepts OpenMetrics (Prometheus does)
+    /// also gets exemplars: each histogram bucket names the trace of the
+    /// latest request in it, the trace its --otlp spans go to.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
     /// NVML sampling period for GPU memory (per traced process), utilisation

@@ -269,6 +269,10 @@ print(f"testbed: {len(reqs)} requests, gpu={r['recording']['gpu']}, gpus={[g['na
 print("testbed: phase sources", sorted({q["phase_source"] for q in reqs}))
 for k in r["kernels"][:5]:
     print(f"testbed kernel: {k['gpu_ms']:.2f} ms x{k['count']} {k['name'][:90]}")
+# Per hop: which kernels its share of the GPU steps was made of (requests[].kernels).
+for q in [q for q in reqs if q.get("kernels")][:2]:
+    print(f"testbed hop {q['chain'][:12]}#{q['hop']} gpu_ms={q['gpu_ms']}: " + "; ".join(f"{k['gpu_ms']:.2f} {k['name'][:40]}" for k in q["kernels"][:4]))
+print(f"testbed: {sum(1 for q in reqs if q.get('kernels'))} of {len(reqs)} requests list kernels")
 print("testbed drops:", {k: v for k, v in r["recording"]["drops"].items() if v and k.startswith(("gpu_", "kernel_ringbuf", "zmtp_desync"))})
 PYEOF
   # CUPTI step ends against the testbed's own (issue #5: within 50 µs).

@@ -36,6 +36,7 @@ use super::oncpu::{step_end_of, EngineCompute};
 use crate::event::Dir;
 use crate::model::Record;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 /// CUpti_ActivityMemcpyKind (cupti-sys bindings).
 pub const COPY_HTOD: u8 = 1;
@@ -134,6 +135,8 @@ pub struct RankStep {
     pub tokens: Option<u64>,
     /// Host↔device and peer copies other than the end copy.
     pub copies: Vec<GpuCopy>,
+    /// Each kernel name's summed durations (ids of [`GpuSteps::names`]), by id.
+    pub by_kernel: Vec<(u32, u64)>,
 }
 
 /// One engine step: the same step on every rank.
@@ -164,6 +167,60 @@ impl GpuStep {
     pub fn copies(&self) -> impl Iterator<Item = &GpuCopy> {
         self.ranks.iter().flat_map(|r| r.copies.iter())
     }
+    /// Each kernel name's durations summed over the ranks, by name id.
+    pub fn by_kernel(&self) -> Vec<(u32, u64)> {
+        let mut v: Vec<(u32, u64)> = self.ranks.iter().flat_map(|r| r.by_kernel.iter().copied()).collect();
+        merge_by_id(&mut v);
+        v
+    }
+}
+
+/// Sorts `(id, ns)` pairs by id and adds up those of one id.
+fn merge_by_id(v: &mut Vec<(u32, u64)>) {
+    v.sort_unstable_by_key(|p| p.0);
+    v.dedup_by(|b, a| {
+        if a.0 == b.0 {
+            a.1 += b.1;
+            true
+        } else {
+            false
+        }
+    });
+}
+
+/// Kernel names seen by [`GpuSteps`], one id each (ids index [`KernelNames::get`]).
+#[derive(Debug, Default)]
+pub struct KernelNames {
+    ids: super::FxMap<Arc<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+/// Names kept at most: past it every new name shares [`OTHER_KERNELS`]
+/// (counted, `gpu_kernel_names_capped`). Servers run hundreds.
+pub const MAX_KERNEL_NAMES: usize = 1 << 16;
+/// The name of kernels past [`MAX_KERNEL_NAMES`].
+pub const OTHER_KERNELS: &str = "(other kernels)";
+
+impl KernelNames {
+    /// The id of `name`; `None` when the table is full.
+    fn intern(&mut self, name: &str) -> Option<u32> {
+        if let Some(&id) = self.ids.get(name) {
+            return Some(id);
+        }
+        if self.names.len() >= MAX_KERNEL_NAMES {
+            return None;
+        }
+        let id = self.names.len() as u32;
+        let name: Arc<str> = Arc::from(name);
+        self.names.push(Arc::clone(&name));
+        self.ids.insert(name, id);
+        Some(id)
+    }
+
+    /// The name of `id` ([`OTHER_KERNELS`] for the shared id past the cap).
+    pub fn get(&self, id: u32) -> Arc<str> {
+        self.names.get(id as usize).cloned().unwrap_or_else(|| Arc::from(OTHER_KERNELS))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -176,7 +233,7 @@ struct Act {
 
 #[derive(Debug, Clone)]
 enum What {
-    Kernel { graph: bool, reshape_grid: Option<u32> },
+    Kernel { graph: bool, reshape_grid: Option<u32>, name: u32 },
     Copy(GpuCopy),
     Memset,
 }
@@ -282,6 +339,8 @@ pub struct GpuSteps {
     ranks: BTreeSet<u32>,
     pruned_at: u64,
     pub engines: Engines,
+    /// The kernels' names, for the steps' [`RankStep::by_kernel`].
+    pub names: KernelNames,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -333,7 +392,11 @@ impl GpuSteps {
         self.watermark = self.watermark.max(ts);
         let (pid, act, cand, sync) = match rec {
             Record::GpuKernel { ts_ns, end_ns, pid, stream, graph_id, name, grid, .. } => {
-                (*pid, Some(Act { start: *ts_ns, end: *end_ns, stream: *stream, what: What::Kernel { graph: *graph_id != 0, reshape_grid: reshape_grid(name, *grid) } }), None, None)
+                let name_id = self.names.intern(name).unwrap_or_else(|| {
+                    *self.counters.entry("gpu_kernel_names_capped").or_default() += 1;
+                    u32::MAX
+                });
+                (*pid, Some(Act { start: *ts_ns, end: *end_ns, stream: *stream, what: What::Kernel { graph: *graph_id != 0, reshape_grid: reshape_grid(name, *grid), name: name_id } }), None, None)
             }
             Record::GpuMemcpy { ts_ns, end_ns, pid, device, stream, kind, src_kind, dst_kind, bytes, peer, .. } => {
                 let host_pinned = match *kind {
@@ -530,13 +593,15 @@ fn rank_step(pid: u32, index: u32, c: Cand, host_end: u64, acts: &[Act], counts:
     let (mut kernel_ns, mut kernels, mut graph_kernels) = (0u64, 0u32, 0u32);
     let mut grids: BTreeMap<u32, u32> = BTreeMap::new();
     let mut copies = Vec::new();
+    let mut by_kernel: Vec<(u32, u64)> = Vec::new();
     let mut streams: BTreeSet<u32> = BTreeSet::new();
     for a in acts {
         streams.insert(a.stream);
         match &a.what {
-            What::Kernel { graph, reshape_grid } => {
+            What::Kernel { graph, reshape_grid, name } => {
                 kernels += 1;
                 kernel_ns += a.end - a.start;
+                by_kernel.push((*name, a.end - a.start));
                 graph_kernels += u32::from(*graph);
                 if let Some(g) = reshape_grid {
                     *grids.entry(*g).or_default() += 1;
@@ -559,6 +624,7 @@ fn rank_step(pid: u32, index: u32, c: Cand, host_end: u64, acts: &[Act], counts:
     }
     let tokens = grids.iter().max_by_key(|(g, n)| (**n, **g)).map(|(g, _)| u64::from(*g));
     let start_ns = acts.iter().map(|a| a.start).min().unwrap_or(c.start).min(c.start);
+    merge_by_id(&mut by_kernel);
     RankStep {
         pid,
         device: c.device,
@@ -573,6 +639,7 @@ fn rank_step(pid: u32, index: u32, c: Cand, host_end: u64, acts: &[Act], counts:
         streams: streams.len() as u32,
         tokens,
         copies,
+        by_kernel,
     }
 }
 
@@ -629,6 +696,18 @@ pub const MATCH_WAIT_NS: u64 = SYNC_LAG_NS + 3 * RANK_ALIGN_NS + 10_000_000;
 pub const CLAIM_WAIT_NS: u64 = 60_000_000_000;
 /// A request's figures nobody took this long after its last record are let go.
 pub const UNTAKEN_NS: u64 = super::MAX_OPEN_NS + super::SETTLE_NS;
+
+/// A request's share of one kernel's GPU time: each step it took part in
+/// split the kernel's durations (all ranks) among its members as
+/// [`GpuShare`] splits the step (docs/attribution.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelShare {
+    pub name: Arc<str>,
+    pub gpu_ns: u64,
+}
+
+/// Kernel names a request lists, most of its GPU time first.
+pub const KERNELS_PER_REQUEST: usize = 8;
 
 /// GPU attribution of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -743,6 +822,8 @@ struct Eng {
     first_token_ns: Option<u64>,
     share: GpuShare,
     compute: Option<RequestCompute>,
+    /// Its share of each kernel name's time (name id → ns), split like `share`.
+    kernels: super::FxMap<u32, u64>,
     last_ns: u64,
 }
 
@@ -753,6 +834,13 @@ impl Eng {
     /// When it could start waiting for KV: its submit, else its scheduling.
     fn kv_window_start_ns(&self) -> u64 {
         self.submit_ns.or(self.scheduled_ns).unwrap_or(u64::MAX)
+    }
+    fn add_kernels(&mut self, parts: impl IntoIterator<Item = (u32, u64)>) {
+        for (name, ns) in parts {
+            if ns > 0 {
+                *self.kernels.entry(name).or_default() += ns;
+            }
+        }
     }
     fn add_compute(&mut self, ns: u64, prefill: bool, source: ComputeSource) {
         let c = self.compute.get_or_insert(RequestCompute { prefill_ns: None, decode_ns: None, steps: 0, source });
@@ -773,11 +861,13 @@ struct OutStep {
 
 /// GPU work waiting for a first token to claim it: an output-less step (or
 /// the part of a step no output member accounts for), of engine `key`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Silent {
     key: u32,
     end_ns: u64,
     gpu_ns: u64,
+    /// Its kernels' time by name id (the part of a step it stands for).
+    kernels: Vec<(u32, u64)>,
 }
 
 /// A GPU step's engine as outputs are matched by (0: none known).
@@ -1079,7 +1169,7 @@ impl Attribution {
     fn unmatched(&mut self, mut g: GpuStep) {
         let key = step_key(&g);
         self.kv.extend(g.copies().filter(|c| c.is_kv()).map(|c| (key, *c)));
-        self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: g.gpu_ns });
+        self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: g.gpu_ns, kernels: g.by_kernel() });
         for r in &mut g.ranks {
             r.copies = Vec::new();
         }
@@ -1112,12 +1202,16 @@ impl Attribution {
                     toks.push(rest);
                 }
                 let mut shares = split_by_tokens(g.gpu_ns, &toks);
+                // Each kernel name's time split the same way: per member (and the rest).
+                let kernel_parts: Vec<(u32, Vec<u64>)> = if known.is_empty() { Vec::new() } else { g.by_kernel().into_iter().map(|(name, ns)| (name, split_by_tokens(ns, &toks))).collect() };
                 if rest > 0 && !known.is_empty() {
                     let part = shares.pop().expect("pushed");
-                    self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: part });
+                    let kernels = kernel_parts.iter().map(|(name, parts)| (*name, *parts.last().expect("one per member and the rest"))).collect();
+                    self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: part, kernels });
                 }
-                for ((k, first), ns) in known.iter().zip(shares) {
+                for (i, ((k, first), ns)) in known.iter().zip(shares).enumerate() {
                     let e = self.eng.get_mut(*k).expect("known");
+                    e.add_kernels(kernel_parts.iter().map(|(name, parts)| (*name, parts[i])));
                     let prefill = *first || e.first_token_ns.is_none_or(|f| o.end_ns < f);
                     e.share.steps += 1;
                     if prefill {
@@ -1158,8 +1252,10 @@ impl Attribution {
                 continue;
             }
             let w: Vec<u64> = who.iter().map(|k| self.eng[*k].prefill_tokens()).collect();
-            for (k, ns) in who.iter().zip(split_by_tokens(s.gpu_ns, &w)) {
+            let kernel_parts: Vec<(u32, Vec<u64>)> = s.kernels.iter().map(|(name, ns)| (*name, split_by_tokens(*ns, &w))).collect();
+            for (i, (k, ns)) in who.iter().zip(split_by_tokens(s.gpu_ns, &w)).enumerate() {
                 let e = self.eng.get_mut(*k).expect("known");
+                e.add_kernels(kernel_parts.iter().map(|(name, parts)| (*name, parts[i])));
                 e.share.prefill_ns += ns;
                 e.share.steps += 1;
                 e.add_compute(s.gpu_ns, true, ComputeSource::Cupti);
@@ -1207,9 +1303,16 @@ impl Attribution {
     /// The figures of an engine request (its id as on the IPC), once it is
     /// final: its GPU share (when a GPU source exists) and the compute of its
     /// steps. Each request's figures are taken once.
-    pub fn take(&mut self, engine_request_id: &str) -> (Option<GpuShare>, Option<RequestCompute>) {
-        let Some(e) = self.ids.remove(engine_request_id).and_then(|k| self.eng.remove(k)) else { return (None, None) };
-        (self.gpu_seen.then_some(e.share), e.compute)
+    pub fn take(&mut self, engine_request_id: &str) -> (Option<GpuShare>, Option<RequestCompute>, Option<Vec<KernelShare>>) {
+        let Some(e) = self.ids.remove(engine_request_id).and_then(|k| self.eng.remove(k)) else { return (None, None, None) };
+        let kernels = self.gpu_seen.then(|| {
+            let mut v: Vec<(u32, u64)> = e.kernels.into_iter().collect();
+            // Most time first; ties by name, so the list is the same every run.
+            v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| self.gpu.names.get(a.0).cmp(&self.gpu.names.get(b.0))));
+            v.truncate(KERNELS_PER_REQUEST);
+            v.into_iter().map(|(id, gpu_ns)| KernelShare { name: self.gpu.names.get(id), gpu_ns }).collect()
+        });
+        (self.gpu_seen.then_some(e.share), e.compute, kernels)
     }
 
     /// Lets go of requests nobody took (not linked to an HTTP request).
@@ -1760,7 +1863,7 @@ mod tests {
         recs.extend(gpu_step(1000, 2 * MS, 8 * MS, 100));
         recs.push(outputs(10 * MS + 100 * US, &[("A", Some((MS + 50 * US, 100)))]));
         let mut a = attribute_all(&mut recs);
-        let (g, _) = a.take("A");
+        let (g, _, _) = a.take("A");
         let g = g.expect("share");
         let spans: Vec<(u64, u64)> = [(11, 13), (14, 15), (16, 17), (18, 19)].iter().map(|&(s, e)| (s * 100 * US, e * 100 * US)).collect();
         assert_eq!(g.kv_spans(), &spans[..]);
@@ -1787,9 +1890,9 @@ mod tests {
         let (steps, compute) = a.take_steps();
         assert_eq!(steps.iter().map(|s| s.gpu_ns).collect::<Vec<_>>(), vec![8 * MS, 7_100_000, 6 * MS, 3 * MS], "step 1 includes B's copy");
         assert_eq!(compute.iter().map(|c| (c.compute_ns, c.source)).collect::<Vec<_>>(), vec![(8 * MS, ComputeSource::Cupti), (7_100_000, ComputeSource::Cupti), (3 * MS, ComputeSource::Cupti)]);
-        let (ga, ca) = a.take("A");
-        let (gb, _) = a.take("B");
-        let (gc, cc) = a.take("C");
+        let (ga, ca, _) = a.take("A");
+        let (gb, _, _) = a.take("B");
+        let (gc, cc, _) = a.take("C");
         // Step 1: 51 tokens (A 1, B 50) over 7.1 ms; step 3: 145 (A 1, C 144) over 3 ms.
         assert_eq!(ga, Some(GpuShare { prefill_ns: 8 * MS, decode_ns: 139_216 + 20_690, kv_gpu_ns: 0, kv_queue_ns: 0, kv_prefill_ns: 0, steps: 3, ..GpuShare::default() }));
         // B: its copy's 2 ms of GPU time; on its path 1 ms while queued, 1 ms once scheduled.
@@ -1800,8 +1903,64 @@ mod tests {
         assert_eq!(total, steps.iter().map(|s| s.gpu_ns).sum::<u64>(), "every GPU ns of every step goes to someone");
         assert_eq!(ca, Some(RequestCompute { prefill_ns: Some(8 * MS), decode_ns: Some(7_100_000 + 3 * MS), steps: 3, source: ComputeSource::Cupti }));
         assert_eq!(cc, Some(RequestCompute { prefill_ns: Some(9 * MS), decode_ns: None, steps: 2, source: ComputeSource::Cupti }));
-        assert_eq!(a.take("A"), (None, None), "taken once");
+        assert_eq!(a.take("A"), (None, None, None), "taken once");
         assert!(a.counters.keys().all(|k| !k.contains("unattributed") && !k.contains("unmatched")), "{:?}", a.counters);
+    }
+
+    /// Kernel shares by name: a step's kernels on two ranks, split among
+    /// its members by tokens as the step's time is.
+    #[test]
+    fn each_request_lists_its_share_of_each_kernels_time_by_name() {
+        let named = |pid: u32, start: u64, parts: &[(&str, u64)], tokens: u32| -> Vec<Record> {
+            let mut v = Vec::new();
+            let mut t = start;
+            for (name, ns) in parts {
+                let grid = if *name == RESHAPE { tokens } else { 64 };
+                v.push(kernel(pid, 7, t, t + ns, name, grid, 0));
+                t += ns;
+            }
+            v.push(ids_copy(pid, t, t + 3 * US));
+            v.push(sync(pid, start + US, t + 8 * US, SYNC_EVENT, None));
+            v
+        };
+        let mut recs = vec![add(500 * US, "A", 100), add(12 * MS, "B", 50)];
+        // Step 0: A's prefill alone, on one rank.
+        recs.extend(named(1000, 2 * MS, &[("gemm", 4 * MS), ("attn", 2 * MS), (RESHAPE, MS)], 100));
+        recs.push(outputs(10 * MS, &[("A", Some((MS, 100)))]));
+        // Step 1: A decodes 1 token, B prefills 50, on two ranks (TP).
+        recs.extend(named(1000, 15 * MS, &[("gemm", 5_100_000), (RESHAPE, 510_000)], 51));
+        recs.extend(named(1001, 15 * MS, &[("gemm", 5_100_000), (RESHAPE, 510_000)], 51));
+        recs.push(outputs(22 * MS, &[("A", None), ("B", Some((14 * MS, 50)))]));
+        let mut a = attribute_all(&mut recs);
+        let (_, _, ka) = a.take("A");
+        let (_, _, kb) = a.take("B");
+        let list = |k: Option<Vec<KernelShare>>| k.expect("a GPU source").into_iter().map(|k| (k.name.to_string(), k.gpu_ns)).collect::<Vec<_>>();
+        // A: all of step 0; 1/51 of step 1's kernels on both ranks.
+        assert_eq!(list(ka), vec![("gemm".to_owned(), 4 * MS + 200_000), ("attn".to_owned(), 2 * MS), (RESHAPE.to_owned(), MS + 20_000)]);
+        // B: 50/51 of step 1's.
+        assert_eq!(list(kb), vec![("gemm".to_owned(), 10 * MS), (RESHAPE.to_owned(), MS)]);
+    }
+
+    #[test]
+    fn the_kernels_of_an_output_less_chunk_go_to_the_request_whose_first_token_claims_it() {
+        let mut recs = vec![add(MS, "A", 10), add(2 * MS, "C", 400)];
+        recs.extend(gpu_step(1000, 1_500 * US, MS, 10));
+        recs.push(outputs(2_600 * US, &[("A", Some((1_400 * US, 10)))]));
+        recs.extend(gpu_step(1000, 3 * MS, 1_010_000, 101));
+        recs.push(outputs(4 * MS + 100 * US, &[("A", None)]));
+        recs.extend(gpu_step(1000, 5 * MS, 3_010_000, 301));
+        recs.push(outputs(8 * MS + 100 * US, &[("A", None), ("C", Some((3 * MS, 400)))]));
+        let mut a = attribute_all(&mut recs);
+        let (steps, _) = a.take_steps();
+        let kernel_ns: u64 = steps.iter().flat_map(|s| s.by_kernel()).map(|(_, ns)| ns).sum();
+        let (_, _, ka) = a.take("A");
+        let (_, _, kc) = a.take("C");
+        let (ka, kc) = (ka.unwrap(), kc.unwrap());
+        assert_eq!((ka.len(), kc.len()), (1, 1), "one kernel name: {ka:?} {kc:?}");
+        // Step 1 (1.01 ms, 101 tokens): A 1/101, C's first chunk 100/101, held until its first token.
+        let k1 = 1_010_000 - 3 * US;
+        assert!(kc[0].gpu_ns > k1 * 100 / 101, "C has its first chunk's kernels: {kc:?}");
+        assert_eq!(ka[0].gpu_ns + kc[0].gpu_ns, kernel_ns, "every kernel ns goes to someone");
     }
 
     #[test]
@@ -1817,8 +1976,8 @@ mod tests {
         recs.extend(gpu_step(1000, 5 * MS, 3_010_000, 301));
         recs.push(outputs(8 * MS + 100 * US, &[("A", None), ("C", Some((3 * MS, 400)))]));
         let mut a = attribute_all(&mut recs);
-        let (ga, _) = a.take("A");
-        let (gc, _) = a.take("C");
+        let (ga, _, _) = a.take("A");
+        let (gc, _, _) = a.take("C");
         // Step 0: A 1/101 of 1.01 ms, C the other 100/101; step 1: A 1/301, C 300/301.
         assert_eq!(ga.map(|g| (g.decode_ns, g.prefill_ns, g.steps)), Some((10_000 + 10_000, MS, 3)));
         assert_eq!(gc.map(|g| (g.prefill_ns, g.decode_ns, g.steps)), Some((1_000_000 + 3_000_000, 0, 2)));
@@ -1839,7 +1998,7 @@ mod tests {
         recs.push(outputs(8 * MS + 60 * US, &[]));
         recs.push(outputs(8 * MS + 100 * US, &[("C", Some((1_500 * US, 400)))]));
         let mut a = attribute_all(&mut recs);
-        let (gc, cc) = a.take("C");
+        let (gc, cc, _) = a.take("C");
         assert_eq!(gc.map(|g| (g.prefill_ns, g.steps)), Some((5 * MS, 2)));
         assert_eq!(cc.and_then(|c| c.prefill_ns), Some(5 * MS));
         assert!(a.counters.keys().all(|k| !k.contains("unattributed") && !k.contains("unmatched")), "{:?}", a.counters);
@@ -1854,7 +2013,7 @@ mod tests {
         // A's output comes with no GPU step before it (its GPU work went unrecorded).
         recs.push(outputs(60 * MS, &[("A", Some((50 * MS, 10)))]));
         let mut a = attribute_all(&mut recs);
-        assert_eq!(a.take("A"), (Some(GpuShare::default()), None));
+        assert_eq!(a.take("A"), (Some(GpuShare::default()), None, Some(Vec::new())));
         assert_eq!(a.counters.get("gpu_ipc_steps_unmatched"), Some(&1));
         assert_eq!(a.counters.get("gpu_steps_unattributed"), Some(&1));
         assert_eq!(a.counters.get("gpu_kv_copies_unattributed"), Some(&1));
@@ -1890,9 +2049,9 @@ mod tests {
         got.sort_unstable();
         assert_eq!(got, vec![(Some(100), 500 * US), (Some(100), 5_600 * US), (Some(200), MS), (Some(200), 1_500 * US), (Some(200), 2 * MS), (Some(200), 2_500 * US)], "a0 holds A's onload; no step merged");
         assert_eq!(compute.len(), 5, "every output step matched its own engine's step: {:?}", a.counters);
-        let (ga, _) = a.take("A");
-        let (gb, cb) = a.take("B");
-        let (gd, _) = a.take("D");
+        let (ga, _, _) = a.take("A");
+        let (gb, cb, _) = a.take("B");
+        let (gd, _, _) = a.take("D");
         assert_eq!(ga.map(|g| (g.prefill_ns, g.decode_ns, g.kv_gpu_ns, g.steps)), Some((5_600 * US, 500 * US, 600 * US, 2)), "A claims its engine's onload and none of engine 200's chunk");
         // B: all of b0, and 20/21 of b2; D: d0, b1 and 1/21 of b2.
         assert_eq!(gb.map(|g| (g.prefill_ns, g.decode_ns, g.kv_gpu_ns, g.steps)), Some((2_500 * US + 1_904_762, 0, 0, 2)));
@@ -1914,7 +2073,7 @@ mod tests {
         let (steps, compute) = a.take_steps();
         assert!(steps.is_empty());
         assert_eq!(compute.iter().map(|c| (c.end_ns, c.compute_ns, c.source)).collect::<Vec<_>>(), (1..5u64).map(|k| (10 * MS + k * 10 * MS, 6 * MS, ComputeSource::Oncpu)).collect::<Vec<_>>());
-        let (g, c) = a.take("A");
+        let (g, c, _) = a.take("A");
         assert_eq!(g, None, "no GPU source: no GPU share");
         assert_eq!(c, Some(RequestCompute { prefill_ns: None, decode_ns: Some(24 * MS), steps: 4, source: ComputeSource::Oncpu }), "its prefill step was the engine's first: no figure");
         assert_eq!(a.counters.get("oncpu_steps_without_start"), Some(&1));

@@ -127,6 +127,9 @@ pub struct Request {
     /// Compute of the engine steps that carried it, and where it came from
     /// (the GPU steps, else the engine thread's on-CPU time).
     pub compute: Option<gpu::RequestCompute>,
+    /// Its share of the GPU kernels' time by name, most first (at most
+    /// [`gpu::KERNELS_PER_REQUEST`]), when a GPU source recorded.
+    pub kernels: Option<Vec<gpu::KernelShare>>,
 }
 
 impl Request {
@@ -640,6 +643,7 @@ impl Correlator {
                     wire_steps: None,
                     gpu: None,
                     compute: None,
+                    kernels: None,
                     },
                     cluster: 0,
                 });
@@ -821,7 +825,7 @@ impl Correlator {
         }
         r.engine = self.engine.claim(r);
         if let Some(e) = &r.engine {
-            (r.gpu, r.compute) = self.attribution.take(&e.engine_request_id);
+            (r.gpu, r.compute, r.kernels) = self.attribution.take(&e.engine_request_id);
         }
         // Requests the IPC did not explain keep their steps from the wire.
         if r.engine.is_some() || r.wire_steps.as_ref().is_some_and(|w| w.steps == 0) {

@@ -2075,6 +2075,7 @@ mod tests {
             wire_steps: None,
             gpu: None,
             compute: None,
+            kernels: None,
         }
     }
 

@@ -150,6 +150,24 @@ pub struct RequestOut {
     pub compute_source: Option<String>,
     /// GPU steps the request's `gpu_ms` came from.
     pub gpu_steps: Option<u32>,
+    /// Its share of the GPU kernels' time by name, most first (at most 8);
+    /// null without GPU records (docs/attribution.md).
+    pub kernels: Option<Vec<RequestKernelOut>>,
+}
+
+/// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestKernelOut {
+    pub name: String,
+    pub gpu_ms: f64,
+}
+
+impl json::Value for crate::correlate::gpu::KernelShare {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("name", &*self.name).field("gpu_ms", &ms(self.gpu_ns));
+        o.end();
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -274,6 +292,7 @@ pub struct RequestRef<'a> {
     pub compute_ms: Option<ComputeMs>,
     pub compute_source: Option<&'static str>,
     pub gpu_steps: Option<u32>,
+    pub kernels: Option<&'a [crate::correlate::gpu::KernelShare]>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -413,6 +432,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         compute_ms: f.compute_ms,
         compute_source: f.compute_source,
         gpu_steps: f.gpu_steps,
+        kernels: r.kernels.as_deref(),
     }
 }
 
@@ -471,6 +491,7 @@ impl RequestRef<'_> {
             compute_ms: self.compute_ms.as_ref().map(|c| ComputeMs { ..*c }),
             compute_source: own(self.compute_source),
             gpu_steps: self.gpu_steps,
+            kernels: self.kernels.map(|k| k.iter().map(|k| RequestKernelOut { name: k.name.to_string(), gpu_ms: ms(k.gpu_ns) }).collect()),
         }
     }
 
@@ -537,7 +558,7 @@ impl RequestRef<'_> {
         o.object("compute_ms", self.compute_ms.as_ref(), |o, c| {
             o.field("prefill", &c.prefill).field("decode", &c.decode).field("steps", &c.steps);
         });
-        o.field("compute_source", &self.compute_source).field("gpu_steps", &self.gpu_steps);
+        o.field("compute_source", &self.compute_source).field("gpu_steps", &self.gpu_steps).field("kernels", &self.kernels);
         o.end();
     }
 }
@@ -2557,6 +2578,7 @@ mod tests {
             compute_ms: Some(ComputeMs { prefill: None, decode: Some(f64::NAN), steps: 0 }),
             compute_source: Some("oncpu"),
             gpu_steps: None,
+            kernels: None,
         }
     }
 
@@ -2847,6 +2869,13 @@ mod tests {
             let q = edge_request(itl, from);
             assert_eq!(written(|b| q.write_json(b, 0)), serde_json::to_string_pretty(&q.to_out()).unwrap());
             let q = RequestRef { compute_ms: None, compute_source: None, x_request_id: None, ..edge_request(itl, from) };
+            assert_eq!(written(|b| q.write_json(b, 0)), serde_json::to_string_pretty(&q.to_out()).unwrap());
+        }
+        // Its kernels: none, and names that need escaping with odd times.
+        use crate::correlate::gpu::KernelShare;
+        let kernels = [KernelShare { name: NASTY.into(), gpu_ns: 1 }, KernelShare { name: "".into(), gpu_ns: u64::MAX }, KernelShare { name: "_Z4gemmPf".into(), gpu_ns: 0 }];
+        for k in [&kernels[..], &[][..]] {
+            let q = RequestRef { kernels: Some(k), ..edge_request(&itls, &from) };
             assert_eq!(written(|b| q.write_json(b, 0)), serde_json::to_string_pretty(&q.to_out()).unwrap());
         }
     }

@@ -1433,7 +1433,7 @@ fn one_rank_gpu_step(engine: Option<u32>, pid: u32, start: u64, end: u64) -> cra
         end_ns: end,
         gpu_ns: end - start,
         tokens: None,
-        ranks: vec![RankStep { pid, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![] }],
+        ranks: vec![RankStep { pid, device: 0, index: 0, start_ns: start, gpu_end_ns: end - 10, end_ns: end, busy_ns: 0, kernel_ns: 0, kernels: 0, graph_kernels: 0, streams: 1, tokens: None, copies: vec![], by_kernel: vec![] }],
     }
 }
 

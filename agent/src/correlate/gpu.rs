@@ -135,7 +135,8 @@ pub struct RankStep {
     pub tokens: Option<u64>,
     /// Host↔device and peer copies other than the end copy.
     pub copies: Vec<GpuCopy>,
-    /// Each kernel name's summed durations (ids of [`GpuSteps::names`]), by id.
+    /// Each kernel name's summed durations (ids of [`GpuSteps::names`]), in
+    /// the order the names first ran.
     pub by_kernel: Vec<(u32, u64)>,
 }
 
@@ -167,8 +168,12 @@ impl GpuStep {
     pub fn copies(&self) -> impl Iterator<Item = &GpuCopy> {
         self.ranks.iter().flat_map(|r| r.copies.iter())
     }
-    /// Each kernel name's durations summed over the ranks, by name id.
+    /// Each kernel name's durations summed over the ranks (one rank: in its
+    /// order; several: by name id).
     pub fn by_kernel(&self) -> Vec<(u32, u64)> {
+        if let [one] = &self.ranks[..] {
+            return one.by_kernel.clone();
+        }
         let mut v: Vec<(u32, u64)> = self.ranks.iter().flat_map(|r| r.by_kernel.iter().copied()).collect();
         merge_by_id(&mut v);
         v
@@ -188,11 +193,18 @@ fn merge_by_id(v: &mut Vec<(u32, u64)>) {
     });
 }
 
-/// Kernel names seen by [`GpuSteps`], one id each (ids index [`KernelNames::get`]).
+/// Kernel names seen by [`GpuSteps`], one id each (ids index [`KernelNames::get`]),
+/// with each name's executions and summed durations: the recording's
+/// kernel table. One lookup per kernel record serves both (a mangled name
+/// of ~100 bytes hashed and compared: the correlator's separate table was
+/// 2 % of `hopscope trace`'s instructions on a CUPTI-shaped recording).
 #[derive(Debug, Default)]
 pub struct KernelNames {
     ids: super::FxMap<Arc<str>, u32>,
     names: Vec<Arc<str>>,
+    /// (executions, summed durations) per id; then the names past the cap.
+    totals: Vec<(u64, u64)>,
+    other: (u64, u64),
 }
 
 /// Names kept at most: past it every new name shares [`OTHER_KERNELS`]
@@ -202,19 +214,38 @@ pub const MAX_KERNEL_NAMES: usize = 1 << 16;
 pub const OTHER_KERNELS: &str = "(other kernels)";
 
 impl KernelNames {
-    /// The id of `name`; `None` when the table is full.
-    fn intern(&mut self, name: &str) -> Option<u32> {
-        if let Some(&id) = self.ids.get(name) {
-            return Some(id);
-        }
-        if self.names.len() >= MAX_KERNEL_NAMES {
-            return None;
-        }
-        let id = self.names.len() as u32;
-        let name: Arc<str> = Arc::from(name);
-        self.names.push(Arc::clone(&name));
-        self.ids.insert(name, id);
+    /// The id of `name`, counting one execution of `dur_ns`; `None` when
+    /// the table is full (counted under [`OTHER_KERNELS`]).
+    fn intern(&mut self, name: &str, dur_ns: u64) -> Option<u32> {
+        let id = match self.ids.get(name) {
+            Some(&id) => id,
+            None if self.names.len() >= MAX_KERNEL_NAMES => {
+                self.other.0 += 1;
+                self.other.1 += dur_ns;
+                return None;
+            }
+            None => {
+                let id = self.names.len() as u32;
+                let name: Arc<str> = Arc::from(name);
+                self.names.push(Arc::clone(&name));
+                self.totals.push((0, 0));
+                self.ids.insert(name, id);
+                id
+            }
+        };
+        let t = &mut self.totals[id as usize];
+        t.0 += 1;
+        t.1 += dur_ns;
         Some(id)
+    }
+
+    /// Every name's executions and time, most time first; ties by name.
+    pub fn stats(&self) -> Vec<super::KernelStat> {
+        let named = self.names.iter().zip(&self.totals).map(|(n, t)| (n.to_string(), *t));
+        let other = (self.other.0 > 0).then(|| (OTHER_KERNELS.to_owned(), self.other));
+        let mut v: Vec<super::KernelStat> = named.chain(other).map(|(name, (count, gpu_ns))| super::KernelStat { name, count, gpu_ns }).collect();
+        v.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
+        v
     }
 
     /// The name of `id` ([`OTHER_KERNELS`] for the shared id past the cap).
@@ -392,7 +423,7 @@ impl GpuSteps {
         self.watermark = self.watermark.max(ts);
         let (pid, act, cand, sync) = match rec {
             Record::GpuKernel { ts_ns, end_ns, pid, stream, graph_id, name, grid, .. } => {
-                let name_id = self.names.intern(name).unwrap_or_else(|| {
+                let name_id = self.names.intern(name, end_ns.saturating_sub(*ts_ns)).unwrap_or_else(|| {
                     *self.counters.entry("gpu_kernel_names_capped").or_default() += 1;
                     u32::MAX
                 });
@@ -601,7 +632,11 @@ fn rank_step(pid: u32, index: u32, c: Cand, host_end: u64, acts: &[Act], counts:
             What::Kernel { graph, reshape_grid, name } => {
                 kernels += 1;
                 kernel_ns += a.end - a.start;
-                by_kernel.push((*name, a.end - a.start));
+                // A step runs few distinct kernels, each many times.
+                match by_kernel.iter_mut().find(|p| p.0 == *name) {
+                    Some(p) => p.1 += a.end - a.start,
+                    None => by_kernel.push((*name, a.end - a.start)),
+                }
                 graph_kernels += u32::from(*graph);
                 if let Some(g) = reshape_grid {
                     *grids.entry(*g).or_default() += 1;
@@ -624,7 +659,6 @@ fn rank_step(pid: u32, index: u32, c: Cand, host_end: u64, acts: &[Act], counts:
     }
     let tokens = grids.iter().max_by_key(|(g, n)| (**n, **g)).map(|(g, _)| u64::from(*g));
     let start_ns = acts.iter().map(|a| a.start).min().unwrap_or(c.start).min(c.start);
-    merge_by_id(&mut by_kernel);
     RankStep {
         pid,
         device: c.device,
@@ -661,25 +695,46 @@ fn merge_ranks(engine: Option<u32>, mut ranks: Vec<RankStep>) -> GpuStep {
 /// remainders (ties to the earlier member). Members with no tokens at all
 /// share equally.
 pub fn split_by_tokens(total: u64, tokens: &[u64]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(tokens.len());
+    split_many(std::iter::once(total), tokens, &mut out, &mut Vec::new());
+    out
+}
+
+/// [`split_by_tokens`] of each of `totals` over the same `tokens`, appended
+/// to `out` one row of `tokens.len()` after another; `rems` is scratch.
+/// Kernel names split a step's time this way without a vector each.
+pub fn split_many(totals: impl IntoIterator<Item = u64>, tokens: &[u64], out: &mut Vec<u64>, rems: &mut Vec<(u128, usize)>) {
     if tokens.is_empty() {
-        return Vec::new();
+        return;
     }
     let sum: u128 = tokens.iter().map(|&t| u128::from(t)).sum();
-    let weights: Vec<u128> = if sum == 0 { vec![1; tokens.len()] } else { tokens.iter().map(|&t| u128::from(t)).collect() };
-    let sum: u128 = weights.iter().sum();
-    let mut out: Vec<u64> = Vec::with_capacity(weights.len());
-    let mut rems: Vec<(u128, usize)> = Vec::with_capacity(weights.len());
-    for (i, w) in weights.iter().enumerate() {
-        let x = u128::from(total) * w;
-        out.push((x / sum) as u64);
-        rems.push((x % sum, i));
+    // Members with no tokens at all share equally.
+    let weight = |t: u64| if sum == 0 { 1 } else { u128::from(t) };
+    let sum = if sum == 0 { tokens.len() as u128 } else { sum };
+    for total in totals {
+        let row = out.len();
+        rems.clear();
+        for (i, &t) in tokens.iter().enumerate() {
+            let x = u128::from(total) * weight(t);
+            out.push((x / sum) as u64);
+            rems.push((x % sum, i));
+        }
+        let left = total - out[row..].iter().sum::<u64>();
+        match left {
+            0 => {}
+            // The usual case with two members: the largest remainder, the earlier on a tie.
+            1 => {
+                let i = rems.iter().fold((0u128, usize::MAX), |best, &(r, i)| if best.1 == usize::MAX || r > best.0 { (r, i) } else { best }).1;
+                out[row + i] += 1;
+            }
+            _ => {
+                rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                for &(_, i) in rems.iter().take(left as usize) {
+                    out[row + i] += 1;
+                }
+            }
+        }
     }
-    let left = total - out.iter().sum::<u64>();
-    rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for &(_, i) in rems.iter().take(left as usize) {
-        out[i] += 1;
-    }
-    out
 }
 
 /// The engine builds a step's output after the host saw the step end; it may
@@ -1203,15 +1258,20 @@ impl Attribution {
                 }
                 let mut shares = split_by_tokens(g.gpu_ns, &toks);
                 // Each kernel name's time split the same way: per member (and the rest).
-                let kernel_parts: Vec<(u32, Vec<u64>)> = if known.is_empty() { Vec::new() } else { g.by_kernel().into_iter().map(|(name, ns)| (name, split_by_tokens(ns, &toks))).collect() };
+                // Each kernel name's time, split the same way: a row per name
+                // (members, then the set-aside part).
+                let names = if known.is_empty() { Vec::new() } else { g.by_kernel() };
+                let mut parts = Vec::with_capacity(names.len() * toks.len());
+                split_many(names.iter().map(|p| p.1), &toks, &mut parts, &mut Vec::new());
+                let row = toks.len();
                 if rest > 0 && !known.is_empty() {
                     let part = shares.pop().expect("pushed");
-                    let kernels = kernel_parts.iter().map(|(name, parts)| (*name, *parts.last().expect("one per member and the rest"))).collect();
+                    let kernels = names.iter().enumerate().map(|(j, (name, _))| (*name, parts[j * row + row - 1])).collect();
                     self.silent.push_back(Silent { key, end_ns: g.end_ns, gpu_ns: part, kernels });
                 }
                 for (i, ((k, first), ns)) in known.iter().zip(shares).enumerate() {
                     let e = self.eng.get_mut(*k).expect("known");
-                    e.add_kernels(kernel_parts.iter().map(|(name, parts)| (*name, parts[i])));
+                    e.add_kernels(names.iter().enumerate().map(|(j, (name, _))| (*name, parts[j * row + i])));
                     let prefill = *first || e.first_token_ns.is_none_or(|f| o.end_ns < f);
                     e.share.steps += 1;
                     if prefill {
@@ -1252,10 +1312,12 @@ impl Attribution {
                 continue;
             }
             let w: Vec<u64> = who.iter().map(|k| self.eng[*k].prefill_tokens()).collect();
-            let kernel_parts: Vec<(u32, Vec<u64>)> = s.kernels.iter().map(|(name, ns)| (*name, split_by_tokens(*ns, &w))).collect();
+            let mut parts = Vec::with_capacity(s.kernels.len() * w.len());
+            split_many(s.kernels.iter().map(|p| p.1), &w, &mut parts, &mut Vec::new());
+            let row = w.len();
             for (i, (k, ns)) in who.iter().zip(split_by_tokens(s.gpu_ns, &w)).enumerate() {
                 let e = self.eng.get_mut(*k).expect("known");
-                e.add_kernels(kernel_parts.iter().map(|(name, parts)| (*name, parts[i])));
+                e.add_kernels(s.kernels.iter().enumerate().map(|(j, (name, _))| (*name, parts[j * row + i])));
                 e.share.prefill_ns += ns;
                 e.share.steps += 1;
                 e.add_compute(s.gpu_ns, true, ComputeSource::Cupti);
@@ -1326,6 +1388,11 @@ impl Attribution {
             self.ids.retain(|_, k| eng.contains_key(*k));
         }
         self.count("attribution_requests_untaken", n);
+    }
+
+    /// The recording's kernels by name ([`KernelNames::stats`]).
+    pub fn kernel_stats(&self) -> Vec<super::KernelStat> {
+        self.gpu.names.stats()
     }
 
     /// GPU steps decided so far (copies dropped), and output steps' compute.
@@ -1761,6 +1828,14 @@ mod tests {
         assert_eq!(s.iter().sum::<u64>(), 1_000_003);
         // 980 846.62, 1 915.71 ×3, 13 410.00: two leftover ns to the largest remainders.
         assert_eq!(s, vec![980_846, 1_916, 1_916, 1_915, 13_410]);
+        // One leftover ns (the fast path) goes where sorting the remainders puts it.
+        assert_eq!(split_by_tokens(11, &[1, 1]), vec![6, 5]);
+        assert_eq!(split_by_tokens(101, &[1, 3, 3]), vec![15, 43, 43], "14.43, 43.29, 43.29: to the largest remainder");
+        // Several totals over the same tokens: each row as split_by_tokens gives it.
+        let (mut out, mut rems) = (Vec::new(), Vec::new());
+        split_many([1000, 10, 11, 0], &[1, 1, 2], &mut out, &mut rems);
+        let rows: Vec<Vec<u64>> = [1000, 10, 11, 0].iter().map(|&t| split_by_tokens(t, &[1, 1, 2])).collect();
+        assert_eq!(out, rows.concat());
     }
 
     #[test]

@@ -217,34 +217,6 @@ pub struct KernelStat {
     pub gpu_ns: u64,
 }
 
-/// Kernel totals by name. Order-independent (GPU records may reach the
-/// recording a little out of timestamp order), deterministic output.
-/// Looked up once per kernel record, by a mangled name of ~100 bytes:
-/// SipHash there was 2 % of `hopscope trace`'s instructions on a
-/// CUPTI-shaped recording (callgrind, session 17).
-#[derive(Debug, Default)]
-pub struct KernelTotals {
-    by_name: FxMap<String, (u64, u64)>,
-}
-
-impl KernelTotals {
-    pub fn add(&mut self, name: &str, start_ns: u64, end_ns: u64) {
-        let e = match self.by_name.get_mut(name) {
-            Some(e) => e,
-            None => self.by_name.entry(name.to_owned()).or_default(),
-        };
-        e.0 += 1;
-        e.1 += end_ns.saturating_sub(start_ns);
-    }
-
-    /// Most GPU time first; ties by name.
-    pub fn finish(self) -> Vec<KernelStat> {
-        let mut v: Vec<KernelStat> = self.by_name.into_iter().map(|(name, (count, gpu_ns))| KernelStat { name, count, gpu_ns }).collect();
-        v.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
-        v
-    }
-}
-
 /// Nanoseconds to milliseconds.
 pub fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
@@ -443,7 +415,6 @@ pub struct Correlator {
     http_threads: FxMap<u32, u32>,
     first_ns: Option<u64>,
     last_ns: Option<u64>,
-    kernels: KernelTotals,
     gpus: Vec<GpuInfo>,
     /// GPU steps, GPU shares, KV copies and step compute per engine request.
     attribution: gpu::Attribution,
@@ -499,7 +470,6 @@ impl Correlator {
             http_threads: FxMap::default(),
             first_ns: None,
             last_ns: None,
-            kernels: KernelTotals::default(),
             gpus: Vec::new(),
             attribution: gpu::Attribution::new(),
             hints: Vec::new(),
@@ -737,7 +707,6 @@ impl Correlator {
             Record::OffCpu { ts_ns, tid, off_ns, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *off_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::WokenWrite { ts_ns, tid, wake_ns, on_ns, .. } => self.woke.entry(*tid).or_default().woken_write(*ts_ns, *wake_ns, *on_ns),
-            Record::GpuKernel { ts_ns, end_ns, name, .. } => self.kernels.add(name, *ts_ns, *end_ns),
             Record::GpuDevice { pid, device, name, cc_major, cc_minor, sm_count, total_mem_bytes, driver_version, .. } => {
                 match self.gpus.iter_mut().find(|g| g.device == *device && g.name == *name) {
                     Some(g) => {
@@ -963,7 +932,7 @@ impl Correlator {
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.kernels.finish(), gpus: self.gpus, gpu_steps, step_compute }
+        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.attribution.kernel_stats(), gpus: self.gpus, gpu_steps, step_compute }
     }
 
     /// Ends the analysis all at once: every request, in report order, with

@@ -689,6 +689,23 @@ fn gpu_steps_kv_transfer_and_gpu_shares_read_the_same_through_perfettos_schema()
     // The first step: the KV copy beside the two kernels (all within
     // 1.5–2.5 ms), then the ids copy: 1.05 ms of GPU time.
     assert_eq!(ann("gpu_prefill_ms"), vec![1.05, 1.05], "request and prefill slice");
+    // Which kernels its GPU time was (the report's requests[].kernels): all
+    // four steps' kernels are its own, 0.5 ms each.
+    let kernels: Vec<&str> = flat
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(proto::Data::TrackEvent(e)) => Some(e),
+            _ => None,
+        })
+        .flat_map(|e| e.debug_annotations.iter())
+        .filter(|d| d.name.as_deref() == Some("kernels"))
+        .filter_map(|d| d.string_value.as_deref())
+        .collect();
+    assert_eq!(kernels, vec!["gemm 2.000 ms; vllm::reshape_and_cache_flash_kernel 2.000 ms"]);
+    let rep = hopscope::sink::report::build("x.hop", &meta(), &a, None);
+    let k = rep.requests[0].kernels.as_ref().expect("GPU records: a list");
+    assert_eq!(k.iter().map(|k| (k.name.as_str(), k.gpu_ms)).collect::<Vec<_>>(), vec![("gemm", 2.0), ("vllm::reshape_and_cache_flash_kernel", 2.0)]);
 }
 
 /// The batches are what zlib itself (the C library trace processor links;

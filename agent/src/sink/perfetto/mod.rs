@@ -1012,6 +1012,8 @@ pub(crate) struct RequestArgs {
     out: Figures,
     status: Option<String>,
     interference_from: Option<String>,
+    /// The report's `kernels`: `name gpu_ms; …`, when it has any.
+    kernels: Option<String>,
     /// Where `interference_from` was sent: the request slice and its
     /// decode phase name one interned copy (the list is the largest of a
     /// request's values, ~350 bytes on the bench's recordings).
@@ -1026,7 +1028,15 @@ impl RequestArgs {
             push_decimal(&mut t, u64::from(s));
             t
         });
-        RequestArgs { out, status, interference_from, from_sent: writer::Shared::new() }
+        let kernels = r.kernels.as_deref().filter(|k| !k.is_empty()).map(|ks| {
+            let mut t = String::new();
+            for (i, k) in ks.iter().enumerate() {
+                use std::fmt::Write as _;
+                let _ = write!(t, "{}{} {:.3} ms", if i > 0 { "; " } else { "" }, k.name, crate::correlate::ms(k.gpu_ns));
+            }
+            t
+        });
+        RequestArgs { out, status, interference_from, kernels, from_sent: writer::Shared::new() }
     }
 
     /// A phase slice's args, as [`phase_args`] gives them, from the figures
@@ -1104,6 +1114,9 @@ impl RequestArgs {
         }
         if let Some(n) = out.gpu_steps {
             args.push(Arg::u64("gpu_steps", u64::from(n)));
+        }
+        if let Some(k) = &self.kernels {
+            args.push(Arg::str("kernels", k));
         }
         if let Some(e) = r.engine.as_ref().and_then(|e| e.engine_index) {
             args.push(Arg::u64("engine_index", e));

@@ -2016,8 +2016,10 @@ mod tests {
         assert_eq!(list(kb), vec![("gemm".to_owned(), 10 * MS), (RESHAPE.to_owned(), MS)]);
     }
 
-    #[test]
-    fn the_kernels_of_an_output_less_chunk_go_to_the_request_whose_first_token_claims_it() {
+    /// A decodes; C's 400-token prompt is chunked: 100 tokens ride in
+    /// step 0 beside A's decode (101 tokens, only A in the outputs), the
+    /// other 300 in step 1, where C gets its first token.
+    fn chunked_beside_a_decode() -> Vec<Record> {
         let mut recs = vec![add(MS, "A", 10), add(2 * MS, "C", 400)];
         recs.extend(gpu_step(1000, 1_500 * US, MS, 10));
         recs.push(outputs(2_600 * US, &[("A", Some((1_400 * US, 10)))]));
@@ -2025,7 +2027,12 @@ mod tests {
         recs.push(outputs(4 * MS + 100 * US, &[("A", None)]));
         recs.extend(gpu_step(1000, 5 * MS, 3_010_000, 301));
         recs.push(outputs(8 * MS + 100 * US, &[("A", None), ("C", Some((3 * MS, 400)))]));
-        let mut a = attribute_all(&mut recs);
+        recs
+    }
+
+    #[test]
+    fn the_kernels_of_an_output_less_chunk_go_to_the_request_whose_first_token_claims_it() {
+        let mut a = attribute_all(&mut chunked_beside_a_decode());
         let (steps, _) = a.take_steps();
         let kernel_ns: u64 = steps.iter().flat_map(|s| s.by_kernel()).map(|(_, ns)| ns).sum();
         let (_, _, ka) = a.take("A");
@@ -2040,17 +2047,7 @@ mod tests {
 
     #[test]
     fn tokens_no_output_member_accounts_for_wait_for_the_chunked_prefill_they_belong_to() {
-        // A decodes; C's 400-token prompt is chunked: 100 tokens ride in
-        // step 0 beside A's decode (101 tokens, only A in the outputs), the
-        // other 300 in step 1, where C gets its first token.
-        let mut recs = vec![add(MS, "A", 10), add(2 * MS, "C", 400)];
-        recs.extend(gpu_step(1000, 1_500 * US, MS, 10));
-        recs.push(outputs(2_600 * US, &[("A", Some((1_400 * US, 10)))]));
-        recs.extend(gpu_step(1000, 3 * MS, 1_010_000, 101));
-        recs.push(outputs(4 * MS + 100 * US, &[("A", None)]));
-        recs.extend(gpu_step(1000, 5 * MS, 3_010_000, 301));
-        recs.push(outputs(8 * MS + 100 * US, &[("A", None), ("C", Some((3 * MS, 400)))]));
-        let mut a = attribute_all(&mut recs);
+        let mut a = attribute_all(&mut chunked_beside_a_decode());
         let (ga, _, _) = a.take("A");
         let (gc, _, _) = a.take("C");
         // Step 0: A 1/101 of 1.01 ms, C the other 100/101; step 1: A 1/301, C 300/301.

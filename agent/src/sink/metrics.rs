@@ -404,6 +404,25 @@ pub fn serve(listener: TcpListener, metrics: Arc<Mutex<LiveMetrics>>) -> std::io
 mod tests {
     use super::*;
 
+    /// A chat request read on connection `fd` at `at`.
+    fn chat(fd: i32, seq: u32, at: u64, headers: Vec<(String, String)>) -> Record {
+        Record::HttpRequest {
+            conn: ConnKey { tgid: 1, fd, ino: fd as u64 },
+            role: HttpRole::Server,
+            seq,
+            start_ns: at,
+            end_ns: at + 1,
+            tid: 1,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            headers,
+            body_len: 10,
+            stream: Some(true),
+            model: None,
+            ready_ns: None,
+        }
+    }
+
     #[test]
     fn histogram_buckets_are_cumulative_and_count_everything() {
         let mut h = Histogram::new(&[0.1, 1.0]);
@@ -423,21 +442,7 @@ mod tests {
     /// running (a fan-out) adds nothing.
     #[test]
     fn the_time_between_a_chains_hops_is_a_histogram() {
-        let req = |fd: i32, at: u64| Record::HttpRequest {
-            conn: ConnKey { tgid: 1, fd, ino: fd as u64 },
-            role: HttpRole::Server,
-            seq: 0,
-            start_ns: at,
-            end_ns: at + 1,
-            tid: 1,
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers: vec![("x-session-id".into(), "s1".into())],
-            body_len: 10,
-            stream: Some(true),
-            model: None,
-            ready_ns: None,
-        };
+        let req = |fd: i32, at: u64| chat(fd, 0, at, vec![("x-session-id".into(), "s1".into())]);
         let end = |fd: i32, at: u64| Record::HttpResponseEnd { conn: ConnKey { tgid: 1, fd, ino: fd as u64 }, seq: 0, ts_ns: at, body_len: 10 };
         const MS: u64 = 1_000_000;
         let mut m = LiveMetrics::new("x-session-id");
@@ -461,21 +466,7 @@ mod tests {
     fn openmetrics_buckets_carry_the_trace_of_their_latest_request() {
         const MS: u64 = 1_000_000;
         let conn = |fd: i32| ConnKey { tgid: 1, fd, ino: fd as u64 };
-        let req = |fd: i32, at: u64, headers: Vec<(String, String)>| Record::HttpRequest {
-            conn: conn(fd),
-            role: HttpRole::Server,
-            seq: 0,
-            start_ns: at,
-            end_ns: at + 1,
-            tid: 1,
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers,
-            body_len: 10,
-            stream: Some(true),
-            model: None,
-            ready_ns: None,
-        };
+        let req = |fd: i32, at: u64, headers: Vec<(String, String)>| chat(fd, 0, at, headers);
         let chunk = |fd: i32, at: u64| Record::Sse { conn: conn(fd), seq: 0, ts_ns: at, kind: SseKind::Content, id: None, content_bytes: 3, finish_reason: None, usage: None };
         let end = |fd: i32, at: u64| Record::HttpResponseEnd { conn: conn(fd), seq: 0, ts_ns: at, body_len: 10 };
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -536,9 +527,8 @@ mod tests {
         // Every family populated.
         let mut m = LiveMetrics::new("x-session-id");
         let conn = ConnKey { tgid: 1, fd: 5, ino: 5 };
-        let headers = vec![("x-session-id".to_owned(), "s".to_owned())];
         for (fd_seq, at) in [(0u32, 0u64), (1, 2_000_000_000)] {
-            m.observe(&Record::HttpRequest { conn, role: HttpRole::Server, seq: fd_seq, start_ns: at, end_ns: at + 1, tid: 1, method: "POST".into(), path: "/v1/chat/completions".into(), headers: headers.clone(), body_len: 1, stream: Some(true), model: None, ready_ns: None });
+            m.observe(&chat(5, fd_seq, at, vec![("x-session-id".to_owned(), "s".to_owned())]));
             m.observe(&Record::HttpResponse { conn, role: HttpRole::Server, seq: fd_seq, ts_ns: at + 2, tid: 1, status: 200, headers: vec![] });
             for k in 0..2 {
                 m.observe(&Record::Sse { conn, seq: fd_seq, ts_ns: at + 10 + k, kind: SseKind::Content, id: None, content_bytes: 1, finish_reason: None, usage: None });

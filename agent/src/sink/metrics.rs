@@ -58,15 +58,14 @@ impl Histogram {
     }
 
     fn observe(&mut self, v: f64, trace: Option<([u8; 16], u64)>) {
-        for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
-            if v <= *b {
-                *c += 1;
-            }
+        // The smallest bound at or above v; buckets are cumulative from there.
+        let i = self.bounds.iter().position(|b| v <= *b).unwrap_or(self.bounds.len());
+        for c in &mut self.counts[i..] {
+            *c += 1;
         }
         self.sum += v;
         self.count += 1;
         if let Some((trace_id, at_ns)) = trace {
-            let i = self.bounds.iter().position(|b| v <= *b).unwrap_or(self.bounds.len());
             self.exemplars[i] = Some(Exemplar { trace_id, value: v, at_ns });
         }
     }
@@ -190,9 +189,8 @@ impl LiveMetrics {
     pub fn observe(&mut self, rec: &Record) {
         match rec {
             Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, headers, .. } => {
-                let (chain, _) = crate::correlate::chain_key(*conn, headers, &self.chain_header);
-                let traceparent = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("traceparent")).map(|(_, v)| v.as_str());
-                let trace_id = crate::sink::otlp::request_trace_id(traceparent, &chain);
+                let (chain, source) = crate::correlate::chain_key(*conn, headers, &self.chain_header);
+                let trace_id = crate::sink::otlp::request_trace_id(&chain, source);
                 let c = self.hops.entry(chain.clone()).or_default();
                 c.hops += 1;
                 // The client's own time before this hop, when the chain's
@@ -486,7 +484,7 @@ mod tests {
         let om = m.render_as(Format::OpenMetrics);
         let hex = |id: [u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let caller = "4bf92f3577b34da6a3ce929d0e0e4736";
-        let session = hex(crate::sink::otlp::request_trace_id(None, "s1"));
+        let session = hex(crate::sink::otlp::request_trace_id("s1", crate::correlate::ChainSource::Header));
         // TTFT 30 ms falls in le=0.04, with the caller's trace at 1700000000.030 s.
         let want = format!("hopscope_time_to_first_token_seconds_bucket{{le=\"0.04\"}} 1 # {{trace_id=\"{caller}\"}} 0.03 1700000000.030000000");
         assert!(om.lines().any(|l| l == want), "missing {want:?} in\n{om}");

@@ -154,12 +154,10 @@ fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
-/// Trace id and parent span id: the caller's, from a valid `traceparent`.
-fn caller(r: &Request) -> Option<(Vec<u8>, Vec<u8>)> {
-    let tp = r.traceparent.as_deref()?;
-    let id = crate::correlate::trace_id(tp)?;
-    let parent = tp.trim().split('-').nth(2)?;
-    Some((hex_bytes(id)?, hex_bytes(parent)?))
+/// The caller's span, parent of a request whose chain key came from its
+/// valid `traceparent`.
+fn caller_span(r: &Request) -> Option<Vec<u8>> {
+    hex_bytes(r.traceparent.as_deref()?.trim().split('-').nth(2)?)
 }
 
 /// Builds the whole export of an analysis at once (what [`export_streamed`]
@@ -192,21 +190,21 @@ fn chain_span_id(chain: &str) -> Vec<u8> {
 }
 
 /// Trace id of a request without a valid `traceparent`: its chain's.
-fn chain_trace_id(chain: &str) -> Vec<u8> {
-    request_trace_id(None, chain).to_vec()
-}
-
-/// The trace a request's spans go to: the caller's (a valid `traceparent`),
-/// else its chain's (`chain`: the correlator's chain key). `record --metrics`
-/// names it in its exemplars, so a histogram bucket leads to the spans.
-pub fn request_trace_id(traceparent: Option<&str>, chain: &str) -> [u8; 16] {
-    if let Some(id) = traceparent.and_then(crate::correlate::trace_id).and_then(hex_bytes).and_then(|b| <[u8; 16]>::try_from(b).ok()) {
-        return id;
-    }
+fn chain_trace_id(chain: &str) -> [u8; 16] {
     let mut id = [0u8; 16];
     id[..8].copy_from_slice(&fnv(chain.as_bytes(), 1).to_be_bytes());
     id[8..].copy_from_slice(&fnv(chain.as_bytes(), 2).to_be_bytes());
     id
+}
+
+/// The trace a request's spans go to, from its chain key
+/// ([`crate::correlate::chain_key`]): a key taken from a valid `traceparent`
+/// is the caller's trace id, any other key names its chain's trace.
+/// `record --metrics` names it in its exemplars, so a histogram bucket leads
+/// to the spans.
+pub fn request_trace_id(chain: &str, source: ChainSource) -> [u8; 16] {
+    let caller = (source == ChainSource::Traceparent).then(|| hex_bytes(chain).and_then(|b| <[u8; 16]>::try_from(b).ok())).flatten();
+    caller.unwrap_or_else(|| chain_trace_id(chain))
 }
 
 impl ChainSpans {
@@ -251,7 +249,7 @@ impl ChainSpans {
         for (chain, (first, last, hops, hops_ns)) in chains {
             let between = (last - first) as f64 / 1e9 - hops_ns as f64 / 1e9;
             spans.push(Span {
-                trace_id: chain_trace_id(&chain),
+                trace_id: chain_trace_id(&chain).to_vec(),
                 span_id: chain_span_id(&chain),
                 parent_span_id: Vec::new(),
                 name: "chain".into(),
@@ -277,10 +275,12 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     let unix = |mono: u64| (mono as i128 + offset).max(0) as u64;
     let Some(done) = r.done_ns else { return };
     // A session chain's hops are children of its span ([`ChainSpans`]).
-    let (trace_id, parent) = caller(r).unwrap_or_else(|| {
-        let parent = if r.chain_source == ChainSource::Header { chain_span_id(&r.chain) } else { Vec::new() };
-        (chain_trace_id(&r.chain), parent)
-    });
+    let trace_id = request_trace_id(&r.chain, r.chain_source).to_vec();
+    let parent = match r.chain_source {
+        ChainSource::Traceparent => caller_span(r).unwrap_or_default(),
+        ChainSource::Header => chain_span_id(&r.chain),
+        ChainSource::Connection => Vec::new(),
+    };
     let span_id = fnv(format!("{}/{}/{}/{}", r.id, r.conn.tgid, r.conn.ino, r.seq).as_bytes(), 3).to_be_bytes().to_vec();
     let mut attrs = vec![
         s("gen_ai.request.id", &r.id),
@@ -571,7 +571,7 @@ mod tests {
         let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
         let mut checked = 0;
         for r in analysis.requests.iter().filter(|r| r.done_ns.is_some()) {
-            let want = request_trace_id(r.traceparent.as_deref(), &r.chain);
+            let want = request_trace_id(&r.chain, r.chain_source);
             let mine: Vec<&Span> = spans.iter().filter(|s| s.attributes.iter().any(|a| a.key == "gen_ai.request.id" && a.value == Some(AnyValue { value: Some(Value::Str(r.id.clone())) }))).collect();
             assert!(!mine.is_empty(), "{}: no span", r.id);
             for sp in mine {
@@ -580,12 +580,14 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 3, "{checked} requests");
-        // A caller's traceparent: its trace id, whatever the chain key.
-        let tp = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
-        assert_eq!(request_trace_id(Some(tp), "4bf92f3577b34da6a3ce929d0e0e4736"), hex_bytes("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()[..]);
-        // An invalid one (all-zero id) is the chain's, as for the spans.
-        let zero = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
-        assert_eq!(request_trace_id(Some(zero), "s1").to_vec(), chain_trace_id("s1"));
+        // A caller's traceparent (any case): its trace id.
+        let conn = crate::event::ConnKey { tgid: 1, fd: 2, ino: 3 };
+        let key = |tp: &str| crate::correlate::chain_key(conn, &[("traceparent".into(), tp.into()), ("x-session-id".into(), "s1".into())], "x-session-id");
+        let (chain, source) = key("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01");
+        assert_eq!(request_trace_id(&chain, source), hex_bytes("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()[..]);
+        // An invalid one (all-zero id) is the session's, as for the spans.
+        let (chain, source) = key("00-00000000000000000000000000000000-00f067aa0ba902b7-01");
+        assert_eq!(request_trace_id(&chain, source), chain_trace_id("s1"));
     }
 
     /// A collector on a local port: answers each POST with the next status

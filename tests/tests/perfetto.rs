@@ -670,7 +670,7 @@ fn gpu_steps_kv_transfer_and_gpu_shares_read_the_same_through_perfettos_schema()
     // kernel after the previous end copy ×3.
     assert_eq!(s.flows, 6 + 1 + 3 + 4 + 4 + 3, "{}", s.render());
     let flat = check::flatten(&theirs);
-    let ann = |name: &str| -> Vec<f64> {
+    let named = |name: &'static str| {
         flat.packet
             .iter()
             .filter_map(|p| match &p.data {
@@ -678,10 +678,9 @@ fn gpu_steps_kv_transfer_and_gpu_shares_read_the_same_through_perfettos_schema()
                 _ => None,
             })
             .flat_map(|e| e.debug_annotations.iter())
-            .filter(|d| d.name.as_deref() == Some(name))
-            .filter_map(|d| d.double_value)
-            .collect()
+            .filter(move |d| d.name.as_deref() == Some(name))
     };
+    let ann = |name: &'static str| -> Vec<f64> { named(name).filter_map(|d| d.double_value).collect() };
     assert_eq!(ann("kv_transfer_ms"), vec![0.5, 0.5], "half queued, half in the prefill");
     assert_eq!(ann("phases_ms.kv_transfer"), vec![1.0]);
     assert_eq!(ann("phases_ms.queue"), vec![0.5]);
@@ -691,17 +690,7 @@ fn gpu_steps_kv_transfer_and_gpu_shares_read_the_same_through_perfettos_schema()
     assert_eq!(ann("gpu_prefill_ms"), vec![1.05, 1.05], "request and prefill slice");
     // Which kernels its GPU time was (the report's requests[].kernels): all
     // four steps' kernels are its own, 0.5 ms each.
-    let kernels: Vec<&str> = flat
-        .packet
-        .iter()
-        .filter_map(|p| match &p.data {
-            Some(proto::Data::TrackEvent(e)) => Some(e),
-            _ => None,
-        })
-        .flat_map(|e| e.debug_annotations.iter())
-        .filter(|d| d.name.as_deref() == Some("kernels"))
-        .filter_map(|d| d.string_value.as_deref())
-        .collect();
+    let kernels: Vec<&str> = named("kernels").filter_map(|d| d.string_value.as_deref()).collect();
     assert_eq!(kernels, vec!["gemm 2.000 ms; vllm::reshape_and_cache_flash_kernel 2.000 ms"]);
     let rep = hopscope::sink::report::build("x.hop", &meta(), &a, None);
     let k = rep.requests[0].kernels.as_ref().expect("GPU records: a list");

@@ -38,6 +38,9 @@ const USAGE: &str = "cargo xtask bench-injection [--records N (default 1000000)]
 /// streams (tensor-parallel ranks each send their own).
 const RATES: [f64; 2] = [30_000.0, 100_000.0];
 
+/// The library's counters of records it decoded and did not send.
+const LIBRARY_DROPS: [&str; 3] = ["gpu_dropped_queue_full", "gpu_dropped_no_agent", "gpu_dropped_send_error"];
+
 /// CPU time of `pid`'s threads by name (ns, summed per name), from schedstat.
 fn threads_cpu(pid: &str) -> Result<BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
@@ -135,7 +138,8 @@ fn measure(b: &Built, lib: &Path, records: u64, version: u32, scratch: &Path) ->
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut stats: Option<Value> = None;
     let mut init_rc = None;
-    let counter = |rx: &GpuReceiver, name: &str| rx.counters().into_iter().find(|(n, _)| n == name).map_or(0, |(_, v)| v);
+    let counters = |rx: &GpuReceiver| -> BTreeMap<String, u64> { rx.counters().into_iter().collect() };
+    let get = |c: &BTreeMap<String, u64>, name: &str| c.get(name).copied().unwrap_or(0);
     // Until the double says every record reached the library and the
     // library's counters say every decoded record was sent or dropped, and
     // the agent holds every sent one.
@@ -158,10 +162,12 @@ fn measure(b: &Built, lib: &Path, records: u64, version: u32, scratch: &Path) ->
             bail!("InitializeInjection of {} returned {init_rc:?}: run with HOPSCOPE_CUPTI_LOG=1 to see why", lib.display());
         }
         if let Some(s) = &stats {
-            let decoded = counter(&rx, "gpu_records_decoded");
-            let settled = counter(&rx, "gpu_records_sent") + counter(&rx, "gpu_dropped_queue_full") + counter(&rx, "gpu_dropped_no_agent") + counter(&rx, "gpu_dropped_send_error");
+            let c = counters(&rx);
+            let decoded = get(&c, "gpu_records_decoded");
+            let sent = get(&c, "gpu_records_sent");
+            let settled = sent + LIBRARY_DROPS.iter().map(|d| get(&c, d)).sum::<u64>();
             let delivered = s["delivered"].as_u64().unwrap_or(0);
-            if decoded >= delivered && settled >= decoded && rx.records() >= counter(&rx, "gpu_records_sent") {
+            if decoded >= delivered && settled >= decoded && rx.records() >= sent {
                 break;
             }
         }
@@ -187,7 +193,11 @@ fn measure(b: &Built, lib: &Path, records: u64, version: u32, scratch: &Path) ->
     let flush_callbacks = n("complete_cpu_ns") - n("complete_cpu_ns_worker");
     let lib_threads = host.get("hopscope-send").copied().unwrap_or(0) + host.get("hopscope-flush").copied().unwrap_or(0).saturating_sub(flush_callbacks);
     let conn = agent.get("hopscope-gpu-conn").copied().unwrap_or(0);
-    let lost = ["gpu_dropped_queue_full", "gpu_dropped_no_agent", "gpu_dropped_send_error", "gpu_cupti_dropped", "gpu_buffer_pool_exhausted"].iter().map(|c| counter(&rx, c)).sum::<u64>() + n("no_buffer");
+    // Records the library dropped, and those the double had no buffer for
+    // (what CUPTI reports as dropped: `gpu_cupti_dropped` counts the same
+    // records, `gpu_buffer_pool_exhausted` buffers, not records).
+    let c = counters(&rx);
+    let lost = LIBRARY_DROPS.iter().map(|d| get(&c, d)).sum::<u64>() + n("no_buffer");
     Ok(Sample {
         received: rx.records(),
         lost,

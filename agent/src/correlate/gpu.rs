@@ -252,6 +252,11 @@ impl KernelNames {
     pub fn get(&self, id: u32) -> Arc<str> {
         self.names.get(id as usize).cloned().unwrap_or_else(|| Arc::from(OTHER_KERNELS))
     }
+
+    /// [`KernelNames::get`], borrowed.
+    fn name(&self, id: u32) -> &str {
+        self.names.get(id as usize).map_or(OTHER_KERNELS, |n| n)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -724,7 +729,7 @@ pub fn split_many(totals: impl IntoIterator<Item = u64>, tokens: &[u64], out: &m
             0 => {}
             // The usual case with two members: the largest remainder, the earlier on a tie.
             1 => {
-                let i = rems.iter().fold((0u128, usize::MAX), |best, &(r, i)| if best.1 == usize::MAX || r > best.0 { (r, i) } else { best }).1;
+                let (_, i) = rems.iter().max_by_key(|&&(r, i)| (r, std::cmp::Reverse(i))).expect("tokens is not empty");
                 out[row + i] += 1;
             }
             _ => {
@@ -1257,7 +1262,6 @@ impl Attribution {
                     toks.push(rest);
                 }
                 let mut shares = split_by_tokens(g.gpu_ns, &toks);
-                // Each kernel name's time split the same way: per member (and the rest).
                 // Each kernel name's time, split the same way: a row per name
                 // (members, then the set-aside part).
                 let names = if known.is_empty() { Vec::new() } else { g.by_kernel() };
@@ -1370,7 +1374,7 @@ impl Attribution {
         let kernels = self.gpu_seen.then(|| {
             let mut v: Vec<(u32, u64)> = e.kernels.into_iter().collect();
             // Most time first; ties by name, so the list is the same every run.
-            v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| self.gpu.names.get(a.0).cmp(&self.gpu.names.get(b.0))));
+            v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| self.gpu.names.name(a.0).cmp(self.gpu.names.name(b.0))));
             v.truncate(KERNELS_PER_REQUEST);
             v.into_iter().map(|(id, gpu_ns)| KernelShare { name: self.gpu.names.get(id), gpu_ns }).collect()
         });

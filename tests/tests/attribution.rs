@@ -56,6 +56,13 @@ fn ns(v: &Value, k: &str) -> i64 {
     v[k].as_i64().unwrap_or_else(|| panic!("truth field {k} missing in {v}"))
 }
 
+/// How far `got` (ms) lies outside the truth's bracket `[lo, hi]` (ms), and
+/// the tolerance it is held to: max(1 ms, 3 % of the truth).
+fn miss(got: f64, lo: f64, hi: f64) -> (f64, f64) {
+    let err = if got < lo { lo - got } else { (got - hi).max(0.0) };
+    (err, (lo.abs() * 0.03).max(1.0))
+}
+
 /// Checks every streamed request against the truth; returns the worst error (ms).
 fn check_phases(run: &Run) -> f64 {
     let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
@@ -108,8 +115,7 @@ fn check_phases(run: &Run) -> f64 {
             let got = p[phase].as_f64().unwrap_or_else(|| panic!("{id}: phase {phase} is null"));
             let (lo, hi) = (lo as f64 / 1e6, hi as f64 / 1e6);
             assert!(lo <= hi, "{id}: {phase}: truth marks out of order");
-            let err = if got < lo { lo - got } else { (got - hi).max(0.0) };
-            let tol = (lo.abs() * 0.03).max(1.0);
+            let (err, tol) = miss(got, lo, hi);
             assert!(err <= tol, "{id}: {phase} {got:.3} ms vs truth [{lo:.3}, {hi:.3}] ms (tolerance {tol:.3}; submit from {source})");
             worst = worst.max(err);
             if hi > lo {
@@ -363,8 +369,8 @@ fn without_the_ipc_sse_write_clusters_count_each_requests_steps() {
         let (first_sse, done) = ((ns(h, "first_sse_write_ns"), ns(h, "first_sse_sent_ns")), (ns(h, "done_ns"), ns(h, "done_sent_ns")));
         let (lo, hi) = ((done.0 - first_sse.1) as f64 / 1e6, (done.1 - first_sse.0) as f64 / 1e6);
         let got = r["phases_ms"]["decode"].as_f64().unwrap_or_else(|| panic!("{id}: decode is null without the IPC"));
-        let err = if got < lo { lo - got } else { (got - hi).max(0.0) };
-        assert!(err <= (lo * 0.03).max(1.0), "{id}: decode {got:.3} ms vs truth [{lo:.3}, {hi:.3}] ms without the IPC");
+        let (err, tol) = miss(got, lo, hi);
+        assert!(err <= tol, "{id}: decode {got:.3} ms vs truth [{lo:.3}, {hi:.3}] ms without the IPC");
         worst_decode = worst_decode.max(err);
         let eid = h["engine_request_ids"][0].as_str().unwrap();
         let want = truth_steps[eid];

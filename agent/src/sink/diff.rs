@@ -219,8 +219,45 @@ pub struct Aggregate {
     pub preemptions: Delta,
     pub interference_ms: Delta,
     pub gpu_ms: GpuDeltas,
+    /// The kernels behind these requests' GPU time (added 2026-12-04): null
+    /// unless some pair has kernel lists on both sides.
+    pub kernels: Option<RequestKernels>,
     pub explain: Explain,
 }
+
+/// GPU time per normalised kernel name, mean per request over a set of
+/// pairs, from each request's kernel list (the report's `requests[].kernels`:
+/// its top [`KERNELS_PER_REQUEST`](crate::correlate::gpu::KERNELS_PER_REQUEST)
+/// kernels, so a kernel below a request's top counts 0 for it).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestKernels {
+    /// Pairs whose two requests have kernel lists (the means' divisor).
+    pub requests: usize,
+    /// Mean per request of the listed kernels' GPU time.
+    pub before_gpu_ms: f64,
+    pub after_gpu_ms: f64,
+    pub delta_gpu_ms: f64,
+    /// Biggest |delta_gpu_ms| first (then name), at most [`AGG_KERNELS`].
+    pub rows: Vec<RequestKernelRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestKernelRow {
+    /// [`normalize_kernel_name`].
+    pub name: String,
+    pub before_gpu_ms: f64,
+    pub after_gpu_ms: f64,
+    pub delta_gpu_ms: f64,
+    /// `changed`, `new` (in no BEFORE request's list), `gone` (in no AFTER
+    /// request's list) or `same`.
+    pub status: &'static str,
+}
+
+/// How many kernels an aggregate's `kernels.rows` lists.
+pub const AGG_KERNELS: usize = 8;
+
+/// How many of a hop's kernel changes the text names.
+const TEXT_HOP_KERNELS: usize = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Unmatched {
@@ -352,6 +389,9 @@ pub struct Side {
     /// Explicit chains in the report's order, each its requests in hop order.
     chains: Vec<SideChain>,
     kernels: Vec<KernelOut>,
+    /// Normalised kernel names ([`normalize_kernel_name`]) the requests'
+    /// kernel lists index, each once.
+    kernel_names: Vec<Box<str>>,
 }
 
 #[derive(Debug)]
@@ -364,6 +404,11 @@ struct Req {
     request_bytes: u64,
     arrive_ns: u64,
     view: Packed,
+    /// The report's `kernels` of the request (its top
+    /// [`KERNELS_PER_REQUEST`](crate::correlate::gpu::KERNELS_PER_REQUEST)),
+    /// merged by normalised name: (index into `Side::kernel_names`, GPU ms).
+    /// None without GPU records.
+    kernels: Option<Box<[(u32, f64)]>>,
 }
 
 #[derive(Debug)]
@@ -395,6 +440,10 @@ struct SideBuilder {
     chain_ix: HashMap<Box<str>, u32>,
     chains: Vec<ChainAcc>,
     key: String,
+    /// Raw kernel name → index into `kernel_names` (normalised once per name).
+    raw_kernel_ix: HashMap<Box<str>, u32>,
+    kernel_ix: HashMap<Box<str>, u32>,
+    kernel_names: Vec<Box<str>>,
 }
 
 /// The order of [`ChainSource`](crate::correlate::ChainSource)'s variants,
@@ -444,6 +493,17 @@ impl SideBuilder {
             }
             c.hops_e2e_ms = c.hops_e2e_ms.zip(q.e2e_ms).map(|(t, e)| t + e);
         }
+        let kernels = q.kernels.as_ref().map(|ks| {
+            let mut v: Vec<(u32, f64)> = Vec::with_capacity(ks.len());
+            for k in ks {
+                let n = self.kernel(&k.name);
+                match v.iter_mut().find(|(i, _)| *i == n) {
+                    Some(e) => e.1 += k.gpu_ms,
+                    None => v.push((n, k.gpu_ms)),
+                }
+            }
+            v.into_boxed_slice()
+        });
         self.reqs.push(Req {
             id: q.id.as_str().into(),
             route,
@@ -452,7 +512,27 @@ impl SideBuilder {
             request_bytes: q.request_bytes,
             arrive_ns: q.arrive_ns,
             view: Packed::of(&view(q)),
+            kernels,
         });
+    }
+
+    /// The index of raw kernel name `raw`'s normalised name.
+    fn kernel(&mut self, raw: &str) -> u32 {
+        if let Some(&i) = self.raw_kernel_ix.get(raw) {
+            return i;
+        }
+        let norm = normalize_kernel_name(raw);
+        let i = match self.kernel_ix.get(norm.as_str()) {
+            Some(&i) => i,
+            None => {
+                let i = self.kernel_names.len() as u32;
+                self.kernel_names.push(norm.as_str().into());
+                self.kernel_ix.insert(norm.into(), i);
+                i
+            }
+        };
+        self.raw_kernel_ix.insert(raw.into(), i);
+        i
     }
 
     /// The chains in the report's order (first hop's arrival, then name and
@@ -484,6 +564,7 @@ impl SideBuilder {
             reqs: self.reqs,
             chains,
             kernels,
+            kernel_names: self.kernel_names,
         }
     }
 }
@@ -1005,7 +1086,7 @@ fn stats(items: impl Iterator<Item = Delta>) -> Stats {
 }
 
 /// The aggregate of `pairs` (a pass over them per figure: they are made, not held).
-fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I) -> Aggregate {
+fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kernels: Option<RequestKernels>) -> Aggregate {
     let phases = PhaseDeltas::from_array(std::array::from_fn(|i| mean_delta(pairs.clone().map(|p| p.phases_ms.as_array()[i]))));
     let splits: Vec<DecodeSplit> = pairs.clone().filter_map(|p| p.decode_split_ms).collect();
     let decode_split_ms = (!splits.is_empty()).then(|| {
@@ -1042,7 +1123,50 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I) -> Ag
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
             kv_transfer: mean_delta(pairs.map(|p| p.gpu_ms.kv_transfer)),
         },
+        kernels,
     }
+}
+
+/// The kernels of `pairs` (matches of BEFORE `b` and AFTER `a`), mean per
+/// request over the pairs whose two requests have kernel lists.
+fn request_kernels<'m>(pairs: impl Iterator<Item = &'m Match>, b: &Side, a: &Side) -> Option<RequestKernels> {
+    // Per name: GPU ms on each side, and whether any request of the side lists it.
+    // A BTreeMap: the sums are added in one order, whatever the process.
+    let mut acc: BTreeMap<&str, ([f64; 2], [bool; 2])> = BTreeMap::new();
+    let mut n = 0usize;
+    for m in pairs {
+        let (Some(kb), Some(ka)) = (&b.reqs[m.b as usize].kernels, &a.reqs[m.a as usize].kernels) else { continue };
+        n += 1;
+        for (k, side, list) in [(0, b, kb), (1, a, ka)] {
+            for &(i, gpu_ms) in list.iter() {
+                let e = acc.entry(&side.kernel_names[i as usize]).or_default();
+                e.0[k] += gpu_ms;
+                e.1[k] = true;
+            }
+        }
+    }
+    if n == 0 {
+        return None;
+    }
+    let per = |x: f64| x / n as f64;
+    let (tb, ta) = acc.values().fold((0.0, 0.0), |(tb, ta), (ms, _)| (tb + ms[0], ta + ms[1]));
+    let mut rows: Vec<RequestKernelRow> = acc
+        .into_iter()
+        .map(|(name, (ms, seen))| {
+            let (before_gpu_ms, after_gpu_ms) = (per(ms[0]), per(ms[1]));
+            let delta_gpu_ms = after_gpu_ms - before_gpu_ms;
+            let status = match seen {
+                [false, _] => "new",
+                [_, false] => "gone",
+                _ if delta_gpu_ms == 0.0 => "same",
+                _ => "changed",
+            };
+            RequestKernelRow { name: name.to_owned(), before_gpu_ms, after_gpu_ms, delta_gpu_ms, status }
+        })
+        .collect();
+    rows.sort_by(|x, y| y.delta_gpu_ms.abs().total_cmp(&x.delta_gpu_ms.abs()).then_with(|| x.name.cmp(&y.name)));
+    rows.truncate(AGG_KERNELS);
+    Some(RequestKernels { requests: n, before_gpu_ms: per(tb), after_gpu_ms: per(ta), delta_gpu_ms: per(ta) - per(tb), rows })
 }
 
 // ---------------------------------------------------------------- matching
@@ -1259,14 +1383,15 @@ pub struct Compared<'s> {
 pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
     let (matches, misses, matching) = match_requests(before, after);
     let fig = |m: &Match| match_figs(m, before, after);
-    let overall = aggregate(None, matches.iter().map(fig).filter(|x| x.generation));
+    let generation = |m: &&Match| before.reqs[m.b as usize].view.generation && after.reqs[m.a as usize].view.generation;
+    let overall = aggregate(None, matches.iter().map(fig).filter(|x| x.generation), request_kernels(matches.iter().filter(generation), before, after));
     let mut by_hop: BTreeMap<u32, Vec<Match>> = BTreeMap::new();
     for m in &matches {
-        if let Some((_, hop)) = m.chain.filter(|_| before.reqs[m.b as usize].view.generation && after.reqs[m.a as usize].view.generation) {
+        if let Some((_, hop)) = m.chain.filter(|_| generation(&m)) {
             by_hop.entry(hop).or_default().push(*m);
         }
     }
-    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig))).collect();
+    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig), request_kernels(v.iter(), before, after))).collect();
     let kernels = compare_kernels(&before.kernels, &after.kernels);
     let headline = headline(&overall, &hops, &matching, [misses[0].len(), misses[1].len()], kernels.as_ref());
     let chains = compare_chains(before, after);
@@ -1919,6 +2044,25 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
         }
     }
 
+    let hop_kernels: Vec<(u32, &RequestKernels)> = d.hops.iter().filter_map(|h| Some((h.hop?, h.kernels.as_ref()?))).collect();
+    if !hop_kernels.is_empty() {
+        let _ = writeln!(s, "\nper hop GPU kernels (means per request of each request's top {} kernels, normalised names)", crate::correlate::gpu::KERNELS_PER_REQUEST);
+        let _ = writeln!(s, "  {:>3} {:>3} {:>9} {:>9} {:>9}  biggest changes (ms)", "hop", "n", "gpu_bef", "gpu_aft", "Δgpu");
+        for (hop, k) in hop_kernels {
+            let moved: Vec<String> = k.rows.iter().filter(|r| r.delta_gpu_ms.abs() >= NOISE_MS).take(TEXT_HOP_KERNELS).map(|r| format!("{} {:+.3}", trunc(&r.name, 48), r.delta_gpu_ms)).collect();
+            let _ = writeln!(
+                s,
+                "  {:>3} {:>3} {:>9.3} {:>9.3} {:>+9.3}  {}",
+                hop,
+                k.requests,
+                k.before_gpu_ms,
+                k.after_gpu_ms,
+                k.delta_gpu_ms,
+                if moved.is_empty() { format!("none moved {NOISE_MS} ms or more") } else { moved.join(", ") }
+            );
+        }
+    }
+
     if gen > 0 {
         let note = if gen > TEXT_PAIRS {
             format!(", the {TEXT_PAIRS} biggest |ΔE2E| of {gen}")
@@ -2374,6 +2518,7 @@ mod tests {
         }
         assert_eq!(v["schema"], 1);
         assert!(v["kernels"].is_null());
+        assert!(v["overall"]["kernels"].is_null() && v["hops"].as_array().unwrap().iter().all(|h| h["kernels"].is_null()), "{}", v["hops"]);
         assert_eq!(v["hops"][1]["explain"]["ttft"]["dominant_phase"], "prefill");
         assert_eq!(v["pairs"][1]["tokens"]["cached"]["delta"], -700);
         assert!(v["pairs"][0]["phases_ms"]["kv_transfer"]["delta"].is_null());
@@ -2491,6 +2636,73 @@ mod tests {
         let t = render_text(&d);
         assert!(t.contains("GPU kernels (normalised names)") && t.contains("triton_poi_fused_add"), "{t}");
         assert!(d.headline.contains("GPU +2.00 ms, most in triton_poi_fused_add"), "{}", d.headline);
+    }
+
+    /// A request's kernel list: (raw name, GPU ms).
+    fn with_kernels(mut r: Request, ks: &[(&str, f64)]) -> Request {
+        r.kernels = Some(ks.iter().map(|&(name, ms)| crate::correlate::gpu::KernelShare { name: name.into(), gpu_ns: (ms * MS as f64) as u64 }).collect());
+        r
+    }
+
+    /// Two chains a side, hop 2 slower on the GPU in AFTER: its flash
+    /// attention (two template variants in one request, merged) took 3 ms
+    /// more and an add kernel is gone; hop 3 gained a GEMM. The hops say
+    /// which kernels moved, per request, and those that did not stay quiet.
+    fn kernels_moved() -> (Side, Side) {
+        let side = |after: bool| {
+            let mut reqs = Vec::new();
+            for c in 0..2u64 {
+                for (h, mut r) in chain(&format!("s-{after}-{c}"), c * 5000 * MS, |_| BASE).into_iter().enumerate() {
+                    let hop = h + 1;
+                    let ks: Vec<(&str, f64)> = match (after, hop) {
+                        (false, 2) => vec![("void flash_fwd_kernel<Traits<128, 64>, true>(Flash_fwd_params)", 2.0), ("triton_poi_fused_add_0", 1.0)],
+                        (true, 2) => vec![("void flash_fwd_kernel<Traits<128, 64>, true>(Flash_fwd_params)", 3.0), ("void flash_fwd_kernel<Traits<64, 64>, true>(Flash_fwd_params)", 2.0)],
+                        (true, 3) => vec![("void flash_fwd_kernel<Traits<128, 64>, true>(Flash_fwd_params)", 2.0), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas", 0.5)],
+                        _ => vec![("void flash_fwd_kernel<Traits<128, 64>, true>(Flash_fwd_params)", 2.0)],
+                    };
+                    // The second chain's last hop has no kernel list in AFTER (no GPU records for it).
+                    r = if after && c == 1 && hop == 3 { r } else { with_kernels(r, &ks) };
+                    reqs.push(r);
+                }
+            }
+            Side::of_report(&rep(if after { "a" } else { "b" }, &analysis(reqs)))
+        };
+        (side(false), side(true))
+    }
+
+    #[test]
+    fn each_hop_names_the_kernels_whose_gpu_time_per_request_moved() {
+        let (b, a) = kernels_moved();
+        let d = compare_sides(&b, &a).into_diff();
+        assert_eq!(d.hops.len(), 3);
+        let hk = |h: usize| d.hops[h].kernels.as_ref().unwrap();
+        let row = |h: usize, name: &str| hk(h).rows.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("{name} not in hop {}: {:?}", h + 1, hk(h).rows)).clone();
+        // Hop 1: nothing moved.
+        assert_eq!(hk(0).requests, 2);
+        assert!(hk(0).rows.iter().all(|r| r.status == "same" && r.delta_gpu_ms == 0.0), "{:?}", hk(0).rows);
+        // Hop 2: the two variants are one row, +3 ms per request; the add is gone.
+        let flash = row(1, "flash_fwd_kernel");
+        assert!(close(flash.before_gpu_ms, 2.0) && close(flash.after_gpu_ms, 5.0) && flash.status == "changed", "{flash:?}");
+        assert_eq!(hk(1).rows[0].name, "flash_fwd_kernel", "biggest change first: {:?}", hk(1).rows);
+        let add = row(1, "triton_poi_fused_add");
+        assert!(close(add.delta_gpu_ms, -1.0) && add.status == "gone", "{add:?}");
+        assert!(close(hk(1).before_gpu_ms, 3.0) && close(hk(1).after_gpu_ms, 5.0) && close(hk(1).delta_gpu_ms, 2.0), "{:?}", hk(1));
+        // Hop 3: only the pair whose two requests list kernels counts.
+        assert_eq!(hk(2).requests, 1);
+        let gemm = row(2, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_cublas");
+        assert!(close(gemm.after_gpu_ms, 0.5) && gemm.status == "new", "{gemm:?}");
+        // Overall: every inference pair with lists on both sides.
+        let o = d.overall.kernels.as_ref().unwrap();
+        assert_eq!(o.requests, 5);
+        assert!(close(o.delta_gpu_ms, (2.0 * 2.0 + 0.5) / 5.0), "{o:?}");
+        let t = render_text(&d);
+        assert!(t.contains("per hop GPU kernels"), "{t}");
+        let hop_line = |hop: &str| t.lines().skip_while(|l| !l.starts_with("per hop GPU kernels")).find(|l| l.trim_start().starts_with(hop)).unwrap_or_else(|| panic!("{t}"));
+        let hop2 = hop_line("2 ");
+        assert!(hop2.contains("flash_fwd_kernel +3.000, triton_poi_fused_add -1.000"), "{hop2}");
+        let hop1 = hop_line("1 ");
+        assert!(hop1.contains("none moved"), "{hop1}");
+        assert_streamed_equals_whole(&b, &a);
     }
 
     /// What `hopscope diff` writes, pair by pair, against the whole diff

@@ -50,6 +50,13 @@ const volatile __u32 capture_len_unix = HS_CAPTURE_UNIX_DEFAULT; /* the same on 
 const volatile __u32 capture_tail_unix = HS_TAIL_UNIX_DEFAULT;   /* last bytes of a longer unix transfer */
 const volatile __u64 min_offcpu_ns = 1000000;  /* shorter off-CPU intervals are only counted */
 const volatile __u64 wakeup_bytes = 262144;    /* force a consumer wake-up past this backlog */
+/* The agent's pid namespace (the inode number of /proc/self/ns/pid), 0 when
+ * it is the initial one. Then every tgid and tid the programs compare or emit
+ * is the task's pid in that namespace, the pids of the agent's /proc, of its
+ * children and of `--pid` (a sidecar sharing the server pod's process
+ * namespace), and a task outside it is never traced. 0: the kernel's global
+ * pids, untranslated; the verifier drops the other branch. */
+const volatile __u32 pidns_ino = 0;
 
 /* ---- maps ---- */
 
@@ -270,9 +277,82 @@ static __always_inline void targets_changed(void)
 		__sync_fetch_and_add(g, 1);
 }
 
+/* How deep below the initial pid namespace the agent's may be. */
+#define HS_MAX_PIDNS_LEVEL 8
+
+/* The agent's pid namespace as found in the first task seen in it: its
+ * address and level. It lives as long as the agent (which is in it), so the
+ * address stays its own. Then a task's number there costs one read: a task
+ * below that level is outside it (the host's tasks, another pod's). */
+__u64 pidns_addr = 0;
+__u32 pidns_level = 0;
+
+/* `p`'s number in the agent's pid namespace (`pidns_ino`), 0 when it has
+ * none there (a task of the host or of another pod). */
+static __always_inline __u32 ns_nr(struct pid *p)
+{
+	__u64 numbers = bpf_core_field_offset(struct pid, numbers);
+	__u64 addr = *(volatile __u64 *)&pidns_addr;
+	struct upid u;
+	__u32 level;
+
+	if (!p)
+		return 0;
+	level = p->level;
+	if (addr) {
+		__u32 l = *(volatile __u32 *)&pidns_level;
+
+		if (l > level || l >= HS_MAX_PIDNS_LEVEL)
+			return 0;
+		if (bpf_probe_read_kernel(&u, sizeof(u), (void *)p + numbers + l * sizeof(struct upid)) != 0)
+			return 0;
+		return (__u64)u.ns == addr ? u.nr : 0;
+	}
+	for (__u32 i = 0; i < HS_MAX_PIDNS_LEVEL; i++) {
+		if (i > level)
+			break;
+		if (bpf_probe_read_kernel(&u, sizeof(u), (void *)p + numbers + i * sizeof(struct upid)) != 0)
+			return 0;
+		if (BPF_CORE_READ(u.ns, ns.inum) == pidns_ino) {
+			pidns_level = i;
+			*(volatile __u64 *)&pidns_addr = (__u64)u.ns;
+			return u.nr;
+		}
+	}
+	return 0;
+}
+
+/* A task's tgid and tid as the agent sees them (see `pidns_ino`). `t` is a
+ * trusted BTF pointer (a tp_btf argument, bpf_get_current_task_btf()): its
+ * fields are plain fault-safe loads, as the untranslated path always was. */
+static __always_inline __u32 task_tgid(struct task_struct *t)
+{
+	if (!pidns_ino)
+		return t->tgid;
+	return ns_nr(t->group_leader->thread_pid);
+}
+
+static __always_inline __u32 task_tid(struct task_struct *t)
+{
+	if (!pidns_ino)
+		return t->pid;
+	return ns_nr(t->thread_pid);
+}
+
+/* bpf_get_current_pid_tgid() as the agent sees it: tgid << 32 | tid. */
+static __always_inline __u64 current_pid_tgid(void)
+{
+	struct task_struct *t;
+
+	if (!pidns_ino)
+		return bpf_get_current_pid_tgid();
+	t = (struct task_struct *)bpf_get_current_task_btf();
+	return ((__u64)task_tgid(t) << 32) | task_tid(t);
+}
+
 static __always_inline int current_is_target(void)
 {
-	return is_target(bpf_get_current_pid_tgid() >> 32);
+	return is_target(current_pid_tgid() >> 32);
 }
 
 /* Ring buffer output with the design's wake-up policy: wake the consumer only
@@ -306,7 +386,7 @@ static __always_inline void emit(void *rec, __u64 size)
 
 static __always_inline void fill_hdr(struct hs_hdr *h, __u64 ts, __u32 size, __u8 kind)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_pid_tgid();
 	h->ts_ns = ts;
 	h->tgid = id >> 32;
 	h->tid = (__u32)id;
@@ -823,45 +903,51 @@ static __always_inline void emit_proc(struct task_struct *subject, __u32 tgid, _
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(sched_process_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 ptgid = parent->tgid;
-	__u32 ctgid = child->tgid;
+	__u32 ptgid, ctgid;
 	__u8 one = 1;
 
 	/* A new thread is not a new process: its tgid is already traced. */
-	if ((__u32)child->pid != ctgid)
+	if (child->pid != child->tgid)
 		return 0;
+	ptgid = task_tgid(parent);
 	if (!is_target(ptgid))
+		return 0;
+	ctgid = task_tgid(child);
+	/* Forked into a pid namespace below the agent's without a number in
+	 * it cannot happen (a child's namespace descends from its parent's);
+	 * 0 would be "nobody", never a target. */
+	if (ctgid == 0)
 		return 0;
 	if (bpf_map_update_elem(&targets, &ctgid, &one, BPF_ANY) != 0)
 		stat_add(HS_STAT_TARGETS_FULL, 1);
 	targets_changed();
-	emit_proc(child, ptgid, parent->pid, ctgid, HS_PROC_FORK, 0);
+	emit_proc(child, ptgid, task_tid(parent), ctgid, HS_PROC_FORK, 0);
 	return 0;
 }
 
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(sched_process_exec, struct task_struct *p)
 {
-	__u32 tgid = p->tgid;
+	__u32 tgid = task_tgid(p);
 
 	if (!is_target(tgid))
 		return 0;
-	emit_proc(p, tgid, p->pid, tgid, HS_PROC_EXEC, 0);
+	emit_proc(p, tgid, task_tid(p), tgid, HS_PROC_EXEC, 0);
 	return 0;
 }
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(sched_process_exit, struct task_struct *p)
 {
-	__u32 tgid = p->tgid;
-	__u32 pid = p->pid;
+	__u32 tgid;
 
+	/* The thread's `inflight` and `offcpu` slots go with its task. */
+	if (p->pid != p->tgid)
+		return 0;
+	tgid = task_tgid(p);
 	if (!is_target(tgid))
 		return 0;
-	/* The thread's `inflight` and `offcpu` slots go with its task. */
-	if (pid != tgid)
-		return 0;
-	emit_proc(p, tgid, pid, tgid, HS_PROC_EXIT, p->exit_code);
+	emit_proc(p, tgid, tgid, tgid, HS_PROC_EXIT, p->exit_code);
 	bpf_map_delete_elem(&targets, &tgid);
 	targets_changed();
 	return 0;
@@ -873,8 +959,8 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u32 prev_tgid = prev->tgid;
-	__u32 next_tgid = next->tgid;
+	__u32 prev_tgid = task_tgid(prev);
+	__u32 next_tgid = task_tgid(next);
 	__u64 now;
 
 	if (!is_target(prev_tgid)) {
@@ -896,7 +982,7 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 			return 0;
 	}
 
-	__u32 next_pid = next->pid;
+	__u32 next_pid = task_tid(next);
 	struct offcpu *o = bpf_task_storage_get(&offcpu, next, 0, 0);
 	if (!o || o->off_ns == 0)
 		return 0;
@@ -940,7 +1026,7 @@ static __always_inline void note_wakeup(struct task_struct *p)
 {
 	struct offcpu *o;
 
-	if (!is_target(p->tgid))
+	if (!is_target(task_tgid(p)))
 		return;
 	o = bpf_task_storage_get(&offcpu, p, 0, 0);
 	if (!o) {

@@ -34,6 +34,26 @@ struct files_struct {
 	struct fdtable *fdt;
 };
 
+struct ns_common {
+	unsigned int inum;
+};
+
+struct pid_namespace {
+	struct ns_common ns;
+};
+
+/* A task's pid in one namespace. Not relocated by index: the programs step
+ * through `pid.numbers` with this size (stable: an int and a pointer). */
+struct upid {
+	int nr;
+	struct pid_namespace *ns;
+};
+
+struct pid {
+	unsigned int level;
+	struct upid numbers[1]; /* level + 1 entries, the initial namespace first */
+};
+
 struct task_struct {
 	unsigned int __state; /* Linux 5.14+ (README: 5.15) */
 	int pid;
@@ -41,6 +61,8 @@ struct task_struct {
 	int exit_code;
 	char comm[16];
 	struct files_struct *files;
+	struct task_struct *group_leader;
+	struct pid *thread_pid;
 };
 
 struct in6_addr {

@@ -97,6 +97,15 @@ pub fn run(load: bool) -> Vec<Check> {
     } else {
         check("privileges", Level::Fail, "run as root or grant CAP_BPF,CAP_PERFMON")
     });
+    out.push(match ebpf::agent_pidns() {
+        Ok(0) => check("pid namespace", Level::Ok, "the host's: processes are traced by their global pids"),
+        Ok(ino) => check(
+            "pid namespace",
+            Level::Ok,
+            format!("a container's (pid:[{ino}]): processes are traced by their pids in it, those outside it cannot be; NVML's per-process GPU memory names host pids and needs hostPID (docs/deploy.md)"),
+        ),
+        Err(e) => check("pid namespace", Level::Warn, format!("{e}: the eBPF programs cannot tell which pids this agent sees")),
+    });
     out.push(if hopscope_ebpf::PROGRAM_IS_PLACEHOLDER {
         check("ebpf build", Level::Fail, format!("built without clang-19: {}", hopscope_ebpf::PLACEHOLDER_REASON))
     } else {

@@ -116,7 +116,7 @@ fn doctor_loads_the_programs_and_says_what_is_there() {
     let out = hopscope(&["doctor"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for check in ["kernel", "btf", "tracefs", "wire arrival", "wire departure", "privileges", "ebpf build", "ebpf load"] {
+    for check in ["kernel", "btf", "tracefs", "wire arrival", "wire departure", "privileges", "pid namespace", "ebpf build", "ebpf load"] {
         let line = text.lines().find(|l| l[6..].starts_with(check)).unwrap_or_else(|| panic!("no {check} line in\n{text}"));
         assert!(line.starts_with("ok"), "{line}");
     }

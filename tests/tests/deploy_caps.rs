@@ -93,3 +93,114 @@ fn the_documented_capability_sets_record_and_fewer_fail_in_one_line() {
     let _ = srv.wait();
     eprintln!("capability sets: {}", results.join("; "));
 }
+
+/// A sidecar sharing the server's pid namespace (a pod with
+/// `shareProcessNamespace`), not the host's: `hopscope run` inside a new pid
+/// namespace (util-linux `unshare --pid --mount-proc`) knows its child by its
+/// namespace pid, and the programs must see every task by that pid too — the
+/// syscalls of the shell it runs, the server that shell forks (the fork
+/// program follows it by its namespace tgid) and its context switches. With
+/// global pids nothing would match and the recording would hold nothing.
+#[test]
+fn a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids() {
+    let test = "a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids";
+    let Some(_serial) = privileged(test) else { return };
+    if !Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("\n!!!!! SKIPPED {test}: util-linux unshare not installed: this is NOT a pass !!!!!\n");
+        return;
+    }
+    let dir = scratch("pidns");
+    std::fs::write(dir.join("index.html"), "hello\n").unwrap();
+    let (hop, stop, srv_pid) = (dir.join("ns.hop"), dir.join("stop"), dir.join("srv.pid"));
+    let stop_arg = stop.display().to_string();
+    let port = free_port();
+    // The server runs until the test creates `stop`; then `run` sees its child exit and writes the recording.
+    let server = format!(
+        "cd '{d}' && '{py}' -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & s=$!; echo $s > '{pid}'; while [ ! -e '{stop}' ]; do sleep 0.1; done; kill $s; wait",
+        d = dir.display(),
+        py = python().display(),
+        pid = srv_pid.display(),
+        stop = stop_arg
+    );
+    let mut child = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+        .arg(hopscope_bin())
+        // Every off-CPU interval counts as short: a counter that moves whenever a traced thread is switched back in.
+        .args(["run", "--quiet", "--nvml-period", "0", "--min-offcpu", "1h", "-o"])
+        .arg(&hop)
+        .args(["--", "sh", "-c", &server])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // However the test ends, the server stops and `run` with it.
+    struct StopFile(std::path::PathBuf);
+    impl Drop for StopFile {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let stopper = StopFile(stop);
+    if !wait_http(port, "/index.html", Duration::from_secs(20)) {
+        drop(stopper);
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!("no server on port {port} within 20 s: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    for _ in 0..3 {
+        assert_eq!(get(port, "/index.html").as_deref(), Some("hello\n"));
+    }
+    drop(stopper);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "run in a pid namespace: {err}");
+    let ns_pid: u64 = std::fs::read_to_string(&srv_pid).unwrap().trim().parse().unwrap();
+    assert!(ns_pid < 100, "the server's pid {ns_pid} is its namespace's");
+    let rep = report_json(&hop);
+    let reqs = rep["requests"].as_array().unwrap();
+    // The readiness probes and the three GETs, every one of them the forked server's (its namespace tgid in the connection key).
+    let gets: Vec<&serde_json::Value> = reqs.iter().filter(|r| r["path"] == "/index.html").collect();
+    assert!(gets.len() >= 3, "{err}\n{}", rep["requests"]);
+    for r in &gets {
+        assert_eq!(r["status"].as_u64(), Some(200), "{r}");
+        let id = r["id"].as_str().unwrap();
+        assert!(id.starts_with(&format!("conn:{ns_pid}:")), "{id}: the server's namespace pid {ns_pid}");
+    }
+    let drops = &rep["recording"]["drops"];
+    assert!(drops["kernel_sched_short"].as_u64().unwrap() > 0, "the traced threads' context switches were seen: {drops}");
+    // doctor there: the namespace named and the translating programs verified;
+    // without the namespace's own /proc, one line saying to mount it.
+    let doctor = |args: &[&str]| {
+        let out = Command::new("unshare").args(args).arg(hopscope_bin()).arg("doctor").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = doctor(&["--pid", "--fork", "--mount-proc", "--kill-child", "--"]);
+    assert!(text.lines().any(|l| l.starts_with("ok    pid namespace  a container's (pid:[")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("ok    ebpf load")), "{text}");
+    let text = doctor(&["--pid", "--fork", "--kill-child", "--"]);
+    assert!(text.lines().any(|l| l.starts_with("FAIL  ebpf load") && l.contains("mount its own /proc")), "{text}");
+}
+
+/// GET `path` from python's http.server (which answers HTTP/1.0): the body on 200.
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.split(' ').nth(1).filter(|code| *code == "200").map(|_| body.to_owned())
+}
+
+/// Polls `path` until it answers 200 (true) or `timeout` passes (false).
+fn wait_http(port: u16, path: &str, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while get(port, path).is_none() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}

@@ -302,6 +302,39 @@ pub(crate) fn tracefs_mounted() -> bool {
         .any(|p| Path::new(p).is_dir())
 }
 
+/// The inode number of the initial pid namespace (`PROC_PID_INIT_INO`).
+const INIT_PIDNS_INO: u64 = 0xEFFF_FFFC;
+
+/// The inode number in a `/proc/PID/ns/pid` link (`pid:[4026531836]`).
+fn parse_pidns_link(link: &str) -> Option<u64> {
+    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The agent's pid namespace as the programs' `pidns_ino`: 0 in the initial
+/// namespace (global pids, nothing translated), else its inode number, and
+/// the programs see every task by its pid in it (a sidecar sharing a pod's
+/// process namespace: docs/deploy.md).
+pub(crate) fn agent_pidns() -> Result<u32, SourceError> {
+    let path = "/proc/self/ns/pid";
+    let link = std::fs::read_link(path).map_err(io_err(format!("reading {path} (is /proc mounted?)")))?;
+    let link = link.to_string_lossy();
+    let ino = parse_pidns_link(&link).ok_or_else(|| SourceError::InvalidConfig(format!("{path} reads {link:?}, not pid:[INODE]")))?;
+    if ino == INIT_PIDNS_INO {
+        return Ok(0);
+    }
+    // /proc of another namespace (a pid namespace entered without mounting
+    // its own /proc) names processes by pids the programs would not use.
+    let own = std::process::id();
+    let seen = std::fs::read_link("/proc/self").map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|e| e.to_string());
+    if seen != own.to_string() {
+        return Err(SourceError::InvalidConfig(format!(
+            "/proc is not this pid namespace's (/proc/self is {seen}, this process is pid {own}): mount its own /proc (`unshare --pid --fork --mount-proc`; a container has its own)"
+        )));
+    }
+    // nsfs inode numbers are 32-bit (ns_common.inum is an unsigned int).
+    u32::try_from(ino).map_err(|_| SourceError::InvalidConfig(format!("{path}: inode {ino} does not fit the kernel's 32-bit inum")))
+}
+
 fn pid_exists(pid: u32) -> bool {
     pid != 0 && Path::new(&format!("/proc/{pid}/stat")).exists()
 }
@@ -395,9 +428,11 @@ impl EbpfSource {
         let t = Instant::now();
         let btf = Btf::from_sys_fs().map_err(SourceError::Btf)?;
         let self_tgid = std::process::id();
+        let pidns_ino = agent_pidns()?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("self_tgid", &self_tgid, true)
+            .override_global("pidns_ino", &pidns_ino, true)
             .override_global("capture_len", &cfg.capture_len, true)
             .override_global("capture_len_unix", &cfg.capture_len_unix, true)
             .override_global("capture_tail_unix", &cfg.capture_tail_unix, true)
@@ -729,6 +764,17 @@ fn attach_btf(p: &mut BtfTracePoint) -> Result<(), ProgramError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pid_namespace_link_gives_its_inode_and_the_initial_one_is_untranslated() {
+        assert_eq!(parse_pidns_link("pid:[4026531836]"), Some(INIT_PIDNS_INO));
+        assert_eq!(parse_pidns_link("pid:[4026532291]"), Some(4026532291));
+        assert_eq!(parse_pidns_link("net:[4026531840]"), None);
+        assert_eq!(parse_pidns_link("pid:[]"), None);
+        // This test process: the initial namespace gives 0, any other its inode.
+        let own = parse_pidns_link(&std::fs::read_link("/proc/self/ns/pid").unwrap().to_string_lossy()).unwrap();
+        assert_eq!(u64::from(agent_pidns().unwrap()), if own == INIT_PIDNS_INO { 0 } else { own });
+    }
 
     #[test]
     fn ppid_is_parsed_after_a_comm_with_spaces_and_parens() {

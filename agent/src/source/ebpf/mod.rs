@@ -24,4 +24,4 @@ mod loader;
 
 pub use decode::DecodeError;
 pub use loader::{EbpfConfig, EbpfSource, KernelStats, SourceError, StartupTimes};
-pub(crate) use loader::{privileged, tracefs_mounted, tracefs_unreadable, tracepoint_exists};
+pub(crate) use loader::{agent_pidns, privileged, tracefs_mounted, tracefs_unreadable, tracepoint_exists};

@@ -11,7 +11,8 @@ HERE = pathlib.Path(__file__).parent
 
 def main() -> int:
     pod = yaml.safe_load((HERE / "kubernetes/vllm-with-hopscope.yaml").read_text())
-    assert pod["kind"] == "Pod" and pod["spec"]["hostPID"] is True
+    # The pod's own pid namespace, shared by its containers: not the host's (docs/deploy.md).
+    assert pod["kind"] == "Pod" and pod["spec"]["shareProcessNamespace"] is True and not pod["spec"].get("hostPID"), pod["spec"]
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     agent = containers["hopscope"]
     sc = agent["securityContext"]

@@ -324,10 +324,21 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
         ("hopscope.latency.kv_transfer", secs(p.kv_transfer)),
         ("hopscope.latency.interference", secs(q.interference_ms)),
         ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
+        ("hopscope.gpu.prefill", secs(q.gpu_ms.prefill)),
+        ("hopscope.gpu.decode", secs(q.gpu_ms.decode)),
+        ("hopscope.gpu.kv_transfer", secs(q.gpu_ms.kv_transfer)),
     ] {
         if let Some(v) = v {
             attrs.push(kv(k, v));
         }
+    }
+    // The kernels behind its GPU time (the report's `kernels`): names and
+    // seconds in two arrays of the same order, most first.
+    if let Some(ks) = q.kernels.filter(|k| !k.is_empty()) {
+        let names = ks.iter().map(|k| AnyValue { value: Some(Value::Str(k.name.to_string())) }).collect();
+        let times = ks.iter().map(|k| AnyValue { value: Some(Value::Double(k.gpu_ns as f64 / 1e9)) }).collect();
+        attrs.push(kv("hopscope.gpu.kernels", Value::Array(ArrayValue { values: names })));
+        attrs.push(kv("hopscope.gpu.kernel_seconds", Value::Array(ArrayValue { values: times })));
     }
     spans.push(Span {
         trace_id: trace_id.clone(),
@@ -588,6 +599,43 @@ mod tests {
         // An invalid one (all-zero id) is the session's, as for the spans.
         let (chain, source) = key("00-00000000000000000000000000000000-00f067aa0ba902b7-01");
         assert_eq!(request_trace_id(&chain, source), chain_trace_id("s1"));
+    }
+
+    /// A request with GPU records carries its GPU time per phase and its
+    /// kernels (two aligned arrays); one without has none of them.
+    #[test]
+    fn gpu_time_and_kernels_are_span_attributes_only_when_recorded() {
+        let mut reader = Reader::open(&fixture()).unwrap();
+        let meta = reader.meta().clone();
+        let mut c = crate::correlate::Correlator::new(Config { chain_header: meta.chain_header.clone(), use_ipc: true });
+        while let Some(r) = reader.next_ref().unwrap() {
+            c.ingest(r);
+        }
+        let mut analysis = c.finish();
+        let i = analysis.requests.iter().position(|r| r.done_ns.is_some()).unwrap();
+        let r = &mut analysis.requests[i];
+        r.gpu = Some(crate::correlate::gpu::GpuShare { prefill_ns: 3_000_000, decode_ns: 1_500_000, ..Default::default() });
+        r.kernels = Some(vec![
+            crate::correlate::gpu::KernelShare { name: "flash_fwd_kernel".into(), gpu_ns: 2_500_000 },
+            crate::correlate::gpu::KernelShare { name: "gemm".into(), gpu_ns: 500_000 },
+        ]);
+        let id = r.id.clone();
+        let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let attr = |sp: &Span, k: &str| sp.attributes.iter().find(|a| a.key == k).and_then(|a| a.value.clone()).and_then(|v| v.value);
+        let is = |sp: &Span| attr(sp, "gen_ai.request.id") == Some(Value::Str(id.clone()));
+        let sp = spans.iter().find(|sp| is(sp)).unwrap();
+        assert_eq!(attr(sp, "hopscope.gpu.prefill"), Some(Value::Double(0.003)));
+        assert_eq!(attr(sp, "hopscope.gpu.decode"), Some(Value::Double(0.0015)));
+        assert_eq!(attr(sp, "hopscope.gpu.kv_transfer"), Some(Value::Double(0.0)));
+        let arr = |k: &str| match attr(sp, k) {
+            Some(Value::Array(a)) => a.values.into_iter().map(|v| v.value.unwrap()).collect::<Vec<_>>(),
+            other => panic!("{k}: {other:?}"),
+        };
+        assert_eq!(arr("hopscope.gpu.kernels"), vec![Value::Str("flash_fwd_kernel".into()), Value::Str("gemm".into())]);
+        assert_eq!(arr("hopscope.gpu.kernel_seconds"), vec![Value::Double(0.0025), Value::Double(0.0005)]);
+        for sp in spans.iter().filter(|sp| sp.kind == 2 && !is(sp)) {
+            assert!(sp.attributes.iter().all(|a| !a.key.starts_with("hopscope.gpu.")), "{:?}", sp.attributes);
+        }
     }
 
     /// A collector on a local port: answers each POST with the next status

@@ -51,7 +51,38 @@ pub fn hopscope_bin() -> PathBuf {
     let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
     let p = target.join("debug/hopscope");
     assert!(p.exists(), "{} not built: run `cargo build -p hopscope` (cargo xtask test does)", p.display());
+    // `cargo test` does not build the binary the tests run: an edit since the
+    // last `cargo build` would be tested against the old code, silently.
+    static FRESH: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    FRESH.get_or_init(|| {
+        let built = std::fs::metadata(&p).and_then(|m| m.modified()).unwrap();
+        if let Some((t, src)) = newest_source() {
+            assert!(t <= built, "{} is older than {}: run `cargo build -p hopscope` (cargo xtask test does), or set HOPSCOPE_BIN", p.display(), src.display());
+        }
+    });
     p
+}
+
+/// The most recently modified source file the `hopscope` binary is built from.
+fn newest_source() -> Option<(std::time::SystemTime, PathBuf)> {
+    fn walk(dir: &Path, newest: &mut Option<(std::time::SystemTime, PathBuf)>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                walk(&path, newest);
+            } else if let Ok(t) = meta.modified() {
+                if newest.as_ref().is_none_or(|(n, _)| t > *n) {
+                    *newest = Some((t, path));
+                }
+            }
+        }
+    }
+    let mut newest = None;
+    for dir in ["agent/src", "agent-ebpf/src", "hopscope-gpu-wire/src"] {
+        walk(&workspace().join(dir), &mut newest);
+    }
+    newest
 }
 
 /// Python with the test packages (xtask's venv), else `.venv/bin/python`.

@@ -81,6 +81,17 @@ struct {
 	__type(value, __u8);
 } targets SEC(".maps");
 
+/* A traced process's tgid in the initial pid namespace, by its tgid in the
+ * agent's (written only when they differ, `pidns_ino`): NVML names GPU
+ * processes by host pids, which an agent in a container cannot see. Noted at
+ * a thread's first switch-out, dropped at the process's exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u32);
+} host_tgids SEC(".maps");
+
 /* is_target's per-CPU cache. Every program asks "is this tgid traced?",
  * most of them for processes that are not (sched_switch twice per switch of
  * the machine); a `targets` lookup costs ~100 ns in this VM, a cache hit a
@@ -165,7 +176,7 @@ struct offcpu {
 	__u64 off_ns;
 	__u64 wake_ns;
 	__u32 prev_state;
-	__u32 _pad;
+	__u32 host_noted; /* in `host_tgids` (pid namespace translation only) */
 	/* The latest switch-in that ended a sleep, and the wake-up before it:
 	 * kept for every sleep, the short ones too, for the io records. */
 	__u64 burst_on_ns;
@@ -949,6 +960,8 @@ int BPF_PROG(sched_process_exit, struct task_struct *p)
 		return 0;
 	emit_proc(p, tgid, tgid, tgid, HS_PROC_EXIT, p->exit_code);
 	bpf_map_delete_elem(&targets, &tgid);
+	if (pidns_ino)
+		bpf_map_delete_elem(&host_tgids, &tgid);
 	targets_changed();
 	return 0;
 }
@@ -975,6 +988,12 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 			o->off_ns = now;
 			o->wake_ns = 0;
 			o->prev_state = prev_state;
+			if (pidns_ino && !o->host_noted) {
+				__u32 host = prev->tgid;
+
+				o->host_noted = 1;
+				bpf_map_update_elem(&host_tgids, &prev_tgid, &host, BPF_ANY);
+			}
 		} else {
 			stat_add(HS_STAT_SCHED_MAP_FULL, 1);
 		}

@@ -102,7 +102,7 @@ pub fn run(load: bool) -> Vec<Check> {
         Ok(ino) => check(
             "pid namespace",
             Level::Ok,
-            format!("a container's (pid:[{ino}]): processes are traced by their pids in it, those outside it cannot be; NVML's per-process GPU memory names host pids and needs hostPID (docs/deploy.md)"),
+            format!("a container's (pid:[{ino}]): processes are traced by their pids in it, those outside it cannot be (docs/deploy.md)"),
         ),
         Err(e) => check("pid namespace", Level::Warn, format!("{e}: the eBPF programs cannot tell which pids this agent sees")),
     });

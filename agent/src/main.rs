@@ -791,7 +791,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
     let mut nvml = if opts.nvml_period.is_zero() {
         None
     } else {
-        match NvmlSampler::start(NvmlConfig { period: opts.nvml_period, lib: opts.nvml_lib.clone(), traced: source.targets() }) {
+        match NvmlSampler::start(NvmlConfig { period: opts.nvml_period, lib: opts.nvml_lib.clone(), traced: source.host_targets() }) {
             Ok(s) => Some(s),
             Err(e) => {
                 say!("hopscope: note: cannot start the NVML sampler thread ({e}): recording without GPU samples");
@@ -897,7 +897,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         }
         if let Some(s) = &nvml {
             if nvml_traced.elapsed() >= Duration::from_millis(100) {
-                s.set_traced(source.targets());
+                s.set_traced(source.host_targets());
                 nvml_traced = Instant::now();
             }
             s.drain(|r| pipe.push_sample(r));

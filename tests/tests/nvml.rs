@@ -187,3 +187,91 @@ fn without_libnvidia_ml_the_recorder_prints_one_clear_line_and_records_normally(
         assert_eq!(rep["summary"]["gpu_samples"].as_u64(), Some(0));
     }
 }
+
+/// An agent in a container's pid namespace (`unshare --pid --mount-proc`, as
+/// in a pod sharing its process namespace): NVML names the server by its host
+/// pid, which the agent cannot see. The eBPF programs note each traced
+/// process's host tgid, and the samples name it by the agent's pid; a host
+/// process whose pid is the server's pid in the namespace is not it.
+#[test]
+fn in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids() {
+    let test = "in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids";
+    let Some(_serial) = privileged(test) else { return };
+    if !Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("\n!!!!! SKIPPED {test}: util-linux unshare not installed: this is NOT a pass !!!!!\n");
+        return;
+    }
+    let lib = double();
+    let dir = scratch("nvml-pidns");
+    std::fs::write(dir.join("index.html"), "hello\n").unwrap();
+    let port = free_port();
+    let (script, go, pid_file, hop) = (dir.join("nvml.script"), dir.join("go"), dir.join("srv.pid"), dir.join("ns.hop"));
+    // Inside the namespace: the server, then, once the test has written
+    // NVML's script with the server's host pid, `hopscope record` of it.
+    let inner = format!(
+        "cd '{d}' && '{py}' -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & s=$!; echo $s > '{pid}'; \
+         while [ ! -e '{go}' ]; do sleep 0.05; done; \
+         '{bin}' record --quiet --duration 3s --nvml-period 50 --nvml-lib '{lib}' --pid $s -o '{hop}'; r=$?; kill $s; exit $r",
+        d = dir.display(),
+        py = python().display(),
+        pid = pid_file.display(),
+        go = go.display(),
+        bin = hopscope_bin().display(),
+        lib = lib.display(),
+        hop = hop.display()
+    );
+    let child = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--", "sh", "-c", &inner])
+        .env("NVML_TEST_DOUBLE_SCRIPT", &script)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // However the test ends, the recorder starts and so ends.
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let go = Go(go);
+    let needle = format!("http.server\0{port}\0");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (ns_pid, host_pid) = loop {
+        let ns = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<u32>().ok());
+        let host = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            std::fs::read(e.path().join("cmdline")).ok()?.windows(needle.len()).any(|w| w == needle.as_bytes()).then_some(pid)
+        });
+        if let (Some(ns), Some(host)) = (ns, host) {
+            break (ns, host);
+        }
+        assert!(std::time::Instant::now() < deadline, "the server did not start in its namespace");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(ns_pid, host_pid, "a pid namespace of its own");
+    std::fs::write(&script, format!("driver 555.42.02\ndevice total=80000000000 used=5\nproc 0 {host_pid} 1000000 4096\nproc 0 {ns_pid} 777 0\n")).unwrap();
+    drop(go);
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..3 {
+        get(port);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "record in a pid namespace: {err}");
+    let loaded = hopscope::recording::load(&hop).unwrap();
+    let mems: Vec<&Vec<(u32, u64)>> = loaded.records.iter().filter_map(|r| if let Record::GpuSample { process_mem, .. } = r { Some(process_mem) } else { None }).collect();
+    assert!(mems.len() >= 40, "{} samples: {err}", mems.len());
+    // Until the server's first context switch while traced its host pid is unknown; from then on, every sample.
+    let first = mems.iter().position(|m| !m.is_empty()).unwrap_or_else(|| panic!("the server's GPU memory never named: {err}"));
+    assert!(first < 20, "named from sample {first} of {}", mems.len());
+    for m in &mems[first..] {
+        assert!(m.len() == 1 && m[0].0 == ns_pid && m[0].1 >= 1_000_000, "{m:?}: the server by its namespace pid {ns_pid}, never host pid {ns_pid}'s 777 bytes");
+    }
+    let rep = report_json(&hop);
+    let reqs = rep["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 3, "{reqs:?}");
+    for q in reqs {
+        assert!(q["peak_gpu_mem_bytes"].as_u64().is_some_and(|b| b >= 1_000_000), "{q}");
+    }
+}

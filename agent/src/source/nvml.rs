@@ -14,15 +14,18 @@
 //! `field_values_for` cannot set (it always asks for link 0), and the older
 //! per-link utilisation counters are gone on Hopper.
 //!
-//! Process ids come from NVML in the host's pid namespace; inside a container
-//! whose pid namespace differs they match no traced pid (docs/deploy.md).
+//! Process ids come from NVML in the host's pid namespace. The traced
+//! processes are handed over as (pid, host pid) pairs: the same pid in the
+//! host's namespace; in a container's, the host pid the eBPF programs noted
+//! (`EbpfSource::host_targets`), and a sample names each process by the
+//! agent's pid for it (docs/deploy.md).
 
 use crate::model::Record;
 use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,8 +53,9 @@ pub struct NvmlConfig {
     pub period: Duration,
     /// Library to load; `None`: `$HOPSCOPE_NVML_LIB`, else [`DEFAULT_LIB`].
     pub lib: Option<PathBuf>,
-    /// Traced processes from the first sample on ([`NvmlSampler::set_traced`] updates them).
-    pub traced: Vec<u32>,
+    /// Traced processes from the first sample on, as (pid, host pid)
+    /// ([`NvmlSampler::set_traced`] updates them).
+    pub traced: Vec<(u32, u32)>,
 }
 
 impl Default for NvmlConfig {
@@ -111,7 +115,8 @@ struct Stats {
 
 struct Shared {
     stop: AtomicBool,
-    traced: RwLock<HashSet<u32>>,
+    /// Host pid (NVML's) → the agent's pid.
+    traced: RwLock<HashMap<u32, u32>>,
     notes: Mutex<Vec<String>>,
     stats: Stats,
 }
@@ -128,18 +133,19 @@ impl NvmlSampler {
     /// comes back as a note ([`NvmlSampler::take_notes`]), never as an error:
     /// a machine without a GPU records everything else.
     pub fn start(cfg: NvmlConfig) -> std::io::Result<NvmlSampler> {
-        let shared = Arc::new(Shared { stop: AtomicBool::new(false), traced: RwLock::new(cfg.traced.iter().copied().collect()), notes: Mutex::new(Vec::new()), stats: Stats::default() });
+        let shared = Arc::new(Shared { stop: AtomicBool::new(false), traced: RwLock::new(cfg.traced.iter().map(|&(pid, host)| (host, pid)).collect()), notes: Mutex::new(Vec::new()), stats: Stats::default() });
         let (tx, rx) = sync_channel(CHANNEL_CAP);
         let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new().name("hopscope-nvml".into()).spawn(move || run(cfg, sh, tx))?;
         Ok(NvmlSampler { shared, rx, thread: Some(thread) })
     }
 
-    /// The processes whose GPU memory is kept (the traced tree).
-    pub fn set_traced(&self, pids: impl IntoIterator<Item = u32>) {
+    /// The processes whose GPU memory is kept (the traced tree), as (pid,
+    /// host pid).
+    pub fn set_traced(&self, pids: impl IntoIterator<Item = (u32, u32)>) {
         let mut t = self.shared.traced.write().unwrap_or_else(|e| e.into_inner());
         t.clear();
-        t.extend(pids);
+        t.extend(pids.into_iter().map(|(pid, host)| (host, pid)));
     }
 
     /// Hands every sample taken so far to `f`, without waiting.
@@ -261,14 +267,13 @@ fn field<T>(r: Result<T, NvmlError>, stats: &Stats) -> Option<T> {
 }
 
 /// One device's sample; `None` when even its memory could not be read.
-fn sample(device: u32, d: &Device, ts_ns: u64, traced: &HashSet<u32>, stats: &Stats) -> Option<Record> {
+fn sample(device: u32, d: &Device, ts_ns: u64, traced: &HashMap<u32, u32>, stats: &Stats) -> Option<Record> {
     let mem = d.memory_info().ok()?;
     let process_mem = field(d.running_compute_processes(), stats)
         .unwrap_or_default()
         .into_iter()
-        .filter(|p| traced.contains(&p.pid))
         .filter_map(|p| match p.used_gpu_memory {
-            UsedGpuMemory::Used(b) => Some((p.pid, b)),
+            UsedGpuMemory::Used(b) => Some((*traced.get(&p.pid)?, b)),
             UsedGpuMemory::Unavailable => None,
         })
         .collect();
@@ -297,7 +302,7 @@ mod tests {
         let p = probe(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")));
         let e = p.result.unwrap_err();
         assert!(e.contains("no NVIDIA driver here") && e.contains("/nonexistent/libnvidia-ml.so.1"), "{e}");
-        let mut s = NvmlSampler::start(NvmlConfig { period: Duration::from_millis(10), lib: Some("/nonexistent/libnvidia-ml.so.1".into()), traced: vec![1] }).unwrap();
+        let mut s = NvmlSampler::start(NvmlConfig { period: Duration::from_millis(10), lib: Some("/nonexistent/libnvidia-ml.so.1".into()), traced: vec![(1, 1)] }).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let mut notes = Vec::new();
         while notes.is_empty() && std::time::Instant::now() < deadline {

@@ -260,6 +260,9 @@ pub struct EbpfSource {
     ring: RingBuf<MapData>,
     stats: PerCpuArray<MapData, u64>,
     targets: Targets,
+    /// Traced tgid → its tgid in the initial pid namespace; None when the
+    /// agent is in that namespace (the two are the same).
+    host_tgids: Option<BpfHashMap<MapData, u32, u32>>,
     // Owns the programs and their links; declared after the maps taken from it.
     ebpf: Ebpf,
     _bpf_stats: Option<OwnedFd>,
@@ -513,6 +516,10 @@ impl EbpfSource {
                 .map_err(|source| SourceError::Map { name: "target_gen", source })?,
             user_gen: 0,
         };
+        let host_tgids = match pidns_ino {
+            0 => None,
+            _ => Some(BpfHashMap::try_from(take(&mut ebpf, "host_tgids")?).map_err(|source| SourceError::Map { name: "host_tgids", source })?),
+        };
 
         let bpf_stats = if cfg.enable_bpf_stats {
             Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| SourceError::Io {
@@ -524,7 +531,7 @@ impl EbpfSource {
         };
 
         let missing = missing.iter().map(|&&(_, tp, what)| (tp, what)).collect();
-        let mut src = EbpfSource { ring, stats, targets, ebpf, _bpf_stats: bpf_stats, times, missing };
+        let mut src = EbpfSource { ring, stats, targets, host_tgids, ebpf, _bpf_stats: bpf_stats, times, missing };
         let t = Instant::now();
         src.add_tree(cfg.pids.iter().copied().collect())?;
         src.times.targets = t.elapsed();
@@ -730,6 +737,18 @@ impl EbpfSource {
         let mut v: Vec<u32> = self.targets.map.keys().filter_map(Result::ok).collect();
         v.sort_unstable();
         v
+    }
+
+    /// Traced processes as (tgid, tgid in the initial pid namespace), the
+    /// pid NVML names them by. In a container's pid namespace a process is
+    /// known once one of its threads has been switched out while traced
+    /// (hopscope.bpf.c `host_tgids`); until then it is left out.
+    pub fn host_targets(&self) -> Vec<(u32, u32)> {
+        let targets = self.targets();
+        match &self.host_tgids {
+            None => targets.into_iter().map(|t| (t, t)).collect(),
+            Some(m) => targets.into_iter().filter_map(|t| Some((t, m.get(&t, 0).ok()?))).collect(),
+        }
     }
 }
 

@@ -288,7 +288,7 @@ static __always_inline void targets_changed(void)
 		__sync_fetch_and_add(g, 1);
 }
 
-/* How deep below the initial pid namespace the agent's may be. */
+/* How deep below the initial pid namespace the agent's may be (ns_nr's steps). */
 #define HS_MAX_PIDNS_LEVEL 8
 
 /* The agent's pid namespace as found in the first task seen in it: its
@@ -299,37 +299,54 @@ __u64 pidns_addr = 0;
 __u32 pidns_level = 0;
 
 /* `p`'s number in the agent's pid namespace (`pidns_ino`), 0 when it has
- * none there (a task of the host or of another pod). */
+ * none there (a task of the host or of another pod). `p` comes from a
+ * task's fields: plain fault-safe loads all the way, no helper calls (a
+ * bpf_probe_read_kernel per task cost ~100 ns per context switch here).
+ * Each `numbers[]` element is reached at a constant offset, as the verifier
+ * wants for a flexible array (and as CO-RE can relocate: aya's relocator
+ * rejects an index into `numbers[]`), hence the steps written out for
+ * levels 0-7 (HS_MAX_PIDNS_LEVEL). */
+#define HS_UPID(i) ((struct upid *)((void *)p + bpf_core_field_offset(struct pid, numbers) + (i) * sizeof(struct upid)))
+#define HS_NR_IF_AGENTS(i)                                                            \
+	case i:                                                                       \
+		return (__u64)HS_UPID(i)->ns == addr ? (__u32)HS_UPID(i)->nr : 0;
+#define HS_FIND_AGENTS(i)                                                             \
+	if (i <= level && HS_UPID(i)->ns->ns.inum == pidns_ino) {                      \
+		pidns_level = i;                                                      \
+		*(volatile __u64 *)&pidns_addr = (__u64)HS_UPID(i)->ns;               \
+		return HS_UPID(i)->nr;                                                \
+	}
 static __always_inline __u32 ns_nr(struct pid *p)
 {
-	__u64 numbers = bpf_core_field_offset(struct pid, numbers);
 	__u64 addr = *(volatile __u64 *)&pidns_addr;
-	struct upid u;
-	__u32 level;
+	__u32 level = p->level;
 
-	if (!p)
-		return 0;
-	level = p->level;
 	if (addr) {
 		__u32 l = *(volatile __u32 *)&pidns_level;
 
-		if (l > level || l >= HS_MAX_PIDNS_LEVEL)
+		/* Shallower than the agent's namespace: the host's tasks. */
+		if (l > level)
 			return 0;
-		if (bpf_probe_read_kernel(&u, sizeof(u), (void *)p + numbers + l * sizeof(struct upid)) != 0)
-			return 0;
-		return (__u64)u.ns == addr ? u.nr : 0;
-	}
-	for (__u32 i = 0; i < HS_MAX_PIDNS_LEVEL; i++) {
-		if (i > level)
-			break;
-		if (bpf_probe_read_kernel(&u, sizeof(u), (void *)p + numbers + i * sizeof(struct upid)) != 0)
-			return 0;
-		if (BPF_CORE_READ(u.ns, ns.inum) == pidns_ino) {
-			pidns_level = i;
-			*(volatile __u64 *)&pidns_addr = (__u64)u.ns;
-			return u.nr;
+		switch (l) {
+			HS_NR_IF_AGENTS(0)
+			HS_NR_IF_AGENTS(1)
+			HS_NR_IF_AGENTS(2)
+			HS_NR_IF_AGENTS(3)
+			HS_NR_IF_AGENTS(4)
+			HS_NR_IF_AGENTS(5)
+			HS_NR_IF_AGENTS(6)
+			HS_NR_IF_AGENTS(7)
 		}
+		return 0;
 	}
+	HS_FIND_AGENTS(0)
+	HS_FIND_AGENTS(1)
+	HS_FIND_AGENTS(2)
+	HS_FIND_AGENTS(3)
+	HS_FIND_AGENTS(4)
+	HS_FIND_AGENTS(5)
+	HS_FIND_AGENTS(6)
+	HS_FIND_AGENTS(7)
 	return 0;
 }
 

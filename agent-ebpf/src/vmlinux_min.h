@@ -42,8 +42,7 @@ struct pid_namespace {
 	struct ns_common ns;
 };
 
-/* A task's pid in one namespace. Not relocated by index: the programs step
- * through `pid.numbers` with this size (stable: an int and a pointer). */
+/* A task's pid in one namespace. */
 struct upid {
 	int nr;
 	struct pid_namespace *ns;
@@ -51,7 +50,9 @@ struct upid {
 
 struct pid {
 	unsigned int level;
-	struct upid numbers[1]; /* level + 1 entries, the initial namespace first */
+	/* level + 1 entries, the initial namespace first. Flexible, as in the
+	 * kernel: CO-RE and the verifier then allow any constant index. */
+	struct upid numbers[];
 };
 
 struct task_struct {

@@ -20,7 +20,8 @@
 #   4 init-fail    InitializeInjection forced to return 0: does CUDA still work?
 #   5 overhead     torch decode-like loop (CUDA graph replay and eager), side by side:
 #                  untraced vs hopscope (with a draining listener) vs torch.profiler
-#   6 ebpf         if the agent was carried: does the eBPF side load here?
+#   6 ebpf         if the agent was carried: does the eBPF side load here (also in a pid
+#                  namespace of its own, as in a pod)?
 #   7 testbed      the torch testbed (CUDA graphs) under `hopscope run` with eBPF + CUPTI and
 #                  4 chains x 3 hops: recording, report, Perfetto trace, ground truth, and
 #                  the CUPTI step ends against the truth (examples/gpu/check_gpu_steps.py)
@@ -218,6 +219,11 @@ step "6 ebpf"
 if [ -x "$AGENT" ]; then
   timeout 30 "$AGENT" record --pid $$ --duration 2s -o "$OUT/ebpf-probe.hop" >"$OUT/ebpf.log" 2>&1
   note "ebpf: rc=$? $(tail -2 "$OUT/ebpf.log" | tr '\n' ' ' | cut -c1-300)"
+  # The pid-namespace translation (a sidecar sharing a pod's namespace) on this kernel.
+  if command -v unshare >/dev/null; then
+    timeout 30 unshare --pid --fork --mount-proc --kill-child "$AGENT" doctor >"$OUT/ebpf-pidns.log" 2>&1
+    note "ebpf in a pid namespace: rc=$? $(grep -E 'pid namespace|ebpf load' "$OUT/ebpf-pidns.log" | tr '\n' ' ' | cut -c1-300)"
+  fi
 else
   note "ebpf: skipped ($AGENT not carried)"
 fi

@@ -288,15 +288,18 @@ static __always_inline void targets_changed(void)
 		__sync_fetch_and_add(g, 1);
 }
 
-/* How deep below the initial pid namespace the agent's may be (ns_nr's steps). */
+/* How deep below the initial pid namespace the agent's may be (ns_nr's
+ * steps; a power of two that fits a pointer's alignment bits, pidns_at). */
 #define HS_MAX_PIDNS_LEVEL 8
+_Static_assert((HS_MAX_PIDNS_LEVEL & (HS_MAX_PIDNS_LEVEL - 1)) == 0 && HS_MAX_PIDNS_LEVEL <= 8, "levels fit 3 alignment bits");
 
 /* The agent's pid namespace as found in the first task seen in it: its
- * address and level. It lives as long as the agent (which is in it), so the
- * address stays its own. Then a task's number there costs one read: a task
- * below that level is outside it (the host's tasks, another pod's). */
-__u64 pidns_addr = 0;
-__u32 pidns_level = 0;
+ * address, with its level in the low bits (a struct pid_namespace is 8-byte
+ * aligned and the level below HS_MAX_PIDNS_LEVEL), so that one 64-bit store
+ * publishes both. The namespace lives as long as the agent (which is in it):
+ * the address stays its own. Then a task shallower than that level is
+ * outside it at once (the host's), any other is one compare away. */
+__u64 pidns_at = 0;
 
 /* `p`'s number in the agent's pid namespace (`pidns_ino`), 0 when it has
  * none there (a task of the host or of another pod). `p` comes from a
@@ -312,17 +315,28 @@ __u32 pidns_level = 0;
 		return (__u64)HS_UPID(i)->ns == addr ? (__u32)HS_UPID(i)->nr : 0;
 #define HS_FIND_AGENTS(i)                                                             \
 	if (i <= level && HS_UPID(i)->ns->ns.inum == pidns_ino) {                      \
-		pidns_level = i;                                                      \
-		*(volatile __u64 *)&pidns_addr = (__u64)HS_UPID(i)->ns;               \
+		publish_pidns(&HS_UPID(i)->ns, i);                                    \
 		return HS_UPID(i)->nr;                                                \
 	}
+
+/* Publishes the agent's namespace (the pointer at `ns`) and its level. Once:
+ * read as a number (a helper read) because the verifier refuses bit
+ * operations on a pointer. */
+static __always_inline void publish_pidns(void *ns, __u32 level)
+{
+	__u64 addr = 0;
+
+	if (bpf_probe_read_kernel(&addr, sizeof(addr), ns) == 0 && addr)
+		*(volatile __u64 *)&pidns_at = addr | level;
+}
 static __always_inline __u32 ns_nr(struct pid *p)
 {
-	__u64 addr = *(volatile __u64 *)&pidns_addr;
+	__u64 at = *(volatile __u64 *)&pidns_at;
 	__u32 level = p->level;
 
-	if (addr) {
-		__u32 l = *(volatile __u32 *)&pidns_level;
+	if (at) {
+		__u64 addr = at & ~(__u64)(HS_MAX_PIDNS_LEVEL - 1);
+		__u32 l = at & (HS_MAX_PIDNS_LEVEL - 1);
 
 		/* Shallower than the agent's namespace: the host's tasks. */
 		if (l > level)

@@ -130,25 +130,51 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Plain HTTP GET; the body on 200.
+/// Plain HTTP GET; the body on 200 (HTTP/1.1, or 1.0 as python's
+/// http.server answers).
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
-    out.starts_with("HTTP/1.1 200").then(|| out.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
+    (out.starts_with("HTTP/1.1 200") || out.starts_with("HTTP/1.0 200")).then(|| out.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
 }
 
-pub fn wait_healthy(port: u16, timeout: Duration) {
+/// Polls `path` until it answers 200 (true) or `timeout` passes (false).
+pub fn wait_http(port: u16, path: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if http_get(port, "/health").is_some() {
-            return;
+        if http_get(port, path).is_some() {
+            return true;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("server on port {port} did not become healthy within {timeout:?}");
+    false
+}
+
+pub fn wait_healthy(port: u16, timeout: Duration) {
+    assert!(wait_http(port, "/health", timeout), "server on port {port} did not become healthy within {timeout:?}");
+}
+
+/// util-linux `unshare` is there (a pid namespace of a test's own); else
+/// the test says loudly that it is skipped, never passed.
+pub fn unshare_available(test: &str) -> bool {
+    let ok = Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        let _ = writeln!(std::io::stderr(), "\n!!!!! SKIPPED {test}: util-linux unshare not installed: this is NOT a pass !!!!!\n");
+    }
+    ok
+}
+
+/// Creates its file when dropped, however a test ends: the file a child
+/// waits for to go on (and so end).
+pub struct TouchOnDrop(pub PathBuf);
+
+impl Drop for TouchOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "");
+    }
 }
 
 /// `hopscope run -o FILE -- CMD…` in the background.

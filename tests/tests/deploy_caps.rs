@@ -105,8 +105,7 @@ fn the_documented_capability_sets_record_and_fewer_fail_in_one_line() {
 fn a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids() {
     let test = "a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids";
     let Some(_serial) = privileged(test) else { return };
-    if !Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        eprintln!("\n!!!!! SKIPPED {test}: util-linux unshare not installed: this is NOT a pass !!!!!\n");
+    if !unshare_available(test) {
         return;
     }
     let dir = scratch("pidns");
@@ -134,13 +133,7 @@ fn a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids() {
         .spawn()
         .unwrap();
     // However the test ends, the server stops and `run` with it.
-    struct StopFile(std::path::PathBuf);
-    impl Drop for StopFile {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, "");
-        }
-    }
-    let stopper = StopFile(stop);
+    let stopper = TouchOnDrop(stop);
     if !wait_http(port, "/index.html", Duration::from_secs(20)) {
         drop(stopper);
         let _ = child.kill();
@@ -148,7 +141,7 @@ fn a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids() {
         panic!("no server on port {port} within 20 s: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
     for _ in 0..3 {
-        assert_eq!(get(port, "/index.html").as_deref(), Some("hello\n"));
+        assert_eq!(http_get(port, "/index.html").as_deref(), Some("hello\n"));
     }
     drop(stopper);
     let out = child.wait_with_output().unwrap();
@@ -179,28 +172,4 @@ fn a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids() {
     assert!(text.lines().any(|l| l.starts_with("ok    ebpf load")), "{text}");
     let text = doctor(&["--pid", "--fork", "--kill-child", "--"]);
     assert!(text.lines().any(|l| l.starts_with("FAIL  ebpf load") && l.contains("mount its own /proc")), "{text}");
-}
-
-/// GET `path` from python's http.server (which answers HTTP/1.0): the body on 200.
-fn get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.split(' ').nth(1).filter(|code| *code == "200").map(|_| body.to_owned())
-}
-
-/// Polls `path` until it answers 200 (true) or `timeout` passes (false).
-fn wait_http(port: u16, path: &str, timeout: Duration) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    while get(port, path).is_none() {
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    true
 }

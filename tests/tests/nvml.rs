@@ -197,8 +197,7 @@ fn without_libnvidia_ml_the_recorder_prints_one_clear_line_and_records_normally(
 fn in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids() {
     let test = "in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids";
     let Some(_serial) = privileged(test) else { return };
-    if !Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        eprintln!("\n!!!!! SKIPPED {test}: util-linux unshare not installed: this is NOT a pass !!!!!\n");
+    if !unshare_available(test) {
         return;
     }
     let lib = double();
@@ -227,13 +226,7 @@ fn in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids() {
         .spawn()
         .unwrap();
     // However the test ends, the recorder starts and so ends.
-    struct Go(PathBuf);
-    impl Drop for Go {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, "");
-        }
-    }
-    let go = Go(go);
+    let go = TouchOnDrop(go);
     let needle = format!("http.server\0{port}\0");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let (ns_pid, host_pid) = loop {

@@ -572,13 +572,7 @@ mod tests {
     /// [`request_trace_id`]: it must be the trace the request's spans are in.
     #[test]
     fn a_requests_trace_id_is_the_one_its_spans_carry() {
-        let mut reader = Reader::open(&fixture()).unwrap();
-        let meta = reader.meta().clone();
-        let mut c = crate::correlate::Correlator::new(Config { chain_header: meta.chain_header.clone(), use_ipc: true });
-        while let Some(r) = reader.next_ref().unwrap() {
-            c.ingest(r);
-        }
-        let analysis = c.finish();
+        let (meta, analysis) = fixture_analysis();
         let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
         let mut checked = 0;
         for r in analysis.requests.iter().filter(|r| r.done_ns.is_some()) {
@@ -605,13 +599,7 @@ mod tests {
     /// kernels (two aligned arrays); one without has none of them.
     #[test]
     fn gpu_time_and_kernels_are_span_attributes_only_when_recorded() {
-        let mut reader = Reader::open(&fixture()).unwrap();
-        let meta = reader.meta().clone();
-        let mut c = crate::correlate::Correlator::new(Config { chain_header: meta.chain_header.clone(), use_ipc: true });
-        while let Some(r) = reader.next_ref().unwrap() {
-            c.ingest(r);
-        }
-        let mut analysis = c.finish();
+        let (meta, mut analysis) = fixture_analysis();
         let i = analysis.requests.iter().position(|r| r.done_ns.is_some()).unwrap();
         let r = &mut analysis.requests[i];
         r.gpu = Some(crate::correlate::gpu::GpuShare { prefill_ns: 3_000_000, decode_ns: 1_500_000, ..Default::default() });
@@ -694,19 +682,24 @@ mod tests {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop")
     }
 
+    /// The fixture's metadata and its analysis, as `export otlp` correlates it.
+    fn fixture_analysis() -> (Meta, Analysis) {
+        let mut reader = Reader::open(&fixture()).unwrap();
+        let meta = reader.meta().clone();
+        let mut c = crate::correlate::Correlator::new(Config { chain_header: meta.chain_header.clone(), use_ipc: true });
+        while let Some(r) = reader.next_ref().unwrap() {
+            c.ingest(r);
+        }
+        (meta, c.finish())
+    }
+
     /// The streamed export sends, in messages of at most `batch` spans (a
     /// request's spans never split), exactly the spans the whole-analysis
     /// build gives, in the same order.
     #[test]
     fn streamed_export_sends_the_whole_exports_spans_in_batches() {
-        let mut reader = Reader::open(&fixture()).unwrap();
-        let meta = reader.meta().clone();
+        let (meta, analysis) = fixture_analysis();
         let cfg = Config { chain_header: meta.chain_header.clone(), use_ipc: true };
-        let mut c = crate::correlate::Correlator::new(cfg.clone());
-        while let Some(r) = reader.next_ref().unwrap() {
-            c.ingest(r);
-        }
-        let analysis = c.finish();
         let whole = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
         assert!(whole.len() > 10, "{} spans", whole.len());
         let (url, rx) = collector(Vec::new());

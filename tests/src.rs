@@ -157,12 +157,12 @@ pub fn wait_healthy(port: u16, timeout: Duration) {
     assert!(wait_http(port, "/health", timeout), "server on port {port} did not become healthy within {timeout:?}");
 }
 
-/// util-linux `unshare` is there (a pid namespace of a test's own); else
-/// the test says loudly that it is skipped, never passed.
-pub fn unshare_available(test: &str) -> bool {
-    let ok = Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
+/// The util-linux `tool` (`setpriv`, `unshare`) is there; else `test`
+/// says loudly that it is skipped, never passed.
+pub fn util_linux_available(tool: &str, test: &str) -> bool {
+    let ok = Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
     if !ok {
-        let _ = writeln!(std::io::stderr(), "\n!!!!! SKIPPED {test}: util-linux unshare not installed: this is NOT a pass !!!!!\n");
+        let _ = writeln!(std::io::stderr(), "\n!!!!! SKIPPED {test}: util-linux {tool} not installed: this is NOT a pass !!!!!\n");
     }
     ok
 }

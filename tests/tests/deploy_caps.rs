@@ -8,14 +8,6 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-fn setpriv_available(test: &str) -> bool {
-    let ok = Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("\n!!!!! SKIPPED {test}: util-linux setpriv not installed: this is NOT a pass !!!!!\n");
-    }
-    ok
-}
-
 /// `setpriv` arguments: as `nobody` with these ambient capabilities, or as
 /// uid 0 with only these in the bounding set.
 fn as_nobody(caps: &str) -> Vec<String> {
@@ -49,7 +41,7 @@ fn record_with(setpriv: &[String], pid: u32, port: u16, hop: &Path) -> Output {
 fn the_documented_capability_sets_record_and_fewer_fail_in_one_line() {
     let test = "the_documented_capability_sets_record_and_fewer_fail_in_one_line";
     let Some(_serial) = privileged(test) else { return };
-    if !setpriv_available(test) {
+    if !util_linux_available("setpriv", test) {
         return;
     }
     let dir = scratch("deploy-caps");
@@ -105,7 +97,7 @@ fn the_documented_capability_sets_record_and_fewer_fail_in_one_line() {
 fn a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids() {
     let test = "a_sidecar_in_the_servers_pid_namespace_traces_it_by_namespace_pids";
     let Some(_serial) = privileged(test) else { return };
-    if !unshare_available(test) {
+    if !util_linux_available("unshare", test) {
         return;
     }
     let dir = scratch("pidns");

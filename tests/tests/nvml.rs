@@ -197,7 +197,7 @@ fn without_libnvidia_ml_the_recorder_prints_one_clear_line_and_records_normally(
 fn in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids() {
     let test = "in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids";
     let Some(_serial) = privileged(test) else { return };
-    if !unshare_available(test) {
+    if !util_linux_available("unshare", test) {
         return;
     }
     let lib = double();

@@ -84,7 +84,9 @@ struct {
 /* A traced process's tgid in the initial pid namespace, by its tgid in the
  * agent's (written only when they differ, `pidns_ino`): NVML names GPU
  * processes by host pids, which an agent in a container cannot see. Noted at
- * a thread's first switch-out, dropped at the process's exit. */
+ * a thread's first switch-out, dropped at the process's exit, as `targets`
+ * is: its keys are always traced tgids, so with the same size it cannot fill
+ * while `targets` has room (and a full `targets` is counted). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);

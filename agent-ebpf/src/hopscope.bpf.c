@@ -48,6 +48,7 @@ const volatile __u32 self_tgid = 0;            /* the agent: never traced */
 const volatile __u32 capture_len = HS_CAPTURE_DEFAULT;           /* payload prefix per io record */
 const volatile __u32 capture_len_unix = HS_CAPTURE_UNIX_DEFAULT; /* the same on AF_UNIX sockets (IPC) */
 const volatile __u32 capture_tail_unix = HS_TAIL_UNIX_DEFAULT;   /* last bytes of a longer unix transfer */
+const volatile __u32 capture_tail = HS_TAIL_DEFAULT;             /* the same on every other socket */
 const volatile __u64 min_offcpu_ns = 1000000;  /* shorter off-CPU intervals are only counted */
 const volatile __u64 wakeup_bytes = 262144;    /* force a consumer wake-up past this backlog */
 /* The agent's pid namespace (the inode number of /proc/self/ns/pid), 0 when
@@ -683,12 +684,13 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 		n = HS_MAX_CAPTURE;
 	if (n > 0 && bpf_probe_read_user(s->data, n, (const void *)inf.arg) != 0)
 		flags |= HS_IO_COPY_FAILED;
-	/* A unix transfer longer than the prefix: its last bytes too (a long
-	 * ADD's fields after the prompt ids), never overlapping the prefix. */
-	if (!flags && inf.family == HS_AF_UNIX && (__u64)ret > n) {
+	/* A transfer longer than the prefix: its last bytes too (a long ADD's
+	 * fields after the prompt ids; an HTTP body's members after the prompt),
+	 * never overlapping the prefix. */
+	if (!flags && (__u64)ret > n) {
 		__u64 rest = (__u64)ret - n;
 
-		t = capture_tail_unix;
+		t = inf.family == HS_AF_UNIX ? capture_tail_unix : capture_tail;
 		if (rest < t)
 			t = (__u32)rest;
 		/* Last, so the verifier sees the bound at the copy. */

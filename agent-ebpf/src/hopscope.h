@@ -29,14 +29,20 @@
 #define HS_CAPTURE_DEFAULT 4096
 #define HS_CAPTURE_UNIX_DEFAULT 32768
 
-/* Largest tail of a unix-socket transfer longer than its capture that a record
- * carries after the prefix: its last bytes. libzmq writes (and reads) a message
- * over 8 KiB as one syscall of its own, so for a vLLM ADD with a long prompt
- * the transfer's end is the request's fields after the prompt ids (sampling
- * parameters, arrival time, ids: a few hundred bytes), which the prefix alone
- * loses. `capture_tail_unix` (<= this) is the effective size; 0 turns it off. */
-#define HS_MAX_TAIL 4096
+/* Largest tail of a transfer longer than its capture that a record carries
+ * after the prefix: its last bytes (single-buffer syscalls only).
+ * Unix sockets: libzmq writes (and reads) a message over 8 KiB as one syscall
+ * of its own, so for a vLLM ADD with a long prompt the transfer's end is the
+ * request's fields after the prompt ids (sampling parameters, arrival time,
+ * ids: a few hundred bytes), which the prefix alone loses. TCP: an HTTP body
+ * longer than the capture ends in the members a client writes after the
+ * prompt (the OpenAI SDK sends `messages` first, then `model`, `stream`, the
+ * sampling parameters and `tools`), and a long non-streaming response in its
+ * `usage`. `capture_tail_unix` / `capture_tail` (<= this) are the effective
+ * sizes; 0 turns a family's tail off. */
+#define HS_MAX_TAIL 16384
 #define HS_TAIL_UNIX_DEFAULT 4096
+#define HS_TAIL_DEFAULT 16384
 
 /* hs_hdr.kind */
 #define HS_KIND_IO 1    /* struct hs_io: data moved on a socket */
@@ -106,7 +112,8 @@ struct hs_hdr {
 };
 
 /* A data syscall on a socket fd; `data` holds the first cap_len bytes moved,
- * then the last tail_len ones (unix sockets only, when ret > cap_len). */
+ * then the last tail_len ones (when ret > cap_len and the syscall moved one
+ * buffer: read/write/recvfrom/sendto). */
 struct hs_io {
 	struct hs_hdr h;
 	__u64 enter_ns;  /* syscall entry time */

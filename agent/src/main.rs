@@ -192,6 +192,12 @@ struct RecordOpts {
     /// and a capture shorter than a write loses the frames it cuts.
     #[arg(long, default_value_t = hopscope_ebpf::layout::HS_CAPTURE_UNIX_DEFAULT)]
     capture_bytes_unix: u32,
+    /// Last bytes also captured of a read/write longer than --capture-bytes
+    /// (at most 16384; 0: none), except on unix sockets: an HTTP body's end,
+    /// where the OpenAI SDK writes `model` and `stream` after the prompt and a
+    /// server the `usage` of a long answer.
+    #[arg(long, default_value_t = hopscope_ebpf::layout::HS_TAIL_DEFAULT)]
+    capture_tail_bytes: u32,
     /// Off-CPU intervals shorter than this are only counted in the kernel.
     #[arg(long, value_parser = parse_duration, default_value = "1ms")]
     min_offcpu: Duration,
@@ -644,6 +650,10 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
     if opts.capture_bytes_unix == 0 || opts.capture_bytes_unix > max_unix {
         bail!("--capture-bytes-unix must be between 1 and {max_unix}");
     }
+    let max_tail = hopscope_ebpf::layout::HS_MAX_TAIL;
+    if opts.capture_tail_bytes > max_tail {
+        bail!("--capture-tail-bytes must be at most {max_tail} (0 turns it off)");
+    }
     let mib = opts.ringbuf_mib;
     if !mib.is_power_of_two() || mib > 1024 {
         bail!("--ringbuf-mib must be a power of two up to 1024");
@@ -691,6 +701,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         pids: pids.clone(),
         capture_len: opts.capture_bytes,
         capture_len_unix: opts.capture_bytes_unix,
+        capture_tail: opts.capture_tail_bytes,
         min_offcpu_ns: opts.min_offcpu.as_nanos() as u64,
         ringbuf_bytes: mib << 20,
         ..EbpfConfig::default()
@@ -814,6 +825,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         capture_len: opts.capture_bytes,
         capture_len_unix: opts.capture_bytes_unix,
         capture_tail_unix,
+        capture_tail: opts.capture_tail_bytes,
         capture_payload: opts.capture_payload,
         gpu: false,
         missing_tracepoints: source.missing_tracepoints().iter().map(|(tp, _)| tp.to_string()).collect(),

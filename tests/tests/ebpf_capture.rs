@@ -384,44 +384,49 @@ out("done", got)
     assert!(src.stats().get("kernel_truncated").unwrap() >= 1);
 }
 
-/// A unix transfer longer than its capture brings its last bytes too, after
-/// the prefix and apart from it (the gap between them is what was not
-/// captured), on both the writer's and the reader's side; TCP's never do,
-/// and `capture_tail_unix = 0` turns it off.
+/// A transfer longer than its capture brings its last bytes too, after the
+/// prefix and apart from it (the gap between them is what was not captured),
+/// on both the writer's and the reader's side: unix sockets (a long ADD's
+/// fields after its prompt ids) and TCP ones (an HTTP body's members after
+/// its prompt), each family with its own tail length, and 0 turns it off.
 #[test]
-fn a_long_unix_transfer_carries_its_last_bytes_after_its_prefix() {
-    let Some(_serial) = privileged("a_long_unix_transfer_carries_its_last_bytes_after_its_prefix") else { return };
+fn a_long_transfer_carries_its_last_bytes_after_its_prefix_on_unix_and_tcp_sockets() {
+    let Some(_serial) = privileged("a_long_transfer_carries_its_last_bytes_after_its_prefix_on_unix_and_tcp_sockets") else { return };
     let script = r#"
 a, b = socket.socketpair()
 a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
 b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 c = socket.create_connection(srv.getsockname()); s, _ = srv.accept()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
 data = bytes((i * 7 + i // 251) % 256 for i in range(100000))
 out("ready")
 wait_go()
 assert a.send(data) == len(data)
 assert len(b.recv(len(data), socket.MSG_WAITALL)) == len(data)
-c.sendall(data[:50000])
-got = 0
-while got < 50000:
-    got += len(s.recv(65536))
+assert c.send(data[:50000]) == 50000
+assert len(s.recv(50000, socket.MSG_WAITALL)) == 50000
 out("done")
 "#;
     let data: Vec<u8> = (0..100_000u32).map(|i| ((i * 7 + i / 251) % 256) as u8).collect();
-    for tail in [4096u32, 0] {
+    for (tail_unix, tail_tcp) in [(4096u32, 16384u32), (0, 0)] {
         let py = Py::spawn(script);
-        let Traced { pid, evs, .. } = py.traced(|c| c.capture_tail_unix = tail);
+        let Traced { pid, evs, .. } = py.traced(|c| {
+            c.capture_tail_unix = tail_unix;
+            c.capture_tail = tail_tcp;
+        });
         let ios = ios(&evs, pid);
-        let unix: Vec<&&IoEvent> = ios.iter().filter(|io| io.family == Family::Unix && io.len == 100_000).collect();
-        assert_eq!(unix.len(), 2, "the write and the read: {ios:?}");
-        for io in unix {
-            assert_eq!(io.data, data[..32768], "{:?}: the prefix", io.dir);
-            assert_eq!(io.tail, data[data.len() - tail as usize..], "{:?}: the last {tail} bytes", io.dir);
-            assert_eq!(io.gap(), 100_000 - 32768 - u64::from(tail), "{:?}", io.dir);
+        for (family, len, cap, tail) in [(Family::Unix, 100_000usize, 32768usize, tail_unix as usize), (Family::Inet, 50_000, 4096, tail_tcp as usize)] {
+            let sent = &data[..len];
+            let found: Vec<&&IoEvent> = ios.iter().filter(|io| io.family == family && io.len == len as u64).collect();
+            assert_eq!(found.len(), 2, "{family:?}: the write and the read: {ios:?}");
+            for io in found {
+                assert_eq!(io.data, sent[..cap], "{family:?} {:?}: the prefix", io.dir);
+                assert_eq!(io.tail, sent[len - tail..], "{family:?} {:?}: the last {tail} bytes", io.dir);
+                assert_eq!(io.gap(), (len - cap - tail) as u64, "{family:?} {:?}", io.dir);
+            }
         }
-        let tcp: Vec<&&IoEvent> = ios.iter().filter(|io| io.family != Family::Unix).collect();
-        assert!(!tcp.is_empty() && tcp.iter().all(|io| io.tail.is_empty() && io.data.len() <= 4096), "{tcp:?}");
     }
 }
 
@@ -697,7 +702,11 @@ fn start_rejects_a_missing_pid_and_an_oversized_capture_but_accepts_extreme_glob
     drop(start(vec![], |c| {
         c.capture_len = 32768;
         c.capture_len_unix = 32768;
+        c.capture_tail = 16384; // HS_MAX_TAIL
+        c.capture_tail_unix = 16384;
     }));
+    let err = EbpfSource::start(EbpfConfig { capture_tail: 16385, ..EbpfConfig::default() }).err().unwrap();
+    assert!(matches!(&err, SourceError::InvalidConfig(m) if m.contains("capture_tail")), "{err:?}");
 }
 
 #[test]
@@ -777,13 +786,15 @@ out("done")
     let reads: Vec<&IoEvent> = ios(&evs, pid).into_iter().filter(|io| io.family == Family::Unix && io.dir == Dir::In).collect();
     assert_eq!(reads.iter().map(|io| io.len).sum::<u64>(), 80000, "{reads:?}");
     assert!(reads.iter().all(|io| io.gap() == 0), "{:?}", reads.iter().map(|io| (io.len, io.gap())).collect::<Vec<_>>());
+    // TCP: a 4 KiB prefix, and the rest (under the 16 KiB TCP tail) after it.
     let tcp = find_io(&evs, pid, Syscall::Sendto, &blob[..4096]);
-    assert_eq!((tcp.family, tcp.len, tcp.gap()), (Family::Inet, 6000, 1904));
+    assert_eq!((tcp.family, tcp.len, tcp.gap()), (Family::Inet, 6000, 0));
+    assert_eq!(tcp.tail, blob[4096..6000]);
     for io in ios(&evs, pid).into_iter().filter(|io| io.family == Family::Inet) {
         assert!(io.data.len() <= 4096, "TCP capture grew: {io:?}");
     }
-    // The two unix writes; the TCP send and its read (6000 > 4096 in both).
-    assert_eq!(src.stats().get("kernel_truncated"), Some(4));
+    // The two unix writes; the TCP send and its read lost nothing.
+    assert_eq!(src.stats().get("kernel_truncated"), Some(2));
 }
 
 /// Minimal msgpack for the ADD messages below.
@@ -1077,6 +1088,7 @@ out("done")
         c.capture_len = 128;
         c.capture_len_unix = 128;
         c.capture_tail_unix = 0;
+        c.capture_tail = 0;
         c.wakeup_bytes = 0;
     });
     py.go();

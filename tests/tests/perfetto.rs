@@ -73,6 +73,7 @@ fn meta() -> Meta {
         capture_len: 4096,
         capture_len_unix: 32768,
         capture_tail_unix: 4096,
+        capture_tail: 16384,
         capture_payload: false,
         gpu: false,
         missing_tracepoints: vec![],

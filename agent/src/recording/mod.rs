@@ -62,6 +62,10 @@ pub struct Meta {
     /// `capture_len_unix`; 0 in files from before (prefixes only).
     #[serde(default)]
     pub capture_tail_unix: u32,
+    /// Last bytes also captured of any other socket's syscall longer than
+    /// `capture_len` (an HTTP body's end); 0 in files from before.
+    #[serde(default)]
+    pub capture_tail: u32,
     pub capture_payload: bool,
     /// Whether a GPU source contributed to this recording.
     #[serde(default)]
@@ -717,12 +721,12 @@ mod tests {
     /// was (the committed testbed fixtures) reads it as 0, not an error.
     #[test]
     fn the_unix_capture_length_round_trips_and_older_files_read_it_as_zero() {
-        let m = Meta { capture_len: 4096, capture_len_unix: 32768, capture_tail_unix: 4096, ..meta() };
+        let m = Meta { capture_len: 4096, capture_len_unix: 32768, capture_tail_unix: 4096, capture_tail: 16384, ..meta() };
         let bytes = Writer::new(Vec::new(), &m).unwrap().finish(1).unwrap();
         assert_eq!(Reader::new(&bytes[..]).unwrap().meta(), &m);
         let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop");
         let r = Reader::open(&old).unwrap();
-        assert_eq!((r.meta().capture_len, r.meta().capture_len_unix, r.meta().capture_tail_unix), (4096, 0, 0));
+        assert_eq!((r.meta().capture_len, r.meta().capture_len_unix, r.meta().capture_tail_unix, r.meta().capture_tail), (4096, 0, 0, 0));
     }
 
     #[test]

@@ -23,7 +23,8 @@ use aya::{
     Btf, BtfError, Ebpf, EbpfError, EbpfLoader,
 };
 use hopscope_ebpf::layout::{
-    HS_CAPTURE_DEFAULT, HS_CAPTURE_UNIX_DEFAULT, HS_IO_SIZE, HS_MAX_CAPTURE, HS_MAX_TAIL, HS_STAT_MAX, HS_STAT_NAMES, HS_TAIL_UNIX_DEFAULT,
+    HS_CAPTURE_DEFAULT, HS_CAPTURE_UNIX_DEFAULT, HS_IO_SIZE, HS_MAX_CAPTURE, HS_MAX_TAIL, HS_STAT_MAX, HS_STAT_NAMES, HS_TAIL_DEFAULT,
+    HS_TAIL_UNIX_DEFAULT,
 };
 
 use super::decode::DecodeError;
@@ -178,6 +179,10 @@ pub struct EbpfConfig {
     /// syscall of its own, so this is the message's end (a long ADD's fields
     /// after its prompt ids). 0: the prefix only.
     pub capture_tail_unix: u32,
+    /// The same on every other socket (TCP): an HTTP body longer than
+    /// `capture_len` keeps its last members (a request's `model` after its
+    /// prompt, a response's `usage`). 0: the prefix only.
+    pub capture_tail: u32,
     /// Off-CPU intervals shorter than this are only counted in the kernel.
     pub min_offcpu_ns: u64,
     /// Ring-buffer backlog (bytes) past which the kernel wakes the reader;
@@ -210,6 +215,7 @@ impl Default for EbpfConfig {
             capture_len: HS_CAPTURE_DEFAULT,
             capture_len_unix: HS_CAPTURE_UNIX_DEFAULT,
             capture_tail_unix: HS_TAIL_UNIX_DEFAULT,
+            capture_tail: HS_TAIL_DEFAULT,
             min_offcpu_ns: 1_000_000,
             wakeup_bytes: 256 * 1024,
             ringbuf_bytes: 16 * 1024 * 1024,
@@ -406,6 +412,7 @@ impl EbpfSource {
             ("capture_len", cfg.capture_len, HS_MAX_CAPTURE),
             ("capture_len_unix", cfg.capture_len_unix, HS_MAX_CAPTURE),
             ("capture_tail_unix", cfg.capture_tail_unix, HS_MAX_TAIL),
+            ("capture_tail", cfg.capture_tail, HS_MAX_TAIL),
         ] {
             if len > max {
                 return Err(SourceError::InvalidConfig(format!("{name} {len} exceeds the kernel maximum {max}")));
@@ -415,7 +422,7 @@ impl EbpfSource {
             cfg.ringbuf_bytes.max(4096).checked_next_power_of_two().ok_or_else(|| {
                 SourceError::InvalidConfig(format!("ringbuf_bytes {} is too large", cfg.ringbuf_bytes))
             })?;
-        let least = min_ringbuf_bytes(cfg.capture_len.max(cfg.capture_len_unix + cfg.capture_tail_unix));
+        let least = min_ringbuf_bytes((cfg.capture_len + cfg.capture_tail).max(cfg.capture_len_unix + cfg.capture_tail_unix));
         if u64::from(ringbuf_bytes) < least {
             return Err(SourceError::InvalidConfig(format!(
                 "ringbuf_bytes {ringbuf_bytes} holds fewer than {RING_MIN_RECORDS} records of the largest capture: use at least {least} bytes or smaller captures"
@@ -439,6 +446,7 @@ impl EbpfSource {
             .override_global("capture_len", &cfg.capture_len, true)
             .override_global("capture_len_unix", &cfg.capture_len_unix, true)
             .override_global("capture_tail_unix", &cfg.capture_tail_unix, true)
+            .override_global("capture_tail", &cfg.capture_tail, true)
             .override_global("min_offcpu_ns", &cfg.min_offcpu_ns, true)
             .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
             .map_max_entries("events", ringbuf_bytes)
@@ -824,10 +832,12 @@ mod tests {
     #[test]
     fn default_config_is_within_kernel_limits() {
         let c = EbpfConfig::default();
-        assert_eq!((c.capture_len, c.capture_len_unix, c.capture_tail_unix), (4096, 32768, 4096));
-        assert!(c.capture_len <= HS_MAX_CAPTURE && c.capture_len_unix <= HS_MAX_CAPTURE && c.capture_tail_unix <= HS_MAX_TAIL);
+        assert_eq!((c.capture_len, c.capture_len_unix, c.capture_tail_unix, c.capture_tail), (4096, 32768, 4096, 16384));
+        assert!(c.capture_len <= HS_MAX_CAPTURE && c.capture_len_unix <= HS_MAX_CAPTURE);
+        assert!(c.capture_tail_unix <= HS_MAX_TAIL && c.capture_tail <= HS_MAX_TAIL);
         assert!(c.ringbuf_bytes.is_power_of_two());
         assert!(u64::from(c.ringbuf_bytes) >= min_ringbuf_bytes(c.capture_len_unix + c.capture_tail_unix));
+        assert!(u64::from(c.ringbuf_bytes) >= min_ringbuf_bytes(c.capture_len + c.capture_tail));
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub struct Request {
     pub hop: u32,
     pub method: String,
     pub path: String,
+    /// The request body's `model` (read from its ends when it was longer
+    /// than the capture), when it was JSON.
+    pub model: Option<String>,
     pub status: Option<u16>,
     pub arrive_ns: u64,
     /// When the first byte became readable in the server's socket (before the
@@ -566,7 +569,7 @@ impl Correlator {
         }
         self.attribution.tick(rec, ts);
         match rec {
-            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, ready_ns, .. } => {
+            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, model, ready_ns } => {
                 self.http_threads.insert(conn.tgid, *tid);
                 // A readable-since older than the read by more than a minute is a
                 // stale kernel entry (socket address reuse), not a wait.
@@ -595,6 +598,7 @@ impl Correlator {
                     hop: 0,
                     method: method.clone(),
                     path: path.clone(),
+                    model: model.clone(),
                     status: None,
                     arrive_ns: *start_ns,
                     wire_arrive_ns,

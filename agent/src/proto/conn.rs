@@ -133,12 +133,47 @@ pub(crate) type Budget = Arc<AtomicUsize>;
 /// Most bytes all JSON body captures of one decoder may hold together.
 pub(crate) const CAPTURE_BUDGET: usize = 64 << 20;
 
-/// A bounded copy of a body, kept only while it is complete. Its bytes count
-/// against the decoder's [`Budget`] until it is taken or dropped.
+/// The capture of a body that is JSON (`json`, and not encoded), whole when
+/// announced small enough, else its ends only.
+fn json_capture(json: bool, framing: BodyFraming, ctx: &mut Ctx<'_>) -> Capture {
+    let cap = Capture::new(json, ctx.budget);
+    match framing {
+        BodyFraming::Length(n) if json && n > MAX_JSON_BODY as u64 => {
+            ctx.c.json_body_too_large += 1;
+            cap.ends_only()
+        }
+        _ => cap,
+    }
+}
+
+/// How much of each end of a body [`Capture`] keeps once it has lost bytes:
+/// the kernel's default TCP tail (`HS_TAIL_DEFAULT`), and as much of the start.
+const ENDS_KEEP: usize = 16 << 10;
+
+/// A bounded copy of a JSON body, read for its metadata when it ends. Whole
+/// while every byte was captured and it stays under [`MAX_JSON_BODY`]; after
+/// a gap (or past that size) only its ends: the first [`ENDS_KEEP`] bytes and
+/// the last contiguous ones, up to as many, where `json_ends` finds the
+/// members it can place. Its bytes count against the decoder's [`Budget`]
+/// until it is taken or dropped.
 #[derive(Debug, Default)]
 struct Capture {
+    /// The body's first bytes; `None` when it is not captured (not JSON,
+    /// encoded, over the budget).
     buf: Option<Vec<u8>>,
+    /// `Some` once a byte was lost: the bytes since the latest gap, the last
+    /// [`ENDS_KEEP`] of them.
+    tail: Option<Vec<u8>>,
     budget: Option<Budget>,
+    /// Bytes counted against the budget.
+    held: usize,
+}
+
+/// What a [`Capture`] holds when its body ends.
+#[derive(Debug)]
+enum Body {
+    Whole(Vec<u8>),
+    Ends { head: Vec<u8>, tail: Vec<u8> },
 }
 
 impl Capture {
@@ -146,45 +181,92 @@ impl Capture {
         if enabled {
             Capture {
                 buf: Some(Vec::new()),
+                tail: None,
                 budget: Some(Arc::clone(budget)),
+                held: 0,
             }
         } else {
             Capture::default()
         }
     }
 
+    /// A body announced over [`MAX_JSON_BODY`]: only its ends are kept.
+    fn ends_only(mut self) -> Self {
+        if self.buf.is_some() {
+            self.tail = Some(Vec::new());
+        }
+        self
+    }
+
     fn push(&mut self, b: &[u8], c: &mut Counters) {
-        let Some(len) = self.buf.as_ref().map(Vec::len) else {
+        let Some(head) = &mut self.buf else {
             return;
         };
-        if len.saturating_add(b.len()) > MAX_JSON_BODY {
-            self.lose();
-            c.json_body_too_large += 1;
-            return;
+        match &mut self.tail {
+            Some(t) => keep_last(t, b),
+            None if head.len().saturating_add(b.len()) > MAX_JSON_BODY => {
+                c.json_body_too_large += 1;
+                let mut t = Vec::new();
+                keep_last(&mut t, &head[head.len().saturating_sub(ENDS_KEEP)..]);
+                keep_last(&mut t, b);
+                head.truncate(ENDS_KEEP);
+                head.shrink_to_fit();
+                self.tail = Some(t);
+            }
+            None => head.extend_from_slice(b),
         }
-        if let Some(budget) = &self.budget {
-            if budget.load(Ordering::Relaxed).saturating_add(b.len()) > CAPTURE_BUDGET {
+        self.charge(c);
+    }
+
+    /// `n > 0` bytes of the body were not captured.
+    fn gap(&mut self, c: &mut Counters) {
+        let Some(head) = &mut self.buf else {
+            return;
+        };
+        match &mut self.tail {
+            Some(t) => t.clear(),
+            None => {
+                head.truncate(ENDS_KEEP);
+                head.shrink_to_fit();
+                self.tail = Some(Vec::new());
+            }
+        }
+        self.charge(c);
+    }
+
+    /// Brings the budget up to date with what is held; over it, the
+    /// capture is given up.
+    fn charge(&mut self, c: &mut Counters) {
+        let now = self.buf.as_ref().map_or(0, Vec::len) + self.tail.as_ref().map_or(0, Vec::len);
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        if now > self.held {
+            let more = now - self.held;
+            if budget.load(Ordering::Relaxed).saturating_add(more) > CAPTURE_BUDGET {
                 self.lose();
                 c.capture_budget_exceeded += 1;
                 return;
             }
-            budget.fetch_add(b.len(), Ordering::Relaxed);
+            budget.fetch_add(more, Ordering::Relaxed);
+        } else {
+            release(budget, self.held - now);
         }
-        if let Some(v) = &mut self.buf {
-            v.extend_from_slice(b);
-        }
+        self.held = now;
     }
 
     /// The captured body, no longer counted against the budget.
-    fn take(&mut self) -> Option<Vec<u8>> {
-        let v = self.buf.take();
-        if let (Some(v), Some(budget)) = (&v, &self.budget) {
-            let n = v.len();
-            let _ = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                Some(u.saturating_sub(n))
-            });
+    fn take(&mut self) -> Option<Body> {
+        let head = self.buf.take();
+        let tail = self.tail.take();
+        if let Some(budget) = &self.budget {
+            release(budget, self.held);
         }
-        v
+        self.held = 0;
+        Some(match (head?, tail) {
+            (head, None) => Body::Whole(head),
+            (head, Some(tail)) => Body::Ends { head, tail },
+        })
     }
 
     fn lose(&mut self) {
@@ -192,8 +274,20 @@ impl Capture {
     }
 
     fn len(&self) -> usize {
-        self.buf.as_ref().map_or(0, Vec::capacity)
+        self.buf.as_ref().map_or(0, Vec::capacity) + self.tail.as_ref().map_or(0, Vec::capacity)
     }
+}
+
+fn release(budget: &Budget, n: usize) {
+    let _ = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(n)));
+}
+
+/// Appends `b` to `t`, keeping its last [`ENDS_KEEP`] bytes.
+fn keep_last(t: &mut Vec<u8>, b: &[u8]) {
+    let b = &b[b.len().saturating_sub(ENDS_KEEP)..];
+    let over = (t.len() + b.len()).saturating_sub(ENDS_KEEP);
+    t.drain(..over);
+    t.extend_from_slice(b);
 }
 
 impl Drop for Capture {
@@ -359,7 +453,12 @@ impl Conn {
             .len()
             .min(usize::try_from(io.len).unwrap_or(usize::MAX));
         let data = io.data.get(..cap).unwrap_or_default();
-        let gap = io.len.saturating_sub(cap as u64);
+        // The transfer's last bytes, when captured apart: after the gap.
+        let tail = io
+            .tail
+            .get(..usize::try_from(io.len - cap as u64).unwrap_or(usize::MAX).min(io.tail.len()))
+            .unwrap_or_default();
+        let gap = io.len - cap as u64 - tail.len() as u64;
         if self.dead {
             inc(&mut ctx.c.unparsed_bytes, io.len);
             return;
@@ -377,12 +476,37 @@ impl Conn {
                 Dir::Out => None,
             },
         };
+        if !self.feed(ctx, d, data, true, gap + tail.len() as u64, at, out) {
+            return;
+        }
+        if gap > 0 {
+            if let Err((f, lost)) = self.on_gap(ctx, d, gap, at, out) {
+                self.fail(ctx, d, f, lost, at, out);
+                inc(&mut ctx.c.unparsed_bytes, lost);
+                if self.dead {
+                    inc(&mut ctx.c.unparsed_bytes, tail.len() as u64);
+                    return;
+                }
+            }
+        }
+        if !self.feed(ctx, d, tail, false, 0, at, out) {
+            return;
+        }
+        self.sides[d].last_ts = at.ts;
+        self.sides[d].seen = true;
+    }
+
+    /// Steps side `d` through `data`, bytes of one syscall that `after`
+    /// more bytes follow; `at_start`: `data` starts the syscall. False when
+    /// the connection was given up.
+    #[allow(clippy::too_many_arguments)]
+    fn feed(&mut self, ctx: &mut Ctx<'_>, d: usize, data: &[u8], at_start: bool, after: u64, at: At, out: &mut Vec<Record>) -> bool {
         let mut pos = 0;
         let mut stalls = 0u32;
         while pos < data.len() {
             let rest = &data[pos..];
-            let left = (rest.len() as u64).saturating_add(gap);
-            let r = self.step(ctx, d, rest, pos == 0, left, at, out);
+            let left = (rest.len() as u64).saturating_add(after);
+            let r = self.step(ctx, d, rest, at_start && pos == 0, left, at, out);
             let (n, fail) = match r {
                 Ok(n) => (n, None),
                 Err((f, n)) => (n, Some(f)),
@@ -390,11 +514,11 @@ impl Conn {
             let n = n.min(rest.len());
             pos += n;
             if let Some(f) = fail {
-                let left = ((data.len() - pos) as u64).saturating_add(gap);
+                let left = ((data.len() - pos) as u64).saturating_add(after);
                 self.fail(ctx, d, f, left, at, out);
                 if self.dead {
                     inc(&mut ctx.c.unparsed_bytes, left);
-                    return;
+                    return false;
                 }
             } else if n == 0 {
                 // Every state consumes or changes state; a long run of empty steps
@@ -402,7 +526,7 @@ impl Conn {
                 stalls += 1;
                 if stalls > 8 {
                     ctx.c.internal_stall += 1;
-                    let left = ((data.len() - pos) as u64).saturating_add(gap);
+                    let left = ((data.len() - pos) as u64).saturating_add(after);
                     self.fail(
                         ctx,
                         d,
@@ -412,20 +536,13 @@ impl Conn {
                         out,
                     );
                     inc(&mut ctx.c.unparsed_bytes, left);
-                    return;
+                    return false;
                 }
                 continue;
             }
             stalls = 0;
         }
-        if gap > 0 {
-            if let Err((f, lost)) = self.on_gap(ctx, d, gap, at, out) {
-                self.fail(ctx, d, f, lost, at, out);
-                inc(&mut ctx.c.unparsed_bytes, lost);
-            }
-        }
-        self.sides[d].last_ts = at.ts;
-        self.sides[d].seen = true;
+        true
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -596,7 +713,6 @@ impl Conn {
             BodyFraming::Length(n) => Some(ReqFraming::Length(n)),
             BodyFraming::Chunked => Some(ReqFraming::Chunked(ChunkDecoder::new())),
         };
-        let small = !matches!(parsed.framing, BodyFraming::Length(n) if n > MAX_JSON_BODY as u64);
         let body = Box::new(ReqBody {
             seq,
             start,
@@ -605,7 +721,7 @@ impl Conn {
             headers: parsed.headers,
             framing: ReqFraming::Length(0),
             body_len: 0,
-            cap: Capture::new(parsed.json && small, ctx.budget),
+            cap: json_capture(parsed.json, parsed.framing, ctx),
         });
         match framing {
             None => self.emit_request(ctx, *body, at.ts, out),
@@ -620,12 +736,20 @@ impl Conn {
 
     fn emit_request(&self, ctx: &mut Ctx<'_>, mut b: ReqBody, end_ns: u64, out: &mut Vec<Record>) {
         let meta = match b.cap.take() {
-            Some(body) if !body.is_empty() => {
+            Some(Body::Whole(body)) if !body.is_empty() => {
                 let m = openai::request_meta(&body);
                 if m.is_none() {
                     ctx.c.request_json_invalid += 1;
                 }
                 m
+            }
+            Some(Body::Ends { head, tail }) => {
+                ctx.c.json_body_ends += 1;
+                let m = openai::request_meta_parts(&head, &tail);
+                if m.1.is_none() {
+                    ctx.c.json_meta_lost += 1;
+                }
+                Some(m)
             }
             _ => None,
         };
@@ -785,17 +909,13 @@ impl Conn {
         if (parsed.sse || parsed.json) && parsed.encoded {
             ctx.c.body_encoded += 1;
         }
-        let small = !matches!(parsed.framing, BodyFraming::Length(n) if n > MAX_JSON_BODY as u64);
         let body = Box::new(RespBody {
             seq: pending.seq,
             framing: RespFraming::Close,
             body_len: 0,
             last_ts: at.ts,
             sse: (tracked && parsed.sse && !parsed.encoded).then(SseParser::default),
-            cap: Capture::new(
-                tracked && parsed.json && !parsed.sse && !parsed.encoded && small,
-                ctx.budget,
-            ),
+            cap: json_capture(tracked && parsed.json && !parsed.sse && !parsed.encoded, parsed.framing, ctx),
         });
         match framing {
             None => {
@@ -878,7 +998,7 @@ impl Conn {
         inc(&mut b.body_len, n);
         inc(&mut ctx.c.gap_bytes_in_body, n);
         b.last_ts = at.ts;
-        b.cap.lose();
+        b.cap.gap(ctx.c);
         if let Some(sse) = &mut b.sse {
             sse.gap(framed, ctx.c);
         }
@@ -922,18 +1042,33 @@ impl Conn {
             ctx.c.responses_incomplete += 1;
             return;
         }
-        if let Some(body) = b.cap.take().filter(|v| !v.is_empty()) {
-            match openai::response_meta(&body) {
-                Some(m) => out.push(Record::ResponseBody {
-                    conn: self.key,
-                    seq,
-                    ts_ns: ts,
-                    id: m.id,
-                    usage: m.usage,
-                    finish_reason: m.finish_reason,
-                }),
-                None => ctx.c.json_body_invalid += 1,
+        let meta = match b.cap.take() {
+            Some(Body::Whole(body)) if !body.is_empty() => {
+                let m = openai::response_meta(&body);
+                if m.is_none() {
+                    ctx.c.json_body_invalid += 1;
+                }
+                m
             }
+            Some(Body::Ends { head, tail }) => {
+                ctx.c.json_body_ends += 1;
+                let m = openai::response_meta_parts(&head, &tail);
+                if m.usage.is_none() {
+                    ctx.c.json_meta_lost += 1;
+                }
+                (m.id.is_some() || m.usage.is_some() || m.finish_reason.is_some()).then_some(m)
+            }
+            _ => None,
+        };
+        if let Some(m) = meta {
+            out.push(Record::ResponseBody {
+                conn: self.key,
+                seq,
+                ts_ns: ts,
+                id: m.id,
+                usage: m.usage,
+                finish_reason: m.finish_reason,
+            });
         }
         out.push(Record::HttpResponseEnd {
             conn: self.key,
@@ -1186,7 +1321,7 @@ impl Conn {
                     let done = *rem == 0;
                     inc(&mut b.body_len, k);
                     inc(&mut ctx.c.gap_bytes_in_body, k);
-                    b.cap.lose();
+                    b.cap.gap(ctx.c);
                     if done {
                         self.emit_request(ctx, *b, at.ts, out);
                         self.gap_rest(ctx, d, n - k, at, out)
@@ -1199,7 +1334,7 @@ impl Conn {
                     let s = dec.skip(n);
                     inc(&mut b.body_len, s.data);
                     inc(&mut ctx.c.gap_bytes_in_body, s.data);
-                    b.cap.lose();
+                    b.cap.gap(ctx.c);
                     if s.lost {
                         ctx.c.chunk_framing_lost += 1;
                         ctx.c.requests_incomplete += 1;

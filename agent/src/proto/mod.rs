@@ -39,6 +39,7 @@
 mod chunked;
 mod conn;
 mod http;
+mod json_ends;
 mod openai;
 mod sse;
 #[cfg(test)]
@@ -159,8 +160,15 @@ counters! {
     sse_events_unterminated,
     /// Non-streaming JSON response bodies that did not parse.
     json_body_invalid,
-    /// JSON bodies over 1 MiB, not read for metadata.
+    /// JSON bodies over 1 MiB: read for metadata from their ends only.
     json_body_too_large,
+    /// JSON bodies (requests, non-streaming responses) not captured whole (a
+    /// syscall longer than its capture, or over 1 MiB): their metadata read
+    /// from their first bytes and their last ones.
+    json_body_ends,
+    /// Of those, bodies whose main field was in neither end: a request's
+    /// `model`, a response's `usage` (a larger `--capture-tail-bytes` keeps more).
+    json_meta_lost,
     /// JSON bodies not read because all captures together held 64 MiB.
     capture_budget_exceeded,
     /// Captured request bodies that were not a JSON object.

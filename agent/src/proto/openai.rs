@@ -2,6 +2,7 @@
 //! finish reasons and token counts. Generated text and prompts are measured
 //! (byte lengths) and dropped, never copied into a record.
 
+use super::json_ends::{self, Kind};
 use crate::model::{SseKind, Usage};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -180,6 +181,61 @@ pub(crate) fn request_meta(body: &[u8]) -> Option<(Option<bool>, Option<String>)
         m.stream.as_ref().and_then(Value::as_bool),
         str_of(m.model.as_ref()),
     ))
+}
+
+/// `(stream, model)` from a JSON request body captured in part: its first
+/// bytes and its last ones (`proto::json_ends`). The OpenAI SDK writes
+/// `messages` first, so behind a long prompt they are in the tail.
+pub(crate) fn request_meta_parts(head: &[u8], tail: &[u8]) -> (Option<bool>, Option<String>) {
+    let mut stream = None;
+    let mut model = None;
+    for (k, v) in json_ends::head_members(head, &["stream", "model"]) {
+        match k.as_str() {
+            "stream" => stream = stream.or(v.as_bool()),
+            _ => model = model.or_else(|| str_of(Some(&v))),
+        }
+    }
+    json_ends::tail_members(tail, |path, k, v| {
+        if path != [Kind::Object] {
+            return;
+        }
+        match k {
+            b"stream" if stream.is_none() => stream = serde_json::from_slice::<bool>(v).ok(),
+            b"model" if model.is_none() => model = serde_json::from_slice::<String>(v).ok().map(|m| short(&m)),
+            _ => {}
+        }
+    });
+    (stream, model)
+}
+
+/// [`response_meta`] of a JSON response body captured in part: the id from
+/// its first bytes, `usage` and the first choice in the tail's
+/// `finish_reason` from its last ones.
+pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
+    let mut id = None;
+    let mut usage = None;
+    for (k, v) in json_ends::head_members(head, &["id", "usage"]) {
+        match k.as_str() {
+            "id" => id = id.or_else(|| str_of(Some(&v))),
+            _ => usage = usage.or_else(|| usage_of(Some(&v))),
+        }
+    }
+    let id = id.or_else(|| partial_id(head));
+    let mut finish_reason = None;
+    json_ends::tail_members(tail, |path, k, v| match (path, k) {
+        ([Kind::Object], b"usage") if usage.is_none() => {
+            usage = serde_json::from_slice::<Value>(v).ok().and_then(|u| usage_of(Some(&u)));
+        }
+        // choices[i].finish_reason: reported nearest the end first, so the
+        // last one seen is the first choice the tail holds.
+        ([Kind::Object, Kind::Array, Kind::Object], b"finish_reason") => {
+            if let Ok(Some(r)) = serde_json::from_slice::<Option<String>>(v) {
+                finish_reason = Some(short(&r));
+            }
+        }
+        _ => {}
+    });
+    BodyMeta { id, usage, finish_reason }
 }
 
 #[derive(Deserialize)]

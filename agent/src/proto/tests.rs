@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::event::{CloseEvent, ConnEvent, ConnOp, Dir, IoEvent, Syscall};
-use crate::model::{HttpRole, SseKind};
+use crate::model::{HttpRole, SseKind, Usage};
 
 const IN: Dir = Dir::In;
 const OUT: Dir = Dir::Out;
@@ -35,6 +35,14 @@ fn io_cap(k: ConnKey, dir: Dir, ts: u64, captured: &[u8], len: u64) -> KEvent {
         copy_failed: false,
         burst: Burst::NoSleep,
     })
+}
+
+/// A syscall that moved `all`, captured as the kernel does with a tail: its
+/// first `cap` bytes and its last `tail` ones.
+fn io_ends(k: ConnKey, dir: Dir, ts: u64, all: &[u8], cap: usize, tail: usize) -> KEvent {
+    let KEvent::Io(mut e) = io_cap(k, dir, ts, &all[..cap], all.len() as u64) else { unreachable!() };
+    e.tail = all[all.len() - tail..].to_vec();
+    KEvent::Io(e)
 }
 
 fn io(k: ConnKey, dir: Dir, ts: u64, data: &[u8]) -> KEvent {
@@ -574,7 +582,7 @@ fn large_body_captured_partly_is_skipped_by_count() {
         shows(&out, true),
         [
             "open",
-            "req#0 Server POST /v1/chat/completions 100-200 body=100000 stream=None model=None",
+            "req#0 Server POST /v1/chat/completions 100-200 body=100000 stream=Some(true) model=Some(\"m1\")",
             "resp#0 Server 200 @300",
             "end#0 0B @300",
         ]
@@ -584,6 +592,77 @@ fn large_body_captured_partly_is_skipped_by_count() {
         counter(&dec, "gap_bytes_in_body"),
         (all.len() - 8192) as u64
     );
+    // Read from the body's first bytes: its members before the prompt.
+    assert_eq!((counter(&dec, "json_body_ends"), counter(&dec, "json_meta_lost")), (1, 0));
+}
+
+/// The OpenAI SDK writes `messages` first: behind a long prompt, `model` and
+/// `stream` are in the last bytes of the read, which the probe captures
+/// apart. Requests whose model is in neither end are counted.
+#[test]
+fn an_sdk_ordered_long_request_keeps_model_and_stream_from_the_reads_tail() {
+    let body = |model: &str, tools: usize| {
+        let mut b = br#"{"messages":[{"role":"user","content":""#.to_vec();
+        b.resize(40_000, b'x');
+        b.extend_from_slice(format!(r#""}}],"model":"{model}","max_tokens":16,"stream":true,"tools":[{}]}}"#, "1,".repeat(tools) + "1").as_bytes());
+        b
+    };
+    let req = |body: &[u8]| [format!("POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes(), body].concat();
+    let (a, b) = (key(30), key(31));
+    let near = req(&body("org/model-7b", 0));
+    let far = req(&body("org/model-7b", 20_000));
+    let mut dec = decoder();
+    let out = run(
+        &mut dec,
+        &[
+            accept(a, 1),
+            // One read of the whole request: 4 KiB, a gap, the last 16 KiB.
+            io_ends(a, IN, 100, &near, 4096, 16384),
+            io(a, OUT, 200, b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+            accept(b, 2),
+            // `tools` longer than the tail: the model is not in it.
+            io_ends(b, IN, 300, &far, 4096, 16384),
+            io(b, OUT, 400, b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+        ],
+    );
+    let shown = shows(&out, true);
+    let reqs: Vec<&String> = shown.iter().filter(|l| l.starts_with("req#0 Server POST")).collect();
+    assert_eq!(reqs.len(), 2, "{shown:?}");
+    assert!(reqs[0].ends_with(&format!("body={} stream=Some(true) model=Some(\"org/model-7b\")", body("org/model-7b", 0).len())), "{shown:?}");
+    assert!(reqs[1].ends_with("stream=None model=None"), "{shown:?}");
+    assert_eq!((counter(&dec, "json_body_ends"), counter(&dec, "json_meta_lost")), (2, 1));
+    assert_eq!(counter(&dec, "desync"), 0);
+}
+
+/// A long non-streaming answer: its `usage` and `finish_reason` come from
+/// the write's tail, its id from the head.
+#[test]
+fn a_long_non_streaming_answer_keeps_its_usage_from_the_writes_tail() {
+    let k = key(32);
+    let mut body = br#"{"id":"chatcmpl-9","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""#.to_vec();
+    body.resize(30_000, b'y');
+    body.extend_from_slice(br#""},"finish_reason":"length"}],"usage":{"prompt_tokens":12,"completion_tokens":7000,"prompt_tokens_details":{"cached_tokens":8}}}"#);
+    let resp = [format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes(), &body[..]].concat();
+    let mut dec = decoder();
+    let out = run(
+        &mut dec,
+        &[
+            accept(k, 1),
+            io(k, IN, 100, b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\n\r\n{}"),
+            io_ends(k, OUT, 200, &resp, 4096, 16384),
+        ],
+    );
+    let meta: Vec<_> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::ResponseBody { id, usage, finish_reason, .. } => Some((id.clone(), *usage, finish_reason.clone())),
+            _ => None,
+        })
+        .collect();
+    let usage = Usage { prompt_tokens: Some(12), completion_tokens: Some(7000), cached_tokens: Some(8) };
+    assert_eq!(meta, vec![(Some("chatcmpl-9".to_string()), Some(usage), Some("length".to_string()))]);
+    assert!(out.iter().any(|r| matches!(r, Record::HttpResponseEnd { body_len, .. } if *body_len == body.len() as u64)));
+    assert_eq!((counter(&dec, "json_body_ends"), counter(&dec, "json_meta_lost"), counter(&dec, "desync")), (1, 0, 0));
 }
 
 #[test]

@@ -73,6 +73,8 @@ pub struct RequestOut {
     pub hop: Option<u32>,
     pub method: String,
     pub path: String,
+    /// The request body's `model`.
+    pub model: Option<String>,
     pub status: Option<u16>,
     pub arrive_ns: u64,
     pub ttft_ns: Option<u64>,
@@ -249,6 +251,7 @@ pub struct RequestRef<'a> {
     pub hop: u32,
     pub method: &'a str,
     pub path: &'a str,
+    pub model: Option<&'a str>,
     pub status: Option<u16>,
     pub arrive_ns: u64,
     pub ttft_ns: Option<u64>,
@@ -385,6 +388,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         hop: r.hop,
         method: &r.method,
         path: &r.path,
+        model: r.model.as_deref(),
         status: r.status,
         arrive_ns: r.arrive_ns,
         ttft_ns: r.ttft_ns,
@@ -448,6 +452,7 @@ impl RequestRef<'_> {
             hop: Some(self.hop),
             method: self.method.to_owned(),
             path: self.path.to_owned(),
+            model: own(self.model),
             status: self.status,
             arrive_ns: self.arrive_ns,
             ttft_ns: self.ttft_ns,
@@ -505,6 +510,7 @@ impl RequestRef<'_> {
             .field("hop", &self.hop)
             .field("method", self.method)
             .field("path", self.path)
+            .field("model", &self.model)
             .field("status", &self.status)
             .field("arrive_ns", &self.arrive_ns)
             .field("ttft_ns", &self.ttft_ns)
@@ -1099,6 +1105,10 @@ pub fn is_loss(name: &str) -> bool {
         "zmtp_resyncs",
         "zmtp_attach_mid_stream",
         "ipc_tail_recovered",
+        // JSON bodies read from their two ends (what they lacked there is
+        // `json_meta_lost`, a loss).
+        "json_body_ends",
+        "json_body_too_large",
         // Capture limits: bytes past a syscall's capture, skipped by count
         // with the framing kept. What a figure lacks for want of them is
         // counted by the decoder that needed them, as a loss
@@ -2535,6 +2545,7 @@ mod tests {
             hop: u32::MAX,
             method: "POST",
             path: "/v1/\"x\"",
+            model: Some("org/m\\\"1\u{2028}"),
             status: Some(200),
             arrive_ns: u64::MAX,
             ttft_ns: None,

@@ -268,6 +268,16 @@ fn unix_offset(meta: &Meta) -> i128 {
     start_unix as i128 - meta.start_ns as i128
 }
 
+/// `gen_ai.operation.name` of an OpenAI-compatible path (query string aside).
+fn operation_name(path: &str) -> Option<&'static str> {
+    match path.split('?').next().unwrap_or(path).trim_end_matches('/') {
+        "/v1/chat/completions" => Some("chat"),
+        "/v1/completions" => Some("text_completion"),
+        "/v1/embeddings" => Some("embeddings"),
+        _ => None,
+    }
+}
+
 /// The spans of one request (none while it has no end): its SERVER span
 /// and, when the engine was joined, one child per phase.
 pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>) {
@@ -292,6 +302,14 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     ];
     if let Some(st) = r.status {
         attrs.push(kv("http.response.status_code", Value::Int(st as i64)));
+    }
+    // The GenAI conventions' operation and model: what a trace backend
+    // groups LLM calls by.
+    if let Some(op) = operation_name(&r.path) {
+        attrs.push(s("gen_ai.operation.name", op));
+    }
+    if let Some(m) = &r.model {
+        attrs.push(s("gen_ai.request.model", m));
     }
     let mut int = |k: &str, v: Option<u64>| {
         if let Some(v) = v {
@@ -624,6 +642,29 @@ mod tests {
         for sp in spans.iter().filter(|sp| sp.kind == 2 && !is(sp)) {
             assert!(sp.attributes.iter().all(|a| !a.key.starts_with("hopscope.gpu.")), "{:?}", sp.attributes);
         }
+    }
+
+    /// The GenAI conventions' operation (from the path) and model (from the
+    /// request body) on each request's span; no model attribute without one.
+    #[test]
+    fn a_requests_span_names_its_genai_operation_and_model() {
+        let (meta, mut analysis) = fixture_analysis();
+        let chat: Vec<usize> = (0..analysis.requests.len()).filter(|&i| analysis.requests[i].done_ns.is_some() && analysis.requests[i].path == "/v1/chat/completions").collect();
+        assert!(chat.len() >= 2, "{} chat requests", chat.len());
+        assert!(chat.iter().all(|&i| analysis.requests[i].model.is_some()), "the fixture's bodies name their model");
+        let (with, without) = (analysis.requests[chat[0]].id.clone(), analysis.requests[chat[1]].id.clone());
+        let model = analysis.requests[chat[0]].model.clone().unwrap();
+        analysis.requests[chat[1]].model = None;
+        let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let attr = |sp: &Span, k: &str| sp.attributes.iter().find(|a| a.key == k).and_then(|a| a.value.clone()).and_then(|v| v.value);
+        let span = |id: &str| spans.iter().find(|sp| sp.kind == 2 && attr(sp, "gen_ai.request.id") == Some(Value::Str(id.into()))).unwrap();
+        assert_eq!(attr(span(&with), "gen_ai.operation.name"), Some(Value::Str("chat".into())));
+        assert_eq!(attr(span(&with), "gen_ai.request.model"), Some(Value::Str(model)));
+        assert_eq!(attr(span(&without), "gen_ai.operation.name"), Some(Value::Str("chat".into())));
+        assert_eq!(attr(span(&without), "gen_ai.request.model"), None);
+        assert_eq!(operation_name("/v1/completions?x=1"), Some("text_completion"));
+        assert_eq!(operation_name("/v1/embeddings/"), Some("embeddings"));
+        assert_eq!(operation_name("/v1/models"), None);
     }
 
     /// A collector on a local port: answers each POST with the next status

@@ -856,6 +856,7 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
         Arg::u64("capture_len", meta.capture_len as u64),
         Arg::u64("capture_len_unix", u64::from(meta.capture_len_unix)),
         Arg::u64("capture_tail_unix", u64::from(meta.capture_tail_unix)),
+        Arg::u64("capture_tail", u64::from(meta.capture_tail)),
         Arg::bool("capture_payload", meta.capture_payload),
         Arg::bool("gpu", meta.gpu),
         Arg::u64("requests", requests),
@@ -1070,6 +1071,9 @@ impl RequestArgs {
         }
         args.push(Arg::interned("method", &r.method));
         args.push(Arg::interned("path", &r.path));
+        if let Some(m) = &r.model {
+            args.push(Arg::interned("model", m));
+        }
         if let Some(v) = out.prompt_tokens {
             args.push(Arg::u64("prompt_tokens", v));
         }

@@ -65,16 +65,13 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         headers["traceparent"] = traceparent(trace_id)
     if args.request_id_prefix:
         headers["X-Request-Id"] = f"{args.request_id_prefix}-c{chain}-h{hop}-{uuid.uuid4().hex[:8]}"
-    body = {
-        "model": args.model,
-        "messages": messages,
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    # Members in the OpenAI SDK's order (`messages` first, then `model` and
+    # the parameters): behind a long prompt a tracer finds the model only in
+    # the body's last bytes, as it must for real agents.
+    body: dict[str, Any] = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
     if args.seed is not None:
         body["seed"] = args.seed
+    body.update({"stream": True, "stream_options": {"include_usage": True}, "temperature": args.temperature})
     rec: dict[str, Any] = {
         "chain": chain, "hop": hop, "phase": phase, "session_id": session_id,
         "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),

@@ -192,6 +192,9 @@ fn metrics_endpoint_serves_vllm_style_histograms_during_the_recording() {
     };
     assert_eq!(scraped["hopscope_time_to_first_token_seconds"]["type"], "histogram");
     assert_eq!(count("hopscope_time_to_first_token_seconds", "hopscope_time_to_first_token_seconds_count"), n);
+    // vLLM's `model_name` label: the model the client's bodies named.
+    let named: f64 = scraped["hopscope_time_to_first_token_seconds"]["samples"].as_array().unwrap().iter().filter(|s| s[0] == "hopscope_time_to_first_token_seconds_count" && s[1]["model_name"] == "test-model").map(|s| s[2].as_f64().unwrap()).sum();
+    assert_eq!(named, n, "{}", scraped["hopscope_time_to_first_token_seconds"]);
     // Every answered request, the health checks included.
     assert!(count("hopscope_e2e_request_latency_seconds", "hopscope_e2e_request_latency_seconds_count") >= n);
     // 12 chunks per request: 11 gaps each.

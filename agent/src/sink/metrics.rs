@@ -104,6 +104,8 @@ impl Histogram {
 }
 
 struct Open {
+    /// Its series' model (a [`LiveMetrics::by_model`] key).
+    model: String,
     arrive_ns: u64,
     hop: u32,
     ttft_ns: Option<u64>,
@@ -121,20 +123,45 @@ struct ChainLive {
     last_done_ns: Option<u64>,
 }
 
+/// The series vLLM labels with `model_name`: one set per model the
+/// requests named.
+#[derive(Debug, Clone)]
+struct PerModel {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    requests: BTreeMap<u16, u64>,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+}
+
+impl PerModel {
+    fn new() -> Self {
+        PerModel {
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            requests: BTreeMap::new(),
+            prompt_tokens: 0,
+            generation_tokens: 0,
+        }
+    }
+}
+
+/// Models named past this many share the `model_name="other"` series: the name
+/// comes from the clients, so its label's cardinality is bounded here.
+const MAX_MODEL_LABELS: usize = 16;
+
 /// Metrics built from the live record stream.
 pub struct LiveMetrics {
     open: HashMap<(ConnKey, u32), Open>,
     hops: HashMap<String, ChainLive>,
     chain_header: String,
-    ttft: Histogram,
-    itl: Histogram,
-    e2e: Histogram,
+    /// By the request body's `model` (`""`: none named, no label).
+    by_model: BTreeMap<String, PerModel>,
     ttft_by_hop: BTreeMap<u32, Histogram>,
     /// A hop's arrival less the end of its chain's previous hop.
     between_hops: Histogram,
-    requests: BTreeMap<u16, u64>,
-    prompt_tokens: u64,
-    generation_tokens: u64,
     drops: Vec<(String, u64)>,
     /// Per engine index: the latest `scheduler_stats` and the prefix-cache totals.
     engines: BTreeMap<u64, EngineGauges>,
@@ -164,14 +191,9 @@ impl LiveMetrics {
             open: HashMap::new(),
             hops: HashMap::new(),
             chain_header: chain_header.to_ascii_lowercase(),
-            ttft: Histogram::new(TTFT_BUCKETS),
-            itl: Histogram::new(ITL_BUCKETS),
-            e2e: Histogram::new(E2E_BUCKETS),
+            by_model: BTreeMap::new(),
             ttft_by_hop: BTreeMap::new(),
             between_hops: Histogram::new(TTFT_BUCKETS),
-            requests: BTreeMap::new(),
-            prompt_tokens: 0,
-            generation_tokens: 0,
             drops: Vec::new(),
             otlp: None,
             engines: BTreeMap::new(),
@@ -188,7 +210,8 @@ impl LiveMetrics {
 
     pub fn observe(&mut self, rec: &Record) {
         match rec {
-            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, headers, .. } => {
+            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, headers, model, .. } => {
+                let model = self.model_series(model.as_deref());
                 let (chain, source) = crate::correlate::chain_key(*conn, headers, &self.chain_header);
                 let trace_id = crate::sink::otlp::request_trace_id(&chain, source);
                 let c = self.hops.entry(chain.clone()).or_default();
@@ -198,7 +221,7 @@ impl LiveMetrics {
                 if let Some(done) = c.last_done_ns.take().filter(|d| *d <= *start_ns) {
                     self.between_hops.observe((start_ns - done) as f64 / 1e9, Some((trace_id, *start_ns)));
                 }
-                self.open.insert((*conn, *seq), Open { arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, chain, trace_id });
+                self.open.insert((*conn, *seq), Open { model, arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, chain, trace_id });
                 // Bounded: a client that never finishes cannot grow this forever.
                 if self.open.len() > 1 << 16 {
                     let oldest = self.open.iter().min_by_key(|(_, o)| o.arrive_ns).map(|(k, _)| *k);
@@ -211,18 +234,20 @@ impl LiveMetrics {
                 }
             }
             Record::Sse { conn, seq, ts_ns, kind, usage, .. } => {
+                let open = self.open.get_mut(&(*conn, *seq));
+                let m = self.by_model.entry(open.as_ref().map_or_else(String::new, |o| o.model.clone())).or_insert_with(PerModel::new);
                 if let Some(u) = usage {
-                    self.prompt_tokens += u.prompt_tokens.unwrap_or(0);
-                    self.generation_tokens += u.completion_tokens.unwrap_or(0);
+                    m.prompt_tokens += u.prompt_tokens.unwrap_or(0);
+                    m.generation_tokens += u.completion_tokens.unwrap_or(0);
                 }
-                let Some(o) = self.open.get_mut(&(*conn, *seq)) else { return };
+                let Some(o) = open else { return };
                 if *kind == SseKind::Content {
                     let ex = Some((o.trace_id, *ts_ns));
                     match o.last_content_ns {
-                        Some(last) => self.itl.observe(ts_ns.saturating_sub(last) as f64 / 1e9, ex),
+                        Some(last) => m.itl.observe(ts_ns.saturating_sub(last) as f64 / 1e9, ex),
                         None => {
                             let ttft = ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9;
-                            self.ttft.observe(ttft, ex);
+                            m.ttft.observe(ttft, ex);
                             self.ttft_by_hop.entry(o.hop.min(MAX_HOP_LABEL)).or_insert_with(|| Histogram::new(TTFT_BUCKETS)).observe(ttft, ex);
                             o.ttft_ns = Some(*ts_ns);
                         }
@@ -230,17 +255,20 @@ impl LiveMetrics {
                     o.last_content_ns = Some(*ts_ns);
                 }
             }
-            Record::ResponseBody { usage: Some(u), .. } => {
-                self.prompt_tokens += u.prompt_tokens.unwrap_or(0);
-                self.generation_tokens += u.completion_tokens.unwrap_or(0);
+            Record::ResponseBody { conn, seq, usage: Some(u), .. } => {
+                let model = self.open.get(&(*conn, *seq)).map_or_else(String::new, |o| o.model.clone());
+                let m = self.by_model.entry(model).or_insert_with(PerModel::new);
+                m.prompt_tokens += u.prompt_tokens.unwrap_or(0);
+                m.generation_tokens += u.completion_tokens.unwrap_or(0);
             }
-            Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. }
-                if self.open.contains_key(&(*conn, *seq)) => {
-                    *self.requests.entry(*status).or_default() += 1;
+            Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. } => {
+                if let Some(o) = self.open.get(&(*conn, *seq)) {
+                    *self.by_model.entry(o.model.clone()).or_insert_with(PerModel::new).requests.entry(*status).or_default() += 1;
                 }
+            }
             Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
                 if let Some(o) = self.open.remove(&(*conn, *seq)) {
-                    self.e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
+                    self.by_model.entry(o.model.clone()).or_insert_with(PerModel::new).e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
                     if let Some(c) = self.hops.get_mut(&o.chain) {
                         c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
                     }
@@ -269,6 +297,16 @@ impl LiveMetrics {
         }
     }
 
+    /// The series key of a request naming `model`: its name while fewer than
+    /// [`MAX_MODEL_LABELS`] named models have series, else `other`.
+    fn model_series(&mut self, model: Option<&str>) -> String {
+        let m = model.unwrap_or("");
+        let named = || self.by_model.keys().filter(|k| !k.is_empty() && *k != "other").count();
+        let key = if m.is_empty() || self.by_model.contains_key(m) || named() < MAX_MODEL_LABELS { m } else { "other" };
+        self.by_model.entry(key.to_owned()).or_insert_with(PerModel::new);
+        key.to_owned()
+    }
+
     /// The live span export's counts, for the `hopscope_otlp_spans_total` series.
     pub fn set_otlp(&mut self, t: crate::sink::otlp::live::Tally) {
         self.otlp = Some(t);
@@ -292,9 +330,17 @@ impl LiveMetrics {
             family(s, name, help, "histogram");
             h.render(s, name, "", om);
         };
-        hist(&mut s, "hopscope_time_to_first_token_seconds", "Wire TTFT: request's first byte read to the write of its first content chunk.", &self.ttft);
-        hist(&mut s, "hopscope_inter_token_latency_seconds", "Gaps between consecutive content chunks, as written to the socket.", &self.itl);
-        hist(&mut s, "hopscope_e2e_request_latency_seconds", "Request's first byte read to the write of its last byte.", &self.e2e);
+        // vLLM's label; none for requests that named no model.
+        let models: Vec<(String, &PerModel)> = self.by_model.iter().map(|(m, v)| (if m.is_empty() { String::new() } else { format!("model_name=\"{}\"", label_value(m)) }, v)).collect();
+        let per_model = |s: &mut String, name: &str, help: &str, h: &dyn Fn(&PerModel) -> &Histogram| {
+            family(s, name, help, "histogram");
+            for (labels, m) in &models {
+                h(m).render(s, name, labels, om);
+            }
+        };
+        per_model(&mut s, "hopscope_time_to_first_token_seconds", "Wire TTFT: request's first byte read to the write of its first content chunk.", &|m| &m.ttft);
+        per_model(&mut s, "hopscope_inter_token_latency_seconds", "Gaps between consecutive content chunks, as written to the socket.", &|m| &m.itl);
+        per_model(&mut s, "hopscope_e2e_request_latency_seconds", "Request's first byte read to the write of its last byte.", &|m| &m.e2e);
         let name = "hopscope_hop_time_to_first_token_seconds";
         family(&mut s, name, "TTFT by hop index within a chain (traceparent, chain header, or connection).", "histogram");
         for (hop, h) in &self.ttft_by_hop {
@@ -308,13 +354,25 @@ impl LiveMetrics {
             &self.between_hops,
         );
         family(&mut s, "hopscope_requests_total", "HTTP requests answered, by status.", "counter");
-        for (status, n) in &self.requests {
-            let _ = writeln!(s, "hopscope_requests_total{{status=\"{status}\"}} {n}");
+        for (labels, m) in &models {
+            let sep = if labels.is_empty() { "" } else { "," };
+            for (status, n) in &m.requests {
+                let _ = writeln!(s, "hopscope_requests_total{{{labels}{sep}status=\"{status}\"}} {n}");
+            }
         }
-        family(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens, from usage objects.", "counter");
-        let _ = writeln!(s, "hopscope_prompt_tokens_total {}", self.prompt_tokens);
-        family(&mut s, "hopscope_generation_tokens_total", "Generated tokens, from usage objects.", "counter");
-        let _ = writeln!(s, "hopscope_generation_tokens_total {}", self.generation_tokens);
+        let counter = |s: &mut String, name: &str, help: &str, get: &dyn Fn(&PerModel) -> u64| {
+            family(s, name, help, "counter");
+            for (labels, m) in &models {
+                let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+                let _ = writeln!(s, "{name}{braces} {}", get(m));
+            }
+            // A family with a sample before any request.
+            if models.is_empty() {
+                let _ = writeln!(s, "{name} 0");
+            }
+        };
+        counter(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens, from usage objects.", &|m| m.prompt_tokens);
+        counter(&mut s, "hopscope_generation_tokens_total", "Generated tokens, from usage objects.", &|m| m.generation_tokens);
         if !self.engines.is_empty() {
             let gauge = |s: &mut String, name: &str, help: &str, kind: &str, get: &dyn Fn(&EngineGauges) -> Option<f64>| {
                 family(s, name, help, kind);
@@ -364,6 +422,20 @@ impl LiveMetrics {
         }
         s
     }
+}
+
+/// A label value as both expositions escape it (the model name is the client's).
+fn label_value(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
 }
 
 /// Whether a request's `Accept` header asks for OpenMetrics (Prometheus's does).
@@ -503,6 +575,51 @@ mod tests {
         assert!(!text.contains(" # {") && !text.contains("# EOF"), "no exemplars in the text format: {text}");
         assert!(text.contains("# TYPE hopscope_requests_total counter\n"), "{text}");
         assert!(text.lines().any(|l| l == "hopscope_time_to_first_token_seconds_bucket{le=\"1\"} 2"), "{text}");
+    }
+
+    /// As vLLM's, the latency histograms, request and token counters carry
+    /// `model_name`: the request body's model, escaped; none when it named
+    /// none; past 16 models the rest share `other`.
+    #[test]
+    fn latency_series_are_labelled_with_the_requests_model() {
+        const MS: u64 = 1_000_000;
+        let conn = |fd: i32| ConnKey { tgid: 1, fd, ino: fd as u64 };
+        let mut m = LiveMetrics::new("x-session-id");
+        let one = |m: &mut LiveMetrics, fd: i32, model: Option<&str>, ttft_ms: u64| {
+            let Record::HttpRequest { conn: c, role, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, ready_ns, .. } = chat(fd, 0, 0, vec![]) else { unreachable!() };
+            m.observe(&Record::HttpRequest { conn: c, role, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, model: model.map(str::to_owned), ready_ns });
+            m.observe(&Record::HttpResponse { conn: conn(fd), role: HttpRole::Server, seq: 0, ts_ns: 1, tid: 1, status: 200, headers: vec![] });
+            let usage = Some(crate::model::Usage { prompt_tokens: Some(10), completion_tokens: Some(2), cached_tokens: None });
+            m.observe(&Record::Sse { conn: conn(fd), seq: 0, ts_ns: ttft_ms * MS, kind: SseKind::Content, id: None, content_bytes: 3, finish_reason: None, usage });
+            m.observe(&Record::HttpResponseEnd { conn: conn(fd), seq: 0, ts_ns: (ttft_ms + 1) * MS, body_len: 10 });
+        };
+        one(&mut m, 5, Some("llama-8b"), 30);
+        one(&mut m, 6, Some("llama-8b"), 30);
+        one(&mut m, 7, Some("lora/sql \"v2\"\n"), 300);
+        one(&mut m, 8, None, 3);
+        let s = m.render();
+        for line in [
+            "hopscope_time_to_first_token_seconds_count{model_name=\"llama-8b\"} 2",
+            "hopscope_time_to_first_token_seconds_bucket{model_name=\"llama-8b\",le=\"0.04\"} 2",
+            "hopscope_time_to_first_token_seconds_bucket{model_name=\"lora/sql \\\"v2\\\"\\n\",le=\"0.5\"} 1",
+            "hopscope_time_to_first_token_seconds_count 1",
+            "hopscope_e2e_request_latency_seconds_count{model_name=\"llama-8b\"} 2",
+            "hopscope_requests_total{model_name=\"llama-8b\",status=\"200\"} 2",
+            "hopscope_requests_total{status=\"200\"} 1",
+            "hopscope_prompt_tokens_total{model_name=\"llama-8b\"} 20",
+            "hopscope_generation_tokens_total 2",
+        ] {
+            assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
+        }
+        assert_eq!(s.matches("# TYPE hopscope_time_to_first_token_seconds histogram").count(), 1, "one family: {s}");
+        // Bounded: 16 named models at most, the rest in `other`.
+        for i in 0..40 {
+            one(&mut m, 100 + i, Some(&format!("m{i}")), 10);
+        }
+        let s = m.render();
+        let names: std::collections::BTreeSet<&str> = s.lines().filter(|l| l.starts_with("hopscope_e2e_request_latency_seconds_count")).collect();
+        assert_eq!(names.len(), 16 + 2, "16 named, the unnamed, other: {names:?}");
+        assert!(s.lines().any(|l| l == "hopscope_e2e_request_latency_seconds_count{model_name=\"other\"} 26"), "{s}");
     }
 
     #[test]

@@ -643,7 +643,11 @@ mod tests {
         let mut m = LiveMetrics::new("x-session-id");
         let conn = ConnKey { tgid: 1, fd: 5, ino: 5 };
         for (fd_seq, at) in [(0u32, 0u64), (1, 2_000_000_000)] {
-            m.observe(&chat(5, fd_seq, at, vec![("x-session-id".to_owned(), "s".to_owned())]));
+            let mut req = chat(5, fd_seq, at, vec![("x-session-id".to_owned(), "s".to_owned())]);
+            if let Record::HttpRequest { model, .. } = &mut req {
+                *model = Some("m".into());
+            }
+            m.observe(&req);
             m.observe(&Record::HttpResponse { conn, role: HttpRole::Server, seq: fd_seq, ts_ns: at + 2, tid: 1, status: 200, headers: vec![] });
             for k in 0..2 {
                 m.observe(&Record::Sse { conn, seq: fd_seq, ts_ns: at + 10 + k, kind: SseKind::Content, id: None, content_bytes: 1, finish_reason: None, usage: None });

@@ -47,9 +47,9 @@ pub fn events(mut data: &[u8], family: Family) -> Vec<KEvent> {
             })),
             _ => {
                 let gap = if ctl & 8 != 0 { 4096 } else { 0 };
-                // A unix transfer with a gap may carry its end apart (the
-                // kernel's tail capture): the chunk's second half.
-                let head = if gap != 0 && family == Family::Unix && ctl & 0x20 != 0 { chunk.len() / 2 } else { chunk.len() };
+                // A transfer with a gap may carry its end apart (the
+                // kernel's tail capture, unix and TCP): the chunk's second half.
+                let head = if gap != 0 && ctl & 0x20 != 0 { chunk.len() / 2 } else { chunk.len() };
                 // The source never delivers a syscall that moved nothing.
                 if chunk.is_empty() && gap == 0 {
                     continue;

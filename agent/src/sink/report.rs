@@ -1946,6 +1946,8 @@ pub struct SummaryAcc {
     first_ns: Option<u64>,
     last_ns: Option<u64>,
     peak_gpu_mem_bytes: Option<u64>,
+    /// Per model: a byte per TTFT, TPOT and E2EL value saying whose it is.
+    models: summary::Models,
 }
 
 impl SummaryAcc {
@@ -1953,9 +1955,12 @@ impl SummaryAcc {
         self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
         if let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) {
             self.completed += 1;
+            let slot = self.models.slot(q.model, q.completion_tokens);
             self.e2els.push(e2e);
+            self.models.e2el.push(slot);
             if let Some(t) = q.ttft_ms {
                 self.ttfts.push(t);
+                self.models.ttft.push(slot);
             }
             self.itls.extend(q.itl_ms)?;
             match (q.prompt_tokens, q.completion_tokens) {
@@ -1968,6 +1973,7 @@ impl SummaryAcc {
             if let Some(o) = q.completion_tokens {
                 if let Some(t) = q.ttft_ms.and_then(|t| summary::tpot_ms(e2e, t, o)) {
                     self.tpots.push(t);
+                    self.models.tpot.push(slot);
                 }
                 if o > 0 {
                     self.per_token_s.push(e2e / 1e3 / o as f64);
@@ -1992,6 +1998,7 @@ impl SummaryAcc {
         let rate = |x: f64| duration_s.map(|d| x / d);
         // Values equal under total_cmp are the same bits: unstable is stable here.
         self.per_token_s.sort_unstable_by(f64::total_cmp);
+        let models = self.models.summaries(&self.ttfts, &self.tpots, &self.e2els, percentiles);
         Ok(Summary {
             completed: self.completed,
             not_completed: self.not_completed,
@@ -2010,6 +2017,7 @@ impl SummaryAcc {
             e2el_ms: summary::dist_of(self.e2els, percentiles),
             interactivity_p90_tok_s: percentile(&self.per_token_s, 90.0).filter(|p| *p > 0.0).map(|p| 1.0 / p),
             chains,
+            models,
             gpu_samples: 0,
             peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
         })
@@ -2923,10 +2931,15 @@ mod tests {
             completion_tokens: q.completion_tokens,
             cached_tokens: q.cached_tokens,
             peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
+            model: q.model,
         }
     }
 
-    /// `n` requests: every seventh failed, every fifth without token counts.
+    /// More models than the summary names apart.
+    const MODEL_NAMES: [&str; 20] = ["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9", "m10", "m11", "m12", "m13", "m14", "m15", "m16", "m17", "m18", "m19"];
+
+    /// `n` requests: every seventh failed, every fifth without token counts,
+    /// every fourth naming no model, the others one of 20.
     fn requests(n: usize, itls: &[Vec<f64>]) -> Vec<RequestRef<'_>> {
         (0..n)
             .map(|i| {
@@ -2941,6 +2954,7 @@ mod tests {
                     prompt_tokens: (i % 5 != 0).then_some(100 + i as u64 % 50),
                     completion_tokens: (i % 5 != 0).then_some(1 + i as u64 % 20),
                     peak_gpu_mem_bytes: Some(i as u64 % 1000),
+                    model: (i % 4 != 0).then_some(MODEL_NAMES[(i / 4) % 20]),
                     ..edge_request(&itls[i % itls.len()], &[])
                 }
             })
@@ -2973,6 +2987,13 @@ mod tests {
             let views: Vec<ReqView> = qs.iter().map(view).collect();
             let want = summary::compute_views(&views, &[], &p);
             assert_eq!(got, want, "{n} requests, runs of {run}");
+            if n >= 3000 {
+                // 16 named, `other`, and those that named none.
+                assert_eq!(got.models.len(), 18, "{:?}", got.models.iter().map(|m| &m.model).collect::<Vec<_>>());
+                assert!(got.models.iter().any(|m| m.model.as_deref() == Some("other")) && got.models.iter().any(|m| m.model.is_none()));
+                assert_eq!(got.models.iter().map(|m| m.completed).sum::<usize>(), got.completed);
+                assert_eq!(got.models.iter().map(|m| m.e2el_ms.as_ref().map_or(0, |d| d.n)).sum::<usize>(), got.completed);
+            }
             let pooled = want.itl_ms.as_ref().map_or(0, |d| d.n);
             // Runs are filled to at most `run` (or one request's ITLs).
             assert_eq!(spilled > 0, pooled > run, "{n} requests, runs of {run}: {spilled} runs of {pooled} ITLs");

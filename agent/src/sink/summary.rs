@@ -54,6 +54,87 @@ pub struct ChainHitRate {
     pub hops_unknown: usize,
 }
 
+/// One model's completed requests (the request body's `model`): a server
+/// with LoRA adapters or several models shows each apart.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSummary {
+    /// `null`: the requests that named none; `other`: past [`MAX_MODELS`].
+    pub model: Option<String>,
+    pub completed: usize,
+    pub total_output_tokens: u64,
+    pub ttft_ms: Option<Dist>,
+    pub tpot_ms: Option<Dist>,
+    pub e2el_ms: Option<Dist>,
+}
+
+/// Named models with figures of their own in [`Summary::models`]; the
+/// later ones share `other` (the names are the clients').
+pub const MAX_MODELS: usize = 16;
+
+/// The models of a run's completed requests, in first-seen order, each
+/// figure tagged with its model's slot as it is folded in, so that one
+/// pass gives both the run's and each model's distributions.
+#[derive(Debug, Default)]
+pub struct Models {
+    names: Vec<Option<String>>,
+    completed: Vec<usize>,
+    out_tokens: Vec<u64>,
+    /// Slots of the values pushed to the run's TTFT, TPOT and E2EL lists, in order.
+    pub ttft: Vec<u8>,
+    pub tpot: Vec<u8>,
+    pub e2el: Vec<u8>,
+}
+
+impl Models {
+    /// The slot of a completed request naming `model` (counted in it).
+    pub fn slot(&mut self, model: Option<&str>, out_tokens: Option<u64>) -> u8 {
+        let found = self.names.iter().position(|n| n.as_deref() == model);
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let named = self.names.iter().filter(|n| n.as_deref().is_some_and(|m| m != "other")).count();
+                let key = match model {
+                    Some(_) if named >= MAX_MODELS => Some("other"),
+                    m => m,
+                };
+                match self.names.iter().position(|n| n.as_deref() == key) {
+                    Some(i) => i,
+                    None => {
+                        self.names.push(key.map(str::to_owned));
+                        self.completed.push(0);
+                        self.out_tokens.push(0);
+                        self.names.len() - 1
+                    }
+                }
+            }
+        };
+        self.completed[i] += 1;
+        self.out_tokens[i] += out_tokens.unwrap_or(0);
+        i as u8
+    }
+
+    /// Each model's figures from the run's lists (the values in the order
+    /// their slots were pushed); none when no request named a model.
+    pub fn summaries(&self, ttfts: &[f64], tpots: &[f64], e2els: &[f64], percentiles: &[f64]) -> Vec<ModelSummary> {
+        if self.names.iter().all(Option::is_none) {
+            return Vec::new();
+        }
+        let of = |xs: &[f64], slots: &[u8], i: usize| -> Option<Dist> {
+            dist_of(xs.iter().zip(slots).filter(|(_, s)| usize::from(**s) == i).map(|(x, _)| *x).collect(), percentiles)
+        };
+        (0..self.names.len())
+            .map(|i| ModelSummary {
+                model: self.names[i].clone(),
+                completed: self.completed[i],
+                total_output_tokens: self.out_tokens[i],
+                ttft_ms: of(ttfts, &self.ttft, i),
+                tpot_ms: of(tpots, &self.tpot, i),
+                e2el_ms: of(e2els, &self.e2el, i),
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
     /// Generation requests with a 2xx status and a known end (vLLM's
@@ -85,6 +166,9 @@ pub struct Summary {
     /// AgentX: 1 / p90(E2E / output tokens), tokens per second.
     pub interactivity_p90_tok_s: Option<f64>,
     pub chains: Vec<ChainHitRate>,
+    /// Per model the requests named, first seen first (empty when none
+    /// named one).
+    pub models: Vec<ModelSummary>,
     /// NVML samples in the recording, and the largest GPU memory of the
     /// traced processes over them (null without samples).
     pub gpu_samples: u64,
@@ -211,6 +295,19 @@ impl json::Value for Dist {
     }
 }
 
+impl json::Value for ModelSummary {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("model", &self.model)
+            .field("completed", &self.completed)
+            .field("total_output_tokens", &self.total_output_tokens)
+            .field("ttft_ms", &self.ttft_ms)
+            .field("tpot_ms", &self.tpot_ms)
+            .field("e2el_ms", &self.e2el_ms);
+        o.end();
+    }
+}
+
 impl json::Value for ChainHitRate {
     fn write(&self, b: &mut Vec<u8>, level: usize) {
         let mut o = json::Obj::new(b, level);
@@ -253,6 +350,7 @@ impl Summary {
             .field("e2el_ms", &self.e2el_ms)
             .field("interactivity_p90_tok_s", &self.interactivity_p90_tok_s)
             .array_flushed("chains", &self.chains, chunk, out)?
+            .field("models", &self.models)
             .field("gpu_samples", &self.gpu_samples)
             .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes);
         o.end();
@@ -280,6 +378,7 @@ pub struct ReqView<'a> {
     pub completion_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub peak_gpu_mem_bytes: Option<u64>,
+    pub model: Option<&'a str>,
 }
 
 impl<'a> From<&'a RequestOut> for ReqView<'a> {
@@ -296,6 +395,7 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             completion_tokens: q.completion_tokens,
             cached_tokens: q.cached_tokens,
             peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
+            model: q.model.as_deref(),
         }
     }
 }
@@ -342,11 +442,15 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     let mut e2els = Vec::new();
     let mut per_token_s = Vec::new();
     let (mut total_in, mut total_out, mut tokens_unknown) = (0u64, 0u64, 0usize);
+    let mut models = Models::default();
     for q in &done {
         let e2e = q.e2e_ms.unwrap_or_default();
+        let slot = models.slot(q.model, q.completion_tokens);
         e2els.push(e2e);
+        models.e2el.push(slot);
         if let Some(t) = q.ttft_ms {
             ttfts.push(t);
+            models.ttft.push(slot);
         }
         itls.extend_from_slice(q.itl_ms);
         match (q.prompt_tokens, q.completion_tokens) {
@@ -359,6 +463,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
         if let Some(o) = q.completion_tokens {
             if let Some(t) = q.ttft_ms.and_then(|t| tpot_ms(e2e, t, o)) {
                 tpots.push(t);
+                models.tpot.push(slot);
             }
             if o > 0 {
                 per_token_s.push(e2e / 1e3 / o as f64);
@@ -373,6 +478,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     };
     let rate = |x: f64| duration_s.map(|d| x / d);
     per_token_s.sort_by(f64::total_cmp);
+    let per_model = models.summaries(&ttfts, &tpots, &e2els, percentiles);
     Summary {
         completed: done.len(),
         not_completed: requests.len() - done.len(),
@@ -396,6 +502,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
             let by_id: HashMap<&str, &ReqView> = if chains.is_empty() { HashMap::new() } else { requests.iter().map(|q| (q.id, q)).collect() };
             chains.iter().map(|c| chain_hit_rate(c, &by_id)).collect()
         },
+        models: per_model,
         gpu_samples: 0,
         peak_gpu_mem_bytes: requests.iter().filter_map(|q| q.peak_gpu_mem_bytes).max(),
     }
@@ -539,6 +646,15 @@ pub fn render_text(sm: &Summary) -> String {
             line(&mut s, &format!("{}:", trunc(&c.chain, 38)), v);
         }
     }
+    // Per model only when there is more than one to tell apart.
+    if sm.models.len() > 1 {
+        let _ = writeln!(s, "{:-^50}", "Per model (median TTFT / E2EL, ms)");
+        for m in &sm.models {
+            let med = |d: &Option<Dist>| d.as_ref().map_or_else(|| "-".into(), |d| format!("{:.2}", d.median));
+            let name = m.model.as_deref().unwrap_or("(none named)");
+            line(&mut s, &format!("{} ({} req):", trunc(name, 30), m.completed), format!("{} / {}", med(&m.ttft_ms), med(&m.e2el_ms)));
+        }
+    }
     if sm.gpu_samples > 0 {
         let _ = writeln!(s, "{:-^50}", "GPU memory (NVML)");
         line(&mut s, "Samples:", sm.gpu_samples);
@@ -578,7 +694,44 @@ mod tests {
             completion_tokens: Some(tokens.1),
             cached_tokens: cached,
             peak_gpu_mem_bytes: None,
+            model: None,
         }
+    }
+
+    /// Each model's completed requests apart, hand-computed; the text shows
+    /// them once there are two; none without a model named.
+    #[test]
+    fn each_model_named_has_its_own_figures() {
+        let named = |q: ReqView<'static>, m: &'static str| ReqView { model: Some(m), ..q };
+        let reqs = [
+            named(req("a", 200, 1000, Some(500.0), 100.0, &[], (100, 5), None), "x"),
+            named(req("b", 200, 1200, Some(800.0), 200.0, &[], (200, 2), None), "x"),
+            named(req("c", 200, 1300, Some(100.0), 100.0, &[], (10, 1), None), "lora/y"),
+            // Failed: in no model's figures.
+            named(req("d", 500, 1100, Some(5.0), 5.0, &[], (10, 0), None), "z"),
+            req("e", 200, 1400, Some(40.0), 10.0, &[], (10, 3), None),
+        ];
+        let s = compute_views(&reqs, &[], &[50.0]);
+        let names: Vec<Option<&str>> = s.models.iter().map(|m| m.model.as_deref()).collect();
+        assert_eq!(names, [Some("x"), Some("lora/y"), None]);
+        let x = &s.models[0];
+        assert_eq!((x.completed, x.total_output_tokens), (2, 7));
+        close(x.ttft_ms.as_ref().unwrap().median, 150.0);
+        close(x.e2el_ms.as_ref().unwrap().median, 650.0);
+        // TPOT: (500-100)/4 = 100, (800-200)/1 = 600.
+        close(x.tpot_ms.as_ref().unwrap().mean, 350.0);
+        let y = &s.models[1];
+        assert_eq!((y.completed, y.tpot_ms.is_none()), (1, true), "one token: no TPOT");
+        close(y.e2el_ms.as_ref().unwrap().mean, 100.0);
+        assert_eq!(s.models[2].completed, 1);
+        let text = render_text(&s);
+        assert!(text.contains("Per model (median TTFT / E2EL, ms)"), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("x (2 req):") && l.ends_with("150.00 / 650.00")), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("(none named) (1 req):")), "{text}");
+        // No model named anywhere: no per-model figures, no section.
+        let plain = example();
+        assert!(plain.models.is_empty());
+        assert!(!render_text(&plain).contains("Per model"));
     }
 
     fn close(a: f64, b: f64) {

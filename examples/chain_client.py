@@ -65,9 +65,9 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         headers["traceparent"] = traceparent(trace_id)
     if args.request_id_prefix:
         headers["X-Request-Id"] = f"{args.request_id_prefix}-c{chain}-h{hop}-{uuid.uuid4().hex[:8]}"
-    # Members in the OpenAI SDK's order (`messages` first, then `model` and
+    # Members in openai-python 1.x's order (`messages` first, then `model` and
     # the parameters): behind a long prompt a tracer finds the model only in
-    # the body's last bytes, as it must for real agents.
+    # the body's last bytes, as it must for agents built on that SDK.
     body: dict[str, Any] = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
     if args.seed is not None:
         body["seed"] = args.seed

@@ -36,7 +36,7 @@
  * request's fields after the prompt ids (sampling parameters, arrival time,
  * ids: a few hundred bytes), which the prefix alone loses. TCP: an HTTP body
  * longer than the capture ends in the members a client writes after the
- * prompt (the OpenAI SDK sends `messages` first, then `model`, `stream`, the
+ * prompt (openai-python 1.x sends `messages` first, then `model`, `stream`, the
  * sampling parameters and `tools`), and a long non-streaming response in its
  * `usage`. `capture_tail_unix` / `capture_tail` (<= this) are the effective
  * sizes; 0 turns a family's tail off. */

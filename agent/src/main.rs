@@ -194,7 +194,7 @@ struct RecordOpts {
     capture_bytes_unix: u32,
     /// Last bytes also captured of a read/write longer than --capture-bytes
     /// (at most 16384; 0: none), except on unix sockets: an HTTP body's end,
-    /// where the OpenAI SDK writes `model` and `stream` after the prompt and a
+    /// where openai-python 1.x writes `model` and `stream` after the prompt and a
     /// server the `usage` of a long answer.
     #[arg(long, default_value_t = hopscope_ebpf::layout::HS_TAIL_DEFAULT)]
     capture_tail_bytes: u32,

@@ -276,7 +276,7 @@ fn phases_match_ground_truth_for_prompts_longer_than_a_zmq_batch() {
     assert_eq!(chat.len(), 4);
     for r in &chat {
         assert!(r["prompt_tokens"].as_u64().unwrap() > 8192, "{}: a prompt over one batch of ids", r["id"]);
-        // The chain client writes `model` after `messages`, as the OpenAI SDK
+        // The chain client writes `model` after `messages`, as openai-python 1.x
         // does: past the 4 KiB TCP prefix, in the read's captured tail.
         assert!(r["request_bytes"].as_u64().unwrap() > 8192, "{}", r["id"]);
         assert_eq!(r["model"], "hopscope-testbed", "{}: the model behind the prompt", r["id"]);

@@ -211,6 +211,46 @@ fn metrics_endpoint_serves_vllm_style_histograms_during_the_recording() {
     assert!(count("hopscope_generation_tokens", "hopscope_generation_tokens_total") >= n * 12.0);
 }
 
+/// openai-python 1.x writes `model` after `messages` (3.x before them):
+/// behind a 60 KB prompt it is in the last bytes of the server's reads,
+/// past the 4 KiB TCP prefix. With the TCP tail every request names its
+/// model; with `--capture-tail-bytes 0` the requests whose last read began
+/// more than 4 KiB before the body's end do not, and are counted as lost.
+#[test]
+fn a_long_prompt_before_the_model_names_it_through_the_reads_tail() {
+    let Some(_serial) = privileged("a_long_prompt_before_the_model_names_it_through_the_reads_tail") else { return };
+    let dir = scratch("cli-long-body");
+    let py = python();
+    let server = fixture("sse_server.py");
+    for tail in ["16384", "0"] {
+        let port = free_port();
+        let hop = dir.join(format!("tail-{tail}.hop"));
+        let rec = Recording::run(&hop, &["--capture-tail-bytes", tail], &[py.to_str().unwrap(), server.to_str().unwrap(), "--port", &port.to_string()]);
+        wait_healthy(port, Duration::from_secs(30));
+        let out = dir.join(format!("client-{tail}.jsonl"));
+        run_py("sse_client.py", &["--base", &format!("http://127.0.0.1:{port}"), "--out", out.to_str().unwrap(), "--sequential", "3", "--tokens", "4", "--prompt-bytes", "60000", "--prompt-first"]);
+        rec.stop();
+        let rep = report_json_of(&[hop]);
+        // Two chat streams and a completions stream.
+        let chat: Vec<&serde_json::Value> = rep["requests"].as_array().unwrap().iter().filter(|r| r["method"] == "POST").collect();
+        assert_eq!(chat.len(), 3, "{rep}");
+        for r in &chat {
+            assert!(r["request_bytes"].as_u64().unwrap() > 60_000, "{r}");
+            assert_eq!(r["completion_tokens"], 4, "the stream decoded: {r}");
+        }
+        let named = chat.iter().filter(|r| r["model"] == "test-model").count();
+        eprintln!("tail {tail}: {named} of 3 named; json_body_ends {}, json_meta_lost {}", counter(&rep, "json_body_ends"), counter(&rep, "json_meta_lost"));
+        if tail == "0" {
+            // Only a read that began within 4 KiB of the body's end has it.
+            assert!(named < 3, "without a tail the model is past the capture");
+            assert_eq!(counter(&rep, "json_meta_lost"), 3 - named as u64);
+        } else {
+            assert_eq!(named, 3, "{:?}", chat.iter().map(|r| &r["model"]).collect::<Vec<_>>());
+            assert_eq!(counter(&rep, "json_meta_lost"), 0);
+        }
+    }
+}
+
 /// Whether a process with exactly this command line is alive (not a zombie).
 fn running(cmdline: &[&str]) -> bool {
     let want: Vec<u8> = cmdline.iter().flat_map(|a| a.bytes().chain([0])).collect();

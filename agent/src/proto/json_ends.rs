@@ -1,6 +1,6 @@
 //! Members of a JSON object read from its two ends when the middle was not
 //! captured: the probe keeps a syscall's first bytes and its last ones, so a
-//! long body (an OpenAI SDK request: `messages` first, `model` and `stream`
+//! long body (an openai-python 1.x request: `messages` first, `model` and `stream`
 //! after it; a long answer: `usage` last) arrives as a head and a tail with a
 //! gap between.
 //!

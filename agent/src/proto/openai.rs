@@ -184,7 +184,7 @@ pub(crate) fn request_meta(body: &[u8]) -> Option<(Option<bool>, Option<String>)
 }
 
 /// `(stream, model)` from a JSON request body captured in part: its first
-/// bytes and its last ones (`proto::json_ends`). The OpenAI SDK writes
+/// bytes and its last ones (`proto::json_ends`). openai-python 1.x writes
 /// `messages` first, so behind a long prompt they are in the tail.
 pub(crate) fn request_meta_parts(head: &[u8], tail: &[u8]) -> (Option<bool>, Option<String>) {
     let mut stream = None;

@@ -596,7 +596,7 @@ fn large_body_captured_partly_is_skipped_by_count() {
     assert_eq!((counter(&dec, "json_body_ends"), counter(&dec, "json_meta_lost")), (1, 0));
 }
 
-/// The OpenAI SDK writes `messages` first: behind a long prompt, `model` and
+/// openai-python 1.x writes `messages` first: behind a long prompt, `model` and
 /// `stream` are in the last bytes of the read, which the probe captures
 /// apart. Requests whose model is in neither end are counted.
 #[test]

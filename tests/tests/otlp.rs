@@ -49,6 +49,9 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
         assert!((ttft * 1e3 - r["ttft_ms"].as_f64().unwrap()).abs() < 1e-6);
         assert!((attr(s, "gen_ai.latency.time_in_model_prefill").as_f64().unwrap() * 1e3 - r["phases_ms"]["prefill"].as_f64().unwrap()).abs() < 1e-6);
         assert_eq!(attr(s, "hopscope.hop").as_str(), Some(r["hop"].to_string().as_str()));
+        // The GenAI conventions' operation and model, as the reference receiver decoded them.
+        assert_eq!((attr(s, "gen_ai.operation.name"), attr(s, "gen_ai.request.model")), (Value::from("chat"), r["model"].clone()), "{id}");
+        assert_eq!(r["model"], "hopscope-testbed");
         let e2e_ns = s["end"].as_str().map_or_else(|| s["end"].as_u64().unwrap(), |v| v.parse().unwrap()) - s["start"].as_str().map_or_else(|| s["start"].as_u64().unwrap(), |v| v.parse().unwrap());
         assert!((e2e_ns as f64 / 1e6 - r["e2e_ms"].as_f64().unwrap()).abs() < 1e-3, "span length is e2e");
         let children: Vec<&Value> = spans.iter().filter(|c| c["parent_span_id"] == s["span_id"]).collect();

@@ -184,6 +184,9 @@ pub struct Pair {
     pub path: String,
     pub before_id: String,
     pub after_id: String,
+    /// The request bodies' `model` (added 2026-12-04).
+    pub before_model: Option<String>,
+    pub after_model: Option<String>,
     /// An inference request on both sides (content or token counts): only
     /// these enter the aggregates.
     pub generation: bool,
@@ -222,7 +225,27 @@ pub struct Aggregate {
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
     pub kernels: Option<RequestKernels>,
+    /// The models these pairs' requests named on each side (added
+    /// 2026-12-04): null when every pair named the same one on both.
+    pub models: Option<ModelsUsed>,
     pub explain: Explain,
+}
+
+/// Which models (the request body's `model`) a set of pairs named, when it
+/// changed: a model swap is the first thing to know of a regression.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelsUsed {
+    /// Pairs whose two requests named different models (or one none).
+    pub changed: usize,
+    /// Most requests first (then name); `model` null for those that named none.
+    pub before: Vec<ModelCount>,
+    pub after: Vec<ModelCount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelCount {
+    pub model: Option<String>,
+    pub requests: usize,
 }
 
 /// GPU time per normalised kernel name, mean per request over a set of
@@ -392,6 +415,8 @@ pub struct Side {
     /// Normalised kernel names ([`normalize_kernel_name`]) the requests'
     /// kernel lists index, each once.
     kernel_names: Vec<Box<str>>,
+    /// Model names the requests index, each once.
+    models: Vec<Box<str>>,
 }
 
 #[derive(Debug)]
@@ -409,6 +434,8 @@ struct Req {
     /// merged by normalised name: (index into `Side::kernel_names`, GPU ms).
     /// None without GPU records.
     kernels: Option<Box<[(u32, f64)]>>,
+    /// Index into `Side::models`; None when the body named none.
+    model: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -444,6 +471,8 @@ struct SideBuilder {
     raw_kernel_ix: HashMap<Box<str>, u32>,
     kernel_ix: HashMap<Box<str>, u32>,
     kernel_names: Vec<Box<str>>,
+    model_ix: HashMap<Box<str>, u32>,
+    models: Vec<Box<str>>,
 }
 
 /// The order of [`ChainSource`](crate::correlate::ChainSource)'s variants,
@@ -504,6 +533,15 @@ impl SideBuilder {
             }
             v.into_boxed_slice()
         });
+        let model = q.model.as_deref().map(|m| match self.model_ix.get(m) {
+            Some(&i) => i,
+            None => {
+                let i = self.models.len() as u32;
+                self.models.push(m.into());
+                self.model_ix.insert(m.into(), i);
+                i
+            }
+        });
         self.reqs.push(Req {
             id: q.id.as_str().into(),
             route,
@@ -513,6 +551,7 @@ impl SideBuilder {
             arrive_ns: q.arrive_ns,
             view: Packed::of(&view(q)),
             kernels,
+            model,
         });
     }
 
@@ -565,6 +604,7 @@ impl SideBuilder {
             chains,
             kernels,
             kernel_names: self.kernel_names,
+            models: self.models,
         }
     }
 }
@@ -600,6 +640,10 @@ impl Side {
     fn route(&self, q: &Req) -> (&str, &str) {
         let (m, p) = &self.routes[q.route as usize];
         (m, p)
+    }
+
+    fn model(&self, q: &Req) -> Option<&str> {
+        q.model.map(|i| &*self.models[i as usize])
     }
 }
 
@@ -817,6 +861,8 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         path: path.to_owned(),
         before_id: qb.id.to_string(),
         after_id: qa.id.to_string(),
+        before_model: sb.model(qb).map(str::to_owned),
+        after_model: sa.model(qa).map(str::to_owned),
         generation: x.generation,
         itl_mean_ms: x.itl_mean_ms,
         itl_p90_ms: x.itl_p90_ms,
@@ -1086,7 +1132,7 @@ fn stats(items: impl Iterator<Item = Delta>) -> Stats {
 }
 
 /// The aggregate of `pairs` (a pass over them per figure: they are made, not held).
-fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kernels: Option<RequestKernels>) -> Aggregate {
+fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kernels: Option<RequestKernels>, models: Option<ModelsUsed>) -> Aggregate {
     let phases = PhaseDeltas::from_array(std::array::from_fn(|i| mean_delta(pairs.clone().map(|p| p.phases_ms.as_array()[i]))));
     let splits: Vec<DecodeSplit> = pairs.clone().filter_map(|p| p.decode_split_ms).collect();
     let decode_split_ms = (!splits.is_empty()).then(|| {
@@ -1124,7 +1170,30 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
             kv_transfer: mean_delta(pairs.map(|p| p.gpu_ms.kv_transfer)),
         },
         kernels,
+        models,
     }
+}
+
+/// The models `pairs` named on each side; None when every pair named the
+/// same one on both.
+fn request_models<'m>(pairs: impl Iterator<Item = &'m Match>, b: &Side, a: &Side) -> Option<ModelsUsed> {
+    let mut counts: [BTreeMap<Option<&str>, usize>; 2] = [BTreeMap::new(), BTreeMap::new()];
+    let mut changed = 0;
+    for m in pairs {
+        let (mb, ma) = (b.model(&b.reqs[m.b as usize]), a.model(&a.reqs[m.a as usize]));
+        changed += usize::from(mb != ma);
+        *counts[0].entry(mb).or_default() += 1;
+        *counts[1].entry(ma).or_default() += 1;
+    }
+    if changed == 0 {
+        return None;
+    }
+    let list = |c: &BTreeMap<Option<&str>, usize>| {
+        let mut v: Vec<ModelCount> = c.iter().map(|(m, n)| ModelCount { model: m.map(str::to_owned), requests: *n }).collect();
+        v.sort_by(|x, y| y.requests.cmp(&x.requests).then_with(|| x.model.cmp(&y.model)));
+        v
+    };
+    Some(ModelsUsed { changed, before: list(&counts[0]), after: list(&counts[1]) })
 }
 
 /// The kernels of `pairs` (matches of BEFORE `b` and AFTER `a`), mean per
@@ -1384,14 +1453,19 @@ pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
     let (matches, misses, matching) = match_requests(before, after);
     let fig = |m: &Match| match_figs(m, before, after);
     let generation = |m: &&Match| before.reqs[m.b as usize].view.generation && after.reqs[m.a as usize].view.generation;
-    let overall = aggregate(None, matches.iter().map(fig).filter(|x| x.generation), request_kernels(matches.iter().filter(generation), before, after));
+    let overall = aggregate(
+        None,
+        matches.iter().map(fig).filter(|x| x.generation),
+        request_kernels(matches.iter().filter(generation), before, after),
+        request_models(matches.iter().filter(generation), before, after),
+    );
     let mut by_hop: BTreeMap<u32, Vec<Match>> = BTreeMap::new();
     for m in &matches {
         if let Some((_, hop)) = m.chain.filter(|_| generation(&m)) {
             by_hop.entry(hop).or_default().push(*m);
         }
     }
-    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig), request_kernels(v.iter(), before, after))).collect();
+    let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig), request_kernels(v.iter(), before, after), request_models(v.iter(), before, after))).collect();
     let kernels = compare_kernels(&before.kernels, &after.kernels);
     let headline = headline(&overall, &hops, &matching, [misses[0].len(), misses[1].len()], kernels.as_ref());
     let chains = compare_chains(before, after);
@@ -1588,7 +1662,19 @@ fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, unmatched: [u
     if let Some(k) = kernels.and_then(|k| k.rows.first().filter(|r| r.delta_gpu_ms.abs() >= NOISE_MS).map(|r| (k, r))) {
         let _ = write!(line, "; GPU {:+.2} ms, most in {} ({:+.2} ms)", k.0.delta_gpu_ms, k.1.name, k.1.delta_gpu_ms);
     }
+    if let Some(m) = &overall.models {
+        let _ = write!(line, "; model changed in {} of {} pairs ({} → {})", m.changed, overall.requests, model_list(&m.before), model_list(&m.after));
+    }
     line
+}
+
+/// `a ×3, b ×1` (at most three names, then how many more).
+fn model_list(v: &[ModelCount]) -> String {
+    let mut out: Vec<String> = v.iter().take(3).map(|m| format!("{} ×{}", m.model.as_deref().unwrap_or("none named"), m.requests)).collect();
+    if v.len() > 3 {
+        out.push(format!("{} more", v.len() - 3));
+    }
+    out.join(", ")
 }
 
 // ---------------------------------------------------------------- kernels
@@ -2060,6 +2146,14 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
                 k.delta_gpu_ms,
                 if moved.is_empty() { format!("none moved {NOISE_MS} ms or more") } else { moved.join(", ") }
             );
+        }
+    }
+
+    let hop_models: Vec<(u32, &ModelsUsed)> = d.hops.iter().filter_map(|h| Some((h.hop?, h.models.as_ref()?))).collect();
+    if !hop_models.is_empty() {
+        let _ = writeln!(s, "\nper hop models (where a pair's two requests named different ones)");
+        for (hop, m) in hop_models {
+            let _ = writeln!(s, "  hop {hop}: {} of its pairs: {} → {}", m.changed, model_list(&m.before), model_list(&m.after));
         }
     }
 
@@ -2704,6 +2798,47 @@ mod tests {
         assert!(hop2.contains("flash_fwd_kernel +3.000, triton_poi_fused_add -1.000"), "{hop2}");
         let hop1 = hop_line("1 ");
         assert!(hop1.contains("none moved"), "{hop1}");
+        assert_streamed_equals_whole(&b, &a);
+    }
+
+    /// A model swapped on one hop: that hop and the overall aggregate say
+    /// which models each side named, the headline and the text say so, the
+    /// pairs carry both names; hops whose model stayed have none.
+    #[test]
+    fn a_hop_whose_model_changed_is_named_with_both_models() {
+        let side = |after: bool| {
+            let mut reqs = Vec::new();
+            for c in 0..2u64 {
+                for (h, mut r) in chain(&format!("s-{after}-{c}"), c * 5000 * MS, |_| BASE).into_iter().enumerate() {
+                    r.model = match (after, h + 1, c) {
+                        (true, 2, 0) => Some("qwen-7b".into()),
+                        // The second chain's second hop named none after.
+                        (true, 2, _) => None,
+                        _ => Some("llama-8b".into()),
+                    };
+                    reqs.push(r);
+                }
+            }
+            Side::of_report(&rep(if after { "a" } else { "b" }, &analysis(reqs)))
+        };
+        let (b, a) = (side(false), side(true));
+        let d = compare_sides(&b, &a).into_diff();
+        assert_eq!(d.hops.len(), 3);
+        assert!(d.hops[0].models.is_none() && d.hops[2].models.is_none(), "unchanged hops: {:?}", d.hops.iter().map(|h| &h.models).collect::<Vec<_>>());
+        let count = |m: Option<&str>, n| ModelCount { model: m.map(str::to_owned), requests: n };
+        let hop2 = d.hops[1].models.as_ref().unwrap();
+        assert_eq!(hop2, &ModelsUsed { changed: 2, before: vec![count(Some("llama-8b"), 2)], after: vec![count(None, 1), count(Some("qwen-7b"), 1)] });
+        let o = d.overall.models.as_ref().unwrap();
+        assert_eq!((o.changed, o.before.clone()), (2, vec![count(Some("llama-8b"), 6)]));
+        assert_eq!(o.after, vec![count(Some("llama-8b"), 4), count(None, 1), count(Some("qwen-7b"), 1)]);
+        assert!(d.headline.ends_with("; model changed in 2 of 6 pairs (llama-8b ×6 → llama-8b ×4, none named ×1, qwen-7b ×1)"), "{}", d.headline);
+        let t = render_text(&d);
+        assert!(t.contains("per hop models") && t.contains("  hop 2: 2 of its pairs: llama-8b ×2 → none named ×1, qwen-7b ×1"), "{t}");
+        let p = d.pairs.iter().find(|p| p.hop == Some(2) && p.after_model.is_some()).unwrap();
+        assert_eq!((p.before_model.as_deref(), p.after_model.as_deref()), (Some("llama-8b"), Some("qwen-7b")));
+        // Same models on both sides: nothing said.
+        let same = compare_sides(&b, &b).into_diff();
+        assert!(same.overall.models.is_none() && !same.headline.contains("model") && !render_text(&same).contains("per hop models"));
         assert_streamed_equals_whole(&b, &a);
     }
 

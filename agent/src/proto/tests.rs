@@ -634,6 +634,25 @@ fn an_sdk_ordered_long_request_keeps_model_and_stream_from_the_reads_tail() {
     assert_eq!(counter(&dec, "desync"), 0);
 }
 
+/// A chunked request body: the gap falls in a chunk's data (skipped by
+/// count), and the tail's window holds the de-chunked data, not the framing.
+#[test]
+fn a_chunked_long_request_reads_its_model_from_the_de_chunked_tail() {
+    let k = key(33);
+    let mut json = br#"{"messages":[{"role":"user","content":""#.to_vec();
+    json.resize(30_000, b'z');
+    json.extend_from_slice(br#""}],"model":"chunky","stream":false}"#);
+    let (a, b) = json.split_at(20_000);
+    let body = [format!("{:x}\r\n", a.len()).as_bytes(), a, b"\r\n", format!("{:x}\r\n", b.len()).as_bytes(), b, b"\r\n0\r\n\r\n"].concat();
+    let req = [&b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"[..], &body].concat();
+    let mut dec = decoder();
+    // The second chunk's size line lies in the tail's 16 KiB: framing kept.
+    let out = run(&mut dec, &[accept(k, 1), io_ends(k, IN, 100, &req, 4096, 16384), io(k, OUT, 200, b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")]);
+    let shown = shows(&out, true);
+    assert!(shown.iter().any(|l| l.starts_with("req#0 ") && l.ends_with(&format!("body={} stream=Some(false) model=Some(\"chunky\")", json.len()))), "{shown:?}");
+    assert_eq!((counter(&dec, "json_body_ends"), counter(&dec, "json_meta_lost"), counter(&dec, "chunk_framing_lost")), (1, 0, 0));
+}
+
 /// A long non-streaming answer: its `usage` and `finish_reason` come from
 /// the write's tail, its id from the head.
 #[test]

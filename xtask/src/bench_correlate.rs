@@ -39,7 +39,7 @@ fn synth(n: u64) -> Vec<Record> {
             headers: vec![("x-session-id".into(), format!("chain-{}", i % 64))],
             body_len: 4000,
             stream: Some(true),
-            model: None,
+            model: Some("meta-llama/Llama-3.1-8B-Instruct".into()),
             ready_ns: Some(t),
         });
         out.push(Record::EngineRequest {

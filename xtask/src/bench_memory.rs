@@ -38,7 +38,7 @@ const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const CLIENTS: u64 = 16;
 /// Bump when the generator changes: the cached file is remade.
-const GENERATOR: u32 = 2;
+const GENERATOR: u32 = 3;
 
 struct Req {
     conn: ConnKey,
@@ -99,7 +99,9 @@ fn arrive(g: &mut Gen, c: u64, k: u64, n: u64, at: u64) -> Req {
         headers,
         body_len,
         stream: Some(true),
-        model: None,
+        // Every request names its model, as real clients' do (g3: the
+        // report, summary and diff carry it since 2026-12-04).
+        model: Some(if k % 4 == 3 { "lora/sql-adapter" } else { "meta-llama/Llama-3.1-8B-Instruct" }.into()),
         ready_ns: Some(at - 20 * US),
     });
     let ipc = ConnKey { tgid: 1000, fd: 9, ino: 7 };

@@ -454,10 +454,8 @@ impl Conn {
             .min(usize::try_from(io.len).unwrap_or(usize::MAX));
         let data = io.data.get(..cap).unwrap_or_default();
         // The transfer's last bytes, when captured apart: after the gap.
-        let tail = io
-            .tail
-            .get(..usize::try_from(io.len - cap as u64).unwrap_or(usize::MAX).min(io.tail.len()))
-            .unwrap_or_default();
+        let room = usize::try_from(io.len - cap as u64).unwrap_or(usize::MAX);
+        let tail = &io.tail[..io.tail.len().min(room)];
         let gap = io.len - cap as u64 - tail.len() as u64;
         if self.dead {
             inc(&mut ctx.c.unparsed_bytes, io.len);

@@ -148,6 +148,15 @@ impl PerModel {
     }
 }
 
+/// `key`'s series, made when it has none: looked up by `&str`, so the
+/// records of a request (every content chunk) copy no name.
+fn series<'a>(by_model: &'a mut BTreeMap<String, PerModel>, key: &str) -> &'a mut PerModel {
+    if !by_model.contains_key(key) {
+        by_model.insert(key.to_owned(), PerModel::new());
+    }
+    by_model.get_mut(key).expect("inserted above when missing")
+}
+
 /// Models named past this many share the `model_name="other"` series: the name
 /// comes from the clients, so its label's cardinality is bounded here.
 const MAX_MODEL_LABELS: usize = 16;
@@ -235,7 +244,7 @@ impl LiveMetrics {
             }
             Record::Sse { conn, seq, ts_ns, kind, usage, .. } => {
                 let open = self.open.get_mut(&(*conn, *seq));
-                let m = self.by_model.entry(open.as_ref().map_or_else(String::new, |o| o.model.clone())).or_insert_with(PerModel::new);
+                let m = series(&mut self.by_model, open.as_ref().map_or("", |o| o.model.as_str()));
                 if let Some(u) = usage {
                     m.prompt_tokens += u.prompt_tokens.unwrap_or(0);
                     m.generation_tokens += u.completion_tokens.unwrap_or(0);
@@ -256,19 +265,18 @@ impl LiveMetrics {
                 }
             }
             Record::ResponseBody { conn, seq, usage: Some(u), .. } => {
-                let model = self.open.get(&(*conn, *seq)).map_or_else(String::new, |o| o.model.clone());
-                let m = self.by_model.entry(model).or_insert_with(PerModel::new);
+                let m = series(&mut self.by_model, self.open.get(&(*conn, *seq)).map_or("", |o| o.model.as_str()));
                 m.prompt_tokens += u.prompt_tokens.unwrap_or(0);
                 m.generation_tokens += u.completion_tokens.unwrap_or(0);
             }
             Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. } => {
                 if let Some(o) = self.open.get(&(*conn, *seq)) {
-                    *self.by_model.entry(o.model.clone()).or_insert_with(PerModel::new).requests.entry(*status).or_default() += 1;
+                    *series(&mut self.by_model, &o.model).requests.entry(*status).or_default() += 1;
                 }
             }
             Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
                 if let Some(o) = self.open.remove(&(*conn, *seq)) {
-                    self.by_model.entry(o.model.clone()).or_insert_with(PerModel::new).e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
+                    series(&mut self.by_model, &o.model).e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
                     if let Some(c) = self.hops.get_mut(&o.chain) {
                         c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
                     }
@@ -303,7 +311,7 @@ impl LiveMetrics {
         let m = model.unwrap_or("");
         let named = || self.by_model.keys().filter(|k| !k.is_empty() && *k != "other").count();
         let key = if m.is_empty() || self.by_model.contains_key(m) || named() < MAX_MODEL_LABELS { m } else { "other" };
-        self.by_model.entry(key.to_owned()).or_insert_with(PerModel::new);
+        series(&mut self.by_model, key);
         key.to_owned()
     }
 

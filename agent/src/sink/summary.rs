@@ -88,26 +88,18 @@ pub struct Models {
 impl Models {
     /// The slot of a completed request naming `model` (counted in it).
     pub fn slot(&mut self, model: Option<&str>, out_tokens: Option<u64>) -> u8 {
-        let found = self.names.iter().position(|n| n.as_deref() == model);
-        let i = match found {
-            Some(i) => i,
-            None => {
-                let named = self.names.iter().filter(|n| n.as_deref().is_some_and(|m| m != "other")).count();
-                let key = match model {
-                    Some(_) if named >= MAX_MODELS => Some("other"),
-                    m => m,
-                };
-                match self.names.iter().position(|n| n.as_deref() == key) {
-                    Some(i) => i,
-                    None => {
-                        self.names.push(key.map(str::to_owned));
-                        self.completed.push(0);
-                        self.out_tokens.push(0);
-                        self.names.len() - 1
-                    }
-                }
-            }
+        let at = |names: &[Option<String>], k: Option<&str>| names.iter().position(|n| n.as_deref() == k);
+        let named = || self.names.iter().filter(|n| n.as_deref().is_some_and(|m| m != "other")).count();
+        let key = match model {
+            Some(_) if at(&self.names, model).is_none() && named() >= MAX_MODELS => Some("other"),
+            m => m,
         };
+        let i = at(&self.names, key).unwrap_or_else(|| {
+            self.names.push(key.map(str::to_owned));
+            self.completed.push(0);
+            self.out_tokens.push(0);
+            self.names.len() - 1
+        });
         self.completed[i] += 1;
         self.out_tokens[i] += out_tokens.unwrap_or(0);
         i as u8

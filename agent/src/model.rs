@@ -451,6 +451,16 @@ pub enum Record {
         request_id: String,
         first_ns: u64,
     },
+    /// The `model` a response named (its first SSE chunk's, or a JSON body's),
+    /// once per response, before the [`Record::Sse`] or
+    /// [`Record::ResponseBody`] that carried it. A request whose body lost its
+    /// own `model` to the capture takes this one. Format 5.
+    ResponseModel {
+        conn: ConnKey,
+        seq: u32,
+        ts_ns: u64,
+        model: String,
+    },
 }
 
 /// The peer side of a peer-to-peer copy.
@@ -546,6 +556,7 @@ impl Record {
             | Record::GpuSample { ts_ns, .. }
             | Record::EngineStats { ts_ns, .. }
             | Record::WokenWrite { ts_ns, .. }
+            | Record::ResponseModel { ts_ns, .. }
             | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }

@@ -697,6 +697,23 @@ impl Correlator {
                     r.finish_reason.clone_from(finish_reason);
                 }
             }
+            Record::ResponseModel { conn, seq, model, .. } => {
+                let Some(r) = self.request_mut(*conn, *seq) else {
+                    self.count("response_models_without_request");
+                    return;
+                };
+                // The request's own `model` wins: a server may answer under
+                // another name (an alias resolved, a router's choice).
+                let what = match &r.model {
+                    None => {
+                        r.model = Some(model.clone());
+                        "request_model_from_response"
+                    }
+                    Some(m) if m != model => "response_model_differs",
+                    Some(_) => return,
+                };
+                self.count(what);
+            }
             Record::HttpResponseEnd { conn, seq, ts_ns, body_len } => {
                 let key = OpenKey(*conn, *seq);
                 match self.open.remove(&key).and_then(|at| self.live.get_mut(at)) {
@@ -1143,6 +1160,27 @@ mod tests {
         assert_eq!(a.chains[2].source, ChainSource::Connection);
         let hops: Vec<(u64, u32)> = a.chains[1].hops.iter().map(|&i| (a.requests[i].arrive_ns, a.requests[i].hop)).collect();
         assert_eq!(hops, vec![(2_000_000_000, 1), (4_000_000_000, 2)]);
+    }
+
+    /// A request whose body named no model (or lost it to the capture)
+    /// takes the one its response named; one naming its own keeps it.
+    #[test]
+    fn a_request_without_a_model_takes_its_responses() {
+        let named = |c: ConnKey, seq: u32, at: u64, model: &str| Record::ResponseModel { conn: c, seq, ts_ns: at, model: model.into() };
+        let mut recs = exchange(conn(5), 0, 1_000_000_000, 2, &[]);
+        recs.insert(2, named(conn(5), 0, 1_001_500_000, "served-a"));
+        let mut asked = exchange(conn(6), 0, 2_000_000_000, 2, &[]);
+        let Record::HttpRequest { model, .. } = &mut asked[0] else { unreachable!() };
+        *model = Some("alias".into());
+        asked.insert(2, named(conn(6), 0, 2_001_500_000, "served-b"));
+        recs.extend(asked);
+        recs.push(named(conn(9), 0, 3_000_000_000, "late"));
+        let a = analyse(&recs);
+        let models: Vec<Option<&str>> = a.requests.iter().map(|r| r.model.as_deref()).collect();
+        assert_eq!(models, [Some("served-a"), Some("alias")]);
+        for (k, n) in [("request_model_from_response", 1), ("response_model_differs", 1), ("response_models_without_request", 1)] {
+            assert_eq!(a.drops.get(k), Some(&n), "{k}: {:?}", a.drops);
+        }
     }
 
     #[test]

@@ -113,11 +113,14 @@ enum Kind {
 
 /// A request awaiting its response. `seq: None` = a request we know exists but
 /// could not read (its response is parsed for framing only).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Pending {
     seq: Option<u32>,
     head: bool,
     connect: bool,
+    /// The request body's `model`, once the body is complete: its response
+    /// names a model in a record only when it says something this does not.
+    model: Option<String>,
 }
 
 impl Pending {
@@ -125,6 +128,7 @@ impl Pending {
         seq: None,
         head: false,
         connect: false,
+        model: None,
     };
 }
 
@@ -330,6 +334,11 @@ struct RespBody {
     last_ts: u64,
     sse: Option<SseParser>,
     cap: Capture,
+    /// Its request's `model`; a [`Record::ResponseModel`] is emitted, once,
+    /// when the response names another (or the request named none).
+    asked: Option<String>,
+    /// A [`Record::ResponseModel`] was emitted, or is not needed any more.
+    model_named: bool,
 }
 
 #[derive(Debug, Default)]
@@ -705,6 +714,7 @@ impl Conn {
             seq: Some(seq),
             head: parsed.method == "HEAD",
             connect: parsed.method == "CONNECT",
+            model: None,
         });
         let framing = match parsed.framing {
             BodyFraming::Length(0) | BodyFraming::Close => None,
@@ -732,7 +742,7 @@ impl Conn {
         Ok(())
     }
 
-    fn emit_request(&self, ctx: &mut Ctx<'_>, mut b: ReqBody, end_ns: u64, out: &mut Vec<Record>) {
+    fn emit_request(&mut self, ctx: &mut Ctx<'_>, mut b: ReqBody, end_ns: u64, out: &mut Vec<Record>) {
         let meta = match b.cap.take() {
             Some(Body::Whole(body)) if !body.is_empty() => {
                 let m = openai::request_meta(&body);
@@ -752,6 +762,9 @@ impl Conn {
             _ => None,
         };
         let (stream, model) = meta.unwrap_or((None, None));
+        if let Some(p) = self.fifo.iter_mut().find(|p| p.seq == Some(b.seq)) {
+            p.model.clone_from(&model);
+        }
         out.push(Record::HttpRequest {
             conn: self.key,
             role: self.role(),
@@ -914,6 +927,8 @@ impl Conn {
             last_ts: at.ts,
             sse: (tracked && parsed.sse && !parsed.encoded).then(SseParser::default),
             cap: json_capture(tracked && parsed.json && !parsed.sse && !parsed.encoded, parsed.framing, ctx),
+            asked: pending.model,
+            model_named: false,
         });
         match framing {
             None => {
@@ -936,11 +951,15 @@ impl Conn {
         Ok(())
     }
 
-    fn emit_sse(&self, seq: Option<u32>, evs: Vec<SseOut>, d: usize, out: &mut Vec<Record>) {
-        let Some(seq) = seq else { return };
+    fn emit_sse(&self, b: &mut RespBody, evs: Vec<SseOut>, d: usize, out: &mut Vec<Record>) {
+        let Some(seq) = b.seq else { return };
         for ev in evs {
             match ev {
-                SseOut::Event { ts, info } => out.push(Record::Sse {
+                SseOut::Event { ts, mut info } => {
+                    if let Some(model) = info.model.take() {
+                        self.name_model(b, seq, ts, model, out);
+                    }
+                    out.push(Record::Sse {
                     conn: self.key,
                     seq,
                     ts_ns: ts,
@@ -949,7 +968,8 @@ impl Conn {
                     content_bytes: info.content_bytes,
                     finish_reason: info.finish_reason,
                     usage: info.usage,
-                }),
+                    });
+                }
                 SseOut::TooLarge { ts, bytes } => {
                     out.push(Record::Unparsed {
                         conn: self.key,
@@ -988,7 +1008,7 @@ impl Conn {
         if let Some(sse) = &mut b.sse {
             let mut evs = Vec::new();
             sse.feed(bytes, at.ts, ctx.c, &mut evs);
-            self.emit_sse(b.seq, evs, d, out);
+            self.emit_sse(b, evs, d, out);
         }
     }
 
@@ -1013,8 +1033,17 @@ impl Conn {
         if let Some(sse) = &mut b.sse {
             let mut evs = Vec::new();
             sse.chunk_end(ts, ctx.c, &mut evs);
-            self.emit_sse(b.seq, evs, d, out);
+            self.emit_sse(b, evs, d, out);
         }
+    }
+
+    /// The first model a response names, in a record when its request named
+    /// none or another.
+    fn name_model(&self, b: &mut RespBody, seq: u32, ts: u64, model: String, out: &mut Vec<Record>) {
+        if std::mem::replace(&mut b.model_named, true) || b.asked.as_deref() == Some(model.as_str()) {
+            return;
+        }
+        out.push(Record::ResponseModel { conn: self.key, seq, ts_ns: ts, model });
     }
 
     /// The response's last byte was seen at `ts` (`clean`), or its end is unknown.
@@ -1033,7 +1062,7 @@ impl Conn {
         if let Some(sse) = &mut b.sse {
             let mut evs = Vec::new();
             sse.finish(ts, clean, ctx.c, &mut evs);
-            self.emit_sse(b.seq, evs, d, out);
+            self.emit_sse(&mut b, evs, d, out);
         }
         let Some(seq) = b.seq else { return };
         if !clean {
@@ -1054,11 +1083,14 @@ impl Conn {
                 if m.usage.is_none() {
                     ctx.c.json_meta_lost += 1;
                 }
-                (m.id.is_some() || m.usage.is_some() || m.finish_reason.is_some()).then_some(m)
+                (m.id.is_some() || m.usage.is_some() || m.finish_reason.is_some() || m.model.is_some()).then_some(m)
             }
             _ => None,
         };
-        if let Some(m) = meta {
+        if let Some(mut m) = meta {
+            if let Some(model) = m.model.take() {
+                self.name_model(&mut b, seq, ts, model, out);
+            }
             out.push(Record::ResponseBody {
                 conn: self.key,
                 seq,

@@ -18,6 +18,8 @@ pub(crate) struct ChunkInfo {
     pub content_bytes: u32,
     pub finish_reason: Option<String>,
     pub usage: Option<Usage>,
+    /// The chunk's `model` (OpenAI-compatible servers name it in every chunk).
+    pub model: Option<String>,
 }
 
 impl ChunkInfo {
@@ -28,6 +30,7 @@ impl ChunkInfo {
             content_bytes: 0,
             finish_reason: None,
             usage: None,
+            model: None,
         }
     }
 }
@@ -79,6 +82,7 @@ pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
         return (ChunkInfo::other(None), false);
     };
     let id = str_of(obj.get("id"));
+    let model = str_of(obj.get("model"));
     let usage = usage_of(obj.get("usage"));
     let mut finish_reason = None;
     let mut content = false;
@@ -143,6 +147,7 @@ pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
             content_bytes,
             finish_reason,
             usage,
+            model,
         },
         false,
     )
@@ -214,9 +219,11 @@ pub(crate) fn request_meta_parts(head: &[u8], tail: &[u8]) -> (Option<bool>, Opt
 pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
     let mut id = None;
     let mut usage = None;
-    for (k, v) in json_ends::head_members(head, &["id", "usage"]) {
+    let mut model = None;
+    for (k, v) in json_ends::head_members(head, &["id", "usage", "model"]) {
         match k.as_str() {
             "id" => id = id.or_else(|| str_of(Some(&v))),
+            "model" => model = model.or_else(|| str_of(Some(&v))),
             _ => usage = usage.or_else(|| usage_of(Some(&v))),
         }
     }
@@ -225,6 +232,9 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
     json_ends::tail_members(tail, |path, k, v| match (path, k) {
         ([Kind::Object], b"usage") if usage.is_none() => {
             usage = serde_json::from_slice::<Value>(v).ok().and_then(|u| usage_of(Some(&u)));
+        }
+        ([Kind::Object], b"model") if model.is_none() => {
+            model = serde_json::from_slice::<String>(v).ok().map(|m| short(&m));
         }
         // choices[i].finish_reason: reported nearest the end first, so the
         // last one seen is the first choice the tail holds.
@@ -235,7 +245,7 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
         }
         _ => {}
     });
-    BodyMeta { id, usage, finish_reason }
+    BodyMeta { id, usage, finish_reason, model }
 }
 
 #[derive(Deserialize)]
@@ -252,6 +262,8 @@ struct ResponseMeta {
     choices: Option<Vec<ChoiceMeta>>,
     #[serde(default)]
     usage: Option<Value>,
+    #[serde(default)]
+    model: Option<Value>,
 }
 
 /// Metadata of a non-streaming response body.
@@ -260,15 +272,17 @@ pub(crate) struct BodyMeta {
     pub id: Option<String>,
     pub usage: Option<Usage>,
     pub finish_reason: Option<String>,
+    pub model: Option<String>,
 }
 
-/// Reads id, usage and the first choice's finish_reason from a complete JSON
+/// Reads id, usage, model and the first choice's finish_reason from a complete JSON
 /// body; `None` if it is not valid JSON.
 pub(crate) fn response_meta(body: &[u8]) -> Option<BodyMeta> {
     if let Ok(m) = serde_json::from_slice::<ResponseMeta>(body) {
         return Some(BodyMeta {
             id: str_of(m.id.as_ref()),
             usage: usage_of(m.usage.as_ref()),
+            model: str_of(m.model.as_ref()),
             finish_reason: m
                 .choices
                 .and_then(|c| c.into_iter().next())
@@ -286,6 +300,7 @@ pub(crate) fn response_meta(body: &[u8]) -> Option<BodyMeta> {
         id: str_of(v.get("id")),
         usage: usage_of(v.get("usage")),
         finish_reason,
+        model: str_of(v.get("model")),
     })
 }
 
@@ -411,6 +426,17 @@ mod tests {
         assert_eq!(r.id.as_deref(), Some("chatcmpl-2"));
         assert_eq!(r.finish_reason.as_deref(), Some("stop"));
         assert_eq!(r.usage.and_then(|u| u.prompt_tokens), Some(3));
+        assert_eq!(r.model, None);
         assert!(!format!("{r:?}").contains("SECRET"));
+        // The model a response names: whole, from the head of a partial
+        // body, or from the tail when the head lost it.
+        let named = br#"{"id":"cmpl-3","model":"org/m-7b","choices":[{"text":"SECRET","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
+        assert_eq!(response_meta(named).unwrap().model.as_deref(), Some("org/m-7b"));
+        assert_eq!(response_meta_parts(&named[..40], b"").model.as_deref(), Some("org/m-7b"));
+        let last = br#"{"id":"cmpl-4","choices":[],"model":"tail-m"}"#;
+        assert_eq!(response_meta_parts(&last[..10], &last[20..]).model.as_deref(), Some("tail-m"));
+        let (chunk, bad) = classify_sse(br#"{"id":"c","model":"m-9","choices":[{"index":0,"delta":{"role":"assistant"}}]}"#);
+        assert!(!bad);
+        assert_eq!((chunk.kind, chunk.model.as_deref()), (SseKind::Role, Some("m-9")));
     }
 }

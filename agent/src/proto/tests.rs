@@ -169,6 +169,9 @@ fn show(r: &Record, ts: bool) -> String {
             body_len,
             ..
         } => format!("end#{seq} {body_len}B{}", t(*ts_ns)),
+        Record::ResponseModel {
+            seq, ts_ns, model, ..
+        } => format!("model#{seq} {model}{}", t(*ts_ns)),
         Record::Unparsed {
             dir, reason, ts_ns, ..
         } => format!("unparsed {dir:?} {reason}{}", t(*ts_ns)),
@@ -634,6 +637,56 @@ fn an_sdk_ordered_long_request_keeps_model_and_stream_from_the_reads_tail() {
     assert_eq!(counter(&dec, "desync"), 0);
 }
 
+/// The model a response names is recorded once, before the event that
+/// carried it, when its request named none (its body's model lost to the
+/// capture) or another; not when it repeats the request's.
+#[test]
+fn a_response_names_its_model_only_when_its_request_did_not_or_named_another() {
+    let long = |model: &str| {
+        let mut b = br#"{"messages":[{"role":"user","content":""#.to_vec();
+        b.resize(40_000, b'x');
+        b.extend_from_slice(format!(r#""}}],"model":"{model}","stream":true,"tools":[{}]}}"#, "1,".repeat(20_000) + "1").as_bytes());
+        let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", b.len());
+        [head.as_bytes(), &b].concat()
+    };
+    let short = |model: &str| {
+        let b = format!(r#"{{"model":"{model}","messages":[],"stream":true}}"#);
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{b}", b.len()).into_bytes()
+    };
+    let mut dec = decoder();
+    let mut evs = Vec::new();
+    // Each answers with chat_events' "m1" in every chunk.
+    for (fd, req) in [(60, short("m1")), (61, short("alias")), (62, long("m1"))] {
+        let k = key(fd);
+        let t = fd as u64 * 100;
+        evs.push(accept(k, t));
+        evs.push(if req.len() > 4096 { io_ends(k, IN, t + 1, &req, 4096, 16384) } else { io(k, IN, t + 1, &req) });
+        evs.push(io(k, OUT, t + 2, SSE_HEAD));
+        for (i, e) in chat_events(&format!("chatcmpl-{fd}"), &["a", "b"]).iter().enumerate() {
+            evs.push(io(k, OUT, t + 3 + i as u64, &chunk(e)));
+        }
+        evs.push(io(k, OUT, t + 20, b"0\r\n\r\n"));
+    }
+    let out = run(&mut dec, &evs);
+    let named: Vec<(i32, &str, u64)> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::ResponseModel { conn, seq: 0, model, ts_ns } => Some((conn.fd, model.as_str(), *ts_ns)),
+            _ => None,
+        })
+        .collect();
+    // The first chunk's (the role chunk, written at t + 3).
+    assert_eq!(named, [(61, "m1", 6103), (62, "m1", 6203)]);
+    let at = out.iter().position(|r| matches!(r, Record::ResponseModel { conn, .. } if conn.fd == 62)).unwrap();
+    assert!(matches!(&out[at + 1], Record::Sse { kind: SseKind::Role, .. }), "{:?}", &out[at + 1]);
+    let lost: Vec<bool> = out.iter().filter_map(|r| match r {
+        Record::HttpRequest { model, .. } => Some(model.is_none()),
+        _ => None,
+    }).collect();
+    assert_eq!(lost, [false, false, true], "the long request's model is past both ends");
+    assert_eq!(counter(&dec, "json_meta_lost"), 1);
+}
+
 /// A chunked request body: the gap falls in a chunk's data (skipped by
 /// count), and the tail's window holds the de-chunked data, not the framing.
 #[test]
@@ -658,7 +711,7 @@ fn a_chunked_long_request_reads_its_model_from_the_de_chunked_tail() {
 #[test]
 fn a_long_non_streaming_answer_keeps_its_usage_from_the_writes_tail() {
     let k = key(32);
-    let mut body = br#"{"id":"chatcmpl-9","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""#.to_vec();
+    let mut body = br#"{"id":"chatcmpl-9","object":"chat.completion","model":"m-long","choices":[{"index":0,"message":{"role":"assistant","content":""#.to_vec();
     body.resize(30_000, b'y');
     body.extend_from_slice(br#""},"finish_reason":"length"}],"usage":{"prompt_tokens":12,"completion_tokens":7000,"prompt_tokens_details":{"cached_tokens":8}}}"#);
     let resp = [format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes(), &body[..]].concat();
@@ -680,6 +733,8 @@ fn a_long_non_streaming_answer_keeps_its_usage_from_the_writes_tail() {
         .collect();
     let usage = Usage { prompt_tokens: Some(12), completion_tokens: Some(7000), cached_tokens: Some(8) };
     assert_eq!(meta, vec![(Some("chatcmpl-9".to_string()), Some(usage), Some("length".to_string()))]);
+    // The request named none: the model the head names is recorded.
+    assert!(out.iter().any(|r| matches!(r, Record::ResponseModel { model, .. } if model == "m-long")), "{out:?}");
     assert!(out.iter().any(|r| matches!(r, Record::HttpResponseEnd { body_len, .. } if *body_len == body.len() as u64)));
     assert_eq!((counter(&dec, "json_body_ends"), counter(&dec, "json_meta_lost"), counter(&dec, "desync")), (1, 0, 0));
 }
@@ -1018,6 +1073,8 @@ fn non_streaming_json_response_gives_response_body() {
         shows(&out, true)[1..],
         [
             "resp#0 Server 200 @2".to_string(),
+            // The request named no model: the response's is recorded.
+            "model#0 m1 @4".to_string(),
             "body#0 chatcmpl-ns fr=stop usage=Some((Some(12), Some(5), Some(8))) @4".to_string(),
             format!("end#0 {}B @4", json.len()),
         ]
@@ -1342,6 +1399,7 @@ fn coalesced_write_over_capture_limit_loses_framing_then_resumes() {
         shows(&out, true)[1..],
         [
             "resp#0 Server 200 @2",
+            "model#0 m1 @3",
             "sse#0 Role chatcmpl-co 0B fr=- @3",
             "sse#0 Other chatcmpl-co 0B fr=- @3",
             "unparsed Out gap hid a chunk-size line @3",

@@ -523,11 +523,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::EngineStats { .. } => 25,
         Record::WokenWrite { .. } => 26,
         Record::EngineRequestStart { .. } => 27,
+        Record::ResponseModel { .. } => 28,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 28;
+pub const VARIANTS: usize = 29;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -583,6 +584,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
         }
         Record::WokenWrite { ts_ns, tgid, tid, wake_ns, on_ns } => fields!(c; ts_ns, tgid, tid, wake_ns, on_ns),
         Record::EngineRequestStart { conn, ts_ns, tid, dir, request_id, first_ns } => fields!(c; conn, ts_ns, tid, dir, request_id, first_ns),
+        Record::ResponseModel { conn, seq, ts_ns, model } => fields!(c; conn, seq, ts_ns, model),
     }
 }
 
@@ -999,6 +1001,7 @@ mod tests {
             Record::EngineStats { conn: ck(k + 13), ts_ns: 148, engine_index: opt(149), running: Some(150), waiting: None, kv_cache_usage: Some(0.151), step_counter: opt(152), prefix_cache_queries: Some(153), prefix_cache_hits: Some(154) },
             Record::WokenWrite { ts_ns: 155, tgid: 156, tid: 157, wake_ns: 158, on_ns: 159 },
             Record::EngineRequestStart { conn: ck(k + 14), ts_ns: 160, tid: 161, dir: Dir::In, request_id: s("start"), first_ns: 162 },
+            Record::ResponseModel { conn: ck(k + 15), seq: 163, ts_ns: 164, model: s("served") },
         ]
     }
 

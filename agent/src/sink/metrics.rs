@@ -110,6 +110,9 @@ struct Open {
     hop: u32,
     ttft_ns: Option<u64>,
     last_content_ns: Option<u64>,
+    /// The response's status, not yet counted: it waits, when the request
+    /// named no model, for the model its response names (or its end).
+    status: Option<u16>,
     chain: String,
     /// The trace its spans go to ([`crate::sink::otlp::request_trace_id`]).
     trace_id: [u8; 16],
@@ -155,6 +158,13 @@ fn series<'a>(by_model: &'a mut BTreeMap<String, PerModel>, key: &str) -> &'a mu
         by_model.insert(key.to_owned(), PerModel::new());
     }
     by_model.get_mut(key).expect("inserted above when missing")
+}
+
+/// Counts `o`'s response status, once, under its series' model.
+fn count_status(by_model: &mut BTreeMap<String, PerModel>, o: &mut Open) {
+    if let Some(status) = o.status.take() {
+        *series(by_model, &o.model).requests.entry(status).or_default() += 1;
+    }
 }
 
 /// Models named past this many share the `model_name="other"` series: the name
@@ -230,12 +240,12 @@ impl LiveMetrics {
                 if let Some(done) = c.last_done_ns.take().filter(|d| *d <= *start_ns) {
                     self.between_hops.observe((start_ns - done) as f64 / 1e9, Some((trace_id, *start_ns)));
                 }
-                self.open.insert((*conn, *seq), Open { model, arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, chain, trace_id });
+                self.open.insert((*conn, *seq), Open { model, arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, status: None, chain, trace_id });
                 // Bounded: a client that never finishes cannot grow this forever.
                 if self.open.len() > 1 << 16 {
                     let oldest = self.open.iter().min_by_key(|(_, o)| o.arrive_ns).map(|(k, _)| *k);
-                    if let Some(k) = oldest {
-                        self.open.remove(&k);
+                    if let Some(mut o) = oldest.and_then(|k| self.open.remove(&k)) {
+                        count_status(&mut self.by_model, &mut o);
                     }
                 }
                 if self.hops.len() > 1 << 16 {
@@ -270,12 +280,26 @@ impl LiveMetrics {
                 m.generation_tokens += u.completion_tokens.unwrap_or(0);
             }
             Record::HttpResponse { conn, role: HttpRole::Server, seq, status, .. } => {
-                if let Some(o) = self.open.get(&(*conn, *seq)) {
-                    *series(&mut self.by_model, &o.model).requests.entry(*status).or_default() += 1;
+                if let Some(o) = self.open.get_mut(&(*conn, *seq)) {
+                    o.status = Some(*status);
+                    if !o.model.is_empty() {
+                        count_status(&mut self.by_model, o);
+                    }
+                }
+            }
+            Record::ResponseModel { conn, seq, model, .. } => {
+                if !self.open.get(&(*conn, *seq)).is_some_and(|o| o.model.is_empty()) {
+                    return;
+                }
+                let named = self.model_series(Some(model));
+                if let Some(o) = self.open.get_mut(&(*conn, *seq)) {
+                    o.model = named;
+                    count_status(&mut self.by_model, o);
                 }
             }
             Record::HttpResponseEnd { conn, seq, ts_ns, .. } => {
-                if let Some(o) = self.open.remove(&(*conn, *seq)) {
+                if let Some(mut o) = self.open.remove(&(*conn, *seq)) {
+                    count_status(&mut self.by_model, &mut o);
                     series(&mut self.by_model, &o.model).e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
                     if let Some(c) = self.hops.get_mut(&o.chain) {
                         c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
@@ -310,7 +334,11 @@ impl LiveMetrics {
     fn model_series(&mut self, model: Option<&str>) -> String {
         let m = model.unwrap_or("");
         let named = || self.by_model.keys().filter(|k| !k.is_empty() && *k != "other").count();
-        let key = if m.is_empty() || self.by_model.contains_key(m) || named() < MAX_MODEL_LABELS { m } else { "other" };
+        if m.is_empty() {
+            // Made when something is observed: the response may name it yet.
+            return String::new();
+        }
+        let key = if self.by_model.contains_key(m) || named() < MAX_MODEL_LABELS { m } else { "other" };
         series(&mut self.by_model, key);
         key.to_owned()
     }
@@ -628,6 +656,41 @@ mod tests {
         let names: std::collections::BTreeSet<&str> = s.lines().filter(|l| l.starts_with("hopscope_e2e_request_latency_seconds_count")).collect();
         assert_eq!(names.len(), 16 + 2, "16 named, the unnamed, other: {names:?}");
         assert!(s.lines().any(|l| l == "hopscope_e2e_request_latency_seconds_count{model_name=\"other\"} 26"), "{s}");
+    }
+
+    /// A request whose body's model was lost to the capture is labelled by
+    /// the model its response names, every series alike (its status waits
+    /// for the name); a request naming one keeps its own.
+    #[test]
+    fn a_request_without_a_model_takes_the_one_its_response_names() {
+        const MS: u64 = 1_000_000;
+        let conn = |fd: i32| ConnKey { tgid: 1, fd, ino: fd as u64 };
+        let mut m = LiveMetrics::new("x-session-id");
+        for (fd, asked, answered) in [(5, None, Some("served")), (6, Some("alias"), Some("served")), (7, None, None)] {
+            let Record::HttpRequest { conn: c, role, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, ready_ns, .. } = chat(fd, 0, 0, vec![]) else { unreachable!() };
+            m.observe(&Record::HttpRequest { conn: c, role, seq, start_ns, end_ns, tid, method, path, headers, body_len, stream, model: asked.map(str::to_owned), ready_ns });
+            m.observe(&Record::HttpResponse { conn: conn(fd), role: HttpRole::Server, seq: 0, ts_ns: 1, tid: 1, status: 200, headers: vec![] });
+            if let Some(name) = answered {
+                m.observe(&Record::ResponseModel { conn: conn(fd), seq: 0, ts_ns: 2 * MS, model: name.into() });
+            }
+            let usage = Some(crate::model::Usage { prompt_tokens: Some(10), completion_tokens: Some(2), cached_tokens: None });
+            m.observe(&Record::Sse { conn: conn(fd), seq: 0, ts_ns: 2 * MS, kind: SseKind::Content, id: None, content_bytes: 3, finish_reason: None, usage });
+            m.observe(&Record::HttpResponseEnd { conn: conn(fd), seq: 0, ts_ns: 3 * MS, body_len: 10 });
+        }
+        let s = m.render();
+        for line in [
+            "hopscope_time_to_first_token_seconds_count{model_name=\"served\"} 1",
+            "hopscope_e2e_request_latency_seconds_count{model_name=\"served\"} 1",
+            "hopscope_requests_total{model_name=\"served\",status=\"200\"} 1",
+            "hopscope_generation_tokens_total{model_name=\"served\"} 2",
+            "hopscope_time_to_first_token_seconds_count{model_name=\"alias\"} 1",
+            "hopscope_requests_total{model_name=\"alias\",status=\"200\"} 1",
+            "hopscope_time_to_first_token_seconds_count 1",
+            "hopscope_requests_total{status=\"200\"} 1",
+        ] {
+            assert!(s.lines().any(|l| l == line), "missing {line}:\n{s}");
+        }
+        assert_eq!(s.lines().filter(|l| l.starts_with("hopscope_requests_total")).count(), 3, "each status counted once: {s}");
     }
 
     #[test]

@@ -1109,6 +1109,10 @@ pub fn is_loss(name: &str) -> bool {
         // `json_meta_lost`, a loss).
         "json_body_ends",
         "json_body_too_large",
+        // A request's model named by its response instead (its body's lost
+        // to the capture, or never sent), or answered under another name.
+        "request_model_from_response",
+        "response_model_differs",
         // Capture limits: bytes past a syscall's capture, skipped by count
         // with the framing kept. What a figure lacks for want of them is
         // counted by the decoder that needed them, as a loss

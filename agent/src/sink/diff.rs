@@ -10,6 +10,7 @@
 
 use crate::correlate::{ms, percentile};
 use crate::sink::json;
+use crate::sink::{printable, trunc};
 use crate::sink::report::{self, between_hops_ms, KernelOut, Report, RequestOut, RequestRef};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -842,7 +843,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
     let (method, path) = sa.route(qa);
     let (key, by, chain_index, hop) = match m.chain {
         Some((ci, hop)) => (format!("chain {} hop {hop}", ci + 1), "chain", Some(ci as usize + 1), Some(hop)),
-        None => (format!("{method} {path} #{}", m.n + 1), "path", None, None),
+        None => (format!("{method} {} #{}", printable(path), m.n + 1), "path", None, None),
     };
     let x = match_figs(m, sb, sa);
     let ctx = Ctx {
@@ -1281,7 +1282,7 @@ fn unmatched(s: &Side, m: &Miss, other: &str) -> Unmatched {
     let reason = match m.why {
         Why::NoChain(ci) => format!("{other} has no chain {}", ci + 1),
         Why::NoHop(ci, hop) => format!("{other}'s chain {} has no hop {hop}", ci + 1),
-        Why::Route(n) => format!("{other} has only {n} {method} {path} (nearest prompt sizes paired)"),
+        Why::Route(n) => format!("{other} has only {n} {method} {} (nearest prompt sizes paired)", printable(path)),
     };
     Unmatched {
         id: q.id.to_string(),
@@ -1660,7 +1661,7 @@ fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, unmatched: [u
     }
     let _ = write!(line, ": {}", x.summary);
     if let Some(k) = kernels.and_then(|k| k.rows.first().filter(|r| r.delta_gpu_ms.abs() >= NOISE_MS).map(|r| (k, r))) {
-        let _ = write!(line, "; GPU {:+.2} ms, most in {} ({:+.2} ms)", k.0.delta_gpu_ms, k.1.name, k.1.delta_gpu_ms);
+        let _ = write!(line, "; GPU {:+.2} ms, most in {} ({:+.2} ms)", k.0.delta_gpu_ms, printable(&k.1.name), k.1.delta_gpu_ms);
     }
     if let Some(m) = &overall.models {
         let _ = write!(line, "; model changed in {} of {} pairs ({} → {})", m.changed, overall.requests, model_list(&m.before), model_list(&m.after));
@@ -1670,7 +1671,7 @@ fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, unmatched: [u
 
 /// `a ×3, b ×1` (at most three names, then how many more).
 fn model_list(v: &[ModelCount]) -> String {
-    let mut out: Vec<String> = v.iter().take(3).map(|m| format!("{} ×{}", m.model.as_deref().unwrap_or("none named"), m.requests)).collect();
+    let mut out: Vec<String> = v.iter().take(3).map(|m| format!("{} ×{}", m.model.as_deref().map_or_else(|| "none named".into(), printable), m.requests)).collect();
     if v.len() > 3 {
         out.push(format!("{} more", v.len() - 3));
     }
@@ -1963,15 +1964,6 @@ fn ft(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), tok)
 }
 
-fn trunc(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
-}
 
 /// Pairs shown one by one in the text (the JSON has them all).
 const TEXT_PAIRS: usize = 30;

@@ -4,6 +4,7 @@
 use crate::correlate::engine::partition;
 use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
 use crate::sink::json;
+use crate::sink::{printable, trunc};
 use crate::recording::Meta;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -708,6 +709,7 @@ struct TextRow<'a> {
     interference_from: Vec<&'a str>,
     preemptions: Option<u32>,
     gpu_ms: GpuMs,
+    model: Option<&'a str>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -734,6 +736,7 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             interference_from: q.interference_from.iter().map(|x| &**x).collect(),
             preemptions: q.preemptions,
             gpu_ms: q.gpu_ms,
+            model: q.model.as_deref(),
         }
     }
 }
@@ -762,6 +765,7 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             interference_from: q.interference_from.iter().map(|x| &**x).collect(),
             preemptions: q.preemptions,
             gpu_ms: q.gpu_ms,
+            model: q.model,
         }
     }
 }
@@ -813,15 +817,56 @@ fn request_line(s: &mut String, q: &TextRow) {
     );
 }
 
+/// The models a chain's hops named, as its table shows them: none, one (in
+/// its title), or several (a column).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ChainModels<'a> {
+    None,
+    One(&'a str),
+    Several,
+}
+
+impl<'a> ChainModels<'a> {
+    /// Of the hops' models, in hop order (`model_of` their rows).
+    fn of(mut hops: impl Iterator<Item = Option<&'a str>>) -> Self {
+        let Some(first) = hops.next() else { return ChainModels::None };
+        if hops.all(|m| m == first) {
+            first.map_or(ChainModels::None, ChainModels::One)
+        } else {
+            ChainModels::Several
+        }
+    }
+
+    /// Whether the rows end with a model column.
+    fn column(self) -> bool {
+        self == ChainModels::Several
+    }
+}
+
+/// What a chain's title says.
+struct ChainTitle<'a> {
+    chain: &'a str,
+    source: &'a str,
+    hops: usize,
+    e2e_ms: Option<f64>,
+    models: ChainModels<'a>,
+}
+
 /// A chain's title and its hop table's header.
-fn chain_head(s: &mut String, chain: &str, source: &str, hops: usize, e2e_ms: Option<f64>, gpu: bool, gpu_mem: bool) {
-    let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms)", chain, source, hops, opt(e2e_ms));
+fn chain_head(s: &mut String, t: &ChainTitle<'_>, gpu: bool, gpu_mem: bool) {
+    let ChainTitle { chain, source, hops, e2e_ms, models } = *t;
+    let model = match models {
+        ChainModels::One(m) => format!(", model {m}"),
+        _ => String::new(),
+    };
+    let _ = writeln!(s, "\nchain {} ({}, {} hops, e2e {} ms{model})", printable(chain), source, hops, opt(e2e_ms));
     let _ = write!(s, "  {:>3} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", "hop", "ttft_ms", "front", "queue", "prefill", "kv", "1st_out", "decode", "interf");
     if gpu {
         let _ = write!(s, " {:>8} {:>8}", "gpu_pf", "gpu_dec");
     }
     let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", "itl_avg", "itl90", "in", "out", "cached", "e2e_ms");
-    let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
+    let _ = write!(s, "{}", if gpu_mem { format!(" {:>11}", "gpu_mem_mib") } else { String::new() });
+    let _ = writeln!(s, "{}", if models.column() { "  model" } else { "" });
 }
 
 /// A hop's row after its number, without the GPU memory column: its figures
@@ -833,8 +878,20 @@ fn hop_figures(s: &mut String, q: &TextRow, gpu: bool) -> HopSums {
     let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
     let h = HopSums::of(q);
     row_figures(s, &h, [avg, q.itl_p90_ms], gpu);
+    if let Some(m) = q.model {
+        // Escaped, so the separator cannot be in it.
+        let _ = write!(s, "{MODEL_SEP}{}", printable(m));
+    }
     hop_note(s, q);
     h
+}
+
+/// Between a hop row's figures and its model, when it named one.
+const MODEL_SEP: char = '\u{1f}';
+
+/// The model a hop's row ([`hop_figures`]) names, escaped.
+fn model_of(row: &str) -> Option<&str> {
+    row.split_once('\n').map_or(row, |(figures, _)| figures).split_once(MODEL_SEP).map(|(_, m)| m)
 }
 
 /// A chain table's row after its first column, in [`chain_head`]'s order:
@@ -868,7 +925,7 @@ fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
     let material = matches!((q.interference_ms, q.e2e_ms), (Some(i), Some(e)) if i > 0.0 && i >= NOTE_SHARE * e);
     if material && !q.interference_from.is_empty() {
-        let mut names = q.interference_from.iter().take(NOTE_NAMES).copied().collect::<Vec<_>>().join(", ");
+        let mut names = q.interference_from.iter().take(NOTE_NAMES).map(|n| printable(n)).collect::<Vec<_>>().join(", ");
         if q.interference_from.len() > NOTE_NAMES {
             let _ = write!(names, " and {} more", q.interference_from.len() - NOTE_NAMES);
         }
@@ -885,19 +942,22 @@ fn hop_note(s: &mut String, q: &TextRow) {
 /// A hop's line in its chain table: its number, its figures ([`hop_figures`],
 /// made now or read back from the spool), its GPU memory column if the chain
 /// has one, then the note under it.
-fn write_hop(s: &mut String, n: usize, row: &str, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
+fn write_hop(s: &mut String, n: usize, row: &str, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>, models: ChainModels<'_>) {
     let (figures, note) = row.split_once('\n').unwrap_or((row, ""));
+    let figures = figures.split_once(MODEL_SEP).map_or(figures, |(f, _)| f);
     let _ = write!(s, "  {:>3}{figures}", n);
-    row_end(s, gpu_mem, peak_gpu_mem_bytes);
+    row_end(s, gpu_mem, peak_gpu_mem_bytes, models.column().then(|| model_of(row).unwrap_or("-")));
     if !note.is_empty() {
         let _ = writeln!(s, "{note}");
     }
 }
 
-/// The end of a chain table's row: its GPU memory column, if the chain has one.
-fn row_end(s: &mut String, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>) {
+/// The end of a chain table's row: its GPU memory column, if the chain has
+/// one, and its model column, if the chain's hops named several.
+fn row_end(s: &mut String, gpu_mem: bool, peak_gpu_mem_bytes: Option<u64>, model: Option<&str>) {
     let mib = peak_gpu_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64);
-    let _ = writeln!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
+    let _ = write!(s, "{}", if gpu_mem { format!(" {:>11}", opt(mib)) } else { String::new() });
+    let _ = writeln!(s, "{}", model.map_or_else(String::new, |m| format!("  {}", trunc(m, 48))));
 }
 
 /// What a chain's `sum` row adds up of each hop, in the table's column
@@ -986,7 +1046,7 @@ impl ChainSums {
         }
         let _ = write!(s, "  {:>3}", "sum");
         row_figures(s, &self.row(), [None, None], gpu);
-        row_end(s, gpu_mem, self.peak);
+        row_end(s, gpu_mem, self.peak, None);
         if let (Some(chain), Some(outside)) = (chain_e2e_ms, between_hops_ms(chain_e2e_ms, self.get(E2E))) {
             if outside >= 0.0 {
                 let _ = writeln!(s, "        between hops (the client's own time): {outside:.2} ms of the chain's {chain:.2} ms");
@@ -1055,14 +1115,23 @@ pub fn render_text(rep: &Report) -> String {
     for c in rep.chains.iter().filter(|c| c.hops.len() > 1 || c.source != "connection") {
         // The peak GPU memory column only when NVML sampled something during the chain.
         let gpu_mem = c.hops.iter().any(|id| by_id.get(id.as_str()).is_some_and(|q| q.peak_gpu_mem_bytes.is_some()));
-        chain_head(&mut s, &c.chain, &c.source, c.hops.len(), c.e2e_ms, rep.recording.gpu, gpu_mem);
+        let rows: Vec<(usize, String, HopSums, Option<u64>)> = c
+            .hops
+            .iter()
+            .enumerate()
+            .filter_map(|(n, id)| by_id.get(id.as_str()).map(|q| (n, q)))
+            .map(|(n, q)| {
+                row.clear();
+                let h = hop_figures(&mut row, &(*q).into(), rep.recording.gpu);
+                (n, row.clone(), h, q.peak_gpu_mem_bytes)
+            })
+            .collect();
+        let models = ChainModels::of(rows.iter().map(|(_, r, ..)| model_of(r)));
+        chain_head(&mut s, &ChainTitle { chain: &c.chain, source: &c.source, hops: c.hops.len(), e2e_ms: c.e2e_ms, models }, rep.recording.gpu, gpu_mem);
         let mut sums = ChainSums::default();
-        for (n, id) in c.hops.iter().enumerate() {
-            let Some(q) = by_id.get(id.as_str()) else { continue };
-            row.clear();
-            let h = hop_figures(&mut row, &(*q).into(), rep.recording.gpu);
-            write_hop(&mut s, n + 1, &row, gpu_mem, q.peak_gpu_mem_bytes);
-            sums.add(&h, q.peak_gpu_mem_bytes);
+        for (n, r, h, peak) in &rows {
+            write_hop(&mut s, n + 1, r, gpu_mem, *peak, models);
+            sums.add(h, *peak);
         }
         sums.write(&mut s, rep.recording.gpu, gpu_mem, c.e2e_ms);
     }
@@ -1212,15 +1281,6 @@ fn wrap_hanging(s: &mut String, text: &str, first: &str, indent: &str, width: us
     }
 }
 
-fn trunc(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
-}
 
 // ------------------------------------------------------------- streaming
 //
@@ -1297,6 +1357,11 @@ fn opt_bits(v: Option<f64>) -> [u8; 8] {
 fn bits_opt(b: &[u8]) -> Option<f64> {
     let v = f64::from_bits(u64::from_le_bytes(b.try_into().expect("8 bytes")));
     (!v.is_nan()).then_some(v)
+}
+
+/// A row read back from the spool, which holds what [`hop_figures`] wrote.
+fn spooled_str(row: &[u8]) -> io::Result<&str> {
+    std::str::from_utf8(row).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the report's spool file back: {e} (a bug: please report it)")))
 }
 
 /// A spooled hop's head, read back.
@@ -1668,6 +1733,18 @@ impl ChainsOut {
         Ok(())
     }
 
+    /// Reads hop `i`'s row (that of the last request with its id) into
+    /// `row`: its head and where the row starts in the spool.
+    fn read_row(&self, pages: &mut PageCache, i: u32, row: &mut Vec<u8>) -> io::Result<(HopHead, u64)> {
+        let i = self.over.get(&i).copied().unwrap_or(i);
+        let off = self.hop_at[i as usize];
+        let h = HopHead::read(pages, off)?;
+        row.resize(h.row_len, 0);
+        let at_row = off + (HOP_HEAD + h.id_len) as u64;
+        pages.read(at_row, row)?;
+        Ok((h, at_row))
+    }
+
     /// Writes the text report's chain tables (those [`ChainAgg::shown`]),
     /// from the rows spooled with the hops ([`ChainBook::with_rows`]).
     fn write_text(&self, out: &mut dyn Write, gpu: bool) -> io::Result<()> {
@@ -1683,20 +1760,28 @@ impl ChainsOut {
             }
             pages.forward = x.hops > LONG_CHAIN;
             let gpu_mem = x.peaks > 0;
-            chain_head(&mut s, &self.names[c as usize], chain_source_name(x.source), hops.len(), Self::e2e_ms(x), gpu, gpu_mem);
+            // The models its hops named, read from their rows first: the
+            // title names the one they share, else each row its own.
+            let (mut first, mut several) = (None::<String>, false);
+            for (n, &i) in hops.iter().enumerate() {
+                self.read_row(&mut pages, i, &mut row)?;
+                let m = model_of(spooled_str(&row)?);
+                if n == 0 {
+                    first = m.map(str::to_owned);
+                } else if m != first.as_deref() {
+                    several = true;
+                    break;
+                }
+            }
+            let models = if several { ChainModels::Several } else { first.as_deref().map_or(ChainModels::None, ChainModels::One) };
+            chain_head(&mut s, &ChainTitle { chain: &self.names[c as usize], source: chain_source_name(x.source), hops: hops.len(), e2e_ms: Self::e2e_ms(x), models }, gpu, gpu_mem);
             let mut sums = ChainSums::default();
             for (n, &i) in hops.iter().enumerate() {
-                let i = self.over.get(&i).copied().unwrap_or(i);
-                let off = self.hop_at[i as usize];
-                let h = HopHead::read(&mut pages, off)?;
-                row.resize(h.row_len, 0);
-                let at_row = off + (HOP_HEAD + h.id_len) as u64;
-                pages.read(at_row, &mut row)?;
+                let (h, at_row) = self.read_row(&mut pages, i, &mut row)?;
                 let mut b = [0u8; SUMS_BYTES];
                 pages.read(at_row + h.row_len as u64, &mut b)?;
                 sums.add(&HopSums::decode(&b), h.peak_gpu_mem_bytes);
-                let row = std::str::from_utf8(&row).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the report's spool file back: {e} (a bug: please report it)")))?;
-                write_hop(&mut s, n + 1, row, gpu_mem, h.peak_gpu_mem_bytes);
+                write_hop(&mut s, n + 1, spooled_str(&row)?, gpu_mem, h.peak_gpu_mem_bytes, models);
                 if s.len() >= SPOOL_CHUNK {
                     out.write_all(s.as_bytes())?;
                     s.clear();
@@ -2705,6 +2790,7 @@ mod tests {
             interference_from,
             preemptions,
             gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
+            model: None,
         }
     }
 
@@ -2719,7 +2805,7 @@ mod tests {
             let mut row = String::new();
             let _ = hop_figures(&mut row, &text_row(&phases, from, pre), false);
             let mut s = String::new();
-            write_hop(&mut s, 3, &row, true, Some(3 << 20));
+            write_hop(&mut s, 3, &row, true, Some(3 << 20), ChainModels::None);
             s
         };
         let s = note(six, Some(2));
@@ -2845,6 +2931,17 @@ mod tests {
         // Lost with the damaged block: a request in flight at the cut, and one after.
         recs.extend(exchange(11, 0, "chatcmpl-g", 7 * SEC - 2 * MS, (3, 4), &[], Some((7, 1))));
         recs.extend(exchange(12, 0, "chatcmpl-h", 8 * SEC, (3, 4), &[], Some((7, 1))));
+        // The traceparent chain's hops name one model, the header chain's
+        // two (one with a terminal escape in it), the connection chain's none.
+        for r in &mut recs {
+            if let Record::HttpRequest { conn, seq, model, .. } = r {
+                *model = match (conn.fd, *seq) {
+                    (5 | 7 | 6 | 9, 0) => Some("m-big".into()),
+                    (6, 1) => Some("m-small\u{1b}[2J".into()),
+                    _ => None,
+                };
+            }
+        }
         recs.sort_by_key(Record::ts_ns);
         let meta = crate::recording::Meta::default();
         let mut w = crate::recording::Writer::new(Vec::new(), &meta).expect("writer");
@@ -2877,6 +2974,14 @@ mod tests {
             assert_eq!(got.matches("gpu_mem_mib").count(), 1, "{got}");
             assert!(got.contains("WARNING: the recording ends early"), "{got}");
             assert!(p.iter().all(|&p| got.contains(&format!("P{} TTFT (ms):", &summary::percentile_key(p)[1..]))), "{got}");
+            // One model: in the title; several: a column, escaped; none: neither.
+            assert!(got.contains(" hops, e2e ") && got.lines().any(|l| l.starts_with("chain 4bf92f3577b34da6a3ce929d0e0e4736 (traceparent, 2 hops, e2e ") && l.ends_with(" ms, model m-big)")), "{got}");
+            let s1 = &got[got.find("\nchain s1 ").expect("s1's table")..];
+            let s1: Vec<&str> = s1.lines().skip(1).take(4).collect();
+            assert!(s1[1].ends_with("  model") && s1[2].ends_with("  m-big") && s1[3].ends_with("  m-small\\u{1b}[2J"), "{s1:#?}");
+            assert!(!got.contains('\u{1b}') && !got.contains(MODEL_SEP), "{got}");
+            let tables = &got[..got.find("==== Serving Summary").expect("summary")];
+            assert_eq!(tables.matches("model").count(), 2, "the title's and s1's column: {got}");
             // Nine requests: chatcmpl-g unfinished at the cut, chatcmpl-h lost with the block.
             assert_eq!(got.lines().filter(|l| l.starts_with("chatcmpl-")).count(), 9, "{got}");
             // s1's hit rate: chatcmpl-c's 64 of 80 alone (the later chatcmpl-dup has no counts).

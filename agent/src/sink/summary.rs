@@ -23,6 +23,7 @@
 use crate::correlate::percentile;
 use crate::model::Record;
 use crate::sink::json;
+use crate::sink::trunc;
 use crate::sink::report::{ChainOut, RequestOut};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -656,15 +657,6 @@ pub fn render_text(sm: &Summary) -> String {
     s
 }
 
-fn trunc(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
-}
 
 #[cfg(test)]
 mod tests {

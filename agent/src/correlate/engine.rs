@@ -1059,7 +1059,7 @@ impl EngineSide {
 
 /// The engine id for an SSE/HTTP id per vllm-wire.md §4: exact external id,
 /// else `<k>_` parallel-sampling prefix stripped, else `<id>-<8 hex>`, else
-/// completions' `cmpl-<base>-<i>`.
+/// completions' `cmpl-<base>-<i>`, else the Responses API's `resp_<base>_<i>`.
 pub fn http_key_of(engine: &EngineReq) -> Vec<String> {
     http_keys(engine).into_iter().map(str::to_owned).collect()
 }
@@ -1083,7 +1083,14 @@ fn http_keys(engine: &EngineReq) -> Keys<'_> {
     // The last '-' with exactly 8 hex digits after it (they hold no '-').
     let b = id.as_bytes();
     if b.len() >= 9 && b[b.len() - 9] == b'-' && b[b.len() - 8..].iter().all(u8::is_ascii_hexdigit) {
-        keys.push(&id[..b.len() - 9]);
+        id = &id[..b.len() - 9];
+        keys.push(id);
+    }
+    // Without an external id (vLLM before 0.14), the response's from its turn's.
+    if engine.external_id.is_none() {
+        if let Some(base) = responses_base(id) {
+            keys.push(base);
+        }
     }
     keys
 }
@@ -1101,9 +1108,24 @@ fn ext_keys(engine: &EngineReq) -> Keys<'_> {
             if digits > 0 && dash > 0 && b[dash - 1] == b'-' && ext[..dash - 1].starts_with("cmpl-") {
                 keys.push(&ext[..dash - 1]);
             }
+        } else if let Some(base) = responses_base(ext) {
+            keys.push(base);
         }
     }
     keys
+}
+
+/// The Responses API sends a response `resp_<base>` to the engine as
+/// `resp_<base>_<i>`, one per turn of its built-in tool loop: the
+/// response's id, or None.
+fn responses_base(id: &str) -> Option<&str> {
+    if !id.starts_with("resp_") {
+        return None;
+    }
+    let b = id.as_bytes();
+    let digits = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+    let cut = b.len() - digits;
+    (digits > 0 && cut > "resp_".len() + 1 && b[cut - 1] == b'_').then(|| &id[..cut - 1])
 }
 
 /// Engine requests (slab keys) under one key hash, in the order indexed:
@@ -1960,6 +1982,9 @@ mod tests {
         assert!(super::http_key_of(&e("1_chatcmpl-x-0123abcd", None)).contains(&"chatcmpl-x".to_string()));
         assert!(super::http_key_of(&e("cmpl-x-0-0123abcd", Some("cmpl-x-0"))).contains(&"cmpl-x".to_string()));
         assert!(!super::http_key_of(&e("chatcmpl-x-zzzz", None)).contains(&"chatcmpl-x".to_string()));
+        // The Responses API: turn 0 of resp_x, with and without vLLM 0.14's external id.
+        assert!(super::http_key_of(&e("resp_x_0-0123abcd", Some("resp_x_0"))).contains(&"resp_x".to_string()));
+        assert!(super::http_key_of(&e("resp_x_2", None)).contains(&"resp_x".to_string()));
     }
 
     #[test]
@@ -1994,6 +2019,9 @@ mod tests {
                         keys.push(base.to_owned());
                     }
                 }
+                if !ext.starts_with("cmpl-") {
+                    keys.extend(responses(ext));
+                }
             }
             let mut id = req;
             if let Some((k, rest)) = id.split_once('_') {
@@ -2005,15 +2033,24 @@ mod tests {
             if let Some((base, suffix)) = id.rsplit_once('-') {
                 if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
                     keys.push(base.to_owned());
+                    id = base;
                 }
             }
+            if ext.is_none() {
+                keys.extend(responses(id));
+            }
             keys
+        }
+        fn responses(id: &str) -> Option<String> {
+            let (base, turn) = id.rsplit_once('_')?;
+            (base.starts_with("resp_") && base.len() > "resp_".len() && !turn.is_empty() && turn.bytes().all(|b| b.is_ascii_digit())).then(|| base.to_owned())
         }
         let reqs = [
             "", "-", "_", "1_", "12_x", "_x", "1a_x", "x_1", "0123abcd", "-0123abcd", "x-0123abcd", "x-0123abc", "x-0123abcde", "x-0123abcg",
             "x--0123abcd", "é-0123abcd", "1_é-0123ABCD", "12_34_x-00000000", "chatcmpl-x-0123abcd-0123abcd", "x-0123-abcd",
+            "resp_x_0-0123abcd", "resp_x_0", "resp__1", "resp_1", "1_resp_x_12", "resp_x_1a", "resp_x_", "resp_é_3-0123abcd", "resp_x_0-0123abc",
         ];
-        let exts = [None, Some(""), Some("cmpl-"), Some("cmpl-5"), Some("cmpl-x-"), Some("cmpl-x-0"), Some("cmpl-x-12a"), Some("cmpl-x-1-2"), Some("cmpl--7"), Some("cmplx-1"), Some("cmpl-é-9"), Some("chatcmpl-x-1")];
+        let exts = [None, Some(""), Some("cmpl-"), Some("cmpl-5"), Some("cmpl-x-"), Some("cmpl-x-0"), Some("cmpl-x-12a"), Some("cmpl-x-1-2"), Some("cmpl--7"), Some("cmplx-1"), Some("cmpl-é-9"), Some("chatcmpl-x-1"), Some("resp_x_0"), Some("resp_x_"), Some("resp__3"), Some("resp_x_0-1"), Some("resp_1")];
         for req in reqs {
             for ext in exts {
                 let e = super::EngineReq { request_id: req.into(), external_id: ext.map(Into::into), ..Default::default() };

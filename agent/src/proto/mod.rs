@@ -152,6 +152,9 @@ counters! {
     sse_json_invalid,
     /// SSE events partly lost in a gap, emitted with kind `Other`.
     sse_events_truncated,
+    /// SSE events partly lost in a gap whose kind (and usage) their last
+    /// bytes told: Responses API events, told by their `type`.
+    sse_events_from_ends,
     /// Gaps after which an unknown number (possibly zero) of SSE events was lost.
     sse_events_lost_in_gap,
     /// SSE events over 1 MiB (content dropped, emitted as `Other`).

@@ -43,16 +43,107 @@ fn str_of(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(short)
 }
 
+/// Chat and completions' `usage`, or the Responses API's (`input_tokens`,
+/// `output_tokens`, `input_tokens_details.cached_tokens`).
 fn usage_of(v: Option<&Value>) -> Option<Usage> {
     let u = v?.as_object()?;
+    let n = |chat: &str, responses: &str| u.get(chat).or_else(|| u.get(responses)).and_then(Value::as_u64);
     Some(Usage {
-        prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
-        completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
+        prompt_tokens: n("prompt_tokens", "input_tokens"),
+        completion_tokens: n("completion_tokens", "output_tokens"),
         cached_tokens: u
             .get("prompt_tokens_details")
+            .or_else(|| u.get("input_tokens_details"))
             .and_then(|d| d.get("cached_tokens"))
             .and_then(Value::as_u64),
     })
+}
+
+/// A Responses API `response.status` as a finish reason: `completed` is a
+/// stop, `incomplete` names its reason (`max_output_tokens`: `length`, as
+/// chat's), the rest (`failed`, `cancelled`) as they are.
+fn responses_finish(response: &Map<String, Value>) -> Option<String> {
+    let reason = response.get("incomplete_details").and_then(|d| d.get("reason")).and_then(Value::as_str);
+    finish_of_status(response.get("status")?.as_str()?, reason)
+}
+
+/// Only a Responses API status: another JSON body's `status` (`{"status":
+/// "ok"}` of a health check) says nothing of a generation.
+fn finish_of_status(status: &str, incomplete_reason: Option<&str>) -> Option<String> {
+    Some(match (status, incomplete_reason) {
+        ("completed", _) => "stop".to_owned(),
+        ("incomplete", Some("max_output_tokens") | None) => "length".to_owned(),
+        ("incomplete", Some(r)) => short(r),
+        ("failed" | "cancelled", _) => status.to_owned(),
+        _ => return None,
+    })
+}
+
+/// One Responses API (`/v1/responses`) streaming event, told by its `type`:
+/// `response.created` opens the stream (the response's id and model), any
+/// `response.….delta` with text is content (output text, reasoning, a
+/// function call's arguments, a refusal), `response.completed` /
+/// `response.incomplete` carry the usage and end it, `response.failed` and
+/// `error` are errors; the rest (items and parts added or done, `.done`
+/// events repeating a whole text) are other.
+fn classify_responses_event(kind: &str, obj: &Map<String, Value>) -> ChunkInfo {
+    let response = obj.get("response").and_then(Value::as_object);
+    let mut info = ChunkInfo::other(response.and_then(|r| str_of(r.get("id"))));
+    info.model = response.and_then(|r| str_of(r.get("model")));
+    let delta = obj.get("delta").and_then(Value::as_str).map(str::len);
+    responses_kind(&mut info, kind, delta);
+    if info.kind == SseKind::Usage {
+        info.usage = response.and_then(|r| usage_of(r.get("usage")));
+        info.finish_reason = response.and_then(responses_finish);
+    }
+    info
+}
+
+/// Sets `info`'s kind for a Responses API event of type `kind` (a delta's
+/// text `delta_bytes` long, when known).
+fn responses_kind(info: &mut ChunkInfo, kind: &str, delta_bytes: Option<usize>) {
+    match kind {
+        "response.created" => info.kind = SseKind::Role,
+        "response.completed" | "response.incomplete" => info.kind = SseKind::Usage,
+        "response.failed" | "error" => info.kind = SseKind::Error,
+        k if k.ends_with(".delta") => match delta_bytes {
+            Some(0) => {}
+            // Cut by the capture: its text is longer than it, unknown.
+            None => info.kind = SseKind::Content,
+            Some(n) => {
+                info.kind = SseKind::Content;
+                info.content_bytes = u32::try_from(n).unwrap_or(u32::MAX);
+            }
+        },
+        _ => {}
+    }
+}
+
+/// A Responses API event the capture cut (its `response` echoes the
+/// request's instructions and tools, and `response.completed` the whole
+/// output: often longer than a syscall's capture), read from its data's
+/// last bytes (`tail`, the TCP capture's tail): its root `type` and, in the
+/// root's `response`, `usage` and `status` (they come last). `id`: what the
+/// first bytes held ([`partial_id`]). None when the tail names no Responses
+/// API event type (a chat chunk, or too little of it).
+pub(crate) fn classify_tail(tail: &[u8], id: Option<String>) -> Option<ChunkInfo> {
+    let (mut kind, mut usage, mut status) = (None::<String>, None, None::<String>);
+    json_ends::tail_members(tail.trim_ascii_end(), |path, k, v| match (path, k) {
+        ([Kind::Object], b"type") => kind = serde_json::from_slice(v).ok(),
+        ([Kind::Object, Kind::Object], b"usage") if usage.is_none() => {
+            usage = serde_json::from_slice::<Value>(v).ok().and_then(|u| usage_of(Some(&u)));
+        }
+        ([Kind::Object, Kind::Object], b"status") if status.is_none() => status = serde_json::from_slice(v).ok(),
+        _ => {}
+    });
+    let kind = kind.filter(|t| t.starts_with("response.") || t == "error")?;
+    let mut info = ChunkInfo::other(id);
+    responses_kind(&mut info, &kind, None);
+    if info.kind == SseKind::Usage {
+        info.usage = usage;
+        info.finish_reason = status.and_then(|s| finish_of_status(&s, None));
+    }
+    Some(info)
 }
 
 fn str_len(m: &Map<String, Value>, key: &str) -> u64 {
@@ -81,6 +172,9 @@ pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
     let Some(obj) = v.as_object() else {
         return (ChunkInfo::other(None), false);
     };
+    if let Some(kind) = obj.get("type").and_then(Value::as_str).filter(|t| t.starts_with("response.") || *t == "error") {
+        return (classify_responses_event(kind, obj), false);
+    }
     let id = str_of(obj.get("id"));
     let model = str_of(obj.get("model"));
     let usage = usage_of(obj.get("usage"));
@@ -154,9 +248,14 @@ pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
 }
 
 /// The `id` at the start of a truncated chunk (`{"id":"chatcmpl-…",…`), as
-/// OpenAI-compatible servers write it first. Conservative: no escapes, bounded.
+/// OpenAI-compatible servers write it first, or of a Responses API event's
+/// response (`{"response":{"id":"resp_…",…`). Conservative: no escapes,
+/// bounded.
 pub(crate) fn partial_id(src: &[u8]) -> Option<String> {
-    let s = src.trim_ascii_start().strip_prefix(b"{")?;
+    let mut s = src.trim_ascii_start().strip_prefix(b"{")?.trim_ascii_start();
+    if let Some(r) = s.strip_prefix(b"\"response\"") {
+        s = r.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start().strip_prefix(b"{")?;
+    }
     let s = s.trim_ascii_start().strip_prefix(b"\"id\"")?;
     let s = s.trim_ascii_start().strip_prefix(b":")?;
     let s = s.trim_ascii_start().strip_prefix(b"\"")?;
@@ -220,10 +319,14 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
     let mut id = None;
     let mut usage = None;
     let mut model = None;
-    for (k, v) in json_ends::head_members(head, &["id", "usage", "model"]) {
+    // The Responses API's (`status` and `incomplete_details`, no `choices`).
+    let (mut status, mut incomplete) = (None::<String>, None::<String>);
+    for (k, v) in json_ends::head_members(head, &["id", "usage", "model", "status", "incomplete_details"]) {
         match k.as_str() {
             "id" => id = id.or_else(|| str_of(Some(&v))),
             "model" => model = model.or_else(|| str_of(Some(&v))),
+            "status" => status = status.or_else(|| str_of(Some(&v))),
+            "incomplete_details" => incomplete = incomplete.or_else(|| str_of(v.get("reason"))),
             _ => usage = usage.or_else(|| usage_of(Some(&v))),
         }
     }
@@ -233,6 +336,7 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
         ([Kind::Object], b"usage") if usage.is_none() => {
             usage = serde_json::from_slice::<Value>(v).ok().and_then(|u| usage_of(Some(&u)));
         }
+        ([Kind::Object], b"status") if status.is_none() => status = serde_json::from_slice::<String>(v).ok(),
         ([Kind::Object], b"model") if model.is_none() => {
             model = serde_json::from_slice::<String>(v).ok().map(|m| short(&m));
         }
@@ -245,6 +349,7 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
         }
         _ => {}
     });
+    let finish_reason = finish_reason.or_else(|| status.and_then(|s| finish_of_status(&s, incomplete.as_deref())));
     BodyMeta { id, usage, finish_reason, model }
 }
 
@@ -264,6 +369,11 @@ struct ResponseMeta {
     usage: Option<Value>,
     #[serde(default)]
     model: Option<Value>,
+    /// The Responses API's: it has `output`, not `choices`.
+    #[serde(default)]
+    status: Option<Value>,
+    #[serde(default)]
+    incomplete_details: Option<Value>,
 }
 
 /// Metadata of a non-streaming response body.
@@ -283,10 +393,13 @@ pub(crate) fn response_meta(body: &[u8]) -> Option<BodyMeta> {
             id: str_of(m.id.as_ref()),
             usage: usage_of(m.usage.as_ref()),
             model: str_of(m.model.as_ref()),
-            finish_reason: m
-                .choices
-                .and_then(|c| c.into_iter().next())
-                .and_then(|c| str_of(c.finish_reason.as_ref())),
+            finish_reason: match m.choices {
+                Some(c) => c.into_iter().next().and_then(|c| str_of(c.finish_reason.as_ref())),
+                None => m.status.as_ref().and_then(Value::as_str).and_then(|s| {
+                    let reason = m.incomplete_details.as_ref().and_then(|d| d.get("reason")).and_then(Value::as_str);
+                    finish_of_status(s, reason)
+                }),
+            },
         });
     }
     // Valid JSON of another shape (array, odd `choices`): keep what fits.
@@ -312,6 +425,62 @@ mod tests {
         let (info, invalid) = classify_sse(s.as_bytes());
         assert!(!invalid, "{s}");
         info
+    }
+
+    /// A vLLM `/v1/responses` stream's events (their JSON as vLLM's
+    /// pydantic models write it: members in declaration order, `type` last).
+    #[test]
+    fn classifies_responses_api_events() {
+        let response = |status: &str, usage: &str| format!(r#"{{"id":"resp_9f","created_at":1767225600,"incomplete_details":null,"instructions":"SECRET system","metadata":null,"model":"org/m-8b","object":"response","output":[],"parallel_tool_calls":true,"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"status":"{status}","usage":{usage},"user":null}}"#);
+        let ev = |json: String| classify_sse(json.as_bytes());
+        let (created, bad) = ev(format!(r#"{{"response":{},"sequence_number":0,"type":"response.created"}}"#, response("in_progress", "null")));
+        assert!(!bad);
+        assert_eq!((created.kind, created.id.as_deref(), created.model.as_deref()), (SseKind::Role, Some("resp_9f"), Some("org/m-8b")));
+        for (json, kind, bytes) in [
+            (r#"{"response":{"id":"resp_9f","status":"in_progress"},"sequence_number":1,"type":"response.in_progress"}"#, SseKind::Other, 0),
+            (r#"{"item":{"id":"msg_1","content":[],"role":"assistant","status":"in_progress","type":"message"},"output_index":0,"sequence_number":2,"type":"response.output_item.added"}"#, SseKind::Other, 0),
+            (r#"{"content_index":0,"delta":"Hel","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":4,"type":"response.output_text.delta"}"#, SseKind::Content, 3),
+            (r#"{"content_index":0,"delta":"","item_id":"msg_1","output_index":0,"sequence_number":5,"type":"response.output_text.delta"}"#, SseKind::Other, 0),
+            (r#"{"content_index":0,"delta":"think","item_id":"rs_1","output_index":0,"sequence_number":6,"type":"response.reasoning_text.delta"}"#, SseKind::Content, 5),
+            (r#"{"delta":"{\"a\":1}","item_id":"fc_1","output_index":1,"sequence_number":7,"type":"response.function_call_arguments.delta"}"#, SseKind::Content, 7),
+            (r#"{"content_index":0,"item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":8,"text":"Hello SECRET","type":"response.output_text.done"}"#, SseKind::Other, 0),
+            (r#"{"code":"x","message":"boom","param":null,"sequence_number":9,"type":"error"}"#, SseKind::Error, 0),
+        ] {
+            let (c, bad) = classify_sse(json.as_bytes());
+            assert!(!bad);
+            assert_eq!((c.kind, c.content_bytes), (kind, bytes), "{json}");
+        }
+        let usage = r#"{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":9,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":129}"#;
+        let (done, _) = ev(format!(r#"{{"response":{},"sequence_number":10,"type":"response.completed"}}"#, response("completed", usage)));
+        let want = Usage { prompt_tokens: Some(120), completion_tokens: Some(9), cached_tokens: Some(64) };
+        assert_eq!((done.kind, done.usage, done.finish_reason.as_deref()), (SseKind::Usage, Some(want), Some("stop")));
+        let (cut, _) = ev(format!(r#"{{"response":{},"sequence_number":10,"type":"response.incomplete"}}"#, response("incomplete", usage).replace(r#""incomplete_details":null"#, r#""incomplete_details":{"reason":"max_output_tokens"}"#)));
+        assert_eq!(cut.finish_reason.as_deref(), Some("length"));
+        // Cut by the capture: read from the last bytes, the id from the first.
+        let whole = format!(r#"{{"response":{},"sequence_number":10,"type":"response.completed"}}"#, response("completed", usage));
+        let id = partial_id(&whole.as_bytes()[..30]);
+        assert_eq!(id.as_deref(), Some("resp_9f"));
+        let tail = classify_tail(&whole.as_bytes()[whole.len() - 300..], id).expect("a Responses event");
+        assert_eq!((tail.kind, tail.id.as_deref(), tail.usage, tail.finish_reason.as_deref()), (SseKind::Usage, Some("resp_9f"), Some(want), Some("stop")));
+        let delta = br#"xxxxxxxx","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":4,"type":"response.output_text.delta"}"#;
+        assert_eq!(classify_tail(delta, None).map(|c| (c.kind, c.content_bytes)), Some((SseKind::Content, 0)), "a delta of unknown length");
+        // A chat chunk's tail names no event type.
+        assert_eq!(classify_tail(br#"ent":"x"},"finish_reason":null}]}"#, None), None);
+        assert!(!format!("{done:?}{tail:?}").contains("SECRET"));
+    }
+
+    /// A non-streaming `/v1/responses` answer: `status` (and the reason of an
+    /// incomplete one) is its finish, `usage` its own names; a health
+    /// check's `status` is not a finish.
+    #[test]
+    fn a_responses_api_body_gives_its_usage_and_status() {
+        let body = br#"{"id":"resp_1","created_at":1,"incomplete_details":{"reason":"max_output_tokens"},"model":"m","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"SECRET"}]}],"status":"incomplete","usage":{"input_tokens":5,"output_tokens":16,"input_tokens_details":{"cached_tokens":0}}}"#;
+        let m = response_meta(body).unwrap();
+        assert_eq!((m.id.as_deref(), m.model.as_deref(), m.finish_reason.as_deref()), (Some("resp_1"), Some("m"), Some("length")));
+        assert_eq!(m.usage, Some(Usage { prompt_tokens: Some(5), completion_tokens: Some(16), cached_tokens: Some(0) }));
+        let parts = response_meta_parts(&body[..40], &body[60..]);
+        assert_eq!((parts.id.as_deref(), parts.usage.and_then(|u| u.completion_tokens), parts.finish_reason.as_deref()), (Some("resp_1"), Some(16), Some("length")));
+        assert_eq!(response_meta(br#"{"status":"ok"}"#).unwrap().finish_reason, None);
     }
 
     #[test]

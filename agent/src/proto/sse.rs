@@ -57,7 +57,13 @@ pub(crate) struct SseParser {
     /// The current line's beginning was lost in a gap.
     line_unknown: bool,
     partial_id: Option<String>,
+    /// The last bytes of that line (at most [`TAIL_KEEP`]): a cut event's
+    /// data ends there ([`openai::classify_tail`]).
+    tail: Vec<u8>,
 }
+
+/// Most bytes of a cut event's last line kept: the TCP capture's largest tail.
+const TAIL_KEEP: usize = 16 * 1024;
 
 fn split_field(line: &[u8]) -> (&[u8], &[u8]) {
     match line.iter().position(|&b| b == b':') {
@@ -72,7 +78,7 @@ fn split_field(line: &[u8]) -> (&[u8], &[u8]) {
 impl SseParser {
     /// Bytes buffered (for memory accounting).
     pub fn buffered(&self) -> usize {
-        self.line.capacity() + self.data.capacity()
+        self.line.capacity() + self.data.capacity() + self.tail.capacity()
     }
 
     pub fn feed(&mut self, mut bytes: &[u8], ts: u64, c: &mut Counters, out: &mut Vec<SseOut>) {
@@ -106,6 +112,13 @@ impl SseParser {
         }
         self.line_nonempty = true;
         self.event_bytes = self.event_bytes.saturating_add(part.len() as u64);
+        if self.line_unknown && self.tainted {
+            let keep = part.len().min(TAIL_KEEP);
+            let over = (self.tail.len() + keep).saturating_sub(TAIL_KEEP);
+            self.tail.drain(..over);
+            self.tail.extend_from_slice(&part[part.len() - keep..]);
+            return;
+        }
         if self.line_unknown || self.tainted || self.overflow {
             return;
         }
@@ -162,11 +175,18 @@ impl SseParser {
 
     fn dispatch(&mut self, ts: u64, c: &mut Counters, out: &mut Vec<SseOut>) {
         if self.tainted {
-            c.sse_events_truncated += 1;
-            out.push(SseOut::Event {
-                ts,
-                info: ChunkInfo::other(self.partial_id.take()),
-            });
+            let id = self.partial_id.take();
+            let info = match openai::classify_tail(&self.tail, id.clone()) {
+                Some(info) => {
+                    c.sse_events_from_ends += 1;
+                    info
+                }
+                None => {
+                    c.sse_events_truncated += 1;
+                    ChunkInfo::other(id)
+                }
+            };
+            out.push(SseOut::Event { ts, info });
         } else if self.overflow {
             c.sse_event_too_large += 1;
             out.push(SseOut::TooLarge {
@@ -204,6 +224,11 @@ impl SseParser {
         self.line_unknown = false;
         self.partial_id = None;
         self.event_bytes = 0;
+        if self.tail.capacity() > TAIL_KEEP * 2 {
+            self.tail = Vec::new();
+        } else {
+            self.tail.clear();
+        }
     }
 
     /// Uncaptured body bytes at this point. `framed`: chunk framing is intact,

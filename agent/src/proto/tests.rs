@@ -687,6 +687,56 @@ fn a_response_names_its_model_only_when_its_request_did_not_or_named_another() {
     assert_eq!(counter(&dec, "json_meta_lost"), 1);
 }
 
+/// A `/v1/responses` stream as vLLM writes it (`event:` then `data:`, one
+/// uvicorn chunk per event). Its first and last events echo the request's
+/// 24 KB instructions and the last the whole 10 KB output too: longer than
+/// the 4 KiB capture and its 16 KiB tail, they are told by their last bytes:
+/// the stream's opening, then its usage and finish.
+#[test]
+fn a_responses_api_stream_is_read_with_its_long_events_from_their_ends() {
+    let k = key(70);
+    let instructions = "i".repeat(24_000);
+    let text = "t".repeat(10_000);
+    let response = |status: &str, output: &str, usage: &str| format!(r#"{{"id":"resp_abc","created_at":1767225600,"incomplete_details":null,"instructions":"{instructions}","metadata":null,"model":"org/m-8b","object":"response","output":[{output}],"parallel_tool_calls":true,"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"status":"{status}","usage":{usage},"user":null}}"#);
+    let message = format!(r#"{{"id":"msg_1","content":[{{"annotations":[],"text":"{text}","type":"output_text","logprobs":null}}],"role":"assistant","status":"completed","type":"message"}}"#);
+    let usage = r#"{"input_tokens":1500,"input_tokens_details":{"cached_tokens":1024},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":1503}"#;
+    let events = [
+        ("response.created", format!(r#"{{"response":{},"sequence_number":0,"type":"response.created"}}"#, response("in_progress", "", "null"))),
+        ("response.in_progress", r#"{"response":{"id":"resp_abc","status":"in_progress"},"sequence_number":1,"type":"response.in_progress"}"#.to_string()),
+        ("response.output_text.delta", r#"{"content_index":0,"delta":"Hel","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":2,"type":"response.output_text.delta"}"#.to_string()),
+        ("response.output_text.delta", r#"{"content_index":0,"delta":"lo","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":3,"type":"response.output_text.delta"}"#.to_string()),
+        ("response.completed", format!(r#"{{"response":{},"sequence_number":4,"type":"response.completed"}}"#, response("completed", &message, usage))),
+    ];
+    let body = r#"{"model":"org/m-8b","input":"hi","stream":true}"#;
+    let mut evs = vec![
+        accept(k, 1),
+        io(k, IN, 2, format!("POST /v1/responses HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes()),
+        io(k, OUT, 3, SSE_HEAD),
+    ];
+    for (i, (kind, json)) in events.iter().enumerate() {
+        let data = format!("event: {kind}\ndata: {json}\n\n");
+        let write = format!("{:x}\r\n{data}\r\n", data.len()).into_bytes();
+        // As the probe: the prefix, then at most 16 KiB of the rest.
+        evs.push(if write.len() > 4096 { io_ends(k, OUT, 10 + i as u64, &write, 4096, (write.len() - 4096).min(16384)) } else { io(k, OUT, 10 + i as u64, &write) });
+    }
+    evs.push(io(k, OUT, 20, b"0\r\n\r\n"));
+    let mut dec = decoder();
+    let out = run(&mut dec, &evs);
+    let shown: Vec<String> = shows(&out, true).into_iter().filter(|l| l.starts_with("sse#") || l.starts_with("end#")).collect();
+    assert_eq!(
+        shown,
+        [
+            "sse#0 Role resp_abc 0B fr=- @10",
+            "sse#0 Other resp_abc 0B fr=- @11",
+            "sse#0 Content - 3B fr=- @12",
+            "sse#0 Content - 2B fr=- @13",
+            "sse#0 Usage resp_abc 0B fr=stop usage=1500,3,1024 @14",
+            &format!("end#0 {}B @20", out.iter().find_map(|r| match r { Record::HttpResponseEnd { body_len, .. } => Some(*body_len), _ => None }).unwrap()),
+        ]
+    );
+    assert_eq!((counter(&dec, "sse_events_from_ends"), counter(&dec, "sse_events_truncated"), counter(&dec, "desync")), (2, 0, 0));
+}
+
 /// A chunked request body: the gap falls in a chunk's data (skipped by
 /// count), and the tail's window holds the de-chunked data, not the framing.
 #[test]

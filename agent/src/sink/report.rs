@@ -1182,6 +1182,9 @@ pub fn is_loss(name: &str) -> bool {
         // to the capture, or never sent), or answered under another name.
         "request_model_from_response",
         "response_model_differs",
+        // A cut SSE event read from its last bytes (Responses API events):
+        // nothing lost that a figure needs.
+        "sse_events_from_ends",
         // Capture limits: bytes past a syscall's capture, skipped by count
         // with the framing kept. What a figure lacks for want of them is
         // counted by the decoder that needed them, as a loss

@@ -271,7 +271,9 @@ fn unix_offset(meta: &Meta) -> i128 {
 /// `gen_ai.operation.name` of an OpenAI-compatible path (query string aside).
 fn operation_name(path: &str) -> Option<&'static str> {
     match path.split('?').next().unwrap_or(path).trim_end_matches('/') {
-        "/v1/chat/completions" => Some("chat"),
+        // The Responses API is a chat API too (the conventions' `chat`:
+        // "chat completion operation such as OpenAI Chat API").
+        "/v1/chat/completions" | "/v1/responses" => Some("chat"),
         "/v1/completions" => Some("text_completion"),
         "/v1/embeddings" => Some("embeddings"),
         _ => None,
@@ -665,6 +667,7 @@ mod tests {
         assert_eq!(operation_name("/v1/completions?x=1"), Some("text_completion"));
         assert_eq!(operation_name("/v1/embeddings/"), Some("embeddings"));
         assert_eq!(operation_name("/v1/models"), None);
+        assert_eq!(operation_name("/v1/responses"), Some("chat"));
     }
 
     /// A collector on a local port: answers each POST with the next status

@@ -68,10 +68,19 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     # Members in openai-python 1.x's order (`messages` first, then `model` and
     # the parameters): behind a long prompt a tracer finds the model only in
     # the body's last bytes, as it must for agents built on that SDK.
-    body: dict[str, Any] = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
+    responses = args.api == "responses"
+    if responses:
+        # `responses.create`'s order: input, instructions, max_output_tokens, model, …
+        body: dict[str, Any] = {"input": messages[1:], "instructions": messages[0]["content"],
+                                "max_output_tokens": args.max_tokens, "model": args.model}
+    else:
+        body = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
     if args.seed is not None:
         body["seed"] = args.seed
-    body.update({"stream": True, "stream_options": {"include_usage": True}, "temperature": args.temperature})
+    body["stream"] = True
+    if not responses:
+        body["stream_options"] = {"include_usage": True}
+    body["temperature"] = args.temperature
     rec: dict[str, Any] = {
         "chain": chain, "hop": hop, "phase": phase, "session_id": session_id,
         "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),
@@ -83,7 +92,8 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     text_parts: list[str] = []
     try:
         rec["send_ns"] = time.monotonic_ns()
-        async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
+        path = "/v1/responses" if responses else "/v1/chat/completions"
+        async with client.stream("POST", path, json=body, headers=headers) as resp:
             rec["headers_ns"] = time.monotonic_ns()
             rec["status"] = resp.status_code
             if resp.status_code != 200:
@@ -101,6 +111,9 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
                 ev = json.loads(data)
                 if rec["first_chunk_ns"] is None:
                     rec["first_chunk_ns"] = t
+                if responses:
+                    responses_event(rec, ev, t, text_parts)
+                    continue
                 rec["id"] = ev.get("id", rec["id"])
                 if ev.get("usage"):
                     rec["usage"] = ev["usage"]
@@ -133,12 +146,37 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     return rec
 
 
+def responses_event(rec: dict[str, Any], ev: dict[str, Any], t: int, text_parts: list[str]) -> None:
+    """One Responses API event into the hop's record, in chat's terms: the response's id, text
+    deltas as content chunks, the completed response's usage (input/output tokens) and status
+    (completed: stop; incomplete for max_output_tokens: length)."""
+    kind = ev.get("type", "")
+    response = ev.get("response") or {}
+    if kind == "response.created":
+        rec["id"] = response.get("id")
+    elif kind == "response.output_text.delta" and ev.get("delta"):
+        if rec["first_content_ns"] is None:
+            rec["first_content_ns"] = t
+        rec["chunk_ns"].append(t)
+        rec["content_chunks"] += 1
+        text_parts.append(ev["delta"])
+    elif kind in ("response.completed", "response.incomplete"):
+        u = response.get("usage") or {}
+        rec["usage"] = {"prompt_tokens": u.get("input_tokens"), "completion_tokens": u.get("output_tokens"),
+                        "prompt_tokens_details": u.get("input_tokens_details")}
+        rec["finish_reason"] = "stop" if response.get("status") == "completed" else "length"
+        rec["done_ns"] = t
+
+
 async def run_chain(client: httpx.AsyncClient, args, chain: int, out_f) -> list[dict]:
     rng = random.Random(args.task_seed + (0 if args.shared_task else chain))
     session_id = f"chain-{chain}-{uuid.uuid4().hex[:8]}"
     trace_id = uuid.uuid4().hex if args.traceparent else None
     task = task_text(rng, args.prompt_words)
-    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    system = SYSTEM
+    if args.system_words:  # an agent's long system prompt (the Responses API's `instructions`)
+        system += " Rules: " + " ".join(rng.choice(WORDS) for _ in range(args.system_words)) + "."
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     results = []
     if args.stagger_ms:
         await asyncio.sleep(chain * args.stagger_ms / 1000.0)
@@ -148,7 +186,7 @@ async def run_chain(client: httpx.AsyncClient, args, chain: int, out_f) -> list[
         messages.append({"role": "user", "content": user})
         send_msgs = messages
         if args.salt:  # a fresh nonce at the very start: nothing of this prompt is in the prefix cache
-            send_msgs = [{"role": "system", "content": f"[nonce {uuid.uuid4().hex}] " + SYSTEM}] + messages[1:]
+            send_msgs = [{"role": "system", "content": f"[nonce {uuid.uuid4().hex}] " + system}] + messages[1:]
         rec = await run_hop(client, args, chain, hop, phase, send_msgs, session_id, trace_id)
         results.append(rec)
         if out_f is not None:
@@ -200,7 +238,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--chains", type=int, default=1, help="concurrent chains (M)")
     p.add_argument("--hops", type=int, default=5, help="hops per chain (N)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--api", choices=["chat", "responses"], default="chat",
+                   help="/v1/chat/completions, or the Responses API (/v1/responses: the OpenAI Agents SDK's)")
     p.add_argument("--prompt-words", type=int, default=120, help="words in the hop-1 task description")
+    p.add_argument("--system-words", type=int, default=0, help="words added to the system prompt")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="sampling seed sent to the server")
     p.add_argument("--task-seed", type=int, default=1, help="seed for the generated task text")

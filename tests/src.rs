@@ -286,6 +286,11 @@ pub struct TestbedRun {
 }
 
 pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
+    record_testbed_with(name, &[], serve_args, clients)
+}
+
+/// [`record_testbed`] with `hopscope run` options (`record_args`).
+pub fn record_testbed_with(name: &str, record_args: &[&str], serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
     let dir = scratch(name);
     let port = free_port();
     let py = python();
@@ -301,7 +306,7 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
     // real inference server has cores to spare for them.
     std::env::set_var("OPENBLAS_NUM_THREADS", "1");
     std::env::set_var("OMP_NUM_THREADS", "1");
-    let mut rec = Recording::run(&dir.join("run.hop"), &[], &cmd_ref);
+    let mut rec = Recording::run(&dir.join("run.hop"), record_args, &cmd_ref);
     rec.wait_healthy(port, Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{port}");
     for args in clients {

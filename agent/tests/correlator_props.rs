@@ -431,7 +431,7 @@ impl Gen {
         // Two in three responses name a model (the request never does, as
         // when its body's was lost to the capture); chosen without the rng,
         // so the workloads stay those of the seeds.
-        if (c + hop as usize) % 3 != 0 {
+        if !(c + hop as usize).is_multiple_of(3) {
             self.emit(Record::ResponseModel { conn, seq, ts_ns: head + US, model: format!("model-{}", c % 2) });
         }
         self.sse(&mut p, head + US, SseKind::Role, None, None);
@@ -998,7 +998,8 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
     let mut recorded: BTreeMap<String, u64> = BTreeMap::new();
     // Each request's model: its own, else the first its response named
     // while it was open.
-    let (mut slot, mut models): (HashMap<(ConnKey, u32), usize>, Vec<(i32, u32, u64, Option<String>)>) = Default::default();
+    let mut slot: HashMap<(ConnKey, u32), usize> = HashMap::new();
+    let mut models: Vec<(i32, u32, u64, Option<String>)> = Vec::new();
     for r in recs {
         let orphan = match r {
             Record::HttpRequest { conn, seq, role: HttpRole::Server, start_ns, ready_ns, model, .. } => {

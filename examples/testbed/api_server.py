@@ -719,4 +719,119 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
+    # ---------------------------------------------------------- responses
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        """The Responses API as vLLM serves it (non-harmony models, no built-in tools): the
+        response ``resp_<uuid>`` runs as engine request ``resp_<uuid>_0`` (turn 0 of vLLM's
+        tool loop; ``-<8 hex>`` after it as every engine id); the stream is ``event: <type>``
+        + ``data: <json>`` per event, created / in_progress / item and part added / text
+        deltas / text, part and item done / completed, each event's ``response`` echoing the
+        request's instructions; no ``[DONE]``."""
+        rec = _truth(request)
+        try:
+            body = await request.json()
+        except Exception:
+            return _error("invalid JSON body")
+        if rec is not None:
+            rec["body_read_ns"] = time.monotonic_ns()
+            rec["x_session_id"] = request.headers.get("x-session-id")
+            rec["traceparent"] = request.headers.get("traceparent")
+        inp = body.get("input")
+        instructions = body.get("instructions")
+        if isinstance(inp, str):
+            messages = [{"role": "user", "content": inp}]
+        elif isinstance(inp, list) and inp and all(isinstance(m, dict) for m in inp):
+            messages = [{"role": m.get("role", "user"), "content": m.get("content") or ""} for m in inp]
+        else:
+            return _error("input must be a string or a non-empty list of messages")
+        if instructions:
+            messages = [{"role": "system", "content": instructions}] + messages
+        rid = body.get("request_id") or f"resp_{random_uuid()}"
+        prompt_ids = tok.apply_chat_template(messages)
+        if rec is not None:
+            rec["id"] = rid
+            rec["tokenize_end_ns"] = time.monotonic_ns()
+        if len(prompt_ids) >= max_prompt_len:
+            return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
+                          f"request has {len(prompt_ids)} input tokens.")
+        stream = bool(body.get("stream", False))
+        sp = _sampling_params({**body, "max_tokens": body.get("max_output_tokens")}, len(prompt_ids), None, stream)
+        try:
+            st = await _submit(request, f"{rid}_0", prompt_ids, sp, body, rec)
+        except EngineDeadError as e:
+            return _error(str(e), 500, "InternalServerError")
+        created = int(time.time())
+        msg_id = f"msg_{random_uuid()}"
+        if rec is not None:
+            rec["stream"] = stream
+
+        def usage() -> dict:
+            return {"input_tokens": st.prompt_len, "input_tokens_details": {"cached_tokens": st.cached_tokens},
+                    "output_tokens": st.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": st.prompt_len + st.num_output_tokens}
+
+        def message(text: str, status: str) -> dict:
+            return {"id": msg_id, "content": [{"annotations": [], "text": text, "type": "output_text",
+                                                 "logprobs": None}] if status == "completed" else [],
+                    "role": "assistant", "status": status, "type": "message"}
+
+        def response(status: str, output: list, finish: Any = None) -> dict:
+            incomplete = {"reason": "max_output_tokens"} if finish == "length" else None
+            return {"id": rid, "created_at": created, "incomplete_details": incomplete,
+                    "instructions": instructions, "metadata": None, "model": model_name, "object": "response",
+                    "output": output, "parallel_tool_calls": True, "temperature": sp.temperature,
+                    "tool_choice": "auto", "tools": [], "top_p": sp.top_p, "background": False,
+                    "max_output_tokens": sp.max_tokens, "previous_response_id": None, "status": status,
+                    "usage": usage() if status != "in_progress" else None, "user": None}
+
+        def final_status(finish: Any) -> str:
+            return "incomplete" if finish == "length" else "completed"
+
+        if not stream:
+            try:
+                text, finish, _ = await _collect(st)
+            except asyncio.CancelledError:
+                _abort_later([st])
+                raise
+            _finish_truth(rec, [st], finish)
+            return JSONResponse(response(final_status(finish), [message(text, "completed")], finish))
+
+        kinds = rec["_kinds"] if rec is not None else []
+        seq = [0]
+
+        def event(kind: str, truth_kind: str, **fields: Any) -> str:
+            kinds.append(truth_kind)
+            ev = {**fields, "sequence_number": seq[0], "type": kind}
+            seq[0] += 1
+            return f"event: {kind}\ndata: {_dumps(ev)}\n\n"
+
+        async def gen() -> AsyncIterator[str]:
+            finish = None
+            try:
+                yield event("response.created", "role", response=response("in_progress", []))
+                yield event("response.in_progress", "other", response=response("in_progress", []))
+                yield event("response.output_item.added", "other", item=message("", "in_progress"), output_index=0)
+                yield event("response.content_part.added", "other", content_index=0, item_id=msg_id, output_index=0,
+                            part={"annotations": [], "text": "", "type": "output_text", "logprobs": None})
+                while finish is None:
+                    d = await _next_merged(st)
+                    finish = d.finish_reason
+                    if d.text:
+                        yield event("response.output_text.delta", "content", content_index=0, delta=d.text,
+                                    item_id=msg_id, logprobs=[], output_index=0)
+                yield event("response.output_text.done", "other", content_index=0, item_id=msg_id, logprobs=[],
+                            output_index=0, text=st.text)
+                yield event("response.content_part.done", "other", content_index=0, item_id=msg_id, output_index=0,
+                            part={"annotations": [], "text": st.text, "type": "output_text", "logprobs": None})
+                yield event("response.output_item.done", "other", item=message(st.text, "completed"), output_index=0)
+                _finish_truth(rec, [st], finish)
+                yield event("response.completed", "usage",
+                            response=response(final_status(finish), [message(st.text, "completed")], finish))
+            finally:
+                if finish is None:
+                    _abort_later([st])
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
     return TruthMiddleware(app, truth) if truth.enabled else app

@@ -90,6 +90,34 @@ def test_openai_completions(oai):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_openai_responses_api_streaming_and_not(tb, oai):
+    """/v1/responses as the OpenAI SDK reads it (its typed events validate the shapes): the
+    response runs as engine request ``<id>_0``, text deltas add up to the non-streamed answer,
+    usage and status as vLLM gives them."""
+    kw = dict(model=MODEL, instructions="You are terse.", input="responses test: say something",
+              max_output_tokens=9, temperature=0)
+    whole = oai.responses.create(**kw)
+    assert whole.id.startswith("resp_") and whole.status == "incomplete"
+    assert whole.incomplete_details.reason == "max_output_tokens" and whole.usage.output_tokens == 9
+    events = list(oai.responses.create(**kw, stream=True))
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    # vLLM ends every stream with response.completed, its status saying whether it was cut.
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text  # greedy: same tokens
+    done = events[-1].response
+    assert done.id == events[0].response.id and done.status == "incomplete"
+    assert done.usage.output_tokens == 9 and done.usage.input_tokens > 0
+    assert done.instructions == "You are terse." and done.model == MODEL
+    recs = wait_truth(tb, lambda rs: any(r.get("external_id") == done.id + "_0" for r in rs))
+    eng = [r for r in recs if r["type"] == "request" and r.get("external_id") == done.id + "_0"]
+    assert len(eng) == 1 and eng[0]["req"].startswith(done.id + "_0-"), eng
+
+
 def test_sse_bytes_and_event_framing(tb):
     """Raw SSE: every event is `data: <json>\\n\\n`, [DONE] last."""
     with httpx.stream("POST", tb.base_url + "/v1/chat/completions", json={

@@ -81,9 +81,12 @@ fn check_phases(run: &Run) -> f64 {
     let sent: HashMap<&str, i64> = run.client.iter().filter(|c| c["id"].is_string()).map(|c| (c["id"].as_str().unwrap(), ns(c, "send_ns"))).collect();
     let mut arrive_lags: Vec<f64> = Vec::new();
     for r in run.report["requests"].as_array().unwrap() {
-        if r["path"] != "/v1/chat/completions" {
-            continue;
-        }
+        // The Responses API runs response `resp_<b>` as engine request `resp_<b>_0`.
+        let external = match r["path"].as_str() {
+            Some("/v1/chat/completions") => r["id"].as_str().unwrap().to_owned(),
+            Some("/v1/responses") => format!("{}_0", r["id"].as_str().unwrap()),
+            _ => continue,
+        };
         let id = r["id"].as_str().unwrap();
         let h = http.get(id).unwrap_or_else(|| panic!("no truth for {id}"));
         assert_eq!(r["phase_source"], "ipc", "{id}: engine IPC joined");
@@ -92,7 +95,7 @@ fn check_phases(run: &Run) -> f64 {
         *sources.entry(source.to_owned()).or_default() += 1;
         let eid = r["engine_request_id"].as_str().unwrap();
         let e = engine.get(eid).unwrap_or_else(|| panic!("no engine truth for {eid}"));
-        assert_eq!(e["external_id"].as_str(), Some(id), "engine id joins the SSE id");
+        assert_eq!(e["external_id"].as_str(), Some(external.as_str()), "engine id joins the SSE id");
         let p = &r["phases_ms"];
         let (scheduled, step_end) = (ns(e, "scheduled_ns"), first_step_end[eid]);
         let arrive = r["arrive_ns"].as_i64().unwrap();
@@ -208,6 +211,42 @@ fn phases_match_ground_truth_for_a_single_chain() {
             assert_eq!(t.slices.get(phase), Some(&1), "{}: {phase} slice in {:?}", r["id"], t.slices);
         }
     }
+}
+
+/// The Responses API (the OpenAI Agents SDK's): each hop's response
+/// `resp_<b>` is joined to its engine request `resp_<b>_0`, its phases
+/// hold against the truth as chat's, its tokens come from the
+/// `response.completed` event. That event and `response.created` echo the
+/// agent's ~7 KB instructions: with a 2 KiB TCP tail they are longer than
+/// the capture, and are read from their last bytes.
+#[test]
+fn phases_match_ground_truth_for_chains_on_the_responses_api() {
+    let Some(_serial) = privileged("phases_match_ground_truth_for_chains_on_the_responses_api") else { return };
+    let t = record_testbed_with(
+        "attr-responses",
+        &["--capture-tail-bytes", "2048"],
+        &[],
+        &[&["--api", "responses", "--chains", "2", "--hops", "3", "--max-tokens", "24", "--system-words", "1000", "--stagger-ms", "40"]],
+    );
+    let run = Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop };
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("responses API: worst phase error {worst:.3} ms");
+    let reqs: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/responses").collect();
+    assert_eq!(reqs.len(), 6, "{}", run.report);
+    let truth: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    for r in &reqs {
+        let id = r["id"].as_str().unwrap();
+        assert!(id.starts_with("resp_"), "{r}");
+        let t = truth[id];
+        assert_eq!((&r["completion_tokens"], &r["model"]), (&t["completion_tokens"], &Value::from("hopscope-testbed")), "{r}");
+        assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, t["content_write_ns"].as_array().unwrap().len(), "{id}: one content chunk per text delta");
+        assert!(r["finish_reason"] == "length" || r["finish_reason"] == "stop", "{r}");
+    }
+    let drops = &run.report["recording"]["drops"];
+    assert_eq!(drops["sse_events_truncated"].as_u64().unwrap_or(0), 0, "{drops}");
+    // Each stream's created, in_progress and completed events.
+    assert_eq!(drops["sse_events_from_ends"].as_u64().unwrap_or(0), 3 * 6, "{drops}");
 }
 
 #[test]

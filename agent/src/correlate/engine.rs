@@ -340,9 +340,9 @@ pub struct EngineReq {
     /// The attribution's key for the same id, kept for it
     /// ([`EngineSide::attr_hints`]).
     attr_hint: Option<SlabKey>,
-    /// [`name_hash`]es of the keys it is indexed under (at most four: see
+    /// [`name_hash`]es of the keys it is indexed under (at most five: see
     /// [`http_keys`]), so that forgetting it hashes none again.
-    key_hashes: [u64; 4],
+    key_hashes: [u64; 5],
     indexed: u8,
 }
 
@@ -529,13 +529,19 @@ impl EngineSide {
             n += 1;
         }
         for &h in &hashes[..n] {
+            // A key both ways (`resp_<b>_0` is the engine id's and the
+            // external id's): indexed once.
+            if e.key_hashes[..usize::from(e.indexed)].contains(&h) {
+                continue;
+            }
             match self.by_key.entry(h) {
                 std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().insert(i),
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(Nums::One(i));
                 }
             }
-            // Indexed once without its external id, once with only that: four at most.
+            // Indexed once without its external id (three keys at most),
+            // once with only that (two): five at most.
             e.key_hashes[usize::from(e.indexed)] = h;
             e.indexed += 1;
         }

@@ -182,6 +182,11 @@ fn seed(target: &str, corpus: &Path) -> Result<()> {
             seeds.push(("json".into(), event_seed(&[(ACCEPT, b""), (IN, b"GET /v1/models?key=1 HTTP/1.1\r\nHost: x\r\n\r\n"), (OUT, json)])));
             seeds.push(("client".into(), event_seed(&[(OUT, req), (IN, sse), (IN | 8, b"")])));
             seeds.push(("h2".into(), event_seed(&[(ACCEPT, b""), (IN, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")])));
+            // The Responses API: `event:` lines, the type last, usage in the response.
+            let rreq = b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"input\":\"hi\",\"model\":\"m\",\"stream\":true}";
+            let rsse = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n79\r\nevent: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"model\":\"m\",\"status\":\"in_progress\"},\"type\":\"response.created\"}\n\n\r\n";
+            let rend = b"70\r\nevent: response.output_text.delta\ndata: {\"delta\":\"hi\",\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n\r\nc7\r\nevent: response.completed\ndata: {\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1,\"input_tokens_details\":{\"cached_tokens\":0}}},\"type\":\"response.completed\"}\n\n\r\n0\r\n\r\n";
+            seeds.push(("responses".into(), event_seed(&[(ACCEPT, b""), (IN, rreq), (OUT, rsse), (OUT, rend), (CLOSE, b"")])));
         }
         "ipc_stream" => {
             for f in fixtures(".zmtp.bin") {

@@ -302,6 +302,19 @@ def _truth(request: Request) -> Optional[dict]:
     return request.scope.get("testbed.truth")
 
 
+async def _read_body(request: Request, rec: Optional[dict]) -> Optional[Any]:
+    """The request's JSON (None when it is not JSON), the truth stamped when it was read."""
+    try:
+        body = await request.json()
+    except Exception:
+        return None
+    if rec is not None:
+        rec["body_read_ns"] = time.monotonic_ns()
+        rec["x_session_id"] = request.headers.get("x-session-id")
+        rec["traceparent"] = request.headers.get("traceparent")
+    return body
+
+
 def _usage(prompt_tokens: int, completion_tokens: int, cached: int, details: bool) -> dict:
     u: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
                          "completion_tokens": completion_tokens}
@@ -424,6 +437,17 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             "id": model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
             "root": model_name, "parent": None, "max_model_len": max_model_len, "permission": []}]}
 
+    def _tokenized(rec: Optional[dict], rid: str, prompts: list[list[int]]) -> Optional[JSONResponse]:
+        """Stamps the request's id and tokenisation in the truth; the error for a prompt too long."""
+        if rec is not None:
+            rec["id"] = rid
+            rec["tokenize_end_ns"] = time.monotonic_ns()
+        for p in prompts:
+            if len(p) >= max_prompt_len:
+                return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
+                              f"request has {len(p)} input tokens.")
+        return None
+
     def _sampling_params(body: dict, prompt_len: int, default_max: Optional[int], stream: bool) -> SamplingParams:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max
         if max_tokens is None:
@@ -515,14 +539,9 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         rec = _truth(request)
-        try:
-            body = await request.json()
-        except Exception:
+        body = await _read_body(request, rec)
+        if body is None:
             return _error("invalid JSON body")
-        if rec is not None:
-            rec["body_read_ns"] = time.monotonic_ns()
-            rec["x_session_id"] = request.headers.get("x-session-id")
-            rec["traceparent"] = request.headers.get("traceparent")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error("messages must be a non-empty list")
@@ -530,12 +549,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             return _error("only n=1 is supported by the testbed")
         rid = f"chatcmpl-{_base_request_id(request, body.get('request_id'))}"
         prompt_ids = tok.apply_chat_template(messages)
-        if rec is not None:
-            rec["id"] = rid
-            rec["tokenize_end_ns"] = time.monotonic_ns()
-        if len(prompt_ids) >= max_prompt_len:
-            return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
-                          f"request has {len(prompt_ids)} input tokens.")
+        if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
+            return err
         stream = bool(body.get("stream", False))
         so = body.get("stream_options") or {}
         include_usage = bool(so.get("include_usage", False))
@@ -615,14 +630,9 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
     @app.post("/v1/completions")
     async def completions(request: Request):
         rec = _truth(request)
-        try:
-            body = await request.json()
-        except Exception:
+        body = await _read_body(request, rec)
+        if body is None:
             return _error("invalid JSON body")
-        if rec is not None:
-            rec["body_read_ns"] = time.monotonic_ns()
-            rec["x_session_id"] = request.headers.get("x-session-id")
-            rec["traceparent"] = request.headers.get("traceparent")
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             prompts = [tok.encode(prompt, add_bos=True)]
@@ -637,13 +647,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         if body.get("n", 1) != 1:
             return _error("only n=1 is supported by the testbed")
         rid = f"cmpl-{_base_request_id(request, body.get('request_id'))}"
-        if rec is not None:
-            rec["id"] = rid
-            rec["tokenize_end_ns"] = time.monotonic_ns()
-        for p in prompts:
-            if len(p) >= max_prompt_len:
-                return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
-                              f"request has {len(p)} input tokens.")
+        if (err := _tokenized(rec, rid, prompts)) is not None:
+            return err
         stream = bool(body.get("stream", False))
         so = body.get("stream_options") or {}
         include_usage = bool(so.get("include_usage", False))
@@ -729,14 +734,9 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         deltas / text, part and item done / completed, each event's ``response`` echoing the
         request's instructions; no ``[DONE]``."""
         rec = _truth(request)
-        try:
-            body = await request.json()
-        except Exception:
+        body = await _read_body(request, rec)
+        if body is None:
             return _error("invalid JSON body")
-        if rec is not None:
-            rec["body_read_ns"] = time.monotonic_ns()
-            rec["x_session_id"] = request.headers.get("x-session-id")
-            rec["traceparent"] = request.headers.get("traceparent")
         inp = body.get("input")
         instructions = body.get("instructions")
         if isinstance(inp, str):
@@ -749,12 +749,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             messages = [{"role": "system", "content": instructions}] + messages
         rid = body.get("request_id") or f"resp_{random_uuid()}"
         prompt_ids = tok.apply_chat_template(messages)
-        if rec is not None:
-            rec["id"] = rid
-            rec["tokenize_end_ns"] = time.monotonic_ns()
-        if len(prompt_ids) >= max_prompt_len:
-            return _error(f"This model's maximum context length is {max_prompt_len} tokens. However, your "
-                          f"request has {len(prompt_ids)} input tokens.")
+        if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
+            return err
         stream = bool(body.get("stream", False))
         sp = _sampling_params({**body, "max_tokens": body.get("max_output_tokens")}, len(prompt_ids), None, stream)
         try:

@@ -960,14 +960,14 @@ impl Conn {
                         self.name_model(b, seq, ts, model, out);
                     }
                     out.push(Record::Sse {
-                    conn: self.key,
-                    seq,
-                    ts_ns: ts,
-                    kind: info.kind,
-                    id: info.id,
-                    content_bytes: info.content_bytes,
-                    finish_reason: info.finish_reason,
-                    usage: info.usage,
+                        conn: self.key,
+                        seq,
+                        ts_ns: ts,
+                        kind: info.kind,
+                        id: info.id,
+                        content_bytes: info.content_bytes,
+                        finish_reason: info.finish_reason,
+                        usage: info.usage,
                     });
                 }
                 SseOut::TooLarge { ts, bytes } => {

@@ -133,6 +133,13 @@ fn check_phases(run: &Run) -> f64 {
         checked += 1;
     }
     assert!(checked > 0);
+    // Whose prefill slowed a request is named by that request's own id.
+    let ids: BTreeSet<&str> = run.report["requests"].as_array().unwrap().iter().filter_map(|r| r["id"].as_str()).collect();
+    for r in run.report["requests"].as_array().unwrap() {
+        for n in r["interference_from"].as_array().into_iter().flatten() {
+            assert!(ids.contains(n.as_str().unwrap()), "{}: interferer {n} is no request of the report", r["id"]);
+        }
+    }
     let (lag, lag_max) = (hopscope_integration::p(&arrive_lags, 50.0), hopscope_integration::p(&arrive_lags, 100.0));
     eprintln!("arrive precedes data_received by median {lag:.3} ms, at most {lag_max:.3} ms");
     assert!(lag <= 0.2, "arrive is {lag:.3} ms (median) before the server saw the bytes: too early");

@@ -771,10 +771,10 @@ impl EngineSide {
                 r.first_token_ns = Some(end_ns);
                 r.first_step = Some(idx);
                 r.first_step_prev_end_ns = prev_end;
-                let name = r.external_id.as_ref().unwrap_or(&r.request_id);
+                let name = http_name(r);
                 let h = name_hash(name);
-                if !newcomers.iter().any(|(nh, n)| *nh == h && **n == **name) {
-                    newcomers.push((h, Name::from(name.as_str())));
+                if !newcomers.iter().any(|(nh, n)| *nh == h && **n == *name) {
+                    newcomers.push((h, Name::from(name)));
                 }
             } else if r.first_step.is_some_and(|f| f < idx) {
                 decoding.push(ri);
@@ -1099,6 +1099,14 @@ fn http_keys(engine: &EngineReq) -> Keys<'_> {
         }
     }
     keys
+}
+
+/// The id its HTTP request shows (what others' `interference_from` name):
+/// the external id without a completions prompt's index or a response's
+/// turn, else the engine id without its random suffix.
+fn http_name(engine: &EngineReq) -> &str {
+    let keys = if engine.external_id.is_some() { ext_keys(engine) } else { http_keys(engine) };
+    keys.into_iter().last().unwrap_or(engine.request_id.as_str())
 }
 
 /// The first of [`http_keys`]: those of the external id.
@@ -1991,6 +1999,17 @@ mod tests {
         // The Responses API: turn 0 of resp_x, with and without vLLM 0.14's external id.
         assert!(super::http_key_of(&e("resp_x_0-0123abcd", Some("resp_x_0"))).contains(&"resp_x".to_string()));
         assert!(super::http_key_of(&e("resp_x_2", None)).contains(&"resp_x".to_string()));
+        // The name an interferer is given: its HTTP request's id.
+        for (req, ext, name) in [
+            ("chatcmpl-x-0123abcd", Some("chatcmpl-x"), "chatcmpl-x"),
+            ("chatcmpl-x-0123abcd", None, "chatcmpl-x"),
+            ("cmpl-x-1-0123abcd", Some("cmpl-x-1"), "cmpl-x"),
+            ("resp_x_0-0123abcd", Some("resp_x_0"), "resp_x"),
+            ("resp_x_0", None, "resp_x"),
+            ("1_chatcmpl-x-0123abcd", Some("chatcmpl-x"), "chatcmpl-x"),
+        ] {
+            assert_eq!(super::http_name(&e(req, ext)), name, "{req} {ext:?}");
+        }
     }
 
     #[test]

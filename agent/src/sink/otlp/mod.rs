@@ -313,6 +313,10 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     if let Some(m) = &r.model {
         attrs.push(s("gen_ai.request.model", m));
     }
+    // The conventions' finish reasons: one per choice; the first one's is known.
+    if let Some(f) = &r.finish_reason {
+        attrs.push(kv("gen_ai.response.finish_reasons", Value::Array(ArrayValue { values: vec![AnyValue { value: Some(Value::Str(f.clone())) }] })));
+    }
     let mut int = |k: &str, v: Option<u64>| {
         if let Some(v) = v {
             attrs.push(kv(k, Value::Int(v as i64)));
@@ -320,6 +324,10 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     };
     int("gen_ai.usage.prompt_tokens", q.prompt_tokens);
     int("gen_ai.usage.completion_tokens", q.completion_tokens);
+    // The same counts under the conventions' current names (what trace
+    // backends' LLM views read); vLLM's own spans keep the older ones above.
+    int("gen_ai.usage.input_tokens", q.prompt_tokens);
+    int("gen_ai.usage.output_tokens", q.completion_tokens);
     int("hopscope.cached_tokens", q.cached_tokens);
     int("hopscope.steps", q.steps);
     int("hopscope.preemptions", q.preemptions.map(u64::from));

@@ -1106,7 +1106,7 @@ fn http_keys(engine: &EngineReq) -> Keys<'_> {
 /// turn, else the engine id without its random suffix.
 fn http_name(engine: &EngineReq) -> &str {
     let keys = if engine.external_id.is_some() { ext_keys(engine) } else { http_keys(engine) };
-    keys.into_iter().last().unwrap_or(engine.request_id.as_str())
+    keys.into_iter().next_back().unwrap_or(engine.request_id.as_str())
 }
 
 /// The first of [`http_keys`]: those of the external id.

@@ -476,6 +476,17 @@ struct SideBuilder {
     models: Vec<Box<str>>,
 }
 
+/// `name`'s index in `names`, which `ix` maps; added at the end when new.
+fn intern(ix: &mut HashMap<Box<str>, u32>, names: &mut Vec<Box<str>>, name: &str) -> u32 {
+    if let Some(&i) = ix.get(name) {
+        return i;
+    }
+    let i = names.len() as u32;
+    names.push(name.into());
+    ix.insert(name.into(), i);
+    i
+}
+
 /// The order of [`ChainSource`](crate::correlate::ChainSource)'s variants,
 /// by which the report orders chains with the same name and first arrival.
 fn source_rank(source: &str) -> u8 {
@@ -534,15 +545,7 @@ impl SideBuilder {
             }
             v.into_boxed_slice()
         });
-        let model = q.model.as_deref().map(|m| match self.model_ix.get(m) {
-            Some(&i) => i,
-            None => {
-                let i = self.models.len() as u32;
-                self.models.push(m.into());
-                self.model_ix.insert(m.into(), i);
-                i
-            }
-        });
+        let model = q.model.as_deref().map(|m| intern(&mut self.model_ix, &mut self.models, m));
         self.reqs.push(Req {
             id: q.id.as_str().into(),
             route,
@@ -561,16 +564,7 @@ impl SideBuilder {
         if let Some(&i) = self.raw_kernel_ix.get(raw) {
             return i;
         }
-        let norm = normalize_kernel_name(raw);
-        let i = match self.kernel_ix.get(norm.as_str()) {
-            Some(&i) => i,
-            None => {
-                let i = self.kernel_names.len() as u32;
-                self.kernel_names.push(norm.as_str().into());
-                self.kernel_ix.insert(norm.into(), i);
-                i
-            }
-        };
+        let i = intern(&mut self.kernel_ix, &mut self.kernel_names, &normalize_kernel_name(raw));
         self.raw_kernel_ix.insert(raw.into(), i);
         i
     }

@@ -826,17 +826,38 @@ enum ChainModels<'a> {
     Several,
 }
 
-impl<'a> ChainModels<'a> {
-    /// Of the hops' models, in hop order (`model_of` their rows).
-    fn of(mut hops: impl Iterator<Item = Option<&'a str>>) -> Self {
-        let Some(first) = hops.next() else { return ChainModels::None };
-        if hops.all(|m| m == first) {
-            first.map_or(ChainModels::None, ChainModels::One)
-        } else {
-            ChainModels::Several
+/// A chain's hops' models seen so far, in hop order (`model_of` their
+/// rows), which may come from a reused buffer: the first is kept.
+#[derive(Default)]
+struct ModelsSeen {
+    hops: usize,
+    first: Option<String>,
+    several: bool,
+}
+
+impl ModelsSeen {
+    /// Adds a hop's model; false once they are known to be several (no
+    /// later hop can change that).
+    fn add(&mut self, model: Option<&str>) -> bool {
+        if self.hops == 0 {
+            self.first = model.map(str::to_owned);
+        } else if model != self.first.as_deref() {
+            self.several = true;
         }
+        self.hops += 1;
+        !self.several
     }
 
+    fn models(&self) -> ChainModels<'_> {
+        match (self.several, &self.first) {
+            (true, _) => ChainModels::Several,
+            (false, Some(m)) => ChainModels::One(m),
+            (false, None) => ChainModels::None,
+        }
+    }
+}
+
+impl ChainModels<'_> {
     /// Whether the rows end with a model column.
     fn column(self) -> bool {
         self == ChainModels::Several
@@ -1126,7 +1147,13 @@ pub fn render_text(rep: &Report) -> String {
                 (n, row.clone(), h, q.peak_gpu_mem_bytes)
             })
             .collect();
-        let models = ChainModels::of(rows.iter().map(|(_, r, ..)| model_of(r)));
+        let mut seen = ModelsSeen::default();
+        for (_, r, ..) in &rows {
+            if !seen.add(model_of(r)) {
+                break;
+            }
+        }
+        let models = seen.models();
         chain_head(&mut s, &ChainTitle { chain: &c.chain, source: &c.source, hops: c.hops.len(), e2e_ms: c.e2e_ms, models }, rep.recording.gpu, gpu_mem);
         let mut sums = ChainSums::default();
         for (n, r, h, peak) in &rows {
@@ -1765,18 +1792,14 @@ impl ChainsOut {
             let gpu_mem = x.peaks > 0;
             // The models its hops named, read from their rows first: the
             // title names the one they share, else each row its own.
-            let (mut first, mut several) = (None::<String>, false);
-            for (n, &i) in hops.iter().enumerate() {
+            let mut seen = ModelsSeen::default();
+            for &i in hops {
                 self.read_row(&mut pages, i, &mut row)?;
-                let m = model_of(spooled_str(&row)?);
-                if n == 0 {
-                    first = m.map(str::to_owned);
-                } else if m != first.as_deref() {
-                    several = true;
+                if !seen.add(model_of(spooled_str(&row)?)) {
                     break;
                 }
             }
-            let models = if several { ChainModels::Several } else { first.as_deref().map_or(ChainModels::None, ChainModels::One) };
+            let models = seen.models();
             chain_head(&mut s, &ChainTitle { chain: &self.names[c as usize], source: chain_source_name(x.source), hops: hops.len(), e2e_ms: Self::e2e_ms(x), models }, gpu, gpu_mem);
             let mut sums = ChainSums::default();
             for (n, &i) in hops.iter().enumerate() {

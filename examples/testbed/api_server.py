@@ -595,13 +595,19 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
 
         async def gen() -> AsyncIterator[str]:
             finish = None
+            role_sent = False
             try:
-                kinds.append("role")
-                cu = _usage(st.prompt_len, 0, st.cached_tokens, prompt_tokens_details) if continuous_usage else None
-                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}], cu)
                 while finish is None:
                     d = await _next_merged(st)
+                    if not role_sent:
+                        # vLLM sends the role chunk with the first output, not before: a request
+                        # still queued or prefilling has sent no body (and no id) yet.
+                        role_sent = True
+                        kinds.append("role")
+                        cu = (_usage(st.prompt_len, 0, st.cached_tokens, prompt_tokens_details)
+                              if continuous_usage else None)
+                        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}], cu)
                     finish = d.finish_reason
                     if d.text == "" and finish is None:
                         continue

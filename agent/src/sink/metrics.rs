@@ -134,6 +134,8 @@ struct PerModel {
     itl: Histogram,
     e2e: Histogram,
     requests: BTreeMap<u16, u64>,
+    /// Requests whose connection closed before their response ended.
+    closed: u64,
     prompt_tokens: u64,
     generation_tokens: u64,
 }
@@ -145,6 +147,7 @@ impl PerModel {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             requests: BTreeMap::new(),
+            closed: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
         }
@@ -306,6 +309,19 @@ impl LiveMetrics {
                     }
                 }
             }
+            // The client left before the response ended (a timeout, a
+            // cancelled step): counted, and its chain's hop ends here.
+            Record::ConnClose { conn, ts_ns } => {
+                let gone: Vec<(ConnKey, u32)> = self.open.keys().filter(|k| k.0 == *conn).copied().collect();
+                for k in gone {
+                    let Some(mut o) = self.open.remove(&k) else { continue };
+                    count_status(&mut self.by_model, &mut o);
+                    series(&mut self.by_model, &o.model).closed += 1;
+                    if let Some(c) = self.hops.get_mut(&o.chain) {
+                        c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
+                    }
+                }
+            }
             Record::Drops { counters, .. } => self.drops.clone_from(counters),
             Record::EngineStats { engine_index, running, waiting, kv_cache_usage, prefix_cache_queries, prefix_cache_hits, .. } => {
                 // Bounded by the engines of one server (data-parallel ranks).
@@ -407,6 +423,7 @@ impl LiveMetrics {
                 let _ = writeln!(s, "{name} 0");
             }
         };
+        counter(&mut s, "hopscope_requests_closed_early_total", "HTTP requests whose connection closed before their response ended (the client gave up: a timeout, a cancelled agent step).", &|m| m.closed);
         counter(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens, from usage objects.", &|m| m.prompt_tokens);
         counter(&mut s, "hopscope_generation_tokens_total", "Generated tokens, from usage objects.", &|m| m.generation_tokens);
         if !self.engines.is_empty() {
@@ -541,6 +558,28 @@ mod tests {
         assert!(s.contains("x_bucket{le=\"1\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
         assert!(s.contains("x_count 3\n"), "{s}");
+    }
+
+    /// A client that leaves before its response ends: counted as closed
+    /// early (its status too, once), no longer held open, and its chain's
+    /// next hop is timed from the close.
+    #[test]
+    fn a_request_closed_before_its_response_ends_is_counted_and_let_go() {
+        const MS: u64 = 1_000_000;
+        let conn = |fd: i32| ConnKey { tgid: 1, fd, ino: fd as u64 };
+        let mut m = LiveMetrics::new("x-session-id");
+        let s1 = || vec![("x-session-id".to_owned(), "s1".to_owned())];
+        m.observe(&chat(5, 0, 0, s1()));
+        m.observe(&Record::HttpResponse { conn: conn(5), role: HttpRole::Server, seq: 0, ts_ns: MS, tid: 1, status: 200, headers: vec![] });
+        m.observe(&Record::ConnClose { ts_ns: 400 * MS, conn: conn(5) });
+        m.observe(&Record::ConnClose { ts_ns: 401 * MS, conn: conn(9) });
+        m.observe(&chat(6, 0, 650 * MS, s1()));
+        assert_eq!(m.open.len(), 1, "only the second hop is open");
+        let s = m.render();
+        assert!(s.contains("hopscope_requests_closed_early_total 1\n"), "{s}");
+        assert!(s.contains("hopscope_requests_total{status=\"200\"} 1\n"), "{s}");
+        assert!(s.contains("hopscope_e2e_request_latency_seconds_count 0\n"), "no end, no E2E: {s}");
+        assert!(s.contains("hopscope_chain_between_hops_seconds_sum 0.25\n"), "{s}");
     }
 
     /// The client's time between a chain's hops: from a hop's end to the

@@ -944,10 +944,11 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
         for x in parts.iter().flatten() {
             assert!(x.is_finite() && *x >= 0.0, "{ctx} {}: negative or non-finite phase {p:?}", r.id);
         }
-        if r.done_ns.is_none() {
+        // A request whose connection closed first has its phases up to the close.
+        let Some(end) = r.waited_until_ns() else {
             assert_eq!(p, Default::default(), "{ctx} {}: an unfinished request has no phases", r.id);
             continue;
-        }
+        };
         match marks(r) {
             Some(m) => {
                 let seq: Vec<u64> = [Some(m.arrive), Some(m.submit), Some(m.scheduled), m.first_token, m.ttft, Some(m.done)].into_iter().flatten().collect();
@@ -958,12 +959,12 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
                 assert_eq!(p.clamped, m.clamped);
                 // Exact in nanoseconds: the marks tile [arrive, done].
                 let tiles: u64 = seq.windows(2).map(|w| w[1] - w[0]).sum();
-                assert_eq!(tiles, r.done_ns.unwrap().saturating_sub(r.arrive_ns), "{ctx} {}: {m:?}", r.id);
+                assert_eq!(tiles, end.saturating_sub(r.arrive_ns), "{ctx} {}: {m:?}", r.id);
                 // And within 1e-6 ms in the report's float milliseconds (a few
                 // ulps more only for absurd spans, from extreme perturbations:
                 // an f64 near 9e12 ms cannot hold 1e-6).
                 let sum: f64 = parts.iter().flatten().sum();
-                let e2e = r.e2e_ms().expect("finished");
+                let e2e = r.e2e_ms().or(r.closed_ms()).expect("finished or closed");
                 let tol = 1e-6_f64.max(e2e * 1e-15);
                 assert!((sum - e2e).abs() <= tol, "{ctx} {}: phases {p:?} add to {sum}, e2e {e2e}", r.id);
             }
@@ -1027,6 +1028,13 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
                 None => Some("response_models_without_request"),
             },
             Record::HttpResponseEnd { conn, seq, .. } => (!open.remove(&(*conn, *seq))).then_some("response_ends_without_request"),
+            // Requests still open on a closed connection end there.
+            Record::ConnClose { conn, .. } => {
+                let before = open.len();
+                open.retain(|(c, _)| c != conn);
+                *want.entry("requests_closed_unfinished").or_default() += (before - open.len()) as u64;
+                None
+            }
             Record::Drops { counters, .. } => {
                 recorded.extend(counters.iter().cloned());
                 None
@@ -1040,7 +1048,7 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
     if !open.is_empty() {
         want.insert("requests_unfinished", open.len() as u64);
     }
-    for k in ["requests_duplicated", "wire_arrival_implausible", "responses_without_request", "sse_without_request", "bodies_without_request", "response_ends_without_request", "requests_unfinished", "request_model_from_response", "response_model_differs", "response_models_without_request"] {
+    for k in ["requests_duplicated", "wire_arrival_implausible", "responses_without_request", "sse_without_request", "bodies_without_request", "response_ends_without_request", "requests_unfinished", "request_model_from_response", "response_model_differs", "response_models_without_request", "requests_closed_unfinished"] {
         assert_eq!(count(&a, k), want.get(k).copied().unwrap_or(0), "{ctx}: counter {k}");
     }
     let mut got: Vec<(i32, u32, u64, Option<String>)> = a.requests.iter().map(|r| (r.conn.fd, r.seq, r.arrive_ns, r.model.clone())).collect();
@@ -1048,7 +1056,11 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
     models.sort();
     assert_eq!(got, models, "{ctx}: each request's model is the first its response named");
     let unended = a.requests.iter().filter(|r| r.response_end_ns.is_none()).count() as u64;
-    assert_eq!(unended, count(&a, "requests_unfinished") + count(&a, "requests_duplicated"), "{ctx}: every request without an end is open or displaced");
+    assert_eq!(
+        unended,
+        count(&a, "requests_unfinished") + count(&a, "requests_duplicated") + count(&a, "requests_closed_unfinished"),
+        "{ctx}: every request without an end is open, displaced or closed"
+    );
     // Recorded snapshots: the latest value of each counter wins.
     for (k, v) in &recorded {
         if !k.starts_with("engine_") && !k.starts_with("requests_") {

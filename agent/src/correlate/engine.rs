@@ -41,6 +41,9 @@ pub const SUBMIT_WAKE: &str = "wake";
 pub const SUBMIT_ARRIVAL: &str = "arrival_time";
 pub const SUBMIT_WRITE: &str = "write";
 pub const SUBMIT_READ: &str = "read";
+/// `scheduled_source` of a request closed before its engine request output
+/// anything or was seen scheduled: its queue runs to the close.
+pub const SCHEDULED_CLOSED: &str = "closed";
 
 /// An anchor is trusted this long: the wall clock `arrival_time` is read
 /// on may be slewed by NTP (at most 500 ppm: 0.5 ms over a second).
@@ -319,7 +322,9 @@ pub struct EngineReq {
     pub finish_reason: Option<u8>,
     pub finished_ns: Option<u64>,
     pub prefill: Option<PrefillStats>,
-    pub aborted: bool,
+    /// The frontend's ABORT of it (the first one): the client went away or
+    /// a stop string ended it.
+    pub aborted_ns: Option<u64>,
     /// Decode time lost to co-batched prefills, and whose (charged step by step).
     pub interference_ns: u64,
     pub interference_from: Vec<Name>,
@@ -697,7 +702,7 @@ impl EngineSide {
             Record::EngineAbort { ts_ns, request_ids, .. } => {
                 for id in request_ids {
                     let r = self.req(id);
-                    r.aborted = true;
+                    r.aborted_ns = r.aborted_ns.or(Some(*ts_ns));
                     r.last_ns = r.last_ns.max(*ts_ns);
                 }
             }
@@ -963,42 +968,102 @@ impl EngineSide {
             *self.counters.entry("engine_requests_extra").or_default() += extra;
         }
         self.count("engine_requests_linked");
-        // The wake-up is the hand-over only if it happened while the HTTP
-        // request was being served; an earlier one woke the thread for
-        // something else.
-        let submit = e.submit_ns.expect("claimed requests have a submit");
-        let (submit, submit_source) = match e.submit_handover {
-            Some((w, source)) if w >= r.arrive_ns => (w, source),
-            _ => (submit, if e.submit_from_writer { SUBMIT_WRITE } else { SUBMIT_READ }),
-        };
-        let (scheduled_ns, scheduled_source) = match e.scheduled_ns {
-            Some(t) => (Some(t), "event"),
-            None => match (e.first_step, e.first_step_prev_end_ns) {
-                // The step producing the first token started after the one before it ended.
-                (Some(_), Some(p)) if p >= submit => (Some(p), "step"),
-                (Some(_), _) => (Some(submit), "submit"),
-                (None, _) => (None, "submit"),
-            },
-        };
-        let prefill = e.prefill.unwrap_or_default();
-        Some(EnginePhases {
-            submit_ns: submit,
-            scheduled_ns,
-            first_token_ns: e.first_token_ns,
-            steps: e.steps,
-            preemptions: e.preempted_ns.len() as u32,
-            prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
-            cached_tokens: prefill.cached_tokens,
-            computed_tokens: prefill.computed_tokens,
-            interference_ns: e.interference_ns,
-            interference_from: e.interference_from,
-            engine_index: e.engine_index,
-            scheduled_source,
-            submit_source,
-            engine_request_id: e.request_id,
-        })
+        Some(phases_of(e, r))
     }
 
+    /// The engine request for an HTTP request closed before the server
+    /// wrote its id (vLLM's first chunk comes with the first token: a client
+    /// that gives up while its request is queued or prefilling has seen no
+    /// id), when [`Self::claim`] found none: the one the frontend aborted
+    /// within [`ABORT_NEAR_CLOSE_NS`] of the close (it aborts what a client
+    /// left), submitted while the request was served and named by no other
+    /// HTTP request still held (`named`: a live request knows it by one of
+    /// these keys). The earliest submitted wins: requests are handed out in
+    /// arrival order and the frontend submits in that order, so clients
+    /// that give up together take their engine requests in turn (the order
+    /// of their aborts follows the server's event loop, not the closes).
+    pub fn claim_aborted(&mut self, r: &Request, named: impl Fn(&[&str]) -> bool) -> Option<EnginePhases> {
+        let closed = r.closed_ns?;
+        if r.method != "POST" {
+            return None;
+        }
+        let mut best: Option<(u64, u32, SlabKey)> = None;
+        // (submit, number): the number breaks ties of one write's ADDs.
+        for (i, e) in self.reqs.iter() {
+            let (Some(submit), Some(abort)) = (e.submit_ns, e.aborted_ns) else { continue };
+            if submit < r.arrive_ns || submit > closed || abort < r.arrive_ns || abort.abs_diff(closed) > ABORT_NEAR_CLOSE_NS {
+                continue;
+            }
+            let rank = (submit, e.num, i);
+            if best.is_some_and(|b| (b.0, b.1) <= (rank.0, rank.1)) {
+                continue;
+            }
+            let keys = http_keys(e);
+            if named(keys.as_slice()) {
+                continue;
+            }
+            best = Some(rank);
+        }
+        let e = self.forget(best?.2)?;
+        self.count("engine_requests_linked_by_abort");
+        Some(phases_of(e, r))
+    }
+}
+
+/// How far an ABORT may lie from the close of the connection whose request
+/// it ended ([`EngineSide::claim_aborted`]): vLLM's frontend aborts as soon
+/// as its event loop hears of the disconnect, milliseconds around the
+/// server's close. Within [`super::SETTLE_NS`], so that a request is handed
+/// out only once any such abort has been read.
+pub const ABORT_NEAR_CLOSE_NS: u64 = 1_000_000_000;
+const _: () = assert!(ABORT_NEAR_CLOSE_NS < super::SETTLE_NS);
+
+/// The phases an engine request gives the HTTP request that claimed it.
+fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
+    // The wake-up is the hand-over only if it happened while the HTTP
+    // request was being served; an earlier one woke the thread for
+    // something else.
+    let submit = e.submit_ns.expect("claimed requests have a submit");
+    let (submit, submit_source) = match e.submit_handover {
+        Some((w, source)) if w >= r.arrive_ns => (w, source),
+        _ => (submit, if e.submit_from_writer { SUBMIT_WRITE } else { SUBMIT_READ }),
+    };
+    let (scheduled_ns, scheduled_source) = match e.scheduled_ns {
+        Some(t) => (Some(t), "event"),
+        None => match (e.first_step, e.first_step_prev_end_ns) {
+            // The step producing the first token started after the one before it ended.
+            (Some(_), Some(p)) if p >= submit => (Some(p), "step"),
+            (Some(_), _) => (Some(submit), "submit"),
+            // Closed before any token and never seen scheduled: it
+            // waited in the queue until the client left (a prefill
+            // begun unseen is counted as queue: vLLM sends no events
+            // for a request that never output).
+            (None, _) => match r.closed_ns.filter(|_| r.done_ns.is_none()) {
+                Some(c) => (Some(c), SCHEDULED_CLOSED),
+                None => (None, "submit"),
+            },
+        },
+    };
+    let prefill = e.prefill.unwrap_or_default();
+    EnginePhases {
+        submit_ns: submit,
+        scheduled_ns,
+        first_token_ns: e.first_token_ns,
+        steps: e.steps,
+        preemptions: e.preempted_ns.len() as u32,
+        prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
+        cached_tokens: prefill.cached_tokens,
+        computed_tokens: prefill.computed_tokens,
+        interference_ns: e.interference_ns,
+        interference_from: e.interference_from,
+        engine_index: e.engine_index,
+        scheduled_source,
+        submit_source,
+        engine_request_id: e.request_id,
+    }
+}
+
+impl EngineSide {
     /// Forgets engine requests no HTTP request can claim any more: untouched
     /// since before `horizon_ns`, and submitted before `oldest_unsettled_ns`
     /// (the earliest arrival among HTTP requests not yet final; a claim needs
@@ -1188,6 +1253,10 @@ struct Keys<'a> {
 }
 
 impl<'a> Keys<'a> {
+    fn as_slice(&self) -> &[&'a str] {
+        &self.k[..self.n]
+    }
+
     fn push(&mut self, key: &'a str) {
         self.k[self.n] = key;
         self.n += 1;
@@ -1256,8 +1325,10 @@ pub struct Marks {
     pub clamped: u32,
 }
 
+/// A request closed before its response ended has its marks up to the close
+/// ([`Request::waited_until_ns`]).
 pub fn marks(r: &Request) -> Option<Marks> {
-    let done = r.done_ns?;
+    let done = r.waited_until_ns()?;
     let e = r.engine.as_ref()?;
     let mut clamped = 0;
     let mut last = r.arrive_ns;
@@ -1285,7 +1356,7 @@ pub fn marks(r: &Request) -> Option<Marks> {
 }
 
 pub fn partition(r: &Request) -> Partition {
-    if r.done_ns.is_none() {
+    if r.waited_until_ns().is_none() {
         return Partition::default();
     }
     let Some(m) = marks(r) else {
@@ -1410,6 +1481,92 @@ mod tests {
             finished_requests: vec![],
             truncated: false,
         }
+    }
+
+    fn close(fd: i32, at: u64) -> Record {
+        Record::ConnClose { ts_ns: at, conn: ConnKey { tgid: 1, fd, ino: fd as u64 } }
+    }
+
+    /// The frontend's ABORT of `ids` at `at`.
+    fn abort(ids: &[&str], at: u64) -> Record {
+        Record::EngineAbort { conn: IPC, ts_ns: at, tid: 1, dir: Dir::Out, request_ids: ids.iter().map(|id| format!("{id}-0123abcd")).collect() }
+    }
+
+    /// A runs alone; B (fd 6) and C (fd 7) queue behind it and their clients
+    /// leave together at 500 ms, before either was scheduled: neither HTTP
+    /// request saw its id (vLLM writes it with the first token).
+    fn two_clients_leave_while_queued() -> Vec<Record> {
+        let mut recs = http("chatcmpl-a", 5, 0);
+        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
+        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
+        recs.extend(http("chatcmpl-b", 6, 30 * MS));
+        recs.extend(http("chatcmpl-c", 7, 32 * MS));
+        recs.push(close(7, 500 * MS));
+        recs.push(close(6, 500 * MS + 100_000));
+        // The frontend's event loop aborts C first.
+        recs.push(abort(&["chatcmpl-c"], 501 * MS));
+        recs.push(abort(&["chatcmpl-b"], 502 * MS));
+        recs.push(step(600 * MS, &[("chatcmpl-a", false, None)]));
+        recs.push(sse("chatcmpl-a", 5, 601 * MS, SseKind::Done));
+        recs.push(end(5, 602 * MS));
+        recs.sort_by_key(Record::ts_ns);
+        recs
+    }
+
+    #[test]
+    fn clients_that_leave_while_queued_take_their_aborted_engine_requests_in_submit_order() {
+        let a = analyse(&two_clients_leave_while_queued());
+        let by_fd = |fd: i32| a.requests.iter().find(|r| r.conn.fd == fd).unwrap();
+        for (fd, id, arrive) in [(6, "chatcmpl-b", 30 * MS), (7, "chatcmpl-c", 32 * MS)] {
+            let r = by_fd(fd);
+            assert!(r.id.starts_with("conn:"), "the server never wrote its id: {}", r.id);
+            let e = r.engine.as_ref().unwrap_or_else(|| panic!("{id} joined by its abort"));
+            assert_eq!(e.engine_request_id, format!("{id}-0123abcd"));
+            assert_eq!(e.scheduled_source, super::SCHEDULED_CLOSED);
+            let p = super::partition(r);
+            let closed = r.closed_ms().unwrap();
+            assert_eq!((p.frontend, p.prefill, p.first_output, p.decode), (Some(1.0), Some(0.0), None, None));
+            assert_eq!(p.queue, Some(closed - 1.0), "queued from its submit to the close");
+            assert_eq!(r.closed_ns.unwrap() - arrive, (closed * 1e6).round() as u64);
+        }
+        assert!(by_fd(5).engine.is_some() && by_fd(5).closed_ns.is_none());
+        for (k, n) in [("engine_requests_linked_by_abort", Some(&2)), ("requests_closed_unfinished", Some(&2)), ("engine_requests_unlinked", None)] {
+            assert_eq!(a.drops.get(k), n, "{k}: {:?}", a.drops);
+        }
+    }
+
+    #[test]
+    fn an_abort_of_a_request_another_client_still_waits_for_is_not_taken_by_time() {
+        // Q's client leaves during tokenization (no ADD of its own); A,
+        // submitted meanwhile, is aborted by a stop string while its
+        // response is still being written.
+        let mut recs = vec![http("chatcmpl-q", 6, 0).remove(0)];
+        recs.extend(http("chatcmpl-a", 5, 5 * MS));
+        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(7 * MS))]));
+        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
+        recs.push(abort(&["chatcmpl-a"], 48 * MS));
+        recs.push(close(6, 49 * MS));
+        recs.push(sse("chatcmpl-a", 5, 59 * MS, SseKind::Done));
+        recs.push(end(5, 60 * MS));
+        recs.sort_by_key(Record::ts_ns);
+        let a = analyse(&recs);
+        let q = a.requests.iter().find(|r| r.conn.fd == 6).unwrap();
+        assert!(q.engine.is_none() && q.closed_ns == Some(49 * MS));
+        let ra = a.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
+        assert_eq!(ra.engine.as_ref().map(|e| e.engine_request_id.as_str()), Some("chatcmpl-a-0123abcd"));
+        assert_eq!(a.drops.get("engine_requests_linked_by_abort"), None);
+    }
+
+    #[test]
+    fn an_abort_far_from_the_close_joins_nothing() {
+        let mut recs = http("chatcmpl-q", 6, 0);
+        recs.push(close(6, 100 * MS));
+        recs.push(abort(&["chatcmpl-q"], 100 * MS + super::ABORT_NEAR_CLOSE_NS + 1));
+        let a = analyse(&recs);
+        assert!(a.requests[0].engine.is_none());
+        assert_eq!(a.drops.get("engine_requests_unlinked"), Some(&1));
+        // Its phases: none without the engine, none from the wire (no token).
+        assert_eq!(super::partition(&a.requests[0]), super::Partition::default());
     }
 
     /// A decodes in 10 ms steps; B's prefill lands in A's 4th decode step,

@@ -112,6 +112,11 @@ pub struct Request {
     /// The write carrying the response's last byte (chunked terminator,
     /// Content-Length reached, or close).
     pub response_end_ns: Option<u64>,
+    /// The server closed the connection before the response ended: the
+    /// client gave up (a timeout, a cancelled agent step) and the server
+    /// closed its end, or the server dropped it. The phases then partition
+    /// the time to the close.
+    pub closed_ns: Option<u64>,
     /// Timestamps of every content chunk, in order.
     pub content_ns: Vec<u64>,
     pub request_bytes: u64,
@@ -142,6 +147,15 @@ impl Request {
     pub fn e2e_ms(&self) -> Option<f64> {
         self.done_ns.map(|t| ms(t.saturating_sub(self.arrive_ns)))
     }
+    /// Arrival to the close of a request whose response never ended.
+    pub fn closed_ms(&self) -> Option<f64> {
+        self.closed_ns.filter(|_| self.done_ns.is_none()).map(|t| ms(t.saturating_sub(self.arrive_ns)))
+    }
+    /// The end of what the client waited for: the response's end, else the
+    /// connection's close (the phases partition the time up to it).
+    pub fn waited_until_ns(&self) -> Option<u64> {
+        self.done_ns.or(self.closed_ns)
+    }
     /// How long the request sat readable in the socket before the server read it.
     pub fn read_delay_ms(&self) -> Option<f64> {
         self.wire_arrive_ns.map(|w| ms(self.arrive_ns - w))
@@ -157,9 +171,10 @@ impl Request {
     pub fn itl_ms(&self) -> Vec<f64> {
         self.content_ns.windows(2).map(|w| ms(w[1].saturating_sub(w[0]))).collect()
     }
-    /// Decode as the wire sees it: first content chunk to end of response.
+    /// Decode as the wire sees it: first content chunk to end of response
+    /// (or to the close that cut it short).
     pub fn decode_ms(&self) -> Option<f64> {
-        match (self.ttft_ns, self.done_ns) {
+        match (self.ttft_ns, self.waited_until_ns()) {
             (Some(t), Some(d)) if d >= t => Some(ms(d - t)),
             _ => None,
         }
@@ -607,6 +622,7 @@ impl Correlator {
                     ttft_ns: None,
                     done_ns: None,
                     response_end_ns: None,
+                    closed_ns: None,
                     content_ns: Vec::with_capacity(16),
                     request_bytes: *body_len,
                     response_bytes: None,
@@ -725,6 +741,7 @@ impl Correlator {
                     None => self.count("response_ends_without_request"),
                 }
             }
+            Record::ConnClose { conn, ts_ns } => self.closed(*conn, *ts_ns),
             Record::OffCpu { ts_ns, tid, off_ns, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *off_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::WokenWrite { ts_ns, tid, wake_ns, on_ns, .. } => self.woke.entry(*tid).or_default().woken_write(*ts_ns, *wake_ns, *on_ns),
@@ -757,6 +774,28 @@ impl Correlator {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The server closed `conn`: a request on it whose response had not
+    /// ended never will (its response end came first when the close ended
+    /// it, see `proto`). It ends at the close, which the client waited for.
+    /// Scans the open requests: a close with one open is rare, and so is a
+    /// server with thousands in flight.
+    #[inline(never)]
+    fn closed(&mut self, conn: ConnKey, ts_ns: u64) {
+        let mut ended: Vec<(OpenKey, slab::SlabKey)> = Vec::new();
+        for (k, &at) in &self.open {
+            if k.0 == conn {
+                ended.push((*k, at));
+            }
+        }
+        for (k, at) in ended {
+            self.open.remove(&k);
+            if let Some(Live { r, .. }) = self.live.get_mut(at) {
+                r.closed_ns = Some(ts_ns.max(r.arrive_ns).max(r.request_end_ns));
+                self.count("requests_closed_unfinished");
+            }
         }
     }
 
@@ -810,10 +849,18 @@ impl Correlator {
         if self.open.get(&OpenKey(r.conn, r.seq)) == Some(&key.4) {
             self.open.remove(&OpenKey(r.conn, r.seq));
         }
+        let server_named = !r.id.is_empty();
         if r.id.is_empty() {
             r.id = name_of(r);
         }
         r.engine = self.engine.claim(r);
+        if r.engine.is_none() && !server_named && r.closed_ns.is_some() {
+            // Closed before the server wrote its id: the engine request the
+            // server aborted for it, found by time (engine::claim_aborted).
+            let live = &self.live;
+            let named = |keys: &[&str]| live.iter().any(|(_, l)| keys.iter().any(|k| *k == l.r.id || l.r.x_request_id.as_deref() == Some(*k)));
+            r.engine = self.engine.claim_aborted(r, named);
+        }
         if let Some(e) = &r.engine {
             (r.gpu, r.compute, r.kernels) = self.attribution.take(&e.engine_request_id);
         }
@@ -867,7 +914,7 @@ impl Correlator {
             let open = self.open.get(&OpenKey(r.conn, r.seq)) == Some(&key.4);
             // A request displaced by a duplicate of its (connection, seq)
             // never ends: nothing reaches it after its last write.
-            let settled = r.response_end_ns.or_else(|| (!open).then(|| r.content_ns.last().copied().max(r.response_head_ns).unwrap_or(r.request_end_ns)));
+            let settled = r.response_end_ns.or(r.closed_ns).or_else(|| (!open).then(|| r.content_ns.last().copied().max(r.response_head_ns).unwrap_or(r.request_end_ns)));
             let ended = settled.is_some_and(|e| e <= cut);
             if open && key.0.saturating_add(MAX_OPEN_NS) <= cut {
                 self.count("requests_final_while_open");
@@ -1241,6 +1288,27 @@ mod tests {
         for (k, v) in [("requests_final_while_open", 1), ("sse_without_request", 1), ("requests_late", 1), ("requests_unfinished", 1)] {
             assert_eq!(a.drops.get(k), Some(&v), "{k}");
         }
+    }
+
+    #[test]
+    fn a_request_whose_connection_closes_ends_there_and_holds_nothing_back() {
+        const S: u64 = 1_000_000_000;
+        let mut c = Correlator::new(Config::default());
+        // The client of conn 5 gives up after 2 s, before any response byte.
+        c.ingest(&req(conn(5), 0, S, &[]));
+        for r in exchange(conn(6), 0, 2 * S, 2, &[]) {
+            c.ingest(&r);
+        }
+        c.ingest(&Record::ConnClose { ts_ns: 3 * S, conn: conn(5) });
+        let out = c.drain_final(3 * S + SETTLE_NS + wire_steps::MAX_CLUSTER_NS);
+        assert_eq!(out.iter().map(|r| (r.conn.fd, r.closed_ns, r.done_ns.is_some())).collect::<Vec<_>>(), vec![(5, Some(3 * S), false), (6, None, true)], "final once closed, not after {MAX_OPEN_NS} ns");
+        assert_eq!(out[0].closed_ms(), Some(2000.0));
+        assert_eq!(out[0].waited_until_ns(), Some(3 * S));
+        // A close after the response ended changes nothing.
+        c.ingest(&Record::ConnClose { ts_ns: 4 * S, conn: conn(6) });
+        let a = c.finish_streaming();
+        assert_eq!(a.drops.get("requests_closed_unfinished"), Some(&1));
+        assert_eq!(a.drops.get("requests_unfinished"), None);
     }
 
     #[test]

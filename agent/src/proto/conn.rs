@@ -1047,14 +1047,13 @@ impl Conn {
     }
 
     /// The response's last byte was seen at `ts` (`clean`), or its end is unknown.
-    fn end_response(
-        &self,
-        ctx: &mut Ctx<'_>,
-        mut b: RespBody,
-        ts: u64,
-        clean: bool,
-        out: &mut Vec<Record>,
-    ) {
+    fn end_response(&self, ctx: &mut Ctx<'_>, b: RespBody, ts: u64, clean: bool, out: &mut Vec<Record>) {
+        self.end_response_as(ctx, b, ts, if clean { Ended::Clean } else { Ended::Lost }, out);
+    }
+
+    /// [`Self::end_response`], told how the response ended.
+    fn end_response_as(&self, ctx: &mut Ctx<'_>, mut b: RespBody, ts: u64, how: Ended, out: &mut Vec<Record>) {
+        let clean = how == Ended::Clean;
         let d = match self.role() {
             HttpRole::Server => OUT,
             HttpRole::Client => IN,
@@ -1065,6 +1064,10 @@ impl Conn {
             self.emit_sse(&mut b, evs, d, out);
         }
         let Some(seq) = b.seq else { return };
+        if how == Ended::Closed {
+            ctx.c.responses_closed_early += 1;
+            return;
+        }
         if !clean {
             ctx.c.responses_incomplete += 1;
             return;
@@ -1480,7 +1483,7 @@ impl Conn {
                     reason: reason.to_string(),
                 });
                 ctx.c.conns_unparsed += 1;
-                self.flush(ctx, None);
+                self.flush(ctx, None, false);
                 self.dead = true;
                 self.sides = [Side::default(), Side::default()];
             }
@@ -1533,8 +1536,13 @@ impl Conn {
     }
 
     /// End of the connection (`out` given: close-delimited bodies end) or of our
-    /// interest in it (eviction): count what was left unfinished.
-    pub fn flush(&mut self, ctx: &mut Ctx<'_>, mut out: Option<&mut Vec<Record>>) {
+    /// interest in it (eviction): count what was left unfinished. `closed`:
+    /// the traced process closed it (not the recording's end): a response
+    /// left unfinished then was cut short, not lost to us.
+    pub fn flush(&mut self, ctx: &mut Ctx<'_>, mut out: Option<&mut Vec<Record>>, closed: bool) {
+        // A request whose body never completed was never handed on: its
+        // client did not give up on a request the server had.
+        let mut unsent = None;
         for d in [IN, OUT] {
             let kind = self.kind(d).or(match self.sides[d].head.class {
                 Some(Start::Request) => Some(Kind::Req),
@@ -1547,12 +1555,16 @@ impl Conn {
                     Some(Kind::Resp) => ctx.c.responses_incomplete += 1,
                     None => {}
                 },
-                St::Req(_) => ctx.c.requests_incomplete += 1,
+                St::Req(b) => {
+                    ctx.c.requests_incomplete += 1;
+                    unsent = Some(b.seq);
+                }
                 St::Resp(b) => {
                     let close = matches!(b.framing, RespFraming::Close);
                     let ts = b.last_ts;
                     match out.as_deref_mut() {
                         Some(o) if close => self.end_response(ctx, *b, ts, true, o),
+                        Some(o) if closed => self.end_response_as(ctx, *b, ts, Ended::Closed, o),
                         Some(o) => self.end_response(ctx, *b, ts, false, o),
                         None => self.end_response(ctx, *b, ts, false, &mut Vec::new()),
                     }
@@ -1561,7 +1573,23 @@ impl Conn {
             }
             self.sides[d].head.reset();
         }
-        let missing = self.fifo.drain(..).filter(|p| p.seq.is_some()).count();
-        inc(&mut ctx.c.responses_missing, missing as u64);
+        if closed {
+            let cut = self.fifo.drain(..).filter(|p| p.seq.is_some() && p.seq != unsent).count();
+            inc(&mut ctx.c.responses_closed_early, cut as u64);
+        } else {
+            let missing = self.fifo.drain(..).filter(|p| p.seq.is_some()).count();
+            inc(&mut ctx.c.responses_missing, missing as u64);
+        }
     }
+}
+
+/// How a response ended ([`Conn::end_response_as`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Its last byte was seen.
+    Clean,
+    /// Its end is unknown: evicted, framing lost, the recording ended.
+    Lost,
+    /// The connection closed inside it: cut short, not lost to us.
+    Closed,
 }

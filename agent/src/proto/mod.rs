@@ -134,6 +134,10 @@ counters! {
     responses_incomplete,
     /// Requests that never got a response head before close/eviction/finish.
     responses_missing,
+    /// Responses (or requests awaiting their head) cut short by the
+    /// connection's close: the client left, or the server dropped it. Not a
+    /// loss: the correlator reports such a request as closed early.
+    responses_closed_early,
     /// Response heads lost in a gap or unreadable.
     responses_lost,
     /// Responses to requests we could not read (parsed for framing only).
@@ -324,7 +328,7 @@ impl WireDecoder {
                         c: &mut self.c,
                         budget: &self.budget,
                     };
-                    conn.flush(&mut ctx, Some(out));
+                    conn.flush(&mut ctx, Some(out), true);
                 }
                 out.push(Record::ConnClose {
                     ts_ns: cl.ts_ns,
@@ -347,7 +351,7 @@ impl WireDecoder {
                     c: &mut self.c,
                     budget: &self.budget,
                 };
-                conn.flush(&mut ctx, Some(out));
+                conn.flush(&mut ctx, Some(out), false);
             }
         }
         self.lru.clear();
@@ -383,7 +387,7 @@ impl WireDecoder {
                 c: &mut self.c,
                 budget: &self.budget,
             };
-            conn.flush(&mut ctx, None);
+            conn.flush(&mut ctx, None, false);
         }
     }
 

@@ -1713,11 +1713,42 @@ fn close_and_finish_count_incomplete_exchanges() {
         ],
     );
     dec.finish(&mut out);
+    // a's request never completed: its client gave up on nothing the server had.
     assert_eq!(counter(&dec, "requests_incomplete"), 1);
-    assert_eq!(counter(&dec, "responses_missing"), 1);
+    assert_eq!(counter(&dec, "responses_missing"), 0);
     assert_eq!(counter(&dec, "responses_incomplete"), 1);
+    assert_eq!(counter(&dec, "responses_closed_early"), 0);
     assert_eq!(dec.tracked_conns(), 0);
     assert!(shows(&out, false).contains(&"close".to_string()));
+}
+
+#[test]
+fn a_close_inside_a_response_or_before_its_head_cuts_it_short_and_is_no_loss() {
+    let (a, b, c) = (key(75), key(76), key(77));
+    let mut dec = decoder();
+    let mut out = run(
+        &mut dec,
+        &[
+            // a: still queued (no head yet) when its client left.
+            io(a, IN, 1, b"GET /a HTTP/1.1\r\n\r\n"),
+            close(a, 2),
+            // b: left in the middle of its stream.
+            io(b, IN, 3, b"GET /b HTTP/1.1\r\n\r\n"),
+            io(b, OUT, 4, SSE_HEAD),
+            io(b, OUT, 5, &chunk("{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}")),
+            close(b, 6),
+            // c: a request nobody answered before the recording ended.
+            io(c, IN, 7, b"GET /c HTTP/1.1\r\n\r\n"),
+        ],
+    );
+    dec.finish(&mut out);
+    assert_eq!(counter(&dec, "responses_closed_early"), 2);
+    assert_eq!(counter(&dec, "responses_missing"), 1, "c");
+    assert_eq!(counter(&dec, "responses_incomplete"), 0);
+    // b's content chunk still reached the correlator before its close.
+    let shown = shows(&out, true);
+    let at = |s: &str| shown.iter().position(|x| x.starts_with(s)).unwrap_or_else(|| panic!("{s} in {shown:?}"));
+    assert!(at("sse#0 Content") < at("close @6"), "{shown:?}");
 }
 
 #[test]

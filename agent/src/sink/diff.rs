@@ -528,11 +528,12 @@ impl SideBuilder {
             };
             let c = &mut self.chains[c];
             c.members.push((q.hop.unwrap_or(0), i));
-            match q.done_ns {
+            // A hop its client left ends at the close (the chain went on).
+            match q.done_ns.or(q.closed_ns) {
                 Some(d) => c.last_done_ns = Some(c.last_done_ns.map_or(d, |l| l.max(d))),
                 None => c.all_done = false,
             }
-            c.hops_e2e_ms = c.hops_e2e_ms.zip(q.e2e_ms).map(|(t, e)| t + e);
+            c.hops_e2e_ms = c.hops_e2e_ms.zip(q.e2e_ms.or(q.closed_ms)).map(|(t, e)| t + e);
         }
         let kernels = q.kernels.as_ref().map(|ks| {
             let mut v: Vec<(u32, f64)> = Vec::with_capacity(ks.len());
@@ -2275,6 +2276,7 @@ mod tests {
             ttft_ns: Some(ttft),
             done_ns: Some(done),
             response_end_ns: Some(done),
+            closed_ns: None,
             content_ns,
             request_bytes: 100 + s.prompt,
             response_bytes: Some(1000),

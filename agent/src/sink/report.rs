@@ -156,6 +156,12 @@ pub struct RequestOut {
     /// Its share of the GPU kernels' time by name, most first (at most 8);
     /// null without GPU records (docs/attribution.md).
     pub kernels: Option<Vec<RequestKernelOut>>,
+    /// The server closed the connection before the response ended (the
+    /// client gave up, or the server dropped it); `done_ns`/`e2e_ms` are
+    /// then null and `phases_ms` partition `closed_ms`.
+    pub closed_ns: Option<u64>,
+    /// Arrival to that close: how long the client waited before leaving.
+    pub closed_ms: Option<f64>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -297,6 +303,8 @@ pub struct RequestRef<'a> {
     pub compute_source: Option<&'static str>,
     pub gpu_steps: Option<u32>,
     pub kernels: Option<&'a [crate::correlate::gpu::KernelShare]>,
+    pub closed_ns: Option<u64>,
+    pub closed_ms: Option<f64>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -438,6 +446,8 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         compute_source: f.compute_source,
         gpu_steps: f.gpu_steps,
         kernels: r.kernels.as_deref(),
+        closed_ns: r.closed_ns.filter(|_| r.done_ns.is_none()),
+        closed_ms: r.closed_ms(),
     }
 }
 
@@ -498,6 +508,8 @@ impl RequestRef<'_> {
             compute_source: own(self.compute_source),
             gpu_steps: self.gpu_steps,
             kernels: self.kernels.map(|k| k.iter().map(|k| RequestKernelOut { name: k.name.to_string(), gpu_ms: ms(k.gpu_ns) }).collect()),
+            closed_ns: self.closed_ns,
+            closed_ms: self.closed_ms,
         }
     }
 
@@ -565,7 +577,11 @@ impl RequestRef<'_> {
         o.object("compute_ms", self.compute_ms.as_ref(), |o, c| {
             o.field("prefill", &c.prefill).field("decode", &c.decode).field("steps", &c.steps);
         });
-        o.field("compute_source", &self.compute_source).field("gpu_steps", &self.gpu_steps).field("kernels", &self.kernels);
+        o.field("compute_source", &self.compute_source)
+            .field("gpu_steps", &self.gpu_steps)
+            .field("kernels", &self.kernels)
+            .field("closed_ns", &self.closed_ns)
+            .field("closed_ms", &self.closed_ms);
         o.end();
     }
 }
@@ -595,12 +611,13 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
         .map(|c| {
             let hops: Vec<&Request> = c.hops.iter().map(|&i| &analysis.requests[i]).collect();
             let first = hops.first().map(|r| r.arrive_ns);
-            let last_done = hops.iter().map(|r| r.done_ns).collect::<Option<Vec<u64>>>().and_then(|d| d.into_iter().max());
+            // A hop its client left ends at the close: the chain went on.
+            let last_done = hops.iter().map(|r| r.waited_until_ns()).collect::<Option<Vec<u64>>>().and_then(|d| d.into_iter().max());
             let e2e_ms = match (first, last_done) {
                 (Some(f), Some(l)) => Some(ms(l.saturating_sub(f))),
                 _ => None,
             };
-            let hops_e2e_ms = hops.iter().try_fold(0.0, |t, r| Some(t + r.e2e_ms()?));
+            let hops_e2e_ms = hops.iter().try_fold(0.0, |t, r| Some(t + r.e2e_ms().or(r.closed_ms())?));
             ChainOut {
                 chain: c.chain.clone(),
                 hops: hops.iter().map(|r| r.id.clone()).collect(),
@@ -710,6 +727,7 @@ struct TextRow<'a> {
     preemptions: Option<u32>,
     gpu_ms: GpuMs,
     model: Option<&'a str>,
+    closed_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -737,6 +755,7 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             preemptions: q.preemptions,
             gpu_ms: q.gpu_ms,
             model: q.model.as_deref(),
+            closed_ms: q.closed_ms,
         }
     }
 }
@@ -766,6 +785,7 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             preemptions: q.preemptions,
             gpu_ms: q.gpu_ms,
             model: q.model,
+            closed_ms: q.closed_ms,
         }
     }
 }
@@ -794,9 +814,15 @@ fn text_head(s: &mut String, rep: &Report) {
     );
 }
 
-/// A request's line in the request table.
+/// A request's line in the request table. One whose connection closed
+/// before its response ended shows `closed` for its status and, in
+/// parentheses for its E2E, how long the client waited.
 fn request_line(s: &mut String, q: &TextRow) {
     let chain = q.chain.unwrap_or("-");
+    let (status, e2e) = match (q.e2e_ms, q.closed_ms) {
+        (None, Some(c)) => ("closed".to_owned(), format!("({c:.2})")),
+        _ => (q.status.map_or("-".into(), |x| x.to_string()), opt(q.e2e_ms)),
+    };
     let _ = writeln!(
         s,
         "{:<34} {:<18} {:>4} {:<6} {:<22} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
@@ -805,9 +831,9 @@ fn request_line(s: &mut String, q: &TextRow) {
         q.hop.map_or("-".into(), |h| h.to_string()),
         q.method,
         trunc(q.path, 22),
-        q.status.map_or("-".into(), |x| x.to_string()),
+        status,
         opt(q.ttft_ms),
-        opt(q.e2e_ms),
+        e2e,
         opt(q.itl_p50_ms),
         opt(q.itl_p90_ms),
         opt(q.itl_p99_ms),
@@ -898,7 +924,7 @@ fn chain_head(s: &mut String, t: &ChainTitle<'_>, gpu: bool, gpu_mem: bool) {
 fn hop_figures(s: &mut String, q: &TextRow, gpu: bool) -> HopSums {
     let avg = (!q.itl_ms.is_empty()).then(|| q.itl_ms.iter().sum::<f64>() / q.itl_ms.len() as f64);
     let h = HopSums::of(q);
-    row_figures(s, &h, [avg, q.itl_p90_ms], gpu);
+    row_figures(s, &h, [avg, q.itl_p90_ms], gpu, q.e2e_ms.is_none() && q.closed_ms.is_some());
     if let Some(m) = q.model {
         // Escaped, so the separator cannot be in it.
         let _ = write!(s, "{MODEL_SEP}{}", printable(m));
@@ -917,8 +943,10 @@ fn model_of(row: &str) -> Option<&str> {
 
 /// A chain table's row after its first column, in [`chain_head`]'s order:
 /// `h`'s figures with `itl` (mean, p90) before the token counts; a hop's row
-/// and the chain's sum row alike.
-fn row_figures(s: &mut String, h: &HopSums, itl: [Option<f64>; 2], gpu: bool) {
+/// and the chain's sum row alike. `closed`: the hop's client left before
+/// its response ended; its E2E column, its wait to the close, is in
+/// parentheses (as in the request table).
+fn row_figures(s: &mut String, h: &HopSums, itl: [Option<f64>; 2], gpu: bool, closed: bool) {
     let f = |k: usize| opt(h.0[k]);
     let _ = write!(s, " {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
     if gpu {
@@ -926,7 +954,11 @@ fn row_figures(s: &mut String, h: &HopSums, itl: [Option<f64>; 2], gpu: bool) {
     }
     // Token counts are whole (exact as f64 far past any count).
     let t = |k: usize| h.0[k].map_or_else(|| "-".into(), |v| format!("{v:.0}"));
-    let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", opt(itl[0]), opt(itl[1]), t(10), t(11), t(12), f(E2E));
+    let e2e = match h.0[E2E] {
+        Some(v) if closed => format!("({v:.2})"),
+        _ => f(E2E),
+    };
+    let _ = write!(s, " {:>8} {:>6} {:>6} {:>6} {:>6} {:>9}", opt(itl[0]), opt(itl[1]), t(10), t(11), t(12), e2e);
 }
 
 /// Interferers named under a hop's row at most; the JSON report lists all.
@@ -940,10 +972,13 @@ const NOTE_SHARE: f64 = 0.10;
 /// The line under a hop's row saying why its decode was slow, when the
 /// figures alone do not: whose co-batched prefill took its decode time
 /// (`interference_from`) when that was at least [`NOTE_SHARE`] of its E2E,
-/// and how often the engine preempted it. Starts with the newline that ends
-/// the row's figures.
+/// how often the engine preempted it, and when the client left before the
+/// response ended. Starts with the newline that ends the row's figures.
 fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
+    if let (None, Some(c)) = (q.e2e_ms, q.closed_ms) {
+        parts.push(format!("connection closed {c:.2} ms after arrival, before the response ended (the client gave up): the phases run to the close"));
+    }
     let material = matches!((q.interference_ms, q.e2e_ms), (Some(i), Some(e)) if i > 0.0 && i >= NOTE_SHARE * e);
     if material && !q.interference_from.is_empty() {
         let mut names = q.interference_from.iter().take(NOTE_NAMES).map(|n| printable(n)).collect::<Vec<_>>().join(", ");
@@ -1010,7 +1045,8 @@ impl HopSums {
             n(q.prompt_tokens),
             n(q.completion_tokens),
             n(q.cached_tokens),
-            q.e2e_ms,
+            // A hop its client left: its wait, to the close.
+            q.e2e_ms.or(q.closed_ms),
         ])
     }
 
@@ -1066,7 +1102,7 @@ impl ChainSums {
             return;
         }
         let _ = write!(s, "  {:>3}", "sum");
-        row_figures(s, &self.row(), [None, None], gpu);
+        row_figures(s, &self.row(), [None, None], gpu, false);
         row_end(s, gpu_mem, self.peak, None);
         if let (Some(chain), Some(outside)) = (chain_e2e_ms, between_hops_ms(chain_e2e_ms, self.get(E2E))) {
             if outside >= 0.0 {
@@ -1222,6 +1258,11 @@ pub fn is_loss(name: &str) -> bool {
         "zmtp_gap_frames",
         "zmtp_gap_bytes",
         "engine_requests_linked",
+        // Clients that left before their response ended, and the engine
+        // requests found for them by their abort: workload, not loss.
+        "requests_closed_unfinished",
+        "responses_closed_early",
+        "engine_requests_linked_by_abort",
         "engine_steps_from_reader",
         "upgrades",
         "attach_mid_stream",
@@ -1480,7 +1521,7 @@ impl ChainBook {
         }
         let c = &mut self.chains[i];
         c.hops += 1;
-        match r.done_ns {
+        match r.waited_until_ns() {
             Some(d) => c.last_done_ns = Some(c.last_done_ns.map_or(d, |l| l.max(d))),
             None => c.all_done = false,
         }
@@ -1499,7 +1540,7 @@ impl ChainBook {
         // The text report's row and what its chain's sum row adds up; the
         // JSON report needs neither.
         let sums = self.rows.then(|| hop_figures(&mut self.row, &q.into(), self.gpu));
-        let head = HopHead { ttft_ms: q.ttft_ms, e2e_ms: q.e2e_ms, cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
+        let head = HopHead { ttft_ms: q.ttft_ms, e2e_ms: q.e2e_ms.or(q.closed_ms), cached_tokens: q.cached_tokens, prompt_tokens: q.prompt_tokens, peak_gpu_mem_bytes: q.peak_gpu_mem_bytes, id_len: q.id.len(), row_len: self.row.len() };
         self.spool.write_all(&head.encode())?;
         self.spool.write_all(q.id.as_bytes())?;
         self.spool.write_all(self.row.as_bytes())?;
@@ -2713,6 +2754,8 @@ mod tests {
             compute_source: Some("oncpu"),
             gpu_steps: None,
             kernels: None,
+            closed_ns: Some(u64::MAX),
+            closed_ms: Some(-0.0),
         }
     }
 
@@ -2817,6 +2860,7 @@ mod tests {
             preemptions,
             gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
             model: None,
+            closed_ms: None,
         }
     }
 
@@ -2943,6 +2987,10 @@ mod tests {
         recs.extend(exchange(6, 0, "chatcmpl-dup", SEC + 20 * MS, (6, 3), &[("x-session-id", "s1")], Some((50, 10))));
         recs.extend(exchange(7, 0, "chatcmpl-b", 3 * SEC, (2, 5), &[("traceparent", tp)], None));
         recs.extend(exchange(6, 1, "chatcmpl-c", 4 * SEC + 500 * MS, (3, 1), &[("x-session-id", "s1")], Some((80, 64))));
+        // The header chain's third hop: its client left after 300 ms, its
+        // response head sent, no chunk yet.
+        recs.extend(exchange(13, 0, "-", 4 * SEC + 800 * MS, (1, 1), &[("x-session-id", "s1")], None).into_iter().take(2));
+        recs.push(Record::ConnClose { ts_ns: 5 * SEC + 100 * MS, conn: crate::event::ConnKey { tgid: 100, fd: 13, ino: 9013 } });
         recs.extend(exchange(8, 0, "chatcmpl-d", 5 * SEC, (5, 2), &[], Some((10, 0))));
         recs.extend(exchange(8, 1, "chatcmpl-e", 5 * SEC + 500 * MS, (1, 2), &[], Some((12, 12))));
         // The header chain's first hop's id again, later, without token
@@ -2997,6 +3045,11 @@ mod tests {
             // first hop is shown as the later chatcmpl-dup, without a peak),
             // the read error, the percentiles asked for.
             assert_eq!(got.matches("\nchain ").count(), 3, "{got}");
+            // The hop its client left: closed in both tables, its wait in
+            // parentheses, the chain's E2E to the close.
+            assert!(got.lines().any(|l| l.starts_with("conn:100:13:0 ") && l.contains(" closed ") && l.contains("(300.00)")), "{got}");
+            assert!(got.contains("chain s1 (header, 3 hops, e2e 4080.00 ms"), "{got}");
+            assert!(got.contains("^ connection closed 300.00 ms after arrival"), "{got}");
             assert_eq!(got.matches("gpu_mem_mib").count(), 1, "{got}");
             assert!(got.contains("WARNING: the recording ends early"), "{got}");
             assert!(p.iter().all(|&p| got.contains(&format!("P{} TTFT (ms):", &summary::percentile_key(p)[1..]))), "{got}");

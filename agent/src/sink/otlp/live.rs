@@ -250,7 +250,7 @@ impl LiveOtlp {
 
 /// A request handed out: its spans, and its chain's extent.
 fn take(meta: &Meta, chains: &mut ChainSpans, spans: &mut Vec<Span>, made: &mut Tally, r: &Request, q: &RequestRef) {
-    if r.done_ns.is_none() {
+    if r.waited_until_ns().is_none() {
         return;
     }
     let before = spans.len();

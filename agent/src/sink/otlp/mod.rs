@@ -210,7 +210,7 @@ pub fn request_trace_id(chain: &str, source: ChainSource) -> [u8; 16] {
 impl ChainSpans {
     /// A request whose spans were made ([`spans_of`]: it has an end).
     fn note(&mut self, r: &Request) {
-        let Some(done) = r.done_ns.filter(|_| r.chain_source == ChainSource::Header) else { return };
+        let Some(done) = r.waited_until_ns().filter(|_| r.chain_source == ChainSource::Header) else { return };
         let e = self.open.entry(r.chain.clone()).or_insert((r.arrive_ns, done, 0, 0));
         e.0 = e.0.min(r.arrive_ns);
         e.1 = e.1.max(done);
@@ -281,11 +281,13 @@ fn operation_name(path: &str) -> Option<&'static str> {
 }
 
 /// The spans of one request (none while it has no end): its SERVER span
-/// and, when the engine was joined, one child per phase.
+/// and, when the engine was joined, one child per phase. A request whose
+/// connection closed before its response ended ends at the close, marked
+/// `hopscope.closed_early` (its client gave up: a timeout shows as such).
 pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>) {
     let offset = unix_offset(meta);
     let unix = |mono: u64| (mono as i128 + offset).max(0) as u64;
-    let Some(done) = r.done_ns else { return };
+    let Some(done) = r.waited_until_ns() else { return };
     // A session chain's hops are children of its span ([`ChainSpans`]).
     let trace_id = request_trace_id(&r.chain, r.chain_source).to_vec();
     let parent = match r.chain_source {
@@ -316,6 +318,9 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     // The conventions' finish reasons: one per choice; the first one's is known.
     if let Some(f) = &r.finish_reason {
         attrs.push(kv("gen_ai.response.finish_reasons", Value::Array(ArrayValue { values: vec![AnyValue { value: Some(Value::Str(f.clone())) }] })));
+    }
+    if q.closed_ns.is_some() {
+        attrs.push(kv("hopscope.closed_early", Value::Bool(true)));
     }
     let mut int = |k: &str, v: Option<u64>| {
         if let Some(v) = v {

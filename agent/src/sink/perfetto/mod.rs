@@ -1000,7 +1000,9 @@ pub(crate) fn hop_args(r: &Request) -> Few<Arg<'_>, 6> {
     if let Some(v) = r.wire_ttft_ms() {
         args.push(Arg::f64("wire_ttft_ms", v));
     }
-    if r.done_ns.is_none() {
+    if let Some(v) = r.closed_ms() {
+        args.push(Arg::f64("closed_ms", v));
+    } else if r.done_ns.is_none() {
         args.push(Arg::bool("unfinished", true));
     }
     args
@@ -1139,7 +1141,9 @@ impl RequestArgs {
             args.push(Arg::interned("finish_reason", f));
         }
         args.push(Arg::u64("pid", r.conn.tgid as u64));
-        if r.done_ns.is_none() {
+        if let Some(v) = r.closed_ms() {
+            args.push(Arg::f64("closed_ms", v));
+        } else if r.done_ns.is_none() {
             args.push(Arg::bool("unfinished", true));
         }
         args
@@ -1164,8 +1168,15 @@ pub(crate) fn hop_label(r: &Request) -> String {
             push_one_decimal(&mut name, v);
             name.push_str(" ms");
         }
-        None if r.done_ns.is_none() => name.push_str(" · unfinished"),
-        None => {}
+        None => match r.closed_ms() {
+            Some(v) => {
+                name.push_str(" · closed after ");
+                push_one_decimal(&mut name, v);
+                name.push_str(" ms");
+            }
+            None if r.done_ns.is_none() => name.push_str(" · unfinished"),
+            None => {}
+        },
     }
     name
 }
@@ -1224,7 +1235,7 @@ fn push_one_decimal(out: &mut String, v: f64) {
 
 fn request_span(r: &Request, recording_end: u64) -> (u64, u64) {
     let start = r.wire_arrive_ns.filter(|w| *w <= r.arrive_ns).unwrap_or(r.arrive_ns);
-    let end = match r.done_ns {
+    let end = match r.waited_until_ns() {
         Some(d) => d,
         None => {
             let seen = [Some(r.request_end_ns), r.response_head_ns, r.ttft_ns, r.content_ns.last().copied()];

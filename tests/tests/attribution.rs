@@ -64,7 +64,13 @@ fn miss(got: f64, lo: f64, hi: f64) -> (f64, f64) {
 }
 
 /// Checks every streamed request against the truth; returns the worst error (ms).
+/// No request may have been closed early (their own check: [`check_closed`]).
 fn check_phases(run: &Run) -> f64 {
+    check_phases_with(run, false)
+}
+
+/// [`check_phases`], leaving out the requests whose client left (`closed`).
+fn check_phases_with(run: &Run, closed: bool) -> f64 {
     let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
     let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
     // design.md §3: prefill ends with the step that produced the first token.
@@ -88,6 +94,10 @@ fn check_phases(run: &Run) -> f64 {
             _ => continue,
         };
         let id = r["id"].as_str().unwrap();
+        if !r["closed_ns"].is_null() {
+            assert!(closed, "{id}: closed early: {r}");
+            continue;
+        }
         let h = http.get(id).unwrap_or_else(|| panic!("no truth for {id}"));
         assert_eq!(r["phase_source"], "ipc", "{id}: engine IPC joined");
         let source = r["submit_source"].as_str().unwrap_or_else(|| panic!("{id}: submit_source missing"));
@@ -254,6 +264,94 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
     assert_eq!(drops["sse_events_truncated"].as_u64().unwrap_or(0), 0, "{drops}");
     // Each stream's created, in_progress and completed events.
     assert_eq!(drops["sse_events_from_ends"].as_u64().unwrap_or(0), 3 * 6, "{drops}");
+}
+
+/// Checks each request whose client left before its response ended: the
+/// engine request it was joined to by its abort is the truth's (the server
+/// never wrote its id), it ends where the client gave up, and its phases
+/// (frontend, then queue to the close) hold against the truth. Returns how
+/// many there were.
+fn check_closed(run: &Run) -> usize {
+    let by_engine_id: HashMap<&str, &Value> = run
+        .truth
+        .iter()
+        .filter(|t| t["type"] == "http")
+        .filter_map(|t| Some((t["engine_request_ids"].as_array()?.first()?.as_str()?, t)))
+        .collect();
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    let client: HashMap<(&str, i64), &Value> = run.client.iter().map(|c| ((c["session_id"].as_str().unwrap(), c["hop"].as_i64().unwrap()), c)).collect();
+    let mut n = 0;
+    let mut gaps = Vec::new();
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| !r["closed_ns"].is_null()) {
+        let id = r["id"].as_str().unwrap();
+        assert!(r["e2e_ms"].is_null() && r["done_ns"].is_null(), "{id}: no end of its response: {r}");
+        let eid = r["engine_request_id"].as_str().unwrap_or_else(|| panic!("{id}: joined to no engine request: {r}"));
+        let h = by_engine_id.get(eid).unwrap_or_else(|| panic!("{id}: {eid} is no HTTP request's engine request in the truth"));
+        let e = engine[eid];
+        assert_eq!(e["finish_reason"], "abort", "{id}: the engine aborted {eid}");
+        assert!(e["scheduled_ns"].is_null(), "{id}: {eid} was never scheduled");
+        assert_eq!(r["scheduled_source"], "closed", "{r}");
+        let arrive = r["arrive_ns"].as_i64().unwrap();
+        let received = ns(h, "http_arrive_ns");
+        assert!(arrive <= received && received - arrive < 10_000_000, "{id}: arrive {arrive} vs the server's data_received {received}");
+        // The client's record of the same hop: it gave up (its read timed out).
+        let c = client[&(r["chain"].as_str().unwrap(), r["hop"].as_i64().unwrap())];
+        assert!(c["error"].as_str().is_some_and(|e| e.contains("Timeout")), "{id}: the client's hop: {c}");
+        let closed = r["closed_ns"].as_i64().unwrap();
+        let gap = (closed - ns(c, "done_ns")) as f64 / 1e6;
+        gaps.push(gap);
+        assert!(gap.abs() <= 50.0, "{id}: closed {gap:.3} ms from when the client gave up");
+        let p = &r["phases_ms"];
+        let (lo, hi) = ((ns(h, "submit_ns") - arrive) as f64 / 1e6, (ns(h, "submit_sent_ns") - arrive) as f64 / 1e6);
+        let front = p["frontend"].as_f64().unwrap();
+        let (err, tol) = miss(front, lo, hi);
+        assert!(err <= tol, "{id}: frontend {front:.3} ms vs truth [{lo:.3}, {hi:.3}]");
+        let sum: f64 = ["frontend", "queue", "prefill"].iter().map(|k| p[k].as_f64().unwrap()).sum();
+        let waited = r["closed_ms"].as_f64().unwrap();
+        assert!((sum - waited).abs() <= 0.1, "{id}: phases add to {sum:.4} ms, closed after {waited:.4} ms");
+        assert!(p["decode"].is_null() && p["first_output"].is_null(), "{r}");
+        assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{id}: prompt tokens");
+        n += 1;
+    }
+    eprintln!("{n} requests closed early: closed {:.3} ms (median) after the client gave up, at most {:.3} ms", hopscope_integration::p(&gaps, 50.0), hopscope_integration::p(&gaps, 100.0));
+    n
+}
+
+/// Clients that give up while their requests wait behind a long one (a
+/// read timeout shorter than the queue): vLLM writes a stream's first chunk,
+/// and its id, with the first token, so such a request never names its
+/// engine request; the frontend aborts that when the client leaves. Each is
+/// reported as closed there, joined by its abort, its wait split between
+/// frontend and queue; the one that ran is unaffected.
+#[test]
+fn clients_that_give_up_while_queued_are_reported_closed_with_their_queue_time() {
+    let Some(_serial) = privileged("clients_that_give_up_while_queued_are_reported_closed_with_their_queue_time") else { return };
+    // Chain 0's hops take ~2 s each with one slot; chains 1 and 2 arrive
+    // behind it and time out after 0.4 s without a byte, both hops.
+    let run = run_testbed(
+        "attr-closed",
+        &["--max-num-seqs", "1", "--step-sleep-ms", "15"],
+        &[&["--chains", "3", "--hops", "2", "--max-tokens", "96", "--stagger-ms", "40", "--timeout", "0.4"]],
+    );
+    let worst = check_phases_with(&run, true);
+    let closed = check_closed(&run);
+    eprintln!("clients giving up: {closed} closed early; the others' worst phase error {worst:.3} ms");
+    let failed = run.client.iter().filter(|c| !c["error"].is_null()).count();
+    assert_eq!(closed, failed, "every hop the client gave up on is closed early in the report");
+    assert!(closed >= 3, "{closed}: chains 1 and 2 give up while chain 0 runs");
+    let drops = &run.report["recording"]["drops"];
+    for k in ["engine_requests_linked_by_abort", "requests_closed_unfinished", "responses_closed_early"] {
+        assert_eq!(drops[k].as_u64(), Some(closed as u64), "{k}: {drops}");
+    }
+    for k in ["engine_requests_unlinked", "requests_unfinished", "responses_incomplete", "responses_missing"] {
+        assert_eq!(drops[k].as_u64().unwrap_or(0), 0, "{k}: {drops}");
+    }
+    // The trace draws each closed request to its close.
+    let summary = trace_of(&run);
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| !r["closed_ns"].is_null()) {
+        let t = summary.track(r["id"].as_str().unwrap()).expect("request track");
+        assert_eq!(t.slices.get("queue"), Some(&1), "{}: {:?}", r["id"], t.slices);
+    }
 }
 
 #[test]

@@ -676,7 +676,9 @@ fn view(q: &RequestOut) -> View {
         itl_p90: q.itl_p90_ms,
         itl_gaps: q.itl_ms.len(),
         itl_sum,
-        phases: [p.frontend, p.queue, p.prefill, p.kv_transfer, p.first_output, p.decode],
+        // A request its client left has phases of its wait, not of an E2E:
+        // they would explain a difference its E2E does not have.
+        phases: if q.closed_ns.is_some() { [None; 6] } else { [p.frontend, p.queue, p.prefill, p.kv_transfer, p.first_output, p.decode] },
         prompt: q.prompt_tokens,
         cached: q.cached_tokens,
         computed: q.prompt_tokens.zip(q.cached_tokens).map(|(p, c)| p.saturating_sub(c)),
@@ -2451,6 +2453,26 @@ mod tests {
         }
         assert!(close(d.overall.e2e_ms.mean.delta.unwrap(), (35.0 + 55.0) / 3.0));
         assert_eq!(d.pairs[2].phases_ms.kv_transfer.delta, None, "kv_transfer unknown stays null");
+    }
+
+    /// A hop whose client left after `after`'s queue grew: no E2E, so its
+    /// phases (of the wait) explain nothing; the other hops' still add up.
+    #[test]
+    fn a_hop_closed_early_brings_no_phases_to_the_diff() {
+        let before = chain("a", 0, |_| BASE);
+        let mut after = chain("b", 0, |_| Shape { queue: BASE.queue + 30, ..BASE });
+        let r = &mut after[1];
+        r.closed_ns = Some(r.arrive_ns + 20 * MS);
+        (r.done_ns, r.response_end_ns, r.ttft_ns) = (None, None, None);
+        r.content_ns.clear();
+        let d = compare(&rep("b", &analysis(before)), &rep("a", &analysis(after)));
+        let closed = &d.pairs[1];
+        assert_eq!(closed.e2e_ms.delta, None);
+        assert!(closed.phases_ms.as_array().iter().all(|x| x.delta.is_none()), "{:?}", closed.phases_ms);
+        for p in [&d.pairs[0], &d.pairs[2]] {
+            let all: f64 = p.phases_ms.as_array().iter().filter_map(|x| x.delta).sum();
+            assert!(close(all, p.e2e_ms.delta.unwrap()), "{}: Σ {all}", p.key);
+        }
     }
 
     #[test]

@@ -2091,6 +2091,7 @@ pub struct SummaryAcc {
     completed: usize,
     not_completed: usize,
     failed: usize,
+    closed_early: usize,
     ttfts: Vec<f64>,
     tpots: Vec<f64>,
     e2els: Vec<f64>,
@@ -2141,7 +2142,9 @@ impl SummaryAcc {
             }
         } else {
             self.not_completed += 1;
-            self.failed += usize::from(summary::is_failed(q.status, q.e2e_ms));
+            let failed = summary::is_failed(q.status, q.e2e_ms);
+            self.failed += usize::from(failed);
+            self.closed_early += usize::from(failed && q.closed_ns.is_some());
         }
         Ok(())
     }
@@ -2175,6 +2178,7 @@ impl SummaryAcc {
             chains,
             models,
             gpu_samples: 0,
+            closed_early: self.closed_early,
             peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
         })
     }
@@ -3120,6 +3124,7 @@ mod tests {
             cached_tokens: q.cached_tokens,
             peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
             model: q.model,
+            closed: q.closed_ns.is_some(),
         }
     }
 
@@ -3133,12 +3138,16 @@ mod tests {
             .map(|i| {
                 let arrive_ns = 1_000_000 * i as u64;
                 let e2e = 50.0 + (i % 97) as f64 * 1.5;
+                // Every eleventh: its client left (no end, a close).
+                let closed = i % 11 == 5;
                 RequestRef {
                     status: Some(if i % 7 == 3 { 500 } else { 200 }),
                     arrive_ns,
-                    done_ns: Some(arrive_ns + (e2e * 1e6) as u64),
+                    done_ns: (!closed).then_some(arrive_ns + (e2e * 1e6) as u64),
                     ttft_ms: Some(10.0 + (i % 13) as f64),
-                    e2e_ms: Some(e2e),
+                    e2e_ms: (!closed).then_some(e2e),
+                    closed_ns: closed.then_some(arrive_ns + 1),
+                    closed_ms: closed.then_some(1e-6),
                     prompt_tokens: (i % 5 != 0).then_some(100 + i as u64 % 50),
                     completion_tokens: (i % 5 != 0).then_some(1 + i as u64 % 20),
                     peak_gpu_mem_bytes: Some(i as u64 % 1000),
@@ -3175,6 +3184,7 @@ mod tests {
             let views: Vec<ReqView> = qs.iter().map(view).collect();
             let want = summary::compute_views(&views, &[], &p);
             assert_eq!(got, want, "{n} requests, runs of {run}");
+            assert_eq!(got.closed_early, (0..n).filter(|i| i % 11 == 5).count());
             if n >= 3000 {
                 // 16 named, `other`, and those that named none.
                 assert_eq!(got.models.len(), 18, "{:?}", got.models.iter().map(|m| &m.model).collect::<Vec<_>>());

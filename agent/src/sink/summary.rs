@@ -166,6 +166,9 @@ pub struct Summary {
     /// traced processes over them (null without samples).
     pub gpu_samples: u64,
     pub peak_gpu_mem_bytes: Option<u64>,
+    /// Of `failed`, those whose connection closed before their response
+    /// ended: the client gave up (a timeout, a cancelled agent step).
+    pub closed_early: usize,
 }
 
 /// `np.percentile`'s label: `99` → `p99`, `99.9` → `p99.9`.
@@ -345,7 +348,8 @@ impl Summary {
             .array_flushed("chains", &self.chains, chunk, out)?
             .field("models", &self.models)
             .field("gpu_samples", &self.gpu_samples)
-            .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes);
+            .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes)
+            .field("closed_early", &self.closed_early);
         o.end();
         Ok(())
     }
@@ -372,6 +376,8 @@ pub struct ReqView<'a> {
     pub cached_tokens: Option<u64>,
     pub peak_gpu_mem_bytes: Option<u64>,
     pub model: Option<&'a str>,
+    /// Its connection closed before its response ended.
+    pub closed: bool,
 }
 
 impl<'a> From<&'a RequestOut> for ReqView<'a> {
@@ -389,6 +395,7 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             cached_tokens: q.cached_tokens,
             peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
             model: q.model.as_deref(),
+            closed: q.closed_ns.is_some(),
         }
     }
 }
@@ -476,6 +483,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
         completed: done.len(),
         not_completed: requests.len() - done.len(),
         failed: requests.iter().filter(|q| is_failed(q.status, q.e2e_ms)).count(),
+        closed_early: requests.iter().filter(|q| q.closed && is_failed(q.status, q.e2e_ms)).count(),
         duration_s,
         total_input_tokens: total_in,
         total_output_tokens: total_out,
@@ -599,6 +607,9 @@ pub fn render_text(sm: &Summary) -> String {
     let _ = writeln!(s, "{:=^50}", " Serving Summary (hopscope, server side) ");
     line(&mut s, "Successful requests:", sm.completed);
     line(&mut s, "Failed or unfinished requests:", sm.failed);
+    if sm.closed_early > 0 {
+        line(&mut s, "  of which the client gave up on:", sm.closed_early);
+    }
     line(&mut s, "Other requests (no tokens: /health, …):", sm.not_completed - sm.failed);
     line(&mut s, "Duration (s):", f2(sm.duration_s));
     line(&mut s, "Total input tokens:", sm.total_input_tokens);
@@ -679,6 +690,7 @@ mod tests {
             cached_tokens: cached,
             peak_gpu_mem_bytes: None,
             model: None,
+            closed: false,
         }
     }
 

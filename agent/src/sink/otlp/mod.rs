@@ -659,6 +659,30 @@ mod tests {
         }
     }
 
+    /// A request its client left before the response ended: a span to the
+    /// close, marked, without an E2E; its phase children tile it.
+    #[test]
+    fn a_request_closed_early_has_a_span_to_its_close() {
+        let (meta, mut analysis) = fixture_analysis();
+        let i = analysis.requests.iter().position(|r| r.engine.is_some() && r.done_ns.is_some()).expect("a request with its engine joined");
+        let r = &mut analysis.requests[i];
+        let close = r.arrive_ns + (r.done_ns.unwrap() - r.arrive_ns) / 2;
+        (r.closed_ns, r.done_ns, r.response_end_ns) = (Some(close), None, None);
+        r.content_ns.retain(|&c| c <= close);
+        let (id, arrive) = (r.id.clone(), r.arrive_ns);
+        let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let attr = |sp: &Span, k: &str| sp.attributes.iter().find(|a| a.key == k).and_then(|a| a.value.clone()).and_then(|v| v.value);
+        let sp = spans.iter().find(|sp| sp.kind == 2 && attr(sp, "gen_ai.request.id") == Some(Value::Str(id.clone()))).expect("a span for the closed request");
+        assert_eq!(attr(sp, "hopscope.closed_early"), Some(Value::Bool(true)));
+        assert_eq!(attr(sp, "gen_ai.latency.e2e"), None);
+        assert_eq!(sp.end_time_unix_nano - sp.start_time_unix_nano, close - arrive);
+        let children: Vec<&Span> = spans.iter().filter(|c| c.parent_span_id == sp.span_id).collect();
+        assert!(!children.is_empty());
+        let tiled: u64 = children.iter().map(|c| c.end_time_unix_nano - c.start_time_unix_nano).sum();
+        assert_eq!(tiled, close - arrive, "the phases tile the wait to the close");
+        assert!(spans.iter().filter(|s| s.kind == 2 && s.span_id != sp.span_id).all(|s| attr(s, "hopscope.closed_early").is_none()));
+    }
+
     /// The GenAI conventions' operation (from the path) and model (from the
     /// request body) on each request's span; no model attribute without one.
     #[test]

@@ -329,6 +329,27 @@ fn an_unfinished_request_ends_at_the_recording_end_and_says_so() {
 }
 
 #[test]
+fn a_request_its_client_left_ends_at_the_close_and_says_so() {
+    let mut recs = exchange(conn(5), 0, T0, 2, "s1");
+    recs.pop(); // no response end
+    recs.pop(); // and no [DONE]
+    recs.push(Record::ConnClose { ts_ns: T0 + 20 * MS, conn: conn(5) });
+    recs.push(Record::Drops { ts_ns: T0 + 50 * MS, counters: vec![("kernel_ringbuf_full".into(), 0)] });
+    let (bytes, _) = trace_of(&sorted(recs));
+    let s = checked(&bytes);
+    let t = decode(&bytes);
+    let r = s.track("chatcmpl-5-0").unwrap();
+    let last_end = events(&t).filter(|(_, e)| e.track_uuid == Some(r.uuid)).map(|(ts, _)| ts).max().unwrap();
+    assert_eq!(last_end, T0 + 20 * MS, "drawn to the close, not the recording's end");
+    let (_, begin) = events(&t).find(|(_, e)| e.track_uuid == Some(r.uuid)).unwrap();
+    let arg = |n: &str| begin.debug_annotations.iter().find(|d| d.name.as_deref() == Some(n)).cloned();
+    assert!(arg("unfinished").is_none());
+    assert!(arg("closed_ms").and_then(|d| d.double_value).is_some_and(|v| v > 0.0), "{:?}", begin.debug_annotations);
+    let hop = s.track("s1").expect("the chain's track");
+    assert!(hop.slices.keys().any(|k| k.starts_with("hop 1 ") && k.contains("· closed after ")), "{:?}", hop.slices);
+}
+
+#[test]
 fn in_flight_counter_rises_and_falls_with_requests() {
     let recs = two_chains();
     let (bytes, _) = trace_of(&recs);

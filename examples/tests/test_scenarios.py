@@ -9,6 +9,7 @@ import os
 import time
 
 import httpx
+import pytest
 
 from helpers import Testbed, run_chains
 from testbed.truth import read_truth
@@ -92,6 +93,33 @@ def test_queueing_chunked_prefill_abort_and_shutdown(tmp_path):
     assert "engine_stop" in types and types[-1] == "frontend_stop"
     for pid in engine_pids:
         assert not _pid_alive(pid)
+
+
+def test_a_stream_queued_behind_another_writes_no_body_before_its_first_output(tmp_path):
+    # As vLLM: the headers at once, the role chunk (and with it the id) only with the first output.
+    # A client that gives up before then has seen no id; the server aborts its engine request.
+    tb = Testbed("--max-num-seqs", "1", "--step-sleep-ms", "15", workdir=str(tmp_path)).start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            runner = ex.submit(lambda: httpx.post(tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": "runner"},
+                                                  json={"model": MODEL, "messages": [{"role": "user", "content": "go"}],
+                                                        "max_tokens": 80}, timeout=60))
+            _wait(tb.truth_path, lambda rs: any(r["type"] == "step" for r in rs))
+            with pytest.raises(httpx.ReadTimeout):
+                with httpx.stream("POST", tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": "quitter"},
+                                  json={"model": MODEL, "messages": [{"role": "user", "content": "me too"}],
+                                        "max_tokens": 8, "stream": True}, timeout=httpx.Timeout(30, read=0.4)) as r:
+                    assert r.status_code == 200
+                    for chunk in r.iter_raw():
+                        pytest.fail(f"a body byte before the first output: {chunk!r}")
+            assert runner.result().status_code == 200
+        recs = _wait(tb.truth_path, lambda rs: "chatcmpl-quitter" in {r.get("external_id") for r in rs})
+    finally:
+        assert tb.stop() == 0
+    quitter = next(r for r in recs if r["type"] == "request" and r["external_id"] == "chatcmpl-quitter")
+    assert quitter["finish_reason"] == "abort" and quitter["scheduled_ns"] is None and quitter["output_tokens"] == 0
+    http = next(r for r in recs if r["type"] == "http" and r.get("id") == "chatcmpl-quitter")
+    assert http["sse_events"] == 0 and http["response_start_ns"] is not None
 
 
 def test_preemption_and_kv_offload_with_tiny_pool(tmp_path):

@@ -852,6 +852,23 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         let live = std::sync::Arc::new(std::sync::Mutex::new(metrics));
         let bound = hopscope::sink::metrics::serve(listener, std::sync::Arc::clone(&live)).context("cannot serve metrics")?;
         live_metrics = Some(std::sync::Arc::clone(&live));
+        // The phase histograms take the requests the correlator hands out:
+        // `--otlp`'s when it runs one, else one of their own.
+        match &live_otlp {
+            Some(o) => {
+                let m = std::sync::Arc::clone(&live);
+                o.borrow_mut().set_request_hook(Box::new(move |r, q| {
+                    if let Ok(mut m) = m.lock() {
+                        m.observe_phases(r, q);
+                    }
+                }));
+            }
+            None => {
+                let cfg = correlate::Config { chain_header: meta.chain_header.clone(), use_ipc: true };
+                let mut phases = hopscope::sink::metrics::LivePhases::new(cfg, std::sync::Arc::clone(&live));
+                pipe.add_tap(Box::new(move |r| phases.push(r)));
+            }
+        }
         pipe.set_metrics(live);
         let scope = if bound.ip().is_loopback() { "" } else { " (NOT loopback: reachable from the network)" };
         say!("hopscope: metrics on http://{bound}/metrics{scope}");

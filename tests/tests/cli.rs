@@ -185,8 +185,22 @@ fn metrics_endpoint_serves_vllm_style_histograms_during_the_recording() {
     // Records reach the metrics when they leave the reorder window and the tick.
     std::thread::sleep(Duration::from_millis(1500));
     let scraped: serde_json::Value = serde_json::from_str(&run_py("scrape.py", &[&format!("http://127.0.0.1:{mport}/metrics")])).unwrap();
-    rec.stop();
     let n = read_jsonl(&out).len() as f64;
+    // The phase histograms come from the correlator, which hands a request
+    // out once it has settled (~2 s after its end): decode only here, from
+    // the wire (this server speaks no engine IPC).
+    let decode = |s: &serde_json::Value| -> f64 {
+        s["hopscope_request_decode_time_seconds"]["samples"].as_array().into_iter().flatten().filter(|x| x[0] == "hopscope_request_decode_time_seconds_count").map(|x| x[2].as_f64().unwrap()).sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut later = scraped.clone();
+    while decode(&later) < n && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        later = serde_json::from_str(&run_py("scrape.py", &[&format!("http://127.0.0.1:{mport}/metrics")])).unwrap();
+    }
+    assert_eq!(decode(&later), n, "every request's decode phase: {}", later["hopscope_request_decode_time_seconds"]);
+    assert_eq!(later["hopscope_request_queue_time_seconds"]["type"], "histogram");
+    rec.stop();
     let count = |fam: &str, sample: &str| -> f64 {
         scraped[fam]["samples"].as_array().unwrap_or_else(|| panic!("no family {fam}: {scraped}")).iter().filter(|s| s[0] == sample).map(|s| s[2].as_f64().unwrap()).sum()
     };

@@ -191,11 +191,18 @@ fn run_with_otlp_sends_each_sessions_spans_while_recording_the_same_as_export() 
     };
     assert!(outcome("sent") >= 4.0, "3 hops and the chain were sent: {}", scraped["hopscope_otlp_spans"]);
     assert_eq!((outcome("dropped"), outcome("failed")), (0.0, 0.0));
+    // The phase histograms take the requests the export's correlator handed
+    // out: this server speaks no engine IPC, so decode (from the wire) only.
+    let phase_count = |fam: &str| -> f64 {
+        scraped[fam]["samples"].as_array().unwrap_or_else(|| panic!("no family {fam}: {scraped}")).iter().filter(|s| s[0] == format!("{fam}_count")).map(|s| s[2].as_f64().unwrap()).sum()
+    };
+    assert_eq!(phase_count("hopscope_request_decode_time_seconds"), 3.0, "{}", scraped["hopscope_request_decode_time_seconds"]);
+    assert_eq!(phase_count("hopscope_request_queue_time_seconds"), 0.0);
     // Scraped as Prometheus does (OpenMetrics, its strict reference parser):
     // the buckets' exemplars name traces the collector received spans in.
     let om: Value = serde_json::from_str(&run_py("scrape.py", &[&format!("http://127.0.0.1:{mport}/metrics"), "--openmetrics"])).unwrap();
     assert!(om["_content_type"].as_str().unwrap().starts_with("application/openmetrics-text"), "{}", om["_content_type"]);
-    let exemplars: Vec<(String, f64)> = ["hopscope_time_to_first_token_seconds", "hopscope_e2e_request_latency_seconds", "hopscope_inter_token_latency_seconds"]
+    let exemplars: Vec<(String, f64)> = ["hopscope_time_to_first_token_seconds", "hopscope_e2e_request_latency_seconds", "hopscope_inter_token_latency_seconds", "hopscope_request_decode_time_seconds"]
         .iter()
         .flat_map(|f| om[*f]["samples"].as_array().unwrap_or_else(|| panic!("no family {f}: {om}")).clone())
         .filter(|s| !s[3].is_null())

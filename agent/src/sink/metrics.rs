@@ -8,6 +8,12 @@
 //! OpenMetrics when the scraper asks for it (Prometheus does), whose
 //! histogram buckets carry exemplars naming the trace of the request last
 //! observed in them — the trace `--otlp` and `export otlp` send its spans in.
+//!
+//! The phase histograms (frontend, queue, prefill, decode, KV transfer)
+//! need the correlator: [`LiveMetrics::observe_phases`] takes each request
+//! as the streaming correlator hands it out, a few seconds after it ended
+//! (its settle time) — from `record --otlp`'s correlator when it runs, else
+//! from [`LivePhases`]'s own.
 
 use crate::event::ConnKey;
 use crate::model::{HttpRole, Record, SseKind};
@@ -133,6 +139,13 @@ struct PerModel {
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
+    /// The phases of requests whose response ended (the report's
+    /// `phases_ms`; seconds).
+    frontend: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    kv_transfer: Histogram,
     requests: BTreeMap<u16, u64>,
     /// Requests whose connection closed before their response ended.
     closed: u64,
@@ -146,6 +159,13 @@ impl PerModel {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            // vLLM's request-latency buckets for the phases it has; the
+            // TTFT ones for the milliseconds-scale phases only hopscope has.
+            frontend: Histogram::new(TTFT_BUCKETS),
+            queue: Histogram::new(E2E_BUCKETS),
+            prefill: Histogram::new(E2E_BUCKETS),
+            decode: Histogram::new(E2E_BUCKETS),
+            kv_transfer: Histogram::new(TTFT_BUCKETS),
             requests: BTreeMap::new(),
             closed: 0,
             prompt_tokens: 0,
@@ -167,6 +187,46 @@ fn series<'a>(by_model: &'a mut BTreeMap<String, PerModel>, key: &str) -> &'a mu
 fn count_status(by_model: &mut BTreeMap<String, PerModel>, o: &mut Open) {
     if let Some(status) = o.status.take() {
         *series(by_model, &o.model).requests.entry(status).or_default() += 1;
+    }
+}
+
+/// The phase histograms' feed when `record --otlp` runs no correlator: the
+/// report's streaming correlator on the records written, each request it
+/// hands out given to [`LiveMetrics::observe_phases`].
+pub struct LivePhases {
+    feed: crate::sink::report::RequestFeed,
+    /// Empty: the phases need no GPU memory peaks.
+    gpu_mem: crate::sink::summary::GpuMemIndex,
+    metrics: Arc<Mutex<LiveMetrics>>,
+}
+
+impl LivePhases {
+    pub fn new(cfg: crate::correlate::Config, metrics: Arc<Mutex<LiveMetrics>>) -> Self {
+        LivePhases { feed: crate::sink::report::RequestFeed::new(cfg), gpu_mem: Default::default(), metrics }
+    }
+
+    /// Takes the next record written (file order).
+    pub fn push(&mut self, rec: &Record) {
+        let metrics = &self.metrics;
+        let mut put = |r: &crate::correlate::Request, q: &crate::sink::report::RequestRef| -> Result<(), std::convert::Infallible> {
+            if let Ok(mut m) = metrics.lock() {
+                m.observe_phases(r, q);
+            }
+            Ok(())
+        };
+        let Ok(_) = self.feed.push(rec, &self.gpu_mem, &mut put, &mut |_, _| Ok::<(), std::convert::Infallible>(()));
+    }
+
+    /// The records ended: the requests not handed out yet are.
+    pub fn finish(self) {
+        let metrics = &self.metrics;
+        let mut put = |r: &crate::correlate::Request, q: &crate::sink::report::RequestRef| -> Result<(), std::convert::Infallible> {
+            if let Ok(mut m) = metrics.lock() {
+                m.observe_phases(r, q);
+            }
+            Ok(())
+        };
+        let Ok(_) = self.feed.finish(&self.gpu_mem, &mut put, &mut |_, _| Ok::<(), std::convert::Infallible>(()));
     }
 }
 
@@ -347,6 +407,25 @@ impl LiveMetrics {
 
     /// The series key of a request naming `model`: its name while fewer than
     /// [`MAX_MODEL_LABELS`] named models have series, else `other`.
+    /// A request the correlator handed out: its phases, when its response
+    /// ended (the E2E histogram's requests; one its client left has phases
+    /// of its wait, not of an E2E), under its model's series.
+    pub fn observe_phases(&mut self, r: &crate::correlate::Request, q: &crate::sink::report::RequestRef) {
+        let Some(done) = r.done_ns else { return };
+        let p = q.phases_ms;
+        if [p.frontend, p.queue, p.prefill, p.decode, p.kv_transfer].iter().all(Option::is_none) {
+            return;
+        }
+        let key = self.model_series(q.model);
+        let m = series(&mut self.by_model, &key);
+        let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
+        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer)] {
+            if let Some(v) = v {
+                h.observe(v / 1e3, ex);
+            }
+        }
+    }
+
     fn model_series(&mut self, model: Option<&str>) -> String {
         let m = model.unwrap_or("");
         let named = || self.by_model.keys().filter(|k| !k.is_empty() && *k != "other").count();
@@ -393,6 +472,11 @@ impl LiveMetrics {
         per_model(&mut s, "hopscope_time_to_first_token_seconds", "Wire TTFT: request's first byte read to the write of its first content chunk.", &|m| &m.ttft);
         per_model(&mut s, "hopscope_inter_token_latency_seconds", "Gaps between consecutive content chunks, as written to the socket.", &|m| &m.itl);
         per_model(&mut s, "hopscope_e2e_request_latency_seconds", "Request's first byte read to the write of its last byte.", &|m| &m.e2e);
+        per_model(&mut s, "hopscope_request_frontend_time_seconds", "Arrival to the hand-over to the engine (parsing, tokenization): the frontend phase, engine IPC joined.", &|m| &m.frontend);
+        per_model(&mut s, "hopscope_request_queue_time_seconds", "Hand-over to the engine to scheduled: the queue phase (less KV transfer), engine IPC joined.", &|m| &m.queue);
+        per_model(&mut s, "hopscope_request_prefill_time_seconds", "Scheduled to the end of the step that made the first token: the prefill phase (less KV transfer), engine IPC joined.", &|m| &m.prefill);
+        per_model(&mut s, "hopscope_request_decode_time_seconds", "First content chunk written to the response's end: the decode phase.", &|m| &m.decode);
+        per_model(&mut s, "hopscope_request_kv_transfer_time_seconds", "KV-cache copies on the request's path before its first token (CUPTI records).", &|m| &m.kv_transfer);
         let name = "hopscope_hop_time_to_first_token_seconds";
         family(&mut s, name, "TTFT by hop index within a chain (traceparent, chain header, or connection).", "histogram");
         for (hop, h) in &self.ttft_by_hop {
@@ -558,6 +642,39 @@ mod tests {
         assert!(s.contains("x_bucket{le=\"1\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
         assert!(s.contains("x_count 3\n"), "{s}");
+    }
+
+    /// The phase histograms of a testbed recording with the engine IPC
+    /// (`chain3.hop`), fed as `record --metrics` feeds them: one observation
+    /// per ended request and phase the report gives, summing to the report's.
+    #[test]
+    fn phase_histograms_hold_the_reports_phases_of_each_ended_request() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop");
+        let bytes = std::fs::read(&path).unwrap();
+        let mut reader = crate::recording::Reader::new(&bytes[..]).unwrap();
+        let cfg = crate::correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+        let live = Arc::new(Mutex::new(LiveMetrics::new(&cfg.chain_header)));
+        let mut phases = LivePhases::new(cfg.clone(), Arc::clone(&live));
+        let mut c = crate::correlate::Correlator::new(cfg);
+        while let Some(r) = reader.next_record().unwrap() {
+            phases.push(&r);
+            c.ingest(&r);
+        }
+        phases.finish();
+        let rep = crate::sink::report::build("chain3.hop", reader.meta(), &c.finish(), None);
+        let ended: Vec<_> = rep.requests.iter().filter(|q| q.done_ns.is_some() && q.phases_ms.queue.is_some()).collect();
+        assert!(ended.len() >= 3, "{}", ended.len());
+        let text = live.lock().unwrap().render();
+        let count = |fam: &str| -> u64 { text.lines().filter(|l| l.starts_with(&format!("{fam}_count"))).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum() };
+        let sum = |fam: &str| -> f64 { text.lines().filter(|l| l.starts_with(&format!("{fam}_sum"))).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum() };
+        let handed = count("hopscope_request_queue_time_seconds") as usize;
+        assert_eq!(handed, ended.len());
+        let want: f64 = ended.iter().map(|q| q.phases_ms.queue.unwrap() / 1e3).sum();
+        assert!((sum("hopscope_request_queue_time_seconds") - want).abs() < 1e-9, "{text}");
+        for fam in ["hopscope_request_frontend_time_seconds", "hopscope_request_prefill_time_seconds", "hopscope_request_decode_time_seconds"] {
+            assert_eq!(count(fam) as usize, handed, "{fam}");
+        }
+        assert_eq!(count("hopscope_request_kv_transfer_time_seconds"), 0, "no GPU records");
     }
 
     /// A client that leaves before its response ends: counted as closed

@@ -109,7 +109,13 @@ pub struct LiveOtlp {
     /// Made here, not by the thread.
     made: Tally,
     shared: Arc<Shared>,
+    /// Also handed every request as it is handed out (`--metrics`' phase
+    /// histograms: one correlator for both).
+    hook: Option<RequestHook>,
 }
+
+/// What else takes each request the live correlator hands out.
+pub type RequestHook = Box<dyn FnMut(&Request, &RequestRef)>;
 
 impl LiveOtlp {
     /// Starts the sending thread. `endpoint` is checked as [`send`] reads it.
@@ -132,14 +138,23 @@ impl LiveOtlp {
             last_flush_ns: None,
             made: Tally::default(),
             shared,
+            hook: None,
         })
+    }
+
+    /// Hands every request to `hook` too, as it is handed out.
+    pub fn set_request_hook(&mut self, hook: RequestHook) {
+        self.hook = Some(hook);
     }
 
     /// Takes the next record written (file order).
     pub fn push(&mut self, rec: &Record) {
         self.gpu_mem.ingest(rec);
-        let LiveOtlp { meta, feed, gpu_mem, chains, spans, made, .. } = self;
+        let LiveOtlp { meta, feed, gpu_mem, chains, spans, made, hook, .. } = self;
         let mut put = |r: &Request, q: &RequestRef| -> Result<(), Infallible> {
+            if let Some(h) = hook.as_mut() {
+                h(r, q);
+            }
             take(meta, chains, spans, made, r, q);
             Ok(())
         };
@@ -217,8 +232,11 @@ impl LiveOtlp {
     /// (no retries by then: a collector that is down costs the deadline at
     /// most). What is still queued then is counted as unsent.
     pub fn finish(self, deadline: Duration) -> Tally {
-        let LiveOtlp { meta, feed, gpu_mem, mut chains, mut spans, mut made, shared, .. } = self;
+        let LiveOtlp { meta, feed, gpu_mem, mut chains, mut spans, mut made, shared, mut hook, .. } = self;
         let mut put = |r: &Request, q: &RequestRef| -> Result<(), Infallible> {
+            if let Some(h) = hook.as_mut() {
+                h(r, q);
+            }
             take(&meta, &mut chains, &mut spans, &mut made, r, q);
             Ok(())
         };

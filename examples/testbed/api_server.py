@@ -522,6 +522,25 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             d = Delta(d.text + n.text, d.num_tokens + n.num_tokens, n.finish_reason, n.stop_reason)
         return d
 
+    async def _disconnected(request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    async def _unless_gone(request: Request, work: Any) -> Any:
+        """``await work``, or None once the client has disconnected (``work`` cancelled): vLLM's
+        ``with_cancellation`` on its handlers. A non-streamed answer is written only at the end,
+        so nothing else notices a client that left; vLLM then aborts the engine request."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        return None
+
     def _abort_later(states: list[RequestState]) -> None:
         ids = [s.engine_id for s in states if not s.finished]
         if ids:
@@ -569,10 +588,14 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
 
         if not stream:
             try:
-                text, finish, stop_reason = await _collect(st)
+                got = await _unless_gone(request, _collect(st))
             except asyncio.CancelledError:
                 _abort_later([st])
                 raise
+            if got is None:
+                _abort_later([st])
+                return Response(status_code=499)  # never sent: the client is gone
+            text, finish, stop_reason = got
             _finish_truth(rec, [st], finish)
             usage = _usage(st.prompt_len, st.num_output_tokens, st.cached_tokens, prompt_tokens_details)
             return JSONResponse({
@@ -675,10 +698,13 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
 
         if not stream:
             try:
-                results = await asyncio.gather(*[_collect(s) for s in states])
+                results = await _unless_gone(request, asyncio.gather(*[_collect(s) for s in states]))
             except asyncio.CancelledError:
                 _abort_later(states)
                 raise
+            if results is None:
+                _abort_later(states)
+                return Response(status_code=499)  # never sent: the client is gone
             _finish_truth(rec, states, [r[1] for r in results])
             return JSONResponse({
                 "id": rid, "object": "text_completion", "created": created, "model": model_name,
@@ -792,10 +818,14 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
 
         if not stream:
             try:
-                text, finish, _ = await _collect(st)
+                got = await _unless_gone(request, _collect(st))
             except asyncio.CancelledError:
                 _abort_later([st])
                 raise
+            if got is None:
+                _abort_later([st])
+                return Response(status_code=499)  # never sent: the client is gone
+            text, finish, _ = got
             _finish_truth(rec, [st], finish)
             return JSONResponse(response(final_status(finish), [message(text, "completed")], finish))
 

@@ -97,13 +97,14 @@ def test_queueing_chunked_prefill_abort_and_shutdown(tmp_path):
 
 def test_a_stream_queued_behind_another_writes_no_body_before_its_first_output(tmp_path):
     # As vLLM: the headers at once, the role chunk (and with it the id) only with the first output.
-    # A client that gives up before then has seen no id; the server aborts its engine request.
+    # A client that gives up before then has seen no id; the server aborts its engine request. A
+    # non-streamed request's client that gives up is noticed too (vLLM's with_cancellation).
     tb = Testbed("--max-num-seqs", "1", "--step-sleep-ms", "15", workdir=str(tmp_path)).start()
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             runner = ex.submit(lambda: httpx.post(tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": "runner"},
                                                   json={"model": MODEL, "messages": [{"role": "user", "content": "go"}],
-                                                        "max_tokens": 80}, timeout=60))
+                                                        "max_tokens": 160}, timeout=60))
             _wait(tb.truth_path, lambda rs: any(r["type"] == "step" for r in rs))
             with pytest.raises(httpx.ReadTimeout):
                 with httpx.stream("POST", tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": "quitter"},
@@ -112,14 +113,22 @@ def test_a_stream_queued_behind_another_writes_no_body_before_its_first_output(t
                     assert r.status_code == 200
                     for chunk in r.iter_raw():
                         pytest.fail(f"a body byte before the first output: {chunk!r}")
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(tb.base_url + "/v1/chat/completions", headers={"X-Request-Id": "json-quitter"},
+                           json={"model": MODEL, "messages": [{"role": "user", "content": "me three"}], "max_tokens": 8},
+                           timeout=httpx.Timeout(30, read=0.4))
             assert runner.result().status_code == 200
-        recs = _wait(tb.truth_path, lambda rs: "chatcmpl-quitter" in {r.get("external_id") for r in rs})
+        quitters = {"chatcmpl-quitter", "chatcmpl-json-quitter"}
+        recs = _wait(tb.truth_path, lambda rs: quitters <= {r.get("external_id") for r in rs})
     finally:
         assert tb.stop() == 0
-    quitter = next(r for r in recs if r["type"] == "request" and r["external_id"] == "chatcmpl-quitter")
-    assert quitter["finish_reason"] == "abort" and quitter["scheduled_ns"] is None and quitter["output_tokens"] == 0
+    for q in quitters:
+        engine = next(r for r in recs if r["type"] == "request" and r["external_id"] == q)
+        assert engine["finish_reason"] == "abort" and engine["scheduled_ns"] is None and engine["output_tokens"] == 0, engine
     http = next(r for r in recs if r["type"] == "http" and r.get("id") == "chatcmpl-quitter")
     assert http["sse_events"] == 0 and http["response_start_ns"] is not None
+    http = next(r for r in recs if r["type"] == "http" and r.get("id") == "chatcmpl-json-quitter")
+    assert http["status"] == 499, "the handler gave up when its client left (uvicorn drops the answer)"
 
 
 def test_preemption_and_kv_offload_with_tiny_pool(tmp_path):

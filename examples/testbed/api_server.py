@@ -526,19 +526,25 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    async def _unless_gone(request: Request, work: Any) -> Any:
-        """``await work``, or None once the client has disconnected (``work`` cancelled): vLLM's
-        ``with_cancellation`` on its handlers. A non-streamed answer is written only at the end,
-        so nothing else notices a client that left; vLLM then aborts the engine request."""
+    async def _unless_gone(request: Request, states: list[RequestState], work: Any) -> Any:
+        """``await work``, or None once the client has disconnected (``work`` cancelled, the
+        engine requests of ``states`` aborted): vLLM's ``with_cancellation`` on its handlers. A
+        non-streamed answer is written only at the end, so nothing else notices a client that
+        left. A cancelled handler aborts them too."""
         task = asyncio.ensure_future(work)
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            _abort_later(states)
+            raise
         finally:
             gone.cancel()
         if task in done:
             return task.result()
         task.cancel()
+        _abort_later(states)
         return None
 
     def _abort_later(states: list[RequestState]) -> None:
@@ -587,13 +593,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             rec["stream"] = stream
 
         if not stream:
-            try:
-                got = await _unless_gone(request, _collect(st))
-            except asyncio.CancelledError:
-                _abort_later([st])
-                raise
+            got = await _unless_gone(request, [st], _collect(st))
             if got is None:
-                _abort_later([st])
                 return Response(status_code=499)  # never sent: the client is gone
             text, finish, stop_reason = got
             _finish_truth(rec, [st], finish)
@@ -697,13 +698,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                           sum(s.cached_tokens for s in states), prompt_tokens_details)
 
         if not stream:
-            try:
-                results = await _unless_gone(request, asyncio.gather(*[_collect(s) for s in states]))
-            except asyncio.CancelledError:
-                _abort_later(states)
-                raise
+            results = await _unless_gone(request, states, asyncio.gather(*[_collect(s) for s in states]))
             if results is None:
-                _abort_later(states)
                 return Response(status_code=499)  # never sent: the client is gone
             _finish_truth(rec, states, [r[1] for r in results])
             return JSONResponse({
@@ -817,13 +813,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             return "incomplete" if finish == "length" else "completed"
 
         if not stream:
-            try:
-                got = await _unless_gone(request, _collect(st))
-            except asyncio.CancelledError:
-                _abort_later([st])
-                raise
+            got = await _unless_gone(request, [st], _collect(st))
             if got is None:
-                _abort_later([st])
                 return Response(status_code=499)  # never sent: the client is gone
             text, finish, _ = got
             _finish_truth(rec, [st], finish)

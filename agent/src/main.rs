@@ -857,11 +857,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         match &live_otlp {
             Some(o) => {
                 let m = std::sync::Arc::clone(&live);
-                o.borrow_mut().set_request_hook(Box::new(move |r, q| {
-                    if let Ok(mut m) = m.lock() {
-                        m.observe_phases(r, q);
-                    }
-                }));
+                o.borrow_mut().set_request_hook(Box::new(move |r, q| hopscope::sink::metrics::observe_phases_in(&m, r, q)));
             }
             None => {
                 let cfg = correlate::Config { chain_header: meta.chain_header.clone(), use_ipc: true };

@@ -1038,7 +1038,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
             // waited in the queue until the client left (a prefill
             // begun unseen is counted as queue: vLLM sends no events
             // for a request that never output).
-            (None, _) => match r.closed_ns.filter(|_| r.done_ns.is_none()) {
+            (None, _) => match r.closed_early_ns() {
                 Some(c) => (Some(c), SCHEDULED_CLOSED),
                 None => (None, "submit"),
             },

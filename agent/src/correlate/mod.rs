@@ -147,9 +147,14 @@ impl Request {
     pub fn e2e_ms(&self) -> Option<f64> {
         self.done_ns.map(|t| ms(t.saturating_sub(self.arrive_ns)))
     }
+    /// The close of a request whose response never ended (a close after a
+    /// `[DONE]` whose response's last bytes were not written yet is not).
+    pub fn closed_early_ns(&self) -> Option<u64> {
+        self.closed_ns.filter(|_| self.done_ns.is_none())
+    }
     /// Arrival to the close of a request whose response never ended.
     pub fn closed_ms(&self) -> Option<f64> {
-        self.closed_ns.filter(|_| self.done_ns.is_none()).map(|t| ms(t.saturating_sub(self.arrive_ns)))
+        self.closed_early_ns().map(|t| ms(t.saturating_sub(self.arrive_ns)))
     }
     /// The end of what the client waited for: the response's end, else the
     /// connection's close (the phases partition the time up to it).

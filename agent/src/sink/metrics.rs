@@ -207,26 +207,35 @@ impl LivePhases {
 
     /// Takes the next record written (file order).
     pub fn push(&mut self, rec: &Record) {
-        let metrics = &self.metrics;
-        let mut put = |r: &crate::correlate::Request, q: &crate::sink::report::RequestRef| -> Result<(), std::convert::Infallible> {
-            if let Ok(mut m) = metrics.lock() {
-                m.observe_phases(r, q);
-            }
-            Ok(())
+        let mut put = |r: &crate::correlate::Request, q: &crate::sink::report::RequestRef| {
+            observe_phases_in(&self.metrics, r, q);
+            Ok::<(), std::convert::Infallible>(())
         };
-        let Ok(_) = self.feed.push(rec, &self.gpu_mem, &mut put, &mut |_, _| Ok::<(), std::convert::Infallible>(()));
+        let Ok(_) = self.feed.push(rec, &self.gpu_mem, &mut put, &mut |_, _| Ok(()));
     }
 
     /// The records ended: the requests not handed out yet are.
     pub fn finish(self) {
-        let metrics = &self.metrics;
-        let mut put = |r: &crate::correlate::Request, q: &crate::sink::report::RequestRef| -> Result<(), std::convert::Infallible> {
-            if let Ok(mut m) = metrics.lock() {
-                m.observe_phases(r, q);
-            }
-            Ok(())
+        let mut put = |r: &crate::correlate::Request, q: &crate::sink::report::RequestRef| {
+            observe_phases_in(&self.metrics, r, q);
+            Ok::<(), std::convert::Infallible>(())
         };
-        let Ok(_) = self.feed.finish(&self.gpu_mem, &mut put, &mut |_, _| Ok::<(), std::convert::Infallible>(()));
+        let Ok(_) = self.feed.finish(&self.gpu_mem, &mut put, &mut |_, _| Ok(()));
+    }
+}
+
+/// [`LiveMetrics::observe_phases`] on the metrics the endpoint serves.
+pub fn observe_phases_in(metrics: &Mutex<LiveMetrics>, r: &crate::correlate::Request, q: &crate::sink::report::RequestRef) {
+    if let Ok(mut m) = metrics.lock() {
+        m.observe_phases(r, q);
+    }
+}
+
+/// A hop of `chain` ended at `ts_ns` (its response's end, or its client
+/// left): the chain's next hop is timed from the latest such end.
+fn hop_ended(hops: &mut HashMap<String, ChainLive>, chain: &str, ts_ns: u64) {
+    if let Some(c) = hops.get_mut(chain) {
+        c.last_done_ns = Some(c.last_done_ns.map_or(ts_ns, |d| d.max(ts_ns)));
     }
 }
 
@@ -364,9 +373,7 @@ impl LiveMetrics {
                 if let Some(mut o) = self.open.remove(&(*conn, *seq)) {
                     count_status(&mut self.by_model, &mut o);
                     series(&mut self.by_model, &o.model).e2e.observe(ts_ns.saturating_sub(o.arrive_ns) as f64 / 1e9, Some((o.trace_id, *ts_ns)));
-                    if let Some(c) = self.hops.get_mut(&o.chain) {
-                        c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
-                    }
+                    hop_ended(&mut self.hops, &o.chain, *ts_ns);
                 }
             }
             // The client left before the response ended (a timeout, a
@@ -377,9 +384,7 @@ impl LiveMetrics {
                     let Some(mut o) = self.open.remove(&k) else { continue };
                     count_status(&mut self.by_model, &mut o);
                     series(&mut self.by_model, &o.model).closed += 1;
-                    if let Some(c) = self.hops.get_mut(&o.chain) {
-                        c.last_done_ns = Some(c.last_done_ns.map_or(*ts_ns, |d| d.max(*ts_ns)));
-                    }
+                    hop_ended(&mut self.hops, &o.chain, *ts_ns);
                 }
             }
             Record::Drops { counters, .. } => self.drops.clone_from(counters),

@@ -446,7 +446,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         compute_source: f.compute_source,
         gpu_steps: f.gpu_steps,
         kernels: r.kernels.as_deref(),
-        closed_ns: r.closed_ns.filter(|_| r.done_ns.is_none()),
+        closed_ns: r.closed_early_ns(),
         closed_ms: r.closed_ms(),
     }
 }

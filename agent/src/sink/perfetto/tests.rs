@@ -312,39 +312,39 @@ fn requests_nest_read_delay_waiting_and_decode_with_an_instant_per_chunk() {
     }
 }
 
-#[test]
-fn an_unfinished_request_ends_at_the_recording_end_and_says_so() {
+/// `exchange`'s request without its [DONE] and response end, records until
+/// T0 + 50 ms; its connection closed at `close` when given. The trace's
+/// summary, the request slice's last end and its args.
+fn cut_short(close: Option<u64>) -> (Summary, u64, Vec<proto::DebugAnnotation>) {
     let mut recs = exchange(conn(5), 0, T0, 2, "s1");
     recs.pop(); // no response end
     recs.pop(); // and no [DONE]
+    recs.extend(close.map(|ts_ns| Record::ConnClose { ts_ns, conn: conn(5) }));
     recs.push(Record::Drops { ts_ns: T0 + 50 * MS, counters: vec![("kernel_ringbuf_full".into(), 0)] });
     let (bytes, _) = trace_of(&sorted(recs));
     let s = checked(&bytes);
     let t = decode(&bytes);
     let r = s.track("chatcmpl-5-0").unwrap();
     let last_end = events(&t).filter(|(_, e)| e.track_uuid == Some(r.uuid)).map(|(ts, _)| ts).max().unwrap();
-    assert_eq!(last_end, T0 + 50 * MS, "open until the last record");
     let (_, begin) = events(&t).find(|(_, e)| e.track_uuid == Some(r.uuid)).unwrap();
-    assert!(begin.debug_annotations.iter().any(|d| d.name.clone().unwrap() == "unfinished" && d.bool_value == Some(true)));
+    let args = begin.debug_annotations.clone();
+    (s, last_end, args)
+}
+
+#[test]
+fn an_unfinished_request_ends_at_the_recording_end_and_says_so() {
+    let (_, last_end, args) = cut_short(None);
+    assert_eq!(last_end, T0 + 50 * MS, "open until the last record");
+    assert!(args.iter().any(|d| d.name.clone().unwrap() == "unfinished" && d.bool_value == Some(true)));
 }
 
 #[test]
 fn a_request_its_client_left_ends_at_the_close_and_says_so() {
-    let mut recs = exchange(conn(5), 0, T0, 2, "s1");
-    recs.pop(); // no response end
-    recs.pop(); // and no [DONE]
-    recs.push(Record::ConnClose { ts_ns: T0 + 20 * MS, conn: conn(5) });
-    recs.push(Record::Drops { ts_ns: T0 + 50 * MS, counters: vec![("kernel_ringbuf_full".into(), 0)] });
-    let (bytes, _) = trace_of(&sorted(recs));
-    let s = checked(&bytes);
-    let t = decode(&bytes);
-    let r = s.track("chatcmpl-5-0").unwrap();
-    let last_end = events(&t).filter(|(_, e)| e.track_uuid == Some(r.uuid)).map(|(ts, _)| ts).max().unwrap();
+    let (s, last_end, args) = cut_short(Some(T0 + 20 * MS));
     assert_eq!(last_end, T0 + 20 * MS, "drawn to the close, not the recording's end");
-    let (_, begin) = events(&t).find(|(_, e)| e.track_uuid == Some(r.uuid)).unwrap();
-    let arg = |n: &str| begin.debug_annotations.iter().find(|d| d.name.as_deref() == Some(n)).cloned();
+    let arg = |n: &str| args.iter().find(|d| d.name.as_deref() == Some(n)).cloned();
     assert!(arg("unfinished").is_none());
-    assert!(arg("closed_ms").and_then(|d| d.double_value).is_some_and(|v| v > 0.0), "{:?}", begin.debug_annotations);
+    assert!(arg("closed_ms").and_then(|d| d.double_value).is_some_and(|v| v > 0.0), "{args:?}");
     let hop = s.track("s1").expect("the chain's track");
     assert!(hop.slices.keys().any(|k| k.starts_with("hop 1 ") && k.contains("· closed after ")), "{:?}", hop.slices);
 }

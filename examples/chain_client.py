@@ -9,7 +9,9 @@ refactor -> test, cycling), so the prompt grows and its prefix is shared with th
 Per hop it records, on CLOCK_MONOTONIC (time.monotonic_ns(), the clock eBPF uses): send, response
 headers, first chunk (role), first content chunk, every content chunk, [DONE]; the chunk id
 (``chatcmpl-…``), usage (with cached tokens when the server reports them) and finish reason, as
-one JSON line per hop in ``--out``. Prints a summary table.
+one JSON line per hop in ``--out``. Prints a summary table. With ``--no-stream`` it asks for whole
+answers (``"stream": false``, what many agent frameworks send for tool-calling steps): send,
+headers and the answer's arrival only.
 
 Knobs: ``--chains`` more than the server's ``--max-num-seqs`` creates queueing; ``--salt`` puts a
 random nonce at the very start of every hop's prompt (prefix-cache misses); ``--prompt-words`` makes
@@ -77,8 +79,8 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         body = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
     if args.seed is not None:
         body["seed"] = args.seed
-    body["stream"] = True
-    if not responses:
+    body["stream"] = args.stream
+    if args.stream and not responses:
         body["stream_options"] = {"include_usage": True}
     body["temperature"] = args.temperature
     rec: dict[str, Any] = {
@@ -100,34 +102,12 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
                 rec["error"] = (await resp.aread()).decode(errors="replace")[:500]
                 rec["done_ns"] = time.monotonic_ns()
                 return rec
-            async for line in resp.aiter_lines():
-                t = time.monotonic_ns()
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    rec["done_ns"] = t
-                    break
-                ev = json.loads(data)
-                if rec["first_chunk_ns"] is None:
-                    rec["first_chunk_ns"] = t
-                if responses:
-                    responses_event(rec, ev, t, text_parts)
-                    continue
-                rec["id"] = ev.get("id", rec["id"])
-                if ev.get("usage"):
-                    rec["usage"] = ev["usage"]
-                for ch in ev.get("choices") or []:
-                    delta = ch.get("delta") or {}
-                    content = delta.get("content")
-                    if content:
-                        if rec["first_content_ns"] is None:
-                            rec["first_content_ns"] = t
-                        rec["chunk_ns"].append(t)
-                        rec["content_chunks"] += 1
-                        text_parts.append(content)
-                    if ch.get("finish_reason"):
-                        rec["finish_reason"] = ch["finish_reason"]
+            if args.stream:
+                await read_events(resp, rec, responses, text_parts)
+            else:
+                whole = json.loads(await resp.aread())
+                rec["done_ns"] = time.monotonic_ns()
+                answer(rec, whole, responses, text_parts)
         if rec["done_ns"] is None:
             rec["done_ns"] = time.monotonic_ns()
     except Exception as e:  # keep going: a failed hop is data
@@ -144,6 +124,55 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     rec["prompt_tokens"] = usage.get("prompt_tokens")
     rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     return rec
+
+
+async def read_events(resp: httpx.Response, rec: dict[str, Any], responses: bool, text_parts: list[str]) -> None:
+    """A streamed answer's events into the hop's record, each stamped when its line arrived."""
+    async for line in resp.aiter_lines():
+        t = time.monotonic_ns()
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            rec["done_ns"] = t
+            return
+        ev = json.loads(data)
+        if rec["first_chunk_ns"] is None:
+            rec["first_chunk_ns"] = t
+        if responses:
+            responses_event(rec, ev, t, text_parts)
+            continue
+        rec["id"] = ev.get("id", rec["id"])
+        if ev.get("usage"):
+            rec["usage"] = ev["usage"]
+        for ch in ev.get("choices") or []:
+            delta = ch.get("delta") or {}
+            content = delta.get("content")
+            if content:
+                if rec["first_content_ns"] is None:
+                    rec["first_content_ns"] = t
+                rec["chunk_ns"].append(t)
+                rec["content_chunks"] += 1
+                text_parts.append(content)
+            if ch.get("finish_reason"):
+                rec["finish_reason"] = ch["finish_reason"]
+
+
+def answer(rec: dict[str, Any], body: dict[str, Any], responses: bool, text_parts: list[str]) -> None:
+    """A non-streamed answer into the hop's record: its id, text, usage and finish reason (no
+    chunk times: the whole answer arrives at once)."""
+    rec["id"] = body.get("id")
+    if responses:
+        for item in body.get("output") or []:
+            for part in item.get("content") or []:
+                if part.get("type") == "output_text":
+                    text_parts.append(part.get("text", ""))
+        responses_event(rec, {"type": "response.completed", "response": body}, rec["done_ns"], [])
+        return
+    rec["usage"] = body.get("usage")
+    for ch in body.get("choices") or []:
+        text_parts.append((ch.get("message") or {}).get("content") or "")
+        rec["finish_reason"] = ch.get("finish_reason")
 
 
 def responses_event(rec: dict[str, Any], ev: dict[str, Any], t: int, text_parts: list[str]) -> None:
@@ -178,8 +207,8 @@ async def run_chain(client: httpx.AsyncClient, args, chain: int, out_f) -> list[
         system += " Rules: " + " ".join(rng.choice(WORDS) for _ in range(args.system_words)) + "."
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     results = []
-    if args.stagger_ms:
-        await asyncio.sleep(chain * args.stagger_ms / 1000.0)
+    if args.stagger_ms or args.delay_ms:
+        await asyncio.sleep((args.delay_ms + chain * args.stagger_ms) / 1000.0)
     for hop in range(1, args.hops + 1):
         phase, instruction = PHASES[(hop - 1) % len(PHASES)]
         user = (task + "\n\n" + instruction) if hop == 1 else instruction
@@ -251,6 +280,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-id-prefix", default=None, help="send X-Request-Id: PREFIX-c<chain>-h<hop>-<hex>")
     p.add_argument("--stagger-ms", type=float, default=0.0, help="delay chain i's start by i*STAGGER")
     p.add_argument("--think-ms", type=float, default=0.0, help="pause between hops")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="ask for whole answers (\"stream\": false): no chunk times, the answer at once")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before the first chain starts")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", default=None, help="JSONL output, one line per hop")
     p.add_argument("--append", action="store_true")

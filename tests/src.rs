@@ -275,16 +275,17 @@ pub fn p(values: &[f64], pct: f64) -> f64 {
 }
 
 /// A recording of the testbed (examples/serve.py with `serve_args`) made by
-/// `hopscope run`, with the chain client run once per entry of `clients`.
+/// `hopscope run`, with a chain client per entry of `clients`, run at once.
 pub struct TestbedRun {
     pub hop: PathBuf,
     /// The testbed's ground truth (JSONL), which hopscope never reads.
     pub truth: PathBuf,
-    /// The chain client's own marks, one JSON line per hop (`--out`): its
-    /// `send_ns` is stamped before the request leaves.
+    /// The chain clients' own marks, one JSON line per hop (`--out`), all
+    /// clients' in one file: `send_ns` is stamped before the request leaves.
     pub client: PathBuf,
 }
 
+/// [`TestbedRun`]: each entry of `clients` is one chain client's arguments.
 pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
     record_testbed_with(name, &[], serve_args, clients)
 }
@@ -309,20 +310,37 @@ pub fn record_testbed_with(name: &str, record_args: &[&str], serve_args: &[&str]
     let mut rec = Recording::run(&dir.join("run.hop"), record_args, &cmd_ref);
     rec.wait_healthy(port, Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{port}");
-    for args in clients {
-        // The client runs niced, for the same reason.
-        let out = Command::new("nice")
-            .args(["-n", "10"])
-            .arg(&py)
-            .arg(workspace().join("examples/chain_client.py"))
-            .args(["--base-url", &base, "--quiet", "--append", "--out"])
-            .arg(dir.join("client.jsonl"))
-            .args(*args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "chain client: {}", String::from_utf8_lossy(&out.stderr));
+    // Several clients run at once (an agent's streamed calls beside another's
+    // whole-answer ones), each its own process writing its own marks.
+    let running: Vec<(PathBuf, Child)> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, args)| {
+            let out = dir.join(format!("client-{i}.jsonl"));
+            // The client runs niced, for the same reason.
+            let child = Command::new("nice")
+                .args(["-n", "10"])
+                .arg(&py)
+                .arg(workspace().join("examples/chain_client.py"))
+                .args(["--base-url", &base, "--quiet", "--out"])
+                .arg(&out)
+                .args(*args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting the chain client");
+            (out, child)
+        })
+        .collect();
+    let mut marks = Vec::new();
+    for (out, child) in running {
+        let done = child.wait_with_output().unwrap();
+        assert!(done.status.success(), "chain client: {}", String::from_utf8_lossy(&done.stderr));
+        marks.extend(std::fs::read(&out).unwrap());
     }
-    TestbedRun { hop: rec.stop(), truth, client: dir.join("client.jsonl") }
+    let client = dir.join("client.jsonl");
+    std::fs::write(&client, marks).unwrap();
+    TestbedRun { hop: rec.stop(), truth, client }
 }
 
 /// `hopscope ARGS…` in the background with stdout and stderr collected

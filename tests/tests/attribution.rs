@@ -113,16 +113,24 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
         assert!(sent <= arrive && arrive <= received, "{id}: arrive {arrive} outside [client send {sent}, server data_received {received}]");
         arrive_lags.push((received - arrive) as f64 / 1e6);
         let submit = (ns(h, "submit_ns"), ns(h, "submit_sent_ns"));
-        let first_sse = (ns(h, "first_sse_write_ns"), ns(h, "first_sse_sent_ns"));
         let done = (ns(h, "done_ns"), ns(h, "done_sent_ns"));
         // Each phase's truth as [least, most] from the marks' brackets.
-        let truth = [
+        let mut truth = vec![
             ("frontend", (submit.0 - arrive, submit.1 - arrive)),
             ("queue", (scheduled - submit.1, scheduled - submit.0)),
             ("prefill", (step_end - scheduled, step_end - scheduled)),
-            ("first_output", (first_sse.0 - step_end, first_sse.1 - step_end)),
-            ("decode", (done.0 - first_sse.1, done.1 - first_sse.0)),
         ];
+        if r["streamed"] == true {
+            let first_sse = (ns(h, "first_sse_write_ns"), ns(h, "first_sse_sent_ns"));
+            truth.push(("first_output", (first_sse.0 - step_end, first_sse.1 - step_end)));
+            truth.push(("decode", (done.0 - first_sse.1, done.1 - first_sse.0)));
+        } else {
+            // A whole answer leaves at the end: decode runs from the
+            // first-token step to its write, and no output path is seen.
+            assert!(h["first_sse_write_ns"].is_null(), "{id}: the truth saw no stream");
+            assert!(p["first_output"].is_null(), "{id}: no first output of a whole answer: {r}");
+            truth.push(("decode", (done.0 - step_end, done.1 - step_end)));
+        }
         let mut sum = 0.0;
         for (phase, (lo, hi)) in truth {
             let got = p[phase].as_f64().unwrap_or_else(|| panic!("{id}: phase {phase} is null"));
@@ -351,6 +359,83 @@ fn clients_that_give_up_while_queued_are_reported_closed_with_their_queue_time()
     for r in run.report["requests"].as_array().unwrap().iter().filter(|r| !r["closed_ns"].is_null()) {
         let t = summary.track(r["id"].as_str().unwrap()).expect("request track");
         assert_eq!(t.slices.get("queue"), Some(&1), "{}: {:?}", r["id"], t.slices);
+    }
+}
+
+/// Clients that give up on whole answers (`"stream": false`): their handler
+/// writes nothing until the end, so it listens for the disconnect and aborts
+/// the engine request (vLLM's `with_cancellation`). Each is reported closed
+/// there and joined by that abort, as a stream's client that left. A
+/// streamed chain holds the one slot while they wait.
+#[test]
+fn clients_that_give_up_on_whole_answers_are_reported_closed_with_their_queue_time() {
+    let Some(_serial) = privileged("clients_that_give_up_on_whole_answers_are_reported_closed_with_their_queue_time") else { return };
+    let run = run_testbed(
+        "attr-closed-whole",
+        &["--max-num-seqs", "1", "--step-sleep-ms", "15"],
+        &[
+            &["--chains", "1", "--hops", "2", "--max-tokens", "96"],
+            &["--no-stream", "--chains", "2", "--hops", "2", "--delay-ms", "300", "--stagger-ms", "40", "--timeout", "0.4"],
+        ],
+    );
+    let worst = check_phases_with(&run, true);
+    let closed = check_closed(&run);
+    eprintln!("clients giving up on whole answers: {closed} closed early; the streamed chain's worst phase error {worst:.3} ms");
+    let gave_up: Vec<&Value> = run.client.iter().filter(|c| !c["error"].is_null()).collect();
+    assert_eq!(gave_up.len(), 4, "the whole-answer chains give up both hops: {:?}", run.client);
+    assert_eq!(closed, gave_up.len(), "every hop the client gave up on is closed early in the report");
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| !r["closed_ns"].is_null()) {
+        assert_eq!(r["streamed"], false, "{r}");
+    }
+    let drops = &run.report["recording"]["drops"];
+    for k in ["engine_requests_linked_by_abort", "requests_closed_unfinished"] {
+        assert_eq!(drops[k].as_u64(), Some(closed as u64), "{k}: {drops}");
+    }
+    for k in ["engine_requests_unlinked", "requests_unfinished", "responses_incomplete", "responses_missing"] {
+        assert_eq!(drops[k].as_u64().unwrap_or(0), 0, "{k}: {drops}");
+    }
+}
+
+/// Whole answers (`"stream": false`, what many agent frameworks send for a
+/// tool-calling step) beside a streamed chain: the answer leaves in one
+/// write at the end, so the wire shows no first token; prefill ends with the
+/// engine's first-token step and decode runs from there to the answer's
+/// write. The request is joined to its engine request by the answer's id.
+#[test]
+fn phases_match_ground_truth_for_chains_that_ask_for_whole_answers() {
+    let Some(_serial) = privileged("phases_match_ground_truth_for_chains_that_ask_for_whole_answers") else { return };
+    let run = run_testbed(
+        "attr-whole",
+        &[],
+        &[
+            &["--no-stream", "--chains", "2", "--hops", "3", "--max-tokens", "24", "--stagger-ms", "40"],
+            &["--chains", "1", "--hops", "3", "--max-tokens", "24", "--delay-ms", "20"],
+        ],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("whole answers beside a stream: worst phase error {worst:.3} ms");
+    let truth: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    let reqs: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
+    let whole: Vec<&&Value> = reqs.iter().filter(|r| r["streamed"] == false).collect();
+    assert_eq!((whole.len(), reqs.len()), (6, 9), "{}", run.report);
+    for r in &whole {
+        let t = truth[r["id"].as_str().unwrap()];
+        assert_eq!(t["stream"], false, "{r}");
+        assert_eq!((&r["completion_tokens"], &r["finish_reason"]), (&t["completion_tokens"], &t["finish_reason"]), "{r}");
+        assert_eq!(r["content_chunks"], 0, "{r}");
+    }
+    // Each chain's hops in order, whichever way it asked.
+    let chains = run.report["chains"].as_array().unwrap();
+    assert_eq!(chains.iter().filter(|c| c["hops"].as_array().unwrap().len() == 3).count(), 3, "{chains:?}");
+    // The trace draws a whole answer's partition, with no first output.
+    let summary = trace_of(&run);
+    for r in &whole {
+        let t = summary.track(r["id"].as_str().unwrap()).expect("request track");
+        for phase in ["frontend", "prefill", "decode"] {
+            assert_eq!(t.slices.get(phase), Some(&1), "{}: {phase} slice in {:?}", r["id"], t.slices);
+        }
+        assert_eq!(t.slices.get("first output"), None, "{}: {:?}", r["id"], t.slices);
     }
 }
 

@@ -295,6 +295,7 @@ fn check_closed(run: &Run) -> usize {
         assert!(r["e2e_ms"].is_null() && r["done_ns"].is_null(), "{id}: no end of its response: {r}");
         let eid = r["engine_request_id"].as_str().unwrap_or_else(|| panic!("{id}: joined to no engine request: {r}"));
         let h = by_engine_id.get(eid).unwrap_or_else(|| panic!("{id}: {eid} is no HTTP request's engine request in the truth"));
+        assert_eq!(h["id"].as_str(), Some(id), "named by the id the server gave it, never written");
         let e = engine[eid];
         assert_eq!(e["finish_reason"], "abort", "{id}: the engine aborted {eid}");
         assert!(e["scheduled_ns"].is_null(), "{id}: {eid} was never scheduled");

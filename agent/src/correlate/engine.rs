@@ -982,7 +982,9 @@ impl EngineSide {
     /// arrival order and the frontend submits in that order, so clients
     /// that give up together take their engine requests in turn (the order
     /// of their aborts follows the server's event loop, not the closes).
-    pub fn claim_aborted(&mut self, r: &Request, named: impl Fn(&[&str]) -> bool) -> Option<EnginePhases> {
+    /// Also returns the id the server gave it ([`http_name`]: what it would
+    /// have written in the first chunk).
+    pub fn claim_aborted(&mut self, r: &Request, named: impl Fn(&[&str]) -> bool) -> Option<(EnginePhases, String)> {
         let closed = r.closed_ns?;
         if r.method != "POST" {
             return None;
@@ -1006,7 +1008,8 @@ impl EngineSide {
         }
         let e = self.forget(best?.2)?;
         self.count("engine_requests_linked_by_abort");
-        Some(phases_of(e, r))
+        let name = http_name(&e).to_owned();
+        Some((phases_of(e, r), name))
     }
 }
 
@@ -1519,7 +1522,8 @@ mod tests {
         let by_fd = |fd: i32| a.requests.iter().find(|r| r.conn.fd == fd).unwrap();
         for (fd, id, arrive) in [(6, "chatcmpl-b", 30 * MS), (7, "chatcmpl-c", 32 * MS)] {
             let r = by_fd(fd);
-            assert!(r.id.starts_with("conn:"), "the server never wrote its id: {}", r.id);
+            // The server never wrote its id: it is named by its engine request's.
+            assert_eq!(r.id, id);
             let e = r.engine.as_ref().unwrap_or_else(|| panic!("{id} joined by its abort"));
             assert_eq!(e.engine_request_id, format!("{id}-0123abcd"));
             assert_eq!(e.scheduled_source, super::SCHEDULED_CLOSED);

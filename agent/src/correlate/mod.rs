@@ -862,9 +862,14 @@ impl Correlator {
         if r.engine.is_none() && !server_named && r.closed_ns.is_some() {
             // Closed before the server wrote its id: the engine request the
             // server aborted for it, found by time (engine::claim_aborted).
+            // It takes the id the server gave it (what its logs name), not
+            // a connection's, which the next request on a reused fd shares.
             let live = &self.live;
             let named = |keys: &[&str]| live.iter().any(|(_, l)| keys.iter().any(|k| *k == l.r.id || l.r.x_request_id.as_deref() == Some(*k)));
-            r.engine = self.engine.claim_aborted(r, named);
+            if let Some((e, id)) = self.engine.claim_aborted(r, named) {
+                r.engine = Some(e);
+                r.id = id;
+            }
         }
         if let Some(e) = &r.engine {
             (r.gpu, r.compute, r.kernels) = self.attribution.take(&e.engine_request_id);

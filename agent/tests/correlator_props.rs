@@ -118,6 +118,11 @@ struct Truth {
     woken: bool,
     /// The ADD left in two writes (submit is the first one's wake-up).
     spanned: bool,
+    /// The client gave up while the request was queued: the server closed
+    /// the connection here, with no body written (vLLM's first chunk, and
+    /// its id, come with the first token), and the frontend aborted the
+    /// engine request. Phases: frontend, then queue to the close.
+    closed: Option<u64>,
 }
 
 struct Synthetic {
@@ -196,6 +201,14 @@ struct Gen {
     /// carries its scheduler stats. Drawn from its own generator, so the
     /// other draws of a seed stay as they were.
     stats: bool,
+    /// Draws for clients that give up ([`Truth::closed`]), its own generator
+    /// for the same reason.
+    quit: Rng,
+    /// A client gives up only after the previous one's close and abort:
+    /// hopscope joins such a request to its abort by time, earliest submit
+    /// first, exact only when no other leaver's ADD falls inside its wait
+    /// (docs/decisions.md "Clients that give up").
+    quit_free: u64,
 }
 
 const TGID: u32 = 100;
@@ -396,6 +409,25 @@ impl Gen {
             headers: vec![("content-type".into(), "text/event-stream; charset=utf-8".into())],
         });
         let cached = self.rng.range(0, prompt) / 16 * 16;
+        // A client that gives up while queued (never on a connection chain:
+        // its connection is the chain).
+        let closed = (ch.source != ChainSource::Connection && arrive > self.quit_free && self.quit.chance(0.15)).then(|| {
+            let close = head + self.quit.range(MS, 20 * MS);
+            // The frontend aborts when its event loop hears of the
+            // disconnect: around the server's close, either side of it.
+            let abort = if self.quit.chance(0.3) { close - self.quit.range(0, MS) } else { close + self.quit.range(10 * US, 3 * MS) };
+            let abort = abort.max(write + US);
+            let aborted = |conn: ConnKey, ts_ns: u64, dir: Dir| Record::EngineAbort { conn, ts_ns, tid, dir, request_ids: vec![engine_id.clone()] };
+            self.emit(aborted(io.api_in, abort, Dir::Out));
+            if self.engine_traced {
+                let read = abort + self.quit.range(5 * US, 300 * US);
+                self.emit(aborted(io.engine_in, read, Dir::In));
+            }
+            self.emit(Record::ConnClose { conn, ts_ns: close });
+            self.quit_free = close.max(abort) + MS;
+            ch.conn = None;
+            close
+        });
         let mut p = Pending {
             truth: Truth {
                 id,
@@ -415,6 +447,7 @@ impl Gen {
                 preemptions: 0,
                 woken,
                 spanned: first_write.is_some(),
+                closed,
             },
             conn,
             seq,
@@ -428,6 +461,11 @@ impl Gen {
             events_sent: false,
             chain: c,
         };
+        if let Some(close) = closed {
+            // Never scheduled, no body written.
+            (p.truth.scheduled, p.truth.scheduled_source) = (close, "closed");
+            return p;
+        }
         // Two in three responses name a model (the request never does, as
         // when its body's was lost to the capture); chosen without the rng,
         // so the workloads stay those of the seeds.
@@ -472,6 +510,8 @@ fn synthetic(seed: u64) -> Synthetic {
         last_read: [0; 2],
         late_parts: 0,
         stats: Rng::new(seed ^ 0x57a7_5c0d_e001).chance(0.5),
+        quit: Rng::new(seed ^ 0x0917_c105_ed00),
+        quit_free: 0,
         engine_traced: rng.chance(0.6),
         events: rng.chance(0.6),
         wakeups: rng.chance(0.5),
@@ -520,7 +560,15 @@ fn synthetic(seed: u64) -> Synthetic {
             if let Some(a) = ch.next_arrive.filter(|&a| a <= t) {
                 ch.next_arrive = None;
                 let p = g.start(c, ch, a);
-                pending.push(p);
+                match p.truth.closed {
+                    Some(close) => {
+                        if ch.next_hop <= ch.hops {
+                            ch.next_arrive = Some(close + 3 * US + g.quit.range(0, 5 * MS));
+                        }
+                        truth.push(p.truth);
+                    }
+                    None => pending.push(p),
+                }
             }
         }
         pending.sort_by_key(|p| p.ready);
@@ -1086,7 +1134,7 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
         }
     }
     let linked = a.requests.iter().filter(|r| r.engine.is_some()).count() as u64;
-    assert_eq!(count(&a, "engine_requests_linked"), linked, "{ctx}");
+    assert_eq!(count(&a, "engine_requests_linked") + count(&a, "engine_requests_linked_by_abort"), linked, "{ctx}: joined by id or by abort");
     let accounted = linked + count(&a, "engine_requests_unlinked") + count(&a, "engine_requests_extra") + count(&a, "engine_outputs_without_request");
     assert_eq!(accounted, ids.len() as u64, "{ctx}: engine requests accounted for");
     // A step sent to several API servers is one message each, joined back.
@@ -1183,6 +1231,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 *c.entry("woken".into()).or_default() += u64::from(t.woken);
                 *c.entry("woken_spanning_writes".into()).or_default() += u64::from(t.woken && t.spanned);
                 *c.entry("queued".into()).or_default() += u64::from(t.scheduled > t.submit + 5 * MS);
+                *c.entry("gave_up".into()).or_default() += u64::from(t.closed.is_some());
             }
             *c.entry("named_by_response".into()).or_default() += s.records.iter().filter(|r| matches!(r, Record::ResponseModel { .. })).count() as u64;
             let reader_only = !s.records.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
@@ -1198,7 +1247,10 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
         assert_eq!(a.requests.len(), s.truth.len() + s.health, "every request found");
         assert_eq!(a.steps.len(), s.steps, "every output step found");
         assert_eq!(a.drops.get("requests_unfinished"), None);
-        assert_eq!(count(&a, "engine_requests_linked"), s.truth.len() as u64, "every engine request joined");
+        let gave_up = s.truth.iter().filter(|t| t.closed.is_some()).count() as u64;
+        assert_eq!(count(&a, "engine_requests_linked"), s.truth.len() as u64 - gave_up, "every engine request joined");
+        assert_eq!(count(&a, "engine_requests_linked_by_abort"), gave_up, "each client that gave up joined by its abort");
+        assert_eq!(count(&a, "requests_closed_unfinished"), gave_up);
         let by_id: HashMap<&str, &hopscope::correlate::Request> = a.requests.iter().map(|r| (r.id.as_str(), r)).collect();
         let chains: BTreeSet<&str> = s.truth.iter().map(|t| t.chain.as_str()).collect();
         assert_eq!(a.chains.len(), chains.len() + s.health, "chains");
@@ -1207,15 +1259,24 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
             assert_eq!((&r.chain, r.chain_source, r.hop), (&t.chain, t.source, t.hop), "{}", t.id);
             assert_eq!(r.x_request_id, t.x_request_id);
             let e = r.engine.as_ref().expect("joined");
-            assert_eq!((e.steps, e.preemptions), (t.steps, t.preemptions), "{}", t.id);
-            assert_eq!(r.usage.completion_tokens, Some(t.tokens));
             assert_eq!(e.scheduled_source, t.scheduled_source, "{}", t.id);
             let m = marks(r).expect("marks");
+            let span = |a: u64, b: u64| Some((b - a) as f64 / 1e6);
+            if let Some(close) = t.closed {
+                // Frontend, then queue to the close; nothing after.
+                assert_eq!((r.closed_ns, r.done_ns, e.steps), (Some(close), None, 0), "{}", t.id);
+                let got = (m.arrive, m.submit, m.scheduled, m.first_token, m.ttft, m.done, m.clamped);
+                assert_eq!(got, (t.arrive, t.submit, close, None, None, close, 0), "{}: marks", t.id);
+                let p = partition(r);
+                assert_eq!([p.frontend, p.queue, p.prefill, p.first_output, p.decode], [span(t.arrive, t.submit), span(t.submit, close), Some(0.0), None, None], "{}: phases", t.id);
+                continue;
+            }
+            assert_eq!((e.steps, e.preemptions), (t.steps, t.preemptions), "{}", t.id);
+            assert_eq!(r.usage.completion_tokens, Some(t.tokens));
             let got = (m.arrive, m.submit, m.scheduled, m.first_token, m.ttft, m.done, m.clamped);
             let want = (t.arrive, t.submit, t.scheduled, Some(t.first_token), Some(t.ttft), t.done, 0);
             assert_eq!(got, want, "{}: marks", t.id);
             let p = partition(r);
-            let span = |a: u64, b: u64| Some((b - a) as f64 / 1e6);
             assert_eq!(
                 [p.frontend, p.queue, p.prefill, p.first_output, p.decode],
                 [span(t.arrive, t.submit), span(t.submit, t.scheduled), span(t.scheduled, t.first_token), span(t.first_token, t.ttft), span(t.ttft, t.done)],
@@ -1226,7 +1287,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
     });
     let c = covered.into_inner();
     eprintln!("clean: covered {c:?}");
-    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "woken_spanning_writes", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats", "named_by_response"] {
+    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "woken_spanning_writes", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats", "named_by_response", "gave_up"] {
         assert!(c.get(k).copied().unwrap_or(0) > 0, "no case covered {k}: {c:?}");
     }
 }

@@ -126,7 +126,49 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("  {:.2} M records/s ({dt:.2} s)   (goal >= 2 M/s)", records.len() as f64 / dt / 1e6);
     println!("  held at most {} requests, {} engine requests (streamed)", held.0, held.1);
     println!("  peak RSS {:.0} MiB (records in memory: {:.0} MiB before correlating)", peak_rss_mib(), before);
-    live_otlp(&records, dt)
+    live_otlp(&records, dt)?;
+    live_metrics(&records, dt)
+}
+
+/// `record --metrics`'s cost in the recording loop without `--otlp`: every
+/// record through the metrics sink (under its lock, as the recorder feeds it)
+/// and through the phase histograms' own streaming correlator, side by side
+/// with the plain correlator above.
+fn live_metrics(records: &[Record], correlator_s: f64) -> Result<()> {
+    use hopscope::sink::metrics::{LiveMetrics, LivePhases};
+    use std::sync::{Arc, Mutex};
+    // The sink alone first (`--metrics` before its phase histograms).
+    let alone = Mutex::new(LiveMetrics::new("x-session-id"));
+    let t = Instant::now();
+    for r in records {
+        if let Ok(mut m) = alone.lock() {
+            m.observe(r);
+        }
+    }
+    let sink_s = t.elapsed().as_secs_f64();
+    let metrics = Arc::new(Mutex::new(LiveMetrics::new("x-session-id")));
+    let t = Instant::now();
+    let mut phases = LivePhases::new(Config::default(), Arc::clone(&metrics));
+    for r in records {
+        phases.push(r);
+        if let Ok(mut m) = metrics.lock() {
+            m.observe(r);
+        }
+    }
+    let pushed = t.elapsed().as_secs_f64();
+    phases.finish();
+    let page = metrics.lock().map_err(|_| anyhow::anyhow!("metrics lock poisoned"))?.render();
+    // Each request's decode observed once, from the correlator's hand-out.
+    let decoded: f64 = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("hopscope_request_decode_time_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!("record --metrics in the recording loop (same records: the metrics sink and the phase histograms' correlator):");
+    println!("  {:.2} M records/s ({pushed:.2} s; {:.2}x the correlator alone), {decoded} requests' phases observed", records.len() as f64 / pushed / 1e6, pushed / correlator_s);
+    println!("  the metrics sink alone: {:.2} M records/s ({sink_s:.2} s); the phase histograms add {:.2} s", records.len() as f64 / sink_s / 1e6, pushed - sink_s);
+    anyhow::ensure!(decoded as u64 == records.iter().filter(|r| matches!(r, Record::HttpResponseEnd { .. })).count() as u64, "every request's decode is observed once");
+    Ok(())
 }
 
 /// `record --otlp`'s cost in the recording loop: the same records through

@@ -80,7 +80,7 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     if args.seed is not None:
         body["seed"] = args.seed
     body["stream"] = args.stream
-    if args.stream and not responses:
+    if args.stream and args.usage and not responses:
         body["stream_options"] = {"include_usage": True}
     body["temperature"] = args.temperature
     rec: dict[str, Any] = {
@@ -92,8 +92,8 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         "content_chunks": 0, "error": None,
     }
     text_parts: list[str] = []
-    try:
-        rec["send_ns"] = time.monotonic_ns()
+
+    async def exchange() -> None:
         path = "/v1/responses" if responses else "/v1/chat/completions"
         async with client.stream("POST", path, json=body, headers=headers) as resp:
             rec["headers_ns"] = time.monotonic_ns()
@@ -101,13 +101,22 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
             if resp.status_code != 200:
                 rec["error"] = (await resp.aread()).decode(errors="replace")[:500]
                 rec["done_ns"] = time.monotonic_ns()
-                return rec
+                return
             if args.stream:
                 await read_events(resp, rec, responses, text_parts)
             else:
                 whole = json.loads(await resp.aread())
                 rec["done_ns"] = time.monotonic_ns()
                 answer(rec, whole, responses, text_parts)
+
+    try:
+        rec["send_ns"] = time.monotonic_ns()
+        if args.deadline_ms:
+            # An agent's step deadline: the hop is abandoned (its connection
+            # closed) whatever has arrived by then.
+            await asyncio.wait_for(exchange(), args.deadline_ms / 1000.0)
+        else:
+            await exchange()
         if rec["done_ns"] is None:
             rec["done_ns"] = time.monotonic_ns()
     except Exception as e:  # keep going: a failed hop is data
@@ -282,8 +291,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--think-ms", type=float, default=0.0, help="pause between hops")
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="ask for whole answers (\"stream\": false): no chunk times, the answer at once")
+    p.add_argument("--no-usage", dest="usage", action="store_false",
+                   help="stream without stream_options.include_usage (the OpenAI SDK's default): no usage chunk")
     p.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before the first chain starts")
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds without a byte before a hop is abandoned")
+    p.add_argument("--deadline-ms", type=float, default=None,
+                   help="abandon a hop this long after sending it, even mid-stream (an agent's step deadline)")
     p.add_argument("--out", default=None, help="JSONL output, one line per hop")
     p.add_argument("--append", action="store_true")
     p.add_argument("--quiet", action="store_true")

@@ -63,13 +63,15 @@ fn miss(got: f64, lo: f64, hi: f64) -> (f64, f64) {
     (err, (lo.abs() * 0.03).max(1.0))
 }
 
-/// Checks every streamed request against the truth; returns the worst error (ms).
-/// No request may have been closed early (their own check: [`check_closed`]).
+/// Checks every request against the truth; returns the worst error (ms).
+/// No request may have been closed early.
 fn check_phases(run: &Run) -> f64 {
     check_phases_with(run, false)
 }
 
-/// [`check_phases`], leaving out the requests whose client left (`closed`).
+/// [`check_phases`], where clients may have left (`closed`): a request cut
+/// in its stream is checked with its decode up to the close; one closed
+/// before its first output has its own check ([`check_closed`]).
 fn check_phases_with(run: &Run, closed: bool) -> f64 {
     let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
     let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
@@ -94,9 +96,12 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
             _ => continue,
         };
         let id = r["id"].as_str().unwrap();
-        if !r["closed_ns"].is_null() {
+        let cut = r["closed_ns"].as_i64();
+        if cut.is_some() {
             assert!(closed, "{id}: closed early: {r}");
-            continue;
+            if r["content_chunks"] == 0 {
+                continue;
+            }
         }
         let h = http.get(id).unwrap_or_else(|| panic!("no truth for {id}"));
         assert_eq!(r["phase_source"], "ipc", "{id}: engine IPC joined");
@@ -113,7 +118,11 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
         assert!(sent <= arrive && arrive <= received, "{id}: arrive {arrive} outside [client send {sent}, server data_received {received}]");
         arrive_lags.push((received - arrive) as f64 / 1e6);
         let submit = (ns(h, "submit_ns"), ns(h, "submit_sent_ns"));
-        let done = (ns(h, "done_ns"), ns(h, "done_sent_ns"));
+        // A stream cut short ends at the close, which hopscope saw itself.
+        let done = match cut {
+            Some(c) => (c, c),
+            None => (ns(h, "done_ns"), ns(h, "done_sent_ns")),
+        };
         // Each phase's truth as [least, most] from the marks' brackets.
         let mut truth = vec![
             ("frontend", (submit.0 - arrive, submit.1 - arrive)),
@@ -144,7 +153,7 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
             }
             sum += got;
         }
-        let e2e = r["e2e_ms"].as_f64().unwrap();
+        let e2e = r["e2e_ms"].as_f64().or(r["closed_ms"].as_f64()).unwrap();
         assert!((sum - e2e).abs() <= 0.1, "{id}: phases add to {sum:.4} ms, e2e {e2e:.4} ms");
         assert_eq!(r["cached_tokens"], e["cached_tokens"], "{id}: cached tokens");
         assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{id}: prompt tokens");
@@ -397,11 +406,55 @@ fn clients_that_give_up_on_whole_answers_are_reported_closed_with_their_queue_ti
     }
 }
 
+/// Clients that give up while their answers stream (an agent's step
+/// deadline): the server wrote each one's id with its first token, so each
+/// is joined by id, not by its abort; its phases hold against the truth up
+/// to the first output, and its decode runs to the close.
+#[test]
+fn clients_that_give_up_mid_stream_are_joined_by_id_and_decode_to_the_close() {
+    let Some(_serial) = privileged("clients_that_give_up_mid_stream_are_joined_by_id_and_decode_to_the_close") else { return };
+    let run = run_testbed(
+        "attr-cut",
+        &["--step-sleep-ms", "15"],
+        &[&["--chains", "2", "--hops", "2", "--max-tokens", "300", "--stagger-ms", "40", "--deadline-ms", "1500"]],
+    );
+    let worst = check_phases_with(&run, true);
+    // Its steps until the abort, each output seen.
+    check_steps(&run);
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    let client: HashMap<&str, &Value> = run.client.iter().filter(|c| c["id"].is_string()).map(|c| (c["id"].as_str().unwrap(), c)).collect();
+    let mut cut = 0;
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let id = r["id"].as_str().unwrap();
+        let c = client[id];
+        assert!(c["error"].as_str().is_some_and(|e| e.contains("Timeout")), "{id}: the client gave up: {c}");
+        assert!(r["done_ns"].is_null() && r["e2e_ms"].is_null(), "{id}: {r}");
+        let content = r["content_chunks"].as_u64().unwrap();
+        assert_eq!(content, c["content_chunks"].as_u64().unwrap(), "{id}: the chunks the client read before leaving");
+        assert!(content > 0 && content < 300, "{id}: cut in its stream: {r}");
+        let e = engine[r["engine_request_id"].as_str().unwrap()];
+        assert_eq!(e["finish_reason"], "abort", "{id}: {e}");
+        // No usage came: the tokens the engine generated, sent or not.
+        assert_eq!((&r["completion_tokens"], &r["completion_tokens_source"]), (&e["output_tokens"], &Value::from("engine")), "{id}: {r}");
+        let gap = (r["closed_ns"].as_i64().unwrap() - ns(c, "done_ns")) as f64 / 1e6;
+        assert!(gap.abs() <= 50.0, "{id}: closed {gap:.3} ms from when the client gave up");
+        cut += 1;
+    }
+    eprintln!("clients giving up mid-stream: {cut} cut; worst phase error {worst:.3} ms");
+    assert_eq!(cut, 4);
+    let drops = &run.report["recording"]["drops"];
+    for (k, n) in [("requests_closed_unfinished", 4), ("responses_closed_early", 4), ("engine_requests_linked", 4), ("engine_requests_linked_by_abort", 0), ("engine_requests_unlinked", 0), ("responses_incomplete", 0)] {
+        assert_eq!(drops[k].as_u64().unwrap_or(0), n, "{k}: {drops}");
+    }
+}
+
 /// Whole answers (`"stream": false`, what many agent frameworks send for a
 /// tool-calling step) beside a streamed chain: the answer leaves in one
 /// write at the end, so the wire shows no first token; prefill ends with the
 /// engine's first-token step and decode runs from there to the answer's
 /// write. The request is joined to its engine request by the answer's id.
+/// The stream asks for no usage (the OpenAI SDK's default): its token
+/// counts come from the engine.
 #[test]
 fn phases_match_ground_truth_for_chains_that_ask_for_whole_answers() {
     let Some(_serial) = privileged("phases_match_ground_truth_for_chains_that_ask_for_whole_answers") else { return };
@@ -410,7 +463,7 @@ fn phases_match_ground_truth_for_chains_that_ask_for_whole_answers() {
         &[],
         &[
             &["--no-stream", "--chains", "2", "--hops", "3", "--max-tokens", "24", "--stagger-ms", "40"],
-            &["--chains", "1", "--hops", "3", "--max-tokens", "24", "--delay-ms", "20"],
+            &["--no-usage", "--chains", "1", "--hops", "3", "--max-tokens", "24", "--delay-ms", "20"],
         ],
     );
     let worst = check_phases(&run);
@@ -420,9 +473,15 @@ fn phases_match_ground_truth_for_chains_that_ask_for_whole_answers() {
     let reqs: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
     let whole: Vec<&&Value> = reqs.iter().filter(|r| r["streamed"] == false).collect();
     assert_eq!((whole.len(), reqs.len()), (6, 9), "{}", run.report);
+    // The stream asked for no usage: its tokens are the engine's, as many.
+    for r in reqs.iter().filter(|r| r["streamed"] == true) {
+        let t = truth[r["id"].as_str().unwrap()];
+        assert_eq!((&r["completion_tokens"], &r["completion_tokens_source"]), (&t["completion_tokens"], &Value::from("engine")), "{r}");
+    }
     for r in &whole {
         let t = truth[r["id"].as_str().unwrap()];
         assert_eq!(t["stream"], false, "{r}");
+        assert_eq!(r["completion_tokens_source"], "usage", "{r}");
         assert_eq!((&r["completion_tokens"], &r["finish_reason"]), (&t["completion_tokens"], &t["finish_reason"]), "{r}");
         assert_eq!(r["content_chunks"], 0, "{r}");
     }

@@ -1057,6 +1057,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
         cached_tokens: prefill.cached_tokens,
         computed_tokens: prefill.computed_tokens,
+        generated_tokens: e.new_tokens,
         interference_ns: e.interference_ns,
         interference_from: e.interference_from,
         engine_index: e.engine_index,
@@ -1286,6 +1287,10 @@ pub struct EnginePhases {
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub computed_tokens: Option<u64>,
+    /// Tokens the engine generated for it: the new token ids of its outputs,
+    /// which vLLM's `usage.completion_tokens` counts too (a stream asks for
+    /// usage only with `stream_options.include_usage`).
+    pub generated_tokens: u64,
     /// Decode time lost to co-batched prefills of other requests (ns), and whose.
     pub interference_ns: u64,
     pub interference_from: Vec<Name>,

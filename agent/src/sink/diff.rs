@@ -2295,6 +2295,7 @@ mod tests {
                 prompt_tokens: Some(s.prompt),
                 cached_tokens: Some(s.cached),
                 computed_tokens: Some(s.prompt - s.cached),
+                generated_tokens: s.completion,
                 interference_ns: 0,
                 interference_from: vec![],
                 engine_index: Some(0),

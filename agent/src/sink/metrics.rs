@@ -416,6 +416,15 @@ impl LiveMetrics {
     /// ended (the E2E histogram's requests; one its client left has phases
     /// of its wait, not of an E2E), under its model's series.
     pub fn observe_phases(&mut self, r: &crate::correlate::Request, q: &crate::sink::report::RequestRef) {
+        // Tokens no usage object counted (a stream without
+        // `stream_options.include_usage`, a client that left): the engine's.
+        let (prompt, generated) = (q.prompt_tokens.filter(|_| r.usage.prompt_tokens.is_none()), q.completion_tokens.filter(|_| r.usage.completion_tokens.is_none()));
+        if prompt.is_some() || generated.is_some() {
+            let key = self.model_series(q.model);
+            let m = series(&mut self.by_model, &key);
+            m.prompt_tokens += prompt.unwrap_or(0);
+            m.generation_tokens += generated.unwrap_or(0);
+        }
         let Some(done) = r.done_ns else { return };
         let p = q.phases_ms;
         if [p.frontend, p.queue, p.prefill, p.decode, p.kv_transfer].iter().all(Option::is_none) {
@@ -513,8 +522,8 @@ impl LiveMetrics {
             }
         };
         counter(&mut s, "hopscope_requests_closed_early_total", "HTTP requests whose connection closed before their response ended (the client gave up: a timeout, a cancelled agent step).", &|m| m.closed);
-        counter(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens, from usage objects.", &|m| m.prompt_tokens);
-        counter(&mut s, "hopscope_generation_tokens_total", "Generated tokens, from usage objects.", &|m| m.generation_tokens);
+        counter(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens: usage objects, else the engine's count once the request settled.", &|m| m.prompt_tokens);
+        counter(&mut s, "hopscope_generation_tokens_total", "Generated tokens: usage objects, else the engine's count once the request settled.", &|m| m.generation_tokens);
         if !self.engines.is_empty() {
             let gauge = |s: &mut String, name: &str, help: &str, kind: &str, get: &dyn Fn(&EngineGauges) -> Option<f64>| {
                 family(s, name, help, kind);
@@ -680,6 +689,40 @@ mod tests {
             assert_eq!(count(fam) as usize, handed, "{fam}");
         }
         assert_eq!(count("hopscope_request_kv_transfer_time_seconds"), 0, "no GPU records");
+    }
+
+    /// Streams that never asked for usage (`stream_options.include_usage`
+    /// off: the OpenAI SDK's default) still count their tokens: the
+    /// engine's, once each request settled. `chain3.hop` with every usage
+    /// object taken out gives the totals its usage objects give.
+    #[test]
+    fn tokens_without_usage_objects_are_counted_from_the_engine() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain3.hop");
+        let bytes = std::fs::read(&path).unwrap();
+        let totals = |strip: bool| -> (u64, u64) {
+            let mut reader = crate::recording::Reader::new(&bytes[..]).unwrap();
+            let cfg = crate::correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+            let live = Arc::new(Mutex::new(LiveMetrics::new(&cfg.chain_header)));
+            let mut phases = LivePhases::new(cfg, Arc::clone(&live));
+            let mut stripped = 0;
+            while let Some(mut r) = reader.next_record().unwrap() {
+                if let Record::Sse { usage, .. } | Record::ResponseBody { usage, .. } = &mut r {
+                    if strip && usage.take().is_some() {
+                        stripped += 1;
+                    }
+                }
+                phases.push(&r);
+                live.lock().unwrap().observe(&r);
+            }
+            phases.finish();
+            assert!(!strip || stripped >= 3, "{stripped} usage objects");
+            let text = live.lock().unwrap().render();
+            let total = |fam: &str| -> u64 { text.lines().filter(|l| l.starts_with(fam)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum() };
+            (total("hopscope_prompt_tokens_total"), total("hopscope_generation_tokens_total"))
+        };
+        let with_usage = totals(false);
+        assert!(with_usage.0 > 0 && with_usage.1 > 0, "{with_usage:?}");
+        assert_eq!(totals(true), with_usage);
     }
 
     /// A client that leaves before its response ends: counted as closed

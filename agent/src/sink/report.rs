@@ -162,6 +162,11 @@ pub struct RequestOut {
     pub closed_ns: Option<u64>,
     /// Arrival to that close: how long the client waited before leaving.
     pub closed_ms: Option<f64>,
+    /// Where `completion_tokens` came from: "usage" (the server's usage
+    /// object) or "engine" (the tokens the engine generated for it, when no
+    /// usage was sent: a stream without `stream_options.include_usage`, a
+    /// client that left); null when neither was seen.
+    pub completion_tokens_source: Option<String>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -305,6 +310,7 @@ pub struct RequestRef<'a> {
     pub kernels: Option<&'a [crate::correlate::gpu::KernelShare]>,
     pub closed_ns: Option<u64>,
     pub closed_ms: Option<f64>,
+    pub completion_tokens_source: Option<&'static str>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -329,6 +335,9 @@ pub fn compute_source_name(s: crate::correlate::gpu::ComputeSource) -> &'static 
 /// sort them) both take from here.
 pub struct CoreFigures<'a> {
     pub prompt_tokens: Option<u64>,
+    /// The usage's, else the engine's count ([`RequestOut::completion_tokens_source`]).
+    pub completion_tokens: Option<u64>,
+    pub completion_tokens_source: Option<&'static str>,
     pub cached_tokens: Option<u64>,
     pub phases_ms: Phases,
     pub gpu_ms: GpuMs,
@@ -356,8 +365,15 @@ pub fn core_figures(r: &Request) -> CoreFigures<'_> {
         q + p
     });
     let c = r.compute.as_ref();
+    let (completion_tokens, completion_tokens_source) = match (r.usage.completion_tokens, e) {
+        (Some(n), _) => (Some(n), Some("usage")),
+        (None, Some(e)) => (Some(e.generated_tokens), Some("engine")),
+        (None, None) => (None, None),
+    };
     CoreFigures {
         prompt_tokens: r.usage.prompt_tokens.or(e.and_then(|e| e.prompt_tokens)),
+        completion_tokens,
+        completion_tokens_source,
         cached_tokens: r.usage.cached_tokens.or(e.and_then(|e| e.cached_tokens)),
         // Wire alone shows decode (first content chunk → end); the engine IPC
         // adds frontend, queue, prefill and first_output; the GPU source
@@ -409,7 +425,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         itl_p99_ms: percentile(sorted, 99.0),
         itl_ms: itl,
         prompt_tokens: f.prompt_tokens,
-        completion_tokens: r.usage.completion_tokens,
+        completion_tokens: f.completion_tokens,
         cached_tokens: f.cached_tokens,
         phases_ms: f.phases_ms,
         gpu_ms: f.gpu_ms,
@@ -448,6 +464,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         kernels: r.kernels.as_deref(),
         closed_ns: r.closed_early_ns(),
         closed_ms: r.closed_ms(),
+        completion_tokens_source: f.completion_tokens_source,
     }
 }
 
@@ -510,6 +527,7 @@ impl RequestRef<'_> {
             kernels: self.kernels.map(|k| k.iter().map(|k| RequestKernelOut { name: k.name.to_string(), gpu_ms: ms(k.gpu_ns) }).collect()),
             closed_ns: self.closed_ns,
             closed_ms: self.closed_ms,
+            completion_tokens_source: own(self.completion_tokens_source),
         }
     }
 
@@ -581,7 +599,8 @@ impl RequestRef<'_> {
             .field("gpu_steps", &self.gpu_steps)
             .field("kernels", &self.kernels)
             .field("closed_ns", &self.closed_ns)
-            .field("closed_ms", &self.closed_ms);
+            .field("closed_ms", &self.closed_ms)
+            .field("completion_tokens_source", &self.completion_tokens_source);
         o.end();
     }
 }
@@ -2760,6 +2779,7 @@ mod tests {
             kernels: None,
             closed_ns: Some(u64::MAX),
             closed_ms: Some(-0.0),
+            completion_tokens_source: Some("engine"),
         }
     }
 

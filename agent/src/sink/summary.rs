@@ -16,9 +16,11 @@
 //! Two deliberate differences: hopscope times at the server's socket (a
 //! client's figures add its network and event loop), and a distribution with
 //! no samples is `null` where vLLM prints 0 (`np.mean([] or 0)`): unobserved is
-//! not zero. The output token count is the server's `usage.completion_tokens`
-//! (vLLM bench re-tokenises the text or uses the same usage count); requests
-//! without it are left out of TPOT and interactivity and counted.
+//! not zero. The output token count is the report's `completion_tokens`: the
+//! server's `usage.completion_tokens`, else (a stream without
+//! `stream_options.include_usage`) the tokens the engine generated for it,
+//! the same count (vLLM bench re-tokenises the text or uses the usage);
+//! requests with neither are left out of TPOT and interactivity and counted.
 
 use crate::correlate::percentile;
 use crate::model::Record;

@@ -901,6 +901,7 @@ fn phase_args(r: &Request, phase: Phase) -> (Few<(&'static str, f64), 4>, Option
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Figures {
     prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     phases_ms: crate::sink::report::Phases,
     gpu_ms: crate::sink::report::GpuMs,
@@ -923,6 +924,7 @@ impl Figures {
         let q = crate::sink::report::core_figures(r);
         let f = Figures {
             prompt_tokens: q.prompt_tokens,
+            completion_tokens: q.completion_tokens,
             cached_tokens: q.cached_tokens,
             phases_ms: q.phases_ms,
             gpu_ms: q.gpu_ms,
@@ -1079,7 +1081,7 @@ impl RequestArgs {
         if let Some(v) = out.prompt_tokens {
             args.push(Arg::u64("prompt_tokens", v));
         }
-        if let Some(v) = r.usage.completion_tokens {
+        if let Some(v) = out.completion_tokens {
             args.push(Arg::u64("completion_tokens", v));
         }
         if let Some(v) = out.cached_tokens {

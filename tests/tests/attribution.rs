@@ -283,6 +283,14 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
     assert_eq!(drops["sse_events_from_ends"].as_u64().unwrap_or(0), 3 * 6, "{drops}");
 }
 
+/// The recording's counters named in `want` hold those values (absent: 0).
+fn check_counters(run: &Run, want: &[(&str, usize)]) {
+    let drops = &run.report["recording"]["drops"];
+    for &(k, n) in want {
+        assert_eq!(drops[k].as_u64().unwrap_or(0), n as u64, "{k}: {drops}");
+    }
+}
+
 /// Checks each request whose client left before its response ended: the
 /// engine request it was joined to by its abort is the truth's (the server
 /// never wrote its id), it ends where the client gave up, and its phases
@@ -357,13 +365,18 @@ fn clients_that_give_up_while_queued_are_reported_closed_with_their_queue_time()
     let failed = run.client.iter().filter(|c| !c["error"].is_null()).count();
     assert_eq!(closed, failed, "every hop the client gave up on is closed early in the report");
     assert!(closed >= 3, "{closed}: chains 1 and 2 give up while chain 0 runs");
-    let drops = &run.report["recording"]["drops"];
-    for k in ["engine_requests_linked_by_abort", "requests_closed_unfinished", "responses_closed_early"] {
-        assert_eq!(drops[k].as_u64(), Some(closed as u64), "{k}: {drops}");
-    }
-    for k in ["engine_requests_unlinked", "requests_unfinished", "responses_incomplete", "responses_missing"] {
-        assert_eq!(drops[k].as_u64().unwrap_or(0), 0, "{k}: {drops}");
-    }
+    check_counters(
+        &run,
+        &[
+            ("engine_requests_linked_by_abort", closed),
+            ("requests_closed_unfinished", closed),
+            ("responses_closed_early", closed),
+            ("engine_requests_unlinked", 0),
+            ("requests_unfinished", 0),
+            ("responses_incomplete", 0),
+            ("responses_missing", 0),
+        ],
+    );
     // The trace draws each closed request to its close.
     let summary = trace_of(&run);
     for r in run.report["requests"].as_array().unwrap().iter().filter(|r| !r["closed_ns"].is_null()) {
@@ -397,13 +410,17 @@ fn clients_that_give_up_on_whole_answers_are_reported_closed_with_their_queue_ti
     for r in run.report["requests"].as_array().unwrap().iter().filter(|r| !r["closed_ns"].is_null()) {
         assert_eq!(r["streamed"], false, "{r}");
     }
-    let drops = &run.report["recording"]["drops"];
-    for k in ["engine_requests_linked_by_abort", "requests_closed_unfinished"] {
-        assert_eq!(drops[k].as_u64(), Some(closed as u64), "{k}: {drops}");
-    }
-    for k in ["engine_requests_unlinked", "requests_unfinished", "responses_incomplete", "responses_missing"] {
-        assert_eq!(drops[k].as_u64().unwrap_or(0), 0, "{k}: {drops}");
-    }
+    check_counters(
+        &run,
+        &[
+            ("engine_requests_linked_by_abort", closed),
+            ("requests_closed_unfinished", closed),
+            ("engine_requests_unlinked", 0),
+            ("requests_unfinished", 0),
+            ("responses_incomplete", 0),
+            ("responses_missing", 0),
+        ],
+    );
 }
 
 /// Clients that give up while their answers stream (an agent's step
@@ -442,10 +459,17 @@ fn clients_that_give_up_mid_stream_are_joined_by_id_and_decode_to_the_close() {
     }
     eprintln!("clients giving up mid-stream: {cut} cut; worst phase error {worst:.3} ms");
     assert_eq!(cut, 4);
-    let drops = &run.report["recording"]["drops"];
-    for (k, n) in [("requests_closed_unfinished", 4), ("responses_closed_early", 4), ("engine_requests_linked", 4), ("engine_requests_linked_by_abort", 0), ("engine_requests_unlinked", 0), ("responses_incomplete", 0)] {
-        assert_eq!(drops[k].as_u64().unwrap_or(0), n, "{k}: {drops}");
-    }
+    check_counters(
+        &run,
+        &[
+            ("requests_closed_unfinished", 4),
+            ("responses_closed_early", 4),
+            ("engine_requests_linked", 4),
+            ("engine_requests_linked_by_abort", 0),
+            ("engine_requests_unlinked", 0),
+            ("responses_incomplete", 0),
+        ],
+    );
 }
 
 /// Whole answers (`"stream": false`, what many agent frameworks send for a

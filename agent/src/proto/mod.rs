@@ -120,6 +120,9 @@ counters! {
     not_http,
     /// Streams of connections opened before we attached that began mid-message.
     attach_mid_stream,
+    /// Reads and writes on sockets of other families than unix and IP
+    /// (netlink: the interface lists a server reads as it starts): not decoded.
+    io_other_family,
     /// Heads larger than `max_head_bytes` (connection given up).
     head_too_large,
     /// Heads httparse rejected, or messages in the wrong direction.
@@ -280,6 +283,12 @@ impl WireDecoder {
                     });
                     // --- ZMTP / vLLM engine IPC: EngineRequest/EngineAbort/EngineOutputs ---
                     self.ipc.on_io(io, out);
+                    return;
+                }
+                if io.family == Family::Unknown {
+                    // No HTTP runs there; fed to the HTTP decoder, a netlink
+                    // dump read mid-stream was counted as unparsed bytes.
+                    self.c.io_other_family += 1;
                     return;
                 }
                 if io.len == 0 {

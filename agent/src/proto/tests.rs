@@ -1342,6 +1342,30 @@ fn attach_mid_stream_skips_to_the_next_message() {
     assert_eq!(counter(&dec, "desync"), 0);
 }
 
+/// Netlink (an interface list read as a server starts: vLLM, torch and
+/// gloo do) is neither unix nor IP: counted, never fed to the HTTP decoder,
+/// which took such a dump for a stream attached mid-way and its bytes for
+/// unparsed ones.
+#[test]
+fn sockets_of_other_families_are_counted_and_not_decoded() {
+    let k = key(49);
+    let mut dec = decoder();
+    let netlink = |ts: u64, dir: Dir, data: &[u8]| match io(k, dir, ts, data) {
+        KEvent::Io(mut e) => {
+            e.family = Family::Unknown;
+            KEvent::Io(e)
+        }
+        other => other,
+    };
+    let dump = vec![0x5au8; 3000];
+    let out = run(&mut dec, &[netlink(1, OUT, &[0x14, 0, 0, 0, 0x12, 0, 3, 3]), netlink(2, IN, &dump), netlink(3, IN, &dump)]);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(counter(&dec, "io_other_family"), 3);
+    for k in ["unparsed_bytes", "attach_mid_stream", "conns_unparsed", "not_http"] {
+        assert_eq!(counter(&dec, k), 0, "{k}");
+    }
+}
+
 #[test]
 fn attach_mid_request_leaves_its_response_unreported() {
     let k = key(49);

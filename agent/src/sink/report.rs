@@ -1249,6 +1249,9 @@ pub fn is_loss(name: &str) -> bool {
         "engine_outputs_joined",
         "engine_reader_outputs_joined",
         "zmtp_streams",
+        // Unix streams of another protocol: multiprocessing pipes
+        // (socketpairs between vLLM's executor and its workers).
+        "unix_not_zmtp",
         "resyncs",
         // Framing picked up again, a stream adopted mid-way, an ADD's
         // fields read from its transfer's end: recoveries (the desync and
@@ -1285,6 +1288,7 @@ pub fn is_loss(name: &str) -> bool {
         "engine_steps_from_reader",
         "upgrades",
         "attach_mid_stream",
+        "io_other_family",
         // GPU source (source::cupti): connections and records, not losses.
         "gpu_conns",
         "gpu_records",

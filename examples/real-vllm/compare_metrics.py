@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""hopscope's report beside vLLM's own metrics for the same requests: the sums of vLLM's
+per-request histograms (scraped from /metrics after the run) and of hopscope's figures for the
+requests vLLM counted (those joined to an engine request). What each side measures:
+
+  vLLM (engine timestamps; frontend ones for TTFT/E2E)     hopscope (syscalls; docs/attribution.md)
+  request_queue_time    QUEUED -> SCHEDULED                queue: hand-over to the engine -> SCHEDULED
+  request_prefill_time  SCHEDULED -> first token           prefill: SCHEDULED -> end of first-token step
+  request_decode_time   first token -> last token          decode: first content write -> last byte
+  time_to_first_token   arrival_time -> first token out    ttft: request read -> first content write
+  e2e_request_latency   arrival_time -> finished           e2e: request read -> last byte written
+
+    compare_metrics.py REPORT.json VLLM_METRICS.txt
+"""
+import json
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PAIRS = [
+    ("request_queue_time_seconds", "queue", lambda q: q["phases_ms"]["queue"]),
+    ("request_prefill_time_seconds", "prefill", lambda q: q["phases_ms"]["prefill"]),
+    ("request_decode_time_seconds", "decode", lambda q: q["phases_ms"]["decode"]),
+    ("time_to_first_token_seconds", "ttft", lambda q: q["ttft_ms"]),
+    ("e2e_request_latency_seconds", "e2e", lambda q: q["e2e_ms"]),
+]
+
+
+def main() -> int:
+    report = json.load(open(sys.argv[1]))
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for fam in text_string_to_metric_families(open(sys.argv[2]).read()):
+        for s in fam.samples:
+            if s.name.endswith("_sum"):
+                sums[s.name[:-4]] = sums.get(s.name[:-4], 0.0) + s.value
+            elif s.name.endswith("_count"):
+                counts[s.name[:-6]] = counts.get(s.name[:-6], 0.0) + s.value
+    joined = [q for q in report["requests"] if q["phase_source"] == "ipc" and q["e2e_ms"] is not None]
+    print(f"{'vLLM metric':34} {'n':>3} {'vLLM sum ms':>12}   {'hopscope':10} {'n':>3} {'sum ms':>10} {'diff ms':>9}")
+    for metric, name, get in PAIRS:
+        key = f"vllm:{metric}"
+        if key not in sums:
+            print(f"{key:34} absent")
+            continue
+        ours = [get(q) for q in joined if get(q) is not None]
+        v = sums[key] * 1e3
+        h = sum(ours)
+        print(f"{key:34} {int(counts[key]):>3} {v:12.2f}   {name:10} {len(ours):>3} {h:10.2f} {h - v:9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

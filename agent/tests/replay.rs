@@ -496,6 +496,27 @@ fn a_real_vllm_recording_joins_every_request_of_every_kind() {
     }
 }
 
+/// The real vLLM recording's Perfetto trace passes the invariant checker and
+/// draws each request's partition (a whole answer's without a first
+/// output) and flows between requests and the engine's steps.
+#[test]
+fn the_real_vllm_trace_is_valid_and_draws_each_requests_partition() {
+    use hopscope::sink::perfetto::{check, write_trace, TraceInput};
+    let r = replay(REAL_VLLM);
+    let (bytes, stats) = write_trace(Vec::new(), TraceInput { meta: &r.meta, records: &r.records, analysis: &r.analysis, read_error: None }).expect("trace written");
+    let s = check::check_bytes(&bytes).unwrap_or_else(|e| panic!("the trace breaks an invariant: {e}"));
+    assert_eq!(stats.requests, 11, "10 POSTs and the /health probe");
+    assert!(s.flows > 0, "request → step flows drawn");
+    for h in client(REAL_VLLM) {
+        let id = h["id"].as_str().unwrap();
+        let t = s.track(id).unwrap_or_else(|| panic!("{id}: no request track"));
+        for phase in ["frontend", "prefill", "decode"] {
+            assert_eq!(t.slices.get(phase), Some(&1), "{id}: {phase} in {:?}", t.slices);
+        }
+        assert_eq!(t.slices.get("first output").is_some(), h["kind"] != "whole", "{id}: {:?}", t.slices);
+    }
+}
+
 /// A recording cut short still replays: what precedes the cut is reported and
 /// the error names the offset.
 #[test]

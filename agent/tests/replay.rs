@@ -513,7 +513,7 @@ fn the_real_vllm_trace_is_valid_and_draws_each_requests_partition() {
         for phase in ["frontend", "prefill", "decode"] {
             assert_eq!(t.slices.get(phase), Some(&1), "{id}: {phase} in {:?}", t.slices);
         }
-        assert_eq!(t.slices.get("first output").is_some(), h["kind"] != "whole", "{id}: {:?}", t.slices);
+        assert_eq!(t.slices.contains_key("first output"), h["kind"] != "whole", "{id}: {:?}", t.slices);
     }
 }
 

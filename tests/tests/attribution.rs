@@ -446,8 +446,10 @@ fn clients_that_give_up_mid_stream_are_joined_by_id_and_decode_to_the_close() {
         let c = client[id];
         assert!(c["error"].as_str().is_some_and(|e| e.contains("Timeout")), "{id}: the client gave up: {c}");
         assert!(r["done_ns"].is_null() && r["e2e_ms"].is_null(), "{id}: {r}");
-        let content = r["content_chunks"].as_u64().unwrap();
-        assert_eq!(content, c["content_chunks"].as_u64().unwrap(), "{id}: the chunks the client read before leaving");
+        // Written by the server: every chunk the client read, and a chunk or
+        // two in flight when it left (written, never read).
+        let (content, read) = (r["content_chunks"].as_u64().unwrap(), c["content_chunks"].as_u64().unwrap());
+        assert!(read <= content && content <= read + 2, "{id}: {content} chunks written, {read} read before the client left");
         assert!(content > 0 && content < 300, "{id}: cut in its stream: {r}");
         let e = engine[r["engine_request_id"].as_str().unwrap()];
         assert_eq!(e["finish_reason"], "abort", "{id}: {e}");

@@ -410,8 +410,6 @@ impl LiveMetrics {
         }
     }
 
-    /// The series key of a request naming `model`: its name while fewer than
-    /// [`MAX_MODEL_LABELS`] named models have series, else `other`.
     /// A request the correlator handed out: its phases, when its response
     /// ended (the E2E histogram's requests; one its client left has phases
     /// of its wait, not of an E2E), under its model's series.
@@ -440,6 +438,8 @@ impl LiveMetrics {
         }
     }
 
+    /// The series key of a request naming `model`: its name while fewer than
+    /// [`MAX_MODEL_LABELS`] named models have series, else `other`.
     fn model_series(&mut self, model: Option<&str>) -> String {
         let m = model.unwrap_or("");
         let named = || self.by_model.keys().filter(|k| !k.is_empty() && *k != "other").count();

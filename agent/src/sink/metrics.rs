@@ -410,26 +410,24 @@ impl LiveMetrics {
         }
     }
 
-    /// A request the correlator handed out: its phases, when its response
-    /// ended (the E2E histogram's requests; one its client left has phases
-    /// of its wait, not of an E2E), under its model's series.
+    /// A request the correlator handed out, under its model's series: its
+    /// phases, when its response ended (the E2E histogram's requests; one its
+    /// client left has phases of its wait, not of an E2E), and the tokens no
+    /// usage object counted (a stream without `stream_options.include_usage`,
+    /// a client that left): the engine's.
     pub fn observe_phases(&mut self, r: &crate::correlate::Request, q: &crate::sink::report::RequestRef) {
-        // Tokens no usage object counted (a stream without
-        // `stream_options.include_usage`, a client that left): the engine's.
         let (prompt, generated) = (q.prompt_tokens.filter(|_| r.usage.prompt_tokens.is_none()), q.completion_tokens.filter(|_| r.usage.completion_tokens.is_none()));
-        if prompt.is_some() || generated.is_some() {
-            let key = self.model_series(q.model);
-            let m = series(&mut self.by_model, &key);
-            m.prompt_tokens += prompt.unwrap_or(0);
-            m.generation_tokens += generated.unwrap_or(0);
-        }
-        let Some(done) = r.done_ns else { return };
         let p = q.phases_ms;
-        if [p.frontend, p.queue, p.prefill, p.decode, p.kv_transfer].iter().all(Option::is_none) {
+        let ended = r.done_ns.filter(|_| [p.frontend, p.queue, p.prefill, p.decode, p.kv_transfer].iter().any(Option::is_some));
+        if prompt.is_none() && generated.is_none() && ended.is_none() {
+            // Nothing to count: no series is made for it.
             return;
         }
         let key = self.model_series(q.model);
         let m = series(&mut self.by_model, &key);
+        m.prompt_tokens += prompt.unwrap_or(0);
+        m.generation_tokens += generated.unwrap_or(0);
+        let Some(done) = ended else { return };
         let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
         for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer)] {
             if let Some(v) = v {

@@ -639,7 +639,8 @@ static __always_inline void io_finish(struct io_scratch *s, __u64 ret, __u32 cap
 		cap = HS_MAX_CAPTURE;
 	if (tail > HS_MAX_TAIL)
 		tail = HS_MAX_TAIL;
-	if (!(flags & HS_IO_COPY_FAILED) && ret > (__u64)cap + tail) {
+	/* Other families are not captured by design (want_bytes): no loss. */
+	if (!(flags & HS_IO_COPY_FAILED) && ret > (__u64)cap + tail && s->io.family != 0) {
 		flags |= HS_IO_TRUNCATED;
 		stat_add(HS_STAT_TRUNCATED, 1);
 	}
@@ -655,6 +656,12 @@ static __always_inline __u32 want_bytes(__s64 ret, __u8 family)
 {
 	__u64 want = (__u64)ret;
 	__u32 limit = family == HS_AF_UNIX ? capture_len_unix : capture_len;
+
+	/* Sockets of other families (netlink: a vLLM, torch and gloo list the
+	 * machine's interfaces as they start) carry no HTTP and no IPC: user
+	 * space counts them and never reads their bytes, so none are copied. */
+	if (family == 0)
+		return 0;
 
 	if (limit > HS_MAX_CAPTURE)
 		limit = HS_MAX_CAPTURE;
@@ -687,7 +694,7 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	/* A transfer longer than the prefix: its last bytes too (a long ADD's
 	 * fields after the prompt ids; an HTTP body's members after the prompt),
 	 * never overlapping the prefix. */
-	if (!flags && (__u64)ret > n) {
+	if (!flags && (__u64)ret > n && inf.family != 0) {
 		__u64 rest = (__u64)ret - n;
 
 		t = inf.family == HS_AF_UNIX ? capture_tail_unix : capture_tail;

@@ -321,6 +321,52 @@ out("done", got1.decode(), got2.decode())
     assert_eq!(ios(&evs, pid).len(), 4, "{:#?}", ios(&evs, pid));
 }
 
+/// A netlink dump (what a vLLM, torch and gloo read as they start, listing
+/// the machine's interfaces) is seen, sized and counted, but none of its
+/// bytes are copied out of the kernel: no HTTP or IPC runs there. Nor is it
+/// a truncation (a loss): the family is not captured by design.
+#[test]
+fn netlink_io_is_seen_with_its_size_but_no_bytes_are_copied() {
+    let Some(_serial) = privileged("netlink_io_is_seen_with_its_size_but_no_bytes_are_copied") else { return };
+    let py = Py::spawn(
+        r#"
+import struct
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+s.bind((0, 0))
+# RTM_GETLINK dump: nlmsghdr + ifinfomsg
+req = struct.pack("=IHHII", 32, 18, 0x301, 1, 0) + struct.pack("=BxHiII", 0, 0, 0, 0, 0)
+out("ready")
+wait_go()
+s.send(req)
+got = 0
+while True:
+    b = s.recv(65536)
+    got += len(b)
+    if struct.unpack_from("=IH", b)[1] == 3:   # NLMSG_DONE
+        break
+a, b2 = socket.socketpair()
+a.sendall(b"after-netlink")
+b2.recv(100)
+out("done", got)
+"#,
+    );
+    let Traced { done, pid, src, evs, .. } = py.traced(|_| {});
+    let dumped: u64 = done[0].parse().unwrap();
+    let all = ios(&evs, pid);
+    let netlink: Vec<&IoEvent> = all.iter().copied().filter(|io| io.family == Family::Unknown).collect();
+    let sent = netlink.iter().find(|io| io.dir == Dir::Out).unwrap_or_else(|| panic!("the request's send was not seen: {netlink:#?}"));
+    assert_eq!(sent.len, 32);
+    let read: u64 = netlink.iter().filter(|io| io.dir == Dir::In).map(|io| io.len).sum();
+    assert_eq!(read, dumped, "every byte of the dump is sized: {netlink:#?}");
+    for io in &netlink {
+        assert!(io.data.is_empty() && io.tail.is_empty() && !io.copy_failed, "netlink bytes were copied: {io:?}");
+    }
+    // The unix socket beside it is still captured whole.
+    let unix = find_io(&evs, pid, Syscall::Sendto, b"after-netlink");
+    assert_eq!(unix.family, Family::Unix);
+    assert_eq!(src.stats().get("kernel_truncated"), Some(0), "an uncaptured family is not a truncation");
+}
+
 #[test]
 fn writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order() {
     let Some(_serial) = privileged("writev_readv_sendmsg_and_recvmsg_capture_iovecs_in_order") else { return };

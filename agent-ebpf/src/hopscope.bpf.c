@@ -58,6 +58,12 @@ const volatile __u64 wakeup_bytes = 262144;    /* force a consumer wake-up past 
  * namespace), and a task outside it is never traced. 0: the kernel's global
  * pids, untranslated; the verifier drops the other branch. */
 const volatile __u32 pidns_ino = 0;
+/* Fault injection for tests: the off-CPU slot allocations at a switch-out
+ * and at a first-seen wake-up fail (the spill path, which a real run reaches
+ * only under allocation pressure); the one at the switch-in that takes the
+ * spilled entry succeeds, as it does in a real run. 0 in production; the
+ * verifier drops the branch. */
+const volatile __u8 fail_offcpu_alloc = 0;
 
 /* ---- maps ---- */
 
@@ -192,6 +198,27 @@ struct {
 	__type(key, int);
 	__type(value, struct offcpu);
 } offcpu SEC(".maps");
+
+/* Switch-outs (and first-seen wake-ups) whose `offcpu` slot could not be
+ * allocated: task storage allocates in sched_switch, with interrupts off,
+ * and as `record --pid` attached to a real vLLM (hundreds of threads, each
+ * allocating at its first switch-out) 3-9 of them failed in some runs.
+ * Kept here by global tid (preallocated: an update never allocates) until
+ * the thread's switch-in takes it; LRU bounds what a thread that never
+ * comes back leaves. */
+struct offcpu_spilled {
+	__u64 off_ns;
+	__u64 wake_ns;
+	__u32 prev_state;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct offcpu_spilled);
+} offcpu_spill SEC(".maps");
 
 /* Staging area for io records (too big for the 512-byte stack), one per CPU.
  * The data area is twice HS_MAX_CAPTURE so that `offset < HS_MAX_CAPTURE` plus
@@ -1010,6 +1037,18 @@ int BPF_PROG(sched_process_exit, struct task_struct *p)
 
 /* ---- scheduling: runs on every context switch of the machine ---- */
 
+/* Keeps a switch-out (or first-seen wake-up) whose slot was not allocated. */
+static __always_inline void spill(struct task_struct *t, __u64 off_ns, __u64 wake_ns, __u32 state)
+{
+	struct offcpu_spilled sp = { .off_ns = off_ns, .wake_ns = wake_ns, .prev_state = state };
+	__u32 gtid = t->pid;
+
+	if (bpf_map_update_elem(&offcpu_spill, &gtid, &sp, BPF_ANY) == 0)
+		stat_add(HS_STAT_SCHED_SPILLED, 1);
+	else
+		stat_add(HS_STAT_SCHED_MAP_FULL, 1);
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
@@ -1023,7 +1062,7 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 			return 0;
 		now = bpf_ktime_get_ns();
 	} else {
-		struct offcpu *o = bpf_task_storage_get(&offcpu, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		struct offcpu *o = bpf_task_storage_get(&offcpu, prev, 0, fail_offcpu_alloc ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
 
 		now = bpf_ktime_get_ns();
 		if (o) {
@@ -1037,20 +1076,45 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 				bpf_map_update_elem(&host_tgids, &prev_tgid, &host, BPF_ANY);
 			}
 		} else {
-			stat_add(HS_STAT_SCHED_MAP_FULL, 1);
+			spill(prev, now, 0, prev_state);
+			if (pidns_ino) {
+				__u32 host = prev->tgid;
+
+				bpf_map_update_elem(&host_tgids, &prev_tgid, &host, BPF_ANY);
+			}
 		}
 		if (!is_target(next_tgid))
 			return 0;
 	}
 
 	__u32 next_pid = task_tid(next);
+	__u64 off_ns, wake_ns;
+	__u32 state;
 	struct offcpu *o = bpf_task_storage_get(&offcpu, next, 0, 0);
-	if (!o || o->off_ns == 0)
-		return 0;
-	__u64 off_ns = o->off_ns;
-	__u64 wake_ns = o->wake_ns;
-	__u32 state = o->prev_state;
-	o->off_ns = 0;
+	if (!o) {
+		/* Rare (a spilled switch-out): one lookup for a thread with no
+		 * slot yet, which it gets now, interrupts being as off as at
+		 * its switch-out but the burst of first switch-outs past. */
+		__u32 gtid = next->pid;
+		struct offcpu_spilled *sp = bpf_map_lookup_elem(&offcpu_spill, &gtid);
+
+		if (!sp)
+			return 0;
+		off_ns = sp->off_ns;
+		wake_ns = sp->wake_ns;
+		state = sp->prev_state;
+		bpf_map_delete_elem(&offcpu_spill, &gtid);
+		o = bpf_task_storage_get(&offcpu, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (o)
+			o->off_ns = 0;
+	} else {
+		if (o->off_ns == 0)
+			return 0;
+		off_ns = o->off_ns;
+		wake_ns = o->wake_ns;
+		state = o->prev_state;
+		o->off_ns = 0;
+	}
 	if (now < off_ns)
 		return 0;
 	/* A preemption (switched out while runnable) does not end a burst, nor
@@ -1058,7 +1122,7 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	 * which ZMQ's I/O thread is handed work, and one woken for an ADD that
 	 * then blocks on a mutex before it writes was handed the ADD at the first
 	 * wake-up (4.5 ms earlier once in CI). As correlate::engine::Woke. */
-	if (state != 0 && !(state & HS_TASK_FREEZABLE)) {
+	if (o && state != 0 && !(state & HS_TASK_FREEZABLE)) {
 		o->burst_on_ns = now;
 		o->burst_wake_ns = wake_ns;
 	}
@@ -1091,6 +1155,14 @@ static __always_inline void note_wakeup(struct task_struct *p)
 		return;
 	o = bpf_task_storage_get(&offcpu, p, 0, 0);
 	if (!o) {
+		__u32 gtid = p->pid;
+		struct offcpu_spilled *sp = bpf_map_lookup_elem(&offcpu_spill, &gtid);
+
+		if (sp) {
+			if (sp->wake_ns == 0)
+				sp->wake_ns = bpf_ktime_get_ns();
+			return;
+		}
 		/* No switch-out seen: asleep since before the attach (a ZMQ I/O
 		 * thread idle in epoll_wait when `record --pid` attached). Its
 		 * sleep is known from this wake-up on, which is what its next
@@ -1098,9 +1170,11 @@ static __always_inline void note_wakeup(struct task_struct *p)
 		 * attach had no wake-up and fell back to estimates. The state
 		 * still holds the sleep's kind (the wake-up sets it running
 		 * after this tracepoint): a lock wait keeps its exemption. */
-		o = bpf_task_storage_get(&offcpu, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		o = bpf_task_storage_get(&offcpu, p, 0, fail_offcpu_alloc ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (!o) {
-			stat_add(HS_STAT_SCHED_MAP_FULL, 1);
+			__u64 now = bpf_ktime_get_ns();
+
+			spill(p, now, now, p->__state);
 			return;
 		}
 		if (o->off_ns == 0) {

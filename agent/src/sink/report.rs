@@ -1230,6 +1230,7 @@ pub fn is_loss(name: &str) -> bool {
         "kernel_wakeups",
         "kernel_sched_short",
         "kernel_sched_short_ns",
+        "kernel_sched_spilled",
         "ipc_messages",
         "ipc_add",
         "ipc_outputs",

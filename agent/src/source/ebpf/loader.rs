@@ -194,6 +194,11 @@ pub struct EbpfConfig {
     /// for as long as the source lives, so [`EbpfSource::program_stats`] has
     /// numbers. Costs two clock reads per program run.
     pub enable_bpf_stats: bool,
+    /// Fault injection, for tests: the off-CPU slot allocations at a
+    /// switch-out and at a first-seen wake-up fail, as one can inside
+    /// sched_switch (interrupts off), so that each thread's first sleep takes
+    /// the spill path (`kernel_sched_spilled`). Never set in production.
+    pub fail_offcpu_alloc: bool,
 }
 
 /// Records of the largest capture the ring buffer must hold at least: fewer,
@@ -220,6 +225,7 @@ impl Default for EbpfConfig {
             wakeup_bytes: 256 * 1024,
             ringbuf_bytes: 16 * 1024 * 1024,
             enable_bpf_stats: false,
+            fail_offcpu_alloc: false,
         }
     }
 }
@@ -449,6 +455,7 @@ impl EbpfSource {
             .override_global("capture_tail", &cfg.capture_tail, true)
             .override_global("min_offcpu_ns", &cfg.min_offcpu_ns, true)
             .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
+            .override_global("fail_offcpu_alloc", &u8::from(cfg.fail_offcpu_alloc), true)
             .map_max_entries("events", ringbuf_bytes)
             .map_max_entries("scratch", cpus)
             // `inflight` and `offcpu` are task storage, which aya creates but

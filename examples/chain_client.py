@@ -83,8 +83,12 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     if args.stream and args.usage and not responses:
         body["stream_options"] = {"include_usage": True}
     body["temperature"] = args.temperature
+    if responses:
+        kind = "responses" if args.stream else "responses_whole"
+    else:
+        kind = "stream" if args.stream and args.usage else "stream_no_usage" if args.stream else "whole"
     rec: dict[str, Any] = {
-        "chain": chain, "hop": hop, "phase": phase, "session_id": session_id,
+        "kind": kind, "chain": chain, "hop": hop, "phase": phase, "session_id": session_id,
         "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),
         "prompt_chars": sum(len(m["content"]) for m in messages),
         "send_ns": None, "headers_ns": None, "first_chunk_ns": None, "first_content_ns": None,

@@ -10,7 +10,7 @@ requests vLLM counted (those joined to an engine request). What each side measur
   time_to_first_token   arrival_time -> first token out    ttft: request read -> first content write
   e2e_request_latency   arrival_time -> finished           e2e: request read -> last byte written
 
-    compare_metrics.py REPORT.json VLLM_METRICS.txt
+    compare_metrics.py REPORT.json VLLM_METRICS.txt [--json]
 """
 import json
 import sys
@@ -37,16 +37,27 @@ def main() -> int:
             elif s.name.endswith("_count"):
                 counts[s.name[:-6]] = counts.get(s.name[:-6], 0.0) + s.value
     joined = [q for q in report["requests"] if q["phase_source"] == "ipc" and q["e2e_ms"] is not None]
-    print(f"{'vLLM metric':34} {'n':>3} {'vLLM sum ms':>12}   {'hopscope':10} {'n':>3} {'sum ms':>10} {'diff ms':>9}")
+    rows = []
     for metric, name, get in PAIRS:
         key = f"vllm:{metric}"
-        if key not in sums:
-            print(f"{key:34} absent")
-            continue
         ours = [get(q) for q in joined if get(q) is not None]
-        v = sums[key] * 1e3
-        h = sum(ours)
-        print(f"{key:34} {int(counts[key]):>3} {v:12.2f}   {name:10} {len(ours):>3} {h:10.2f} {h - v:9.2f}")
+        rows.append({
+            "metric": key,
+            "vllm_n": int(counts[key]) if key in counts else None,
+            "vllm_ms": sums[key] * 1e3 if key in sums else None,
+            "hopscope": name,
+            "n": len(ours),
+            "ms": sum(ours),
+        })
+    if "--json" in sys.argv[3:]:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'vLLM metric':34} {'n':>3} {'vLLM sum ms':>12}   {'hopscope':10} {'n':>3} {'sum ms':>10} {'diff ms':>9}")
+    for r in rows:
+        if r["vllm_ms"] is None:
+            print(f"{r['metric']:34} absent")
+            continue
+        print(f"{r['metric']:34} {r['vllm_n']:>3} {r['vllm_ms']:12.2f}   {r['hopscope']:10} {r['n']:>3} {r['ms']:10.2f} {r['ms'] - r['vllm_ms']:9.2f}")
     return 0
 
 

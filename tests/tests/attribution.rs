@@ -614,27 +614,37 @@ fn phases_match_ground_truth_for_prompts_longer_than_a_zmq_batch() {
 /// Without engine stats logging vLLM sends no SCHEDULED events: queue's end
 /// falls back to the end of the step before the first-token step. That is
 /// exact when nothing else ran in between and late by up to a chunked
-/// prefill otherwise; the figure is printed and held under a bound so it
-/// cannot regress silently.
+/// prefill otherwise (the steps that prefilled the request's first chunks,
+/// from its true scheduling to the start of its first-token step: in CI once
+/// the engine's first step, 456 ms on a cold machine, was such a chunk). The
+/// error beyond that is printed and held under a bound so it cannot regress
+/// silently.
 #[test]
 fn without_engine_events_the_step_fallback_stays_within_its_bound() {
     let Some(_serial) = privileged("without_engine_events_the_step_fallback_stays_within_its_bound") else { return };
     let run = run_testbed("attr-nostats", &["--disable-log-stats"], &[&["--chains", "2", "--hops", "2", "--max-tokens", "16"]]);
     let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
     let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
-    let mut worst: f64 = 0.0;
+    let steps: Vec<&Value> = run.truth.iter().filter(|t| t["type"] == "step").collect();
+    let (mut worst, mut worst_chunked): (f64, f64) = (0.0, 0.0);
     for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
         assert_ne!(r["scheduled_source"], "event", "no events on the wire");
         let h = http[r["id"].as_str().unwrap()];
         let e = engine[r["engine_request_id"].as_str().unwrap()];
         let want = (ns(e, "scheduled_ns") - ns(h, "submit_ns")) as f64 / 1e6;
         let got = r["phases_ms"]["queue"].as_f64().unwrap();
-        worst = worst.max((got - want).abs());
+        // The step that gave the first token; before it, since the true
+        // scheduling, the steps that prefilled its earlier chunks.
+        let first = ns(e, "first_token_ns");
+        let ft_step = steps.iter().find(|s| ns(s, "start_ns") <= first && first <= ns(s, "end_ns")).unwrap_or_else(|| panic!("no step holds {}'s first token", r["id"]));
+        let chunked = (ns(ft_step, "start_ns") - ns(e, "scheduled_ns")).max(0) as f64 / 1e6;
+        worst = worst.max(((got - want).abs() - chunked).max(0.0));
+        worst_chunked = worst_chunked.max(chunked);
         let sum: f64 = ["frontend", "queue", "prefill", "first_output", "decode"].iter().map(|p| r["phases_ms"][*p].as_f64().unwrap()).sum();
         assert!((sum - r["e2e_ms"].as_f64().unwrap()).abs() <= 0.1);
     }
-    eprintln!("no engine events: worst queue error {worst:.3} ms (step fallback)");
-    assert!(worst <= 50.0, "step fallback queue error {worst:.3} ms");
+    eprintln!("no engine events: worst queue error {worst:.3} ms beyond the chunked prefills (the longest {worst_chunked:.3} ms; step fallback)");
+    assert!(worst <= 50.0, "step fallback queue error {worst:.3} ms beyond the chunked prefills");
 }
 
 /// The fallback for servers whose IPC hopscope cannot decode: steps from

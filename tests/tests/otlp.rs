@@ -47,6 +47,8 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
         assert_eq!(attr(s, "gen_ai.usage.completion_tokens").as_str().map(|v| v.parse::<u64>().unwrap()), r["completion_tokens"].as_u64());
         // The current conventions' names for the same counts, and the finish reason.
         assert_eq!((attr(s, "gen_ai.usage.input_tokens"), attr(s, "gen_ai.usage.output_tokens")), (attr(s, "gen_ai.usage.prompt_tokens"), attr(s, "gen_ai.usage.completion_tokens")), "{id}");
+        assert_eq!(attr(s, "gen_ai.usage.cache_read.input_tokens").as_str().map(|v| v.parse::<u64>().unwrap()), r["cached_tokens"].as_u64(), "{id}");
+        assert_eq!(attr(s, "gen_ai.usage.cache_read.input_tokens"), attr(s, "hopscope.cached_tokens"), "{id}");
         let reasons: Vec<&str> = s["attributes"]["gen_ai.response.finish_reasons"]["arrayValue"]["values"].as_array().unwrap_or_else(|| panic!("{id}: no finish reasons in {s}")).iter().map(|v| v["stringValue"].as_str().unwrap()).collect();
         assert_eq!(reasons, [r["finish_reason"].as_str().unwrap()], "{id}");
         let ttft = attr(s, "gen_ai.latency.time_to_first_token").as_f64().unwrap();

@@ -334,6 +334,9 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("gen_ai.usage.input_tokens", q.prompt_tokens);
     int("gen_ai.usage.output_tokens", q.completion_tokens);
     int("hopscope.cached_tokens", q.cached_tokens);
+    // The conventions' name for them: input tokens served from the
+    // provider's cache (vLLM's prefix cache), part of the input tokens.
+    int("gen_ai.usage.cache_read.input_tokens", q.cached_tokens);
     int("hopscope.steps", q.steps);
     int("hopscope.preemptions", q.preemptions.map(u64::from));
     int("hopscope.engine_index", q.engine_index);

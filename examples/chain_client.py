@@ -61,8 +61,10 @@ def traceparent(trace_id: str) -> str:
 
 
 async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: str, messages: list,
-                  session_id: str, trace_id: Optional[str]) -> dict[str, Any]:
-    headers = {"x-session-id": session_id}
+                  session_id: str, trace_id: Optional[str], previous_id: Optional[str] = None) -> dict[str, Any]:
+    headers = {"x-session-id": session_id} if args.session_header else {}
+    if args.connection_per_hop:
+        headers["Connection"] = "close"  # the next hop opens a new connection
     if trace_id is not None:
         headers["traceparent"] = traceparent(trace_id)
     if args.request_id_prefix:
@@ -75,6 +77,10 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         # `responses.create`'s order: input, instructions, max_output_tokens, model, …
         body: dict[str, Any] = {"input": messages[1:], "instructions": messages[0]["content"],
                                 "max_output_tokens": args.max_tokens, "model": args.model}
+        if previous_id is not None:
+            # The turn before is the server's to remember: only the new message goes.
+            body["input"] = messages[-1:]
+            body["previous_response_id"] = previous_id
     else:
         body = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
     if args.seed is not None:
@@ -88,7 +94,8 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     else:
         kind = "stream" if args.stream and args.usage else "stream_no_usage" if args.stream else "whole"
     rec: dict[str, Any] = {
-        "kind": kind, "chain": chain, "hop": hop, "phase": phase, "session_id": session_id,
+        "kind": kind, "chain": chain, "hop": hop, "phase": phase, "session_id": session_id, "session_header": args.session_header,
+        "previous_response_id": previous_id,
         "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),
         "prompt_chars": sum(len(m["content"]) for m in messages),
         "send_ns": None, "headers_ns": None, "first_chunk_ns": None, "first_content_ns": None,
@@ -229,7 +236,8 @@ async def run_chain(client: httpx.AsyncClient, args, chain: int, out_f) -> list[
         send_msgs = messages
         if args.salt:  # a fresh nonce at the very start: nothing of this prompt is in the prefix cache
             send_msgs = [{"role": "system", "content": f"[nonce {uuid.uuid4().hex}] " + system}] + messages[1:]
-        rec = await run_hop(client, args, chain, hop, phase, send_msgs, session_id, trace_id)
+        previous_id = results[-1]["id"] if args.previous_response and results else None
+        rec = await run_hop(client, args, chain, hop, phase, send_msgs, session_id, trace_id, previous_id)
         results.append(rec)
         if out_f is not None:
             out_f.write(json.dumps(rec) + "\n")
@@ -297,6 +305,14 @@ def make_parser() -> argparse.ArgumentParser:
                    help="ask for whole answers (\"stream\": false): no chunk times, the answer at once")
     p.add_argument("--no-usage", dest="usage", action="store_false",
                    help="stream without stream_options.include_usage (the OpenAI SDK's default): no usage chunk")
+    p.add_argument("--previous-response", action="store_true",
+                   help="with --api responses: each later hop sends only its new message and the previous hop's "
+                        "id as previous_response_id (the server keeps the conversation)")
+    p.add_argument("--no-session-header", dest="session_header", action="store_false",
+                   help="send no x-session-id header (a chain is then known by traceparent, "
+                        "previous_response_id or the connection)")
+    p.add_argument("--connection-per-hop", action="store_true",
+                   help="close the connection after each hop (Connection: close): every hop on a new one")
     p.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before the first chain starts")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without a byte before a hop is abandoned")
     p.add_argument("--deadline-ms", type=float, default=None,

@@ -461,6 +461,17 @@ pub enum Record {
         ts_ns: u64,
         model: String,
     },
+    /// The request `seq` on `conn` (the [`Record::HttpRequest`] just before,
+    /// same `ts_ns`) continues the Responses API response
+    /// `previous_response_id`: an agent's next turn sent with the id of its
+    /// last instead of the whole conversation. Its chain is that
+    /// response's. Format 6.
+    RequestLink {
+        conn: ConnKey,
+        seq: u32,
+        ts_ns: u64,
+        previous_response_id: String,
+    },
 }
 
 /// The peer side of a peer-to-peer copy.
@@ -557,6 +568,7 @@ impl Record {
             | Record::EngineStats { ts_ns, .. }
             | Record::WokenWrite { ts_ns, .. }
             | Record::ResponseModel { ts_ns, .. }
+            | Record::RequestLink { ts_ns, .. }
             | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }

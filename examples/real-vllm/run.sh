@@ -29,7 +29,9 @@ if curl -sf "127.0.0.1:$PORT/health" >/dev/null; then
   echo "something already serves port $PORT: stop it or set PORT" >&2
   exit 1
 fi
-export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1
+# VLLM_ENABLE_RESPONSES_API_STORE: vLLM keeps responses, so a turn can name the one before
+# (`previous_response_id`) instead of resending the conversation.
+export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 VLLM_ENABLE_RESPONSES_API_STORE=1
 PY=${PYTHON:-.venv/bin/python}
 
 # serve NAME MAX_NUM_SEQS [plain]: vLLM under `hopscope run`, recording to OUT/NAME.hop (with
@@ -67,6 +69,8 @@ client vllm_cpu --chains 2 --hops 2 --max-tokens 16 --stagger-ms 20   # streamed
 client vllm_cpu --no-stream --chains 1 --hops 2 --max-tokens 16       # whole answers
 client vllm_cpu --no-usage --chains 1 --hops 2 --max-tokens 16        # a stream without usage (the OpenAI SDK's default)
 client vllm_cpu --api responses --chains 1 --hops 2 --max-tokens 16   # the Responses API
+# An agent's turns linked by previous_response_id, no session header, a connection each.
+client vllm_cpu --api responses --previous-response --no-session-header --connection-per-hop --chains 1 --hops 2 --max-tokens 16
 # vLLM's own per-request histograms for the same requests, beside hopscope's figures below.
 curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics.txt"
 stop

@@ -753,6 +753,9 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         return StreamingResponse(gen(), media_type="text/event-stream")
 
     # ---------------------------------------------------------- responses
+    # Responses kept for a later turn's `previous_response_id` (the newest 4096).
+    stored: dict[str, list[dict]] = {}
+
     @app.post("/v1/responses")
     async def responses(request: Request):
         """The Responses API as vLLM serves it (non-harmony models, no built-in tools): the
@@ -773,8 +776,23 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             messages = [{"role": m.get("role", "user"), "content": m.get("content") or ""} for m in inp]
         else:
             return _error("input must be a string or a non-empty list of messages")
+        # A later turn sent with the id of the one before (vLLM with its response store
+        # on): that turn's conversation, its answer included, comes first.
+        previous = body.get("previous_response_id")
+        if previous:
+            if previous not in stored:
+                return _error(f"Response with id '{previous}' not found.", 404, "NotFoundError")
+            messages = stored[previous] + messages
         if instructions:
-            messages = [{"role": "system", "content": instructions}] + messages
+            messages = [{"role": "system", "content": instructions}] + [m for m in messages if m["role"] != "system"]
+        turn = [m for m in messages if m["role"] != "system"]
+        store = body.get("store", True) is not False
+
+        def remember(text: str) -> None:
+            if store:
+                stored[rid] = turn + [{"role": "assistant", "content": text}]
+                while len(stored) > 4096:
+                    stored.pop(next(iter(stored)))
         rid = body.get("request_id") or f"resp_{random_uuid()}"
         prompt_ids = tok.apply_chat_template(messages)
         if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
@@ -789,6 +807,7 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         msg_id = f"msg_{random_uuid()}"
         if rec is not None:
             rec["stream"] = stream
+            rec["previous_response_id"] = previous
 
         def usage() -> dict:
             return {"input_tokens": st.prompt_len, "input_tokens_details": {"cached_tokens": st.cached_tokens},
@@ -806,7 +825,7 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                     "instructions": instructions, "metadata": None, "model": model_name, "object": "response",
                     "output": output, "parallel_tool_calls": True, "temperature": sp.temperature,
                     "tool_choice": "auto", "tools": [], "top_p": sp.top_p, "background": False,
-                    "max_output_tokens": sp.max_tokens, "previous_response_id": None, "status": status,
+                    "max_output_tokens": sp.max_tokens, "previous_response_id": previous, "status": status,
                     "usage": usage() if status != "in_progress" else None, "user": None}
 
         def final_status(finish: Any) -> str:
@@ -818,6 +837,7 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                 return Response(status_code=499)  # never sent: the client is gone
             text, finish, _ = got
             _finish_truth(rec, [st], finish)
+            remember(text)
             return JSONResponse(response(final_status(finish), [message(text, "completed")], finish))
 
         kinds = rec["_kinds"] if rec is not None else []
@@ -849,6 +869,7 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                             part={"annotations": [], "text": st.text, "type": "output_text", "logprobs": None})
                 yield event("response.output_item.done", "other", item=message(st.text, "completed"), output_index=0)
                 _finish_truth(rec, [st], finish)
+                remember(st.text)
                 yield event("response.completed", "usage",
                             response=response(final_status(finish), [message(st.text, "completed")], finish))
             finally:

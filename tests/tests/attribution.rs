@@ -283,6 +283,48 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
     assert_eq!(drops["sse_events_from_ends"].as_u64().unwrap_or(0), 3 * 6, "{drops}");
 }
 
+/// An agent on the Responses API that sends each turn with the id of the
+/// one before (the server keeps the conversation), no chain header, each hop
+/// over a new connection: each of its chains is one chain of the report, its
+/// hops in order, joined by `previous_response_id`; without the link every
+/// hop would be a chain of its own (its connection's). Phases as always.
+#[test]
+fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
+    let Some(_serial) = privileged("responses_turns_sent_with_their_previous_response_id_form_their_chains") else { return };
+    let run = run_testbed(
+        "attr-prevresp",
+        &[],
+        &[&["--api", "responses", "--previous-response", "--no-session-header", "--connection-per-hop", "--chains", "2", "--hops", "3", "--max-tokens", "8", "--stagger-ms", "30"]],
+    );
+    let worst = check_phases(&run);
+    eprintln!("previous_response_id chains: worst phase error {worst:.3} ms");
+    let by_id: HashMap<&str, &Value> = run.report["requests"].as_array().unwrap().iter().map(|r| (r["id"].as_str().unwrap(), r)).collect();
+    let truth: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    let mut chains = BTreeSet::new();
+    for chain in 0..2 {
+        let mut hops: Vec<&Value> = run.client.iter().filter(|h| h["chain"] == chain).collect();
+        hops.sort_by_key(|h| h["hop"].as_u64());
+        assert_eq!(hops.len(), 3);
+        let first = by_id[hops[0]["id"].as_str().unwrap()];
+        assert_eq!((&first["chain_source"], &first["hop"], &first["previous_response_id"]), (&Value::from("connection"), &Value::from(1), &Value::Null));
+        for (i, h) in hops.iter().enumerate() {
+            let id = h["id"].as_str().unwrap();
+            let q = by_id[id];
+            assert_eq!((&q["chain"], &q["hop"]), (&first["chain"], &Value::from(i + 1)), "{id}");
+            assert_eq!(q["previous_response_id"], h["previous_response_id"], "{id}");
+            // The server saw the link too, and answered from the conversation it kept.
+            assert_eq!(truth[id]["previous_response_id"], h["previous_response_id"], "{id}");
+        }
+        chains.insert(first["chain"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(chains.len(), 2, "two agents, two chains");
+    check_counters(&run, &[("request_links_followed", 4), ("request_links_unresolved", 0)]);
+    // Each hop came on a connection of its own (and the readiness probe on one).
+    let recs = hopscope::recording::load(&run.hop).unwrap().records;
+    let accepts = recs.iter().filter(|r| matches!(r, hopscope::model::Record::ConnOpen { op: hopscope::event::ConnOp::Accept, .. })).count();
+    assert!(accepts >= 7, "{accepts} connections accepted for 6 hops and the probe");
+}
+
 /// The recording's counters named in `want` hold those values (absent: 0).
 fn check_counters(run: &Run, want: &[(&str, usize)]) {
     let drops = &run.report["recording"]["drops"];

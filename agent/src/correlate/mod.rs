@@ -138,6 +138,10 @@ pub struct Request {
     /// Its share of the GPU kernels' time by name, most first (at most
     /// [`gpu::KERNELS_PER_REQUEST`]), when a GPU source recorded.
     pub kernels: Option<Vec<gpu::KernelShare>>,
+    /// The Responses API response this request continues (its body's
+    /// `previous_response_id`): the chain is that response's when no
+    /// `traceparent` or chain header names one.
+    pub previous_response_id: Option<String>,
 }
 
 impl Request {
@@ -428,6 +432,11 @@ pub struct Correlator {
     emitted_up_to: Option<OrderKey>,
     /// Per chain key: hops handed out so far, by key source.
     hops: FxMap<String, [u32; 3]>,
+    /// Responses API response id → the chain of the request that made it,
+    /// for a later turn naming it as `previous_response_id`; the oldest
+    /// forgotten past [`RESPONSE_CHAINS`] (`order`).
+    responses: FxMap<String, (String, ChainSource)>,
+    response_order: std::collections::VecDeque<String>,
     wire: wire_steps::Clusters,
     drops: BTreeMap<String, u64>,
     own: BTreeMap<&'static str, u64>,
@@ -452,9 +461,17 @@ pub struct Correlator {
     bypass_joiner: bool,
 }
 
+/// Responses remembered for later turns' `previous_response_id`
+/// ([`Correlator::link_response`]): an agent's next turn comes within
+/// seconds; 65 536 bounds the memory (~10 MB) of a long recording.
+pub const RESPONSE_CHAINS: usize = 1 << 16;
+
 /// A request's chain key: the `traceparent` trace-id, else the `chain_header`
 /// header, else the client connection. One rule for the correlator and the
-/// live metrics (whose exemplars name the request's trace).
+/// live metrics (whose exemplars name the request's trace). The correlator
+/// then gives a Responses API turn keyed by its connection the chain of the
+/// response it names as `previous_response_id` ([`Correlator::link_response`]);
+/// the metrics' exemplars keep the connection's.
 pub fn chain_key(conn: ConnKey, headers: &[(String, String)], chain_header: &str) -> (String, ChainSource) {
     if let Some(id) = header(headers, "traceparent").and_then(trace_id) {
         return (id.to_ascii_lowercase(), ChainSource::Traceparent);
@@ -485,6 +502,8 @@ impl Correlator {
             open: FxMap::default(),
             emitted_up_to: None,
             hops: FxMap::default(),
+            responses: FxMap::default(),
+            response_order: std::collections::VecDeque::new(),
             wire: wire_steps::Clusters::new(wire_steps::DEFAULT_GAP_NS),
             drops: BTreeMap::new(),
             own: BTreeMap::new(),
@@ -639,6 +658,7 @@ impl Correlator {
                     gpu: None,
                     compute: None,
                     kernels: None,
+                    previous_response_id: None,
                     },
                     cluster: 0,
                 });
@@ -717,6 +737,13 @@ impl Correlator {
                 if finish_reason.is_some() {
                     r.finish_reason.clone_from(finish_reason);
                 }
+            }
+            Record::RequestLink { conn, seq, previous_response_id, .. } => {
+                let Some(r) = self.request_mut(*conn, *seq) else {
+                    self.count("request_links_without_request");
+                    return;
+                };
+                r.previous_response_id = Some(previous_response_id.clone());
             }
             Record::ResponseModel { conn, seq, model, .. } => {
                 let Some(r) = self.request_mut(*conn, *seq) else {
@@ -808,6 +835,35 @@ impl Correlator {
         chain_key(conn, headers, &self.cfg.chain_header)
     }
 
+    /// A Responses API turn sent with `previous_response_id` joins the chain
+    /// of the response it names, unless a `traceparent` or the chain header
+    /// named one: an agent's turns go out on whichever pooled connection is
+    /// free, so the connection alone splits its chain (and mixes agents).
+    /// The named response was handed out first (it ended before this request
+    /// arrived). Then the request's own response is remembered for the next.
+    fn link_response(&mut self, r: &mut Request) {
+        if let Some(prev) = &r.previous_response_id {
+            match self.responses.get(prev.as_str()) {
+                Some((chain, source)) if r.chain_source == ChainSource::Connection => {
+                    r.chain.clone_from(chain);
+                    r.chain_source = *source;
+                    self.count("request_links_followed");
+                }
+                Some(_) => {}
+                None => self.count("request_links_unresolved"),
+            }
+        }
+        if r.id.starts_with("resp_") && !self.responses.contains_key(r.id.as_str()) {
+            if self.response_order.len() >= RESPONSE_CHAINS {
+                if let Some(old) = self.response_order.pop_front() {
+                    self.responses.remove(&old);
+                }
+            }
+            self.responses.insert(r.id.clone(), (r.chain.clone(), r.chain_source));
+            self.response_order.push_back(r.id.clone());
+        }
+    }
+
     /// A closed wire cluster: a step for each member, and the excess charged
     /// to the members already decoding, naming the newcomers.
     fn apply_cluster(&mut self, c: wire_steps::Closed) {
@@ -881,6 +937,7 @@ impl Correlator {
         if let Some(w) = &mut r.wire_steps {
             w.resolve(key.4);
         }
+        self.link_response(r);
         let hops = match self.hops.get_mut(r.chain.as_str()) {
             Some(h) => h,
             None => self.hops.entry(r.chain.clone()).or_default(),
@@ -1217,6 +1274,54 @@ mod tests {
         assert_eq!(a.chains[2].source, ChainSource::Connection);
         let hops: Vec<(u64, u32)> = a.chains[1].hops.iter().map(|&i| (a.requests[i].arrive_ns, a.requests[i].hop)).collect();
         assert_eq!(hops, vec![(2_000_000_000, 1), (4_000_000_000, 2)]);
+    }
+
+    /// A Responses API turn: [`exchange`] answered as `resp_<id>`, sent with
+    /// `previous_response_id` when `previous` is given.
+    fn turn(c: ConnKey, seq: u32, at: u64, id: &str, previous: Option<&str>, headers: &[(&str, &str)]) -> Vec<Record> {
+        let mut v = exchange(c, seq, at, 2, headers);
+        for r in &mut v {
+            if let Record::Sse { id: Some(i), .. } = r {
+                *i = id.to_owned();
+            }
+        }
+        if let Some(p) = previous {
+            v.insert(1, Record::RequestLink { conn: c, seq, ts_ns: at + 10_000, previous_response_id: p.to_owned() });
+        }
+        v
+    }
+
+    /// An agent's turns sent with `previous_response_id` over whichever
+    /// connection is free form one chain (the first turn's), in order;
+    /// a chain header still wins; a link to a response the recording does
+    /// not hold falls back to the connection and is counted.
+    #[test]
+    fn responses_turns_linked_by_previous_response_id_form_one_chain() {
+        let mut recs = Vec::new();
+        recs.extend(turn(conn(5), 0, 1_000_000_000, "resp_a1", None, &[]));
+        recs.extend(turn(conn(6), 0, 2_000_000_000, "resp_b1", None, &[]));
+        recs.extend(turn(conn(6), 1, 3_000_000_000, "resp_a2", Some("resp_a1"), &[]));
+        recs.extend(turn(conn(7), 0, 4_000_000_000, "resp_a3", Some("resp_a2"), &[]));
+        recs.extend(turn(conn(8), 0, 5_000_000_000, "resp_s2", Some("resp_b1"), &[("x-session-id", "s")]));
+        recs.extend(turn(conn(9), 0, 6_000_000_000, "resp_x2", Some("resp_gone"), &[]));
+        let a = analyse(&recs);
+        let by_id = |id: &str| a.requests.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("{id}"));
+        let first = by_id("resp_a1");
+        assert_eq!((first.chain_source, first.hop), (ChainSource::Connection, 1));
+        for (id, hop) in [("resp_a2", 2), ("resp_a3", 3)] {
+            let r = by_id(id);
+            assert_eq!((r.chain.as_str(), r.chain_source, r.hop), (first.chain.as_str(), ChainSource::Connection, hop), "{id}");
+        }
+        // resp_b1's connection carried resp_a2 after it: b1's chain has b1 alone.
+        let b1 = by_id("resp_b1");
+        assert_ne!(b1.chain, first.chain);
+        assert_eq!(a.chains.iter().find(|c| c.chain == b1.chain).map(|c| c.hops.len()), Some(1));
+        assert_eq!((by_id("resp_s2").chain.as_str(), by_id("resp_s2").chain_source), ("s", ChainSource::Header));
+        assert_eq!(by_id("resp_s2").previous_response_id.as_deref(), Some("resp_b1"));
+        assert_eq!((by_id("resp_x2").chain.as_str(), by_id("resp_x2").hop), ("conn:100:9:9009", 1));
+        for (k, n) in [("request_links_followed", 2), ("request_links_unresolved", 1)] {
+            assert_eq!(a.drops.get(k), Some(&n), "{k}: {:?}", a.drops);
+        }
     }
 
     /// A request whose body named no model (or lost it to the capture)

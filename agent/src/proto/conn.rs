@@ -754,14 +754,14 @@ impl Conn {
             Some(Body::Ends { head, tail }) => {
                 ctx.c.json_body_ends += 1;
                 let m = openai::request_meta_parts(&head, &tail);
-                if m.1.is_none() {
+                if m.model.is_none() {
                     ctx.c.json_meta_lost += 1;
                 }
                 Some(m)
             }
             _ => None,
         };
-        let (stream, model) = meta.unwrap_or((None, None));
+        let openai::RequestMeta { stream, model, previous_response_id } = meta.unwrap_or_default();
         if let Some(p) = self.fifo.iter_mut().find(|p| p.seq == Some(b.seq)) {
             p.model.clone_from(&model);
         }
@@ -780,6 +780,9 @@ impl Conn {
             model,
             ready_ns: b.start.ready,
         });
+        if let Some(previous_response_id) = previous_response_id {
+            out.push(Record::RequestLink { conn: self.key, seq: b.seq, ts_ns: end_ns, previous_response_id });
+        }
     }
 
     /// Side `d` found a message boundary. If the other side of a connection we did

@@ -267,36 +267,50 @@ pub(crate) fn partial_id(src: &[u8]) -> Option<String> {
     std::str::from_utf8(id).ok().map(str::to_string)
 }
 
-/// Only the two request fields we keep; every other member (messages, prompt…)
+/// Only the request fields we keep; every other member (messages, prompt…)
 /// is skipped by serde without being copied.
 #[derive(Deserialize)]
-struct RequestMeta {
+struct RequestFields {
     #[serde(default)]
     stream: Option<Value>,
     #[serde(default)]
     model: Option<Value>,
+    #[serde(default)]
+    previous_response_id: Option<Value>,
 }
 
-/// `(stream, model)` from a complete JSON request body; `None` if it is not a
+/// What hopscope keeps of a request body: no prompt text, ever.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RequestMeta {
+    pub stream: Option<bool>,
+    pub model: Option<String>,
+    /// The Responses API's link to the response this one continues (an
+    /// agent's next turn, sent with `previous_response_id` instead of the
+    /// whole conversation): a chain key that needs no header.
+    pub previous_response_id: Option<String>,
+}
+
+/// [`RequestMeta`] of a complete JSON request body; `None` if it is not a
 /// JSON object.
-pub(crate) fn request_meta(body: &[u8]) -> Option<(Option<bool>, Option<String>)> {
-    let m: RequestMeta = serde_json::from_slice(body).ok()?;
-    Some((
-        m.stream.as_ref().and_then(Value::as_bool),
-        str_of(m.model.as_ref()),
-    ))
+pub(crate) fn request_meta(body: &[u8]) -> Option<RequestMeta> {
+    let m: RequestFields = serde_json::from_slice(body).ok()?;
+    Some(RequestMeta {
+        stream: m.stream.as_ref().and_then(Value::as_bool),
+        model: str_of(m.model.as_ref()),
+        previous_response_id: str_of(m.previous_response_id.as_ref()).filter(|p| !p.is_empty()),
+    })
 }
 
-/// `(stream, model)` from a JSON request body captured in part: its first
+/// [`RequestMeta`] of a JSON request body captured in part: its first
 /// bytes and its last ones (`proto::json_ends`). openai-python 1.x writes
 /// `messages` first, so behind a long prompt they are in the tail.
-pub(crate) fn request_meta_parts(head: &[u8], tail: &[u8]) -> (Option<bool>, Option<String>) {
-    let mut stream = None;
-    let mut model = None;
-    for (k, v) in json_ends::head_members(head, &["stream", "model"]) {
+pub(crate) fn request_meta_parts(head: &[u8], tail: &[u8]) -> RequestMeta {
+    let mut m = RequestMeta::default();
+    for (k, v) in json_ends::head_members(head, &["stream", "model", "previous_response_id"]) {
         match k.as_str() {
-            "stream" => stream = stream.or(v.as_bool()),
-            _ => model = model.or_else(|| str_of(Some(&v))),
+            "stream" => m.stream = m.stream.or(v.as_bool()),
+            "model" => m.model = m.model.or_else(|| str_of(Some(&v))),
+            _ => m.previous_response_id = m.previous_response_id.or_else(|| str_of(Some(&v))),
         }
     }
     json_ends::tail_members(tail, |path, k, v| {
@@ -304,12 +318,16 @@ pub(crate) fn request_meta_parts(head: &[u8], tail: &[u8]) -> (Option<bool>, Opt
             return;
         }
         match k {
-            b"stream" if stream.is_none() => stream = serde_json::from_slice::<bool>(v).ok(),
-            b"model" if model.is_none() => model = serde_json::from_slice::<String>(v).ok().map(|m| short(&m)),
+            b"stream" if m.stream.is_none() => m.stream = serde_json::from_slice::<bool>(v).ok(),
+            b"model" if m.model.is_none() => m.model = serde_json::from_slice::<String>(v).ok().map(|s| short(&s)),
+            b"previous_response_id" if m.previous_response_id.is_none() => {
+                m.previous_response_id = serde_json::from_slice::<String>(v).ok().map(|s| short(&s));
+            }
             _ => {}
         }
     });
-    (stream, model)
+    m.previous_response_id = m.previous_response_id.filter(|p| !p.is_empty());
+    m
 }
 
 /// [`response_meta`] of a JSON response body captured in part: the id from
@@ -584,10 +602,20 @@ mod tests {
             br#"{"messages":[{"role":"user","content":"SECRET"}],"model":"m1","stream":true}"#;
         assert_eq!(
             request_meta(body),
-            Some((Some(true), Some("m1".to_string())))
+            Some(RequestMeta { stream: Some(true), model: Some("m1".to_string()), previous_response_id: None })
         );
-        assert_eq!(request_meta(b"{\"prompt\":\"x\"}"), Some((None, None)));
+        assert_eq!(request_meta(b"{\"prompt\":\"x\"}"), Some(RequestMeta::default()));
         assert_eq!(request_meta(b"not json"), None);
+        // The Responses API's link to the turn before; null or empty is none.
+        let next = br#"{"input":[{"role":"user","content":"SECRET"}],"model":"m","previous_response_id":"resp_7","stream":true}"#;
+        assert_eq!(request_meta(next).and_then(|m| m.previous_response_id).as_deref(), Some("resp_7"));
+        assert_eq!(request_meta(br#"{"previous_response_id":null}"#).unwrap().previous_response_id, None);
+        assert_eq!(request_meta(br#"{"previous_response_id":""}"#).unwrap().previous_response_id, None);
+        // Behind a long input, from either end.
+        let (head, tail) = (&next[..40], &next[40..]);
+        assert_eq!(request_meta_parts(head, tail).previous_response_id.as_deref(), Some("resp_7"));
+        let first = br#"{"previous_response_id":"resp_8","input":"SECRET SECRET","model":"m"}"#;
+        assert_eq!(request_meta_parts(&first[..45], &first[60..]).previous_response_id.as_deref(), Some("resp_8"));
         let r = response_meta(
             br#"{"id":"chatcmpl-2","choices":[{"index":0,"message":{"content":"SECRET"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
         )

@@ -687,6 +687,42 @@ fn a_response_names_its_model_only_when_its_request_did_not_or_named_another() {
     assert_eq!(counter(&dec, "json_meta_lost"), 1);
 }
 
+/// A Responses API turn sent with `previous_response_id` gets a
+/// `RequestLink` right after its request (same connection, sequence and
+/// time); one without, or with a null one, none. From a long body's tail too.
+#[test]
+fn a_request_naming_its_previous_response_is_linked_to_it() {
+    let post = |body: String| format!("POST /v1/responses HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes();
+    let reqs = [
+        (80, post(r#"{"input":"SECRET","model":"m","previous_response_id":"resp_1","stream":true}"#.into())),
+        (81, post(r#"{"input":"SECRET","model":"m","previous_response_id":null}"#.into())),
+        (82, post(format!(r#"{{"input":"{}","model":"m","previous_response_id":"resp_2"}}"#, "S".repeat(30_000)))),
+    ];
+    let mut dec = decoder();
+    let mut evs = Vec::new();
+    for (fd, req) in &reqs {
+        let k = key(*fd);
+        let t = *fd as u64 * 100;
+        evs.push(accept(k, t));
+        evs.push(if req.len() > 4096 { io_ends(k, IN, t + 1, req, 4096, 16384) } else { io(k, IN, t + 1, req) });
+    }
+    let out = run(&mut dec, &evs);
+    let links: Vec<(i32, &str)> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::RequestLink { conn, seq: 0, previous_response_id, .. } => Some((conn.fd, previous_response_id.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(links, [(80, "resp_1"), (82, "resp_2")]);
+    for (i, r) in out.iter().enumerate() {
+        if let Record::RequestLink { conn, ts_ns, .. } = r {
+            assert!(matches!(&out[i - 1], Record::HttpRequest { conn: c, end_ns, .. } if c == conn && end_ns == ts_ns), "{:?}", &out[i - 1]);
+        }
+    }
+    assert!(!format!("{out:?}").contains("SECRET"));
+}
+
 /// A `/v1/responses` stream as vLLM writes it (`event:` then `data:`, one
 /// uvicorn chunk per event). Its first and last events echo the request's
 /// 24 KB instructions and the last the whole 10 KB output too: longer than

@@ -524,11 +524,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::WokenWrite { .. } => 26,
         Record::EngineRequestStart { .. } => 27,
         Record::ResponseModel { .. } => 28,
+        Record::RequestLink { .. } => 29,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 29;
+pub const VARIANTS: usize = 30;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -585,6 +586,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
         Record::WokenWrite { ts_ns, tgid, tid, wake_ns, on_ns } => fields!(c; ts_ns, tgid, tid, wake_ns, on_ns),
         Record::EngineRequestStart { conn, ts_ns, tid, dir, request_id, first_ns } => fields!(c; conn, ts_ns, tid, dir, request_id, first_ns),
         Record::ResponseModel { conn, seq, ts_ns, model } => fields!(c; conn, seq, ts_ns, model),
+        Record::RequestLink { conn, seq, ts_ns, previous_response_id } => fields!(c; conn, seq, ts_ns, previous_response_id),
     }
 }
 
@@ -1002,6 +1004,7 @@ mod tests {
             Record::WokenWrite { ts_ns: 155, tgid: 156, tid: 157, wake_ns: 158, on_ns: 159 },
             Record::EngineRequestStart { conn: ck(k + 14), ts_ns: 160, tid: 161, dir: Dir::In, request_id: s("start"), first_ns: 162 },
             Record::ResponseModel { conn: ck(k + 15), seq: 163, ts_ns: 164, model: s("served") },
+            Record::RequestLink { conn: ck(k + 16), seq: 165, ts_ns: 166, previous_response_id: s("resp") },
         ]
     }
 

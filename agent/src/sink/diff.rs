@@ -2306,6 +2306,7 @@ mod tests {
             gpu: None,
             compute: None,
             kernels: None,
+            previous_response_id: None,
         }
     }
 

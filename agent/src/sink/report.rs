@@ -167,6 +167,10 @@ pub struct RequestOut {
     /// usage was sent: a stream without `stream_options.include_usage`, a
     /// client that left); null when neither was seen.
     pub completion_tokens_source: Option<String>,
+    /// The Responses API response this request continued (its body's
+    /// `previous_response_id`): its chain is that response's when no
+    /// `traceparent` or chain header named one. Null otherwise.
+    pub previous_response_id: Option<String>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -311,6 +315,7 @@ pub struct RequestRef<'a> {
     pub closed_ns: Option<u64>,
     pub closed_ms: Option<f64>,
     pub completion_tokens_source: Option<&'static str>,
+    pub previous_response_id: Option<&'a str>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -465,6 +470,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         closed_ns: r.closed_early_ns(),
         closed_ms: r.closed_ms(),
         completion_tokens_source: f.completion_tokens_source,
+        previous_response_id: r.previous_response_id.as_deref(),
     }
 }
 
@@ -528,6 +534,7 @@ impl RequestRef<'_> {
             closed_ns: self.closed_ns,
             closed_ms: self.closed_ms,
             completion_tokens_source: own(self.completion_tokens_source),
+            previous_response_id: own(self.previous_response_id),
         }
     }
 
@@ -600,7 +607,8 @@ impl RequestRef<'_> {
             .field("kernels", &self.kernels)
             .field("closed_ns", &self.closed_ns)
             .field("closed_ms", &self.closed_ms)
-            .field("completion_tokens_source", &self.completion_tokens_source);
+            .field("completion_tokens_source", &self.completion_tokens_source)
+            .field("previous_response_id", &self.previous_response_id);
         o.end();
     }
 }
@@ -1268,6 +1276,7 @@ pub fn is_loss(name: &str) -> bool {
         // to the capture, or never sent), or answered under another name.
         "request_model_from_response",
         "response_model_differs",
+        "request_links_followed",
         // A cut SSE event read from its last bytes (Responses API events):
         // nothing lost that a figure needs.
         "sse_events_from_ends",
@@ -2785,6 +2794,7 @@ mod tests {
             closed_ns: Some(u64::MAX),
             closed_ms: Some(-0.0),
             completion_tokens_source: Some("engine"),
+            previous_response_id: Some("resp_\"q\\"),
         }
     }
 

@@ -72,11 +72,36 @@ fn assert_every_answer_joined(rep: &Value, hops: &[Value]) {
         assert_eq!(q["content_chunks"], h["content_chunks"], "{id}");
         let kind = h["kind"].as_str().unwrap();
         assert_eq!(q["streamed"], kind != "whole", "{id}");
+        assert_eq!(p["first_output"].is_null(), kind == "whole", "{id}: {p}");
         assert_eq!(q["completion_tokens_source"], if kind == "stream_no_usage" { "engine" } else { "usage" }, "{id}");
+        assert_eq!(q["path"], if kind == "responses" { "/v1/responses" } else { "/v1/chat/completions" }, "{id}");
         if let Some(n) = h["prompt_tokens"].as_u64() {
             assert_eq!(q["prompt_tokens"], n, "{id}");
         }
     }
+}
+
+/// The recording of this script's first part committed as a replay fixture
+/// (`agent/tests/fixtures/vllm_cpu.*`, session 38; its report is the golden
+/// `agent/tests/replay.rs` checks byte for byte): a real vLLM's bytes, every
+/// request joined as above, every IPC message of a known layout, and the
+/// start-up's netlink reads and multiprocessing pipes no loss. Reads files:
+/// runs everywhere.
+#[test]
+fn the_committed_real_vllm_recording_joins_every_request_of_every_kind() {
+    let dir = workspace().join("agent/tests/fixtures");
+    let rep = json(&dir.join("vllm_cpu.report.json"));
+    let drops = &rep["recording"]["drops"];
+    let d = |k: &str| drops[k].as_u64().unwrap_or(0);
+    assert_eq!(d("ipc_layout_inferred"), 0, "vLLM 0.32.0's layouts are in the tables: {drops}");
+    assert_eq!((d("unparsed_bytes"), d("attach_mid_stream")), (0, 0), "{drops}");
+    assert!(d("io_other_family") > 0 && d("unix_not_zmtp") > 0, "{drops}");
+    let hops = lines(&dir.join("vllm_cpu.client.jsonl"));
+    assert_eq!(hops.len(), 10);
+    let by_session: BTreeSet<&str> = hops.iter().map(|h| h["session_id"].as_str().unwrap()).collect();
+    // One chain per client chain, plus the /health probe on its own connection.
+    assert_eq!(rep["chains"].as_array().unwrap().len(), by_session.len() + 1);
+    assert_every_answer_joined(&rep, &hops);
 }
 
 #[test]
@@ -118,9 +143,6 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let kinds: BTreeSet<&str> = hops.iter().map(|h| h["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, BTreeSet::from(["responses", "stream", "stream_no_usage", "whole"]));
     assert_every_answer_joined(&rep, &hops);
-    for h in hops.iter().filter(|h| h["kind"] == "responses") {
-        assert_eq!(request(&rep, h["id"].as_str().unwrap())["path"], "/v1/responses");
-    }
     // The agent's turns sent with previous_response_id, no session header,
     // each on a new connection: one chain, its hops in order.
     let linked: Vec<&Value> = hops.iter().filter(|h| h["session_header"] == false).collect();

@@ -155,7 +155,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // is read from the same engine stamps (equal); hopscope's queue starts
     // at the hand-over to the engine and its E2E at the request's read,
     // both before vLLM's; decode differs by the output paths of the first
-    // and last tokens (docs/benchmarks.md: -0.3 to -1.0 ms a request).
+    // and last tokens (docs/benchmarks.md: -0.55 to -1.14 ms a request).
     let cmp = Command::new(python())
         .arg(workspace().join("examples/real-vllm/compare_metrics.py"))
         .args([out.join("report.json"), out.join("vllm-metrics.txt")])

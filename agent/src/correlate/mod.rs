@@ -471,7 +471,7 @@ pub const RESPONSE_CHAINS: usize = 1 << 16;
 /// live metrics (whose exemplars name the request's trace). The correlator
 /// then gives a Responses API turn keyed by its connection the chain of the
 /// response it names as `previous_response_id` ([`Correlator::link_response`]);
-/// the metrics' exemplars keep the connection's.
+/// the live metrics follow the same link (`sink::metrics`).
 pub fn chain_key(conn: ConnKey, headers: &[(String, String)], chain_header: &str) -> (String, ChainSource) {
     if let Some(id) = header(headers, "traceparent").and_then(trace_id) {
         return (id.to_ascii_lowercase(), ChainSource::Traceparent);

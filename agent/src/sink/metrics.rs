@@ -120,8 +120,13 @@ struct Open {
     /// named no model, for the model its response names (or its end).
     status: Option<u16>,
     chain: String,
+    source: crate::correlate::ChainSource,
     /// The trace its spans go to ([`crate::sink::otlp::request_trace_id`]).
     trace_id: [u8; 16],
+    /// When its chain's previous hop ended, not yet observed: a
+    /// `RequestLink` right behind the request may move it to another chain,
+    /// so the time between hops waits for the request's next record.
+    between_from: Option<u64>,
 }
 
 /// A chain as the live stream sees it: hops so far, and when its latest hop
@@ -262,6 +267,14 @@ pub struct LiveMetrics {
     otlp: Option<crate::sink::otlp::live::Tally>,
     /// Unix ns less CLOCK_MONOTONIC ns, for exemplar timestamps.
     unix_offset_ns: Option<i128>,
+    /// The Responses API's response ids seen, with their chains: a turn
+    /// naming one as its `previous_response_id` joins that chain, as the
+    /// correlator joins it (bounded as its map: the newest are kept).
+    responses: HashMap<String, (String, crate::correlate::ChainSource)>,
+    response_order: std::collections::VecDeque<String>,
+    /// Requests whose time between hops waits ([`Open::between_from`]),
+    /// with their `HttpRequest`'s time (the `RequestLink`'s too).
+    unsettled: Vec<((ConnKey, u32), u64)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -290,6 +303,9 @@ impl LiveMetrics {
             engines: BTreeMap::new(),
             gpus: BTreeMap::new(),
             unix_offset_ns: None,
+            responses: HashMap::new(),
+            response_order: std::collections::VecDeque::new(),
+            unsettled: Vec::new(),
         }
     }
 
@@ -300,8 +316,36 @@ impl LiveMetrics {
     }
 
     pub fn observe(&mut self, rec: &Record) {
+        // A request's `RequestLink` carries its `HttpRequest`'s time and
+        // follows it: anything later settles the chain it is in.
+        if !self.unsettled.is_empty() {
+            let ts = rec.ts_ns();
+            let own = match rec {
+                Record::RequestLink { .. } => None,
+                Record::Sse { conn, seq, .. }
+                | Record::ResponseBody { conn, seq, .. }
+                | Record::HttpResponse { conn, seq, .. }
+                | Record::HttpResponseEnd { conn, seq, .. }
+                | Record::ResponseModel { conn, seq, .. } => Some((*conn, *seq)),
+                _ => None,
+            };
+            let mut i = 0;
+            while i < self.unsettled.len() {
+                let (key, at) = self.unsettled[i];
+                if ts > at || Some(key) == own || matches!(rec, Record::ConnClose { conn, .. } if *conn == key.0) {
+                    self.unsettled.swap_remove(i);
+                    self.settle(key);
+                } else {
+                    i += 1;
+                }
+            }
+        }
         match rec {
-            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, headers, model, .. } => {
+            Record::RequestLink { conn, seq, previous_response_id, .. } => {
+                self.link((*conn, *seq), previous_response_id);
+                self.settle((*conn, *seq));
+            }
+            Record::HttpRequest { conn, role: HttpRole::Server, seq, start_ns, end_ns, headers, model, .. } => {
                 let model = self.model_series(model.as_deref());
                 let (chain, source) = crate::correlate::chain_key(*conn, headers, &self.chain_header);
                 let trace_id = crate::sink::otlp::request_trace_id(&chain, source);
@@ -309,10 +353,11 @@ impl LiveMetrics {
                 c.hops += 1;
                 // The client's own time before this hop, when the chain's
                 // previous hop had ended (hops in flight together have none).
-                if let Some(done) = c.last_done_ns.take().filter(|d| *d <= *start_ns) {
-                    self.between_hops.observe((start_ns - done) as f64 / 1e9, Some((trace_id, *start_ns)));
+                let between_from = c.last_done_ns.take().filter(|d| *d <= *start_ns);
+                if between_from.is_some() {
+                    self.unsettled.push(((*conn, *seq), *end_ns));
                 }
-                self.open.insert((*conn, *seq), Open { model, arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, status: None, chain, trace_id });
+                self.open.insert((*conn, *seq), Open { model, arrive_ns: *start_ns, hop: c.hops, ttft_ns: None, last_content_ns: None, status: None, chain, source, trace_id, between_from });
                 // Bounded: a client that never finishes cannot grow this forever.
                 if self.open.len() > 1 << 16 {
                     let oldest = self.open.iter().min_by_key(|(_, o)| o.arrive_ns).map(|(k, _)| *k);
@@ -324,7 +369,8 @@ impl LiveMetrics {
                     self.hops.clear();
                 }
             }
-            Record::Sse { conn, seq, ts_ns, kind, usage, .. } => {
+            Record::Sse { conn, seq, ts_ns, kind, usage, id, .. } => {
+                self.remember_response((*conn, *seq), id.as_deref());
                 let open = self.open.get_mut(&(*conn, *seq));
                 let m = series(&mut self.by_model, open.as_ref().map_or("", |o| o.model.as_str()));
                 if let Some(u) = usage {
@@ -346,7 +392,9 @@ impl LiveMetrics {
                     o.last_content_ns = Some(*ts_ns);
                 }
             }
-            Record::ResponseBody { conn, seq, usage: Some(u), .. } => {
+            Record::ResponseBody { conn, seq, usage, id, .. } => {
+                self.remember_response((*conn, *seq), id.as_deref());
+                let Some(u) = usage else { return };
                 let m = series(&mut self.by_model, self.open.get(&(*conn, *seq)).map_or("", |o| o.model.as_str()));
                 m.prompt_tokens += u.prompt_tokens.unwrap_or(0);
                 m.generation_tokens += u.completion_tokens.unwrap_or(0);
@@ -408,6 +456,61 @@ impl LiveMetrics {
             }
             _ => {}
         }
+    }
+
+    /// The time between hops of request `key`, once its chain is settled.
+    fn settle(&mut self, key: (ConnKey, u32)) {
+        let Some(o) = self.open.get_mut(&key) else { return };
+        if let Some(done) = o.between_from.take() {
+            self.between_hops.observe(o.arrive_ns.saturating_sub(done) as f64 / 1e9, Some((o.trace_id, o.arrive_ns)));
+        }
+    }
+
+    /// Request `key`'s response is `id`: a Responses API id is remembered
+    /// with the request's chain, for the turns that will name it.
+    fn remember_response(&mut self, key: (ConnKey, u32), id: Option<&str>) {
+        let Some(id) = id.filter(|i| i.starts_with("resp_")) else { return };
+        let Some(o) = self.open.get(&key) else { return };
+        if self.responses.contains_key(id) {
+            return;
+        }
+        if self.response_order.len() >= crate::correlate::RESPONSE_CHAINS {
+            if let Some(old) = self.response_order.pop_front() {
+                self.responses.remove(&old);
+            }
+        }
+        self.responses.insert(id.to_owned(), (o.chain.clone(), o.source));
+        self.response_order.push_back(id.to_owned());
+    }
+
+    /// Request `key` continues the response `previous`: a turn its
+    /// connection alone chained joins that response's chain as its next hop
+    /// (the correlator's rule, so the hop labels and exemplars match the
+    /// report's and the spans'); its connection's chain gets back its hop.
+    fn link(&mut self, key: (ConnKey, u32), previous: &str) {
+        let Some((chain, source)) = self.responses.get(previous).cloned() else { return };
+        let Some(o) = self.open.get_mut(&key) else { return };
+        if o.source != crate::correlate::ChainSource::Connection || o.chain == chain {
+            return;
+        }
+        if let Some(c) = self.hops.get_mut(&o.chain) {
+            if c.hops == o.hop {
+                c.hops -= 1;
+            }
+            if c.last_done_ns.is_none() {
+                c.last_done_ns = o.between_from.take();
+            }
+            if c.hops == 0 && c.last_done_ns.is_none() {
+                self.hops.remove(&o.chain);
+            }
+        }
+        let c = self.hops.entry(chain.clone()).or_default();
+        c.hops += 1;
+        o.hop = c.hops;
+        o.between_from = c.last_done_ns.take().filter(|d| *d <= o.arrive_ns);
+        o.trace_id = crate::sink::otlp::request_trace_id(&chain, source);
+        o.chain = chain;
+        o.source = source;
     }
 
     /// A request the correlator handed out, under its model's series: its
@@ -737,6 +840,8 @@ mod tests {
         m.observe(&Record::ConnClose { ts_ns: 400 * MS, conn: conn(5) });
         m.observe(&Record::ConnClose { ts_ns: 401 * MS, conn: conn(9) });
         m.observe(&chat(6, 0, 650 * MS, s1()));
+        // Its response's head settles the second hop's chain (no link).
+        m.observe(&Record::HttpResponse { conn: conn(6), role: HttpRole::Server, seq: 0, ts_ns: 651 * MS, tid: 1, status: 200, headers: vec![] });
         assert_eq!(m.open.len(), 1, "only the second hop is open");
         let s = m.render();
         assert!(s.contains("hopscope_requests_closed_early_total 1\n"), "{s}");
@@ -754,7 +859,9 @@ mod tests {
         let end = |fd: i32, at: u64| Record::HttpResponseEnd { conn: ConnKey { tgid: 1, fd, ino: fd as u64 }, seq: 0, ts_ns: at, body_len: 10 };
         const MS: u64 = 1_000_000;
         let mut m = LiveMetrics::new("x-session-id");
-        for r in [req(5, 0), end(5, 100 * MS), req(6, 350 * MS), req(7, 400 * MS), end(6, 500 * MS), end(7, 600 * MS), req(8, 610 * MS)] {
+        // A hop's time between is observed once its chain is settled (the
+        // record after it: a `RequestLink` may move it), hence hop 4's end.
+        for r in [req(5, 0), end(5, 100 * MS), req(6, 350 * MS), req(7, 400 * MS), end(6, 500 * MS), end(7, 600 * MS), req(8, 610 * MS), end(8, 700 * MS)] {
             m.observe(&r);
         }
         let s = m.render();
@@ -764,6 +871,64 @@ mod tests {
         assert!(s.lines().any(|l| l == "hopscope_chain_between_hops_seconds_bucket{le=\"0.01\"} 1"), "{s}");
         let sum: f64 = s.lines().find_map(|l| l.strip_prefix("hopscope_chain_between_hops_seconds_sum ")).unwrap().parse().unwrap();
         assert!((sum - 0.26).abs() < 1e-9, "{sum}");
+    }
+
+    /// An agent letting the server keep its conversation sends each turn
+    /// with the previous response's id over whichever connection is free:
+    /// the turn joins that response's chain (hop label, time between hops,
+    /// exemplar trace), as the report and the spans have it, and the
+    /// connection's own chain does not count it.
+    #[test]
+    fn a_turn_naming_its_previous_response_is_the_next_hop_of_that_responses_chain() {
+        const MS: u64 = 1_000_000;
+        let conn = |fd: i32| ConnKey { tgid: 1, fd, ino: fd as u64 };
+        let turn = |fd: i32, seq: u32, at: u64| chat(fd, seq, at, vec![]);
+        let link = |fd: i32, seq: u32, at: u64, prev: &str| Record::RequestLink { conn: conn(fd), seq, ts_ns: at + 1, previous_response_id: prev.into() };
+        let chunk = |fd: i32, seq: u32, at: u64, id: &str| Record::Sse { conn: conn(fd), seq, ts_ns: at, kind: SseKind::Content, id: Some(id.into()), content_bytes: 3, finish_reason: None, usage: None };
+        let end = |fd: i32, seq: u32, at: u64| Record::HttpResponseEnd { conn: conn(fd), seq, ts_ns: at, body_len: 10 };
+        let mut m = LiveMetrics::new("x-session-id");
+        for r in [
+            // Agent A: turn 1 and 2 on connection 5, turn 3 on connection 6.
+            turn(5, 0, 0),
+            chunk(5, 0, 30 * MS, "resp_a1"),
+            end(5, 0, 100 * MS),
+            turn(5, 1, 200 * MS),
+            link(5, 1, 200 * MS, "resp_a1"),
+            chunk(5, 1, 230 * MS, "resp_a2"),
+            end(5, 1, 300 * MS),
+            turn(6, 0, 400 * MS),
+            link(6, 0, 400 * MS, "resp_a2"),
+            chunk(6, 0, 450 * MS, "resp_a3"),
+            end(6, 0, 500 * MS),
+            // Agent B's first turn, on connection 6 after A's turn 3; then
+            // a turn naming a response the recording never saw.
+            turn(6, 1, 600 * MS),
+            chunk(6, 1, 640 * MS, "resp_b1"),
+            end(6, 1, 700 * MS),
+            turn(7, 0, 800 * MS),
+            link(7, 0, 800 * MS, "resp_unseen"),
+            chunk(7, 0, 810 * MS, "resp_c2"),
+            end(7, 0, 900 * MS),
+        ] {
+            m.observe(&r);
+        }
+        let om = m.render_as(Format::OpenMetrics);
+        let count = |hop: &str| {
+            let want = format!("hopscope_hop_time_to_first_token_seconds_count{{hop=\"{hop}\"}} ");
+            om.lines().find_map(|l| l.strip_prefix(want.as_str())).map(|n| n.parse::<u64>().unwrap())
+        };
+        // A1, B1 and the unresolved turn are first hops; A2 second; A3 third.
+        assert_eq!((count("1"), count("2"), count("3")), (Some(3), Some(1), Some(1)), "{om}");
+        // 100 ms before A2 and before A3; none before B1 (its connection's
+        // chain gave A3's hop back to A).
+        assert!(om.lines().any(|l| l == "hopscope_chain_between_hops_seconds_count 2"), "{om}");
+        let sum: f64 = om.lines().find_map(|l| l.strip_prefix("hopscope_chain_between_hops_seconds_sum ")).unwrap().parse().unwrap();
+        assert!((sum - 0.2).abs() < 1e-9, "{sum}");
+        // A3's TTFT (50 ms) names agent A's trace: its first connection's chain.
+        let (a_chain, a_source) = crate::correlate::chain_key(conn(5), &[], "x-session-id");
+        let a_trace: String = crate::sink::otlp::request_trace_id(&a_chain, a_source).iter().map(|b| format!("{b:02x}")).collect();
+        let hop3 = om.lines().find(|l| l.starts_with("hopscope_hop_time_to_first_token_seconds_bucket{hop=\"3\",le=\"0.06\"} 1 # ")).unwrap_or_else(|| panic!("no hop 3 exemplar in\n{om}"));
+        assert!(hop3.contains(&a_trace), "{hop3} should name {a_trace}");
     }
 
     /// OpenMetrics (what Prometheus asks for): each histogram bucket names

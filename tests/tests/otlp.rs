@@ -39,6 +39,9 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
     let reqs: Vec<&Value> = report["requests"].as_array().unwrap().iter().filter(|r| r["done_ns"].is_u64()).collect();
     let servers: Vec<&Value> = spans.iter().filter(|s| s["kind"] == 2).collect();
     assert_eq!(servers.len(), reqs.len(), "one SERVER span per finished request");
+    // The readiness probe's answer has no id: its made-up name is no response id.
+    let probe = servers.iter().find(|s| attr(s, "url.path") == "/health").expect("the probe's span");
+    assert_eq!(attr(probe, "gen_ai.response.id"), Value::Null);
     let by_id: HashMap<&str, &Value> = servers.iter().map(|s| (s["span_id"].as_str().unwrap(), *s)).collect();
     for r in reqs.iter().filter(|r| r["path"] == "/v1/chat/completions") {
         let id = r["id"].as_str().unwrap();
@@ -58,6 +61,7 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
         // The GenAI conventions' operation and model, as the reference receiver decoded them.
         assert_eq!((attr(s, "gen_ai.operation.name"), attr(s, "gen_ai.request.model")), (Value::from("chat"), r["model"].clone()), "{id}");
         assert_eq!(r["model"], "hopscope-testbed");
+        assert_eq!(attr(s, "gen_ai.response.id"), *id, "the id the server wrote back");
         let e2e_ns = s["end"].as_str().map_or_else(|| s["end"].as_u64().unwrap(), |v| v.parse().unwrap()) - s["start"].as_str().map_or_else(|| s["start"].as_u64().unwrap(), |v| v.parse().unwrap());
         assert!((e2e_ns as f64 / 1e6 - r["e2e_ms"].as_f64().unwrap()).abs() < 1e-3, "span length is e2e");
         let children: Vec<&Value> = spans.iter().filter(|c| c["parent_span_id"] == s["span_id"]).collect();

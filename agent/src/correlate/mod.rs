@@ -142,6 +142,9 @@ pub struct Request {
     /// `previous_response_id`): the chain is that response's when no
     /// `traceparent` or chain header names one.
     pub previous_response_id: Option<String>,
+    /// `id` is the one the server wrote in the response (first SSE chunk or
+    /// JSON body), not one made up from the request or its connection.
+    pub id_from_response: bool,
 }
 
 impl Request {
@@ -659,6 +662,7 @@ impl Correlator {
                     compute: None,
                     kernels: None,
                     previous_response_id: None,
+                    id_from_response: false,
                     },
                     cluster: 0,
                 });
@@ -911,6 +915,7 @@ impl Correlator {
             self.open.remove(&OpenKey(r.conn, r.seq));
         }
         let server_named = !r.id.is_empty();
+        r.id_from_response = server_named;
         if r.id.is_empty() {
             r.id = name_of(r);
         }

@@ -2307,6 +2307,7 @@ mod tests {
             compute: None,
             kernels: None,
             previous_response_id: None,
+            id_from_response: true,
         }
     }
 

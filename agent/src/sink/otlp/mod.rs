@@ -315,6 +315,11 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     if let Some(m) = &r.model {
         attrs.push(s("gen_ai.request.model", m));
     }
+    // The id the client got back (`chatcmpl-…`, `resp_…`), when the server
+    // wrote one: not an id made up from `x-request-id` or the connection.
+    if r.id_from_response {
+        attrs.push(s("gen_ai.response.id", &r.id));
+    }
     // The conventions' finish reasons: one per choice; the first one's is known.
     if let Some(f) = &r.finish_reason {
         attrs.push(kv("gen_ai.response.finish_reasons", Value::Array(ArrayValue { values: vec![AnyValue { value: Some(Value::Str(f.clone())) }] })));
@@ -708,6 +713,26 @@ mod tests {
         assert_eq!(operation_name("/v1/embeddings/"), Some("embeddings"));
         assert_eq!(operation_name("/v1/models"), None);
         assert_eq!(operation_name("/v1/responses"), Some("chat"));
+    }
+
+    /// The id the server wrote back is the conventions' response id; an id
+    /// hopscope made up (from `x-request-id` or the connection) is not.
+    #[test]
+    fn only_an_id_the_server_wrote_is_the_spans_response_id() {
+        let (meta, mut analysis) = fixture_analysis();
+        // The readiness probe's answer names no id: it is named by its connection.
+        let probe = analysis.requests.iter().find(|r| r.path == "/health").expect("the fixture's probe");
+        assert!(!probe.id_from_response && probe.id.starts_with("conn:"), "{}", probe.id);
+        let done: Vec<usize> = (0..analysis.requests.len()).filter(|&i| analysis.requests[i].done_ns.is_some() && analysis.requests[i].path != "/health").collect();
+        assert!(done.len() >= 2 && done.iter().all(|&i| analysis.requests[i].id_from_response && analysis.requests[i].id.starts_with("chatcmpl-")), "the fixture's chats carry their ids");
+        let (named, made_up) = (analysis.requests[done[0]].id.clone(), format!("conn:1:9:{}", done[1]));
+        analysis.requests[done[1]].id.clone_from(&made_up);
+        analysis.requests[done[1]].id_from_response = false;
+        let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
+        let attr = |sp: &Span, k: &str| sp.attributes.iter().find(|a| a.key == k).and_then(|a| a.value.clone()).and_then(|v| v.value);
+        let span = |id: &str| spans.iter().find(|sp| sp.kind == 2 && attr(sp, "gen_ai.request.id") == Some(Value::Str(id.into()))).unwrap();
+        assert_eq!(attr(span(&named), "gen_ai.response.id"), Some(Value::Str(named.clone())));
+        assert_eq!(attr(span(&made_up), "gen_ai.response.id"), None);
     }
 
     /// A collector on a local port: answers each POST with the next status

@@ -982,9 +982,14 @@ impl EngineSide {
     /// arrival order and the frontend submits in that order, so clients
     /// that give up together take their engine requests in turn (the order
     /// of their aborts follows the server's event loop, not the closes).
+    /// An abort nearer another such request's close by more than
+    /// [`ABORT_CLOSE_MARGIN_NS`] is left to it (`nearer(submit, abort)`: a
+    /// live request closed unnamed, served at the submit, closed that much
+    /// nearer the abort): a client that left before its request reached the
+    /// engine has no abort, and must not take that of one who left later.
     /// Also returns the id the server gave it ([`http_name`]: what it would
     /// have written in the first chunk).
-    pub fn claim_aborted(&mut self, r: &Request, named: impl Fn(&[&str]) -> bool) -> Option<(EnginePhases, String)> {
+    pub fn claim_aborted(&mut self, r: &Request, named: impl Fn(&[&str]) -> bool, nearer: impl Fn(u64, u64) -> bool) -> Option<(EnginePhases, String)> {
         let closed = r.closed_ns?;
         if r.method != "POST" {
             return None;
@@ -1001,7 +1006,7 @@ impl EngineSide {
                 continue;
             }
             let keys = http_keys(e);
-            if named(keys.as_slice()) {
+            if named(keys.as_slice()) || nearer(submit, abort) {
                 continue;
             }
             best = Some(rank);
@@ -1020,6 +1025,13 @@ impl EngineSide {
 /// out only once any such abort has been read.
 pub const ABORT_NEAR_CLOSE_NS: u64 = 1_000_000_000;
 const _: () = assert!(ABORT_NEAR_CLOSE_NS < super::SETTLE_NS);
+
+/// How much nearer another closed request's close must lie to an ABORT for
+/// the abort to be left to it ([`EngineSide::claim_aborted`]). Clients that
+/// give up together (one timeout, closes within this) keep taking their
+/// aborts in submit order; vLLM aborts within a millisecond of the close
+/// (docs/decisions.md), far inside it.
+pub const ABORT_CLOSE_MARGIN_NS: u64 = 50_000_000;
 
 /// The phases an engine request gives the HTTP request that claimed it.
 fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
@@ -1564,6 +1576,46 @@ mod tests {
         let ra = a.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
         assert_eq!(ra.engine.as_ref().map(|e| e.engine_request_id.as_str()), Some("chatcmpl-a-0123abcd"));
         assert_eq!(a.drops.get("engine_requests_linked_by_abort"), None);
+    }
+
+    /// Q's client leaves at 300 ms while its request is still in the
+    /// frontend (no ADD: the server never submits it, nor aborts it); B,
+    /// submitted meanwhile and queued, is left by its client at 600 ms and
+    /// aborted then. Q, handed out first, must not take B's abort, which
+    /// lies within a second of Q's close too; clients leaving together
+    /// still take theirs in submit order (the test above).
+    #[test]
+    fn a_client_that_leaves_before_its_request_reaches_the_engine_takes_no_later_leavers_abort() {
+        let mut recs = http("chatcmpl-a", 5, 0);
+        recs.push(step(20 * MS, &[("chatcmpl-a", true, Some(2 * MS))]));
+        recs.push(sse("chatcmpl-a", 5, 21 * MS, SseKind::Content));
+        recs.push(http("chatcmpl-q", 6, 30 * MS).remove(0));
+        recs.extend(http("chatcmpl-b", 7, 40 * MS));
+        recs.push(close(6, 300 * MS));
+        recs.push(close(7, 600 * MS));
+        recs.push(abort(&["chatcmpl-b"], 600 * MS + 300_000));
+        recs.push(step(700 * MS, &[("chatcmpl-a", false, None)]));
+        recs.push(sse("chatcmpl-a", 5, 701 * MS, SseKind::Done));
+        recs.push(end(5, 702 * MS));
+        recs.sort_by_key(Record::ts_ns);
+        let a = analyse(&recs);
+        let by_fd = |fd: i32| a.requests.iter().find(|r| r.conn.fd == fd).unwrap();
+        let q = by_fd(6);
+        assert!(q.engine.is_none(), "Q never reached the engine, yet took {:?}", q.engine.as_ref().map(|e| &e.engine_request_id));
+        assert!(q.id.starts_with("conn:"), "{}", q.id);
+        let b = by_fd(7);
+        assert_eq!(b.engine.as_ref().map(|e| e.engine_request_id.as_str()), Some("chatcmpl-b-0123abcd"));
+        assert_eq!(b.id, "chatcmpl-b");
+        assert_eq!(a.drops.get("engine_requests_linked_by_abort"), Some(&1));
+        // Closes 40 ms apart are within the margin: submit order decides, as
+        // for clients leaving together (Q, handed out first, takes it).
+        let mut recs: Vec<Record> = recs.into_iter().filter(|r| !matches!(r, Record::ConnClose { .. } | Record::EngineAbort { .. })).collect();
+        recs.push(close(6, 560 * MS));
+        recs.push(close(7, 600 * MS));
+        recs.push(abort(&["chatcmpl-b"], 600 * MS + 300_000));
+        recs.sort_by_key(Record::ts_ns);
+        let a = analyse(&recs);
+        assert!(a.requests.iter().find(|r| r.conn.fd == 6).unwrap().engine.is_some(), "within the margin the earlier arrival takes it");
     }
 
     #[test]

@@ -927,7 +927,16 @@ impl Correlator {
             // a connection's, which the next request on a reused fd shares.
             let live = &self.live;
             let named = |keys: &[&str]| live.iter().any(|(_, l)| keys.iter().any(|k| *k == l.r.id || l.r.x_request_id.as_deref() == Some(*k)));
-            if let Some((e, id)) = self.engine.claim_aborted(r, named) {
+            let mine = r.closed_ns.unwrap_or_default();
+            let nearer = |submit: u64, abort: u64| {
+                live.iter().any(|(_, l)| {
+                    let o = &l.r;
+                    o.id.is_empty()
+                        && o.method == "POST"
+                        && o.closed_early_ns().is_some_and(|c| o.arrive_ns <= submit && submit <= c && abort.abs_diff(c) + engine::ABORT_CLOSE_MARGIN_NS < abort.abs_diff(mine))
+                })
+            };
+            if let Some((e, id)) = self.engine.claim_aborted(r, named, nearer) {
                 r.engine = Some(e);
                 r.id = id;
             }

@@ -727,6 +727,11 @@ fn synthetic(seed: u64) -> Synthetic {
                 g.emit(msg(io.api_out, read, 1, Dir::In, built, outs));
                 for i in idx {
                     reads[i] = read;
+                    // Its API server stamps its first token with its own
+                    // part's build time (vLLM's prefill ends there).
+                    if running[i].truth.first_token == end {
+                        running[i].truth.first_token = built;
+                    }
                 }
             }
             g.out_free = at + US;

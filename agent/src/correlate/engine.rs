@@ -773,7 +773,11 @@ impl EngineSide {
             r.engine_index = r.engine_index.or(engine_index);
             let first = o.new_tokens > 0 && r.first_token_ns.is_none();
             if first {
-                r.first_token_ns = Some(end_ns);
+                // Its part of a step sent to several API servers, built
+                // after the first part: the time its server stamps it with.
+                let part = o.events.iter().find(|e| e.kind == super::join::EV_PART_BUILT).and_then(|e| s_to_ns(e.timestamp_s));
+                let part = part.filter(|p| !impossible && built_ns.is_some() && (end_ns..=end_ns + super::join::SAME_STEP_NS).contains(p));
+                r.first_token_ns = Some(part.unwrap_or(end_ns));
                 r.first_step = Some(idx);
                 r.first_step_prev_end_ns = prev_end;
                 let name = http_name(r);
@@ -926,7 +930,11 @@ impl EngineSide {
             }
             let p = self.held_in.remove(i).expect("got it");
             conns.push(p.conn);
+            let from = h.outputs.len();
             h.outputs.extend(p.outputs);
+            if let (Some(a), Some(pb)) = (h.built_ns, p.built_ns) {
+                super::join::mark_parts(&mut h.outputs, from, a as f64 / 1e9, pb as f64 / 1e9);
+            }
             h.built_ns = h.built_ns.min(p.built_ns);
             h.stats |= p.stats;
             self.count("engine_reader_outputs_joined");
@@ -1728,6 +1736,10 @@ mod tests {
         same_engine_figures(&mut whole, &mut parts);
         let a = parts.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
         assert_eq!(a.engine.as_ref().unwrap().interference_ns, 40 * MS, "A still loses 40 ms to B's prefill");
+        // B's first token: when its own server's part was built (4 µs after
+        // A's), the time vLLM's API server measures its prefill to.
+        let first = |an: &Analysis| an.requests.iter().find(|r| r.id == "chatcmpl-b").unwrap().engine.as_ref().unwrap().first_token_ns.unwrap();
+        assert_eq!(first(&parts), first(&whole) + 4_000);
     }
 
     /// Each API server reads in its own time: the second server read its

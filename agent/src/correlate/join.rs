@@ -27,7 +27,7 @@ use std::hash::{Hash, Hasher};
 
 use super::{FxHasher, FxMap};
 use crate::event::{ConnKey, Dir};
-use crate::model::{EngineOutput, Record};
+use crate::model::{EngineEvent, EngineOutput, Record};
 
 /// Most apart two messages of one step were built (`EngineCoreOutputs.timestamp`):
 /// vLLM builds them in one loop, microseconds apart (3–6 µs in the testbed),
@@ -311,15 +311,42 @@ fn merge(into: &mut Record, part: &Record) {
     else {
         return;
     };
+    let from = outputs.len();
     outputs.extend(more.iter().cloned());
     *outputs_total = outputs_total.zip(*more_total).map(|(a, b)| a + b);
     finished_requests.extend(more_finished.iter().cloned());
     *truncated |= *more_truncated;
-    // The step's output was ready when its first part was built.
+    // The step's output was ready when its first part was built; each
+    // output keeps when its own part was, the time its API server stamps
+    // its tokens with (vLLM's first-token time, so its prefill), as an
+    // event of the joiner's own kind.
     if let (Some(a), Some(b)) = (timestamp_s.as_mut(), more_ts) {
+        mark_parts(outputs, from, *a, *b);
         *a = a.min(*b);
     }
 }
+
+/// `outputs[from..]`, a part built at `part_s`, joins those before it,
+/// built at `held_s` (the earliest of their parts): the outputs of the
+/// later-built side are marked with their part's time ([`EV_PART_BUILT`];
+/// an output marked already keeps its own).
+pub(crate) fn mark_parts(outputs: &mut [EngineOutput], from: usize, held_s: f64, part_s: f64) {
+    let (later, t) = if part_s > held_s {
+        (&mut outputs[from..], part_s)
+    } else if part_s < held_s {
+        (&mut outputs[..from], held_s)
+    } else {
+        return;
+    };
+    for o in later.iter_mut().filter(|o| !o.events.iter().any(|e| e.kind == EV_PART_BUILT)) {
+        o.events.push(EngineEvent { kind: EV_PART_BUILT, timestamp_s: t });
+    }
+}
+
+/// An output's event kind no vLLM sends (its are 1–3): when the part of a
+/// joined step that carried it was built, where later than the step's
+/// first part (`EngineCoreOutputs.timestamp` of its own message).
+pub const EV_PART_BUILT: u8 = 0xf0;
 
 #[cfg(test)]
 mod tests {
@@ -412,6 +439,27 @@ mod tests {
         let Record::EngineOutputs { ts_ns, outputs_total, timestamp_s, .. } = &got[2] else { panic!("{:?}", got[2]) };
         assert_eq!((*ts_ns, *outputs_total), (10 * MS, Some(2)), "the step's first write, both parts counted");
         assert_eq!(*timestamp_s, Some((10 * MS - 100 * US) as f64 / 1e9), "built when its first part was");
+        // Each output of a later-built part keeps its part's time (what its
+        // API server stamps its tokens with); the first part's need none.
+        let part_built = |r: &Record| -> Vec<Option<u64>> {
+            let Record::EngineOutputs { outputs, .. } = r else { panic!("{r:?}") };
+            outputs.iter().map(|o| o.events.iter().find(|e| e.kind == EV_PART_BUILT).map(|e| (e.timestamp_s * 1e9).round() as u64)).collect()
+        };
+        assert_eq!(part_built(&got[2]), [None, Some(10 * MS - 70 * US)]);
+        assert_eq!(part_built(&got[4]), [None, Some(20 * MS - 90 * US)]);
+    }
+
+    /// A part built before those held (sent after them) marks theirs.
+    #[test]
+    fn the_outputs_of_the_later_built_side_of_a_join_keep_their_parts_time() {
+        let part = |built: u64, id: &str| outs(3, 10 * MS, built, &[id]);
+        let mut held = part(10 * MS, "a");
+        merge(&mut held, &part(10 * MS + 5 * US, "b"));
+        merge(&mut held, &part(10 * MS - 3 * US, "c"));
+        let Record::EngineOutputs { outputs, timestamp_s, .. } = &held else { panic!() };
+        let marks: Vec<Vec<(u8, u64)>> = outputs.iter().map(|o| o.events.iter().map(|e| (e.kind, (e.timestamp_s * 1e9).round() as u64)).collect()).collect();
+        assert_eq!(marks, [vec![(EV_PART_BUILT, 10 * MS)], vec![(EV_PART_BUILT, 10 * MS + 5 * US)], vec![]]);
+        assert_eq!(*timestamp_s, Some((10 * MS - 3 * US) as f64 / 1e9));
     }
 
     #[test]

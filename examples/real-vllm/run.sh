@@ -5,8 +5,9 @@
 # usage and Responses API chains. Writes the recording, the client's marks, the report, the
 # Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
 # agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
-# (OUT/vllm_cpu_abort.*), and `record --pid` attached to a vLLM already serving
-# (OUT/vllm_cpu_attach.*). tests/tests/real_vllm.rs runs it and checks what it wrote.
+# (OUT/vllm_cpu_abort.*), `record --pid` attached to a vLLM already serving
+# (OUT/vllm_cpu_attach.*) and a vLLM with two API server processes (OUT/vllm_cpu_api2.*).
+# tests/tests/real_vllm.rs runs it and checks what it wrote.
 #
 #   sudo examples/real-vllm/run.sh [OUT]      (root: eBPF; ~6 GB of packages into VENV)
 #
@@ -34,14 +35,17 @@ fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 VLLM_ENABLE_RESPONSES_API_STORE=1
 PY=${PYTHON:-.venv/bin/python}
 
-# serve NAME MAX_NUM_SEQS [plain]: vLLM under `hopscope run`, recording to OUT/NAME.hop (with
-# `plain`, vLLM alone: `record --pid` attaches later); sets $hp.
+# serve NAME MAX_NUM_SEQS [plain|api2]: vLLM under `hopscope run`, recording to OUT/NAME.hop
+# (with `plain`, vLLM alone: `record --pid` attaches later; with `api2`, `vllm serve` with two API
+# server processes); sets $hp.
 serve() {
   rm -f "$OUT/$1.hop" "$OUT/$1.client.jsonl"
   local run=("$BIN" run --quiet -o "$OUT/$1.hop" --)
   [ "${3:-}" = plain ] && run=()
-  "${run[@]}" "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
-    --model "$MODEL" --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
+  local server=(-m vllm.entrypoints.openai.api_server --model "$MODEL")
+  [ "${3:-}" = api2 ] && server=(examples/real-vllm/vllm_serve.py serve "$MODEL" --api-server-count 2)
+  "${run[@]}" "$VENV/bin/python" "${server[@]}" \
+    --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
     --max-num-seqs "$2" > "$OUT/$1.server.log" 2>&1 &
   hp=$!
   for _ in $(seq 300); do
@@ -113,3 +117,14 @@ wait $rp
 stop
 "$BIN" report "$OUT/vllm_cpu_attach.hop" | tee "$OUT/report-attach.txt"
 "$BIN" report "$OUT/vllm_cpu_attach.hop" --json > "$OUT/report-attach.json"
+
+# 4. Two API server processes (`--api-server-count 2`, vLLM's default with data parallelism): the
+# connections shared between them, each engine step's outputs sent to both as a message each.
+serve vllm_cpu_api2 4 api2
+client vllm_cpu_api2 --chains 4 --hops 2 --max-tokens 16 --stagger-ms 20 --connection-per-hop
+client vllm_cpu_api2 --no-stream --chains 2 --hops 2 --max-tokens 16 --connection-per-hop
+curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics-api2.txt"
+stop
+"$BIN" report "$OUT/vllm_cpu_api2.hop" | tee "$OUT/report-api2.txt"
+"$BIN" report "$OUT/vllm_cpu_api2.hop" --json > "$OUT/report-api2.json"
+"$PY" examples/real-vllm/compare_metrics.py "$OUT/report-api2.json" "$OUT/vllm-metrics-api2.txt" | tee "$OUT/compare-api2.txt"

@@ -4,8 +4,8 @@
 //! (`agent/tests/fixtures/vllm_cpu.hop`); this one makes fresh recordings
 //! with this checkout's eBPF programs and decoders, so a change that breaks
 //! them on a real server fails here: every kind of request under
-//! `hopscope run`, clients that give up, and `record --pid` attached to a
-//! vLLM already serving. hopscope's sums are also set beside vLLM's own
+//! `hopscope run`, clients that give up, `record --pid` attached to a vLLM
+//! already serving, and two API server processes. hopscope's sums are also set beside vLLM's own
 //! `/metrics` for the same requests.
 //!
 //! Needs the vLLM environment `cargo xtask test` installs
@@ -156,23 +156,15 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // at the hand-over to the engine and its E2E at the request's read,
     // both before vLLM's; decode differs by the output paths of the first
     // and last tokens (docs/benchmarks.md: -0.55 to -1.14 ms a request).
-    let cmp = Command::new(python())
-        .arg(workspace().join("examples/real-vllm/compare_metrics.py"))
-        .args([out.join("report.json"), out.join("vllm-metrics.txt")])
-        .arg("--json")
-        .output()
-        .expect("compare_metrics.py");
-    assert!(cmp.status.success(), "compare_metrics.py: {}", String::from_utf8_lossy(&cmp.stderr));
-    let rows: Value = serde_json::from_slice(&cmp.stdout).expect("compare_metrics.py --json");
-    let row = |h: &str| rows.as_array().unwrap().iter().find(|r| r["hopscope"] == h).unwrap_or_else(|| panic!("{h}: {rows}"));
+    let rows = compare_metrics(&out.join("report.json"), &out.join("vllm-metrics.txt"));
     for h in ["queue", "prefill", "decode", "e2e"] {
-        let r = row(h);
+        let r = rows.row(h);
         assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(12), Some(12)), "{r}");
     }
-    let diff = |h: &str| row(h)["ms"].as_f64().unwrap() - row(h)["vllm_ms"].as_f64().unwrap();
-    assert!(diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {rows}", diff("prefill"));
-    assert!(diff("decode").abs() < 3.0 * 12.0, "decode {} ms from vLLM's: {rows}", diff("decode"));
-    assert!(diff("queue") > 0.0 && diff("e2e") > 0.0, "{rows}");
+    let diff = |h: &str| rows.diff(h);
+    assert!(diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", diff("prefill"), rows.0);
+    assert!(diff("decode").abs() < 3.0 * 12.0, "decode {} ms from vLLM's: {}", diff("decode"), rows.0);
+    assert!(diff("queue") > 0.0 && diff("e2e") > 0.0, "{}", rows.0);
 
     // 2. Clients that give up: three in the queue (each joined by vLLM's
     // ABORT to its own engine request), one cut mid-stream (by its id).
@@ -215,4 +207,40 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let hops = lines(&out.join("vllm_cpu_attach.client.jsonl"));
     assert_eq!(hops.len(), 6);
     assert_every_answer_joined(&rep, &hops);
+
+    // 4. Two API server processes: the connections (one per hop) shared
+    // between them, each step's outputs sent to both as a message each and
+    // joined into one step; every request joined, prefill vLLM's.
+    eprintln!("{}", std::fs::read_to_string(out.join("compare-api2.txt")).unwrap_or_default());
+    let rep = json(&out.join("report-api2.json"));
+    assert_nothing_lost(&rep, &out.join("vllm_cpu_api2.server.log"));
+    let hops = lines(&out.join("vllm_cpu_api2.client.jsonl"));
+    assert_eq!(hops.len(), 12);
+    assert_every_answer_joined(&rep, &hops);
+    let servers: BTreeSet<u64> = hops.iter().map(|h| request(&rep, h["id"].as_str().unwrap())["pid"].as_u64().unwrap()).collect();
+    assert_eq!(servers.len(), 2, "12 connections served by both API server processes: {servers:?}");
+    let drops = &rep["recording"]["drops"];
+    assert!(drops["engine_outputs_joined"].as_u64().unwrap_or(0) > 0, "{drops}");
+    let rows = compare_metrics(&out.join("report-api2.json"), &out.join("vllm-metrics-api2.txt"));
+    assert!(rows.diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", rows.diff("prefill"), rows.0);
+    assert!(rows.0.as_array().unwrap().iter().filter(|r| r["hopscope"] != "ttft").all(|r| r["n"] == 12 && r["vllm_n"] == 12), "{}", rows.0);
+}
+
+/// `compare_metrics.py --json`: hopscope's sums beside vLLM's `/metrics`.
+struct Rows(Value);
+
+impl Rows {
+    fn row(&self, h: &str) -> &Value {
+        self.0.as_array().unwrap().iter().find(|r| r["hopscope"] == h).unwrap_or_else(|| panic!("{h}: {}", self.0))
+    }
+    /// hopscope's sum less vLLM's, in ms.
+    fn diff(&self, h: &str) -> f64 {
+        self.row(h)["ms"].as_f64().unwrap() - self.row(h)["vllm_ms"].as_f64().unwrap()
+    }
+}
+
+fn compare_metrics(report: &Path, metrics: &Path) -> Rows {
+    let cmp = Command::new(python()).arg(workspace().join("examples/real-vllm/compare_metrics.py")).args([report, metrics]).arg("--json").output().expect("compare_metrics.py");
+    assert!(cmp.status.success(), "compare_metrics.py: {}", String::from_utf8_lossy(&cmp.stderr));
+    Rows(serde_json::from_slice(&cmp.stdout).expect("compare_metrics.py --json"))
 }

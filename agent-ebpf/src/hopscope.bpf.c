@@ -64,6 +64,12 @@ const volatile __u32 pidns_ino = 0;
  * spilled entry succeeds, as it does in a real run. 0 in production; the
  * verifier drops the branch. */
 const volatile __u8 fail_offcpu_alloc = 0;
+/* Fault injection for tests: every in-flight slot allocation at a syscall's
+ * entry fails (the spill path). 0 in production. */
+const volatile __u8 fail_inflight_alloc = 0;
+/* Set once a syscall entry was spilled: until then a thread without an
+ * in-flight slot has nothing to look up at its exits. */
+__u32 inflight_spilled_any = 0;
 
 /* ---- maps ---- */
 
@@ -166,6 +172,19 @@ struct {
 	__type(key, int);
 	__type(value, struct inflight);
 } inflight SEC(".maps");
+
+/* Syscall entries whose `inflight` slot could not be allocated (the same
+ * allocation that fails in sched_switch can fail here under pressure; never
+ * seen so far), by global tid until the syscall's exit takes them. The
+ * exit's wire departure (net:net_dev_queue) is not looked up here: a
+ * spilled write keeps its exit time. A thread that dies inside the syscall
+ * leaves its entry, deleted at its exit (sched_process_exit). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct inflight);
+} inflight_spill SEC(".maps");
 
 /* When unread data first became readable on a socket (struct sock address ->
  * ns; 0: nothing unread since the last read). Set by sock:sk_data_ready if
@@ -544,10 +563,17 @@ static __always_inline __u8 sk_family(struct sock *sk)
 static __always_inline void stash(struct inflight *inf)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct inflight *slot = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	struct inflight *slot = bpf_task_storage_get(&inflight, task, 0, fail_inflight_alloc ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
+	__u32 gtid;
 
 	if (!slot) {
-		stat_add(HS_STAT_INFLIGHT_FULL, 1);
+		gtid = task->pid;
+		if (bpf_map_update_elem(&inflight_spill, &gtid, inf, BPF_ANY) == 0) {
+			inflight_spilled_any = 1;
+			stat_add(HS_STAT_INFLIGHT_SPILLED, 1);
+		} else {
+			stat_add(HS_STAT_INFLIGHT_FULL, 1);
+		}
 		return;
 	}
 	*slot = *inf;
@@ -596,8 +622,23 @@ static __always_inline int unstash(__u16 sys, struct inflight *out)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
 	struct inflight *inf = bpf_task_storage_get(&inflight, task, 0, 0);
+	struct inflight *sp;
+	__u32 gtid;
 	int ok = 0;
 
+	if (!inf && inflight_spilled_any) {
+		/* No slot: its entry, if any, was spilled. */
+		gtid = task->pid;
+		sp = bpf_map_lookup_elem(&inflight_spill, &gtid);
+		if (!sp)
+			return 0;
+		if (sp->syscall == sys) {
+			*out = *sp;
+			ok = 1;
+		}
+		bpf_map_delete_elem(&inflight_spill, &gtid);
+		return ok;
+	}
 	if (!inf || inf->syscall == 0)
 		return 0;
 	if (inf->syscall == sys) {
@@ -1021,7 +1062,13 @@ int BPF_PROG(sched_process_exit, struct task_struct *p)
 {
 	__u32 tgid;
 
-	/* The thread's `inflight` and `offcpu` slots go with its task. */
+	/* The thread's `inflight` and `offcpu` slots go with its task; a
+	 * syscall entry it spilled and never left goes here. */
+	if (inflight_spilled_any) {
+		__u32 gtid = p->pid;
+
+		bpf_map_delete_elem(&inflight_spill, &gtid);
+	}
 	if (p->pid != p->tgid)
 		return 0;
 	tgid = task_tgid(p);

@@ -91,7 +91,8 @@
                                     * before a unix transfer's captured tail) */
 #define HS_STAT_COPY_FAILED 3      /* io records whose user buffer could not be read (or, never
                                     * expected, that found no staging area: not emitted) */
-#define HS_STAT_INFLIGHT_FULL 4    /* syscall enters lost: no in-flight slot (task storage allocation failed) */
+#define HS_STAT_INFLIGHT_FULL 4    /* syscall enters lost: no in-flight slot (task storage allocation
+                                    * failed) and the spill map refused it */
 #define HS_STAT_TARGETS_FULL 5     /* forked children not followed: targets map full */
 #define HS_STAT_SCHED_SHORT 6      /* off-CPU intervals below min_offcpu_ns (aggregated, not sent) */
 #define HS_STAT_SCHED_SHORT_NS 7   /* total ns of those short intervals */
@@ -100,6 +101,7 @@
 #define HS_STAT_IOV_TRUNCATED 9    /* readv/writev/msg with more iovecs than the kernel walks */
 #define HS_STAT_WAKEUPS 10         /* forced consumer wake-ups (threshold reached) */
 #define HS_STAT_SCHED_SPILLED 11   /* off-CPU starts kept in the spill map: no task storage slot yet */
+#define HS_STAT_INFLIGHT_SPILLED 12 /* syscall entries kept in the spill map: no in-flight slot yet */
 #define HS_STAT_MAX 16
 
 /* Common header of every record. `size` is the record's total length in bytes,

@@ -52,7 +52,7 @@ mod tests {
         assert_eq!(HS_HDR_SIZE, 24);
         assert_eq!(HS_IO_OFF_DATA, HS_IO_SIZE);
         assert!(HS_MAX_CAPTURE.is_power_of_two());
-        assert_eq!(HS_STAT_NAMES.len(), 12);
+        assert_eq!(HS_STAT_NAMES.len(), 13);
         assert!(HS_STAT_NAMES.iter().all(|(i, _)| *i < HS_STAT_MAX));
     }
 }

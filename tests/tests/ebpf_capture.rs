@@ -321,6 +321,54 @@ out("done", got1.decode(), got2.decode())
     assert_eq!(ios(&evs, pid).len(), 4, "{:#?}", ios(&evs, pid));
 }
 
+/// When a thread's in-flight slot cannot be allocated at a syscall's entry
+/// (the task-storage allocation that failed inside sched_switch on a real
+/// vLLM can fail here under pressure too), the entry is spilled to a
+/// preallocated map and its exit still makes the record: the same bytes,
+/// accept and close as always, counted as spilled, none lost. Every
+/// allocation fails here (injected).
+#[test]
+fn a_syscall_whose_inflight_slot_cannot_be_allocated_is_spilled_not_lost() {
+    let Some(_serial) = privileged("a_syscall_whose_inflight_slot_cannot_be_allocated_is_spilled_not_lost") else { return };
+    let py = Py::spawn(
+        r#"
+a, b = socket.socketpair()
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+cl = socket.socket()
+out("ready")
+wait_go()
+a.sendall(b"spilled-unix-ping")
+got1 = b.recv(100)
+cl.connect(srv.getsockname())
+c, _ = srv.accept()
+cl.sendall(b"spilled-tcp-ping")
+got2 = c.recv(100)
+c.close()
+out("done", got1.decode(), got2.decode())
+"#,
+    );
+    let Traced { done, pid, evs, src, .. } = py.traced(|c| c.fail_inflight_alloc = true);
+    assert_eq!(done, ["spilled-unix-ping", "spilled-tcp-ping"]);
+    let send = find_io(&evs, pid, Syscall::Sendto, b"spilled-unix-ping");
+    let recv = find_io(&evs, pid, Syscall::Recvfrom, b"spilled-unix-ping");
+    assert_eq!((send.family, send.dir, recv.dir, send.len), (Family::Unix, Dir::Out, Dir::In, 17));
+    assert!(send.enter_ns <= send.ts_ns && send.enter_ns > 0, "{send:?}");
+    let accept = evs
+        .iter()
+        .find_map(|e| match e {
+            KEvent::Conn(c) if c.conn.tgid == pid && c.op == ConnOp::Accept => Some(c),
+            _ => None,
+        })
+        .expect("the accept, through the spill");
+    assert!(evs.iter().any(|e| matches!(e, KEvent::Conn(c) if c.conn.tgid == pid && c.op == ConnOp::Connect)), "the connect");
+    let tcp_in = find_io(&evs, pid, Syscall::Recvfrom, b"spilled-tcp-ping");
+    assert_eq!((tcp_in.family, tcp_in.conn), (Family::Inet, accept.conn));
+    assert!(evs.iter().any(|e| matches!(e, KEvent::Close(c) if c.conn == accept.conn)), "the close of the accepted socket");
+    let st = src.stats();
+    assert!(st.get("kernel_inflight_spilled").unwrap() >= 7, "{st:?}");
+    assert_eq!(st.get("kernel_inflight_full"), Some(0), "{st:?}");
+}
+
 /// A netlink dump (what a vLLM, torch and gloo read as they start, listing
 /// the machine's interfaces) is seen, sized and counted, but none of its
 /// bytes are copied out of the kernel: no HTTP or IPC runs there. Nor is it

@@ -1239,6 +1239,7 @@ pub fn is_loss(name: &str) -> bool {
         "kernel_sched_short",
         "kernel_sched_short_ns",
         "kernel_sched_spilled",
+        "kernel_inflight_spilled",
         "ipc_messages",
         "ipc_add",
         "ipc_outputs",

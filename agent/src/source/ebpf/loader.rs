@@ -199,6 +199,10 @@ pub struct EbpfConfig {
     /// sched_switch (interrupts off), so that each thread's first sleep takes
     /// the spill path (`kernel_sched_spilled`). Never set in production.
     pub fail_offcpu_alloc: bool,
+    /// Fault injection, for tests: every in-flight slot allocation at a
+    /// syscall's entry fails, so that each traced syscall takes the spill
+    /// path (`kernel_inflight_spilled`). Never set in production.
+    pub fail_inflight_alloc: bool,
 }
 
 /// Records of the largest capture the ring buffer must hold at least: fewer,
@@ -226,6 +230,7 @@ impl Default for EbpfConfig {
             ringbuf_bytes: 16 * 1024 * 1024,
             enable_bpf_stats: false,
             fail_offcpu_alloc: false,
+            fail_inflight_alloc: false,
         }
     }
 }
@@ -456,6 +461,7 @@ impl EbpfSource {
             .override_global("min_offcpu_ns", &cfg.min_offcpu_ns, true)
             .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
             .override_global("fail_offcpu_alloc", &u8::from(cfg.fail_offcpu_alloc), true)
+            .override_global("fail_inflight_alloc", &u8::from(cfg.fail_inflight_alloc), true)
             .map_max_entries("events", ringbuf_bytes)
             .map_max_entries("scratch", cpus)
             // `inflight` and `offcpu` are task storage, which aya creates but

@@ -292,6 +292,12 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
 
 /// [`record_testbed`] with `hopscope run` options (`record_args`).
 pub fn record_testbed_with(name: &str, record_args: &[&str], serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
+    record_testbed_then(name, record_args, serve_args, clients, || {})
+}
+
+/// [`record_testbed_with`], calling `before_stop` once the clients are done,
+/// while hopscope still records (to scrape its live `--metrics`).
+pub fn record_testbed_then(name: &str, record_args: &[&str], serve_args: &[&str], clients: &[&[&str]], before_stop: impl FnOnce()) -> TestbedRun {
     let dir = scratch(name);
     let port = free_port();
     let py = python();
@@ -340,6 +346,7 @@ pub fn record_testbed_with(name: &str, record_args: &[&str], serve_args: &[&str]
     }
     let client = dir.join("client.jsonl");
     std::fs::write(&client, marks).unwrap();
+    before_stop();
     TestbedRun { hop: rec.stop(), truth, client }
 }
 

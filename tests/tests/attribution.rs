@@ -291,11 +291,32 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
 #[test]
 fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
     let Some(_serial) = privileged("responses_turns_sent_with_their_previous_response_id_form_their_chains") else { return };
-    let run = run_testbed(
+    // Live Prometheus metrics too: scraped (OpenMetrics, the reference
+    // parser) once every turn's TTFT is in, while still recording.
+    let mport = free_port().to_string();
+    let url = format!("http://127.0.0.1:{mport}/metrics");
+    let mut scraped = Value::Null;
+    let hop_ttfts = |om: &Value| -> Vec<(String, f64)> {
+        let fam = om["hopscope_hop_time_to_first_token_seconds"]["samples"].as_array().cloned().unwrap_or_default();
+        fam.iter().filter(|s| s[0] == "hopscope_hop_time_to_first_token_seconds_count").map(|s| (s[1]["hop"].as_str().unwrap().to_owned(), s[2].as_f64().unwrap())).collect()
+    };
+    let t = record_testbed_then(
         "attr-prevresp",
+        &["--metrics", &mport],
         &[],
         &[&["--api", "responses", "--previous-response", "--no-session-header", "--connection-per-hop", "--chains", "2", "--hops", "3", "--max-tokens", "8", "--stagger-ms", "30"]],
+        || {
+            let t0 = std::time::Instant::now();
+            loop {
+                scraped = serde_json::from_str(&run_py("scrape.py", &[&url, "--openmetrics"])).unwrap();
+                if hop_ttfts(&scraped).iter().map(|h| h.1).sum::<f64>() >= 6.0 || t0.elapsed() > std::time::Duration::from_secs(15) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+        },
     );
+    let run = Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop };
     let worst = check_phases(&run);
     eprintln!("previous_response_id chains: worst phase error {worst:.3} ms");
     let by_id: HashMap<&str, &Value> = run.report["requests"].as_array().unwrap().iter().map(|r| (r["id"].as_str().unwrap(), r)).collect();
@@ -323,6 +344,24 @@ fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
     let recs = hopscope::recording::load(&run.hop).unwrap().records;
     let accepts = recs.iter().filter(|r| matches!(r, hopscope::model::Record::ConnOpen { op: hopscope::event::ConnOp::Accept, .. })).count();
     assert!(accepts >= 7, "{accepts} connections accepted for 6 hops and the probe");
+    // The live metrics follow the links as the report does: two first,
+    // second and third hops (each on a connection of its own, they were six
+    // first hops before session 40), the time between hops four times, and
+    // the third hops' TTFT exemplars name their agents' traces.
+    let mut hops = hop_ttfts(&scraped);
+    hops.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(hops, [("1".to_owned(), 2.0), ("2".to_owned(), 2.0), ("3".to_owned(), 2.0)], "TTFTs by hop label");
+    let between = scraped["hopscope_chain_between_hops_seconds"]["samples"].as_array().unwrap().iter().find(|s| s[0] == "hopscope_chain_between_hops_seconds_count").unwrap()[2].as_f64().unwrap();
+    assert_eq!(between, 4.0, "{}", scraped["hopscope_chain_between_hops_seconds"]);
+    let traces: BTreeSet<String> = chains
+        .iter()
+        .map(|c| hopscope::sink::otlp::request_trace_id(c, hopscope::correlate::ChainSource::Connection).iter().map(|b| format!("{b:02x}")).collect())
+        .collect();
+    let third: Vec<&Value> = scraped["hopscope_hop_time_to_first_token_seconds"]["samples"].as_array().unwrap().iter().filter(|s| s[1]["hop"] == "3" && !s[3].is_null()).collect();
+    assert!(!third.is_empty(), "exemplars on the third hops' buckets: {}", scraped["hopscope_hop_time_to_first_token_seconds"]);
+    for s in third {
+        assert!(traces.contains(s[3]["labels"]["trace_id"].as_str().unwrap()), "{s} names neither agent's trace {traces:?}");
+    }
 }
 
 /// The recording's counters named in `want` hold those values (absent: 0).

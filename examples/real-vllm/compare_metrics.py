@@ -10,7 +10,14 @@ requests vLLM counted (those joined to an engine request). What each side measur
   time_to_first_token   arrival_time -> first token out    ttft: request read -> first content write
   e2e_request_latency   arrival_time -> finished           e2e: request read -> last byte written
 
+and vLLM's token counters beside the sums of the same requests' token counts (equal when every
+request vLLM served was recorded): prompt tokens, prompt tokens served from the prefix cache,
+generated tokens.
+
     compare_metrics.py REPORT.json VLLM_METRICS.txt [--json]
+
+--json prints the rows as a list: timing rows {metric, vllm_n, vllm_ms, hopscope, n, ms}, token
+rows {metric, vllm_tokens, hopscope, tokens}.
 """
 import json
 import sys
@@ -25,13 +32,23 @@ PAIRS = [
     ("e2e_request_latency_seconds", "e2e", lambda q: q["e2e_ms"]),
 ]
 
+# vLLM's counters (summed over engines) and the report's per-request counts.
+TOKENS = [
+    ("prompt_tokens_total", "prompt_tokens"),
+    ("prompt_tokens_cached_total", "cached_tokens"),
+    ("generation_tokens_total", "completion_tokens"),
+]
+
 
 def main() -> int:
     report = json.load(open(sys.argv[1]))
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
+    totals: dict[str, float] = {}
     for fam in text_string_to_metric_families(open(sys.argv[2]).read()):
         for s in fam.samples:
+            if s.name.endswith("_total"):
+                totals[s.name] = totals.get(s.name, 0.0) + s.value
             if s.name.endswith("_sum"):
                 sums[s.name[:-4]] = sums.get(s.name[:-4], 0.0) + s.value
             elif s.name.endswith("_count"):
@@ -49,13 +66,24 @@ def main() -> int:
             "n": len(ours),
             "ms": sum(ours),
         })
+    for metric, name in TOKENS:
+        key = f"vllm:{metric}"
+        rows.append({
+            "metric": key,
+            "vllm_tokens": int(totals[key]) if key in totals else None,
+            "hopscope": name,
+            "tokens": sum(q[name] or 0 for q in joined),
+        })
     if "--json" in sys.argv[3:]:
         print(json.dumps(rows))
         return 0
     print(f"{'vLLM metric':34} {'n':>3} {'vLLM sum ms':>12}   {'hopscope':10} {'n':>3} {'sum ms':>10} {'diff ms':>9}")
     for r in rows:
-        if r["vllm_ms"] is None:
+        if r.get("vllm_ms", r.get("vllm_tokens")) is None:
             print(f"{r['metric']:34} absent")
+            continue
+        if "tokens" in r:
+            print(f"{r['metric']:34}     {r['vllm_tokens']:>12}   {r['hopscope']:17} {r['tokens']:>7} {r['tokens'] - r['vllm_tokens']:9}")
             continue
         print(f"{r['metric']:34} {r['vllm_n']:>3} {r['vllm_ms']:12.2f}   {r['hopscope']:10} {r['n']:>3} {r['ms']:10.2f} {r['ms'] - r['vllm_ms']:9.2f}")
     return 0

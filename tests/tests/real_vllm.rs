@@ -156,6 +156,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // at the hand-over to the engine and its E2E at the request's read,
     // both before vLLM's; decode differs by the output paths of the first
     // and last tokens (docs/benchmarks.md: -0.55 to -1.14 ms a request).
+    // vLLM's token counters: the report's counts, prefix-cache hits included.
     let rows = compare_metrics(&out.join("report.json"), &out.join("vllm-metrics.txt"));
     for h in ["queue", "prefill", "decode", "e2e"] {
         let r = rows.row(h);
@@ -165,6 +166,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     assert!(diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", diff("prefill"), rows.0);
     assert!(diff("decode").abs() < 3.0 * 12.0, "decode {} ms from vLLM's: {}", diff("decode"), rows.0);
     assert!(diff("queue") > 0.0 && diff("e2e") > 0.0, "{}", rows.0);
+    rows.assert_tokens_equal();
 
     // 2. Clients that give up: three in the queue (each joined by vLLM's
     // ABORT to its own engine request), one cut mid-stream (by its id).
@@ -223,7 +225,8 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     assert!(drops["engine_outputs_joined"].as_u64().unwrap_or(0) > 0, "{drops}");
     let rows = compare_metrics(&out.join("report-api2.json"), &out.join("vllm-metrics-api2.txt"));
     assert!(rows.diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", rows.diff("prefill"), rows.0);
-    assert!(rows.0.as_array().unwrap().iter().filter(|r| r["hopscope"] != "ttft").all(|r| r["n"] == 12 && r["vllm_n"] == 12), "{}", rows.0);
+    assert!(rows.0.as_array().unwrap().iter().filter(|r| r["hopscope"] != "ttft" && r.get("n").is_some()).all(|r| r["n"] == 12 && r["vllm_n"] == 12), "{}", rows.0);
+    rows.assert_tokens_equal();
 }
 
 /// `compare_metrics.py --json`: hopscope's sums beside vLLM's `/metrics`.
@@ -236,6 +239,15 @@ impl Rows {
     /// hopscope's sum less vLLM's, in ms.
     fn diff(&self, h: &str) -> f64 {
         self.row(h)["ms"].as_f64().unwrap() - self.row(h)["vllm_ms"].as_f64().unwrap()
+    }
+    /// vLLM's token counters and the report's sums over the same requests
+    /// are equal: prompt, prefix-cached and generated tokens.
+    fn assert_tokens_equal(&self) {
+        for h in ["prompt_tokens", "cached_tokens", "completion_tokens"] {
+            let r = self.row(h);
+            assert!(r["tokens"].as_u64().is_some_and(|n| n > 0 || h == "cached_tokens"), "{r}");
+            assert_eq!(r["tokens"], r["vllm_tokens"], "{h}: {}", self.0);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hopscope_integration::privileged;
-use hopscope::event::{Burst, ConnOp, Dir, Family, IoEvent, KEvent, ProcOp, Syscall};
+use hopscope::event::{Burst, ConnEvent, ConnOp, Dir, Family, IoEvent, KEvent, ProcOp, Syscall};
 use hopscope::source::ebpf::{EbpfConfig, EbpfSource, SourceError};
 
 
@@ -169,6 +169,14 @@ fn find_io<'a>(evs: &'a [KEvent], tgid: u32, syscall: Syscall, data: &[u8]) -> &
     })
 }
 
+/// The first accept or connect (`op`) of process `tgid`.
+fn conn_event(evs: &[KEvent], tgid: u32, op: ConnOp) -> Option<&ConnEvent> {
+    evs.iter().find_map(|e| match e {
+        KEvent::Conn(c) if c.conn.tgid == tgid && c.op == op => Some(c),
+        _ => None,
+    })
+}
+
 fn assert_no_self_events(evs: &[KEvent]) {
     let me = std::process::id();
     let mine: Vec<&KEvent> = evs
@@ -229,13 +237,7 @@ out("done", len(req))
     let evs = collect(&mut src);
     assert_no_self_events(&evs);
 
-    let accept = evs
-        .iter()
-        .find_map(|e| match e {
-            KEvent::Conn(c) if c.conn.tgid == pid && c.op == ConnOp::Accept => Some(c),
-            _ => None,
-        })
-        .expect("accept event");
+    let accept = conn_event(&evs, pid, ConnOp::Accept).expect("accept event");
     assert_eq!(accept.family, Family::Inet);
     assert!(accept.ret >= 0 && accept.conn.fd as i64 == accept.ret);
     assert_eq!(accept.local, Some(format!("127.0.0.1:{port}").parse().unwrap()));
@@ -267,13 +269,7 @@ out("done", len(req))
         .expect("close of the accepted socket");
     assert!(close.ts_ns >= resp.ts_ns);
 
-    let connect = evs
-        .iter()
-        .find_map(|e| match e {
-            KEvent::Conn(c) if c.conn.tgid == pid && c.op == ConnOp::Connect => Some(c),
-            _ => None,
-        })
-        .expect("connect event");
+    let connect = conn_event(&evs, pid, ConnOp::Connect).expect("connect event");
     assert_eq!(connect.ret, 0);
     assert_eq!(connect.peer, Some(format!("127.0.0.1:{agent_port}").parse().unwrap()));
     assert_eq!(connect.local, Some(upstream.peer_addr().unwrap()));
@@ -353,14 +349,8 @@ out("done", got1.decode(), got2.decode())
     let recv = find_io(&evs, pid, Syscall::Recvfrom, b"spilled-unix-ping");
     assert_eq!((send.family, send.dir, recv.dir, send.len), (Family::Unix, Dir::Out, Dir::In, 17));
     assert!(send.enter_ns <= send.ts_ns && send.enter_ns > 0, "{send:?}");
-    let accept = evs
-        .iter()
-        .find_map(|e| match e {
-            KEvent::Conn(c) if c.conn.tgid == pid && c.op == ConnOp::Accept => Some(c),
-            _ => None,
-        })
-        .expect("the accept, through the spill");
-    assert!(evs.iter().any(|e| matches!(e, KEvent::Conn(c) if c.conn.tgid == pid && c.op == ConnOp::Connect)), "the connect");
+    let accept = conn_event(&evs, pid, ConnOp::Accept).expect("the accept, through the spill");
+    assert!(conn_event(&evs, pid, ConnOp::Connect).is_some(), "the connect");
     let tcp_in = find_io(&evs, pid, Syscall::Recvfrom, b"spilled-tcp-ping");
     assert_eq!((tcp_in.family, tcp_in.conn), (Family::Inet, accept.conn));
     assert!(evs.iter().any(|e| matches!(e, KEvent::Close(c) if c.conn == accept.conn)), "the close of the accepted socket");

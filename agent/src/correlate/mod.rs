@@ -435,11 +435,8 @@ pub struct Correlator {
     emitted_up_to: Option<OrderKey>,
     /// Per chain key: hops handed out so far, by key source.
     hops: FxMap<String, [u32; 3]>,
-    /// Responses API response id → the chain of the request that made it,
-    /// for a later turn naming it as `previous_response_id`; the oldest
-    /// forgotten past [`RESPONSE_CHAINS`] (`order`).
-    responses: FxMap<String, (String, ChainSource)>,
-    response_order: std::collections::VecDeque<String>,
+    /// For a later turn naming a response as `previous_response_id`.
+    responses: ResponseChains,
     wire: wire_steps::Clusters,
     drops: BTreeMap<String, u64>,
     own: BTreeMap<&'static str, u64>,
@@ -468,6 +465,38 @@ pub struct Correlator {
 /// ([`Correlator::link_response`]): an agent's next turn comes within
 /// seconds; 65 536 bounds the memory (~10 MB) of a long recording.
 pub const RESPONSE_CHAINS: usize = 1 << 16;
+
+/// Responses API response id → the chain (and its key's source) of the
+/// request that made it; the oldest forgotten past [`RESPONSE_CHAINS`]. The
+/// correlator's and the live metrics' one map, so both follow a turn's
+/// `previous_response_id` to the same chain.
+#[derive(Default)]
+pub struct ResponseChains {
+    chains: FxMap<String, (String, ChainSource)>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl ResponseChains {
+    /// The chain of response `id`, if remembered.
+    pub fn get(&self, id: &str) -> Option<&(String, ChainSource)> {
+        self.chains.get(id)
+    }
+
+    /// Response `id` was made in `chain`: remembered when it is a Responses
+    /// API id (`resp_…`) not remembered yet.
+    pub fn remember(&mut self, id: &str, chain: &str, source: ChainSource) {
+        if !id.starts_with("resp_") || self.chains.contains_key(id) {
+            return;
+        }
+        if self.order.len() >= RESPONSE_CHAINS {
+            if let Some(old) = self.order.pop_front() {
+                self.chains.remove(&old);
+            }
+        }
+        self.chains.insert(id.to_owned(), (chain.to_owned(), source));
+        self.order.push_back(id.to_owned());
+    }
+}
 
 /// A request's chain key: the `traceparent` trace-id, else the `chain_header`
 /// header, else the client connection. One rule for the correlator and the
@@ -505,8 +534,7 @@ impl Correlator {
             open: FxMap::default(),
             emitted_up_to: None,
             hops: FxMap::default(),
-            responses: FxMap::default(),
-            response_order: std::collections::VecDeque::new(),
+            responses: ResponseChains::default(),
             wire: wire_steps::Clusters::new(wire_steps::DEFAULT_GAP_NS),
             drops: BTreeMap::new(),
             own: BTreeMap::new(),
@@ -857,15 +885,7 @@ impl Correlator {
                 None => self.count("request_links_unresolved"),
             }
         }
-        if r.id.starts_with("resp_") && !self.responses.contains_key(r.id.as_str()) {
-            if self.response_order.len() >= RESPONSE_CHAINS {
-                if let Some(old) = self.response_order.pop_front() {
-                    self.responses.remove(&old);
-                }
-            }
-            self.responses.insert(r.id.clone(), (r.chain.clone(), r.chain_source));
-            self.response_order.push_back(r.id.clone());
-        }
+        self.responses.remember(&r.id, &r.chain, r.chain_source);
     }
 
     /// A closed wire cluster: a step for each member, and the excess charged

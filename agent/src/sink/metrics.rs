@@ -269,9 +269,8 @@ pub struct LiveMetrics {
     unix_offset_ns: Option<i128>,
     /// The Responses API's response ids seen, with their chains: a turn
     /// naming one as its `previous_response_id` joins that chain, as the
-    /// correlator joins it (bounded as its map: the newest are kept).
-    responses: HashMap<String, (String, crate::correlate::ChainSource)>,
-    response_order: std::collections::VecDeque<String>,
+    /// correlator joins it.
+    responses: crate::correlate::ResponseChains,
     /// Requests whose time between hops waits ([`Open::between_from`]),
     /// with their `HttpRequest`'s time (the `RequestLink`'s too).
     unsettled: Vec<((ConnKey, u32), u64)>,
@@ -303,8 +302,7 @@ impl LiveMetrics {
             engines: BTreeMap::new(),
             gpus: BTreeMap::new(),
             unix_offset_ns: None,
-            responses: HashMap::new(),
-            response_order: std::collections::VecDeque::new(),
+            responses: Default::default(),
             unsettled: Vec::new(),
         }
     }
@@ -469,18 +467,9 @@ impl LiveMetrics {
     /// Request `key`'s response is `id`: a Responses API id is remembered
     /// with the request's chain, for the turns that will name it.
     fn remember_response(&mut self, key: (ConnKey, u32), id: Option<&str>) {
-        let Some(id) = id.filter(|i| i.starts_with("resp_")) else { return };
-        let Some(o) = self.open.get(&key) else { return };
-        if self.responses.contains_key(id) {
-            return;
+        if let (Some(id), Some(o)) = (id, self.open.get(&key)) {
+            self.responses.remember(id, &o.chain, o.source);
         }
-        if self.response_order.len() >= crate::correlate::RESPONSE_CHAINS {
-            if let Some(old) = self.response_order.pop_front() {
-                self.responses.remove(&old);
-            }
-        }
-        self.responses.insert(id.to_owned(), (o.chain.clone(), o.source));
-        self.response_order.push_back(id.to_owned());
     }
 
     /// Request `key` continues the response `previous`: a turn its

@@ -47,9 +47,15 @@ struct Run {
     hop: std::path::PathBuf,
 }
 
+impl From<TestbedRun> for Run {
+    /// Its report, truth and client marks, read.
+    fn from(t: TestbedRun) -> Run {
+        Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop }
+    }
+}
+
 fn run_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> Run {
-    let t = record_testbed(name, serve_args, clients);
-    Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop }
+    record_testbed(name, serve_args, clients).into()
 }
 
 fn ns(v: &Value, k: &str) -> i64 {
@@ -262,7 +268,7 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
         &[],
         &[&["--api", "responses", "--chains", "2", "--hops", "3", "--max-tokens", "24", "--system-words", "1000", "--stagger-ms", "40"]],
     );
-    let run = Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop };
+    let run = Run::from(t);
     let worst = check_phases(&run);
     check_steps(&run);
     eprintln!("responses API: worst phase error {worst:.3} ms");
@@ -316,7 +322,7 @@ fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
             }
         },
     );
-    let run = Run { report: report_json(&t.hop), truth: read_jsonl(&t.truth), client: read_jsonl(&t.client), hop: t.hop };
+    let run = Run::from(t);
     let worst = check_phases(&run);
     eprintln!("previous_response_id chains: worst phase error {worst:.3} ms");
     let by_id: HashMap<&str, &Value> = run.report["requests"].as_array().unwrap().iter().map(|r| (r["id"].as_str().unwrap(), r)).collect();
@@ -973,7 +979,7 @@ fn with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step() {
         std::thread::sleep(Duration::from_millis(300));
         agent.stop();
         assert!(server.stop().success(), "the testbed stops cleanly");
-        Run { report: report_json(&hop), truth: read_jsonl(&truth), client: read_jsonl(&client), hop }
+        Run::from(TestbedRun { hop, truth, client })
     });
     assert!(split > 0, "no step carried requests of both API servers: nothing tested");
     let drops = &run.report["recording"]["drops"];

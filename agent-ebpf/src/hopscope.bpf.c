@@ -1104,6 +1104,13 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	__u32 next_tgid = task_tgid(next);
 	__u64 now;
 
+	/* A preemption leaves the task runnable whatever its state: one caught
+	 * between setting a sleep state and calling schedule() (the kernel
+	 * passes the raw state since 5.18) is not asleep, and no wake-up will
+	 * end that interval. The kernel's own sched_switch format reports it as
+	 * running too (__trace_sched_switch_state). */
+	if (preempt)
+		prev_state = 0;
 	if (!is_target(prev_tgid)) {
 		if (!is_target(next_tgid))
 			return 0;

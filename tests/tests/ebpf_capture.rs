@@ -620,7 +620,7 @@ out("done")
     for s in &around_20ms {
         assert_eq!(s.tgid, pid);
         assert_ne!(s.prev_state, 0, "a sleep is not a preemption");
-        let wake = s.wake_ns.expect("the sleeper was woken");
+        let wake = s.wake_ns.unwrap_or_else(|| panic!("the sleeper was woken: {s:?} has no wake-up; its intervals: {offs:#?}; counters: {:?}", src.stats()));
         assert!(s.off_ns < wake && wake <= s.ts_ns, "{s:?}");
     }
     // Nothing below the threshold is sent; it is aggregated instead.

@@ -68,7 +68,9 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     let (mut server, port) = http_server(&dir);
     let pid = server.id();
     let script = dir.join("nvml.script");
-    // pid 1 is on the GPU too, but not traced: it must never appear.
+    // pid 1 is on the GPU too, but not traced: it must never appear. On the
+    // third GPU NVML will not say how much the server holds (its "not
+    // available", all ones): missing from the sum, and counted.
     std::fs::write(
         &script,
         format!(
@@ -77,7 +79,10 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
              device total=80000000000 used=5 pcie=unsupported\n\
              proc 0 {pid} 1000000 4096\n\
              proc 0 1 777 0\n\
-             proc 1 {pid} 50 1\n"
+             proc 1 {pid} 50 1\n\
+             device total=40000000000 used=7\n\
+             proc 2 {pid} 18446744073709551615 0\n\
+             proc 2 1 5 0\n"
         ),
     )
     .unwrap();
@@ -91,7 +96,7 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     let _ = server.kill();
     let _ = server.wait();
     let nvml_lines: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:")).collect();
-    assert_eq!(nvml_lines, ["hopscope: note: nvml: sampling 2 GPU(s) every 50 ms (driver 555.42.02)"], "{err}");
+    assert_eq!(nvml_lines, ["hopscope: note: nvml: sampling 3 GPU(s) every 50 ms (driver 555.42.02)"], "{err}");
 
     let loaded = hopscope::recording::load(&hop).unwrap();
     assert!(loaded.error.is_none());
@@ -101,9 +106,14 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
             by_dev.entry(*device).or_default().push(r);
         }
     }
-    assert_eq!(by_dev.keys().copied().collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(by_dev.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
     let (d0, d1) = (&by_dev[&0], &by_dev[&1]);
-    assert_eq!(d0.len(), d1.len(), "every tick samples both devices");
+    assert_eq!(d0.len(), d1.len(), "every tick samples every device");
+    assert_eq!(d0.len(), by_dev[&2].len(), "every tick samples every device");
+    for r in &by_dev[&2] {
+        let Record::GpuSample { process_mem, .. } = r else { unreachable!() };
+        assert!(process_mem.is_empty(), "memory NVML did not give is not made up: {process_mem:?}");
+    }
     // 3 s at 50 ms: about 60 ticks; NVML starts on the sampler thread while
     // the recording starts, so allow the first few to be missed.
     assert!((45..=62).contains(&d0.len()), "{} ticks in 3 s at 50 ms", d0.len());
@@ -135,7 +145,8 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
 
     let rep = report_json(&hop);
     let drops = &rep["recording"]["drops"];
-    assert_eq!(drops["nvml_samples"].as_u64(), Some(2 * d0.len() as u64));
+    assert_eq!(drops["nvml_samples"].as_u64(), Some(3 * d0.len() as u64));
+    assert_eq!(drops["nvml_process_mem_unavailable"].as_u64(), Some(d0.len() as u64), "the traced server on the third GPU, every tick");
     assert_eq!(drops["nvml_sample_errors"].as_u64(), Some(0));
     assert_eq!(drops["nvml_field_errors"].as_u64(), Some(0), "NOT_SUPPORTED is not an error");
     assert_eq!(drops["nvml_samples_dropped"].as_u64(), Some(0));
@@ -150,7 +161,7 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
         assert!(a - ts[ts.iter().rposition(|t| *t <= a).unwrap()] < 60_000_000, "the level at arrival is a fresh sample");
         assert_eq!(q["peak_gpu_mem_bytes"].as_u64(), Some(level(last)), "request {}", q["id"]);
     }
-    assert_eq!(rep["summary"]["gpu_samples"].as_u64(), Some(2 * d0.len() as u64));
+    assert_eq!(rep["summary"]["gpu_samples"].as_u64(), Some(3 * d0.len() as u64));
     assert_eq!(rep["summary"]["peak_gpu_mem_bytes"].as_u64(), Some(level(d0.len() - 1)));
     // GETs of a file server generate nothing: not "successful requests" in vLLM bench terms.
     assert_eq!((rep["summary"]["completed"].as_u64(), rep["summary"]["not_completed"].as_u64()), (Some(0), Some(3)));

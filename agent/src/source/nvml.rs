@@ -111,6 +111,7 @@ struct Stats {
     field_errors: AtomicU64,
     dropped: AtomicU64,
     devices: AtomicU64,
+    process_mem_unavailable: AtomicU64,
 }
 
 struct Shared {
@@ -161,7 +162,7 @@ impl NvmlSampler {
 
     /// `nvml_*` counters: samples written (activity), failed samples, fields
     /// that failed (other than "not supported"), samples dropped on a full
-    /// channel.
+    /// channel, traced processes' memory NVML would not give.
     pub fn counters(&self) -> Vec<(String, u64)> {
         let s = &self.shared.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -171,6 +172,7 @@ impl NvmlSampler {
             ("nvml_sample_errors".into(), get(&s.sample_errors)),
             ("nvml_field_errors".into(), get(&s.field_errors)),
             ("nvml_samples_dropped".into(), get(&s.dropped)),
+            ("nvml_process_mem_unavailable".into(), get(&s.process_mem_unavailable)),
         ]
     }
 
@@ -272,9 +274,18 @@ fn sample(device: u32, d: &Device, ts_ns: u64, traced: &HashMap<u32, u32>, stats
     let process_mem = field(d.running_compute_processes(), stats)
         .unwrap_or_default()
         .into_iter()
-        .filter_map(|p| match p.used_gpu_memory {
-            UsedGpuMemory::Used(b) => Some((*traced.get(&p.pid)?, b)),
-            UsedGpuMemory::Unavailable => None,
+        .filter_map(|p| {
+            let pid = *traced.get(&p.pid)?;
+            match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some((pid, b)),
+                // NVML's "not available" (no permission to see it, as in
+                // some containers): the process is on the GPU, its memory
+                // missing from the traced sum.
+                UsedGpuMemory::Unavailable => {
+                    stats.process_mem_unavailable.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
         })
         .collect();
     let util = field(d.utilization_rates(), stats);

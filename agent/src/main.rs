@@ -181,7 +181,10 @@ struct RecordOpts {
     /// Header that names a chain when requests carry no traceparent.
     #[arg(long, default_value = "x-session-id")]
     chain_header: String,
-    /// Also store raw socket payload (prompts and completions!) in the recording.
+    /// Also store raw socket payload (prompts and completions!) in the
+    /// recording: what each read/write's capture holds (its first
+    /// --capture-bytes, or --capture-bytes-unix on unix sockets), with the
+    /// syscall's full length beside it; longer transfers are kept cut.
     #[arg(long)]
     capture_payload: bool,
     /// Bytes captured per read/write syscall (at most 4096), except on unix sockets.

@@ -6,7 +6,8 @@
 # Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
 # agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
 # (OUT/vllm_cpu_abort.*), `record --pid` attached to a vLLM already serving
-# (OUT/vllm_cpu_attach.*) and a vLLM with two API server processes (OUT/vllm_cpu_api2.*).
+# (OUT/vllm_cpu_attach.*), a vLLM with two API server processes (OUT/vllm_cpu_api2.*) and one
+# decoding speculatively (OUT/vllm_cpu_spec.*).
 # tests/tests/real_vllm.rs runs it and checks what it wrote.
 #
 #   sudo examples/real-vllm/run.sh [OUT]      (root: eBPF; ~6 GB of packages into VENV)
@@ -35,18 +36,20 @@ fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 VLLM_ENABLE_RESPONSES_API_STORE=1
 PY=${PYTHON:-.venv/bin/python}
 
-# serve NAME MAX_NUM_SEQS [plain|api2]: vLLM under `hopscope run`, recording to OUT/NAME.hop
+# serve NAME MAX_NUM_SEQS [plain|api2|spec]: vLLM under `hopscope run`, recording to OUT/NAME.hop
 # (with `plain`, vLLM alone: `record --pid` attaches later; with `api2`, `vllm serve` with two API
-# server processes); sets $hp.
+# server processes; with `spec`, n-gram speculative decoding); sets $hp.
 serve() {
   rm -f "$OUT/$1.hop" "$OUT/$1.client.jsonl"
   local run=("$BIN" run --quiet -o "$OUT/$1.hop" --)
   [ "${3:-}" = plain ] && run=()
   local server=(-m vllm.entrypoints.openai.api_server --model "$MODEL")
   [ "${3:-}" = api2 ] && server=(examples/real-vllm/vllm_serve.py serve "$MODEL" --api-server-count 2)
+  local extra=()
+  [ "${3:-}" = spec ] && extra=(--speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":4}')
   "${run[@]}" "$VENV/bin/python" "${server[@]}" \
     --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
-    --max-num-seqs "$2" > "$OUT/$1.server.log" 2>&1 &
+    --max-num-seqs "$2" "${extra[@]}" > "$OUT/$1.server.log" 2>&1 &
   hp=$!
   for _ in $(seq 300); do
     curl -sf "127.0.0.1:$PORT/health" >/dev/null && return 0
@@ -128,3 +131,14 @@ stop
 "$BIN" report "$OUT/vllm_cpu_api2.hop" | tee "$OUT/report-api2.txt"
 "$BIN" report "$OUT/vllm_cpu_api2.hop" --json > "$OUT/report-api2.json"
 "$PY" examples/real-vllm/compare_metrics.py "$OUT/report-api2.json" "$OUT/vllm-metrics-api2.txt" | tee "$OUT/compare-api2.txt"
+
+# 5. Speculative decoding (n-gram prompt lookup, 3 draft tokens): a step's output carries up to 4
+# tokens of a request; the random model repeats itself enough for most drafts to be accepted.
+serve vllm_cpu_spec 4 spec
+client vllm_cpu_spec --chains 2 --hops 2 --max-tokens 48 --stagger-ms 20
+client vllm_cpu_spec --no-stream --chains 1 --hops 2 --max-tokens 48
+curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics-spec.txt"
+stop
+"$BIN" report "$OUT/vllm_cpu_spec.hop" | tee "$OUT/report-spec.txt"
+"$BIN" report "$OUT/vllm_cpu_spec.hop" --json > "$OUT/report-spec.json"
+"$PY" examples/real-vllm/compare_metrics.py "$OUT/report-spec.json" "$OUT/vllm-metrics-spec.txt" | tee "$OUT/compare-spec.txt"

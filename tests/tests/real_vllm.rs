@@ -5,7 +5,8 @@
 //! with this checkout's eBPF programs and decoders, so a change that breaks
 //! them on a real server fails here: every kind of request under
 //! `hopscope run`, clients that give up, `record --pid` attached to a vLLM
-//! already serving, and two API server processes. hopscope's sums are also set beside vLLM's own
+//! already serving, two API server processes and speculative decoding.
+//! hopscope's sums are also set beside vLLM's own
 //! `/metrics` for the same requests.
 //!
 //! Needs the vLLM environment `cargo xtask test` installs
@@ -51,8 +52,8 @@ fn request<'a>(rep: &'a Value, id: &str) -> &'a Value {
 
 /// Every request the client finished is in the report under its id, joined to
 /// its engine request by the IPC, its phases adding up to its E2E, its
-/// tokens vLLM's.
-fn assert_every_answer_joined(rep: &Value, hops: &[Value]) {
+/// tokens vLLM's: `max_tokens` each (a random model runs to its length).
+fn assert_every_answer_joined(rep: &Value, hops: &[Value], max_tokens: u64) {
     for h in hops {
         let id = h["id"].as_str().unwrap_or_else(|| panic!("a client request without an id: {h}"));
         let q = request(rep, id);
@@ -67,8 +68,7 @@ fn assert_every_answer_joined(rep: &Value, hops: &[Value]) {
         let sum: f64 = ["frontend", "queue", "prefill", "first_output", "decode"].iter().filter_map(|k| p[k].as_f64()).sum();
         assert!((sum - q["e2e_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}: {p} vs {}", q["e2e_ms"]);
         assert_eq!(q["marks_clamped"], 0, "{id}");
-        // max_tokens 16 and a random model: every answer runs to its length.
-        assert_eq!((&q["completion_tokens"], &q["finish_reason"]), (&Value::from(16), &Value::from("length")), "{id}");
+        assert_eq!((&q["completion_tokens"], &q["finish_reason"]), (&Value::from(max_tokens), &Value::from("length")), "{id}");
         assert_eq!(q["content_chunks"], h["content_chunks"], "{id}");
         let kind = h["kind"].as_str().unwrap();
         assert_eq!(q["streamed"], kind != "whole", "{id}");
@@ -101,7 +101,7 @@ fn the_committed_real_vllm_recording_joins_every_request_of_every_kind() {
     let by_session: BTreeSet<&str> = hops.iter().map(|h| h["session_id"].as_str().unwrap()).collect();
     // One chain per client chain, plus the /health probe on its own connection.
     assert_eq!(rep["chains"].as_array().unwrap().len(), by_session.len() + 1);
-    assert_every_answer_joined(&rep, &hops);
+    assert_every_answer_joined(&rep, &hops, 16);
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     assert_eq!(hops.len(), 12);
     let kinds: BTreeSet<&str> = hops.iter().map(|h| h["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, BTreeSet::from(["responses", "stream", "stream_no_usage", "whole"]));
-    assert_every_answer_joined(&rep, &hops);
+    assert_every_answer_joined(&rep, &hops, 16);
     // The agent's turns sent with previous_response_id, no session header,
     // each on a new connection: one chain, its hops in order.
     let linked: Vec<&Value> = hops.iter().filter(|h| h["session_header"] == false).collect();
@@ -208,7 +208,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     assert_nothing_lost(&rep, &out.join("vllm_cpu_attach.record.log"));
     let hops = lines(&out.join("vllm_cpu_attach.client.jsonl"));
     assert_eq!(hops.len(), 6);
-    assert_every_answer_joined(&rep, &hops);
+    assert_every_answer_joined(&rep, &hops, 16);
 
     // 4. Two API server processes: the connections (one per hop) shared
     // between them, each step's outputs sent to both as a message each and
@@ -218,7 +218,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     assert_nothing_lost(&rep, &out.join("vllm_cpu_api2.server.log"));
     let hops = lines(&out.join("vllm_cpu_api2.client.jsonl"));
     assert_eq!(hops.len(), 12);
-    assert_every_answer_joined(&rep, &hops);
+    assert_every_answer_joined(&rep, &hops, 16);
     let servers: BTreeSet<u64> = hops.iter().map(|h| request(&rep, h["id"].as_str().unwrap())["pid"].as_u64().unwrap()).collect();
     assert_eq!(servers.len(), 2, "12 connections served by both API server processes: {servers:?}");
     let drops = &rep["recording"]["drops"];
@@ -227,6 +227,46 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     assert!(rows.diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", rows.diff("prefill"), rows.0);
     assert!(rows.0.as_array().unwrap().iter().filter(|r| r["hopscope"] != "ttft" && r.get("n").is_some()).all(|r| r["n"] == 12 && r["vllm_n"] == 12), "{}", rows.0);
     rows.assert_tokens_equal();
+
+    // 5. Speculative decoding (n-gram, 3 draft tokens): steps whose output
+    // carries several tokens of a request. Every request joined, prefill and
+    // token counts vLLM's; the tokens beyond one a step are vLLM's accepted
+    // drafts, less those a request's max_tokens cut off in its last step
+    // (vLLM counts them accepted; its output drops them).
+    eprintln!("{}", std::fs::read_to_string(out.join("compare-spec.txt")).unwrap_or_default());
+    let rep = json(&out.join("report-spec.json"));
+    assert_nothing_lost(&rep, &out.join("vllm_cpu_spec.server.log"));
+    let hops = lines(&out.join("vllm_cpu_spec.client.jsonl"));
+    assert_eq!(hops.len(), 6);
+    assert_every_answer_joined(&rep, &hops, 48);
+    let rows = compare_metrics(&out.join("report-spec.json"), &out.join("vllm-metrics-spec.txt"));
+    assert!(rows.diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", rows.diff("prefill"), rows.0);
+    rows.assert_tokens_equal();
+    let accepted = vllm_counter(&out.join("vllm-metrics-spec.txt"), "vllm:spec_decode_num_accepted_tokens_total");
+    assert!(accepted > 0, "vLLM accepted no draft token: the run did not decode speculatively");
+    let beyond: u64 = hops
+        .iter()
+        .map(|h| {
+            let q = request(&rep, h["id"].as_str().unwrap());
+            let (tokens, steps) = (q["completion_tokens"].as_u64().unwrap(), q["steps"].as_u64().unwrap());
+            assert!(steps >= 1 && steps <= tokens, "{}: {steps} steps for {tokens} tokens", q["id"]);
+            tokens - steps
+        })
+        .sum();
+    assert!(beyond > 0 && beyond <= accepted && accepted - beyond <= hops.len() as u64 * 3, "{beyond} tokens beyond one a step; vLLM accepted {accepted} drafts");
+    eprintln!("speculative decoding: {beyond} tokens beyond one a step over {} requests; vLLM accepted {accepted} drafts", hops.len());
+}
+
+/// A counter's value in vLLM's `/metrics` text, summed over its labels.
+fn vllm_counter(metrics: &Path, name: &str) -> u64 {
+    let text = std::fs::read_to_string(metrics).unwrap_or_else(|e| panic!("{}: {e}", metrics.display()));
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(!values.is_empty(), "{name} not in {}", metrics.display());
+    values.iter().sum::<f64>() as u64
 }
 
 /// `compare_metrics.py --json`: hopscope's sums beside vLLM's `/metrics`.

@@ -134,9 +134,12 @@ stop
 
 # 5. Speculative decoding (n-gram prompt lookup, 3 draft tokens): a step's output carries up to 4
 # tokens of a request; the random model repeats itself enough for most drafts to be accepted.
+# vLLM then schedules at most 2048 tokens a step.
 serve vllm_cpu_spec 4 spec
 client vllm_cpu_spec --chains 2 --hops 2 --max-tokens 48 --stagger-ms 20
 client vllm_cpu_spec --no-stream --chains 1 --hops 2 --max-tokens 48
+# A prompt longer than a step's 2048 tokens: its prefill runs in two chunks.
+client vllm_cpu_spec --chains 1 --hops 1 --prompt-words 900 --task-seed 7 --max-tokens 48
 curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics-spec.txt"
 stop
 "$BIN" report "$OUT/vllm_cpu_spec.hop" | tee "$OUT/report-spec.txt"

@@ -229,16 +229,20 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     rows.assert_tokens_equal();
 
     // 5. Speculative decoding (n-gram, 3 draft tokens): steps whose output
-    // carries several tokens of a request. Every request joined, prefill and
+    // carries several tokens of a request, and one prompt prefilled in two
+    // chunks (over the 2048 tokens a step). Every request joined, prefill and
     // token counts vLLM's; the tokens beyond one a step are vLLM's accepted
     // drafts, less those a request's max_tokens cut off in its last step
-    // (vLLM counts them accepted; its output drops them).
+    // (vLLM counts them accepted; its output drops them). A chunk that
+    // outputs nothing is not one of a request's steps: vLLM sends nothing
+    // of it.
     eprintln!("{}", std::fs::read_to_string(out.join("compare-spec.txt")).unwrap_or_default());
     let rep = json(&out.join("report-spec.json"));
     assert_nothing_lost(&rep, &out.join("vllm_cpu_spec.server.log"));
     let hops = lines(&out.join("vllm_cpu_spec.client.jsonl"));
-    assert_eq!(hops.len(), 6);
+    assert_eq!(hops.len(), 7);
     assert_every_answer_joined(&rep, &hops, 48);
+    assert!(hops.iter().any(|h| h["prompt_tokens"].as_u64().is_some_and(|n| n > 2048)), "no prompt over a step's 2048 tokens: {hops:?}");
     let rows = compare_metrics(&out.join("report-spec.json"), &out.join("vllm-metrics-spec.txt"));
     assert!(rows.diff("prefill").abs() < 0.01, "prefill {} ms from vLLM's: {}", rows.diff("prefill"), rows.0);
     rows.assert_tokens_equal();

@@ -18,7 +18,7 @@
 //! `HOPSCOPE_PROP_SEED=<n>` changes the base seed and `HOPSCOPE_PROP_CASES=<n>`
 //! the number of cases per test, to explore further.
 
-use hopscope::correlate::engine::{marks, partition};
+use hopscope::correlate::engine::{last_output_ms, marks, partition};
 use hopscope::correlate::{Analysis, ChainSource, Config, Correlator};
 use hopscope::event::{ConnKey, Dir};
 use hopscope::model::{EngineEvent, EngineOutput, HttpRole, PrefillStats, Record, SseKind, Usage};
@@ -109,6 +109,9 @@ struct Truth {
     scheduled: u64,
     scheduled_source: &'static str,
     first_token: u64,
+    /// The end of the step that carried its last output (its part's build
+    /// time with several API servers).
+    last_output: u64,
     ttft: u64,
     done: u64,
     steps: u32,
@@ -440,6 +443,7 @@ impl Gen {
                 scheduled: 0,
                 scheduled_source: "",
                 first_token: 0,
+                last_output: 0,
                 ttft: 0,
                 done: 0,
                 steps: 0,
@@ -605,6 +609,7 @@ fn synthetic(seed: u64) -> Synthetic {
             if first {
                 p.truth.first_token = end;
             }
+            p.truth.last_output = end;
             let mut events = Vec::new();
             if g.events && !p.events_sent {
                 p.events_sent = true;
@@ -731,6 +736,9 @@ fn synthetic(seed: u64) -> Synthetic {
                     // part's build time (vLLM's prefill ends there).
                     if running[i].truth.first_token == end {
                         running[i].truth.first_token = built;
+                    }
+                    if running[i].truth.last_output == end {
+                        running[i].truth.last_output = built;
                     }
                 }
             }
@@ -1288,6 +1296,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 "{}: phases",
                 t.id
             );
+            assert_eq!(last_output_ms(r), span(t.last_output, t.done), "{}: last output", t.id);
         }
     });
     let c = covered.into_inner();

@@ -7,6 +7,7 @@ requests vLLM counted (those joined to an engine request). What each side measur
   request_queue_time    QUEUED -> SCHEDULED                queue: hand-over to the engine -> SCHEDULED
   request_prefill_time  SCHEDULED -> first token           prefill: SCHEDULED -> end of first-token step
   request_decode_time   first token -> last token          decode: first content write -> last byte
+                                                           engine_decode: first token -> last output (step ends)
   time_to_first_token   arrival_time -> first token out    ttft: request read -> first content write
   e2e_request_latency   arrival_time -> finished           e2e: request read -> last byte written
 
@@ -28,6 +29,8 @@ PAIRS = [
     ("request_queue_time_seconds", "queue", lambda q: q["phases_ms"]["queue"]),
     ("request_prefill_time_seconds", "prefill", lambda q: q["phases_ms"]["prefill"]),
     ("request_decode_time_seconds", "decode", lambda q: q["phases_ms"]["decode"]),
+    # The engine's first -> last output: decode without the last output's path, with the first's.
+    ("request_decode_time_seconds", "engine_decode", lambda q: engine_decode(q)),
     ("time_to_first_token_seconds", "ttft", lambda q: q["ttft_ms"]),
     ("e2e_request_latency_seconds", "e2e", lambda q: q["e2e_ms"]),
 ]
@@ -38,6 +41,16 @@ TOKENS = [
     ("prompt_tokens_cached_total", "cached_tokens"),
     ("generation_tokens_total", "completion_tokens"),
 ]
+
+
+def engine_decode(q):
+    """The engine's first output -> last output (ms): E2E less the phases up to the first token and
+    the last output's path (`last_output_ms`), what vLLM's request_decode_time times."""
+    p = q["phases_ms"]
+    if q.get("last_output_ms") is None or q["e2e_ms"] is None or p["prefill"] is None:
+        return None
+    before = sum(p[k] or 0.0 for k in ("frontend", "queue", "prefill", "kv_transfer"))
+    return q["e2e_ms"] - before - q["last_output_ms"]
 
 
 def main() -> int:

@@ -83,9 +83,13 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
     let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
     // design.md §3: prefill ends with the step that produced the first token.
     let mut first_step_end: HashMap<&str, i64> = HashMap::new();
+    // And the last output leaves with the last step that carried one.
+    let mut last_step_end: HashMap<&str, i64> = HashMap::new();
     for t in run.truth.iter().filter(|t| t["type"] == "step") {
         for o in t["outputs"].as_array().into_iter().flatten() {
             first_step_end.entry(o.as_str().unwrap()).or_insert(ns(t, "end_ns"));
+            let last = last_step_end.entry(o.as_str().unwrap()).or_insert(0);
+            *last = (*last).max(ns(t, "end_ns"));
         }
     }
     let mut worst: f64 = 0.0;
@@ -161,6 +165,17 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
         }
         let e2e = r["e2e_ms"].as_f64().or(r["closed_ms"].as_f64()).unwrap();
         assert!((sum - e2e).abs() <= 0.1, "{id}: phases add to {sum:.4} ms, e2e {e2e:.4} ms");
+        // The last output's path (not a phase: part of decode).
+        if cut.is_none() {
+            let last = last_step_end[eid];
+            let got = r["last_output_ms"].as_f64().unwrap_or_else(|| panic!("{id}: last_output_ms is null: {r}"));
+            let (lo, hi) = ((done.0 - last) as f64 / 1e6, (done.1 - last) as f64 / 1e6);
+            let (err, tol) = miss(got, lo, hi);
+            assert!(err <= tol, "{id}: last output {got:.3} ms vs truth [{lo:.3}, {hi:.3}] ms (tolerance {tol:.3})");
+            worst = worst.max(err);
+        } else {
+            assert!(r["last_output_ms"].is_null(), "{id}: closed early, no last output: {r}");
+        }
         assert_eq!(r["cached_tokens"], e["cached_tokens"], "{id}: cached tokens");
         assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{id}: prompt tokens");
         checked += 1;

@@ -313,6 +313,10 @@ pub struct EngineReq {
     pub preempted_ns: Vec<u64>,
     /// End of the step that produced the first token (writer's syscall).
     pub first_token_ns: Option<u64>,
+    /// End of the latest step that carried an output of it: after its
+    /// finish, the step that produced its last token (vLLM's
+    /// `last_token_ts`).
+    pub last_output_ns: Option<u64>,
     /// Number (in output order) of the step that produced the first token.
     pub first_step: Option<usize>,
     /// End of the step before the first-token step, if there was one.
@@ -771,13 +775,15 @@ impl EngineSide {
             r.steps += 1;
             r.new_tokens += o.new_tokens;
             r.engine_index = r.engine_index.or(engine_index);
+            // Its part of a step sent to several API servers, built after
+            // the first part: the time its server stamps it with.
+            let part = o.events.iter().find(|e| e.kind == super::join::EV_PART_BUILT).and_then(|e| s_to_ns(e.timestamp_s));
+            let part = part.filter(|p| !impossible && built_ns.is_some() && (end_ns..=end_ns + super::join::SAME_STEP_NS).contains(p));
+            let out_ns = part.unwrap_or(end_ns);
+            r.last_output_ns = Some(r.last_output_ns.map_or(out_ns, |l| l.max(out_ns)));
             let first = o.new_tokens > 0 && r.first_token_ns.is_none();
             if first {
-                // Its part of a step sent to several API servers, built
-                // after the first part: the time its server stamps it with.
-                let part = o.events.iter().find(|e| e.kind == super::join::EV_PART_BUILT).and_then(|e| s_to_ns(e.timestamp_s));
-                let part = part.filter(|p| !impossible && built_ns.is_some() && (end_ns..=end_ns + super::join::SAME_STEP_NS).contains(p));
-                r.first_token_ns = Some(part.unwrap_or(end_ns));
+                r.first_token_ns = Some(out_ns);
                 r.first_step = Some(idx);
                 r.first_step_prev_end_ns = prev_end;
                 let name = http_name(r);
@@ -1072,6 +1078,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         submit_ns: submit,
         scheduled_ns,
         first_token_ns: e.first_token_ns,
+        last_output_ns: e.last_output_ns,
         steps: e.steps,
         preemptions: e.preempted_ns.len() as u32,
         prompt_tokens: e.prompt_tokens.or(prefill.prompt_tokens),
@@ -1302,6 +1309,10 @@ pub struct EnginePhases {
     pub submit_ns: u64,
     pub scheduled_ns: Option<u64>,
     pub first_token_ns: Option<u64>,
+    /// End of the step that carried its last output (its part's build time
+    /// with several API servers), as `first_token_ns` is its first token's:
+    /// vLLM's `last_token_ts`.
+    pub last_output_ns: Option<u64>,
     pub steps: u32,
     pub preemptions: u32,
     pub prompt_tokens: Option<u64>,
@@ -1412,6 +1423,23 @@ pub fn partition(r: &Request) -> Partition {
     }
     p.clamped = m.clamped;
     p
+}
+
+/// The last output's path to the client (ms): from the end of the engine
+/// step that carried the request's last output to `done` (detokenising, the
+/// output IPC, the final write), as `first_output` is its first token's.
+/// Part of decode, unless the first output was also the last (then it spans
+/// first_output and decode). `null` for a request that did not end with its
+/// response (closed early) or never joined. So `e2e − (frontend + queue +
+/// prefill + kv_transfer) − last_output` is the engine's first → last output,
+/// which vLLM's `request_decode_time` times.
+pub fn last_output_ms(r: &Request) -> Option<f64> {
+    let done = r.done_ns?;
+    let m = marks(r)?;
+    let last = r.engine.as_ref()?.last_output_ns?;
+    // Inside [first token, done], as the marks are.
+    let last = last.clamp(m.first_token.unwrap_or(m.scheduled), done);
+    Some(ms(done - last))
 }
 
 #[cfg(test)]
@@ -1675,6 +1703,39 @@ mod tests {
         let sum = [p.frontend, p.queue, p.prefill, p.first_output, p.decode].iter().map(|x| x.unwrap()).sum::<f64>();
         assert!((sum - ra.e2e_ms().unwrap()).abs() < 1e-9, "{p:?}");
         assert_eq!((p.frontend, p.queue, p.prefill), (Some(1.0), Some(1.0), Some(18.0)));
+    }
+
+    /// The last output's path runs from the end of the step that carried a
+    /// request's last output to its done (with several API servers, from its
+    /// own part's build time, as its first token): E2E less it and the phases
+    /// up to the first token is the engine's first → last output, vLLM's
+    /// `request_decode_time`.
+    #[test]
+    fn the_last_outputs_path_runs_from_its_step_to_done_and_leaves_the_engines_decode() {
+        let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
+        recs.sort_by_key(Record::ts_ns);
+        let whole = analyse(&recs);
+        let parts = analyse(&read_by_servers(a_decodes_and_b_prefills_in_its_fourth_step(), true, |_| 3 * MS));
+        // (request, analysis, last output, engine decode): A's last output
+        // in the 110 ms step, [DONE] at 111; B's first token at 100 ms, its
+        // last at 110, its response's end at 113 (4 µs later in its part).
+        for (id, an, last, decode) in [("chatcmpl-a", &whole, 1.0, 90.0), ("chatcmpl-b", &whole, 3.0, 10.0), ("chatcmpl-a", &parts, 1.0, 90.0), ("chatcmpl-b", &parts, 2.996, 10.0)] {
+            let r = an.requests.iter().find(|r| r.id == id).unwrap();
+            let got = super::last_output_ms(r).unwrap_or_else(|| panic!("{id}: no last output"));
+            assert!((got - last).abs() < 1e-9, "{id}: last output {got} ms, want {last}");
+            let p = super::partition(r);
+            let before: f64 = [p.frontend, p.queue, p.prefill].iter().map(|x| x.unwrap()).sum();
+            let engine_decode = r.e2e_ms().unwrap() - before - got;
+            assert!((engine_decode - decode).abs() < 1e-9, "{id}: the engine's first → last output {engine_decode} ms, want {decode}");
+        }
+        // Without its response's end (a client that left), none.
+        let mut cut = a_decodes_and_b_prefills_in_its_fourth_step();
+        cut.retain(|r| !matches!(r, Record::Sse { kind: SseKind::Done, .. } | Record::HttpResponseEnd { .. }));
+        cut.push(Record::ConnClose { conn: ConnKey { tgid: 1, fd: 5, ino: 5 }, ts_ns: 115 * MS });
+        cut.sort_by_key(Record::ts_ns);
+        let an = analyse(&cut);
+        let a = an.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
+        assert!(a.closed_early_ns().is_some() && super::last_output_ms(a).is_none(), "{a:?}");
     }
 
     /// What two API server processes read of `recs`' steps with no engine

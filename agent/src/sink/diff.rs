@@ -2290,6 +2290,7 @@ mod tests {
                 submit_ns: submit,
                 scheduled_ns: Some(scheduled),
                 first_token_ns: Some(first_token),
+                last_output_ns: None,
                 steps: s.completion as u32,
                 preemptions: 0,
                 prompt_tokens: Some(s.prompt),

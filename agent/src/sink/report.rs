@@ -1,7 +1,7 @@
 //! `hopscope report`: the JSON users script against (../shared/contract.md,
 //! schema 1: add fields, never rename) and the human tables.
 
-use crate::correlate::engine::partition;
+use crate::correlate::engine::{last_output_ms, partition};
 use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
 use crate::sink::json;
 use crate::sink::{printable, trunc};
@@ -171,6 +171,11 @@ pub struct RequestOut {
     /// `previous_response_id`): its chain is that response's when no
     /// `traceparent` or chain header named one. Null otherwise.
     pub previous_response_id: Option<String>,
+    /// The last output's path to the client: from the end of the engine step
+    /// that carried its last output to `done`, as `first_output` is the first
+    /// token's ([`crate::correlate::engine::last_output_ms`]); null without
+    /// the IPC or for a request closed early.
+    pub last_output_ms: Option<f64>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -316,6 +321,7 @@ pub struct RequestRef<'a> {
     pub closed_ms: Option<f64>,
     pub completion_tokens_source: Option<&'static str>,
     pub previous_response_id: Option<&'a str>,
+    pub last_output_ms: Option<f64>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -471,6 +477,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         closed_ms: r.closed_ms(),
         completion_tokens_source: f.completion_tokens_source,
         previous_response_id: r.previous_response_id.as_deref(),
+        last_output_ms: last_output_ms(r),
     }
 }
 
@@ -535,6 +542,7 @@ impl RequestRef<'_> {
             closed_ms: self.closed_ms,
             completion_tokens_source: own(self.completion_tokens_source),
             previous_response_id: own(self.previous_response_id),
+            last_output_ms: self.last_output_ms,
         }
     }
 
@@ -608,7 +616,8 @@ impl RequestRef<'_> {
             .field("closed_ns", &self.closed_ns)
             .field("closed_ms", &self.closed_ms)
             .field("completion_tokens_source", &self.completion_tokens_source)
-            .field("previous_response_id", &self.previous_response_id);
+            .field("previous_response_id", &self.previous_response_id)
+            .field("last_output_ms", &self.last_output_ms);
         o.end();
     }
 }
@@ -2796,6 +2805,7 @@ mod tests {
             closed_ms: Some(-0.0),
             completion_tokens_source: Some("engine"),
             previous_response_id: Some("resp_\"q\\"),
+            last_output_ms: Some(f64::INFINITY),
         }
     }
 

@@ -151,6 +151,8 @@ struct PerModel {
     prefill: Histogram,
     decode: Histogram,
     kv_transfer: Histogram,
+    /// The last output's path (`last_output_ms`): inside decode, not a phase.
+    last_output: Histogram,
     requests: BTreeMap<u16, u64>,
     /// Requests whose connection closed before their response ended.
     closed: u64,
@@ -171,6 +173,7 @@ impl PerModel {
             prefill: Histogram::new(E2E_BUCKETS),
             decode: Histogram::new(E2E_BUCKETS),
             kv_transfer: Histogram::new(TTFT_BUCKETS),
+            last_output: Histogram::new(TTFT_BUCKETS),
             requests: BTreeMap::new(),
             closed: 0,
             prompt_tokens: 0,
@@ -521,7 +524,7 @@ impl LiveMetrics {
         m.generation_tokens += generated.unwrap_or(0);
         let Some(done) = ended else { return };
         let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
-        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer)] {
+        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms)] {
             if let Some(v) = v {
                 h.observe(v / 1e3, ex);
             }
@@ -581,6 +584,12 @@ impl LiveMetrics {
         per_model(&mut s, "hopscope_request_prefill_time_seconds", "Scheduled to the end of the step that made the first token: the prefill phase (less KV transfer), engine IPC joined.", &|m| &m.prefill);
         per_model(&mut s, "hopscope_request_decode_time_seconds", "First content chunk written to the response's end: the decode phase.", &|m| &m.decode);
         per_model(&mut s, "hopscope_request_kv_transfer_time_seconds", "KV-cache copies on the request's path before its first token (CUPTI records).", &|m| &m.kv_transfer);
+        per_model(
+            &mut s,
+            "hopscope_request_last_output_time_seconds",
+            "End of the engine step that carried the request's last output to the response's end (detokenising, output IPC, final write): part of decode, engine IPC joined.",
+            &|m| &m.last_output,
+        );
         let name = "hopscope_hop_time_to_first_token_seconds";
         family(&mut s, name, "TTFT by hop index within a chain (traceparent, chain header, or connection).", "histogram");
         for (hop, h) in &self.ttft_by_hop {
@@ -775,9 +784,11 @@ mod tests {
         assert_eq!(handed, ended.len());
         let want: f64 = ended.iter().map(|q| q.phases_ms.queue.unwrap() / 1e3).sum();
         assert!((sum("hopscope_request_queue_time_seconds") - want).abs() < 1e-9, "{text}");
-        for fam in ["hopscope_request_frontend_time_seconds", "hopscope_request_prefill_time_seconds", "hopscope_request_decode_time_seconds"] {
+        for fam in ["hopscope_request_frontend_time_seconds", "hopscope_request_prefill_time_seconds", "hopscope_request_decode_time_seconds", "hopscope_request_last_output_time_seconds"] {
             assert_eq!(count(fam) as usize, handed, "{fam}");
         }
+        let want: f64 = ended.iter().map(|q| q.last_output_ms.unwrap() / 1e3).sum();
+        assert!((sum("hopscope_request_last_output_time_seconds") - want).abs() < 1e-9, "{text}");
         assert_eq!(count("hopscope_request_kv_transfer_time_seconds"), 0, "no GPU records");
     }
 

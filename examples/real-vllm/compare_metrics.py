@@ -25,12 +25,23 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
+
+def engine_decode(q):
+    """The engine's first output -> last output (ms): E2E less the phases up to the first token and
+    the last output's path (`last_output_ms`), what vLLM's request_decode_time times."""
+    p = q["phases_ms"]
+    if q.get("last_output_ms") is None or q["e2e_ms"] is None or p["prefill"] is None:
+        return None
+    before = sum(p[k] or 0.0 for k in ("frontend", "queue", "prefill", "kv_transfer"))
+    return q["e2e_ms"] - before - q["last_output_ms"]
+
+
 PAIRS = [
     ("request_queue_time_seconds", "queue", lambda q: q["phases_ms"]["queue"]),
     ("request_prefill_time_seconds", "prefill", lambda q: q["phases_ms"]["prefill"]),
     ("request_decode_time_seconds", "decode", lambda q: q["phases_ms"]["decode"]),
     # The engine's first -> last output: decode without the last output's path, with the first's.
-    ("request_decode_time_seconds", "engine_decode", lambda q: engine_decode(q)),
+    ("request_decode_time_seconds", "engine_decode", engine_decode),
     ("time_to_first_token_seconds", "ttft", lambda q: q["ttft_ms"]),
     ("e2e_request_latency_seconds", "e2e", lambda q: q["e2e_ms"]),
 ]
@@ -41,16 +52,6 @@ TOKENS = [
     ("prompt_tokens_cached_total", "cached_tokens"),
     ("generation_tokens_total", "completion_tokens"),
 ]
-
-
-def engine_decode(q):
-    """The engine's first output -> last output (ms): E2E less the phases up to the first token and
-    the last output's path (`last_output_ms`), what vLLM's request_decode_time times."""
-    p = q["phases_ms"]
-    if q.get("last_output_ms") is None or q["e2e_ms"] is None or p["prefill"] is None:
-        return None
-    before = sum(p[k] or 0.0 for k in ("frontend", "queue", "prefill", "kv_transfer"))
-    return q["e2e_ms"] - before - q["last_output_ms"]
 
 
 def main() -> int:

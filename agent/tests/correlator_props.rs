@@ -18,7 +18,7 @@
 //! `HOPSCOPE_PROP_SEED=<n>` changes the base seed and `HOPSCOPE_PROP_CASES=<n>`
 //! the number of cases per test, to explore further.
 
-use hopscope::correlate::engine::{last_output_ms, marks, partition};
+use hopscope::correlate::engine::{last_output_ms, marks, partition, scheduler_queue_ms};
 use hopscope::correlate::{Analysis, ChainSource, Config, Correlator};
 use hopscope::event::{ConnKey, Dir};
 use hopscope::model::{EngineEvent, EngineOutput, HttpRole, PrefillStats, Record, SseKind, Usage};
@@ -108,6 +108,8 @@ struct Truth {
     submit: u64,
     scheduled: u64,
     scheduled_source: &'static str,
+    /// The engine's QUEUED stamp, when it sent events (its read of the ADD).
+    queued: Option<u64>,
     first_token: u64,
     /// The end of the step that carried its last output (its part's build
     /// time with several API servers).
@@ -442,6 +444,7 @@ impl Gen {
                 submit,
                 scheduled: 0,
                 scheduled_source: "",
+                queued: None,
                 first_token: 0,
                 last_output: 0,
                 ttft: 0,
@@ -614,6 +617,7 @@ fn synthetic(seed: u64) -> Synthetic {
             if g.events && !p.events_sent {
                 p.events_sent = true;
                 events.push(EngineEvent { kind: 1, timestamp_s: p.ready as f64 / 1e9 });
+                p.truth.queued = Some(p.ready);
                 events.push(EngineEvent { kind: 2, timestamp_s: p.truth.scheduled as f64 / 1e9 });
             }
             if g.events && !first && g.rng.chance(0.05) {
@@ -1297,6 +1301,7 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 t.id
             );
             assert_eq!(last_output_ms(r), span(t.last_output, t.done), "{}: last output", t.id);
+            assert_eq!(scheduler_queue_ms(r), t.queued.and_then(|q| span(q, t.scheduled)), "{}: scheduler queue", t.id);
         }
     });
     let c = covered.into_inner();

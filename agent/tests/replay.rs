@@ -368,6 +368,35 @@ fn the_text_report_names_whose_prefill_slowed_a_hops_decode() {
     }
 }
 
+/// Where the engine stamps QUEUED and SCHEDULED, a hop's long queue is
+/// split under its row: in `dp_loaded` the engines ran second-long steps,
+/// so requests waited outside the scheduler, which the report's
+/// `scheduler_queue_ms` (vLLM's own queue time) does not hold.
+#[test]
+fn the_text_report_says_how_much_of_a_long_queue_passed_before_the_engine_took_the_request_in() {
+    let r = replay("dp_loaded");
+    let rep = report::build(&report_path("dp_loaded"), &r.meta, &r.analysis, None);
+    let long: Vec<_> = rep.requests.iter().filter(|q| q.phases_ms.queue.is_some_and(|x| x >= 0.1 * q.e2e_ms.unwrap())).collect();
+    assert!(long.len() >= 2, "dp_loaded has requests queued behind long steps");
+    let bytes = std::fs::read(fixture("dp_loaded.hop")).unwrap();
+    let mut reader = Reader::new(&bytes[..]).unwrap();
+    let cfg = Config { chain_header: r.meta.chain_header.clone(), use_ipc: true };
+    let mut streamed = Vec::new();
+    report::write_text(&mut reader, &report_path("dp_loaded"), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
+    let streamed = String::from_utf8(streamed).unwrap();
+    for text in [streamed, report::render_text(&rep)] {
+        for q in &long {
+            let (queue, sched) = (q.phases_ms.queue.unwrap(), q.scheduler_queue_ms.expect("the testbed logs stats"));
+            assert!(sched < 1.0 && queue > 100.0, "{}: the wait was outside the scheduler: {queue} ms, {sched} ms in it", q.id);
+            let note = format!("        ^ queued {queue:.2} ms: {:.2} before the engine took it in (the IPC, the step it was running), {sched:.2} in the scheduler's queue", queue - sched);
+            let lines: Vec<&str> = text.lines().collect();
+            let at = lines.iter().position(|l| l.starts_with(&note)).unwrap_or_else(|| panic!("no line {note:?} in\n{text}"));
+            assert_eq!(lines[at - 1].split_whitespace().last(), Some(format!("{:.2}", q.e2e_ms.unwrap()).as_str()), "{}", lines[at - 1]);
+        }
+        assert_eq!(text.matches("        ^ queued ").count(), long.len(), "{text}");
+    }
+}
+
 /// Each chain table ends with a `sum` row — its hops' TTFT, phases, tokens
 /// and E2E added up — and the time the chain spent outside the server (its
 /// E2E less its hops'), the same streamed and in memory.

@@ -5,6 +5,7 @@ requests vLLM counted (those joined to an engine request). What each side measur
 
   vLLM (engine timestamps; frontend ones for TTFT/E2E)     hopscope (syscalls; docs/attribution.md)
   request_queue_time    QUEUED -> SCHEDULED                queue: hand-over to the engine -> SCHEDULED
+                                                           scheduler_queue: QUEUED -> SCHEDULED (engine stamps)
   request_prefill_time  SCHEDULED -> first token           prefill: SCHEDULED -> end of first-token step
   request_decode_time   first token -> last token          decode: first content write -> last byte
                                                            engine_decode: first token -> last output (step ends)
@@ -38,6 +39,8 @@ def engine_decode(q):
 
 PAIRS = [
     ("request_queue_time_seconds", "queue", lambda q: q["phases_ms"]["queue"]),
+    # The scheduler's part of the queue, from the same engine stamps as vLLM's.
+    ("request_queue_time_seconds", "scheduler_queue", lambda q: q.get("scheduler_queue_ms")),
     ("request_prefill_time_seconds", "prefill", lambda q: q["phases_ms"]["prefill"]),
     ("request_decode_time_seconds", "decode", lambda q: q["phases_ms"]["decode"]),
     # The engine's first -> last output: decode without the last output's path, with the first's.
@@ -91,15 +94,15 @@ def main() -> int:
     if "--json" in sys.argv[3:]:
         print(json.dumps(rows))
         return 0
-    print(f"{'vLLM metric':34} {'n':>3} {'vLLM sum ms':>12}   {'hopscope':10} {'n':>3} {'sum ms':>10} {'diff ms':>9}")
+    print(f"{'vLLM metric':34} {'n':>3} {'vLLM sum ms':>12}   {'hopscope':15} {'n':>3} {'sum ms':>10} {'diff ms':>9}")
     for r in rows:
         if r.get("vllm_ms", r.get("vllm_tokens")) is None:
             print(f"{r['metric']:34} absent")
             continue
         if "tokens" in r:
-            print(f"{r['metric']:34}     {r['vllm_tokens']:>12}   {r['hopscope']:17} {r['tokens']:>7} {r['tokens'] - r['vllm_tokens']:9}")
+            print(f"{r['metric']:34}     {r['vllm_tokens']:>12}   {r['hopscope']:15} {r['tokens']:>14} {r['tokens'] - r['vllm_tokens']:9}")
             continue
-        print(f"{r['metric']:34} {r['vllm_n']:>3} {r['vllm_ms']:12.2f}   {r['hopscope']:10} {r['n']:>3} {r['ms']:10.2f} {r['ms'] - r['vllm_ms']:9.2f}")
+        print(f"{r['metric']:34} {r['vllm_n']:>3} {r['vllm_ms']:12.3f}   {r['hopscope']:15} {r['n']:>3} {r['ms']:10.3f} {r['ms'] - r['vllm_ms']:9.3f}")
     return 0
 
 

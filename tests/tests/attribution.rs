@@ -176,6 +176,19 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
         } else {
             assert!(r["last_output_ms"].is_null(), "{id}: closed early, no last output: {r}");
         }
+        // The scheduler's own queue: the engine's QUEUED → SCHEDULED stamps,
+        // exact (unless a hand-over placed after QUEUED clamped it to the
+        // queue phase), and only where the engine sent them.
+        let sq = r["scheduler_queue_ms"].as_f64();
+        if r["scheduled_source"] == "event" {
+            let want = (scheduled - ns(e, "queued_ns")) as f64 / 1e6;
+            let got = sq.unwrap_or_else(|| panic!("{id}: stamped QUEUED and SCHEDULED, scheduler_queue_ms is null: {r}"));
+            let queue = p["queue"].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-3 || (got < want && (got - queue).abs() < 1e-3), "{id}: scheduler queue {got:.4} ms, the engine's stamps {want:.4} ms (queue phase {queue:.4})");
+            assert!(got <= queue + 1e-3 || !p["kv_transfer"].is_null(), "{id}: scheduler queue {got:.4} ms beyond the queue phase {queue:.4}");
+        } else {
+            assert!(sq.is_none(), "{id}: no engine stamps, yet scheduler_queue_ms: {r}");
+        }
         assert_eq!(r["cached_tokens"], e["cached_tokens"], "{id}: cached tokens");
         assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{id}: prompt tokens");
         checked += 1;

@@ -158,7 +158,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // and last tokens (docs/benchmarks.md: -0.55 to -1.14 ms a request).
     // vLLM's token counters: the report's counts, prefix-cache hits included.
     let rows = compare_metrics(&out.join("report.json"), &out.join("vllm-metrics.txt"));
-    for h in ["queue", "prefill", "decode", "engine_decode", "e2e"] {
+    for h in ["queue", "scheduler_queue", "prefill", "decode", "engine_decode", "e2e"] {
         let r = rows.row(h);
         assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(12), Some(12)), "{r}");
     }
@@ -285,11 +285,12 @@ impl Rows {
         self.row(h)["ms"].as_f64().unwrap() - self.row(h)["vllm_ms"].as_f64().unwrap()
     }
     /// Where both read the engine's own stamps they agree, summed over the
-    /// same requests, within 0.01 ms: prefill (SCHEDULED → first token) and
-    /// the engine's decode (first → last output: decode less the last
-    /// output's path, with the first's).
+    /// same requests, within 0.01 ms: the scheduler's queue (QUEUED →
+    /// SCHEDULED), prefill (SCHEDULED → first token) and the engine's decode
+    /// (first → last output: decode less the last output's path, with the
+    /// first's).
     fn assert_engine_stamps_equal(&self) {
-        for h in ["prefill", "engine_decode"] {
+        for h in ["scheduler_queue", "prefill", "engine_decode"] {
             assert!(self.diff(h).abs() < 0.01, "{h} {} ms from vLLM's: {}", self.diff(h), self.0);
         }
     }

@@ -1076,6 +1076,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
     let prefill = e.prefill.unwrap_or_default();
     EnginePhases {
         submit_ns: submit,
+        queued_ns: e.queued_ns,
         scheduled_ns,
         first_token_ns: e.first_token_ns,
         last_output_ns: e.last_output_ns,
@@ -1307,6 +1308,9 @@ impl<'a> IntoIterator for Keys<'a> {
 pub struct EnginePhases {
     pub engine_request_id: String,
     pub submit_ns: u64,
+    /// The engine's QUEUED stamp: its scheduler took the request in (sent
+    /// only when the engine logs stats, with the request's first output).
+    pub queued_ns: Option<u64>,
     pub scheduled_ns: Option<u64>,
     pub first_token_ns: Option<u64>,
     /// End of the step that carried its last output (its part's build time
@@ -1440,6 +1444,26 @@ pub fn last_output_ms(r: &Request) -> Option<f64> {
     // Inside [first token, done], as the marks are.
     let last = last.clamp(m.first_token.unwrap_or(m.scheduled), done);
     Some(ms(done - last))
+}
+
+/// The engine scheduler's own queue (ms): its QUEUED stamp (the engine loop
+/// took the request in) to its first SCHEDULED, what vLLM's
+/// `request_queue_time` times. The queue phase begins earlier, at the
+/// hand-over to the engine: the rest of it is the way in (the IPC, the
+/// engine's input thread, and the step the engine loop was running when the
+/// request came, which vLLM's figure does not see). `null` without both
+/// stamps (the engine logs no stats, or it never output). Inside the queue
+/// phase's marks, as they are clamped; with a KV transfer carved out of the
+/// queue it may exceed `phases_ms.queue` (the wait for remote KV is the
+/// scheduler's).
+pub fn scheduler_queue_ms(r: &Request) -> Option<f64> {
+    let m = marks(r)?;
+    let e = r.engine.as_ref()?;
+    let queued = e.queued_ns?;
+    if e.scheduled_source != "event" {
+        return None;
+    }
+    Some(ms(m.scheduled - queued.clamp(m.submit, m.scheduled)))
 }
 
 #[cfg(test)]
@@ -1736,6 +1760,39 @@ mod tests {
         let an = analyse(&cut);
         let a = an.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
         assert!(a.closed_early_ns().is_some() && super::last_output_ms(a).is_none(), "{a:?}");
+    }
+
+    /// vLLM times the queue from its QUEUED stamp, taken when the engine loop
+    /// takes the request in: B, handed over at 42 ms while the engine ran a
+    /// step to 50 ms, stamped QUEUED at 50.5 and SCHEDULED at 51, queued
+    /// 9 ms of which 0.5 in the scheduler's queue.
+    #[test]
+    fn the_schedulers_queue_runs_from_the_engines_queued_stamp_and_leaves_the_way_in() {
+        let with_queued = |queued_ns: Option<u64>| {
+            let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
+            for r in &mut recs {
+                if let Record::EngineOutputs { outputs, .. } = r {
+                    for o in outputs.iter_mut().filter(|o| o.request_id.starts_with("chatcmpl-b") && !o.events.is_empty()) {
+                        if let Some(t) = queued_ns {
+                            o.events.insert(0, EngineEvent { kind: 1, timestamp_s: t as f64 / 1e9 });
+                        }
+                    }
+                }
+            }
+            recs.sort_by_key(Record::ts_ns);
+            analyse(&recs)
+        };
+        // (QUEUED stamp, B's scheduler queue): one before the hand-over is
+        // clamped to it, as the marks are.
+        for (queued, want) in [(Some(50 * MS + MS / 2), Some(0.5)), (Some(40 * MS), Some(9.0)), (None, None)] {
+            let an = with_queued(queued);
+            let b = an.requests.iter().find(|r| r.id == "chatcmpl-b").unwrap();
+            assert_eq!(super::partition(b).queue, Some(9.0), "the queue phase runs from the hand-over");
+            let got = super::scheduler_queue_ms(b);
+            assert!(got.zip(want).map_or(got == want, |(g, w)| (g - w).abs() < 1e-6), "QUEUED at {queued:?}: scheduler queue {got:?} ms, want {want:?}");
+            let a = an.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
+            assert_eq!(super::scheduler_queue_ms(a), None, "A was stamped SCHEDULED but never QUEUED");
+        }
     }
 
     /// What two API server processes read of `recs`' steps with no engine

@@ -2288,6 +2288,7 @@ mod tests {
             engine: Some(EnginePhases {
                 engine_request_id: format!("chatcmpl-{chain}-{i}-0123abcd"),
                 submit_ns: submit,
+                queued_ns: None,
                 scheduled_ns: Some(scheduled),
                 first_token_ns: Some(first_token),
                 last_output_ns: None,

@@ -1,7 +1,7 @@
 //! `hopscope report`: the JSON users script against (../shared/contract.md,
 //! schema 1: add fields, never rename) and the human tables.
 
-use crate::correlate::engine::{last_output_ms, partition};
+use crate::correlate::engine::{last_output_ms, partition, scheduler_queue_ms};
 use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
 use crate::sink::json;
 use crate::sink::{printable, trunc};
@@ -176,6 +176,12 @@ pub struct RequestOut {
     /// token's ([`crate::correlate::engine::last_output_ms`]); null without
     /// the IPC or for a request closed early.
     pub last_output_ms: Option<f64>,
+    /// The engine scheduler's own queue: its QUEUED stamp (the engine loop
+    /// took the request in) to its first SCHEDULED, vLLM's
+    /// `request_queue_time`; the rest of `phases_ms.queue` is the way in
+    /// ([`crate::correlate::engine::scheduler_queue_ms`]). Null when the
+    /// engine sent no stamps (stats off) or it never output.
+    pub scheduler_queue_ms: Option<f64>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -322,6 +328,7 @@ pub struct RequestRef<'a> {
     pub completion_tokens_source: Option<&'static str>,
     pub previous_response_id: Option<&'a str>,
     pub last_output_ms: Option<f64>,
+    pub scheduler_queue_ms: Option<f64>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -358,6 +365,8 @@ pub struct CoreFigures<'a> {
     pub compute_source: Option<&'static str>,
     pub gpu_steps: Option<u32>,
     pub marks_clamped: u32,
+    pub last_output_ms: Option<f64>,
+    pub scheduler_queue_ms: Option<f64>,
 }
 
 pub fn core_figures(r: &Request) -> CoreFigures<'_> {
@@ -401,6 +410,8 @@ pub fn core_figures(r: &Request) -> CoreFigures<'_> {
         compute_source: c.map(|c| compute_source_name(c.source)),
         gpu_steps: g.map(|g| g.steps),
         marks_clamped: part.clamped,
+        last_output_ms: last_output_ms(r),
+        scheduler_queue_ms: scheduler_queue_ms(r),
     }
 }
 
@@ -477,7 +488,8 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         closed_ms: r.closed_ms(),
         completion_tokens_source: f.completion_tokens_source,
         previous_response_id: r.previous_response_id.as_deref(),
-        last_output_ms: last_output_ms(r),
+        last_output_ms: f.last_output_ms,
+        scheduler_queue_ms: f.scheduler_queue_ms,
     }
 }
 
@@ -543,6 +555,7 @@ impl RequestRef<'_> {
             completion_tokens_source: own(self.completion_tokens_source),
             previous_response_id: own(self.previous_response_id),
             last_output_ms: self.last_output_ms,
+            scheduler_queue_ms: self.scheduler_queue_ms,
         }
     }
 
@@ -617,7 +630,8 @@ impl RequestRef<'_> {
             .field("closed_ms", &self.closed_ms)
             .field("completion_tokens_source", &self.completion_tokens_source)
             .field("previous_response_id", &self.previous_response_id)
-            .field("last_output_ms", &self.last_output_ms);
+            .field("last_output_ms", &self.last_output_ms)
+            .field("scheduler_queue_ms", &self.scheduler_queue_ms);
         o.end();
     }
 }
@@ -764,6 +778,7 @@ struct TextRow<'a> {
     gpu_ms: GpuMs,
     model: Option<&'a str>,
     closed_ms: Option<f64>,
+    scheduler_queue_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -792,6 +807,7 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             gpu_ms: q.gpu_ms,
             model: q.model.as_deref(),
             closed_ms: q.closed_ms,
+            scheduler_queue_ms: q.scheduler_queue_ms,
         }
     }
 }
@@ -822,6 +838,7 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             gpu_ms: q.gpu_ms,
             model: q.model,
             closed_ms: q.closed_ms,
+            scheduler_queue_ms: q.scheduler_queue_ms,
         }
     }
 }
@@ -1008,12 +1025,21 @@ const NOTE_SHARE: f64 = 0.10;
 /// The line under a hop's row saying why its decode was slow, when the
 /// figures alone do not: whose co-batched prefill took its decode time
 /// (`interference_from`) when that was at least [`NOTE_SHARE`] of its E2E,
-/// how often the engine preempted it, and when the client left before the
-/// response ended. Starts with the newline that ends the row's figures.
+/// how often the engine preempted it, when the client left before the
+/// response ended, and, for a queue of at least [`NOTE_SHARE`] of its E2E
+/// that the engine's stamps split, how much of it passed before the engine
+/// took the request in. Starts with the newline that ends the row's figures.
 fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
     if let (None, Some(c)) = (q.e2e_ms, q.closed_ms) {
         parts.push(format!("connection closed {c:.2} ms after arrival, before the response ended (the client gave up): the phases run to the close"));
+    }
+    // Not with KV carved out of the queue: the scheduler's part holds it.
+    let p = q.phases_ms;
+    if let (Some(queue), Some(sched), Some(e2e), None) = (p.queue, q.scheduler_queue_ms, q.e2e_ms.or(q.closed_ms), p.kv_transfer.filter(|k| *k > 0.0)) {
+        if queue > 0.0 && queue >= NOTE_SHARE * e2e {
+            parts.push(format!("queued {queue:.2} ms: {:.2} before the engine took it in (the IPC, the step it was running), {sched:.2} in the scheduler's queue", (queue - sched).max(0.0)));
+        }
     }
     let material = matches!((q.interference_ms, q.e2e_ms), (Some(i), Some(e)) if i > 0.0 && i >= NOTE_SHARE * e);
     if material && !q.interference_from.is_empty() {
@@ -2806,6 +2832,7 @@ mod tests {
             completion_tokens_source: Some("engine"),
             previous_response_id: Some("resp_\"q\\"),
             last_output_ms: Some(f64::INFINITY),
+            scheduler_queue_ms: Some(f64::MIN_POSITIVE),
         }
     }
 
@@ -2911,7 +2938,28 @@ mod tests {
             gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
             model: None,
             closed_ms: None,
+            scheduler_queue_ms: None,
         }
+    }
+
+    /// A queue of a tenth of the hop's E2E or more, split by the engine's
+    /// stamps, is told under the row: the part before the engine took the
+    /// request in, and the scheduler's; not with KV carved out of it.
+    #[test]
+    fn a_hops_note_splits_a_long_queue_into_the_way_in_and_the_schedulers_queue() {
+        let note = |queue: f64, kv: Option<f64>, sched: Option<f64>| {
+            let phases = Phases { frontend: None, queue: Some(queue), prefill: None, kv_transfer: kv, first_output: None, decode: None };
+            let mut q = text_row(&phases, vec![], None);
+            q.scheduler_queue_ms = sched;
+            let mut row = String::new();
+            let _ = hop_figures(&mut row, &q, false);
+            row.split_once('\n').map(|(_, n)| n.to_owned())
+        };
+        assert_eq!(note(20.0, None, Some(0.25)).as_deref(), Some("        ^ queued 20.00 ms: 19.75 before the engine took it in (the IPC, the step it was running), 0.25 in the scheduler's queue"));
+        assert_eq!(note(20.0, Some(0.0), Some(0.25)).as_deref(), Some("        ^ queued 20.00 ms: 19.75 before the engine took it in (the IPC, the step it was running), 0.25 in the scheduler's queue"));
+        assert_eq!(note(4.9, None, Some(0.25)), None, "under a tenth of the 50 ms E2E");
+        assert_eq!(note(20.0, None, None), None, "no engine stamps");
+        assert_eq!(note(20.0, Some(3.0), Some(22.0)), None, "KV carved out of the queue");
     }
 
     /// The note under a hop: every interferer up to four, then how many

@@ -366,6 +366,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
         ("hopscope.latency.interference", secs(q.interference_ms)),
         ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
         ("hopscope.latency.last_output", secs(q.last_output_ms)),
+        ("hopscope.latency.scheduler_queue", secs(q.scheduler_queue_ms)),
         ("hopscope.gpu.prefill", secs(q.gpu_ms.prefill)),
         ("hopscope.gpu.decode", secs(q.gpu_ms.decode)),
         ("hopscope.gpu.kv_transfer", secs(q.gpu_ms.kv_transfer)),

@@ -153,6 +153,9 @@ struct PerModel {
     kv_transfer: Histogram,
     /// The last output's path (`last_output_ms`): inside decode, not a phase.
     last_output: Histogram,
+    /// The engine scheduler's own queue (`scheduler_queue_ms`): inside queue,
+    /// vLLM's `request_queue_time`.
+    scheduler_queue: Histogram,
     requests: BTreeMap<u16, u64>,
     /// Requests whose connection closed before their response ended.
     closed: u64,
@@ -174,6 +177,7 @@ impl PerModel {
             decode: Histogram::new(E2E_BUCKETS),
             kv_transfer: Histogram::new(TTFT_BUCKETS),
             last_output: Histogram::new(TTFT_BUCKETS),
+            scheduler_queue: Histogram::new(E2E_BUCKETS),
             requests: BTreeMap::new(),
             closed: 0,
             prompt_tokens: 0,
@@ -524,7 +528,7 @@ impl LiveMetrics {
         m.generation_tokens += generated.unwrap_or(0);
         let Some(done) = ended else { return };
         let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
-        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms)] {
+        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms), (&mut m.scheduler_queue, q.scheduler_queue_ms)] {
             if let Some(v) = v {
                 h.observe(v / 1e3, ex);
             }
@@ -589,6 +593,12 @@ impl LiveMetrics {
             "hopscope_request_last_output_time_seconds",
             "End of the engine step that carried the request's last output to the response's end (detokenising, output IPC, final write): part of decode, engine IPC joined.",
             &|m| &m.last_output,
+        );
+        per_model(
+            &mut s,
+            "hopscope_request_scheduler_queue_time_seconds",
+            "The engine's QUEUED stamp to its first SCHEDULED (vLLM's request_queue_time): the scheduler's part of the queue phase, the rest being the way into the engine; engine IPC joined, engine stats on.",
+            &|m| &m.scheduler_queue,
         );
         let name = "hopscope_hop_time_to_first_token_seconds";
         family(&mut s, name, "TTFT by hop index within a chain (traceparent, chain header, or connection).", "histogram");
@@ -789,6 +799,11 @@ mod tests {
         }
         let want: f64 = ended.iter().map(|q| q.last_output_ms.unwrap() / 1e3).sum();
         assert!((sum("hopscope_request_last_output_time_seconds") - want).abs() < 1e-9, "{text}");
+        // The scheduler's queue of those the engine stamped QUEUED (the testbed logs stats).
+        let stamped: Vec<f64> = ended.iter().filter_map(|q| q.scheduler_queue_ms).collect();
+        assert_eq!(count("hopscope_request_scheduler_queue_time_seconds") as usize, stamped.len());
+        assert!(!stamped.is_empty(), "the testbed sends QUEUED and SCHEDULED stamps");
+        assert!((sum("hopscope_request_scheduler_queue_time_seconds") - stamped.iter().sum::<f64>() / 1e3).abs() < 1e-9, "{text}");
         assert_eq!(count("hopscope_request_kv_transfer_time_seconds"), 0, "no GPU records");
     }
 

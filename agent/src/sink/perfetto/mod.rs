@@ -885,7 +885,7 @@ fn meta_args<'a>(meta: &'a Meta, strings: &'a MetaStrings, requests: u64, chains
     a
 }
 
-fn phase_args(r: &Request, phase: Phase) -> (Few<(&'static str, f64), 4>, Option<String>) {
+fn phase_args(r: &Request, phase: Phase) -> (Few<(&'static str, f64), 5>, Option<String>) {
     if !phase.has_figures() {
         return (Few::new(("", 0.0)), None);
     }
@@ -909,6 +909,8 @@ pub(crate) struct Figures {
     compute_ms: Option<crate::sink::report::ComputeMs>,
     compute_source: Option<&'static str>,
     gpu_steps: Option<u32>,
+    last_output_ms: Option<f64>,
+    scheduler_queue_ms: Option<f64>,
 }
 
 impl Figures {
@@ -932,21 +934,25 @@ impl Figures {
             compute_ms: q.compute_ms,
             compute_source: q.compute_source,
             gpu_steps: q.gpu_steps,
+            last_output_ms: q.last_output_ms,
+            scheduler_queue_ms: q.scheduler_queue_ms,
         };
         (f, (!q.interference_from.is_empty()).then(|| q.interference_from.join(",")))
     }
 }
 
 /// [`phase_args`]'s figures, from the request's report figures.
-fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 4> {
+fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 5> {
     let p = &out.phases_ms;
     let c = out.compute_ms.as_ref();
     let all: &[(&'static str, Option<f64>)] = match phase {
         Phase::Frontend => &[("frontend_ms", p.frontend)],
-        Phase::Queue => &[("queue_ms", p.queue)],
+        // The scheduler's part of the queue, and the last output's path
+        // inside decode: figures of their slices, not slices (not phases).
+        Phase::Queue => &[("queue_ms", p.queue), ("scheduler_queue_ms", out.scheduler_queue_ms)],
         Phase::Prefill => &[("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
         Phase::FirstOutput => &[("first_output_ms", p.first_output)],
-        Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms)],
+        Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms), ("last_output_ms", out.last_output_ms)],
         Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer => &[],
     };
     let mut v = Few::new(("", 0.0));
@@ -1046,7 +1052,7 @@ impl RequestArgs {
 
     /// A phase slice's args, as [`phase_args`] gives them, from the figures
     /// held for the request slice (the report's figures are made once per request).
-    fn phase_args(&self, phase: Phase) -> Few<Arg<'_>, 5> {
+    fn phase_args(&self, phase: Phase) -> Few<Arg<'_>, 6> {
         let mut args = Few::new(Arg::bool("", false));
         if !phase.has_figures() {
             return args;
@@ -1099,6 +1105,8 @@ impl RequestArgs {
             ("gpu_decode_ms", out.gpu_ms.decode),
             ("gpu_kv_ms", out.gpu_ms.kv_transfer),
             ("interference_ms", out.interference_ms),
+            ("last_output_ms", out.last_output_ms),
+            ("scheduler_queue_ms", out.scheduler_queue_ms),
         ] {
             if let Some(v) = v {
                 args.push(Arg::f64(name, v));

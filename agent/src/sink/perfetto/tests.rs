@@ -1181,8 +1181,8 @@ const RESHAPE: &str = "_ZN4vllm30reshape_and_cache_flash_kernelIN3c108BFloat16ES
 /// stream 7, the sampled ids copied to pinned memory (64 bytes) and an
 /// event synchronize returning 0.3 ms before the step's output is built.
 /// Its KV (1 MiB, pinned host → device, stream 9) is onloaded at
-/// +1.5–2.5 ms: submitted at +1 ms, scheduled at +2 ms, so half of it
-/// while queued, half in its prefill.
+/// +1.5–2.5 ms: submitted at +1 ms, stamped QUEUED at +1.2 ms and SCHEDULED
+/// at +2 ms, so half of it while queued, half in its prefill.
 pub(crate) fn gpu_served_request() -> Vec<Record> {
     use crate::correlate::gpu::{COPY_DTOH, COPY_HTOD, MEM_PINNED};
     use crate::event::Dir;
@@ -1193,7 +1193,7 @@ pub(crate) fn gpu_served_request() -> Vec<Record> {
     let mut engine = engine_steps(id, T0 + MS, &[]);
     let out = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
     for (k, b) in [4, 6, 8, 10].into_iter().map(|m| T0 + m * MS).enumerate() {
-        let events = if k == 0 { vec![EngineEvent { kind: 2, timestamp_s: (T0 + 2 * MS) as f64 / 1e9 }] } else { vec![] };
+        let events = if k == 0 { vec![EngineEvent { kind: 1, timestamp_s: (T0 + 1_200_000) as f64 / 1e9 }, EngineEvent { kind: 2, timestamp_s: (T0 + 2 * MS) as f64 / 1e9 }] } else { vec![] };
         engine.push(Record::EngineOutputs {
             conn: out,
             ts_ns: b + 50_000,
@@ -1273,12 +1273,20 @@ fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_fig
     assert!(out.submit_source.is_some() && out.scheduled_source.is_some());
     assert_eq!(arg_str("submit_source").as_deref(), out.submit_source.as_deref(), "the report's submit_source");
     assert_eq!(arg_str("scheduled_source").as_deref(), out.scheduled_source.as_deref(), "the report's scheduled_source");
+    // The scheduler's 0.8 ms (QUEUED → SCHEDULED) hold the KV carved out of the queue.
+    let near = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-6);
+    assert!(near(out.scheduler_queue_ms, 0.8), "{:?}", out.scheduler_queue_ms);
+    assert_eq!(arg_f64(req, "scheduler_queue_ms"), out.scheduler_queue_ms);
+    assert!(out.last_output_ms.is_some());
+    assert_eq!(arg_f64(req, "last_output_ms"), out.last_output_ms);
     let (_, q) = slices_named(&t, "queue").next().unwrap();
     assert_eq!(arg_f64(q, "queue_ms"), Some(0.5));
+    assert_eq!(arg_f64(q, "scheduler_queue_ms"), out.scheduler_queue_ms);
     let (_, p) = slices_named(&t, "prefill").next().unwrap();
     assert_eq!((arg_f64(p, "prefill_ms"), arg_f64(p, "gpu_prefill_ms")), (Some(1.5), Some(2.05)));
     let (_, d) = slices_named(&t, "decode").next().unwrap();
     assert_eq!((arg_f64(d, "gpu_decode_ms"), arg_f64(d, "interference_ms")), (out.gpu_ms.decode, out.interference_ms));
+    assert_eq!(arg_f64(d, "last_output_ms"), out.last_output_ms);
 }
 
 #[test]

@@ -201,6 +201,9 @@ pub struct Pair {
     pub steps: CountDelta,
     pub preemptions: CountDelta,
     pub interference_ms: Delta,
+    /// The scheduler's part of the queue (`scheduler_queue_ms`; added
+    /// 2026-12-05): the queue's delta less it is the way into the engine's.
+    pub scheduler_queue_ms: Delta,
     pub gpu_ms: GpuDeltas,
     pub explain: Explain,
 }
@@ -222,6 +225,8 @@ pub struct Aggregate {
     pub steps: Delta,
     pub preemptions: Delta,
     pub interference_ms: Delta,
+    /// Mean of the pairs' (added 2026-12-05).
+    pub scheduler_queue_ms: Delta,
     pub gpu_ms: GpuDeltas,
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
@@ -662,6 +667,7 @@ struct View {
     steps: Option<u64>,
     preemptions: Option<u64>,
     interference: Option<f64>,
+    scheduler_queue: Option<f64>,
     gpu: [Option<f64>; 3],
     generation: bool,
 }
@@ -686,6 +692,7 @@ fn view(q: &RequestOut) -> View {
         steps: q.steps,
         preemptions: q.preemptions.map(u64::from),
         interference: q.interference_ms,
+        scheduler_queue: if q.closed_ns.is_some() { None } else { q.scheduler_queue_ms },
         gpu: [q.gpu_ms.prefill, q.gpu_ms.decode, q.gpu_ms.kv_transfer],
         generation: q.ttft_ms.is_some() || q.prompt_tokens.is_some() || q.engine_request_id.is_some(),
     }
@@ -697,8 +704,8 @@ fn view(q: &RequestOut) -> View {
 #[derive(Debug, Clone, Copy)]
 struct Packed {
     /// ttft, e2e, itl_mean, itl_p90, the phases, interference, the GPU
-    /// shares, itl_sum.
-    f: [f64; 15],
+    /// shares, itl_sum, scheduler_queue.
+    f: [f64; 16],
     /// prompt, cached, completion, steps.
     n: [u64; 4],
     preemptions: u32,
@@ -722,11 +729,12 @@ fn unpack_f(v: f64) -> Option<f64> {
 
 impl Packed {
     fn of(v: &View) -> Packed {
-        let mut f = [0.0; 15];
+        let mut f = [0.0; 16];
         for (slot, x) in f.iter_mut().zip([v.ttft, v.e2e, v.itl_mean, v.itl_p90].into_iter().chain(v.phases).chain([v.interference]).chain(v.gpu)) {
             *slot = pack_f(x);
         }
         f[14] = v.itl_sum;
+        f[15] = pack_f(v.scheduler_queue);
         let counts = [v.prompt, v.cached, v.completion, v.steps];
         let mut known = u8::from(v.preemptions.is_some()) << 4;
         for (i, c) in counts.iter().enumerate() {
@@ -769,6 +777,7 @@ impl Packed {
             steps: self.count(3),
             preemptions: (self.known & 1 << 4 != 0).then_some(u64::from(self.preemptions)),
             interference: f(10),
+            scheduler_queue: f(15),
             gpu: [f(11), f(12), f(13)],
             generation: self.generation,
         }
@@ -803,6 +812,7 @@ struct Figs {
     steps: CountDelta,
     preemptions: CountDelta,
     interference_ms: Delta,
+    scheduler_queue_ms: Delta,
     gpu_ms: GpuDeltas,
 }
 
@@ -825,6 +835,7 @@ fn figs(b: &View, a: &View) -> Figs {
         steps: CountDelta::of(b.steps, a.steps),
         preemptions: CountDelta::of(b.preemptions, a.preemptions),
         interference_ms: Delta::of(b.interference, a.interference),
+        scheduler_queue_ms: Delta::of(b.scheduler_queue, a.scheduler_queue),
         gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
     }
 }
@@ -847,6 +858,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         tokens: Tokens { prompt: x.tokens.prompt.as_delta(), cached: x.tokens.cached.as_delta(), computed: x.tokens.computed.as_delta(), completion: x.tokens.completion.as_delta() },
         preemptions: x.preemptions.as_delta().delta,
         interference: x.interference_ms.delta,
+        scheduler_queue: x.scheduler_queue_ms.delta,
         split: x.decode_split_ms,
         prefill: x.phases_ms.prefill,
     };
@@ -868,6 +880,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         steps: x.steps,
         preemptions: x.preemptions,
         interference_ms: x.interference_ms,
+        scheduler_queue_ms: x.scheduler_queue_ms,
         gpu_ms: x.gpu_ms,
         explain: explain_both(x.ttft_ms, x.e2e_ms, &x.phases_ms, &ctx),
         ttft_ms: x.ttft_ms,
@@ -884,6 +897,7 @@ struct Ctx {
     tokens: Tokens<Delta>,
     preemptions: Option<f64>,
     interference: Option<f64>,
+    scheduler_queue: Option<f64>,
     split: Option<DecodeSplit>,
     prefill: Delta,
 }
@@ -1018,10 +1032,17 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
         "queue" => {
             if up && moved(ctx.preemptions, 1.0) {
                 ("preemptions", format!("preemptions {} ⇒ queue {d:+.2} ms", tok(ctx.preemptions.unwrap())))
-            } else if up {
-                ("more_queueing", format!("waited {d:+.2} ms longer to be scheduled (busier engine or fewer free slots)"))
             } else {
-                ("less_queueing", format!("scheduled {:.2} ms sooner", -d))
+                // The engine's stamps split the queue: the scheduler's part,
+                // and before it the way in (the engine busy in a step).
+                match ctx.scheduler_queue {
+                    Some(sq) if up && sq < d / 2.0 => ("slower_engine_intake", format!("{:+.2} ms more before the engine took it in (longer engine steps, a busier input path); the scheduler's queue {sq:+.2} ms", d - sq)),
+                    Some(sq) if !up && sq > d / 2.0 => ("faster_engine_intake", format!("{:.2} ms less before the engine took it in; the scheduler's queue {sq:+.2} ms", sq - d)),
+                    Some(sq) if up => ("more_queueing", format!("waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue (fewer free slots or KV blocks)")),
+                    _ if up => ("more_queueing", format!("waited {d:+.2} ms longer to be scheduled (busier engine or fewer free slots)")),
+                    Some(sq) => ("less_queueing", format!("scheduled {:.2} ms sooner, {sq:+.2} ms of it in the scheduler's queue", -d)),
+                    _ => ("less_queueing", format!("scheduled {:.2} ms sooner", -d)),
+                }
             }
         }
         "decode" => decode_cause(d, ctx, completion),
@@ -1145,9 +1166,10 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
     let tokens = Tokens { prompt: tk(|t| t.prompt), cached: tk(|t| t.cached), computed: tk(|t| t.computed), completion: tk(|t| t.completion) };
     let preemptions = mean_delta(pairs.clone().map(|p| p.preemptions.as_delta()));
     let interference_ms = mean_delta(pairs.clone().map(|p| p.interference_ms));
+    let scheduler_queue_ms = mean_delta(pairs.clone().map(|p| p.scheduler_queue_ms));
     let ttft_ms = stats(pairs.clone().map(|p| p.ttft_ms));
     let e2e_ms = stats(pairs.clone().map(|p| p.e2e_ms));
-    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, split: decode_split_ms, prefill: phases.prefill };
+    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, split: decode_split_ms, prefill: phases.prefill };
     Aggregate {
         hop,
         requests: pairs.clone().count(),
@@ -1162,6 +1184,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         steps: mean_delta(pairs.clone().map(|p| p.steps.as_delta())),
         preemptions,
         interference_ms,
+        scheduler_queue_ms,
         gpu_ms: GpuDeltas {
             prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
@@ -2247,9 +2270,12 @@ mod tests {
         prompt: u64,
         cached: u64,
         completion: u64,
+        /// The engine's QUEUED stamp this many ms into the queue (the way
+        /// in); none sent when None.
+        intake: Option<u64>,
     }
 
-    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5 };
+    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None };
 
     fn request(i: usize, at: u64, chain: &str, source: ChainSource, s: Shape) -> Request {
         let submit = at + s.frontend * MS;
@@ -2288,7 +2314,7 @@ mod tests {
             engine: Some(EnginePhases {
                 engine_request_id: format!("chatcmpl-{chain}-{i}-0123abcd"),
                 submit_ns: submit,
-                queued_ns: None,
+                queued_ns: s.intake.map(|x| submit + x * MS),
                 scheduled_ns: Some(scheduled),
                 first_token_ns: Some(first_token),
                 last_output_ns: None,
@@ -2544,6 +2570,36 @@ mod tests {
         assert_eq!(ex.contributions[0].phase, "queue");
         assert_eq!(ex.contributions[1].phase, "frontend");
         assert!(close(ex.contributions[1].delta_ms, -1.0));
+    }
+
+    /// With the engine's QUEUED stamps a longer queue is told apart: spent
+    /// before the engine took the request in (a step in its way) or in the
+    /// scheduler's queue (no free slot); and a shorter one likewise.
+    #[test]
+    fn a_longer_queue_is_the_engines_intake_or_the_schedulers_queue_as_its_stamps_say() {
+        let base = Shape { intake: Some(0), ..BASE };
+        let cause = |b: Shape, a: Shape| {
+            let d = compare(&rep("b", &analysis(chain("a", 0, |_| b))), &rep("a", &analysis(chain("b", 0, |_| a))));
+            let c = d.overall.explain.ttft.causes[0].clone();
+            (c.cause, c.detail, d.overall.scheduler_queue_ms.delta, d.pairs[0].scheduler_queue_ms.delta)
+        };
+        // 20 ms more, 19 of them before the QUEUED stamp.
+        let (c, detail, overall, pair) = cause(base, Shape { queue: 21, intake: Some(19), ..BASE });
+        assert_eq!((c, overall, pair), ("slower_engine_intake", Some(1.0), Some(1.0)), "{detail}");
+        assert_eq!(detail, "+19.00 ms more before the engine took it in (longer engine steps, a busier input path); the scheduler's queue +1.00 ms");
+        // 20 ms more, all in the scheduler's queue.
+        let (c, detail, ..) = cause(base, Shape { queue: 21, ..base });
+        assert_eq!(c, "more_queueing");
+        assert_eq!(detail, "waited +20.00 ms longer to be scheduled, +20.00 ms of it in the scheduler's queue (fewer free slots or KV blocks)");
+        // And back: the intake's 19 ms gone.
+        let (c, detail, ..) = cause(Shape { queue: 21, intake: Some(19), ..BASE }, base);
+        assert_eq!(c, "faster_engine_intake");
+        assert_eq!(detail, "19.00 ms less before the engine took it in; the scheduler's queue -1.00 ms");
+        let (c, detail, ..) = cause(Shape { queue: 21, ..base }, base);
+        assert_eq!((c, detail.as_str()), ("less_queueing", "scheduled 20.00 ms sooner, -20.00 ms of it in the scheduler's queue"));
+        // Stamps on one side only: no split.
+        let (c, _, overall, _) = cause(BASE, Shape { queue: 21, intake: Some(19), ..BASE });
+        assert_eq!((c, overall), ("more_queueing", None));
     }
 
     #[test]
@@ -2962,12 +3018,13 @@ mod tests {
             steps: Some(3),
             preemptions: Some(u64::from(u32::MAX)),
             interference: None,
+            scheduler_queue: Some(0.25),
             gpu: [None, Some(2.0), None],
             generation: true,
         };
         let u = Packed::of(&v).unpack();
         assert!(u.ttft.is_some_and(f64::is_nan), "{:?}", u.ttft);
-        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
+        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
         assert_eq!(bits(&u)[1..], bits(&v)[1..]);
         assert_eq!((u.prompt, u.cached, u.computed, u.completion, u.steps, u.preemptions), (v.prompt, v.cached, v.computed, v.completion, v.steps, v.preemptions));
         assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation), (v.itl_gaps, v.itl_sum.to_bits(), v.generation));

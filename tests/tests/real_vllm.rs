@@ -158,7 +158,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // and last tokens (docs/benchmarks.md: -0.55 to -1.14 ms a request).
     // vLLM's token counters: the report's counts, prefix-cache hits included.
     let rows = compare_metrics(&out.join("report.json"), &out.join("vllm-metrics.txt"));
-    for h in ["queue", "scheduler_queue", "prefill", "decode", "engine_decode", "e2e"] {
+    for h in ["queue", "scheduler_queue", "prefill", "decode", "engine_decode", "inference", "tpot", "e2e"] {
         let r = rows.row(h);
         assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(12), Some(12)), "{r}");
     }
@@ -286,20 +286,23 @@ impl Rows {
     }
     /// Where both read the engine's own stamps they agree, summed over the
     /// same requests, within 0.01 ms: the scheduler's queue (QUEUED →
-    /// SCHEDULED), prefill (SCHEDULED → first token) and the engine's decode
+    /// SCHEDULED), prefill (SCHEDULED → first token), the engine's decode
     /// (first → last output: decode less the last output's path, with the
-    /// first's).
+    /// first's), inference (SCHEDULED → last output) and the time per
+    /// output token (engine decode over the tokens after the first).
     fn assert_engine_stamps_equal(&self) {
-        for h in ["scheduler_queue", "prefill", "engine_decode"] {
+        for h in ["scheduler_queue", "prefill", "engine_decode", "inference", "tpot"] {
             assert!(self.diff(h).abs() < 0.01, "{h} {} ms from vLLM's: {}", self.diff(h), self.0);
         }
     }
     /// vLLM's token counters and the report's sums over the same requests
-    /// are equal: prompt, prefix-cached and generated tokens.
+    /// are equal: prompt, prefix-cached, computed (prompt less cached: the
+    /// sum of vLLM's per-request histogram) and generated tokens, and
+    /// preemptions.
     fn assert_tokens_equal(&self) {
-        for h in ["prompt_tokens", "cached_tokens", "completion_tokens"] {
+        for h in ["prompt_tokens", "cached_tokens", "computed_tokens", "completion_tokens", "preemptions"] {
             let r = self.row(h);
-            assert!(r["tokens"].as_u64().is_some_and(|n| n > 0 || h == "cached_tokens"), "{r}");
+            assert!(r["tokens"].as_u64().is_some_and(|n| n > 0 || ["cached_tokens", "preemptions"].contains(&h)), "{r}");
             assert_eq!(r["tokens"], r["vllm_tokens"], "{h}: {}", self.0);
         }
     }

@@ -6,8 +6,9 @@
 # Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
 # agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
 # (OUT/vllm_cpu_abort.*), `record --pid` attached to a vLLM already serving
-# (OUT/vllm_cpu_attach.*), a vLLM with two API server processes (OUT/vllm_cpu_api2.*) and one
-# decoding speculatively (OUT/vllm_cpu_spec.*).
+# (OUT/vllm_cpu_attach.*), a vLLM with two API server processes (OUT/vllm_cpu_api2.*), one
+# decoding speculatively (OUT/vllm_cpu_spec.*) and one with a KV cache too small for its load
+# (OUT/vllm_cpu_kv.*).
 # tests/tests/real_vllm.rs runs it and checks what it wrote.
 #
 #   sudo examples/real-vllm/run.sh [OUT]      (root: eBPF; ~6 GB of packages into VENV)
@@ -36,19 +37,21 @@ fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 VLLM_ENABLE_RESPONSES_API_STORE=1
 PY=${PYTHON:-.venv/bin/python}
 
-# serve NAME MAX_NUM_SEQS [plain|api2|spec]: vLLM under `hopscope run`, recording to OUT/NAME.hop
-# (with `plain`, vLLM alone: `record --pid` attaches later; with `api2`, `vllm serve` with two API
-# server processes; with `spec`, n-gram speculative decoding); sets $hp.
+# serve NAME MAX_NUM_SEQS [plain|api2|spec|kv]: vLLM under `hopscope run`, recording to
+# OUT/NAME.hop (with `plain`, vLLM alone: `record --pid` attaches later; with `api2`, `vllm serve`
+# with two API server processes; with `spec`, n-gram speculative decoding; with `kv`, 24 KV blocks
+# of 128 tokens, 2048 tokens a request); sets $hp.
 serve() {
   rm -f "$OUT/$1.hop" "$OUT/$1.client.jsonl"
   local run=("$BIN" run --quiet -o "$OUT/$1.hop" --)
   [ "${3:-}" = plain ] && run=()
   local server=(-m vllm.entrypoints.openai.api_server --model "$MODEL")
   [ "${3:-}" = api2 ] && server=(examples/real-vllm/vllm_serve.py serve "$MODEL" --api-server-count 2)
-  local extra=()
+  local extra=() len=4096
   [ "${3:-}" = spec ] && extra=(--speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":4}')
+  [ "${3:-}" = kv ] && extra=(--num-gpu-blocks-override 24) && len=2048
   "${run[@]}" "$VENV/bin/python" "${server[@]}" \
-    --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 4096 \
+    --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len "$len" \
     --max-num-seqs "$2" "${extra[@]}" > "$OUT/$1.server.log" 2>&1 &
   hp=$!
   for _ in $(seq 300); do
@@ -145,3 +148,15 @@ stop
 "$BIN" report "$OUT/vllm_cpu_spec.hop" | tee "$OUT/report-spec.txt"
 "$BIN" report "$OUT/vllm_cpu_spec.hop" --json > "$OUT/report-spec.json"
 "$PY" examples/real-vllm/compare_metrics.py "$OUT/report-spec.json" "$OUT/vllm-metrics-spec.txt" | tee "$OUT/compare-spec.txt"
+
+# 6. A KV cache too small for the load (24 blocks of 128 tokens): five ~720-token prompts, each
+# decoding 400 tokens, at most 4 running. Four prompts fill the cache, so the scheduler preempts
+# running requests for the blocks their next tokens need, and holds the fifth (and the preempted)
+# in its own queue: what vLLM's request_queue_time and num_preemptions count.
+serve vllm_cpu_kv 4 kv
+client vllm_cpu_kv --chains 5 --hops 1 --max-tokens 400 --prompt-words 200 --salt --stagger-ms 20
+curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics-kv.txt"
+stop
+"$BIN" report "$OUT/vllm_cpu_kv.hop" | tee "$OUT/report-kv.txt"
+"$BIN" report "$OUT/vllm_cpu_kv.hop" --json > "$OUT/report-kv.json"
+"$PY" examples/real-vllm/compare_metrics.py "$OUT/report-kv.json" "$OUT/vllm-metrics-kv.txt" | tee "$OUT/compare-kv.txt"

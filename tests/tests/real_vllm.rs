@@ -5,7 +5,8 @@
 //! with this checkout's eBPF programs and decoders, so a change that breaks
 //! them on a real server fails here: every kind of request under
 //! `hopscope run`, clients that give up, `record --pid` attached to a vLLM
-//! already serving, two API server processes and speculative decoding.
+//! already serving, two API server processes, speculative decoding and a KV
+//! cache too small for the load (preemptions, a scheduler's queue).
 //! hopscope's sums are also set beside vLLM's own
 //! `/metrics` for the same requests.
 //!
@@ -259,6 +260,30 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
         .sum();
     assert!(beyond > 0 && beyond <= accepted && accepted - beyond <= hops.len() as u64 * 3, "{beyond} tokens beyond one a step; vLLM accepted {accepted} drafts");
     eprintln!("speculative decoding: {beyond} tokens beyond one a step over {} requests; vLLM accepted {accepted} drafts", hops.len());
+
+    // 6. A KV cache too small for the load (24 blocks for five ~720-token
+    // prompts decoding 400 tokens): vLLM preempts running requests and holds
+    // others in its scheduler's queue. Every request joined; preemptions,
+    // the scheduler's queue, prefill (a preempted prefill's recompute
+    // included) and decode equal to vLLM's own; the hop table says where a
+    // long queue went.
+    eprintln!("{}", std::fs::read_to_string(out.join("compare-kv.txt")).unwrap_or_default());
+    let rep = json(&out.join("report-kv.json"));
+    assert_nothing_lost(&rep, &out.join("vllm_cpu_kv.server.log"));
+    let hops = lines(&out.join("vllm_cpu_kv.client.jsonl"));
+    assert_eq!(hops.len(), 5);
+    assert_every_answer_joined(&rep, &hops, 400);
+    let rows = compare_metrics(&out.join("report-kv.json"), &out.join("vllm-metrics-kv.txt"));
+    assert!(rows.0.as_array().unwrap().iter().filter(|r| r.get("n").is_some()).all(|r| r["n"] == 5 && r["vllm_n"] == 5), "{}", rows.0);
+    rows.assert_engine_stamps_equal();
+    rows.assert_tokens_equal();
+    let preempted = rows.row("preemptions")["tokens"].as_u64().unwrap();
+    assert!(preempted >= 1, "no request was preempted: the KV cache was not short: {}", rows.0);
+    let held = rows.row("scheduler_queue")["ms"].as_f64().unwrap();
+    assert!(held > 100.0, "the scheduler held no request waiting: {}", rows.0);
+    let text = std::fs::read_to_string(out.join("report-kv.txt")).unwrap();
+    assert!(text.contains("in the scheduler's queue") && (text.contains("^ preempted") || text.contains("; preempted")), "{text}");
+    eprintln!("a short KV cache: {preempted} preemptions, {held:.1} ms in the scheduler's queue over {} requests", hops.len());
 }
 
 /// A counter's value in vLLM's `/metrics` text, summed over its labels.

@@ -1457,13 +1457,19 @@ pub fn last_output_ms(r: &Request) -> Option<f64> {
 /// queue it may exceed `phases_ms.queue` (the wait for remote KV is the
 /// scheduler's).
 pub fn scheduler_queue_ms(r: &Request) -> Option<f64> {
+    scheduler_queue_span(r).map(|(a, b)| ms(b - a))
+}
+
+/// [`scheduler_queue_ms`] as its interval: the QUEUED stamp (clamped into
+/// the queue phase's marks) to the scheduled mark.
+pub fn scheduler_queue_span(r: &Request) -> Option<(u64, u64)> {
     let m = marks(r)?;
     let e = r.engine.as_ref()?;
     let queued = e.queued_ns?;
     if e.scheduled_source != "event" {
         return None;
     }
-    Some(ms(m.scheduled - queued.clamp(m.submit, m.scheduled)))
+    Some((queued.clamp(m.submit, m.scheduled), m.scheduled))
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ pub mod names {
     pub const GPU_STEPS: &str = "GPU steps";
     pub const GPU_STEP: &str = "gpu step";
     pub const KV_TRANSFER: &str = "kv transfer";
+    pub const SCHEDULER_QUEUE: &str = "scheduler queue";
     pub const DECODE: &str = "decode";
     pub const CHUNK: &str = "chunk";
     pub const OFF_CPU: &str = "off-cpu";
@@ -205,12 +206,14 @@ enum Phase {
     Prefill,
     FirstOutput,
     KvTransfer,
+    /// Inside the queue: the engine's QUEUED stamp to scheduled (not a phase).
+    SchedulerQueue,
 }
 
 impl Phase {
     /// Whether its slice shows report figures ([`phase_args`]).
     fn has_figures(self) -> bool {
-        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer)
+        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue)
     }
 
     fn name(self) -> &'static str {
@@ -223,6 +226,7 @@ impl Phase {
             Phase::Prefill => names::PREFILL,
             Phase::FirstOutput => names::FIRST_OUTPUT,
             Phase::KvTransfer => names::KV_TRANSFER,
+            Phase::SchedulerQueue => names::SCHEDULER_QUEUE,
         }
     }
 }
@@ -298,6 +302,18 @@ impl Flows {
             }
         }
     }
+}
+
+/// The scheduler's queue drawn inside the queue slice `[a, b]`: the engine's
+/// QUEUED stamp to the queue's end ([`scheduler_queue_span`]), when it lasted
+/// and no KV copy of the request ran in the queue (those slices nest there,
+/// and the two need not nest in each other).
+///
+/// [`scheduler_queue_span`]: crate::correlate::engine::scheduler_queue_span
+fn scheduler_slice(r: &Request, a: u64, b: u64, kv: &[(u64, u64)]) -> Option<(u64, u64)> {
+    let (s, e) = crate::correlate::engine::scheduler_queue_span(r)?;
+    let (s, e) = (s.max(a), e.min(b));
+    (e > s && !kv.iter().any(|&(ka, kb)| ka < b && kb > a)).then_some((s, e))
 }
 
 /// The phases drawn inside a request's slice `[arrive, end]`: with the engine
@@ -689,6 +705,10 @@ fn write_requests<W: Write>(
         let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
         for &(a, b, phase) in &spans {
             items.push(Timed { ts: a, item: Item::PhaseBegin { req, phase } });
+            if let Some((s, e)) = scheduler_slice(r, a, b, kv).filter(|_| engine && phase == Phase::Queue) {
+                items.push(Timed { ts: s, item: Item::PhaseBegin { req, phase: Phase::SchedulerQueue } });
+                items.push(Timed { ts: e, item: Item::End { track } });
+            }
             if engine && matches!(phase, Phase::Queue | Phase::Prefill) {
                 for &(ka, kb) in kv {
                     let (ka, kb) = (ka.max(a), kb.min(b));
@@ -953,7 +973,7 @@ fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 5> {
         Phase::Prefill => &[("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
         Phase::FirstOutput => &[("first_output_ms", p.first_output)],
         Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms), ("last_output_ms", out.last_output_ms)],
-        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer => &[],
+        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue => &[],
     };
     let mut v = Few::new(("", 0.0));
     for &(n, x) in all {

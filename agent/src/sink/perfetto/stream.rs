@@ -171,6 +171,8 @@ struct Listing<'a> {
     /// The phases are the engine's partition.
     engine: bool,
     kv: &'a [(u64, u64)],
+    /// The scheduler's queue inside the queue slice ([`super::scheduler_slice`]).
+    sched: Option<(u64, u64)>,
     open_decode: bool,
     /// Chunks are drawn, from this time on.
     chunks_from: Option<u64>,
@@ -197,6 +199,10 @@ impl Listing<'_> {
         }
         for &(a, b, phase) in self.spans {
             items.push((a, S::I(Item::PhaseBegin { req, phase })));
+            if let Some((s, e)) = self.sched.filter(|_| self.engine && phase == Phase::Queue) {
+                items.push((s, S::I(Item::PhaseBegin { req, phase: Phase::SchedulerQueue })));
+                items.push((e, S::I(Item::End { track })));
+            }
             if self.engine && matches!(phase, Phase::Queue | Phase::Prefill) {
                 for &(ka, kb) in self.kv {
                     let (ka, kb) = (ka.max(a), kb.min(b));
@@ -459,6 +465,8 @@ impl RequestStream {
             }
         }
         w.set_sequence(prev);
+        let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
+        let sched = spans.iter().find(|s| s.2 == Phase::Queue).and_then(|&(a, b, _)| super::scheduler_slice(&r, a, b, kv));
         let l = Listing {
             req,
             start,
@@ -468,7 +476,8 @@ impl RequestStream {
             hop_track,
             spans: &spans,
             engine,
-            kv: r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans()),
+            kv,
+            sched,
             open_decode: wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode),
             chunks_from: if engine || wire_ttft.is_some() { Some(wire_ttft.unwrap_or(arrive)) } else { None },
             content: &r.content_ns,
@@ -747,6 +756,10 @@ mod tests {
                 spans: &spans,
                 engine: next().is_multiple_of(2),
                 kv: &kv,
+                sched: next().is_multiple_of(2).then(|| {
+                    let a = t(&mut next);
+                    (a, a + 1 + t(&mut next))
+                }),
                 open_decode: next().is_multiple_of(2),
                 chunks_from: (!next().is_multiple_of(4)).then(|| arrive + t(&mut next) % (end - arrive + 1)),
                 content: &content,

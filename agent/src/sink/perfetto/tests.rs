@@ -1922,3 +1922,40 @@ fn streamed_traces_of_the_testbed_recordings_draw_the_whole_layouts_request_step
         assert_eq!((sst.flows_unlinked, sst.requests_late), (0, 0), "{name}");
     }
 }
+
+/// The engine's QUEUED stamp draws the scheduler's queue inside the queue
+/// slice, from the stamp to scheduled, in both layouts; not where a KV copy
+/// ran in the queue (its slices nest there).
+#[test]
+fn the_schedulers_queue_nests_in_the_queue_slice_from_the_engines_queued_stamp() {
+    use crate::model::EngineEvent;
+    let id = "chatcmpl-5-0";
+    let mut engine = engine_steps(id, T0 + MS, &[(T0 + 4 * MS, 1), (T0 + 6 * MS, 1), (T0 + 8 * MS, 1), (T0 + 10 * MS, 1)]);
+    if let Some(Record::EngineOutputs { outputs, .. }) = engine.iter_mut().find(|r| matches!(r, Record::EngineOutputs { .. })) {
+        outputs[0].events = vec![EngineEvent { kind: 1, timestamp_s: (T0 + 1_300_000) as f64 / 1e9 }, EngineEvent { kind: 2, timestamp_s: (T0 + 2 * MS) as f64 / 1e9 }];
+    }
+    let mut recs = exchange(conn(5), 0, T0, 4, "s1");
+    recs.extend(engine);
+    let recs = sorted(recs);
+    let analysis = analyse(&recs);
+    let near = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-6);
+    let out = crate::sink::report::request_out(&analysis.requests[0]);
+    assert!(near(out.scheduler_queue_ms, 0.7) && near(out.phases_ms.queue, 1.0), "{:?} {:?}", out.scheduler_queue_ms, out.phases_ms.queue);
+    let (whole, _) = trace_of(&recs);
+    let (streamed, _) = streamed_trace(&recs);
+    for bytes in [&whole, &streamed] {
+        let s = checked(bytes);
+        let track = s.track(id).expect("request track");
+        assert_eq!((track.slices.get("scheduler queue"), track.max_depth), (Some(&1), 3), "request › queue › scheduler queue");
+        let t = decode(bytes);
+        let at: Vec<u64> = slices_named(&t, "scheduler queue").map(|(ts, _)| ts).collect();
+        assert_eq!(at, vec![T0 + 1_300_000]);
+    }
+    assert_eq!(sorted_lines(&checked(&whole)), sorted_lines(&checked(&streamed)));
+    // With a KV copy in the queue: its slices, no scheduler's queue.
+    let gpu = gpu_served_request();
+    let out = crate::sink::report::request_out(&analyse(&gpu).requests[0]);
+    assert!(out.scheduler_queue_ms.is_some());
+    let s = checked(&trace_of(&gpu).0);
+    assert_eq!(s.track(id).unwrap().slices.get("scheduler queue"), None);
+}

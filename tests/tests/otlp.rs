@@ -70,6 +70,14 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
         let names: Vec<&str> = children.iter().map(|c| c["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["frontend", "queue", "prefill", "first_output", "decode"], "{id}");
         assert!(children.iter().all(|c| c["trace_id"] == s["trace_id"]));
+        // The queue span holds the scheduler's part: its QUEUED stamp to scheduled.
+        let queue = children[1];
+        let inner: Vec<&Value> = spans.iter().filter(|c| c["parent_span_id"] == queue["span_id"]).collect();
+        assert_eq!(inner.iter().map(|c| c["name"].as_str().unwrap()).collect::<Vec<_>>(), ["scheduler_queue"], "{id}");
+        let ns = |s: &Value, k: &str| s[k].as_str().map_or_else(|| s[k].as_u64().unwrap(), |v| v.parse().unwrap());
+        let len_ms = (ns(inner[0], "end") - ns(inner[0], "start")) as f64 / 1e6;
+        assert!((len_ms - r["scheduler_queue_ms"].as_f64().unwrap()).abs() < 1e-3, "{id}: {len_ms} ms vs {}", r["scheduler_queue_ms"]);
+        assert_eq!(ns(inner[0], "end"), ns(queue, "end"), "{id}: it ends with the queue");
     }
     // Hops of one chain share a trace (no traceparent here: derived from the chain key).
     let chat: Vec<&&Value> = servers.iter().filter(|s| attr(s, "url.path") == "/v1/chat/completions").collect();

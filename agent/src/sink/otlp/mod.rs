@@ -17,7 +17,7 @@
 
 pub mod live;
 
-use crate::correlate::engine::marks;
+use crate::correlate::engine::{marks, scheduler_queue_span};
 use crate::correlate::{Analysis, ChainSource, Config, Request};
 use crate::recording::{Meta, Reader};
 use crate::sink::report::{request_figures, stream_requests, Phases, RequestRef};
@@ -411,6 +411,19 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
                 start_time_unix_nano: unix(a),
                 end_time_unix_nano: unix(b),
                 attributes: vec![s("hopscope.phase", name)],
+            });
+        }
+        // Inside the queue: the engine scheduler's own part (not a phase).
+        if let Some((a, b)) = scheduler_queue_span(r).filter(|(a, b)| b > a && m.scheduled > m.submit) {
+            spans.push(Span {
+                trace_id: trace_id.clone(),
+                span_id: fnv(&span_id, 20).to_be_bytes().to_vec(),
+                parent_span_id: fnv(&span_id, 11).to_be_bytes().to_vec(),
+                name: "scheduler_queue".to_owned(),
+                kind: 1,
+                start_time_unix_nano: unix(a),
+                end_time_unix_nano: unix(b),
+                attributes: Vec::new(),
             });
         }
     }

@@ -38,7 +38,7 @@ const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const CLIENTS: u64 = 16;
 /// Bump when the generator changes: the cached file is remade.
-const GENERATOR: u32 = 3;
+const GENERATOR: u32 = 4;
 
 struct Req {
     conn: ConnKey,
@@ -47,6 +47,8 @@ struct Req {
     eid: String,
     tokens: u64,
     done: u64,
+    /// The engine's QUEUED stamp: when its loop took the request in.
+    queued: u64,
 }
 
 struct Gen {
@@ -124,7 +126,7 @@ fn arrive(g: &mut Gen, c: u64, k: u64, n: u64, at: u64) -> Req {
     g.emit(Record::HttpResponse { conn, role: HttpRole::Server, seq: k as u32, ts_ns: at + 400 * US, tid: 1001, status: 200, headers: vec![("content-type".into(), "text/event-stream".into())] });
     g.emit(Record::Sse { conn, seq: k as u32, ts_ns: at + 450 * US, kind: SseKind::Role, id: Some(id.clone()), content_bytes: 0, finish_reason: None, usage: None });
     let tokens = g.range(8, 25);
-    Req { conn, seq: k as u32, id, eid, tokens, done: 0 }
+    Req { conn, seq: k as u32, id, eid, tokens, done: 0, queued: 0 }
 }
 
 /// Writes the recording; returns its record count.
@@ -199,7 +201,8 @@ fn generate(path: &Path, requests: u64, gpu: bool) -> Result<u64> {
     while !(waiting.is_empty() && running.is_empty()) {
         let mut newcomers = 0;
         while waiting.front().is_some_and(|w| w.0 <= t) {
-            let (_, c, r) = waiting.pop_front().expect("front checked");
+            let (ready, c, mut r) = waiting.pop_front().expect("front checked");
+            r.queued = (ready + 50 * US).min(t);
             running.push((c, r));
             newcomers += 1;
         }
@@ -219,7 +222,8 @@ fn generate(path: &Path, requests: u64, gpu: bool) -> Result<u64> {
                 request_id: r.eid.clone(),
                 new_tokens: 1,
                 finish_reason: last.then_some(1),
-                events: if first { vec![EngineEvent { kind: 2, timestamp_s: t as f64 / 1e9 }] } else { vec![] },
+                // QUEUED and SCHEDULED, with the first output (as vLLM sends them).
+                events: if first { vec![EngineEvent { kind: 1, timestamp_s: r.queued as f64 / 1e9 }, EngineEvent { kind: 2, timestamp_s: t as f64 / 1e9 }] } else { vec![] },
                 prefill: first.then(|| PrefillStats { prompt_tokens: Some(1500), cached_tokens: Some(1024), ..PrefillStats::default() }),
             });
             let at = end + 150 * US + i as u64 * 8 * US;

@@ -227,6 +227,10 @@ pub struct Aggregate {
     pub interference_ms: Delta,
     /// Mean of the pairs' (added 2026-12-05).
     pub scheduler_queue_ms: Delta,
+    /// Every pair with a queue delta has a scheduler's-queue delta: the two
+    /// means are over the same pairs (the text shows the split then).
+    #[serde(skip)]
+    pub scheduler_queue_covers: bool,
     pub gpu_ms: GpuDeltas,
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
@@ -1167,6 +1171,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
     let preemptions = mean_delta(pairs.clone().map(|p| p.preemptions.as_delta()));
     let interference_ms = mean_delta(pairs.clone().map(|p| p.interference_ms));
     let scheduler_queue_ms = mean_delta(pairs.clone().map(|p| p.scheduler_queue_ms));
+    let scheduler_queue_covers = pairs.clone().all(|p| p.phases_ms.queue.delta.is_none() || p.scheduler_queue_ms.delta.is_some());
     let ttft_ms = stats(pairs.clone().map(|p| p.ttft_ms));
     let e2e_ms = stats(pairs.clone().map(|p| p.e2e_ms));
     let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, split: decode_split_ms, prefill: phases.prefill };
@@ -1185,6 +1190,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         preemptions,
         interference_ms,
         scheduler_queue_ms,
+        scheduler_queue_covers,
         gpu_ms: GpuDeltas {
             prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
@@ -2064,6 +2070,12 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
                 if i < TTFT_PHASES { share(&o.explain.ttft, c.phase) } else { "-".into() },
                 share(&o.explain.e2e, c.phase)
             );
+            // The queue's part in the engine scheduler's own queue (the rest:
+            // before the engine took the requests in).
+            let sq = &o.scheduler_queue_ms;
+            if c.phase == "queue" && o.scheduler_queue_covers && sq.delta.is_some() {
+                let _ = writeln!(s, "  {:<14} {:>9} {:>9} {:>9} {:>8} {:>8}", "  in scheduler", f(sq.before), f(sq.after), fd(sq.delta), "-", "-");
+            }
         }
         for ex in [&o.explain.ttft, &o.explain.e2e] {
             let _ = writeln!(s, "  Σ phases {:+.3} ms = Δ{} {} ms (unexplained {})", ex.sum_of_phases_ms.unwrap_or(0.0), ex.metric.to_ascii_uppercase(), fd(ex.delta_ms), fd(ex.unexplained_ms));
@@ -2600,6 +2612,15 @@ mod tests {
         // Stamps on one side only: no split.
         let (c, _, overall, _) = cause(BASE, Shape { queue: 21, intake: Some(19), ..BASE });
         assert_eq!((c, overall), ("more_queueing", None));
+        // The text shows the scheduler's part under the queue's row.
+        let d = compare(&rep("b", &analysis(chain("a", 0, |_| base))), &rep("a", &analysis(chain("b", 0, |_| Shape { queue: 21, intake: Some(19), ..BASE }))));
+        let t = render_text(&d);
+        let rows: Vec<&str> = t.split("what changed").nth(1).unwrap().lines().collect();
+        let at = rows.iter().position(|l| l.trim_start().starts_with("queue ")).unwrap_or_else(|| panic!("{t}"));
+        let sub: Vec<&str> = rows[at + 1].split_whitespace().collect();
+        assert_eq!(sub, ["in", "scheduler", "1.00", "2.00", "+1.00", "-", "-"], "{t}");
+        let d = compare(&rep("b", &analysis(chain("a", 0, |_| BASE))), &rep("a", &analysis(chain("b", 0, |_| Shape { queue: 21, intake: Some(19), ..BASE }))));
+        assert!(!render_text(&d).contains("in scheduler"), "no stamps before: no split");
     }
 
     #[test]

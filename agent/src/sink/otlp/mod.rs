@@ -402,9 +402,10 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
             if b <= a {
                 continue;
             }
+            let phase_id = fnv(&span_id, 10 + k as u64).to_be_bytes().to_vec();
             spans.push(Span {
                 trace_id: trace_id.clone(),
-                span_id: fnv(&span_id, 10 + k as u64).to_be_bytes().to_vec(),
+                span_id: phase_id.clone(),
                 parent_span_id: span_id.clone(),
                 name: name.to_owned(),
                 kind: 1,
@@ -412,19 +413,19 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
                 end_time_unix_nano: unix(b),
                 attributes: vec![s("hopscope.phase", name)],
             });
-        }
-        // Inside the queue: the engine scheduler's own part (not a phase).
-        if let Some((a, b)) = scheduler_queue_span(r).filter(|(a, b)| b > a && m.scheduled > m.submit) {
-            spans.push(Span {
-                trace_id: trace_id.clone(),
-                span_id: fnv(&span_id, 20).to_be_bytes().to_vec(),
-                parent_span_id: fnv(&span_id, 11).to_be_bytes().to_vec(),
-                name: "scheduler_queue".to_owned(),
-                kind: 1,
-                start_time_unix_nano: unix(a),
-                end_time_unix_nano: unix(b),
-                attributes: Vec::new(),
-            });
+            // Inside the queue: the engine scheduler's own part (not a phase).
+            if let Some((qa, qb)) = (name == "queue").then(|| scheduler_queue_span(r)).flatten().filter(|(qa, qb)| qb > qa) {
+                spans.push(Span {
+                    trace_id: trace_id.clone(),
+                    span_id: fnv(&span_id, 20).to_be_bytes().to_vec(),
+                    parent_span_id: phase_id,
+                    name: "scheduler_queue".to_owned(),
+                    kind: 1,
+                    start_time_unix_nano: unix(qa),
+                    end_time_unix_nano: unix(qb),
+                    attributes: Vec::new(),
+                });
+            }
         }
     }
 }

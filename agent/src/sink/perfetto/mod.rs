@@ -705,7 +705,7 @@ fn write_requests<W: Write>(
         let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
         for &(a, b, phase) in &spans {
             items.push(Timed { ts: a, item: Item::PhaseBegin { req, phase } });
-            if let Some((s, e)) = scheduler_slice(r, a, b, kv).filter(|_| engine && phase == Phase::Queue) {
+            if let Some((s, e)) = (engine && phase == Phase::Queue).then(|| scheduler_slice(r, a, b, kv)).flatten() {
                 items.push(Timed { ts: s, item: Item::PhaseBegin { req, phase: Phase::SchedulerQueue } });
                 items.push(Timed { ts: e, item: Item::End { track } });
             }

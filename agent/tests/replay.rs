@@ -43,6 +43,17 @@ struct Replayed {
     read_error: Option<String>,
 }
 
+/// Fixture `name`'s text report as `hopscope report` prints it: written
+/// while the recording is read.
+fn streamed_table_text(name: &str) -> String {
+    let bytes = std::fs::read(fixture(&format!("{name}.hop"))).unwrap();
+    let mut reader = Reader::new(&bytes[..]).unwrap();
+    let cfg = Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+    let mut streamed = Vec::new();
+    report::write_text(&mut reader, &report_path(name), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
+    String::from_utf8(streamed).unwrap()
+}
+
 /// Reads a recording from bytes the way `hopscope report` does (streamed,
 /// keeping what precedes a damaged tail) and correlates it.
 fn replay_bytes(bytes: &[u8]) -> Replayed {
@@ -344,13 +355,7 @@ fn the_text_report_names_whose_prefill_slowed_a_hops_decode() {
     let rep = report::build(&report_path("tp_chunked"), &r.meta, &r.analysis, None);
     let slowed: Vec<_> = rep.requests.iter().filter(|q| !q.interference_from.is_empty()).collect();
     assert_eq!(slowed.len(), 1, "tp_chunked has one hop slowed by another's chunked prefill");
-    let bytes = std::fs::read(fixture("tp_chunked.hop")).unwrap();
-    let mut reader = Reader::new(&bytes[..]).unwrap();
-    let cfg = Config { chain_header: r.meta.chain_header.clone(), use_ipc: true };
-    let mut streamed = Vec::new();
-    report::write_text(&mut reader, &report_path("tp_chunked"), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
-    let streamed = String::from_utf8(streamed).unwrap();
-    for text in [streamed, report::render_text(&rep)] {
+    for text in [streamed_table_text("tp_chunked"), report::render_text(&rep)] {
         let header = text.lines().find(|l| l.trim_start().starts_with("hop ")).expect("a chain table");
         let col = header.split_whitespace().position(|c| c == "interf").expect("an interf column");
         for q in &slowed {
@@ -378,13 +383,7 @@ fn the_text_report_says_how_much_of_a_long_queue_passed_before_the_engine_took_t
     let rep = report::build(&report_path("dp_loaded"), &r.meta, &r.analysis, None);
     let long: Vec<_> = rep.requests.iter().filter(|q| q.phases_ms.queue.is_some_and(|x| x >= 0.1 * q.e2e_ms.unwrap())).collect();
     assert!(long.len() >= 2, "dp_loaded has requests queued behind long steps");
-    let bytes = std::fs::read(fixture("dp_loaded.hop")).unwrap();
-    let mut reader = Reader::new(&bytes[..]).unwrap();
-    let cfg = Config { chain_header: r.meta.chain_header.clone(), use_ipc: true };
-    let mut streamed = Vec::new();
-    report::write_text(&mut reader, &report_path("dp_loaded"), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
-    let streamed = String::from_utf8(streamed).unwrap();
-    for text in [streamed, report::render_text(&rep)] {
+    for text in [streamed_table_text("dp_loaded"), report::render_text(&rep)] {
         for q in &long {
             let (queue, sched) = (q.phases_ms.queue.unwrap(), q.scheduler_queue_ms.expect("the testbed logs stats"));
             assert!(sched < 1.0 && queue > 100.0, "{}: the wait was outside the scheduler: {queue} ms, {sched} ms in it", q.id);
@@ -405,12 +404,7 @@ fn a_chain_table_adds_up_its_hops_and_the_clients_time_between_them() {
     for name in FIXTURES {
         let r = replay(name);
         let rep = report::build(&report_path(name), &r.meta, &r.analysis, None);
-        let bytes = std::fs::read(fixture(&format!("{name}.hop"))).unwrap();
-        let mut reader = Reader::new(&bytes[..]).unwrap();
-        let cfg = Config { chain_header: r.meta.chain_header.clone(), use_ipc: true };
-        let mut streamed = Vec::new();
-        report::write_text(&mut reader, &report_path(name), cfg, hopscope::sink::summary::DEFAULT_PERCENTILES, &mut streamed).unwrap();
-        let text = String::from_utf8(streamed).unwrap();
+        let text = streamed_table_text(name);
         assert_eq!(text, report::render_text(&rep), "{name}");
         let lines: Vec<&str> = text.lines().collect();
         let mut checked = 0;

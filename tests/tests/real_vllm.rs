@@ -214,20 +214,12 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // 4. Two API server processes: the connections (one per hop) shared
     // between them, each step's outputs sent to both as a message each and
     // joined into one step; every request joined, prefill vLLM's.
-    eprintln!("{}", std::fs::read_to_string(out.join("compare-api2.txt")).unwrap_or_default());
-    let rep = json(&out.join("report-api2.json"));
-    assert_nothing_lost(&rep, &out.join("vllm_cpu_api2.server.log"));
-    let hops = lines(&out.join("vllm_cpu_api2.client.jsonl"));
-    assert_eq!(hops.len(), 12);
-    assert_every_answer_joined(&rep, &hops, 16);
+    let (rep, hops, rows) = check_compared_part(&out, "api2", 12, 16);
     let servers: BTreeSet<u64> = hops.iter().map(|h| request(&rep, h["id"].as_str().unwrap())["pid"].as_u64().unwrap()).collect();
     assert_eq!(servers.len(), 2, "12 connections served by both API server processes: {servers:?}");
     let drops = &rep["recording"]["drops"];
     assert!(drops["engine_outputs_joined"].as_u64().unwrap_or(0) > 0, "{drops}");
-    let rows = compare_metrics(&out.join("report-api2.json"), &out.join("vllm-metrics-api2.txt"));
-    rows.assert_engine_stamps_equal();
     assert!(rows.0.as_array().unwrap().iter().filter(|r| r["hopscope"] != "ttft" && r.get("n").is_some()).all(|r| r["n"] == 12 && r["vllm_n"] == 12), "{}", rows.0);
-    rows.assert_tokens_equal();
 
     // 5. Speculative decoding (n-gram, 3 draft tokens): steps whose output
     // carries several tokens of a request, and one prompt prefilled in two
@@ -237,16 +229,8 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // (vLLM counts them accepted; its output drops them). A chunk that
     // outputs nothing is not one of a request's steps: vLLM sends nothing
     // of it.
-    eprintln!("{}", std::fs::read_to_string(out.join("compare-spec.txt")).unwrap_or_default());
-    let rep = json(&out.join("report-spec.json"));
-    assert_nothing_lost(&rep, &out.join("vllm_cpu_spec.server.log"));
-    let hops = lines(&out.join("vllm_cpu_spec.client.jsonl"));
-    assert_eq!(hops.len(), 7);
-    assert_every_answer_joined(&rep, &hops, 48);
+    let (rep, hops, _) = check_compared_part(&out, "spec", 7, 48);
     assert!(hops.iter().any(|h| h["prompt_tokens"].as_u64().is_some_and(|n| n > 2048)), "no prompt over a step's 2048 tokens: {hops:?}");
-    let rows = compare_metrics(&out.join("report-spec.json"), &out.join("vllm-metrics-spec.txt"));
-    rows.assert_engine_stamps_equal();
-    rows.assert_tokens_equal();
     let accepted = vllm_counter(&out.join("vllm-metrics-spec.txt"), "vllm:spec_decode_num_accepted_tokens_total");
     assert!(accepted > 0, "vLLM accepted no draft token: the run did not decode speculatively");
     let beyond: u64 = hops
@@ -267,16 +251,8 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     // the scheduler's queue, prefill (a preempted prefill's recompute
     // included) and decode equal to vLLM's own; the hop table says where a
     // long queue went.
-    eprintln!("{}", std::fs::read_to_string(out.join("compare-kv.txt")).unwrap_or_default());
-    let rep = json(&out.join("report-kv.json"));
-    assert_nothing_lost(&rep, &out.join("vllm_cpu_kv.server.log"));
-    let hops = lines(&out.join("vllm_cpu_kv.client.jsonl"));
-    assert_eq!(hops.len(), 5);
-    assert_every_answer_joined(&rep, &hops, 400);
-    let rows = compare_metrics(&out.join("report-kv.json"), &out.join("vllm-metrics-kv.txt"));
+    let (_, hops, rows) = check_compared_part(&out, "kv", 5, 400);
     assert!(rows.0.as_array().unwrap().iter().filter(|r| r.get("n").is_some()).all(|r| r["n"] == 5 && r["vllm_n"] == 5), "{}", rows.0);
-    rows.assert_engine_stamps_equal();
-    rows.assert_tokens_equal();
     let preempted = rows.row("preemptions")["tokens"].as_u64().unwrap();
     assert!(preempted >= 1, "no request was preempted: the KV cache was not short: {}", rows.0);
     let held = rows.row("scheduler_queue")["ms"].as_f64().unwrap();
@@ -284,6 +260,25 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let text = std::fs::read_to_string(out.join("report-kv.txt")).unwrap();
     assert!(text.contains("in the scheduler's queue") && (text.contains("^ preempted") || text.contains("; preempted")), "{text}");
     eprintln!("a short KV cache: {preempted} preemptions, {held:.1} ms in the scheduler's queue over {} requests", hops.len());
+}
+
+/// A part of `run.sh` beside vLLM's `/metrics` (`vllm_cpu_TAG.*`,
+/// `report-TAG.json`, `vllm-metrics-TAG.txt`, `compare-TAG.txt`): its
+/// comparison printed, nothing lost, `requests` client requests each joined
+/// with `max_tokens` tokens, the figures of the engine's own stamps and the
+/// token counters equal to vLLM's. Returns the report, the client's requests
+/// and the comparison.
+fn check_compared_part(out: &Path, tag: &str, requests: usize, max_tokens: u64) -> (Value, Vec<Value>, Rows) {
+    eprintln!("{}", std::fs::read_to_string(out.join(format!("compare-{tag}.txt"))).unwrap_or_default());
+    let rep = json(&out.join(format!("report-{tag}.json")));
+    assert_nothing_lost(&rep, &out.join(format!("vllm_cpu_{tag}.server.log")));
+    let hops = lines(&out.join(format!("vllm_cpu_{tag}.client.jsonl")));
+    assert_eq!(hops.len(), requests, "{tag}");
+    assert_every_answer_joined(&rep, &hops, max_tokens);
+    let rows = compare_metrics(&out.join(format!("report-{tag}.json")), &out.join(format!("vllm-metrics-{tag}.txt")));
+    rows.assert_engine_stamps_equal();
+    rows.assert_tokens_equal();
+    (rep, hops, rows)
 }
 
 /// A counter's value in vLLM's `/metrics` text, summed over its labels.

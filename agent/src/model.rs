@@ -472,7 +472,28 @@ pub enum Record {
         ts_ns: u64,
         previous_response_id: String,
     },
+    /// The engine request `request_id` (the [`Record::EngineRequest`] just
+    /// before, same `conn` and `ts_ns`) asked for structured output: its
+    /// sampling params hold a constraint of this `kind` (`json`, `regex`,
+    /// `choice`, `grammar`, `json_object`, `structural_tag`, or `other`),
+    /// compiled by `backend` when the frontend named one. Never the schema,
+    /// pattern or choices themselves. Format 7.
+    EngineStructuredOutput {
+        conn: ConnKey,
+        ts_ns: u64,
+        dir: Dir,
+        request_id: String,
+        kind: String,
+        backend: Option<String>,
+    },
 }
+
+/// vLLM's `StructuredOutputsParams` fields that name a constraint, in its
+/// order (exactly one is set: vLLM refuses others): the kinds
+/// [`Record::EngineStructuredOutput`] carries.
+pub const STRUCTURED_KINDS: &[&str] = &["json", "regex", "choice", "grammar", "json_object", "structural_tag"];
+/// The kind of a constraint none of [`STRUCTURED_KINDS`] names (a newer vLLM's).
+pub const STRUCTURED_OTHER: &str = "other";
 
 /// The peer side of a peer-to-peer copy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -569,6 +590,7 @@ impl Record {
             | Record::WokenWrite { ts_ns, .. }
             | Record::ResponseModel { ts_ns, .. }
             | Record::RequestLink { ts_ns, .. }
+            | Record::EngineStructuredOutput { ts_ns, .. }
             | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }

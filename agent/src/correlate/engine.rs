@@ -335,6 +335,8 @@ pub struct EngineReq {
     /// The engine that ran it (`EngineCoreOutputs.engine_index`, the
     /// data-parallel rank), from its first output.
     pub engine_index: Option<u64>,
+    /// Its structured-output constraint, from the ADD.
+    pub structured: Option<StructuredOutput>,
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
@@ -702,6 +704,13 @@ impl EngineSide {
                 if new_ext {
                     self.index_keys(ri, true);
                 }
+            }
+            Record::EngineStructuredOutput { ts_ns, request_id, kind, backend, .. } => {
+                let r = self.req(request_id);
+                if r.structured.is_none() {
+                    r.structured = Some(StructuredOutput::new(kind, backend.as_deref()));
+                }
+                r.last_ns = r.last_ns.max(*ts_ns);
             }
             Record::EngineAbort { ts_ns, request_ids, .. } => {
                 for id in request_ids {
@@ -1089,6 +1098,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         interference_ns: e.interference_ns,
         interference_from: e.interference_from,
         engine_index: e.engine_index,
+        structured: e.structured,
         scheduled_source,
         submit_source,
         engine_request_id: e.request_id,
@@ -1303,6 +1313,24 @@ impl<'a> IntoIterator for Keys<'a> {
     }
 }
 
+/// A request's structured-output constraint ([`Record::EngineStructuredOutput`]):
+/// its kind (one of `proto::vllm::STRUCTURED_KINDS`, or `other`) and the
+/// backend that compiles it, when named. vLLM's scheduler holds such a
+/// request in its waiting queue until its grammar is compiled (and builds
+/// the backend on the first one), so it shows in the scheduler's queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StructuredOutput {
+    pub kind: &'static str,
+    pub backend: Option<Box<str>>,
+}
+
+impl StructuredOutput {
+    fn new(kind: &str, backend: Option<&str>) -> StructuredOutput {
+        let kind = crate::model::STRUCTURED_KINDS.iter().copied().find(|k| *k == kind).unwrap_or(crate::model::STRUCTURED_OTHER);
+        StructuredOutput { kind, backend: backend.map(Box::from) }
+    }
+}
+
 /// Per-request engine attribution written into the [`Request`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnginePhases {
@@ -1332,6 +1360,9 @@ pub struct EnginePhases {
     /// The engine that ran it (`EngineCoreOutputs.engine_index`: the
     /// data-parallel rank; 0 with one engine), None without outputs.
     pub engine_index: Option<u64>,
+    /// Its structured-output constraint, from the ADD (`None`: it asked for
+    /// none, or the IPC was not decoded).
+    pub structured: Option<StructuredOutput>,
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
@@ -1798,6 +1829,27 @@ mod tests {
             assert!(got.zip(want).map_or(got == want, |(g, w)| (g - w).abs() < 1e-6), "QUEUED at {queued:?}: scheduler queue {got:?} ms, want {want:?}");
             let a = an.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
             assert_eq!(super::scheduler_queue_ms(a), None, "A was stamped SCHEDULED but never QUEUED");
+        }
+    }
+
+    /// The ADD's structured-output record gives its request the kind and
+    /// backend; a request without one has none; unknown kinds read `other`.
+    #[test]
+    fn a_structured_output_record_marks_its_engine_request_only() {
+        for (kind, backend, want) in [("json", Some("xgrammar"), "json"), ("lark", None, "other")] {
+            let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
+            let at = recs.iter().find_map(|r| match r {
+                Record::EngineRequest { ts_ns, request_id, .. } if request_id.starts_with("chatcmpl-b") => Some(*ts_ns),
+                _ => None,
+            });
+            let at = at.expect("B's ADD");
+            recs.push(Record::EngineStructuredOutput { conn: IPC, ts_ns: at, dir: Dir::Out, request_id: "chatcmpl-b-0123abcd".into(), kind: kind.into(), backend: backend.map(Into::into) });
+            recs.sort_by_key(Record::ts_ns);
+            let an = analyse(&recs);
+            let engine = |id: &str| an.requests.iter().find(|r| r.id == id).and_then(|r| r.engine.clone()).unwrap_or_else(|| panic!("{id} joined"));
+            let b = engine("chatcmpl-b").structured.expect("B asked for structured output");
+            assert_eq!((b.kind, b.backend.as_deref()), (want, backend));
+            assert_eq!(engine("chatcmpl-a").structured, None, "A asked for none");
         }
     }
 

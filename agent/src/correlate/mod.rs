@@ -625,6 +625,10 @@ impl Correlator {
 
     fn ingest_one(&mut self, rec: &Record) {
         let ts = rec.ts_ns();
+        if self.cfg.use_ipc && matches!(rec, Record::EngineStructuredOutput { .. }) {
+            self.engine.ingest(rec, &self.woke, &self.http_threads);
+            return;
+        }
         if self.cfg.use_ipc && matches!(rec, Record::EngineRequest { .. } | Record::EngineAbort { .. } | Record::EngineOutputs { .. }) {
             // The engine side first (the two keep no state in common): it
             // hands the attribution the keys it kept for these requests.

@@ -484,6 +484,7 @@ impl<'a> Dec<'a> {
 pub(crate) mod enc {
     //! A tiny msgpack writer for tests (smallest forms, as msgspec writes).
 
+    #[derive(Debug)]
     pub enum V<'a> {
         Nil,
         B(bool),

@@ -135,7 +135,61 @@ pub(crate) struct AddRequest {
     pub arrival_time_s: Option<f64>,
     pub traceparent: Option<String>,
     pub data_parallel_rank: Option<u64>,
+    /// What its output is held to (`SamplingParams.structured_outputs`), by
+    /// kind and backend only: never the schema, pattern or choices.
+    pub structured: Option<Structured>,
     pub truncated: bool,
+}
+
+/// A request's structured-output constraint as the ADD names it: which kind
+/// (vLLM's `StructuredOutputsParams` field that is set: `json` for a JSON
+/// schema, what `response_format: json_schema` and a required or named tool
+/// choice become) and the backend the frontend chose for it (`_backend`,
+/// e.g. `xgrammar`; older V1's `GuidedDecodingParams.backend`). vLLM's
+/// scheduler holds such a request in its waiting queue until its grammar is
+/// compiled.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Structured {
+    pub kind: &'static str,
+    pub backend: Option<String>,
+}
+
+
+/// The constraint in a sampling-params map: `structured_outputs` (vLLM ≥
+/// 0.10.2) or `guided_decoding` (earlier V1); `Ok(None)` when neither is set,
+/// `Err(())` when the capture cut it before the field that names its kind.
+fn structured_of(sp: &Value<'_>) -> Result<Option<Structured>, ()> {
+    use crate::model::{STRUCTURED_KINDS, STRUCTURED_OTHER};
+    let Some(so) = ["structured_outputs", "guided_decoding"].iter().find_map(|k| sp.get(k).filter(|v| !matches!(v, Value::Nil))) else {
+        return Ok(None);
+    };
+    let mut found = None;
+    for k in STRUCTURED_KINDS {
+        match so.get(k) {
+            None | Some(Value::Nil | Value::Bool(false)) => {}
+            // Cut before its value's first byte: set or not, unknown.
+            Some(Value::Truncated(None)) => return Err(()),
+            Some(_) => {
+                found = Some(*k);
+                break;
+            }
+        }
+    }
+    let kind = match found {
+        Some(k) => k,
+        None => {
+            let whole = match so.as_map() {
+                Some((len, entries)) => entries.len() == len as usize && entries.iter().all(|(_, v)| !matches!(v, Value::Truncated(_))),
+                None => !matches!(so, Value::Truncated(_)),
+            };
+            if !whole {
+                return Err(());
+            }
+            STRUCTURED_OTHER
+        }
+    };
+    let backend = ["_backend", "backend"].iter().find_map(|k| so.get(k).and_then(Value::as_str)).filter(|b| !b.is_empty() && b.len() <= 64).map(str::to_owned);
+    Ok(Some(Structured { kind, backend }))
 }
 
 /// Decoded `EngineCoreOutputs` fields.
@@ -512,6 +566,7 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     r.arrival_time_s = f.arrival_time_s;
     r.max_tokens = f.max_tokens;
     r.data_parallel_rank = f.data_parallel_rank;
+    r.structured = f.structured;
     r.traceparent = f.traceparent;
     r.external_req_id = f.external_req_id;
     Ipc::Add(r)
@@ -525,6 +580,7 @@ struct AddFields {
     data_parallel_rank: Option<u64>,
     traceparent: Option<String>,
     external_req_id: Option<String>,
+    structured: Option<Structured>,
     /// Wanted fields the capture cut.
     cut: u64,
 }
@@ -547,7 +603,11 @@ fn add_fields<'v, 'a: 'v>(
     if let Some(i) = lay.sampling {
         match get(i) {
             Ok(Some(v @ Value::Map { .. })) => {
-                f.max_tokens = v.get("max_tokens").and_then(Value::as_u64)
+                f.max_tokens = v.get("max_tokens").and_then(Value::as_u64);
+                match structured_of(v) {
+                    Ok(so) => f.structured = so,
+                    Err(()) => f.cut += 1,
+                }
             }
             Ok(Some(Value::Nil) | None) => {}
             Ok(Some(_)) => return None,
@@ -1115,8 +1175,9 @@ impl IpcDecoder {
         self.c.ipc_outputs_truncated += n.outputs_lost;
         self.c.ipc_stats_undecoded += u64::from(n.stats_undecoded);
         match ipc {
-            Ipc::Add(r) => {
+            Ipc::Add(mut r) => {
                 self.c.ipc_add += 1;
+                let structured = r.structured.take().map(|so| (so, r.request_id.clone()));
                 if m.first_ns != 0 && m.first_ns < m.ts_ns {
                     out.push(Record::EngineRequestStart {
                         conn: io.conn,
@@ -1141,6 +1202,16 @@ impl IpcDecoder {
                     data_parallel_rank: r.data_parallel_rank,
                     truncated: r.truncated,
                 });
+                if let Some((so, request_id)) = structured {
+                    out.push(Record::EngineStructuredOutput {
+                        conn: io.conn,
+                        ts_ns: m.ts_ns,
+                        dir: io.dir,
+                        request_id,
+                        kind: so.kind.to_owned(),
+                        backend: so.backend,
+                    });
+                }
             }
             Ipc::Abort(ids) => {
                 self.c.ipc_abort += 1;
@@ -1481,6 +1552,11 @@ mod tests {
         if let Some(m) = max_tokens {
             sp.push(("max_tokens", V::I(m)));
         }
+        request_022_sp(id, ext, prompt, sp, trace)
+    }
+
+    /// [`request_022`] with these sampling params.
+    fn request_022_sp<'a>(id: &'a str, ext: &'a str, prompt: usize, sp: Vec<(&'a str, V<'a>)>, trace: Option<&'a str>) -> Vec<u8> {
         let th = match trace {
             Some(t) => V::M(vec![("traceparent", V::S(t)), ("tracestate", V::S("x=1"))]),
             None => V::Nil,
@@ -2087,6 +2163,7 @@ mod tests {
                         arrival_time_s: Some(1_800_000_000.25),
                         traceparent: Some(tp.into()),
                         data_parallel_rank: Some(1),
+                        structured: None,
                         truncated: false,
                     }
                 );
@@ -2583,6 +2660,72 @@ mod tests {
         ));
     }
 
+    /// vLLM 0.32.0's `StructuredOutputsParams` as its `MsgpackEncoder` writes
+    /// it inside `SamplingParams` (a dataclass: every field, by name; seen by
+    /// encoding one with vLLM's own encoder), with `set` the one constraint.
+    fn structured_outputs_032<'a>(set: (&'a str, V<'a>), backend: Option<&'a str>) -> V<'a> {
+        let mut m: Vec<(&str, V)> = ["json", "regex", "choice", "grammar", "json_object"].iter().map(|k| (*k, V::Nil)).collect();
+        m.extend([("disable_any_whitespace", V::B(false)), ("disable_additional_properties", V::B(false)), ("whitespace_pattern", V::Nil), ("structural_tag", V::Nil)]);
+        m.push(("_backend", backend.map_or(V::Nil, V::S)));
+        m.push(("_backend_was_auto", V::B(backend.is_some())));
+        let slot = m.iter_mut().find(|(k, _)| *k == set.0).expect("a constraint field");
+        slot.1 = set.1;
+        V::M(m)
+    }
+
+    #[test]
+    fn an_add_names_its_structured_output_kind_and_backend_never_the_schema() {
+        let schema = || V::M(vec![("type", V::S("object")), ("properties", V::M(vec![("secret_field", V::M(vec![("type", V::S("string"))]))]))]);
+        let cases: Vec<(V, Option<V>, Option<Structured>)> = vec![
+            (structured_outputs_032(("json", schema()), Some("xgrammar")), None, Some(Structured { kind: "json", backend: Some("xgrammar".into()) })),
+            (structured_outputs_032(("json", V::S("{\"type\":\"object\"}")), None), None, Some(Structured { kind: "json", backend: None })),
+            (structured_outputs_032(("choice", V::A(vec![V::S("yes"), V::S("no")])), Some("guidance")), None, Some(Structured { kind: "choice", backend: Some("guidance".into()) })),
+            (structured_outputs_032(("json_object", V::B(true)), Some("xgrammar")), None, Some(Structured { kind: "json_object", backend: Some("xgrammar".into()) })),
+            (structured_outputs_032(("regex", V::S("[0-9]+")), Some("outlines")), None, Some(Structured { kind: "regex", backend: Some("outlines".into()) })),
+            (structured_outputs_032(("grammar", V::S("root ::= \"a\"")), Some("xgrammar")), None, Some(Structured { kind: "grammar", backend: Some("xgrammar".into()) })),
+            (structured_outputs_032(("structural_tag", V::S("{}")), Some("xgrammar")), None, Some(Structured { kind: "structural_tag", backend: Some("xgrammar".into()) })),
+            // A newer vLLM's constraint this table does not know.
+            (V::M(vec![("lark", V::S("start: \"a\"")), ("_backend", V::S("guidance"))]), None, Some(Structured { kind: "other", backend: Some("guidance".into()) })),
+            // Earlier V1: `guided_decoding`, its backend by name.
+            (V::Nil, Some(V::M(vec![("json", schema()), ("regex", V::Nil), ("backend", V::S("xgrammar"))])), Some(Structured { kind: "json", backend: Some("xgrammar".into()) })),
+            (V::Nil, None, None),
+        ];
+        for (so, guided, want) in cases {
+            let mut sp = vec![("max_tokens", V::I(64))];
+            let label = format!("{so:?} {guided:?}");
+            if !matches!(so, V::Nil) {
+                sp.push(("structured_outputs", so));
+            }
+            if let Some(g) = guided {
+                sp.push(("guided_decoding", g));
+            }
+            let (ipc, n) = classify_one(&input_msg(0, &request_022_sp("chatcmpl-so-0badf00d", "chatcmpl-so", 5, sp, None)));
+            let Ipc::Add(r) = ipc else { panic!("{label}: not an ADD") };
+            assert_eq!(n, Notes::default(), "{label}");
+            assert_eq!((r.structured, r.max_tokens), (want, Some(64)), "{label}");
+        }
+        // The record says the kind and backend; the schema's names never leave the decoder.
+        let req = request_022_sp("chatcmpl-so-0badf00d", "chatcmpl-so", 5, vec![("structured_outputs", structured_outputs_032(("json", schema()), Some("xgrammar")))], None);
+        let (hs, msg) = (synthetic_handshake("DEALER"), input_msg(0, &req));
+        let out = run(&mut WireDecoder::new(DecoderConfig::default()), &[unix_io(FRONT, Dir::Out, 10, &hs, hs.len() as u64), unix_io(FRONT, Dir::Out, 20, &msg, msg.len() as u64)]);
+        let so: Vec<_> = out.iter().filter(|r| matches!(r, Record::EngineStructuredOutput { .. })).collect();
+        assert_eq!(so.len(), 1, "{out:?}");
+        let Record::EngineStructuredOutput { request_id, kind, backend, .. } = so[0] else { unreachable!() };
+        assert_eq!((request_id.as_str(), kind.as_str(), backend.as_deref()), ("chatcmpl-so-0badf00d", "json", Some("xgrammar")));
+        assert!(!format!("{out:?}").contains("secret_field"), "{out:?}");
+    }
+
+    #[test]
+    fn a_structured_output_cut_before_its_kind_is_counted_not_guessed() {
+        // The constraint's map ends (the capture) before any field that names it.
+        let mut sp = to_vec(&V::M(vec![("max_tokens", V::I(64)), ("structured_outputs", structured_outputs_032(("structural_tag", V::S("{}")), Some("xgrammar")))]));
+        let cut = sp.windows(5).position(|w| w == b"regex").expect("the regex key");
+        sp.truncate(cut + 5);
+        assert_eq!(structured_of(&crate::proto::msgpack::decode(&sp).value), Err(()));
+        let whole = to_vec(&V::M(vec![("structured_outputs", structured_outputs_032(("structural_tag", V::S("{}")), None))]));
+        assert_eq!(structured_of(&crate::proto::msgpack::decode(&whole).value), Ok(Some(Structured { kind: "structural_tag", backend: None })));
+    }
+
     #[test]
     fn add_with_max_tokens_traceparent_and_dp_rank() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -2600,6 +2743,7 @@ mod tests {
                 arrival_time_s: Some(1_800_000_000.25),
                 traceparent: Some(tp.into()),
                 data_parallel_rank: Some(1),
+                structured: None,
                 truncated: false,
             }
         );

@@ -525,11 +525,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::EngineRequestStart { .. } => 27,
         Record::ResponseModel { .. } => 28,
         Record::RequestLink { .. } => 29,
+        Record::EngineStructuredOutput { .. } => 30,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 30;
+pub const VARIANTS: usize = 31;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -587,6 +588,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
         Record::EngineRequestStart { conn, ts_ns, tid, dir, request_id, first_ns } => fields!(c; conn, ts_ns, tid, dir, request_id, first_ns),
         Record::ResponseModel { conn, seq, ts_ns, model } => fields!(c; conn, seq, ts_ns, model),
         Record::RequestLink { conn, seq, ts_ns, previous_response_id } => fields!(c; conn, seq, ts_ns, previous_response_id),
+        Record::EngineStructuredOutput { conn, ts_ns, dir, request_id, kind, backend } => fields!(c; conn, ts_ns, dir, request_id, kind, backend),
     }
 }
 
@@ -1005,6 +1007,7 @@ mod tests {
             Record::EngineRequestStart { conn: ck(k + 14), ts_ns: 160, tid: 161, dir: Dir::In, request_id: s("start"), first_ns: 162 },
             Record::ResponseModel { conn: ck(k + 15), seq: 163, ts_ns: 164, model: s("served") },
             Record::RequestLink { conn: ck(k + 16), seq: 165, ts_ns: 166, previous_response_id: s("resp") },
+            Record::EngineStructuredOutput { conn: ck(k + 17), ts_ns: 167, dir: Dir::Out, request_id: s("so"), kind: s("json"), backend: Some(s("xgrammar")) },
         ]
     }
 

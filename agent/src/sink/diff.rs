@@ -2339,6 +2339,7 @@ mod tests {
                 interference_ns: 0,
                 interference_from: vec![],
                 engine_index: Some(0),
+                structured: None,
                 scheduled_source: "event",
                 submit_source: "wake",
             }),

@@ -182,6 +182,17 @@ pub struct RequestOut {
     /// ([`crate::correlate::engine::scheduler_queue_ms`]). Null when the
     /// engine sent no stamps (stats off) or it never output.
     pub scheduler_queue_ms: Option<f64>,
+    /// The structured-output constraint its engine request carried, by kind
+    /// (`json`: a JSON schema, also what `response_format: json_schema` and
+    /// a required or named tool choice become; `json_object`, `regex`,
+    /// `choice`, `grammar`, `structural_tag`; `other`): vLLM's scheduler
+    /// holds such a request until its grammar is compiled, which shows in
+    /// `scheduler_queue_ms`. Null when it asked for none or without the
+    /// IPC. Never the schema itself.
+    pub structured_output: Option<String>,
+    /// The backend the frontend chose to compile it (`xgrammar`,
+    /// `guidance`, `outlines`, …), when the ADD named one.
+    pub structured_output_backend: Option<String>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -329,6 +340,8 @@ pub struct RequestRef<'a> {
     pub previous_response_id: Option<&'a str>,
     pub last_output_ms: Option<f64>,
     pub scheduler_queue_ms: Option<f64>,
+    pub structured_output: Option<&'static str>,
+    pub structured_output_backend: Option<&'a str>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -490,6 +503,8 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         previous_response_id: r.previous_response_id.as_deref(),
         last_output_ms: f.last_output_ms,
         scheduler_queue_ms: f.scheduler_queue_ms,
+        structured_output: e.and_then(|e| e.structured.as_ref()).map(|s| s.kind),
+        structured_output_backend: e.and_then(|e| e.structured.as_ref()).and_then(|s| s.backend.as_deref()),
     }
 }
 
@@ -556,6 +571,8 @@ impl RequestRef<'_> {
             previous_response_id: own(self.previous_response_id),
             last_output_ms: self.last_output_ms,
             scheduler_queue_ms: self.scheduler_queue_ms,
+            structured_output: own(self.structured_output),
+            structured_output_backend: own(self.structured_output_backend),
         }
     }
 
@@ -631,7 +648,9 @@ impl RequestRef<'_> {
             .field("completion_tokens_source", &self.completion_tokens_source)
             .field("previous_response_id", &self.previous_response_id)
             .field("last_output_ms", &self.last_output_ms)
-            .field("scheduler_queue_ms", &self.scheduler_queue_ms);
+            .field("scheduler_queue_ms", &self.scheduler_queue_ms)
+            .field("structured_output", &self.structured_output)
+            .field("structured_output_backend", &self.structured_output_backend);
         o.end();
     }
 }
@@ -779,6 +798,7 @@ struct TextRow<'a> {
     model: Option<&'a str>,
     closed_ms: Option<f64>,
     scheduler_queue_ms: Option<f64>,
+    structured_output: Option<&'a str>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -808,6 +828,7 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             model: q.model.as_deref(),
             closed_ms: q.closed_ms,
             scheduler_queue_ms: q.scheduler_queue_ms,
+            structured_output: q.structured_output.as_deref(),
         }
     }
 }
@@ -839,6 +860,7 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             model: q.model,
             closed_ms: q.closed_ms,
             scheduler_queue_ms: q.scheduler_queue_ms,
+            structured_output: q.structured_output,
         }
     }
 }
@@ -1028,7 +1050,10 @@ const NOTE_SHARE: f64 = 0.10;
 /// how often the engine preempted it, when the client left before the
 /// response ended, and, for a queue of at least [`NOTE_SHARE`] of its E2E
 /// that the engine's stamps split, how much of it passed before the engine
-/// took the request in. Starts with the newline that ends the row's figures.
+/// took the request in (and, for a request that asked for structured output
+/// and spent most of its queue in the scheduler's, that vLLM's scheduler
+/// holds it until its grammar is compiled). Starts with
+/// the newline that ends the row's figures.
 fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
     if let (None, Some(c)) = (q.e2e_ms, q.closed_ms) {
@@ -1038,7 +1063,13 @@ fn hop_note(s: &mut String, q: &TextRow) {
     let p = q.phases_ms;
     if let (Some(queue), Some(sched), Some(e2e), None) = (p.queue, q.scheduler_queue_ms, q.e2e_ms.or(q.closed_ms), p.kv_transfer.filter(|k| *k > 0.0)) {
         if queue > 0.0 && queue >= NOTE_SHARE * e2e {
-            parts.push(format!("queued {queue:.2} ms: {:.2} before the engine took it in (the IPC, the step it was running), {sched:.2} in the scheduler's queue", (queue - sched).max(0.0)));
+            let mut note = format!("queued {queue:.2} ms: {:.2} before the engine took it in (the IPC, the step it was running), {sched:.2} in the scheduler's queue", (queue - sched).max(0.0));
+            // Only where the scheduler's queue is most of it: a grammar
+            // compiled before holds nothing.
+            if let Some(kind) = q.structured_output.filter(|_| sched >= 0.5 * queue) {
+                let _ = write!(note, " (it asked for structured output, {}: the scheduler holds such a request until its grammar is compiled)", printable(kind));
+            }
+            parts.push(note);
         }
     }
     let material = matches!((q.interference_ms, q.e2e_ms), (Some(i), Some(e)) if i > 0.0 && i >= NOTE_SHARE * e);
@@ -2833,6 +2864,8 @@ mod tests {
             previous_response_id: Some("resp_\"q\\"),
             last_output_ms: Some(f64::INFINITY),
             scheduler_queue_ms: Some(f64::MIN_POSITIVE),
+            structured_output: Some("json"),
+            structured_output_backend: Some("x\"grammar\u{1}"),
         }
     }
 
@@ -2939,6 +2972,7 @@ mod tests {
             model: None,
             closed_ms: None,
             scheduler_queue_ms: None,
+            structured_output: None,
         }
     }
 
@@ -2947,14 +2981,20 @@ mod tests {
     /// request in, and the scheduler's; not with KV carved out of it.
     #[test]
     fn a_hops_note_splits_a_long_queue_into_the_way_in_and_the_schedulers_queue() {
-        let note = |queue: f64, kv: Option<f64>, sched: Option<f64>| {
+        let note_for = |queue: f64, kv: Option<f64>, sched: Option<f64>, structured: Option<&str>| {
             let phases = Phases { frontend: None, queue: Some(queue), prefill: None, kv_transfer: kv, first_output: None, decode: None };
             let mut q = text_row(&phases, vec![], None);
             q.scheduler_queue_ms = sched;
+            q.structured_output = structured;
             let mut row = String::new();
             let _ = hop_figures(&mut row, &q, false);
             row.split_once('\n').map(|(_, n)| n.to_owned())
         };
+        let note = |queue: f64, kv: Option<f64>, sched: Option<f64>| note_for(queue, kv, sched, None);
+        // A structured-output request's wait is the scheduler's: its grammar.
+        assert_eq!(note_for(20.0, None, Some(19.5), Some("json")).as_deref(), Some("        ^ queued 20.00 ms: 0.50 before the engine took it in (the IPC, the step it was running), 19.50 in the scheduler's queue (it asked for structured output, json: the scheduler holds such a request until its grammar is compiled)"));
+        assert_eq!(note_for(20.0, None, Some(10.0), Some("regex")).as_deref(), Some("        ^ queued 20.00 ms: 10.00 before the engine took it in (the IPC, the step it was running), 10.00 in the scheduler's queue (it asked for structured output, regex: the scheduler holds such a request until its grammar is compiled)"));
+        assert_eq!(note_for(20.0, None, Some(9.9), Some("json")).as_deref(), Some("        ^ queued 20.00 ms: 10.10 before the engine took it in (the IPC, the step it was running), 9.90 in the scheduler's queue"), "most of the queue before the scheduler's: no grammar to blame");
         assert_eq!(note(20.0, None, Some(0.25)).as_deref(), Some("        ^ queued 20.00 ms: 19.75 before the engine took it in (the IPC, the step it was running), 0.25 in the scheduler's queue"));
         assert_eq!(note(20.0, Some(0.0), Some(0.25)).as_deref(), Some("        ^ queued 20.00 ms: 19.75 before the engine took it in (the IPC, the step it was running), 0.25 in the scheduler's queue"));
         assert_eq!(note(4.9, None, Some(0.25)), None, "under a tenth of the 50 ms E2E");

@@ -327,6 +327,17 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     if q.closed_ns.is_some() {
         attrs.push(kv("hopscope.closed_early", Value::Bool(true)));
     }
+    // The constraint its output was held to (the kind, never the schema);
+    // a JSON one is the conventions' `gen_ai.output.type` "json".
+    if let Some(kind) = q.structured_output {
+        attrs.push(s("hopscope.structured_output", kind));
+        if matches!(kind, "json" | "json_object") {
+            attrs.push(s("gen_ai.output.type", "json"));
+        }
+    }
+    if let Some(b) = q.structured_output_backend {
+        attrs.push(s("hopscope.structured_output.backend", b));
+    }
     let mut int = |k: &str, v: Option<u64>| {
         if let Some(v) = v {
             attrs.push(kv(k, Value::Int(v as i64)));

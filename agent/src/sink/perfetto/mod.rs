@@ -1147,6 +1147,12 @@ impl RequestArgs {
         if let Some(e) = r.engine.as_ref() {
             args.push(Arg::str("submit_source", e.submit_source));
             args.push(Arg::str("scheduled_source", e.scheduled_source));
+            if let Some(so) = &e.structured {
+                args.push(Arg::str("structured_output", so.kind));
+                if let Some(b) = &so.backend {
+                    args.push(Arg::str("structured_output_backend", b));
+                }
+            }
         }
         if let Some(n) = out.gpu_steps {
             args.push(Arg::u64("gpu_steps", u64::from(n)));

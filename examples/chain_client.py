@@ -60,6 +60,16 @@ def traceparent(trace_id: str) -> str:
     return f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
 
 
+# The answer an agent step asks for with --json-schema-hops.
+STEP_SCHEMA = {"type": "object", "properties": {"thought": {"type": "string"}, "next_step": {"type": "string"}},
+               "required": ["thought", "next_step"]}
+
+
+def hop_list(text: str) -> list[int]:
+    """`--json-schema-hops`: `all` (an empty list) or hop numbers, comma-separated."""
+    return [] if text == "all" else [int(h) for h in text.split(",") if h]
+
+
 async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: str, messages: list,
                   session_id: str, trace_id: Optional[str], previous_id: Optional[str] = None) -> dict[str, Any]:
     headers = {"x-session-id": session_id} if args.session_header else {}
@@ -83,6 +93,11 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
             body["previous_response_id"] = previous_id
     else:
         body = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
+    structured = not responses and args.json_schema_hops is not None and (not args.json_schema_hops or hop in args.json_schema_hops)
+    if structured:
+        # An agent step that wants a machine-readable answer: the server holds
+        # the output to this schema (vLLM compiles a grammar for it first).
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "step", "schema": STEP_SCHEMA}}
     if args.seed is not None:
         body["seed"] = args.seed
     body["stream"] = args.stream
@@ -95,7 +110,7 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         kind = "stream" if args.stream and args.usage else "stream_no_usage" if args.stream else "whole"
     rec: dict[str, Any] = {
         "kind": kind, "chain": chain, "hop": hop, "phase": phase, "session_id": session_id, "session_header": args.session_header,
-        "previous_response_id": previous_id,
+        "previous_response_id": previous_id, "structured_output": "json" if structured else None,
         "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),
         "prompt_chars": sum(len(m["content"]) for m in messages),
         "send_ns": None, "headers_ns": None, "first_chunk_ns": None, "first_content_ns": None,
@@ -313,6 +328,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "previous_response_id or the connection)")
     p.add_argument("--connection-per-hop", action="store_true",
                    help="close the connection after each hop (Connection: close): every hop on a new one")
+    p.add_argument("--json-schema-hops", type=hop_list, default=None, metavar="all|H,H,...",
+                   help="these hops (chat API) ask for a JSON answer (response_format json_schema)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before the first chain starts")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without a byte before a hop is abandoned")
     p.add_argument("--deadline-ms", type=float, default=None,

@@ -46,6 +46,7 @@ from .protocol import (
     EngineCoreRequestType,
     RequestOutputKind,
     SamplingParams,
+    StructuredOutputsParams,
     make_encoder,
     make_outputs_decoder,
     random_uuid,
@@ -470,7 +471,37 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
             skip_reading_prefix_cache=None,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=_structured_outputs(body),
         )
+
+    def _structured_outputs(body: dict) -> Optional[StructuredOutputsParams]:
+        """The constraint vLLM's OpenAI server makes of a request (``to_sampling_params``).
+
+        ``response_format`` json_schema / json_object / structural_tag, vLLM's own
+        ``structured_outputs`` body field, the older ``guided_*`` fields, and a required or named
+        ``tool_choice`` (vLLM holds the arguments to the tools' JSON schema). The backend is what
+        vLLM's ``auto`` picks for these: xgrammar.
+        """
+        so = None
+        rf = body.get("response_format") or {}
+        if isinstance(rf, dict) and rf.get("type") == "json_schema":
+            so = StructuredOutputsParams(json=(rf.get("json_schema") or {}).get("schema") or {})
+        elif isinstance(rf, dict) and rf.get("type") == "json_object":
+            so = StructuredOutputsParams(json_object=True)
+        elif isinstance(rf, dict) and rf.get("type") == "structural_tag":
+            so = StructuredOutputsParams(structural_tag=json.dumps(rf))
+        elif isinstance(body.get("structured_outputs"), dict):
+            so = StructuredOutputsParams(**{k: v for k, v in body["structured_outputs"].items()
+                                            if k in ("json", "regex", "choice", "grammar", "json_object",
+                                                     "structural_tag")})
+        elif any(body.get(f"guided_{k}") is not None for k in ("json", "regex", "choice", "grammar")):
+            k = next(k for k in ("json", "regex", "choice", "grammar") if body.get(f"guided_{k}") is not None)
+            so = StructuredOutputsParams(**{k: body[f"guided_{k}"]})
+        elif body.get("tools") and (body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)):
+            so = StructuredOutputsParams(json={"type": "array", "items": [t.get("function", {}) for t in body["tools"]]})
+        if so is not None:
+            so._backend, so._backend_was_auto = "xgrammar", True
+        return so
 
     async def _submit(request: Request, external_id: str, prompt_ids: list[int], sp: SamplingParams,
                       body: dict, rec: Optional[dict]) -> RequestState:

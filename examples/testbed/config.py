@@ -33,6 +33,7 @@ class EngineConfig:
     api_server_count: int = 1
     ground_truth: Optional[str] = None
     step_sleep_ms: float = 0.0  # artificial extra time per step (slows the engine down for demos)
+    grammar_compile_ms: float = 40.0  # a structured-output request's grammar compile (once per constraint)
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
@@ -71,6 +72,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="model weight seed")
     g.add_argument("--step-sleep-ms", type=float, default=0.0,
                    help="extra sleep inside every engine step (inside the step's span)")
+    g.add_argument("--grammar-compile-ms", type=float, default=40.0,
+                   help="how long a structured-output request's grammar takes to compile; it waits in "
+                        "the queue meanwhile, later requests scheduled past it, as vLLM's (a constraint "
+                        "seen before is ready at once, as xgrammar's cache)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="engine processes behind the API server, each with its own model and KV cache "
                         "(vLLM's data parallelism; requests go to the engine with the fewest in flight)")
@@ -101,6 +106,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         api_server_count=a.api_server_count,
         ground_truth=a.ground_truth,
         step_sleep_ms=a.step_sleep_ms,
+        grammar_compile_ms=a.grammar_compile_ms,
         model=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, d_ff=a.d_ff,
                           max_model_len=a.max_model_len, seed=a.seed),
     )

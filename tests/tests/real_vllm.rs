@@ -60,6 +60,11 @@ fn assert_every_answer_joined(rep: &Value, hops: &[Value], max_tokens: u64) {
         let q = request(rep, id);
         assert_eq!((&q["hop"], &q["status"]), (&h["hop"], &Value::from(200)), "{id}");
         assert_eq!(q["previous_response_id"], h["previous_response_id"], "{id}");
+        // A JSON answer's constraint, from its ADD; vLLM's `auto` backend
+        // picks xgrammar for a schema.
+        assert_eq!(q["structured_output"], h["structured_output"], "{id}");
+        let backend = if h["structured_output"].is_null() { Value::Null } else { Value::from("xgrammar") };
+        assert_eq!(q["structured_output_backend"], backend, "{id}");
         if h["session_header"] != false {
             assert_eq!(q["chain"], h["session_id"], "{id}");
         }
@@ -140,7 +145,8 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let rep = json(&out.join("report.json"));
     assert_nothing_lost(&rep, &out.join("vllm_cpu.server.log"));
     let hops = lines(&out.join("vllm_cpu.client.jsonl"));
-    assert_eq!(hops.len(), 12);
+    assert_eq!(hops.len(), 14);
+    assert_eq!(hops.iter().filter(|h| h["structured_output"] == "json").count(), 1, "one hop asked for a JSON answer");
     let kinds: BTreeSet<&str> = hops.iter().map(|h| h["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, BTreeSet::from(["responses", "stream", "stream_no_usage", "whole"]));
     assert_every_answer_joined(&rep, &hops, 16);
@@ -161,11 +167,11 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let rows = compare_metrics(&out.join("report.json"), &out.join("vllm-metrics.txt"));
     for h in ["queue", "scheduler_queue", "prefill", "decode", "engine_decode", "inference", "tpot", "e2e"] {
         let r = rows.row(h);
-        assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(12), Some(12)), "{r}");
+        assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(14), Some(14)), "{r}");
     }
     let diff = |h: &str| rows.diff(h);
     rows.assert_engine_stamps_equal();
-    assert!(diff("decode").abs() < 3.0 * 12.0, "decode {} ms from vLLM's: {}", diff("decode"), rows.0);
+    assert!(diff("decode").abs() < 3.0 * 14.0, "decode {} ms from vLLM's: {}", diff("decode"), rows.0);
     assert!(diff("queue") > 0.0 && diff("e2e") > 0.0, "{}", rows.0);
     rows.assert_tokens_equal();
 

@@ -694,6 +694,31 @@ mod tests {
         }
     }
 
+    /// A request that asked for structured output names the constraint's
+    /// kind and backend, and a JSON one the conventions' output type; the
+    /// others carry none of them.
+    #[test]
+    fn a_structured_output_request_names_its_constraint_and_a_json_one_its_output_type() {
+        for (kind, backend, output_type) in [("json", Some("xgrammar"), Some("json")), ("json_object", None, Some("json")), ("regex", Some("guidance"), None)] {
+            let (meta, mut analysis) = fixture_analysis();
+            let i = analysis.requests.iter().position(|r| r.engine.is_some() && r.done_ns.is_some()).expect("a request with its engine joined");
+            let e = analysis.requests[i].engine.as_mut().unwrap();
+            e.structured = Some(crate::correlate::engine::StructuredOutput { kind, backend: backend.map(Into::into) });
+            let id = analysis.requests[i].id.clone();
+            let spans = build(&meta, &analysis, &GpuMemIndex::default()).resource_spans.remove(0).scope_spans.remove(0).spans;
+            let attr = |sp: &Span, k: &str| sp.attributes.iter().find(|a| a.key == k).and_then(|a| a.value.clone()).and_then(|v| v.value);
+            let sp = spans.iter().find(|sp| sp.kind == 2 && attr(sp, "gen_ai.request.id") == Some(Value::Str(id.clone()))).expect("its span");
+            assert_eq!(attr(sp, "hopscope.structured_output"), Some(Value::Str(kind.into())));
+            assert_eq!(attr(sp, "hopscope.structured_output.backend"), backend.map(|b| Value::Str(b.into())));
+            assert_eq!(attr(sp, "gen_ai.output.type"), output_type.map(|t| Value::Str(t.into())), "{kind}");
+            let others = spans.iter().filter(|s| s.kind == 2 && s.span_id != sp.span_id);
+            assert!(others.clone().count() > 0);
+            for o in others {
+                assert!(["hopscope.structured_output", "hopscope.structured_output.backend", "gen_ai.output.type"].iter().all(|k| attr(o, k).is_none()), "{:?}", o.attributes);
+            }
+        }
+    }
+
     /// A request its client left before the response ended: a span to the
     /// close, marked, without an E2E; its phase children tile it.
     #[test]

@@ -1287,6 +1287,27 @@ fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_fig
     let (_, d) = slices_named(&t, "decode").next().unwrap();
     assert_eq!((arg_f64(d, "gpu_decode_ms"), arg_f64(d, "interference_ms")), (out.gpu_ms.decode, out.interference_ms));
     assert_eq!(arg_f64(d, "last_output_ms"), out.last_output_ms);
+    assert_eq!((arg_str("structured_output"), arg_str("structured_output_backend")), (None, None), "it asked for no structured output");
+}
+
+/// A request that asked for structured output names the constraint's kind
+/// and backend among its slice's args, as the report does.
+#[test]
+fn a_structured_output_requests_slice_names_its_constraint() {
+    use crate::event::Dir;
+    let mut recs = gpu_served_request();
+    let at = recs.iter().find_map(|r| if let Record::EngineRequest { ts_ns, .. } = r { Some(*ts_ns) } else { None }).expect("the ADD");
+    recs.push(Record::EngineStructuredOutput { conn: ConnKey { tgid: 4242, fd: 30, ino: 30 }, ts_ns: at, dir: Dir::Out, request_id: "chatcmpl-5-0-0123abcd".into(), kind: "json".into(), backend: Some("xgrammar".into()) });
+    let recs = sorted(recs);
+    let analysis = analyse(&recs);
+    let out = crate::sink::report::request_out(&analysis.requests[0]);
+    assert_eq!((out.structured_output.as_deref(), out.structured_output_backend.as_deref()), (Some("json"), Some("xgrammar")));
+    let m = meta();
+    let (bytes, _) = write_trace(Vec::new(), TraceInput { meta: &m, records: &recs, analysis: &analysis, read_error: None }).unwrap();
+    let t = decode(&bytes);
+    let (_, req) = slices_named(&t, "chatcmpl-5-0").next().expect("the request slice");
+    let arg_str = |name: &str| req.debug_annotations.iter().find(|d| d.name.as_deref() == Some(name)).and_then(|d| d.string_value.clone());
+    assert_eq!((arg_str("structured_output").as_deref(), arg_str("structured_output_backend").as_deref()), (Some("json"), Some("xgrammar")));
 }
 
 #[test]

@@ -205,7 +205,27 @@ pub struct Pair {
     /// 2026-12-05): the queue's delta less it is the way into the engine's.
     pub scheduler_queue_ms: Delta,
     pub gpu_ms: GpuDeltas,
+    /// The structured-output constraint's kind on each side (the report's
+    /// `structured_output`; added 2026-12-05).
+    pub structured_output: KindChange,
     pub explain: Explain,
+}
+
+/// A kind before and after (null: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct KindChange {
+    pub before: Option<&'static str>,
+    pub after: Option<&'static str>,
+}
+
+/// Pairs asking for structured output: on each side, and only after
+/// (`added`) or only before (`removed`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StructuredShift {
+    pub before: usize,
+    pub after: usize,
+    pub added: usize,
+    pub removed: usize,
 }
 
 /// Aggregate over a set of generation pairs: per-metric statistics, and the
@@ -231,6 +251,8 @@ pub struct Aggregate {
     /// means are over the same pairs (the text shows the split then).
     #[serde(skip)]
     pub scheduler_queue_covers: bool,
+    /// How many of these pairs asked for structured output (added 2026-12-05).
+    pub structured_output: StructuredShift,
     pub gpu_ms: GpuDeltas,
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
@@ -674,6 +696,21 @@ struct View {
     scheduler_queue: Option<f64>,
     gpu: [Option<f64>; 3],
     generation: bool,
+    /// Its structured-output constraint ([`structured_code`]).
+    structured: u8,
+}
+
+/// A structured-output kind as one byte: 0 none, else 1 + its place in
+/// [`crate::model::STRUCTURED_KINDS`] (`other` past them).
+fn structured_code(kind: Option<&str>) -> u8 {
+    use crate::model::STRUCTURED_KINDS;
+    kind.map_or(0, |k| 1 + STRUCTURED_KINDS.iter().position(|x| *x == k).unwrap_or(STRUCTURED_KINDS.len()) as u8)
+}
+
+/// [`structured_code`]'s kind.
+fn structured_name(code: u8) -> Option<&'static str> {
+    use crate::model::{STRUCTURED_KINDS, STRUCTURED_OTHER};
+    (code > 0).then(|| STRUCTURED_KINDS.get(usize::from(code) - 1).copied().unwrap_or(STRUCTURED_OTHER))
 }
 
 fn view(q: &RequestOut) -> View {
@@ -699,6 +736,7 @@ fn view(q: &RequestOut) -> View {
         scheduler_queue: if q.closed_ns.is_some() { None } else { q.scheduler_queue_ms },
         gpu: [q.gpu_ms.prefill, q.gpu_ms.decode, q.gpu_ms.kv_transfer],
         generation: q.ttft_ms.is_some() || q.prompt_tokens.is_some() || q.engine_request_id.is_some(),
+        structured: structured_code(q.structured_output.as_deref()),
     }
 }
 
@@ -717,6 +755,7 @@ struct Packed {
     /// Which of `n` (bits 0-3) and `preemptions` (bit 4) are known.
     known: u8,
     generation: bool,
+    structured: u8,
 }
 
 /// The NaN that stands for an unknown figure: arithmetic makes only the
@@ -752,6 +791,7 @@ impl Packed {
             itl_gaps: v.itl_gaps as u32,
             known,
             generation: v.generation,
+            structured: v.structured,
         }
     }
 
@@ -784,6 +824,7 @@ impl Packed {
             scheduler_queue: f(15),
             gpu: [f(11), f(12), f(13)],
             generation: self.generation,
+            structured: self.structured,
         }
     }
 }
@@ -818,6 +859,8 @@ struct Figs {
     interference_ms: Delta,
     scheduler_queue_ms: Delta,
     gpu_ms: GpuDeltas,
+    /// [`structured_code`] before and after.
+    structured: [u8; 2],
 }
 
 fn figs(b: &View, a: &View) -> Figs {
@@ -841,7 +884,21 @@ fn figs(b: &View, a: &View) -> Figs {
         interference_ms: Delta::of(b.interference, a.interference),
         scheduler_queue_ms: Delta::of(b.scheduler_queue, a.scheduler_queue),
         gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
+        structured: [b.structured, a.structured],
     }
+}
+
+/// How many of the pairs asked for structured output on each side, and
+/// how many only after (`added`) or only before (`removed`).
+fn structured_shift(pairs: impl Iterator<Item = [u8; 2]>) -> StructuredShift {
+    let mut s = StructuredShift::default();
+    for [b, a] in pairs {
+        s.before += usize::from(b > 0);
+        s.after += usize::from(a > 0);
+        s.added += usize::from(b == 0 && a > 0);
+        s.removed += usize::from(b > 0 && a == 0);
+    }
+    s
 }
 
 /// The figures of match `m` of BEFORE (`sb`) and AFTER (`sa`).
@@ -865,6 +922,8 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         scheduler_queue: x.scheduler_queue_ms.delta,
         split: x.decode_split_ms,
         prefill: x.phases_ms.prefill,
+        structured: structured_shift(std::iter::once(x.structured)),
+        structured_kind: structured_name(x.structured[1]).or(structured_name(x.structured[0])),
     };
     Pair {
         key,
@@ -886,6 +945,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         interference_ms: x.interference_ms,
         scheduler_queue_ms: x.scheduler_queue_ms,
         gpu_ms: x.gpu_ms,
+        structured_output: KindChange { before: structured_name(x.structured[0]), after: structured_name(x.structured[1]) },
         explain: explain_both(x.ttft_ms, x.e2e_ms, &x.phases_ms, &ctx),
         ttft_ms: x.ttft_ms,
         e2e_ms: x.e2e_ms,
@@ -904,6 +964,9 @@ struct Ctx {
     scheduler_queue: Option<f64>,
     split: Option<DecodeSplit>,
     prefill: Delta,
+    structured: StructuredShift,
+    /// The kind a lone pair asked for (after, else before); None for an aggregate.
+    structured_kind: Option<&'static str>,
 }
 
 fn explain_both(ttft: Delta, e2e: Delta, phases: &PhaseDeltas, ctx: &Ctx) -> Explain {
@@ -1039,7 +1102,18 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
             } else {
                 // The engine's stamps split the queue: the scheduler's part,
                 // and before it the way in (the engine busy in a step).
+                let st = &ctx.structured;
+                let what = |n: usize, one: &str, many: &str| match ctx.structured_kind {
+                    Some(k) if st.before + st.after <= 1 => format!("{one} structured output ({k})"),
+                    _ if n == 1 => format!("1 of these requests {one} structured output"),
+                    _ => format!("{n} of these requests {many} structured output"),
+                };
                 match ctx.scheduler_queue {
+                    // Most of the change in the scheduler's queue, where vLLM
+                    // holds a structured-output request until its grammar is
+                    // compiled, and requests that newly ask for one.
+                    Some(sq) if up && st.added > 0 && sq >= d / 2.0 => ("structured_output_added", format!("{}: waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue, which holds such a request until its grammar is compiled", what(st.added, "now asks for", "now ask for"))),
+                    Some(sq) if !up && st.removed > 0 && sq <= d / 2.0 => ("structured_output_removed", format!("{}: scheduled {:.2} ms sooner, {sq:+.2} ms of it in the scheduler's queue (no grammar to compile)", what(st.removed, "no longer asks for", "no longer ask for"), -d)),
                     Some(sq) if up && sq < d / 2.0 => ("slower_engine_intake", format!("{:+.2} ms more before the engine took it in (longer engine steps, a busier input path); the scheduler's queue {sq:+.2} ms", d - sq)),
                     Some(sq) if !up && sq > d / 2.0 => ("faster_engine_intake", format!("{:.2} ms less before the engine took it in; the scheduler's queue {sq:+.2} ms", sq - d)),
                     Some(sq) if up => ("more_queueing", format!("waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue (fewer free slots or KV blocks)")),
@@ -1174,7 +1248,8 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
     let scheduler_queue_covers = pairs.clone().all(|p| p.phases_ms.queue.delta.is_none() || p.scheduler_queue_ms.delta.is_some());
     let ttft_ms = stats(pairs.clone().map(|p| p.ttft_ms));
     let e2e_ms = stats(pairs.clone().map(|p| p.e2e_ms));
-    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, split: decode_split_ms, prefill: phases.prefill };
+    let structured_output = structured_shift(pairs.clone().map(|p| p.structured));
+    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, split: decode_split_ms, prefill: phases.prefill, structured: structured_output, structured_kind: None };
     Aggregate {
         hop,
         requests: pairs.clone().count(),
@@ -1191,6 +1266,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         interference_ms,
         scheduler_queue_ms,
         scheduler_queue_covers,
+        structured_output,
         gpu_ms: GpuDeltas {
             prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
@@ -2285,9 +2361,11 @@ mod tests {
         /// The engine's QUEUED stamp this many ms into the queue (the way
         /// in); none sent when None.
         intake: Option<u64>,
+        /// Its structured-output kind.
+        structured: Option<&'static str>,
     }
 
-    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None };
+    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None };
 
     fn request(i: usize, at: u64, chain: &str, source: ChainSource, s: Shape) -> Request {
         let submit = at + s.frontend * MS;
@@ -2339,7 +2417,7 @@ mod tests {
                 interference_ns: 0,
                 interference_from: vec![],
                 engine_index: Some(0),
-                structured: None,
+                structured: s.structured.map(|kind| crate::correlate::engine::StructuredOutput { kind, backend: Some("xgrammar".into()) }),
                 scheduled_source: "event",
                 submit_source: "wake",
             }),
@@ -2583,6 +2661,47 @@ mod tests {
         assert_eq!(ex.contributions[0].phase, "queue");
         assert_eq!(ex.contributions[1].phase, "frontend");
         assert!(close(ex.contributions[1].delta_ms, -1.0));
+    }
+
+    /// A longer queue spent in the scheduler's queue by requests that now ask
+    /// for structured output is their grammar's; the other way round, no
+    /// grammar to compile. Requests that asked on both sides, or a wait
+    /// before the engine took them in, keep the other causes.
+    #[test]
+    fn a_queue_grown_in_the_schedulers_queue_by_a_new_structured_output_is_its_grammar() {
+        let base = Shape { intake: Some(0), ..BASE };
+        let json = Shape { queue: 41, structured: Some("json"), ..base };
+        // One chain per shape: its first hop that shape, the others the base.
+        let diff = |b: Vec<Shape>, a: Vec<Shape>| {
+            let mk = |name: &str, v: Vec<Shape>| {
+                let reqs = v.into_iter().enumerate().flat_map(|(k, s)| chain(&format!("{name}{k}"), k as u64 * 10_000 * MS, move |h| if h == 1 { s } else { base })).collect();
+                analysis(reqs)
+            };
+            compare(&rep("b", &mk("b", b)), &rep("a", &mk("a", a)))
+        };
+        let d = diff(vec![base], vec![json]);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "now asks for structured output (json): waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue, which holds such a request until its grammar is compiled"));
+        assert_eq!(d.pairs[0].structured_output, KindChange { before: None, after: Some("json") });
+        let c = &d.overall.explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "1 of these requests now asks for structured output: waited +13.33 ms longer to be scheduled, +13.33 ms of it in the scheduler's queue, which holds such a request until its grammar is compiled"));
+        assert_eq!(d.overall.structured_output, StructuredShift { before: 0, after: 1, added: 1, removed: 0 });
+        let hop1 = d.hops.iter().find(|h| h.hop == Some(1)).expect("hop 1's aggregate");
+        assert_eq!(hop1.explain.ttft.causes[0].cause, "structured_output_added");
+        // Two of three chains' first hops: the mean moved by their waits.
+        let d = diff(vec![base, base, base], vec![json, json, base]);
+        assert_eq!(d.overall.explain.ttft.causes[0].cause, "structured_output_added");
+        assert!(d.overall.explain.ttft.causes[0].detail.starts_with("2 of these requests now ask for structured output:"), "{}", d.overall.explain.ttft.causes[0].detail);
+        // The other way round.
+        let d = diff(vec![json], vec![base]);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_removed", "no longer asks for structured output (json): scheduled 40.00 ms sooner, -40.00 ms of it in the scheduler's queue (no grammar to compile)"));
+        // Asked on both sides: the scheduler's queue, no new grammar to name.
+        let d = diff(vec![Shape { structured: Some("json"), ..base }], vec![json]);
+        assert_eq!(d.pairs[0].explain.ttft.causes[0].cause, "more_queueing");
+        // Newly structured, but the wait was before the engine took it in.
+        let d = diff(vec![base], vec![Shape { intake: Some(40), ..json }]);
+        assert_eq!(d.pairs[0].explain.ttft.causes[0].cause, "slower_engine_intake");
     }
 
     /// With the engine's QUEUED stamps a longer queue is told apart: spent
@@ -3043,13 +3162,14 @@ mod tests {
             scheduler_queue: Some(0.25),
             gpu: [None, Some(2.0), None],
             generation: true,
+            structured: 7,
         };
         let u = Packed::of(&v).unpack();
         assert!(u.ttft.is_some_and(f64::is_nan), "{:?}", u.ttft);
         let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
         assert_eq!(bits(&u)[1..], bits(&v)[1..]);
         assert_eq!((u.prompt, u.cached, u.computed, u.completion, u.steps, u.preemptions), (v.prompt, v.cached, v.computed, v.completion, v.steps, v.preemptions));
-        assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation), (v.itl_gaps, v.itl_sum.to_bits(), v.generation));
+        assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation, u.structured), (v.itl_gaps, v.itl_sum.to_bits(), v.generation, v.structured));
         let none = Packed::of(&View::default()).unpack();
         assert!(none.ttft.is_none() && none.prompt.is_none() && none.preemptions.is_none() && none.phases.iter().all(Option::is_none));
         assert!(std::mem::size_of::<Packed>() <= std::mem::size_of::<View>() / 2, "{} bytes", std::mem::size_of::<Packed>());

@@ -706,6 +706,13 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let text = String::from_utf8(out.stdout).unwrap();
     let notes = text.matches("in the scheduler's queue (it asked for structured output, json: the scheduler holds such a request until its grammar is compiled)").count();
     assert!(notes >= 2, "both first hops' notes say why they queued:\n{text}");
+    // The summary sets them beside the others: 4 JSON answers.
+    let so = &run.report["summary"]["structured_output"];
+    assert_eq!((&so["requests"], &so["kinds"]), (&Value::from(4), &serde_json::json!([{ "kind": "json", "requests": 4 }])), "{so}");
+    let (them, others) = (so["scheduler_queue_ms_mean"].as_f64().unwrap(), so["others_scheduler_queue_ms_mean"].as_f64().unwrap());
+    let want = waits.iter().map(|w| w.1).sum::<f64>() / 4.0;
+    assert!((them - want).abs() < 1e-6 && others < them, "{so}: the hops' {waits:?}");
+    assert!(text.contains("Requests asking for it:                  4 (json 4)"), "{text}");
 }
 
 #[test]

@@ -147,6 +147,8 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let hops = lines(&out.join("vllm_cpu.client.jsonl"));
     assert_eq!(hops.len(), 14);
     assert_eq!(hops.iter().filter(|h| h["structured_output"] == "json").count(), 1, "one hop asked for a JSON answer");
+    let so = &rep["summary"]["structured_output"];
+    assert_eq!((&so["requests"], &so["kinds"][0]["kind"]), (&Value::from(1), &Value::from("json")), "{so}");
     let kinds: BTreeSet<&str> = hops.iter().map(|h| h["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, BTreeSet::from(["responses", "stream", "stream_no_usage", "whole"]));
     assert_every_answer_joined(&rep, &hops, 16);

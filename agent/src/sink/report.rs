@@ -2205,6 +2205,7 @@ pub struct SummaryAcc {
     peak_gpu_mem_bytes: Option<u64>,
     /// Per model: a byte per TTFT, TPOT and E2EL value saying whose it is.
     models: summary::Models,
+    structured: summary::StructuredAcc,
 }
 
 impl SummaryAcc {
@@ -2212,6 +2213,7 @@ impl SummaryAcc {
         self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
         if let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) {
             self.completed += 1;
+            self.structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms);
             let slot = self.models.slot(q.model, q.completion_tokens);
             self.e2els.push(e2e);
             self.models.e2el.push(slot);
@@ -2280,6 +2282,7 @@ impl SummaryAcc {
             gpu_samples: 0,
             closed_early: self.closed_early,
             peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
+            structured_output: self.structured.finish(),
         })
     }
 }
@@ -3259,6 +3262,8 @@ mod tests {
             peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
             model: q.model,
             closed: q.closed_ns.is_some(),
+            structured_output: q.structured_output,
+            scheduler_queue_ms: q.scheduler_queue_ms,
         }
     }
 
@@ -3286,6 +3291,9 @@ mod tests {
                     completion_tokens: (i % 5 != 0).then_some(1 + i as u64 % 20),
                     peak_gpu_mem_bytes: Some(i as u64 % 1000),
                     model: (i % 4 != 0).then_some(MODEL_NAMES[(i / 4) % 20]),
+                    // Every sixth asked for structured output (a kind of eight, one unknown).
+                    structured_output: (i % 6 == 1).then_some(["json", "json_object", "regex", "choice", "grammar", "structural_tag", "other", "json"][(i / 6) % 8]),
+                    scheduler_queue_ms: (i % 9 != 0).then_some(0.01 * (i % 31) as f64),
                     ..edge_request(&itls[i % itls.len()], &[])
                 }
             })
@@ -3319,6 +3327,12 @@ mod tests {
             let want = summary::compute_views(&views, &[], &p);
             assert_eq!(got, want, "{n} requests, runs of {run}");
             assert_eq!(got.closed_early, (0..n).filter(|i| i % 11 == 5).count());
+            if n >= 3000 {
+                let so = got.structured_output.as_ref().expect("structured requests");
+                assert_eq!(so.kinds.iter().map(|k| k.kind).collect::<Vec<_>>(), crate::model::STRUCTURED_KINDS.iter().copied().chain(["other"]).collect::<Vec<_>>());
+                assert_eq!(so.kinds.iter().map(|k| k.requests).sum::<usize>(), so.requests);
+                assert!(so.scheduler_queue_ms_mean.is_some() && so.others_scheduler_queue_ms_mean.is_some());
+            }
             if n >= 3000 {
                 // 16 named, `other`, and those that named none.
                 assert_eq!(got.models.len(), 18, "{:?}", got.models.iter().map(|m| &m.model).collect::<Vec<_>>());

@@ -171,6 +171,97 @@ pub struct Summary {
     /// Of `failed`, those whose connection closed before their response
     /// ended: the client gave up (a timeout, a cancelled agent step).
     pub closed_early: usize,
+    /// The completed requests that asked for structured output, beside the
+    /// others (null when none did).
+    pub structured_output: Option<StructuredSummary>,
+}
+
+/// What structured output cost the completed requests that asked for it:
+/// how many, by kind, and their mean scheduler's queue (where vLLM holds
+/// them for their grammar) and TTFT beside the other completed requests'.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StructuredSummary {
+    pub requests: usize,
+    /// Per kind asked for, in [`crate::model::STRUCTURED_KINDS`] order (`other` last).
+    pub kinds: Vec<KindCount>,
+    /// Means over those with the figure (the scheduler's queue needs the
+    /// engine's stamps); `others_*` over the other completed requests.
+    pub scheduler_queue_ms_mean: Option<f64>,
+    pub others_scheduler_queue_ms_mean: Option<f64>,
+    pub ttft_ms_mean: Option<f64>,
+    pub others_ttft_ms_mean: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KindCount {
+    pub kind: &'static str,
+    pub requests: usize,
+}
+
+/// [`StructuredSummary`] folded request by request (the in-memory and the
+/// streamed summary alike, in report order: the same sums, the same bits).
+#[derive(Debug, Default)]
+pub struct StructuredAcc {
+    kinds: [usize; crate::model::STRUCTURED_KINDS.len() + 1],
+    /// (sum, count) for the structured requests [0] and the others [1].
+    sched: [(f64, usize); 2],
+    ttft: [(f64, usize); 2],
+}
+
+impl StructuredAcc {
+    /// One completed request.
+    pub fn add(&mut self, kind: Option<&str>, scheduler_queue_ms: Option<f64>, ttft_ms: Option<f64>) {
+        use crate::model::STRUCTURED_KINDS;
+        let side = usize::from(kind.is_none());
+        if let Some(k) = kind {
+            self.kinds[STRUCTURED_KINDS.iter().position(|x| *x == k).unwrap_or(STRUCTURED_KINDS.len())] += 1;
+        }
+        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms)] {
+            if let Some(v) = v {
+                acc.0 += v;
+                acc.1 += 1;
+            }
+        }
+    }
+
+    pub fn finish(&self) -> Option<StructuredSummary> {
+        use crate::model::{STRUCTURED_KINDS, STRUCTURED_OTHER};
+        let requests: usize = self.kinds.iter().sum();
+        if requests == 0 {
+            return None;
+        }
+        let kinds = self.kinds.iter().enumerate().filter(|(_, n)| **n > 0).map(|(i, n)| KindCount { kind: STRUCTURED_KINDS.get(i).copied().unwrap_or(STRUCTURED_OTHER), requests: *n }).collect();
+        let mean = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64);
+        Some(StructuredSummary {
+            requests,
+            kinds,
+            scheduler_queue_ms_mean: mean(self.sched[0]),
+            others_scheduler_queue_ms_mean: mean(self.sched[1]),
+            ttft_ms_mean: mean(self.ttft[0]),
+            others_ttft_ms_mean: mean(self.ttft[1]),
+        })
+    }
+}
+
+impl json::Value for StructuredSummary {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("requests", &self.requests)
+            .field("kinds", &self.kinds)
+            .field("scheduler_queue_ms_mean", &self.scheduler_queue_ms_mean)
+            .field("others_scheduler_queue_ms_mean", &self.others_scheduler_queue_ms_mean)
+            .field("ttft_ms_mean", &self.ttft_ms_mean)
+            .field("others_ttft_ms_mean", &self.others_ttft_ms_mean);
+        o.end();
+    }
+}
+
+impl json::Value for KindCount {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("kind", self.kind).field("requests", &self.requests);
+        o.end();
+    }
 }
 
 /// `np.percentile`'s label: `99` → `p99`, `99.9` → `p99.9`.
@@ -351,7 +442,8 @@ impl Summary {
             .field("models", &self.models)
             .field("gpu_samples", &self.gpu_samples)
             .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes)
-            .field("closed_early", &self.closed_early);
+            .field("closed_early", &self.closed_early)
+            .field("structured_output", &self.structured_output);
         o.end();
         Ok(())
     }
@@ -380,6 +472,8 @@ pub struct ReqView<'a> {
     pub model: Option<&'a str>,
     /// Its connection closed before its response ended.
     pub closed: bool,
+    pub structured_output: Option<&'a str>,
+    pub scheduler_queue_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for ReqView<'a> {
@@ -398,6 +492,8 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             peak_gpu_mem_bytes: q.peak_gpu_mem_bytes,
             model: q.model.as_deref(),
             closed: q.closed_ns.is_some(),
+            structured_output: q.structured_output.as_deref(),
+            scheduler_queue_ms: q.scheduler_queue_ms,
         }
     }
 }
@@ -445,8 +541,10 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     let mut per_token_s = Vec::new();
     let (mut total_in, mut total_out, mut tokens_unknown) = (0u64, 0u64, 0usize);
     let mut models = Models::default();
+    let mut structured = StructuredAcc::default();
     for q in &done {
         let e2e = q.e2e_ms.unwrap_or_default();
+        structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms);
         let slot = models.slot(q.model, q.completion_tokens);
         e2els.push(e2e);
         models.e2el.push(slot);
@@ -508,6 +606,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
         models: per_model,
         gpu_samples: 0,
         peak_gpu_mem_bytes: requests.iter().filter_map(|q| q.peak_gpu_mem_bytes).max(),
+        structured_output: structured.finish(),
     }
 }
 
@@ -661,6 +760,13 @@ pub fn render_text(sm: &Summary) -> String {
             line(&mut s, &format!("{} ({} req):", trunc(name, 30), m.completed), format!("{} / {}", med(&m.ttft_ms), med(&m.e2el_ms)));
         }
     }
+    if let Some(so) = &sm.structured_output {
+        let _ = writeln!(s, "{:-^50}", "Structured output (vs the others)");
+        let kinds: Vec<String> = so.kinds.iter().map(|k| format!("{} {}", k.kind, k.requests)).collect();
+        line(&mut s, "Requests asking for it:", format!("{} ({})", so.requests, kinds.join(", ")));
+        line(&mut s, "Scheduler queue mean, them/others (ms):", format!("{} / {}", f2(so.scheduler_queue_ms_mean), f2(so.others_scheduler_queue_ms_mean)));
+        line(&mut s, "TTFT mean, them/others (ms):", format!("{} / {}", f2(so.ttft_ms_mean), f2(so.others_ttft_ms_mean)));
+    }
     if sm.gpu_samples > 0 {
         let _ = writeln!(s, "{:-^50}", "GPU memory (NVML)");
         line(&mut s, "Samples:", sm.gpu_samples);
@@ -693,6 +799,8 @@ mod tests {
             peak_gpu_mem_bytes: None,
             model: None,
             closed: false,
+            structured_output: None,
+            scheduler_queue_ms: None,
         }
     }
 
@@ -804,6 +912,36 @@ mod tests {
         ];
         let leaked: &'static [String] = Box::leak(hops.into_boxed_slice());
         compute_views(&reqs, &[ChainView { chain: "s1", hops: leaked }], &[50.0, 90.0, 99.0])
+    }
+
+    /// The completed requests that asked for structured output beside the
+    /// others, hand-computed; failed ones count in neither; the text shows it
+    /// only when some asked.
+    #[test]
+    fn structured_output_requests_are_summed_apart_from_the_others() {
+        let so = |q: ReqView<'static>, kind: Option<&'static str>, sched: Option<f64>| ReqView { structured_output: kind, scheduler_queue_ms: sched, ..q };
+        let reqs = [
+            so(req("a", 200, 1000, Some(500.0), 100.0, &[], (100, 5), None), Some("json"), Some(40.0)),
+            so(req("b", 200, 1100, Some(500.0), 300.0, &[], (100, 5), None), Some("json"), Some(20.0)),
+            so(req("c", 200, 1200, Some(500.0), 50.0, &[], (100, 5), None), Some("regex"), None),
+            so(req("d", 200, 1300, Some(500.0), 20.0, &[], (100, 5), None), None, Some(1.0)),
+            so(req("e", 200, 1400, Some(500.0), 30.0, &[], (100, 5), None), None, Some(2.0)),
+            // Failed: in neither.
+            so(req("f", 500, 1500, Some(5.0), 5.0, &[], (10, 0), None), Some("json"), Some(900.0)),
+        ];
+        let s = compute_views(&reqs, &[], &[50.0]);
+        let got = s.structured_output.as_ref().expect("three asked");
+        let kinds: Vec<(&str, usize)> = got.kinds.iter().map(|k| (k.kind, k.requests)).collect();
+        assert_eq!((got.requests, kinds), (3, vec![("json", 2), ("regex", 1)]));
+        assert_eq!((got.scheduler_queue_ms_mean, got.others_scheduler_queue_ms_mean), (Some(30.0), Some(1.5)));
+        assert_eq!((got.ttft_ms_mean, got.others_ttft_ms_mean), (Some(150.0), Some(25.0)));
+        let text = render_text(&s);
+        assert!(text.contains("Requests asking for it:                  3 (json 2, regex 1)"), "{text}");
+        assert!(text.contains("Scheduler queue mean, them/others (ms):  30.00 / 1.50"), "{text}");
+        assert!(text.contains("TTFT mean, them/others (ms):             150.00 / 25.00"), "{text}");
+        let none = compute_views(&reqs[3..5], &[], &[50.0]);
+        assert_eq!(none.structured_output, None);
+        assert!(!render_text(&none).contains("Structured output"));
     }
 
     #[test]

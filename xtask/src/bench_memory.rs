@@ -38,7 +38,7 @@ const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const CLIENTS: u64 = 16;
 /// Bump when the generator changes: the cached file is remade.
-const GENERATOR: u32 = 4;
+const GENERATOR: u32 = 5;
 
 struct Req {
     conn: ConnKey,
@@ -122,6 +122,11 @@ fn arrive(g: &mut Gen, c: u64, k: u64, n: u64, at: u64) -> Req {
             data_parallel_rank: None,
             truncated: false,
         });
+        // Every fifth asks for a JSON answer (g5: its constraint's kind
+        // reaches the report, trace, diff and summary since 2026-12-05).
+        if k % 5 == 2 {
+            g.emit(Record::EngineStructuredOutput { conn: ipc, ts_ns: at + dt, dir, request_id: eid.clone(), kind: "json".into(), backend: Some("xgrammar".into()) });
+        }
     }
     g.emit(Record::HttpResponse { conn, role: HttpRole::Server, seq: k as u32, ts_ns: at + 400 * US, tid: 1001, status: 200, headers: vec![("content-type".into(), "text/event-stream".into())] });
     g.emit(Record::Sse { conn, seq: k as u32, ts_ns: at + 450 * US, kind: SseKind::Role, id: Some(id.clone()), content_bytes: 0, finish_reason: None, usage: None });

@@ -159,6 +159,8 @@ struct PerModel {
     requests: BTreeMap<u16, u64>,
     /// Requests whose connection closed before their response ended.
     closed: u64,
+    /// Requests that asked for structured output, by kind.
+    structured: BTreeMap<&'static str, u64>,
     prompt_tokens: u64,
     generation_tokens: u64,
 }
@@ -180,6 +182,7 @@ impl PerModel {
             scheduler_queue: Histogram::new(E2E_BUCKETS),
             requests: BTreeMap::new(),
             closed: 0,
+            structured: BTreeMap::new(),
             prompt_tokens: 0,
             generation_tokens: 0,
         }
@@ -526,6 +529,9 @@ impl LiveMetrics {
         let m = series(&mut self.by_model, &key);
         m.prompt_tokens += prompt.unwrap_or(0);
         m.generation_tokens += generated.unwrap_or(0);
+        if let Some(kind) = q.structured_output {
+            *m.structured.entry(kind).or_default() += 1;
+        }
         let Some(done) = ended else { return };
         let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
         for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms), (&mut m.scheduler_queue, q.scheduler_queue_ms)] {
@@ -630,6 +636,13 @@ impl LiveMetrics {
                 let _ = writeln!(s, "{name} 0");
             }
         };
+        family(&mut s, "hopscope_requests_structured_output_total", "Requests that asked for structured output (a JSON schema, JSON mode, a required tool call, a regex, choices, a grammar), by the constraint's kind: vLLM's scheduler holds each until its grammar is compiled; engine IPC joined.", "counter");
+        for (labels, m) in &models {
+            let sep = if labels.is_empty() { "" } else { "," };
+            for (kind, n) in &m.structured {
+                let _ = writeln!(s, "hopscope_requests_structured_output_total{{{labels}{sep}kind=\"{kind}\"}} {n}");
+            }
+        }
         counter(&mut s, "hopscope_requests_closed_early_total", "HTTP requests whose connection closed before their response ended (the client gave up: a timeout, a cancelled agent step).", &|m| m.closed);
         counter(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens: usage objects, else the engine's count once the request settled.", &|m| m.prompt_tokens);
         counter(&mut s, "hopscope_generation_tokens_total", "Generated tokens: usage objects, else the engine's count once the request settled.", &|m| m.generation_tokens);
@@ -779,12 +792,24 @@ mod tests {
         let live = Arc::new(Mutex::new(LiveMetrics::new(&cfg.chain_header)));
         let mut phases = LivePhases::new(cfg.clone(), Arc::clone(&live));
         let mut c = crate::correlate::Correlator::new(cfg);
+        let mut asked = 0;
         while let Some(r) = reader.next_record().unwrap() {
             phases.push(&r);
             c.ingest(&r);
+            // Every other ADD (its frontend's copy) asks for a JSON answer.
+            if let Record::EngineRequest { conn, ts_ns, dir: crate::event::Dir::Out, request_id, .. } = &r {
+                asked += 1;
+                if asked % 2 == 1 {
+                    let so = Record::EngineStructuredOutput { conn: *conn, ts_ns: *ts_ns, dir: crate::event::Dir::Out, request_id: request_id.clone(), kind: "json".into(), backend: None };
+                    phases.push(&so);
+                    c.ingest(&so);
+                }
+            }
         }
         phases.finish();
         let rep = crate::sink::report::build("chain3.hop", reader.meta(), &c.finish(), None);
+        let structured = rep.requests.iter().filter(|q| q.structured_output.as_deref() == Some("json")).count();
+        assert!(structured >= 2 && structured < rep.requests.len(), "{structured}");
         let ended: Vec<_> = rep.requests.iter().filter(|q| q.done_ns.is_some() && q.phases_ms.queue.is_some()).collect();
         assert!(ended.len() >= 3, "{}", ended.len());
         let text = live.lock().unwrap().render();
@@ -805,6 +830,9 @@ mod tests {
         assert!(!stamped.is_empty(), "the testbed sends QUEUED and SCHEDULED stamps");
         assert!((sum("hopscope_request_scheduler_queue_time_seconds") - stamped.iter().sum::<f64>() / 1e3).abs() < 1e-9, "{text}");
         assert_eq!(count("hopscope_request_kv_transfer_time_seconds"), 0, "no GPU records");
+        // One count per request that asked for structured output, under its kind.
+        let counted: u64 = text.lines().filter(|l| l.starts_with("hopscope_requests_structured_output_total{") && l.contains("kind=\"json\"")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();
+        assert_eq!(counted as usize, structured, "{text}");
     }
 
     /// Streams that never asked for usage (`stream_options.include_usage`

@@ -704,7 +704,7 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let out = std::process::Command::new(hopscope_bin()).arg("report").arg(&run.hop).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    let notes = text.matches("in the scheduler's queue (it asked for structured output, json: the scheduler holds such a request until its grammar is compiled)").count();
+    let notes = text.matches("in the scheduler's queue (for a free slot, or for its grammar: it asked for structured output, json, which vLLM's scheduler holds until its grammar is compiled)").count();
     assert!(notes >= 2, "both first hops' notes say why they queued:\n{text}");
     // The summary sets them beside the others: 4 JSON answers.
     let so = &run.report["summary"]["structured_output"];

@@ -1,7 +1,8 @@
 //! `cargo xtask demo [--out DIR]`: the first thing a new user runs.
 //!
 //! Starts the vLLM-shaped testbed (examples/) under `hopscope run`, drives a
-//! 5-hop chain and then concurrent chains through it, stops the recording and
+//! 5-hop chain and then concurrent chains through it (their first hops ask
+//! for a JSON answer: the scheduler's wait for a grammar), stops the recording and
 //! prints hopscope's report (per request, per chain and hop). Writes
 //! DIR/demo.hop, DIR/demo.pftrace (Perfetto), DIR/report.json,
 //! DIR/client.jsonl (the client's own timings), DIR/truth.jsonl (the
@@ -71,10 +72,10 @@ pub fn run_demo(args: &[String]) -> Result<()> {
             .arg(root().join("examples/chain_client.py"))
             .args(["--base-url", &base, "--chains", "1", "--hops", "5", "--max-tokens", "48", "--traceparent", "--out"])
             .arg(&client))?;
-        eprintln!("demo: 4 concurrent 3-hop chains (queueing, prefix-cache reuse)");
+        eprintln!("demo: 4 concurrent 3-hop chains (queueing, prefix-cache reuse; a JSON answer at hop 1: structured output)");
         run(Command::new(&py)
             .arg(root().join("examples/chain_client.py"))
-            .args(["--base-url", &base, "--chains", "4", "--hops", "3", "--max-tokens", "32", "--task-seed", "7", "--append", "--out"])
+            .args(["--base-url", &base, "--chains", "4", "--hops", "3", "--max-tokens", "32", "--task-seed", "7", "--json-schema-hops", "1", "--append", "--out"])
             .arg(&client))?;
         Ok(())
     })();

@@ -1112,7 +1112,7 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
                     // Most of the change in the scheduler's queue, where vLLM
                     // holds a structured-output request until its grammar is
                     // compiled, and requests that newly ask for one.
-                    Some(sq) if up && st.added > 0 && sq >= d / 2.0 => ("structured_output_added", format!("{}: waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue, which holds such a request until its grammar is compiled", what(st.added, "now asks for", "now ask for"))),
+                    Some(sq) if up && st.added > 0 && sq >= d / 2.0 => ("structured_output_added", format!("{}: waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue (which holds such a request until its grammar is compiled; or fewer free slots)", what(st.added, "now asks for", "now ask for"))),
                     Some(sq) if !up && st.removed > 0 && sq <= d / 2.0 => ("structured_output_removed", format!("{}: scheduled {:.2} ms sooner, {sq:+.2} ms of it in the scheduler's queue (no grammar to compile)", what(st.removed, "no longer asks for", "no longer ask for"), -d)),
                     Some(sq) if up && sq < d / 2.0 => ("slower_engine_intake", format!("{:+.2} ms more before the engine took it in (longer engine steps, a busier input path); the scheduler's queue {sq:+.2} ms", d - sq)),
                     Some(sq) if !up && sq > d / 2.0 => ("faster_engine_intake", format!("{:.2} ms less before the engine took it in; the scheduler's queue {sq:+.2} ms", sq - d)),
@@ -2681,10 +2681,10 @@ mod tests {
         };
         let d = diff(vec![base], vec![json]);
         let c = &d.pairs[0].explain.ttft.causes[0];
-        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "now asks for structured output (json): waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue, which holds such a request until its grammar is compiled"));
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "now asks for structured output (json): waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue (which holds such a request until its grammar is compiled; or fewer free slots)"));
         assert_eq!(d.pairs[0].structured_output, KindChange { before: None, after: Some("json") });
         let c = &d.overall.explain.ttft.causes[0];
-        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "1 of these requests now asks for structured output: waited +13.33 ms longer to be scheduled, +13.33 ms of it in the scheduler's queue, which holds such a request until its grammar is compiled"));
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "1 of these requests now asks for structured output: waited +13.33 ms longer to be scheduled, +13.33 ms of it in the scheduler's queue (which holds such a request until its grammar is compiled; or fewer free slots)"));
         assert_eq!(d.overall.structured_output, StructuredShift { before: 0, after: 1, added: 1, removed: 0 });
         let hop1 = d.hops.iter().find(|h| h.hop == Some(1)).expect("hop 1's aggregate");
         assert_eq!(hop1.explain.ttft.causes[0].cause, "structured_output_added");

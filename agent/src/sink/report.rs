@@ -1051,9 +1051,9 @@ const NOTE_SHARE: f64 = 0.10;
 /// response ended, and, for a queue of at least [`NOTE_SHARE`] of its E2E
 /// that the engine's stamps split, how much of it passed before the engine
 /// took the request in (and, for a request that asked for structured output
-/// and spent most of its queue in the scheduler's, that vLLM's scheduler
-/// holds it until its grammar is compiled). Starts with
-/// the newline that ends the row's figures.
+/// and spent most of its queue in the scheduler's, that it waited there for
+/// a free slot or for its grammar: the stamps do not tell which). Starts
+/// with the newline that ends the row's figures.
 fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
     if let (None, Some(c)) = (q.e2e_ms, q.closed_ms) {
@@ -1067,7 +1067,7 @@ fn hop_note(s: &mut String, q: &TextRow) {
             // Only where the scheduler's queue is most of it: a grammar
             // compiled before holds nothing.
             if let Some(kind) = q.structured_output.filter(|_| sched >= 0.5 * queue) {
-                let _ = write!(note, " (it asked for structured output, {}: the scheduler holds such a request until its grammar is compiled)", printable(kind));
+                let _ = write!(note, " (for a free slot, or for its grammar: it asked for structured output, {}, which vLLM's scheduler holds until its grammar is compiled)", printable(kind));
             }
             parts.push(note);
         }
@@ -2995,8 +2995,8 @@ mod tests {
         };
         let note = |queue: f64, kv: Option<f64>, sched: Option<f64>| note_for(queue, kv, sched, None);
         // A structured-output request's wait is the scheduler's: its grammar.
-        assert_eq!(note_for(20.0, None, Some(19.5), Some("json")).as_deref(), Some("        ^ queued 20.00 ms: 0.50 before the engine took it in (the IPC, the step it was running), 19.50 in the scheduler's queue (it asked for structured output, json: the scheduler holds such a request until its grammar is compiled)"));
-        assert_eq!(note_for(20.0, None, Some(10.0), Some("regex")).as_deref(), Some("        ^ queued 20.00 ms: 10.00 before the engine took it in (the IPC, the step it was running), 10.00 in the scheduler's queue (it asked for structured output, regex: the scheduler holds such a request until its grammar is compiled)"));
+        assert_eq!(note_for(20.0, None, Some(19.5), Some("json")).as_deref(), Some("        ^ queued 20.00 ms: 0.50 before the engine took it in (the IPC, the step it was running), 19.50 in the scheduler's queue (for a free slot, or for its grammar: it asked for structured output, json, which vLLM's scheduler holds until its grammar is compiled)"));
+        assert_eq!(note_for(20.0, None, Some(10.0), Some("regex")).as_deref(), Some("        ^ queued 20.00 ms: 10.00 before the engine took it in (the IPC, the step it was running), 10.00 in the scheduler's queue (for a free slot, or for its grammar: it asked for structured output, regex, which vLLM's scheduler holds until its grammar is compiled)"));
         assert_eq!(note_for(20.0, None, Some(9.9), Some("json")).as_deref(), Some("        ^ queued 20.00 ms: 10.10 before the engine took it in (the IPC, the step it was running), 9.90 in the scheduler's queue"), "most of the queue before the scheduler's: no grammar to blame");
         assert_eq!(note(20.0, None, Some(0.25)).as_deref(), Some("        ^ queued 20.00 ms: 19.75 before the engine took it in (the IPC, the step it was running), 0.25 in the scheduler's queue"));
         assert_eq!(note(20.0, Some(0.0), Some(0.25)).as_deref(), Some("        ^ queued 20.00 ms: 19.75 before the engine took it in (the IPC, the step it was running), 0.25 in the scheduler's queue"));

@@ -671,41 +671,63 @@ fn phases_match_ground_truth_with_four_chains_queueing_for_two_slots() {
 #[test]
 fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let Some(_serial) = privileged("structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar") else { return };
+    // Beside the two JSON agents, a plain one whose hops the scheduler lets
+    // past the JSON hops waiting for their grammar. The compile is long
+    // enough that the second agent's first hop (40 ms later, more when
+    // three clients start at once on two cores) comes before it is done.
     let run = run_testbed(
         "attr-structured",
-        &["--grammar-compile-ms", "150"],
-        &[&["--chains", "2", "--hops", "3", "--max-tokens", "16", "--stagger-ms", "40", "--json-schema-hops", "1,3"]],
+        &["--grammar-compile-ms", "400"],
+        &[
+            &["--chains", "2", "--hops", "3", "--max-tokens", "16", "--stagger-ms", "40", "--json-schema-hops", "1,3"],
+            &["--chains", "1", "--hops", "6", "--max-tokens", "4"],
+        ],
     );
     let worst = check_phases(&run);
     check_steps(&run);
     eprintln!("structured output: worst phase error {worst:.3} ms");
     let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
     let requests: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
-    assert_eq!(requests.len(), 6, "2 chains x 3 hops");
-    let mut waits: Vec<(u64, f64)> = Vec::new();
+    assert_eq!(requests.len(), 12, "2 chains x 3 hops and 1 x 6");
+    // Who went past whom, from the truth's stamps: queued later, first
+    // scheduled earlier (one engine).
+    let stamps: Vec<(i64, i64)> = engine.values().map(|e| (ns(e, "queued_ns"), ns(e, "scheduled_ns"))).collect();
+    let mut waits: Vec<(u64, f64, u64)> = Vec::new();
     for r in requests {
         let (id, hop) = (r["id"].as_str().unwrap(), r["hop"].as_u64().unwrap());
-        let want = if hop == 2 { Value::Null } else { Value::from("json") };
-        assert_eq!(r["structured_output"], want, "{id}: hop {hop}");
-        let sched = r["scheduler_queue_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no scheduler queue: {r}"));
         let e = engine[r["engine_request_id"].as_str().unwrap()];
+        assert_eq!(r["structured_output"], e["structured_output"], "{id}: hop {hop}");
+        let sched = r["scheduler_queue_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no scheduler queue: {r}"));
+        let (q, s) = (ns(e, "queued_ns"), ns(e, "scheduled_ns"));
+        let passers: Vec<i64> = stamps.iter().filter(|(oq, os)| *oq > q && *os < s).map(|p| p.1).collect();
+        assert_eq!(r["scheduler_passed_over_by"].as_u64(), Some(passers.len() as u64), "{id}: requests queued after it and scheduled before it");
+        let want = passers.iter().max().map_or(0.0, |last| (last - q) as f64 / 1e6);
+        let got = r["scheduler_passed_over_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no pass span: {r}"));
+        assert!((got - want).abs() < 0.01, "{id}: skipped for {got} ms, the truth's last pass {want} ms after it was queued");
         if let Some(ready) = e["grammar_ready_ns"].as_i64() {
             // Never scheduled before its grammar was ready.
-            let least = (ready - ns(e, "queued_ns")).max(0) as f64 / 1e6;
+            let least = (ready - q).max(0) as f64 / 1e6;
             assert!(sched >= least - 1e-3, "{id}: scheduler queue {sched:.3} ms, its grammar took {least:.3} ms more");
-            waits.push((hop, sched));
+            waits.push((hop, sched, passers.len() as u64));
+        } else {
+            assert_eq!(passers.len(), 0, "{id}: FCFS: nothing passes a request that is not skipped");
         }
     }
-    let first: Vec<f64> = waits.iter().filter(|(h, _)| *h == 1).map(|w| w.1).collect();
-    let third: Vec<f64> = waits.iter().filter(|(h, _)| *h == 3).map(|w| w.1).collect();
-    eprintln!("scheduler queue: first hops {first:?} ms, third hops (grammar cached) {third:?} ms");
-    assert!(first.iter().all(|w| *w >= 90.0), "the first hops waited for the compile: {first:?}");
+    let first: Vec<(f64, u64)> = waits.iter().filter(|w| w.0 == 1).map(|w| (w.1, w.2)).collect();
+    let third: Vec<f64> = waits.iter().filter(|w| w.0 == 3).map(|w| w.1).collect();
+    eprintln!("scheduler queue (ms, passed by): first hops {first:?}, third hops (grammar cached) {third:?} ms");
+    assert!(first.iter().all(|w| w.0 >= 90.0), "the first hops waited for the compile: {first:?}");
     assert!(third.iter().all(|w| *w < 50.0), "the third hops' grammar was compiled already: {third:?}");
+    let passed = first.iter().filter(|w| w.1 > 0).count();
+    assert!(passed >= 1, "the plain agent's hops went past a first hop waiting for its grammar: {first:?}");
     let out = std::process::Command::new(hopscope_bin()).arg("report").arg(&run.hop).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    let notes = text.matches("in the scheduler's queue (for a free slot, or for its grammar: it asked for structured output, json, which vLLM's scheduler holds until its grammar is compiled)").count();
-    assert!(notes >= 2, "both first hops' notes say why they queued:\n{text}");
+    // Passed over: the note says the scheduler skipped it for its grammar;
+    // else that it was one or the other.
+    let sure = text.matches("after it was queued: vLLM's scheduler lets one past only while it skips this one, here for its grammar: it asked for structured output, json").count();
+    let either = text.matches("in the scheduler's queue (for a free slot, or for its grammar: it asked for structured output, json, which vLLM's scheduler holds until its grammar is compiled)").count();
+    assert!(sure >= passed && sure + either >= 2, "both first hops' notes say why they queued ({passed} passed over):\n{text}");
     // The summary sets them beside the others: 4 JSON answers.
     let so = &run.report["summary"]["structured_output"];
     assert_eq!((&so["requests"], &so["kinds"]), (&Value::from(4), &serde_json::json!([{ "kind": "json", "requests": 4 }])), "{so}");

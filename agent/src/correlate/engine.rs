@@ -337,6 +337,10 @@ pub struct EngineReq {
     pub engine_index: Option<u64>,
     /// Its structured-output constraint, from the ADD.
     pub structured: Option<StructuredOutput>,
+    /// Requests its engine's scheduler took in after it and scheduled
+    /// before it ([`EngineSide::passes`]), and the latest such scheduling.
+    pub passed_by: u32,
+    pub passed_until_ns: Option<u64>,
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
@@ -450,7 +454,33 @@ struct HeldIn {
 struct EngineClock {
     last_step_end: Option<u64>,
     baseline: RollingMedian,
+    /// Its requests seen scheduled, in the order their first output came,
+    /// while one not yet seen scheduled may have passed them or been passed
+    /// by them ([`EngineSide::passes`]).
+    scheduled: std::collections::VecDeque<SeenScheduled>,
+    /// Length of `scheduled` at which it is next pruned.
+    prune_at: usize,
 }
+
+/// A request's QUEUED stamp and first SCHEDULED stamp, as its engine's
+/// scheduler told them with its first output.
+#[derive(Debug, Clone, Copy)]
+struct SeenScheduled {
+    queued_ns: u64,
+    scheduled_ns: u64,
+    key: SlabKey,
+}
+
+/// The most requests seen scheduled an engine's pass book holds
+/// ([`EngineSide::passes`]); past it the oldest go, counted in
+/// `scheduler_pass_book_full`. Only a request that waits while this many
+/// others are scheduled fills it.
+pub const PASS_BOOK_MAX: usize = 1 << 16;
+
+/// Margin between a request's write to the engine (`submit_ns`) and its
+/// QUEUED stamp, which the engine takes after it read the request: both
+/// are CLOCK_MONOTONIC, so it only covers rounding of the stamp's seconds.
+const PASS_BOOK_SLACK_NS: u64 = 1_000_000;
 
 #[derive(Default)]
 pub struct EngineSide {
@@ -508,6 +538,9 @@ pub struct EngineSide {
     /// (an ADD's one, a writer's step's outputs; none otherwise).
     touched: Vec<SlabKey>,
     newcomers: Vec<(u64, Name)>,
+    /// The requests a step showed scheduled for the first time, in its
+    /// order ([`Self::passes`]); kept for its capacity.
+    newly_scheduled: Vec<SeenScheduled>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -803,6 +836,7 @@ impl EngineSide {
             } else if r.first_step.is_some_and(|f| f < idx) {
                 decoding.push(ri);
             }
+            let seen_scheduled = r.scheduled_ns.is_some();
             for ev in &o.events {
                 let Some(t) = s_to_ns(ev.timestamp_s) else { continue };
                 match ev.kind {
@@ -811,6 +845,9 @@ impl EngineSide {
                     EV_PREEMPTED => r.preempted_ns.push(t),
                     _ => {}
                 }
+            }
+            if let (false, Some(q), Some(s)) = (seen_scheduled, r.queued_ns, r.scheduled_ns) {
+                self.newly_scheduled.push(SeenScheduled { queued_ns: q, scheduled_ns: s, key: ri });
             }
             if o.prefill.is_some() && r.prefill.is_none() {
                 r.prefill = o.prefill;
@@ -821,6 +858,12 @@ impl EngineSide {
             }
             members.push((r.num, o.new_tokens, first));
         }
+        let newly = std::mem::take(&mut self.newly_scheduled);
+        for n in &newly {
+            self.passes(k, *n);
+        }
+        self.newly_scheduled = newly;
+        self.newly_scheduled.clear();
         match (dur, newcomers.is_empty()) {
             (Some(d), true) => self.clocks[k].1.baseline.push(d),
             (Some(d), false) => {
@@ -839,6 +882,62 @@ impl EngineSide {
         (self.decoding, self.newcomers) = (decoding, newcomers);
         (self.prev_step, self.cur_step) = (cur, prev);
         self.steps.push(Step { end_ns, sent_ns, members, engine });
+    }
+
+    /// Who passed whom in engine slot `k`'s queue, as request `n` is seen
+    /// scheduled: vLLM's FCFS scheduler takes its waiting queue in order and
+    /// schedules a later request before an earlier one only by skipping the
+    /// earlier (its grammar not compiled yet, remote KV not loaded, no LoRA
+    /// slot, or, chunked prefill off, a prompt over the token budget left),
+    /// never for want of room: a full batch or budget stops the pass over
+    /// the queue. Each pair is looked at once, when the later of the two is
+    /// seen (a long prefill's first output can come after a request it
+    /// passed was seen). A passed request already handed out is counted in
+    /// `scheduler_passes_after_claim`.
+    fn passes(&mut self, k: usize, n: SeenScheduled) {
+        let (reqs, clock) = (&mut self.reqs, &mut self.clocks[k].1);
+        let (mut by, mut until) = (0u32, None::<u64>);
+        let mut late = 0;
+        for o in &clock.scheduled {
+            if o.queued_ns > n.queued_ns && o.scheduled_ns < n.scheduled_ns {
+                by += 1;
+                until = until.max(Some(o.scheduled_ns));
+            } else if o.queued_ns < n.queued_ns && o.scheduled_ns > n.scheduled_ns {
+                match reqs.get_mut(o.key) {
+                    Some(e) => {
+                        e.passed_by += 1;
+                        e.passed_until_ns = e.passed_until_ns.max(Some(n.scheduled_ns));
+                    }
+                    None => late += 1,
+                }
+            }
+        }
+        if let Some(r) = reqs.get_mut(n.key) {
+            r.passed_by += by;
+            r.passed_until_ns = r.passed_until_ns.max(until);
+        }
+        clock.scheduled.push_back(n);
+        let mut full = 0;
+        if clock.scheduled.len() >= clock.prune_at.max(64) {
+            // A request not yet seen scheduled was queued after its write
+            // to the engine: none written before `floor` is left to pass
+            // or be passed by what was scheduled before it.
+            let floor = reqs.iter().filter(|(_, e)| e.scheduled_ns.is_none()).filter_map(|(_, e)| e.submit_ns).min();
+            match floor {
+                Some(f) => clock.scheduled.retain(|o| o.scheduled_ns.saturating_add(PASS_BOOK_SLACK_NS) >= f),
+                None => clock.scheduled.clear(),
+            }
+            while clock.scheduled.len() > PASS_BOOK_MAX {
+                clock.scheduled.pop_front();
+                full += 1;
+            }
+            clock.prune_at = 2 * clock.scheduled.len();
+        }
+        for (what, n) in [("scheduler_passes_after_claim", late), ("scheduler_pass_book_full", full)] {
+            if n > 0 {
+                *self.counters.entry(what).or_default() += n;
+            }
+        }
     }
 
     /// A new anchor of writer `tid` (wake-up `wake_ns`, `arrival_s`) places
@@ -1099,6 +1198,8 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         interference_from: e.interference_from,
         engine_index: e.engine_index,
         structured: e.structured,
+        passed_over_by: e.queued_ns.and(e.scheduled_ns).map(|_| e.passed_by),
+        passed_over_until_ns: e.passed_until_ns,
         scheduled_source,
         submit_source,
         engine_request_id: e.request_id,
@@ -1363,6 +1464,14 @@ pub struct EnginePhases {
     /// Its structured-output constraint, from the ADD (`None`: it asked for
     /// none, or the IPC was not decoded).
     pub structured: Option<StructuredOutput>,
+    /// How many requests its engine's scheduler took in after it and
+    /// scheduled before it: each one a step in which the scheduler skipped
+    /// it (its grammar, remote KV, a LoRA slot), not one it lacked room in
+    /// ([`EngineSide::passes`]). `None` without its QUEUED and SCHEDULED
+    /// stamps.
+    pub passed_over_by: Option<u32>,
+    /// The latest of those schedulings: until then, it was being skipped.
+    pub passed_over_until_ns: Option<u64>,
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
@@ -1489,6 +1598,17 @@ pub fn last_output_ms(r: &Request) -> Option<f64> {
 /// scheduler's).
 pub fn scheduler_queue_ms(r: &Request) -> Option<f64> {
     scheduler_queue_span(r).map(|(a, b)| ms(b - a))
+}
+
+/// The part of [`scheduler_queue_ms`] in which the scheduler is known to
+/// have skipped the request: from its QUEUED stamp to the latest scheduling
+/// of a request that passed it ([`EnginePhases::passed_over_by`]); 0 when
+/// none did. Null where `scheduler_queue_ms` is, or without the pass count.
+pub fn scheduler_passed_over_ms(r: &Request) -> Option<f64> {
+    let (a, b) = scheduler_queue_span(r)?;
+    let e = r.engine.as_ref()?;
+    e.passed_over_by?;
+    Some(e.passed_over_until_ns.map_or(0.0, |u| ms(u.clamp(a, b) - a)))
 }
 
 /// [`scheduler_queue_ms`] as its interval: the QUEUED stamp (clamped into
@@ -1830,6 +1950,84 @@ mod tests {
             let a = an.requests.iter().find(|r| r.id == "chatcmpl-a").unwrap();
             assert_eq!(super::scheduler_queue_ms(a), None, "A was stamped SCHEDULED but never QUEUED");
         }
+    }
+
+    /// One request's whole life on fd `fd`: it arrives at `arrive` (its ADD
+    /// 1 ms later), is stamped QUEUED at `queued` and SCHEDULED at `sched`,
+    /// its first (and last) token comes in the step ending at `first`.
+    fn stamped(id: &str, fd: i32, arrive: u64, queued: u64, sched: u64, first: u64) -> Vec<Record> {
+        let mut recs = http(id, fd, arrive);
+        let mut out = step(first, &[(id, true, Some(sched))]);
+        if let Record::EngineOutputs { outputs, .. } = &mut out {
+            outputs[0].events.insert(0, EngineEvent { kind: 1, timestamp_s: queued as f64 / 1e9 });
+            outputs[0].finish_reason = Some(0);
+        }
+        recs.push(out);
+        recs.push(sse(id, fd, first + MS, SseKind::Content));
+        recs.push(sse(id, fd, first + MS + 1000, SseKind::Done));
+        recs.push(end(fd, first + 2 * MS));
+        recs
+    }
+
+    /// J, queued at 2 ms, is skipped until 150 ms (its grammar): P and Q,
+    /// queued after it, are scheduled first — Q at 40 ms, its long prefill
+    /// outputting only after J's first token, so that pass is found when Q
+    /// is seen. B (queued and scheduled before J) and L (queued and
+    /// scheduled after it) passed nobody.
+    #[test]
+    fn requests_queued_later_and_scheduled_earlier_count_as_passing_the_earlier() {
+        let mut recs = Vec::new();
+        recs.extend(stamped("chatcmpl-b", 4, 0, MS + MS / 2, 3 * MS, 10 * MS));
+        recs.extend(stamped("chatcmpl-j", 5, 0, 2 * MS, 150 * MS, 160 * MS));
+        recs.extend(stamped("chatcmpl-p", 6, 10 * MS, 12 * MS, 20 * MS, 30 * MS));
+        recs.extend(stamped("chatcmpl-q", 7, 20 * MS, 22 * MS, 40 * MS, 200 * MS));
+        recs.extend(stamped("chatcmpl-l", 8, 98 * MS, 100 * MS, 170 * MS, 180 * MS));
+        recs.sort_by_key(Record::ts_ns);
+        let an = analyse(&recs);
+        for (id, by, ms) in [("chatcmpl-b", 0, 0.0), ("chatcmpl-j", 2, 38.0), ("chatcmpl-p", 0, 0.0), ("chatcmpl-q", 0, 0.0), ("chatcmpl-l", 0, 0.0)] {
+            let r = an.requests.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("{id} reported"));
+            let e = r.engine.as_ref().unwrap_or_else(|| panic!("{id} joined"));
+            assert_eq!(e.passed_over_by, Some(by), "{id}: requests that went past it");
+            let got = super::scheduler_passed_over_ms(r).unwrap_or_else(|| panic!("{id}: stamped"));
+            assert!((got - ms).abs() < 1e-6, "{id}: skipped for {got} ms, want {ms}");
+        }
+        assert_eq!(an.drops.get("scheduler_passes_after_claim"), None, "J was still held when Q was seen");
+        // Without QUEUED stamps there is no order to read.
+        for r in &mut recs {
+            if let Record::EngineOutputs { outputs, .. } = r {
+                outputs.iter_mut().for_each(|o| o.events.retain(|e| e.kind != 1));
+            }
+        }
+        let an = analyse(&recs);
+        let j = an.requests.iter().find(|r| r.id == "chatcmpl-j").unwrap();
+        assert_eq!((j.engine.as_ref().unwrap().passed_over_by, super::scheduler_passed_over_ms(j)), (None, None));
+    }
+
+    /// A request that waits while 300 others are scheduled past it keeps
+    /// every pass though the book is pruned as it grows (the wait holds
+    /// what it needs), and the ones scheduled before it came are let go.
+    #[test]
+    fn a_long_wait_keeps_every_pass_while_the_book_is_pruned() {
+        let mut recs = Vec::new();
+        // Each on its own: ADD 1 ms after arrival, QUEUED 0.5 ms after it,
+        // scheduled 0.1 ms later and done in 0.1 ms more.
+        let quick = |id: String, fd: i32, at: u64| stamped(&id, fd, at, at + 1_500_000, at + 1_600_000, at + 1_700_000);
+        for i in 0..100u64 {
+            recs.extend(quick(format!("chatcmpl-early{i}"), 100 + i as i32, 3 * i * MS));
+        }
+        recs.extend(stamped("chatcmpl-j", 5, 310 * MS, 311 * MS + MS / 2, 2000 * MS, 2005 * MS));
+        for i in 0..300u64 {
+            recs.extend(quick(format!("chatcmpl-p{i}"), 1000 + i as i32, 312 * MS + 3 * i * MS));
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let an = analyse(&recs);
+        let j = an.requests.iter().find(|r| r.id == "chatcmpl-j").unwrap();
+        assert_eq!(j.engine.as_ref().unwrap().passed_over_by, Some(300));
+        let got = super::scheduler_passed_over_ms(j).unwrap();
+        let want = (312.0 + 3.0 * 299.0 + 1.6) - 311.5;
+        assert!((got - want).abs() < 1e-6, "skipped until the last pass: {got} ms, want {want}");
+        assert!(an.requests.iter().filter(|r| r.id != "chatcmpl-j").all(|r| r.engine.as_ref().unwrap().passed_over_by == Some(0)));
+        assert_eq!(an.drops.get("scheduler_pass_book_full"), None);
     }
 
     /// The ADD's structured-output record gives its request the kind and

@@ -2418,6 +2418,8 @@ mod tests {
                 interference_from: vec![],
                 engine_index: Some(0),
                 structured: s.structured.map(|kind| crate::correlate::engine::StructuredOutput { kind, backend: Some("xgrammar".into()) }),
+                passed_over_by: s.intake.map(|_| 0),
+                passed_over_until_ns: None,
                 scheduled_source: "event",
                 submit_source: "wake",
             }),

@@ -1,7 +1,7 @@
 //! `hopscope report`: the JSON users script against (../shared/contract.md,
 //! schema 1: add fields, never rename) and the human tables.
 
-use crate::correlate::engine::{last_output_ms, partition, scheduler_queue_ms};
+use crate::correlate::engine::{last_output_ms, partition, scheduler_passed_over_ms, scheduler_queue_ms};
 use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
 use crate::sink::json;
 use crate::sink::{printable, trunc};
@@ -193,6 +193,19 @@ pub struct RequestOut {
     /// The backend the frontend chose to compile it (`xgrammar`,
     /// `guidance`, `outlines`, …), when the ADD named one.
     pub structured_output_backend: Option<String>,
+    /// How many requests its engine's scheduler took in after it and
+    /// scheduled before it. vLLM's FCFS scheduler lets a later request past
+    /// only by skipping the earlier one (its grammar not compiled yet,
+    /// remote KV not loaded, no LoRA slot free, or, chunked prefill off, a
+    /// prompt over the token budget left), never for want of room: a full
+    /// batch or token budget holds everyone behind it. Null where
+    /// `scheduler_queue_ms` is. Under `--scheduling-policy priority` a
+    /// higher-priority request passes too (hopscope does not read priorities).
+    pub scheduler_passed_over_by: Option<u32>,
+    /// The part of `scheduler_queue_ms` in which it is known to have been
+    /// skipped: from its QUEUED stamp to the latest scheduling of a request
+    /// that passed it; 0 when none did. Null where `scheduler_queue_ms` is.
+    pub scheduler_passed_over_ms: Option<f64>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -342,6 +355,8 @@ pub struct RequestRef<'a> {
     pub scheduler_queue_ms: Option<f64>,
     pub structured_output: Option<&'static str>,
     pub structured_output_backend: Option<&'a str>,
+    pub scheduler_passed_over_by: Option<u32>,
+    pub scheduler_passed_over_ms: Option<f64>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -505,6 +520,8 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         scheduler_queue_ms: f.scheduler_queue_ms,
         structured_output: e.and_then(|e| e.structured.as_ref()).map(|s| s.kind),
         structured_output_backend: e.and_then(|e| e.structured.as_ref()).and_then(|s| s.backend.as_deref()),
+        scheduler_passed_over_by: e.and_then(|e| e.passed_over_by).filter(|_| f.scheduler_queue_ms.is_some()),
+        scheduler_passed_over_ms: scheduler_passed_over_ms(r),
     }
 }
 
@@ -573,6 +590,8 @@ impl RequestRef<'_> {
             scheduler_queue_ms: self.scheduler_queue_ms,
             structured_output: own(self.structured_output),
             structured_output_backend: own(self.structured_output_backend),
+            scheduler_passed_over_by: self.scheduler_passed_over_by,
+            scheduler_passed_over_ms: self.scheduler_passed_over_ms,
         }
     }
 
@@ -650,7 +669,9 @@ impl RequestRef<'_> {
             .field("last_output_ms", &self.last_output_ms)
             .field("scheduler_queue_ms", &self.scheduler_queue_ms)
             .field("structured_output", &self.structured_output)
-            .field("structured_output_backend", &self.structured_output_backend);
+            .field("structured_output_backend", &self.structured_output_backend)
+            .field("scheduler_passed_over_by", &self.scheduler_passed_over_by)
+            .field("scheduler_passed_over_ms", &self.scheduler_passed_over_ms);
         o.end();
     }
 }
@@ -799,6 +820,8 @@ struct TextRow<'a> {
     closed_ms: Option<f64>,
     scheduler_queue_ms: Option<f64>,
     structured_output: Option<&'a str>,
+    scheduler_passed_over_by: Option<u32>,
+    scheduler_passed_over_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -829,6 +852,8 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             closed_ms: q.closed_ms,
             scheduler_queue_ms: q.scheduler_queue_ms,
             structured_output: q.structured_output.as_deref(),
+            scheduler_passed_over_by: q.scheduler_passed_over_by,
+            scheduler_passed_over_ms: q.scheduler_passed_over_ms,
         }
     }
 }
@@ -861,6 +886,8 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             closed_ms: q.closed_ms,
             scheduler_queue_ms: q.scheduler_queue_ms,
             structured_output: q.structured_output,
+            scheduler_passed_over_by: q.scheduler_passed_over_by,
+            scheduler_passed_over_ms: q.scheduler_passed_over_ms,
         }
     }
 }
@@ -1065,9 +1092,28 @@ fn hop_note(s: &mut String, q: &TextRow) {
         if queue > 0.0 && queue >= NOTE_SHARE * e2e {
             let mut note = format!("queued {queue:.2} ms: {:.2} before the engine took it in (the IPC, the step it was running), {sched:.2} in the scheduler's queue", (queue - sched).max(0.0));
             // Only where the scheduler's queue is most of it: a grammar
-            // compiled before holds nothing.
-            if let Some(kind) = q.structured_output.filter(|_| sched >= 0.5 * queue) {
-                let _ = write!(note, " (for a free slot, or for its grammar: it asked for structured output, {}, which vLLM's scheduler holds until its grammar is compiled)", printable(kind));
+            // compiled before holds nothing. Requests let past it say the
+            // scheduler skipped it; none let past says nothing either way
+            // (none may have come).
+            match (q.scheduler_passed_over_by, q.structured_output) {
+                (Some(n @ 1..), kind) if sched >= 0.5 * queue => {
+                    let _ = write!(
+                        note,
+                        " ({n} later request{} went past it, the last {:.2} ms after it was queued: vLLM's scheduler lets one past only while it skips this one, ",
+                        if n == 1 { "" } else { "s" },
+                        q.scheduler_passed_over_ms.unwrap_or(0.0)
+                    );
+                    match kind {
+                        Some(kind) => {
+                            let _ = write!(note, "here for its grammar: it asked for structured output, {}, which is held until its grammar is compiled)", printable(kind));
+                        }
+                        None => note.push_str("for remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget left)"),
+                    }
+                }
+                (_, Some(kind)) if sched >= 0.5 * queue => {
+                    let _ = write!(note, " (for a free slot, or for its grammar: it asked for structured output, {}, which vLLM's scheduler holds until its grammar is compiled)", printable(kind));
+                }
+                _ => {}
             }
             parts.push(note);
         }
@@ -2869,6 +2915,8 @@ mod tests {
             scheduler_queue_ms: Some(f64::MIN_POSITIVE),
             structured_output: Some("json"),
             structured_output_backend: Some("x\"grammar\u{1}"),
+            scheduler_passed_over_by: Some(u32::MAX),
+            scheduler_passed_over_ms: Some(1e300),
         }
     }
 
@@ -2976,6 +3024,8 @@ mod tests {
             closed_ms: None,
             scheduler_queue_ms: None,
             structured_output: None,
+            scheduler_passed_over_by: None,
+            scheduler_passed_over_ms: None,
         }
     }
 
@@ -3003,6 +3053,29 @@ mod tests {
         assert_eq!(note(4.9, None, Some(0.25)), None, "under a tenth of the 50 ms E2E");
         assert_eq!(note(20.0, None, None), None, "no engine stamps");
         assert_eq!(note(20.0, Some(3.0), Some(22.0)), None, "KV carved out of the queue");
+    }
+
+    /// Requests let past it say the scheduler skipped it: for its grammar if
+    /// it asked for structured output, else for what else vLLM skips for;
+    /// none let past leaves the either-or.
+    #[test]
+    fn a_hops_note_says_the_scheduler_skipped_a_request_that_later_ones_went_past() {
+        let note_for = |passed: Option<u32>, structured: Option<&str>| {
+            let phases = Phases { frontend: None, queue: Some(20.0), prefill: None, kv_transfer: None, first_output: None, decode: None };
+            let mut q = text_row(&phases, vec![], None);
+            (q.scheduler_queue_ms, q.structured_output) = (Some(19.5), structured);
+            (q.scheduler_passed_over_by, q.scheduler_passed_over_ms) = (passed, passed.map(|n| if n > 0 { 17.25 } else { 0.0 }));
+            let mut row = String::new();
+            let _ = hop_figures(&mut row, &q, false);
+            row.split_once('\n').map(|(_, n)| n.to_owned()).expect("a note")
+        };
+        let head = "        ^ queued 20.00 ms: 0.50 before the engine took it in (the IPC, the step it was running), 19.50 in the scheduler's queue";
+        assert_eq!(note_for(Some(3), Some("json")), format!("{head} (3 later requests went past it, the last 17.25 ms after it was queued: vLLM's scheduler lets one past only while it skips this one, here for its grammar: it asked for structured output, json, which is held until its grammar is compiled)"));
+        assert_eq!(note_for(Some(1), None), format!("{head} (1 later request went past it, the last 17.25 ms after it was queued: vLLM's scheduler lets one past only while it skips this one, for remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget left)"));
+        let either = format!("{head} (for a free slot, or for its grammar: it asked for structured output, json, which vLLM's scheduler holds until its grammar is compiled)");
+        assert_eq!(note_for(Some(0), Some("json")), either, "nobody went past: no proof either way");
+        assert_eq!(note_for(None, Some("json")), either);
+        assert_eq!(note_for(Some(0), None), head, "nothing to say about a plain request nobody passed");
     }
 
     /// The note under a hop: every interferer up to four, then how many

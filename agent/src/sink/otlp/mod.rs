@@ -355,6 +355,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("gen_ai.usage.cache_read.input_tokens", q.cached_tokens);
     int("hopscope.steps", q.steps);
     int("hopscope.preemptions", q.preemptions.map(u64::from));
+    int("hopscope.scheduler_passed_over_by", q.scheduler_passed_over_by.map(u64::from));
     int("hopscope.engine_index", q.engine_index);
     int("hopscope.peak_gpu_mem_bytes", q.peak_gpu_mem_bytes);
     // Whose co-batched prefill took this request's decode time (the

@@ -1154,6 +1154,12 @@ impl RequestArgs {
                 }
             }
         }
+        // Only where someone went past it: the evidence that the scheduler
+        // skipped it.
+        if let (Some(n @ 1..), Some(p)) = (r.engine.as_ref().and_then(|e| e.passed_over_by), crate::correlate::engine::scheduler_passed_over_ms(r)) {
+            args.push(Arg::u64("scheduler_passed_over_by", u64::from(n)));
+            args.push(Arg::f64("scheduler_passed_over_ms", p));
+        }
         if let Some(n) = out.gpu_steps {
             args.push(Arg::u64("gpu_steps", u64::from(n)));
         }

@@ -1288,6 +1288,9 @@ fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_fig
     assert_eq!((arg_f64(d, "gpu_decode_ms"), arg_f64(d, "interference_ms")), (out.gpu_ms.decode, out.interference_ms));
     assert_eq!(arg_f64(d, "last_output_ms"), out.last_output_ms);
     assert_eq!((arg_str("structured_output"), arg_str("structured_output_backend")), (None, None), "it asked for no structured output");
+    // Stamped, and nobody went past it: no pass args.
+    assert_eq!((out.scheduler_passed_over_by, out.scheduler_passed_over_ms), (Some(0), Some(0.0)));
+    assert_eq!(arg_f64(req, "scheduler_passed_over_ms"), None);
 }
 
 /// A request that asked for structured output names the constraint's kind

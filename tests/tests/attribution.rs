@@ -735,6 +735,9 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let want = waits.iter().map(|w| w.1).sum::<f64>() / 4.0;
     assert!((them - want).abs() < 1e-6 && others < them, "{so}: the hops' {waits:?}");
     assert!(text.contains("Requests asking for it:                  4 (json 4)"), "{text}");
+    let skipped = waits.iter().filter(|w| w.2 > 0).count();
+    assert_eq!(so["passed_over_requests"].as_u64(), Some(skipped as u64), "{so}");
+    assert!(text.contains(&format!("Skipped for their grammar (mean ms):     {skipped} (")), "{text}");
 }
 
 #[test]

@@ -190,6 +190,11 @@ pub struct StructuredSummary {
     pub others_scheduler_queue_ms_mean: Option<f64>,
     pub ttft_ms_mean: Option<f64>,
     pub others_ttft_ms_mean: Option<f64>,
+    /// Of `requests`, those the scheduler is known to have skipped (later
+    /// requests went past them: `requests[].scheduler_passed_over_by` > 0),
+    /// and the mean of their `scheduler_passed_over_ms`.
+    pub passed_over_requests: usize,
+    pub passed_over_ms_mean: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -206,17 +211,22 @@ pub struct StructuredAcc {
     /// (sum, count) for the structured requests [0] and the others [1].
     sched: [(f64, usize); 2],
     ttft: [(f64, usize); 2],
+    /// (sum, count) of the structured requests' passed-over spans.
+    passed: (f64, usize),
 }
 
 impl StructuredAcc {
-    /// One completed request.
-    pub fn add(&mut self, kind: Option<&str>, scheduler_queue_ms: Option<f64>, ttft_ms: Option<f64>) {
+    /// One completed request; `passed_over_ms` only when later requests went
+    /// past it ([`ReqView::passed_over_ms`]).
+    pub fn add(&mut self, kind: Option<&str>, scheduler_queue_ms: Option<f64>, ttft_ms: Option<f64>, passed_over_ms: Option<f64>) {
         use crate::model::STRUCTURED_KINDS;
         let side = usize::from(kind.is_none());
         if let Some(k) = kind {
             self.kinds[STRUCTURED_KINDS.iter().position(|x| *x == k).unwrap_or(STRUCTURED_KINDS.len())] += 1;
         }
-        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms)] {
+        let mut ignored = (0.0, 0);
+        let passed = if kind.is_some() { &mut self.passed } else { &mut ignored };
+        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms), (passed, passed_over_ms)] {
             if let Some(v) = v {
                 acc.0 += v;
                 acc.1 += 1;
@@ -239,6 +249,8 @@ impl StructuredAcc {
             others_scheduler_queue_ms_mean: mean(self.sched[1]),
             ttft_ms_mean: mean(self.ttft[0]),
             others_ttft_ms_mean: mean(self.ttft[1]),
+            passed_over_requests: self.passed.1,
+            passed_over_ms_mean: mean(self.passed),
         })
     }
 }
@@ -251,7 +263,9 @@ impl json::Value for StructuredSummary {
             .field("scheduler_queue_ms_mean", &self.scheduler_queue_ms_mean)
             .field("others_scheduler_queue_ms_mean", &self.others_scheduler_queue_ms_mean)
             .field("ttft_ms_mean", &self.ttft_ms_mean)
-            .field("others_ttft_ms_mean", &self.others_ttft_ms_mean);
+            .field("others_ttft_ms_mean", &self.others_ttft_ms_mean)
+            .field("passed_over_requests", &self.passed_over_requests)
+            .field("passed_over_ms_mean", &self.passed_over_ms_mean);
         o.end();
     }
 }
@@ -474,6 +488,8 @@ pub struct ReqView<'a> {
     pub closed: bool,
     pub structured_output: Option<&'a str>,
     pub scheduler_queue_ms: Option<f64>,
+    /// Its `scheduler_passed_over_ms`, only when later requests went past it.
+    pub passed_over_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for ReqView<'a> {
@@ -494,6 +510,7 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             closed: q.closed_ns.is_some(),
             structured_output: q.structured_output.as_deref(),
             scheduler_queue_ms: q.scheduler_queue_ms,
+            passed_over_ms: q.scheduler_passed_over_by.filter(|n| *n > 0).and(q.scheduler_passed_over_ms),
         }
     }
 }
@@ -544,7 +561,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     let mut structured = StructuredAcc::default();
     for q in &done {
         let e2e = q.e2e_ms.unwrap_or_default();
-        structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms);
+        structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, q.passed_over_ms);
         let slot = models.slot(q.model, q.completion_tokens);
         e2els.push(e2e);
         models.e2el.push(slot);
@@ -766,6 +783,10 @@ pub fn render_text(sm: &Summary) -> String {
         line(&mut s, "Requests asking for it:", format!("{} ({})", so.requests, kinds.join(", ")));
         line(&mut s, "Scheduler queue mean, them/others (ms):", format!("{} / {}", f2(so.scheduler_queue_ms_mean), f2(so.others_scheduler_queue_ms_mean)));
         line(&mut s, "TTFT mean, them/others (ms):", format!("{} / {}", f2(so.ttft_ms_mean), f2(so.others_ttft_ms_mean)));
+        // Only with proof: later requests went past them.
+        if so.passed_over_requests > 0 {
+            line(&mut s, "Skipped for their grammar (mean ms):", format!("{} ({})", so.passed_over_requests, f2(so.passed_over_ms_mean)));
+        }
     }
     if sm.gpu_samples > 0 {
         let _ = writeln!(s, "{:-^50}", "GPU memory (NVML)");
@@ -801,6 +822,7 @@ mod tests {
             closed: false,
             structured_output: None,
             scheduler_queue_ms: None,
+            passed_over_ms: None,
         }
     }
 
@@ -920,12 +942,14 @@ mod tests {
     #[test]
     fn structured_output_requests_are_summed_apart_from_the_others() {
         let so = |q: ReqView<'static>, kind: Option<&'static str>, sched: Option<f64>| ReqView { structured_output: kind, scheduler_queue_ms: sched, ..q };
+        let passed = |q: ReqView<'static>, ms: f64| ReqView { passed_over_ms: Some(ms), ..q };
         let reqs = [
-            so(req("a", 200, 1000, Some(500.0), 100.0, &[], (100, 5), None), Some("json"), Some(40.0)),
+            passed(so(req("a", 200, 1000, Some(500.0), 100.0, &[], (100, 5), None), Some("json"), Some(40.0)), 35.5),
             so(req("b", 200, 1100, Some(500.0), 300.0, &[], (100, 5), None), Some("json"), Some(20.0)),
             so(req("c", 200, 1200, Some(500.0), 50.0, &[], (100, 5), None), Some("regex"), None),
             so(req("d", 200, 1300, Some(500.0), 20.0, &[], (100, 5), None), None, Some(1.0)),
-            so(req("e", 200, 1400, Some(500.0), 30.0, &[], (100, 5), None), None, Some(2.0)),
+            // Passed over without a constraint: not the grammar's.
+            passed(so(req("e", 200, 1400, Some(500.0), 30.0, &[], (100, 5), None), None, Some(2.0)), 1.5),
             // Failed: in neither.
             so(req("f", 500, 1500, Some(5.0), 5.0, &[], (10, 0), None), Some("json"), Some(900.0)),
         ];
@@ -939,6 +963,11 @@ mod tests {
         assert!(text.contains("Requests asking for it:                  3 (json 2, regex 1)"), "{text}");
         assert!(text.contains("Scheduler queue mean, them/others (ms):  30.00 / 1.50"), "{text}");
         assert!(text.contains("TTFT mean, them/others (ms):             150.00 / 25.00"), "{text}");
+        assert_eq!((got.passed_over_requests, got.passed_over_ms_mean), (1, Some(35.5)), "only a's: e asked for no grammar");
+        assert!(text.contains("Skipped for their grammar (mean ms):     1 (35.50)"), "{text}");
+        let unproven = compute_views(&reqs[1..5], &[], &[50.0]);
+        assert_eq!(unproven.structured_output.as_ref().map(|s| (s.passed_over_requests, s.passed_over_ms_mean)), Some((0, None)));
+        assert!(!render_text(&unproven).contains("Skipped for their grammar"), "no line without proof");
         let none = compute_views(&reqs[3..5], &[], &[50.0]);
         assert_eq!(none.structured_output, None);
         assert!(!render_text(&none).contains("Structured output"));

@@ -208,6 +208,9 @@ pub struct Pair {
     /// The structured-output constraint's kind on each side (the report's
     /// `structured_output`; added 2026-12-05).
     pub structured_output: KindChange,
+    /// The part of the scheduler's queue in which later requests went past
+    /// it (the report's `scheduler_passed_over_ms`; added 2026-12-05).
+    pub scheduler_passed_over_ms: Delta,
     pub explain: Explain,
 }
 
@@ -253,6 +256,8 @@ pub struct Aggregate {
     pub scheduler_queue_covers: bool,
     /// How many of these pairs asked for structured output (added 2026-12-05).
     pub structured_output: StructuredShift,
+    /// Mean of the pairs' (added 2026-12-05, session 44).
+    pub scheduler_passed_over_ms: Delta,
     pub gpu_ms: GpuDeltas,
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
@@ -694,6 +699,8 @@ struct View {
     preemptions: Option<u64>,
     interference: Option<f64>,
     scheduler_queue: Option<f64>,
+    /// Its `scheduler_passed_over_ms`.
+    passed_over: Option<f64>,
     gpu: [Option<f64>; 3],
     generation: bool,
     /// Its structured-output constraint ([`structured_code`]).
@@ -734,6 +741,7 @@ fn view(q: &RequestOut) -> View {
         preemptions: q.preemptions.map(u64::from),
         interference: q.interference_ms,
         scheduler_queue: if q.closed_ns.is_some() { None } else { q.scheduler_queue_ms },
+        passed_over: if q.closed_ns.is_some() { None } else { q.scheduler_passed_over_ms },
         gpu: [q.gpu_ms.prefill, q.gpu_ms.decode, q.gpu_ms.kv_transfer],
         generation: q.ttft_ms.is_some() || q.prompt_tokens.is_some() || q.engine_request_id.is_some(),
         structured: structured_code(q.structured_output.as_deref()),
@@ -746,8 +754,8 @@ fn view(q: &RequestOut) -> View {
 #[derive(Debug, Clone, Copy)]
 struct Packed {
     /// ttft, e2e, itl_mean, itl_p90, the phases, interference, the GPU
-    /// shares, itl_sum, scheduler_queue.
-    f: [f64; 16],
+    /// shares, itl_sum, scheduler_queue, passed_over.
+    f: [f64; 17],
     /// prompt, cached, completion, steps.
     n: [u64; 4],
     preemptions: u32,
@@ -772,12 +780,13 @@ fn unpack_f(v: f64) -> Option<f64> {
 
 impl Packed {
     fn of(v: &View) -> Packed {
-        let mut f = [0.0; 16];
+        let mut f = [0.0; 17];
         for (slot, x) in f.iter_mut().zip([v.ttft, v.e2e, v.itl_mean, v.itl_p90].into_iter().chain(v.phases).chain([v.interference]).chain(v.gpu)) {
             *slot = pack_f(x);
         }
         f[14] = v.itl_sum;
         f[15] = pack_f(v.scheduler_queue);
+        f[16] = pack_f(v.passed_over);
         let counts = [v.prompt, v.cached, v.completion, v.steps];
         let mut known = u8::from(v.preemptions.is_some()) << 4;
         for (i, c) in counts.iter().enumerate() {
@@ -822,6 +831,7 @@ impl Packed {
             preemptions: (self.known & 1 << 4 != 0).then_some(u64::from(self.preemptions)),
             interference: f(10),
             scheduler_queue: f(15),
+            passed_over: f(16),
             gpu: [f(11), f(12), f(13)],
             generation: self.generation,
             structured: self.structured,
@@ -858,6 +868,7 @@ struct Figs {
     preemptions: CountDelta,
     interference_ms: Delta,
     scheduler_queue_ms: Delta,
+    scheduler_passed_over_ms: Delta,
     gpu_ms: GpuDeltas,
     /// [`structured_code`] before and after.
     structured: [u8; 2],
@@ -883,6 +894,7 @@ fn figs(b: &View, a: &View) -> Figs {
         preemptions: CountDelta::of(b.preemptions, a.preemptions),
         interference_ms: Delta::of(b.interference, a.interference),
         scheduler_queue_ms: Delta::of(b.scheduler_queue, a.scheduler_queue),
+        scheduler_passed_over_ms: Delta::of(b.passed_over, a.passed_over),
         gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
         structured: [b.structured, a.structured],
     }
@@ -920,6 +932,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         preemptions: x.preemptions.as_delta().delta,
         interference: x.interference_ms.delta,
         scheduler_queue: x.scheduler_queue_ms.delta,
+        passed_over: x.scheduler_passed_over_ms.delta,
         split: x.decode_split_ms,
         prefill: x.phases_ms.prefill,
         structured: structured_shift(std::iter::once(x.structured)),
@@ -946,6 +959,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         scheduler_queue_ms: x.scheduler_queue_ms,
         gpu_ms: x.gpu_ms,
         structured_output: KindChange { before: structured_name(x.structured[0]), after: structured_name(x.structured[1]) },
+        scheduler_passed_over_ms: x.scheduler_passed_over_ms,
         explain: explain_both(x.ttft_ms, x.e2e_ms, &x.phases_ms, &ctx),
         ttft_ms: x.ttft_ms,
         e2e_ms: x.e2e_ms,
@@ -962,6 +976,8 @@ struct Ctx {
     preemptions: Option<f64>,
     interference: Option<f64>,
     scheduler_queue: Option<f64>,
+    /// The change in the part of it in which later requests went past.
+    passed_over: Option<f64>,
     split: Option<DecodeSplit>,
     prefill: Delta,
     structured: StructuredShift,
@@ -1108,12 +1124,34 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
                     _ if n == 1 => format!("1 of these requests {one} structured output"),
                     _ => format!("{n} of these requests {many} structured output"),
                 };
+                // Later requests went past them for at least half of the
+                // scheduler's change: the scheduler skipped them (vLLM's
+                // FCFS scheduler lets none past for want of room).
+                let passed = ctx.passed_over.unwrap_or(0.0);
+                let skipped = |sq: f64| if sq > 0.0 { passed >= sq / 2.0 } else { passed <= sq / 2.0 && passed < 0.0 };
                 match ctx.scheduler_queue {
                     // Most of the change in the scheduler's queue, where vLLM
                     // holds a structured-output request until its grammar is
                     // compiled, and requests that newly ask for one.
-                    Some(sq) if up && st.added > 0 && sq >= d / 2.0 => ("structured_output_added", format!("{}: waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue (which holds such a request until its grammar is compiled; or fewer free slots)", what(st.added, "now asks for", "now ask for"))),
+                    Some(sq) if up && st.added > 0 && sq >= d / 2.0 => {
+                        let why = if skipped(sq) {
+                            format!("which held it until its grammar was compiled: later requests went past it for {passed:+.2} ms more")
+                        } else {
+                            "which holds such a request until its grammar is compiled; or fewer free slots".to_owned()
+                        };
+                        ("structured_output_added", format!("{}: waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue ({why})", what(st.added, "now asks for", "now ask for")))
+                    }
                     Some(sq) if !up && st.removed > 0 && sq <= d / 2.0 => ("structured_output_removed", format!("{}: scheduled {:.2} ms sooner, {sq:+.2} ms of it in the scheduler's queue (no grammar to compile)", what(st.removed, "no longer asks for", "no longer ask for"), -d)),
+                    Some(sq) if up && sq >= d / 2.0 && skipped(sq) => {
+                        // Requests that newly ask took the branch above.
+                        let why = match ctx.structured_kind {
+                            _ if st.after == 0 => "remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget".to_owned(),
+                            Some(k) => format!("for its grammar: it asks for structured output ({k}) on both sides and waits longer for it now — a new or changing schema misses the backend's cache, or a slower backend"),
+                            None => format!("{} of these requests ask for structured output: for their grammars, a new or changing schema missing the backend's cache; else remote KV, a LoRA slot", st.after),
+                        };
+                        ("scheduler_skipped", format!("waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue, where later requests went past it for {passed:+.2} ms more: the scheduler skipped it ({why})"))
+                    }
+                    Some(sq) if !up && sq <= d / 2.0 && skipped(sq) => ("scheduler_skipped_less", format!("scheduled {:.2} ms sooner, {sq:+.2} ms of it in the scheduler's queue, where later requests went past it for {:.2} ms less: the scheduler skipped it less", -d, -passed)),
                     Some(sq) if up && sq < d / 2.0 => ("slower_engine_intake", format!("{:+.2} ms more before the engine took it in (longer engine steps, a busier input path); the scheduler's queue {sq:+.2} ms", d - sq)),
                     Some(sq) if !up && sq > d / 2.0 => ("faster_engine_intake", format!("{:.2} ms less before the engine took it in; the scheduler's queue {sq:+.2} ms", sq - d)),
                     Some(sq) if up => ("more_queueing", format!("waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue (fewer free slots or KV blocks)")),
@@ -1249,7 +1287,8 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
     let ttft_ms = stats(pairs.clone().map(|p| p.ttft_ms));
     let e2e_ms = stats(pairs.clone().map(|p| p.e2e_ms));
     let structured_output = structured_shift(pairs.clone().map(|p| p.structured));
-    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, split: decode_split_ms, prefill: phases.prefill, structured: structured_output, structured_kind: None };
+    let scheduler_passed_over_ms = mean_delta(pairs.clone().map(|p| p.scheduler_passed_over_ms));
+    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, passed_over: scheduler_passed_over_ms.delta, split: decode_split_ms, prefill: phases.prefill, structured: structured_output, structured_kind: None };
     Aggregate {
         hop,
         requests: pairs.clone().count(),
@@ -1267,6 +1306,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         scheduler_queue_ms,
         scheduler_queue_covers,
         structured_output,
+        scheduler_passed_over_ms,
         gpu_ms: GpuDeltas {
             prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
@@ -2363,9 +2403,11 @@ mod tests {
         intake: Option<u64>,
         /// Its structured-output kind.
         structured: Option<&'static str>,
+        /// A later request went past it this many ms after its QUEUED stamp.
+        passed: Option<u64>,
     }
 
-    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None };
+    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None, passed: None };
 
     fn request(i: usize, at: u64, chain: &str, source: ChainSource, s: Shape) -> Request {
         let submit = at + s.frontend * MS;
@@ -2418,8 +2460,8 @@ mod tests {
                 interference_from: vec![],
                 engine_index: Some(0),
                 structured: s.structured.map(|kind| crate::correlate::engine::StructuredOutput { kind, backend: Some("xgrammar".into()) }),
-                passed_over_by: s.intake.map(|_| 0),
-                passed_over_until_ns: None,
+                passed_over_by: s.intake.map(|_| u32::from(s.passed.is_some())),
+                passed_over_until_ns: s.intake.zip(s.passed).map(|(x, p)| submit + (x + p) * MS),
                 scheduled_source: "event",
                 submit_source: "wake",
             }),
@@ -2704,6 +2746,38 @@ mod tests {
         // Newly structured, but the wait was before the engine took it in.
         let d = diff(vec![base], vec![Shape { intake: Some(40), ..json }]);
         assert_eq!(d.pairs[0].explain.ttft.causes[0].cause, "slower_engine_intake");
+        // Newly structured, and later requests went past it for 30 of its
+        // 40 ms: its grammar, no free-slot alternative.
+        let d = diff(vec![base], vec![Shape { passed: Some(30), ..json }]);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "now asks for structured output (json): waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue (which held it until its grammar was compiled: later requests went past it for +30.00 ms more)"));
+        assert_eq!(d.pairs[0].scheduler_passed_over_ms.delta, Some(30.0));
+    }
+
+    /// Requests that ask for the same kind on both sides and now wait longer
+    /// while later ones go past them were skipped: their grammar (a schema
+    /// the backend had not compiled). Without a constraint, the other
+    /// reasons vLLM skips for; passed for less than half of the change, or
+    /// not at all, the free-slot reading stays; and the other way round.
+    #[test]
+    fn a_queue_grown_while_later_requests_went_past_is_the_schedulers_skipping() {
+        let base = Shape { intake: Some(0), ..BASE };
+        let cause = |b: Shape, a: Shape| {
+            let d = compare(&rep("b", &analysis(chain("a", 0, |_| b))), &rep("a", &analysis(chain("b", 0, |_| a))));
+            let c = d.pairs[0].explain.ttft.causes[0].clone();
+            (c.cause, c.detail)
+        };
+        let json = Shape { structured: Some("json"), ..base };
+        let (c, detail) = cause(json, Shape { queue: 41, passed: Some(35), ..json });
+        assert_eq!(c, "scheduler_skipped");
+        assert_eq!(detail, "waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue, where later requests went past it for +35.00 ms more: the scheduler skipped it (for its grammar: it asks for structured output (json) on both sides and waits longer for it now — a new or changing schema misses the backend's cache, or a slower backend)");
+        let (c, detail) = cause(base, Shape { queue: 41, passed: Some(35), ..base });
+        assert_eq!(c, "scheduler_skipped");
+        assert!(detail.ends_with("the scheduler skipped it (remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget)"), "{detail}");
+        assert_eq!(cause(json, Shape { queue: 41, passed: Some(10), ..json }).0, "more_queueing", "passed for a quarter of it");
+        assert_eq!(cause(json, Shape { queue: 41, ..json }).0, "more_queueing", "nobody went past");
+        let (c, detail) = cause(Shape { queue: 41, passed: Some(35), ..json }, json);
+        assert_eq!((c, detail.as_str()), ("scheduler_skipped_less", "scheduled 40.00 ms sooner, -40.00 ms of it in the scheduler's queue, where later requests went past it for 35.00 ms less: the scheduler skipped it less"));
     }
 
     /// With the engine's QUEUED stamps a longer queue is told apart: spent
@@ -3162,13 +3236,14 @@ mod tests {
             preemptions: Some(u64::from(u32::MAX)),
             interference: None,
             scheduler_queue: Some(0.25),
+            passed_over: Some(0.125),
             gpu: [None, Some(2.0), None],
             generation: true,
             structured: 7,
         };
         let u = Packed::of(&v).unpack();
         assert!(u.ttft.is_some_and(f64::is_nan), "{:?}", u.ttft);
-        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
+        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue, x.passed_over].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
         assert_eq!(bits(&u)[1..], bits(&v)[1..]);
         assert_eq!((u.prompt, u.cached, u.computed, u.completion, u.steps, u.preemptions), (v.prompt, v.cached, v.computed, v.completion, v.steps, v.preemptions));
         assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation, u.structured), (v.itl_gaps, v.itl_sum.to_bits(), v.generation, v.structured));

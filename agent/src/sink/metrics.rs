@@ -161,6 +161,9 @@ struct PerModel {
     closed: u64,
     /// Requests that asked for structured output, by kind.
     structured: BTreeMap<&'static str, u64>,
+    /// Requests later ones went past in the engine's queue
+    /// (`scheduler_passed_over_by` > 0).
+    passed_over: u64,
     prompt_tokens: u64,
     generation_tokens: u64,
 }
@@ -183,6 +186,7 @@ impl PerModel {
             requests: BTreeMap::new(),
             closed: 0,
             structured: BTreeMap::new(),
+            passed_over: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
         }
@@ -532,6 +536,7 @@ impl LiveMetrics {
         if let Some(kind) = q.structured_output {
             *m.structured.entry(kind).or_default() += 1;
         }
+        m.passed_over += u64::from(q.scheduler_passed_over_by.is_some_and(|n| n > 0));
         let Some(done) = ended else { return };
         let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
         for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms), (&mut m.scheduler_queue, q.scheduler_queue_ms)] {
@@ -643,6 +648,7 @@ impl LiveMetrics {
                 let _ = writeln!(s, "hopscope_requests_structured_output_total{{{labels}{sep}kind=\"{kind}\"}} {n}");
             }
         }
+        counter(&mut s, "hopscope_requests_passed_over_total", "Requests the engine's scheduler is known to have skipped: later requests went past them in its waiting queue (vLLM's FCFS scheduler lets one past only while it skips the earlier: its grammar, remote KV, a LoRA slot), not a full batch; engine IPC with QUEUED stamps joined.", &|m| m.passed_over);
         counter(&mut s, "hopscope_requests_closed_early_total", "HTTP requests whose connection closed before their response ended (the client gave up: a timeout, a cancelled agent step).", &|m| m.closed);
         counter(&mut s, "hopscope_prompt_tokens_total", "Prompt tokens: usage objects, else the engine's count once the request settled.", &|m| m.prompt_tokens);
         counter(&mut s, "hopscope_generation_tokens_total", "Generated tokens: usage objects, else the engine's count once the request settled.", &|m| m.generation_tokens);
@@ -833,6 +839,12 @@ mod tests {
         // One count per request that asked for structured output, under its kind.
         let counted: u64 = text.lines().filter(|l| l.starts_with("hopscope_requests_structured_output_total{") && l.contains("kind=\"json\"")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();
         assert_eq!(counted as usize, structured, "{text}");
+        // The requests later ones went past: none in this FCFS recording,
+        // and the family is there with its zero.
+        let passed: u64 = text.lines().filter(|l| l.starts_with("hopscope_requests_passed_over_total")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();
+        let want = rep.requests.iter().filter(|q| q.scheduler_passed_over_by.is_some_and(|n| n > 0)).count();
+        assert_eq!((passed as usize, want), (0, 0), "{text}");
+        assert!(text.contains("# TYPE hopscope_requests_passed_over_total counter"), "{text}");
     }
 
     /// Streams that never asked for usage (`stream_options.include_usage`

@@ -486,6 +486,17 @@ pub enum Record {
         kind: String,
         backend: Option<String>,
     },
+    /// The engine request `request_id` (the [`Record::EngineRequest`] just
+    /// before, same `conn` and `ts_ns`) has a `priority` other than the
+    /// default 0: under `--scheduling-policy priority` vLLM's scheduler takes
+    /// lower values first. Format 8.
+    EnginePriority {
+        conn: ConnKey,
+        ts_ns: u64,
+        dir: Dir,
+        request_id: String,
+        priority: i64,
+    },
 }
 
 /// vLLM's `StructuredOutputsParams` fields that name a constraint, in its
@@ -591,6 +602,7 @@ impl Record {
             | Record::ResponseModel { ts_ns, .. }
             | Record::RequestLink { ts_ns, .. }
             | Record::EngineStructuredOutput { ts_ns, .. }
+            | Record::EnginePriority { ts_ns, .. }
             | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }

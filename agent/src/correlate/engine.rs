@@ -341,6 +341,8 @@ pub struct EngineReq {
     /// before it ([`EngineSide::passes`]), and the latest such scheduling.
     pub passed_by: u32,
     pub passed_until_ns: Option<u64>,
+    /// Its ADD's `priority` (0 unless a [`Record::EnginePriority`] said).
+    pub priority: i64,
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
@@ -468,6 +470,7 @@ struct EngineClock {
 struct SeenScheduled {
     queued_ns: u64,
     scheduled_ns: u64,
+    priority: i64,
     key: SlabKey,
 }
 
@@ -745,6 +748,11 @@ impl EngineSide {
                 }
                 r.last_ns = r.last_ns.max(*ts_ns);
             }
+            Record::EnginePriority { ts_ns, request_id, priority, .. } => {
+                let r = self.req(request_id);
+                r.priority = *priority;
+                r.last_ns = r.last_ns.max(*ts_ns);
+            }
             Record::EngineAbort { ts_ns, request_ids, .. } => {
                 for id in request_ids {
                     let r = self.req(id);
@@ -847,7 +855,7 @@ impl EngineSide {
                 }
             }
             if let (false, Some(q), Some(s)) = (seen_scheduled, r.queued_ns, r.scheduled_ns) {
-                self.newly_scheduled.push(SeenScheduled { queued_ns: q, scheduled_ns: s, key: ri });
+                self.newly_scheduled.push(SeenScheduled { queued_ns: q, scheduled_ns: s, priority: r.priority, key: ri });
             }
             if o.prefill.is_some() && r.prefill.is_none() {
                 r.prefill = o.prefill;
@@ -898,11 +906,13 @@ impl EngineSide {
         let (reqs, clock) = (&mut self.reqs, &mut self.clocks[k].1);
         let (mut by, mut until) = (0u32, None::<u64>);
         let mut late = 0;
+        // A request of higher priority (a lower value) goes first by right
+        // under `--scheduling-policy priority`: no proof of a skip.
         for o in &clock.scheduled {
-            if o.queued_ns > n.queued_ns && o.scheduled_ns < n.scheduled_ns {
+            if o.queued_ns > n.queued_ns && o.scheduled_ns < n.scheduled_ns && o.priority >= n.priority {
                 by += 1;
                 until = until.max(Some(o.scheduled_ns));
-            } else if o.queued_ns < n.queued_ns && o.scheduled_ns > n.scheduled_ns {
+            } else if o.queued_ns < n.queued_ns && o.scheduled_ns > n.scheduled_ns && n.priority >= o.priority {
                 match reqs.get_mut(o.key) {
                     Some(e) => {
                         e.passed_by += 1;
@@ -2001,6 +2011,26 @@ mod tests {
         let an = analyse(&recs);
         let j = an.requests.iter().find(|r| r.id == "chatcmpl-j").unwrap();
         assert_eq!((j.engine.as_ref().unwrap().passed_over_by, super::scheduler_passed_over_ms(j)), (None, None));
+    }
+
+    /// Under `--scheduling-policy priority` a request of higher priority (a
+    /// lower value) goes first by right: H's pass of J proves nothing; P's
+    /// (the same priority) and L's (a lower one) do.
+    #[test]
+    fn a_request_of_higher_priority_going_first_is_no_pass() {
+        let mut recs = Vec::new();
+        recs.extend(stamped("chatcmpl-j", 5, 0, 2 * MS, 150 * MS, 160 * MS));
+        recs.extend(stamped("chatcmpl-h", 6, 10 * MS, 12 * MS, 20 * MS, 30 * MS));
+        recs.extend(stamped("chatcmpl-p", 7, 20 * MS, 22 * MS, 40 * MS, 45 * MS));
+        recs.extend(stamped("chatcmpl-l", 8, 28 * MS, 30 * MS, 50 * MS, 55 * MS));
+        for (id, at, priority) in [("chatcmpl-h", 11 * MS, -1), ("chatcmpl-l", 29 * MS, 3)] {
+            recs.push(Record::EnginePriority { conn: IPC, ts_ns: at, dir: Dir::Out, request_id: format!("{id}-0123abcd"), priority });
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let an = analyse(&recs);
+        let j = an.requests.iter().find(|r| r.id == "chatcmpl-j").unwrap();
+        assert_eq!(j.engine.as_ref().unwrap().passed_over_by, Some(2), "P and L, not H");
+        assert!((super::scheduler_passed_over_ms(j).unwrap() - 48.0).abs() < 1e-6);
     }
 
     /// A request that waits while 300 others are scheduled past it keeps

@@ -138,6 +138,9 @@ pub(crate) struct AddRequest {
     /// What its output is held to (`SamplingParams.structured_outputs`), by
     /// kind and backend only: never the schema, pattern or choices.
     pub structured: Option<Structured>,
+    /// Its `priority` (lower first under `--scheduling-policy priority`;
+    /// 0, the default, otherwise), where the layout is known.
+    pub priority: Option<i64>,
     pub truncated: bool,
 }
 
@@ -241,6 +244,9 @@ struct ReqLayout {
     dp_rank: Option<usize>,
     trace: Option<usize>,
     external: Option<usize>,
+    /// Only in the known layouts: an inferred one has several ints after
+    /// the dp rank (client index, wave, priority) to tell apart.
+    priority: Option<usize>,
 }
 
 /// Known `EngineCoreRequest` layouts by array length.
@@ -255,6 +261,7 @@ const REQ_LAYOUTS: &[(u32, &str, ReqLayout)] = &[
             dp_rank: Some(8),
             trace: Some(14),
             external: Some(16),
+            priority: Some(13),
         },
     ),
     // main @9aaf83ef5 (§2): 20 fields, same positions.
@@ -267,6 +274,7 @@ const REQ_LAYOUTS: &[(u32, &str, ReqLayout)] = &[
             dp_rank: Some(8),
             trace: Some(14),
             external: Some(16),
+            priority: Some(13),
         },
     ),
 ];
@@ -567,6 +575,7 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     r.max_tokens = f.max_tokens;
     r.data_parallel_rank = f.data_parallel_rank;
     r.structured = f.structured;
+    r.priority = f.priority;
     r.traceparent = f.traceparent;
     r.external_req_id = f.external_req_id;
     Ipc::Add(r)
@@ -581,6 +590,7 @@ struct AddFields {
     traceparent: Option<String>,
     external_req_id: Option<String>,
     structured: Option<Structured>,
+    priority: Option<i64>,
     /// Wanted fields the capture cut.
     cut: u64,
 }
@@ -639,6 +649,14 @@ fn add_fields<'v, 'a: 'v>(
     if let Some(i) = lay.external {
         match get(i) {
             Ok(Some(v @ Value::Str(_))) => f.external_req_id = v.as_str().map(clip),
+            Ok(Some(Value::Nil) | None) => {}
+            Ok(Some(_)) => return None,
+            Err(()) => f.cut += 1,
+        }
+    }
+    if let Some(i) = lay.priority {
+        match get(i) {
+            Ok(Some(Value::Int(x))) => f.priority = i64::try_from(*x).ok(),
             Ok(Some(Value::Nil) | None) => {}
             Ok(Some(_)) => return None,
             Err(()) => f.cut += 1,
@@ -767,6 +785,7 @@ fn infer_req_layout(len: u32, items: &[Value]) -> Option<ReqLayout> {
         dp_rank: Some(arrival + 3),
         trace,
         external,
+        priority: None,
     })
 }
 
@@ -1178,6 +1197,9 @@ impl IpcDecoder {
             Ipc::Add(mut r) => {
                 self.c.ipc_add += 1;
                 let structured = r.structured.take().map(|so| (so, r.request_id.clone()));
+                // Only a priority other than the default: the record is for
+                // telling a request let past for its priority apart.
+                let priority = r.priority.filter(|p| *p != 0).map(|p| (p, r.request_id.clone()));
                 if m.first_ns != 0 && m.first_ns < m.ts_ns {
                     out.push(Record::EngineRequestStart {
                         conn: io.conn,
@@ -1211,6 +1233,9 @@ impl IpcDecoder {
                         kind: so.kind.to_owned(),
                         backend: so.backend,
                     });
+                }
+                if let Some((priority, request_id)) = priority {
+                    out.push(Record::EnginePriority { conn: io.conn, ts_ns: m.ts_ns, dir: io.dir, request_id, priority });
                 }
             }
             Ipc::Abort(ids) => {
@@ -1557,6 +1582,11 @@ mod tests {
 
     /// [`request_022`] with these sampling params.
     fn request_022_sp<'a>(id: &'a str, ext: &'a str, prompt: usize, sp: Vec<(&'a str, V<'a>)>, trace: Option<&'a str>) -> Vec<u8> {
+        request_022_priority(id, ext, prompt, sp, trace, 0)
+    }
+
+    /// [`request_022_sp`] with its `priority` (index 13).
+    fn request_022_priority<'a>(id: &'a str, ext: &'a str, prompt: usize, sp: Vec<(&'a str, V<'a>)>, trace: Option<&'a str>, priority: i64) -> Vec<u8> {
         let th = match trace {
             Some(t) => V::M(vec![("traceparent", V::S(t)), ("tracestate", V::S("x=1"))]),
             None => V::Nil,
@@ -1575,7 +1605,7 @@ mod tests {
             V::Nil,
             V::I(0),
             V::I(0),
-            V::I(0),
+            V::I(priority),
             th,
             V::B(false),
             V::S(ext),
@@ -2010,7 +2040,7 @@ mod tests {
             (*prompt_tokens, *arrival_time_s, *truncated),
             (Some(37), None, true)
         );
-        assert_eq!(counter(&dec, "ipc_truncated_fields"), 5);
+        assert_eq!(counter(&dec, "ipc_truncated_fields"), 6, "the five fields after the ids and the priority");
     }
 
     /// The probe brings a unix transfer's last 4 KiB apart from its 32 KiB
@@ -2050,7 +2080,7 @@ mod tests {
                 assert_eq!((counter(&dec, "ipc_tail_recovered"), counter(&dec, "ipc_truncated_fields")), (1, 0));
             } else {
                 assert_eq!(got, (Some(9500), None, None, None, true));
-                assert_eq!(counter(&dec, "ipc_truncated_fields"), 5);
+                assert_eq!(counter(&dec, "ipc_truncated_fields"), 6, "sampling params, arrival, dp rank, trace headers, external id, priority");
             }
             assert_eq!((counter(&dec, "zmtp_desync"), counter(&dec, "zmtp_gap_frames")), (0, 1));
         }
@@ -2164,6 +2194,7 @@ mod tests {
                         traceparent: Some(tp.into()),
                         data_parallel_rank: Some(1),
                         structured: None,
+                        priority: Some(0),
                         truncated: false,
                     }
                 );
@@ -2215,7 +2246,7 @@ mod tests {
                 assert_eq!(n.tail_recovered, req.len() > lim.max_frame_capture, "{ids} ids: {} bytes", req.len());
             } else {
                 assert!(!n.tail_recovered && r.truncated && r.external_req_id.is_none(), "{ids} ids");
-                assert_eq!(n.truncated_fields, 5, "{ids} ids");
+                assert_eq!(n.truncated_fields, 6, "{ids} ids: the five fields after the ids and the priority");
             }
         }
     }
@@ -2540,7 +2571,7 @@ mod tests {
             (r.request_id.as_str(), r.prompt_tokens, r.max_tokens, r.arrival_time_s, r.truncated),
             ("chatcmpl-huge-00000001", Some(ids as u64), None, None, true)
         );
-        assert_eq!(n.truncated_fields, 5);
+        assert_eq!(n.truncated_fields, 6, "the five fields after the ids and the priority");
     }
 
     #[test]
@@ -2715,6 +2746,26 @@ mod tests {
         assert!(!format!("{out:?}").contains("secret_field"), "{out:?}");
     }
 
+    /// A priority other than the default is told in its own record, right
+    /// after the request's; the default 0 adds nothing.
+    #[test]
+    fn an_adds_priority_other_than_the_default_gets_its_record() {
+        for (priority, want) in [(-5, Some(-5)), (7, Some(7)), (0, None)] {
+            let req = request_022_priority("chatcmpl-pri-0badf00d", "chatcmpl-pri", 5, vec![("max_tokens", V::I(16))], None, priority);
+            let (hs, msg) = (synthetic_handshake("DEALER"), input_msg(0, &req));
+            let out = run(&mut WireDecoder::new(DecoderConfig::default()), &[unix_io(FRONT, Dir::Out, 10, &hs, hs.len() as u64), unix_io(FRONT, Dir::Out, 20, &msg, msg.len() as u64)]);
+            let at = out.iter().position(|r| matches!(r, Record::EngineRequest { .. })).expect("the request");
+            let got: Vec<(&str, i64)> = out.iter().filter_map(|r| match r {
+                Record::EnginePriority { request_id, priority, .. } => Some((request_id.as_str(), *priority)),
+                _ => None,
+            }).collect();
+            assert_eq!(got, want.map(|p| ("chatcmpl-pri-0badf00d", p)).into_iter().collect::<Vec<_>>(), "{out:?}");
+            if want.is_some() {
+                assert!(matches!(out[at + 1], Record::EnginePriority { .. }), "right after its request: {out:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_structured_output_cut_before_its_kind_is_counted_not_guessed() {
         // The constraint's map ends (the capture) before any field that names it.
@@ -2744,6 +2795,7 @@ mod tests {
                 traceparent: Some(tp.into()),
                 data_parallel_rank: Some(1),
                 structured: None,
+                priority: Some(0),
                 truncated: false,
             }
         );

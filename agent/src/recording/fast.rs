@@ -526,11 +526,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::ResponseModel { .. } => 28,
         Record::RequestLink { .. } => 29,
         Record::EngineStructuredOutput { .. } => 30,
+        Record::EnginePriority { .. } => 31,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 31;
+pub const VARIANTS: usize = 32;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -589,6 +590,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
         Record::ResponseModel { conn, seq, ts_ns, model } => fields!(c; conn, seq, ts_ns, model),
         Record::RequestLink { conn, seq, ts_ns, previous_response_id } => fields!(c; conn, seq, ts_ns, previous_response_id),
         Record::EngineStructuredOutput { conn, ts_ns, dir, request_id, kind, backend } => fields!(c; conn, ts_ns, dir, request_id, kind, backend),
+        Record::EnginePriority { conn, ts_ns, dir, request_id, priority } => fields!(c; conn, ts_ns, dir, request_id, priority),
     }
 }
 
@@ -1008,6 +1010,7 @@ mod tests {
             Record::ResponseModel { conn: ck(k + 15), seq: 163, ts_ns: 164, model: s("served") },
             Record::RequestLink { conn: ck(k + 16), seq: 165, ts_ns: 166, previous_response_id: s("resp") },
             Record::EngineStructuredOutput { conn: ck(k + 17), ts_ns: 167, dir: Dir::Out, request_id: s("so"), kind: s("json"), backend: Some(s("xgrammar")) },
+            Record::EnginePriority { conn: ck(k + 18), ts_ns: 168, dir: Dir::Out, request_id: s("pri"), priority: -3 },
         ]
     }
 

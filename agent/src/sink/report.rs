@@ -199,8 +199,9 @@ pub struct RequestOut {
     /// remote KV not loaded, no LoRA slot free, or, chunked prefill off, a
     /// prompt over the token budget left), never for want of room: a full
     /// batch or token budget holds everyone behind it. Null where
-    /// `scheduler_queue_ms` is. Under `--scheduling-policy priority` a
-    /// higher-priority request passes too (hopscope does not read priorities).
+    /// `scheduler_queue_ms` is. A request of higher priority (a lower ADD
+    /// `priority`, `--scheduling-policy priority`) goes first by right and
+    /// is not counted.
     pub scheduler_passed_over_by: Option<u32>,
     /// The part of `scheduler_queue_ms` in which it is known to have been
     /// skipped: from its QUEUED stamp to the latest scheduling of a request

@@ -1170,7 +1170,9 @@ fn a_large_ipc_message_and_the_next_in_the_same_write_are_both_decoded() {
     let mut out_side = full.to_vec();
     out_side[4] = ("chatcmpl-e-0000abcd".into(), None, Some(9500), None, None, true);
     assert_eq!(side(&head_only, Dir::Out), out_side);
-    for (name, v) in [("ipc_truncated_fields", 5), ("ipc_tail_recovered", 1)] {
+    // E's five fields after the prompt ids, and its priority (read since
+    // session 44).
+    for (name, v) in [("ipc_truncated_fields", 6), ("ipc_tail_recovered", 1)] {
         assert_eq!(head_only.counter(name), v, "{name}: {:?}", head_only.counters);
     }
 

@@ -928,7 +928,8 @@ impl EngineSide {
         }
         clock.scheduled.push_back(n);
         let mut full = 0;
-        if clock.scheduled.len() >= clock.prune_at.max(64) {
+        // Pruned as it doubles, and whenever it would pass the most it holds.
+        if clock.scheduled.len() >= clock.prune_at.clamp(64, PASS_BOOK_MAX + 1) {
             // A request not yet seen scheduled was queued after its write
             // to the engine: none written before `floor` is left to pass
             // or be passed by what was scheduled before it.
@@ -1615,8 +1616,13 @@ pub fn scheduler_queue_ms(r: &Request) -> Option<f64> {
 /// of a request that passed it ([`EnginePhases::passed_over_by`]); 0 when
 /// none did. Null where `scheduler_queue_ms` is, or without the pass count.
 pub fn scheduler_passed_over_ms(r: &Request) -> Option<f64> {
-    let (a, b) = scheduler_queue_span(r)?;
-    let e = r.engine.as_ref()?;
+    passed_over_ms_in(r.engine.as_ref()?, scheduler_queue_span(r)?)
+}
+
+/// [`scheduler_passed_over_ms`] of engine phases `e` whose scheduler's
+/// queue is `[a, b]` ([`scheduler_queue_span`]), for a caller that has the
+/// span already.
+pub fn passed_over_ms_in(e: &EnginePhases, (a, b): (u64, u64)) -> Option<f64> {
     e.passed_over_by?;
     Some(e.passed_over_until_ns.map_or(0.0, |u| ms(u.clamp(a, b) - a)))
 }

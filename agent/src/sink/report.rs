@@ -1,7 +1,7 @@
 //! `hopscope report`: the JSON users script against (../shared/contract.md,
 //! schema 1: add fields, never rename) and the human tables.
 
-use crate::correlate::engine::{last_output_ms, partition, scheduler_passed_over_ms, scheduler_queue_ms};
+use crate::correlate::engine::{last_output_ms, partition, passed_over_ms_in, scheduler_queue_span};
 use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
 use crate::sink::json;
 use crate::sink::{printable, trunc};
@@ -396,12 +396,15 @@ pub struct CoreFigures<'a> {
     pub marks_clamped: u32,
     pub last_output_ms: Option<f64>,
     pub scheduler_queue_ms: Option<f64>,
+    pub scheduler_passed_over_by: Option<u32>,
+    pub scheduler_passed_over_ms: Option<f64>,
 }
 
 pub fn core_figures(r: &Request) -> CoreFigures<'_> {
     let e = r.engine.as_ref();
     let w = r.wire_steps.as_ref();
     let part = partition(r);
+    let sched = scheduler_queue_span(r);
     // KV copies on the critical path are carved out of the phase they fell
     // in, so the phases still add up (docs/attribution.md).
     let g = r.gpu.as_ref();
@@ -440,7 +443,10 @@ pub fn core_figures(r: &Request) -> CoreFigures<'_> {
         gpu_steps: g.map(|g| g.steps),
         marks_clamped: part.clamped,
         last_output_ms: last_output_ms(r),
-        scheduler_queue_ms: scheduler_queue_ms(r),
+        // One span for the scheduler's queue and the part of it passed over.
+        scheduler_queue_ms: sched.map(|(a, b)| ms(b - a)),
+        scheduler_passed_over_by: e.and_then(|e| e.passed_over_by).filter(|_| sched.is_some()),
+        scheduler_passed_over_ms: e.zip(sched).and_then(|(e, s)| passed_over_ms_in(e, s)),
     }
 }
 
@@ -521,8 +527,8 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         scheduler_queue_ms: f.scheduler_queue_ms,
         structured_output: e.and_then(|e| e.structured.as_ref()).map(|s| s.kind),
         structured_output_backend: e.and_then(|e| e.structured.as_ref()).and_then(|s| s.backend.as_deref()),
-        scheduler_passed_over_by: e.and_then(|e| e.passed_over_by).filter(|_| f.scheduler_queue_ms.is_some()),
-        scheduler_passed_over_ms: scheduler_passed_over_ms(r),
+        scheduler_passed_over_by: f.scheduler_passed_over_by,
+        scheduler_passed_over_ms: f.scheduler_passed_over_ms,
     }
 }
 
@@ -2260,7 +2266,7 @@ impl SummaryAcc {
         self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
         if let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) {
             self.completed += 1;
-            self.structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, q.scheduler_passed_over_by.filter(|n| *n > 0).and(q.scheduler_passed_over_ms));
+            self.structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms));
             let slot = self.models.slot(q.model, q.completion_tokens);
             self.e2els.push(e2e);
             self.models.e2el.push(slot);
@@ -3338,7 +3344,7 @@ mod tests {
             closed: q.closed_ns.is_some(),
             structured_output: q.structured_output,
             scheduler_queue_ms: q.scheduler_queue_ms,
-            passed_over_ms: q.scheduler_passed_over_by.filter(|n| *n > 0).and(q.scheduler_passed_over_ms),
+            passed_over_ms: summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
         }
     }
 

@@ -203,6 +203,13 @@ pub struct KindCount {
     pub requests: usize,
 }
 
+/// A request's `scheduler_passed_over_ms` only when later requests went past
+/// it (`scheduler_passed_over_by` > 0): the proof that it was skipped, which
+/// [`StructuredAcc::add`] takes.
+pub fn skipped_ms(passed_over_by: Option<u32>, passed_over_ms: Option<f64>) -> Option<f64> {
+    passed_over_by.filter(|n| *n > 0).and(passed_over_ms)
+}
+
 /// [`StructuredSummary`] folded request by request (the in-memory and the
 /// streamed summary alike, in report order: the same sums, the same bits).
 #[derive(Debug, Default)]
@@ -224,9 +231,9 @@ impl StructuredAcc {
         if let Some(k) = kind {
             self.kinds[STRUCTURED_KINDS.iter().position(|x| *x == k).unwrap_or(STRUCTURED_KINDS.len())] += 1;
         }
-        let mut ignored = (0.0, 0);
-        let passed = if kind.is_some() { &mut self.passed } else { &mut ignored };
-        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms), (passed, passed_over_ms)] {
+        // Only the structured requests' spans: their grammar's.
+        let passed_over_ms = passed_over_ms.filter(|_| kind.is_some());
+        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms), (&mut self.passed, passed_over_ms)] {
             if let Some(v) = v {
                 acc.0 += v;
                 acc.1 += 1;
@@ -510,7 +517,7 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             closed: q.closed_ns.is_some(),
             structured_output: q.structured_output.as_deref(),
             scheduler_queue_ms: q.scheduler_queue_ms,
-            passed_over_ms: q.scheduler_passed_over_by.filter(|n| *n > 0).and(q.scheduler_passed_over_ms),
+            passed_over_ms: skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
         }
     }
 }

@@ -931,6 +931,8 @@ pub(crate) struct Figures {
     gpu_steps: Option<u32>,
     last_output_ms: Option<f64>,
     scheduler_queue_ms: Option<f64>,
+    scheduler_passed_over_by: Option<u32>,
+    scheduler_passed_over_ms: Option<f64>,
 }
 
 impl Figures {
@@ -956,6 +958,8 @@ impl Figures {
             gpu_steps: q.gpu_steps,
             last_output_ms: q.last_output_ms,
             scheduler_queue_ms: q.scheduler_queue_ms,
+            scheduler_passed_over_by: q.scheduler_passed_over_by,
+            scheduler_passed_over_ms: q.scheduler_passed_over_ms,
         };
         (f, (!q.interference_from.is_empty()).then(|| q.interference_from.join(",")))
     }
@@ -1156,7 +1160,7 @@ impl RequestArgs {
         }
         // Only where someone went past it: the evidence that the scheduler
         // skipped it.
-        if let (Some(n @ 1..), Some(p)) = (r.engine.as_ref().and_then(|e| e.passed_over_by), crate::correlate::engine::scheduler_passed_over_ms(r)) {
+        if let (Some(n @ 1..), Some(p)) = (out.scheduler_passed_over_by, out.scheduler_passed_over_ms) {
             args.push(Arg::u64("scheduler_passed_over_by", u64::from(n)));
             args.push(Arg::f64("scheduler_passed_over_ms", p));
         }

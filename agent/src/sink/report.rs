@@ -1084,7 +1084,8 @@ const NOTE_SHARE: f64 = 0.10;
 /// how often the engine preempted it, when the client left before the
 /// response ended, and, for a queue of at least [`NOTE_SHARE`] of its E2E
 /// that the engine's stamps split, how much of it passed before the engine
-/// took the request in (and, for a request that asked for structured output
+/// took the request in (and, for a request later ones went past, that the
+/// scheduler skipped it; else, for a request that asked for structured output
 /// and spent most of its queue in the scheduler's, that it waited there for
 /// a free slot or for its grammar: the stamps do not tell which). Starts
 /// with the newline that ends the row's figures.
@@ -1098,12 +1099,14 @@ fn hop_note(s: &mut String, q: &TextRow) {
     if let (Some(queue), Some(sched), Some(e2e), None) = (p.queue, q.scheduler_queue_ms, q.e2e_ms.or(q.closed_ms), p.kv_transfer.filter(|k| *k > 0.0)) {
         if queue > 0.0 && queue >= NOTE_SHARE * e2e {
             let mut note = format!("queued {queue:.2} ms: {:.2} before the engine took it in (the IPC, the step it was running), {sched:.2} in the scheduler's queue", (queue - sched).max(0.0));
-            // Only where the scheduler's queue is most of it: a grammar
-            // compiled before holds nothing. Requests let past it say the
-            // scheduler skipped it; none let past says nothing either way
-            // (none may have come).
+            // Requests let past it prove the scheduler skipped it, whatever
+            // share of the queue was the scheduler's (a long step before the
+            // engine took it in can be most); none let past says nothing
+            // either way (none may have come), so the either-or only where
+            // the scheduler's queue is most of it: a grammar compiled before
+            // holds nothing.
             match (q.scheduler_passed_over_by, q.structured_output) {
-                (Some(n @ 1..), kind) if sched >= 0.5 * queue => {
+                (Some(n @ 1..), kind) => {
                     let _ = write!(
                         note,
                         " ({n} later request{} went past it, the last {:.2} ms after it was queued: vLLM's scheduler lets one past only while it skips this one, ",
@@ -3067,15 +3070,16 @@ mod tests {
     /// none let past leaves the either-or.
     #[test]
     fn a_hops_note_says_the_scheduler_skipped_a_request_that_later_ones_went_past() {
-        let note_for = |passed: Option<u32>, structured: Option<&str>| {
+        let note_with = |sched: f64, passed: Option<u32>, structured: Option<&str>| {
             let phases = Phases { frontend: None, queue: Some(20.0), prefill: None, kv_transfer: None, first_output: None, decode: None };
             let mut q = text_row(&phases, vec![], None);
-            (q.scheduler_queue_ms, q.structured_output) = (Some(19.5), structured);
-            (q.scheduler_passed_over_by, q.scheduler_passed_over_ms) = (passed, passed.map(|n| if n > 0 { 17.25 } else { 0.0 }));
+            (q.scheduler_queue_ms, q.structured_output) = (Some(sched), structured);
+            (q.scheduler_passed_over_by, q.scheduler_passed_over_ms) = (passed, passed.map(|n| if n > 0 { sched - 2.25 } else { 0.0 }));
             let mut row = String::new();
             let _ = hop_figures(&mut row, &q, false);
             row.split_once('\n').map(|(_, n)| n.to_owned()).expect("a note")
         };
+        let note_for = |passed: Option<u32>, structured: Option<&str>| note_with(19.5, passed, structured);
         let head = "        ^ queued 20.00 ms: 0.50 before the engine took it in (the IPC, the step it was running), 19.50 in the scheduler's queue";
         assert_eq!(note_for(Some(3), Some("json")), format!("{head} (3 later requests went past it, the last 17.25 ms after it was queued: vLLM's scheduler lets one past only while it skips this one, here for its grammar: it asked for structured output, json, which is held until its grammar is compiled)"));
         assert_eq!(note_for(Some(1), None), format!("{head} (1 later request went past it, the last 17.25 ms after it was queued: vLLM's scheduler lets one past only while it skips this one, for remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget left)"));
@@ -3083,6 +3087,13 @@ mod tests {
         assert_eq!(note_for(Some(0), Some("json")), either, "nobody went past: no proof either way");
         assert_eq!(note_for(None, Some("json")), either);
         assert_eq!(note_for(Some(0), None), head, "nothing to say about a plain request nobody passed");
+        // A long step before the engine took it in (most of the queue) does
+        // not hide the passes: they are proof whatever the scheduler's share.
+        assert_eq!(
+            note_with(9.0, Some(5), Some("json")),
+            "        ^ queued 20.00 ms: 11.00 before the engine took it in (the IPC, the step it was running), 9.00 in the scheduler's queue (5 later requests went past it, the last 6.75 ms after it was queued: vLLM's scheduler lets one past only while it skips this one, here for its grammar: it asked for structured output, json, which is held until its grammar is compiled)"
+        );
+        assert_eq!(note_with(9.0, Some(0), Some("json")), "        ^ queued 20.00 ms: 11.00 before the engine took it in (the IPC, the step it was running), 9.00 in the scheduler's queue", "no passes, the scheduler's part under half: no guess");
     }
 
     /// The note under a hop: every interferer up to four, then how many

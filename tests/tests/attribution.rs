@@ -693,6 +693,7 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     // scheduled earlier (one engine).
     let stamps: Vec<(i64, i64)> = engine.values().map(|e| (ns(e, "queued_ns"), ns(e, "scheduled_ns"))).collect();
     let mut waits: Vec<(u64, f64, u64)> = Vec::new();
+    let mut passed_by: Vec<(String, usize)> = Vec::new();
     for r in requests {
         let (id, hop) = (r["id"].as_str().unwrap(), r["hop"].as_u64().unwrap());
         let e = engine[r["engine_request_id"].as_str().unwrap()];
@@ -701,6 +702,7 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
         let (q, s) = (ns(e, "queued_ns"), ns(e, "scheduled_ns"));
         let passers: Vec<i64> = stamps.iter().filter(|(oq, os)| *oq > q && *os < s).map(|p| p.1).collect();
         assert_eq!(r["scheduler_passed_over_by"].as_u64(), Some(passers.len() as u64), "{id}: requests queued after it and scheduled before it");
+        passed_by.push((id.to_owned(), passers.len()));
         let want = passers.iter().max().map_or(0.0, |last| (last - q) as f64 / 1e6);
         let got = r["scheduler_passed_over_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no pass span: {r}"));
         assert!((got - want).abs() < 0.01, "{id}: skipped for {got} ms, the truth's last pass {want} ms after it was queued");
@@ -720,6 +722,13 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     assert!(third.iter().all(|w| *w < 50.0), "the third hops' grammar was compiled already: {third:?}");
     let passed = first.iter().filter(|w| w.1 > 0).count();
     assert!(passed >= 1, "the plain agent's hops went past a first hop waiting for its grammar: {first:?}");
+    // The trace draws that span inside the scheduler's queue of each request
+    // passed over, and of no other.
+    let summary = trace_of(&run);
+    for (id, n) in &passed_by {
+        let t = summary.track(id).unwrap_or_else(|| panic!("{id}: no request track"));
+        assert_eq!(t.slices.get("passed over").copied().unwrap_or(0), usize::from(*n > 0) as u64, "{id}: passed by {n}: {:?}", t.slices);
+    }
     let out = std::process::Command::new(hopscope_bin()).arg("report").arg(&run.hop).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();

@@ -1640,7 +1640,7 @@ pub fn scheduler_queue_span(r: &Request) -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::correlate::{analyse, Analysis};
     use crate::event::{ConnKey, Dir};
     use crate::model::{EngineEvent, EngineOutput, HttpRole, Record, SseKind};
@@ -1971,7 +1971,7 @@ mod tests {
     /// One request's whole life on fd `fd`: it arrives at `arrive` (its ADD
     /// 1 ms later), is stamped QUEUED at `queued` and SCHEDULED at `sched`,
     /// its first (and last) token comes in the step ending at `first`.
-    fn stamped(id: &str, fd: i32, arrive: u64, queued: u64, sched: u64, first: u64) -> Vec<Record> {
+    pub(crate) fn stamped(id: &str, fd: i32, arrive: u64, queued: u64, sched: u64, first: u64) -> Vec<Record> {
         let mut recs = http(id, fd, arrive);
         let mut out = step(first, &[(id, true, Some(sched))]);
         if let Record::EngineOutputs { outputs, .. } = &mut out {

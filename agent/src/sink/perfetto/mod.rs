@@ -65,6 +65,7 @@ pub mod names {
     pub const GPU_STEP: &str = "gpu step";
     pub const KV_TRANSFER: &str = "kv transfer";
     pub const SCHEDULER_QUEUE: &str = "scheduler queue";
+    pub const PASSED_OVER: &str = "passed over";
     pub const DECODE: &str = "decode";
     pub const CHUNK: &str = "chunk";
     pub const OFF_CPU: &str = "off-cpu";
@@ -208,12 +209,15 @@ enum Phase {
     KvTransfer,
     /// Inside the queue: the engine's QUEUED stamp to scheduled (not a phase).
     SchedulerQueue,
+    /// Inside the scheduler's queue: its start to the last time a request
+    /// queued later was scheduled first (not a phase).
+    PassedOver,
 }
 
 impl Phase {
     /// Whether its slice shows report figures ([`phase_args`]).
     fn has_figures(self) -> bool {
-        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue)
+        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver)
     }
 
     fn name(self) -> &'static str {
@@ -227,6 +231,7 @@ impl Phase {
             Phase::FirstOutput => names::FIRST_OUTPUT,
             Phase::KvTransfer => names::KV_TRANSFER,
             Phase::SchedulerQueue => names::SCHEDULER_QUEUE,
+            Phase::PassedOver => names::PASSED_OVER,
         }
     }
 }
@@ -314,6 +319,27 @@ fn scheduler_slice(r: &Request, a: u64, b: u64, kv: &[(u64, u64)]) -> Option<(u6
     let (s, e) = crate::correlate::engine::scheduler_queue_span(r)?;
     let (s, e) = (s.max(a), e.min(b));
     (e > s && !kv.iter().any(|&(ka, kb)| ka < b && kb > a)).then_some((s, e))
+}
+
+/// Inside the scheduler's queue slice `[s, e]` ([`scheduler_slice`]): its
+/// start to the last time a request queued after this one was scheduled
+/// first ([`passed_over_ms_in`]), when one was: the part of the wait vLLM's
+/// scheduler spent skipping it (its grammar, most often).
+///
+/// [`passed_over_ms_in`]: crate::correlate::engine::passed_over_ms_in
+fn passed_over_slice(r: &Request, (s, e): (u64, u64)) -> Option<(u64, u64)> {
+    let p = r.engine.as_ref()?;
+    let until = p.passed_over_until_ns.filter(|_| p.passed_over_by.is_some_and(|n| n > 0))?;
+    let end = until.min(e);
+    (end > s).then_some((s, end))
+}
+
+/// The "passed over" slice's args: how many went past, and the report's
+/// `scheduler_passed_over_ms` (the slice's length).
+fn passed_over_args(r: &Request) -> [Arg<'static>; 2] {
+    let by = r.engine.as_ref().and_then(|e| e.passed_over_by).unwrap_or(0);
+    let ms = crate::correlate::engine::scheduler_passed_over_ms(r).unwrap_or(0.0);
+    [Arg::u64("scheduler_passed_over_by", u64::from(by)), Arg::f64("scheduler_passed_over_ms", ms)]
 }
 
 /// The phases drawn inside a request's slice `[arrive, end]`: with the engine
@@ -707,6 +733,10 @@ fn write_requests<W: Write>(
             items.push(Timed { ts: a, item: Item::PhaseBegin { req, phase } });
             if let Some((s, e)) = (engine && phase == Phase::Queue).then(|| scheduler_slice(r, a, b, kv)).flatten() {
                 items.push(Timed { ts: s, item: Item::PhaseBegin { req, phase: Phase::SchedulerQueue } });
+                if let Some((ps, pe)) = passed_over_slice(r, (s, e)) {
+                    items.push(Timed { ts: ps, item: Item::PhaseBegin { req, phase: Phase::PassedOver } });
+                    items.push(Timed { ts: pe, item: Item::End { track } });
+                }
                 items.push(Timed { ts: e, item: Item::End { track } });
             }
             if engine && matches!(phase, Phase::Queue | Phase::Prefill) {
@@ -802,6 +832,10 @@ fn write_requests<W: Write>(
                 let args = held.args(r);
                 let ids: Vec<u64> = flow_of[req as usize].iter().copied().filter(|id| open_hops.remove(id)).collect();
                 w.begin(ts, request_tracks[req as usize], &Event::named(&r.id).args(&args).terminating_flows(&ids))?;
+            }
+            Item::PhaseBegin { req, phase: Phase::PassedOver } => {
+                let args = passed_over_args(&analysis.requests[req as usize]);
+                w.begin(ts, request_tracks[req as usize], &Event::named(Phase::PassedOver.name()).args(&args))?;
             }
             Item::PhaseBegin { req, phase } => {
                 let e = phase_ends(req, phase);
@@ -977,7 +1011,7 @@ fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 5> {
         Phase::Prefill => &[("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
         Phase::FirstOutput => &[("first_output_ms", p.first_output)],
         Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms), ("last_output_ms", out.last_output_ms)],
-        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue => &[],
+        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver => &[],
     };
     let mut v = Few::new(("", 0.0));
     for &(n, x) in all {

@@ -173,6 +173,8 @@ struct Listing<'a> {
     kv: &'a [(u64, u64)],
     /// The scheduler's queue inside the queue slice ([`super::scheduler_slice`]).
     sched: Option<(u64, u64)>,
+    /// Inside it, the span later requests went past ([`super::passed_over_slice`]).
+    passed_over: Option<(u64, u64)>,
     open_decode: bool,
     /// Chunks are drawn, from this time on.
     chunks_from: Option<u64>,
@@ -201,6 +203,10 @@ impl Listing<'_> {
             items.push((a, S::I(Item::PhaseBegin { req, phase })));
             if let Some((s, e)) = self.sched.filter(|_| self.engine && phase == Phase::Queue) {
                 items.push((s, S::I(Item::PhaseBegin { req, phase: Phase::SchedulerQueue })));
+                if let Some((ps, pe)) = self.passed_over {
+                    items.push((ps, S::I(Item::PhaseBegin { req, phase: Phase::PassedOver })));
+                    items.push((pe, S::I(Item::End { track })));
+                }
                 items.push((e, S::I(Item::End { track })));
             }
             if self.engine && matches!(phase, Phase::Queue | Phase::Prefill) {
@@ -467,6 +473,7 @@ impl RequestStream {
         w.set_sequence(prev);
         let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
         let sched = spans.iter().find(|s| s.2 == Phase::Queue).and_then(|&(a, b, _)| super::scheduler_slice(&r, a, b, kv));
+        let passed_over = sched.and_then(|q| super::passed_over_slice(&r, q));
         let l = Listing {
             req,
             start,
@@ -478,6 +485,7 @@ impl RequestStream {
             engine,
             kv,
             sched,
+            passed_over,
             open_decode: wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode),
             chunks_from: if engine || wire_ttft.is_some() { Some(wire_ttft.unwrap_or(arrive)) } else { None },
             content: &r.content_ns,
@@ -621,6 +629,12 @@ impl RequestStream {
                 let track = self.cursors[slot as usize].track;
                 w.begin(ts, track, &Event::named_once(&h.r.id).args(&args).terminating_flows(id.as_slice()))?;
             }
+            Item::PhaseBegin { req: _, phase: Phase::PassedOver } => {
+                let track = self.cursors[slot as usize].track;
+                let h = self.reqs[slot as usize].as_ref().expect("a drawn request is held");
+                let args = super::passed_over_args(&h.r);
+                w.begin(ts, track, &Event::named(Phase::PassedOver.name()).args(&args))?;
+            }
             Item::PhaseBegin { req: _, phase } => {
                 let track = self.cursors[slot as usize].track;
                 if phase.has_figures() {
@@ -746,6 +760,13 @@ mod tests {
                     (a, a + 1 + t(&mut next), if k == 0 { Level::Waiting } else { Level::Running })
                 })
                 .collect();
+            let engine = next().is_multiple_of(2);
+            let sched = next().is_multiple_of(2).then(|| {
+                let a = t(&mut next);
+                (a, a + 1 + t(&mut next))
+            });
+            // Inside it, from its start (a pass span ends at or before it).
+            let passed_over = sched.filter(|_| next().is_multiple_of(2)).map(|(a, b)| (a, a + 1 + next() % (b - a)));
             let l = Listing {
                 req: round,
                 start,
@@ -754,12 +775,10 @@ mod tests {
                 track,
                 hop_track,
                 spans: &spans,
-                engine: next().is_multiple_of(2),
+                engine,
                 kv: &kv,
-                sched: next().is_multiple_of(2).then(|| {
-                    let a = t(&mut next);
-                    (a, a + 1 + t(&mut next))
-                }),
+                sched,
+                passed_over,
                 open_decode: next().is_multiple_of(2),
                 chunks_from: (!next().is_multiple_of(4)).then(|| arrive + t(&mut next) % (end - arrive + 1)),
                 content: &content,

@@ -1983,3 +1983,76 @@ fn the_schedulers_queue_nests_in_the_queue_slice_from_the_engines_queued_stamp()
     let s = checked(&trace_of(&gpu).0);
     assert_eq!(s.track(id).unwrap().slices.get("scheduler queue"), None);
 }
+
+/// The slices on the track named `track`: (name, begin, end, depth), in
+/// the order they end.
+fn slices_on(t: &Trace, s: &Summary, track: &str) -> Vec<(String, u64, u64, usize)> {
+    let uuid = s.track(track).unwrap_or_else(|| panic!("no track {track}")).uuid;
+    let mut open: Vec<(String, u64)> = Vec::new();
+    let mut done = Vec::new();
+    for (ts, e) in events(t).filter(|(_, e)| e.track_uuid == Some(uuid)) {
+        match e.r#type {
+            Some(x) if x == proto::EventType::SliceBegin as i32 => open.push((e.name.clone().unwrap_or_default(), ts)),
+            Some(x) if x == proto::EventType::SliceEnd as i32 => {
+                let (name, begin) = open.pop().expect("an end closes an open slice");
+                done.push((name, begin, ts, open.len()));
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "{track}: slices left open: {open:?}");
+    done
+}
+
+/// J, queued at 2 ms and skipped while P and Q (queued after it) were
+/// scheduled first, the last at 40 ms: its scheduler-queue slice holds a
+/// "passed over" slice from its QUEUED stamp to 40 ms, with the report's
+/// count and span as args; the requests nobody went past have none. The
+/// whole, streamed and live layouts draw the same.
+#[test]
+fn a_request_later_ones_went_past_draws_the_span_they_did_inside_its_scheduler_queue() {
+    use crate::correlate::engine::tests::stamped;
+    let mut recs = Vec::new();
+    recs.extend(stamped("chatcmpl-b", 4, T0, T0 + MS + MS / 2, T0 + 3 * MS, T0 + 10 * MS));
+    recs.extend(stamped("chatcmpl-j", 5, T0, T0 + 2 * MS, T0 + 150 * MS, T0 + 160 * MS));
+    recs.extend(stamped("chatcmpl-p", 6, T0 + 10 * MS, T0 + 12 * MS, T0 + 20 * MS, T0 + 30 * MS));
+    recs.extend(stamped("chatcmpl-q", 7, T0 + 20 * MS, T0 + 22 * MS, T0 + 40 * MS, T0 + 200 * MS));
+    let recs = sorted(recs);
+    let analysis = analyse(&recs);
+    let j = analysis.requests.iter().find(|r| r.id == "chatcmpl-j").expect("J reported");
+    let out = crate::sink::report::request_out(j);
+    assert_eq!(out.scheduler_passed_over_by, Some(2));
+    assert!(out.scheduler_passed_over_ms.is_some_and(|ms| (ms - 38.0).abs() < 1e-6), "{:?}", out.scheduler_passed_over_ms);
+    let (whole, st) = trace_of(&recs);
+    let s = checked(&whole);
+    let t = decode(&whole);
+    let js = slices_on(&t, &s, "chatcmpl-j");
+    let depth_of = |name: &str| js.iter().find(|x| x.0 == name).unwrap_or_else(|| panic!("J has a {name} slice: {js:?}")).clone();
+    let (_, qb, qe, qd) = depth_of(names::QUEUE);
+    let (_, sb, se, sd) = depth_of(names::SCHEDULER_QUEUE);
+    let (_, pb, pe, pd) = depth_of(names::PASSED_OVER);
+    assert_eq!((pb, pe), (T0 + 2 * MS, T0 + 40 * MS), "QUEUED to Q's scheduling");
+    assert_eq!((sb, se), (T0 + 2 * MS, T0 + 150 * MS));
+    assert!(qb <= sb && se <= qe, "the scheduler's queue inside the queue");
+    assert_eq!((pd, sd), (qd + 2, qd + 1), "nested: queue > scheduler queue > passed over");
+    let (_, pass) = slices_named(&t, names::PASSED_OVER).next().unwrap();
+    let by = pass.debug_annotations.iter().find(|d| d.name.as_deref() == Some("scheduler_passed_over_by")).and_then(|d| d.uint_value);
+    assert_eq!((by, arg_f64(pass, "scheduler_passed_over_ms")), (Some(2), out.scheduler_passed_over_ms));
+    assert_eq!(slices_named(&t, names::PASSED_OVER).count(), 1, "B, P and Q were passed by nobody");
+    assert_eq!(s.track("chatcmpl-p").unwrap().slices.get(names::SCHEDULER_QUEUE), Some(&1));
+    // The streamed layout and the live trace draw J's slices alike.
+    let (streamed, _) = streamed_trace(&recs);
+    let ss = checked(&streamed);
+    assert_eq!(slices_on(&decode(&streamed), &ss, "chatcmpl-j"), js, "streamed");
+    assert_eq!(slices_named(&decode(&streamed), names::PASSED_OVER).count(), 1);
+    let buf = Shared::default();
+    let mut live = live::LiveTrace::new(buf.clone(), &meta()).unwrap();
+    for r in &recs {
+        live.push(r).unwrap();
+    }
+    live.finish(&meta(), &analysis, None).unwrap();
+    let bytes = buf.0.borrow().clone();
+    let ls = checked(&bytes);
+    assert_eq!(slices_on(&decode(&bytes), &ls, "chatcmpl-j"), js, "live");
+    assert_eq!(st.requests, 4);
+}

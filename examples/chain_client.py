@@ -100,6 +100,9 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "step", "schema": STEP_SCHEMA}}
     if args.seed is not None:
         body["seed"] = args.seed
+    if args.priority is not None:
+        # vLLM's extra body parameter, used under --scheduling-policy priority.
+        body["priority"] = args.priority
     body["stream"] = args.stream
     if args.stream and args.usage and not responses:
         body["stream_options"] = {"include_usage": True}
@@ -111,6 +114,7 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     rec: dict[str, Any] = {
         "kind": kind, "chain": chain, "hop": hop, "phase": phase, "session_id": session_id, "session_header": args.session_header,
         "previous_response_id": previous_id, "structured_output": "json" if structured else None,
+        "priority": args.priority,
         "traceparent": headers.get("traceparent"), "x_request_id": headers.get("X-Request-Id"),
         "prompt_chars": sum(len(m["content"]) for m in messages),
         "send_ns": None, "headers_ns": None, "first_chunk_ns": None, "first_content_ns": None,
@@ -330,6 +334,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="close the connection after each hop (Connection: close): every hop on a new one")
     p.add_argument("--json-schema-hops", type=hop_list, default=None, metavar="all|H,H,...",
                    help="these hops (chat API) ask for a JSON answer (response_format json_schema)")
+    p.add_argument("--priority", type=int, default=None,
+                   help="send this request priority (vLLM's extra body field; lower goes first under the "
+                        "server's --scheduling-policy priority)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before the first chain starts")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without a byte before a hop is abandoned")
     p.add_argument("--deadline-ms", type=float, default=None,

@@ -34,6 +34,7 @@ class EngineConfig:
     ground_truth: Optional[str] = None
     step_sleep_ms: float = 0.0  # artificial extra time per step (slows the engine down for demos)
     grammar_compile_ms: float = 40.0  # a structured-output request's grammar compile (once per constraint)
+    scheduling_policy: str = "fcfs"  # vLLM --scheduling-policy: fcfs or priority
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
@@ -72,6 +73,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="model weight seed")
     g.add_argument("--step-sleep-ms", type=float, default=0.0,
                    help="extra sleep inside every engine step (inside the step's span)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="as vLLM's: fcfs, or priority (the waiting queue by the request's priority, "
+                        "lower first, then arrival; the highest preempted first)")
     g.add_argument("--grammar-compile-ms", type=float, default=40.0,
                    help="how long a structured-output request's grammar takes to compile; it waits in "
                         "the queue meanwhile, later requests scheduled past it, as vLLM's (a constraint "
@@ -107,6 +111,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         ground_truth=a.ground_truth,
         step_sleep_ms=a.step_sleep_ms,
         grammar_compile_ms=a.grammar_compile_ms,
+        scheduling_policy=a.scheduling_policy,
         model=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, d_ff=a.d_ff,
                           max_model_len=a.max_model_len, seed=a.seed),
     )

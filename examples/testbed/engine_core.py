@@ -97,7 +97,7 @@ class EngineCoreProc:
         self.kv = KVCacheManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
                                  cfg.kv_offload_blocks if cfg.kv_offload else 0)
         self.sched = Scheduler(self.kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                               cfg.log_stats, cfg.allow_eos, cfg.grammar_compile_ms)
+                               cfg.log_stats, cfg.allow_eos, cfg.grammar_compile_ms, cfg.scheduling_policy)
         self.input_queue: "queue.Queue[Any]" = queue.Queue()
         self.output_queue: "queue.Queue[Any]" = queue.Queue()
         self.ctx = zmq.Context()

@@ -9,6 +9,10 @@ Each step:
   2. If nothing was preempted, WAITING requests in FCFS order while ``len(running) <
      max_num_seqs`` and budget remains: prefix-cache lookup (device, then host when offloading),
      then a (possibly chunked) prefill of the rest. SCHEDULED event when it (re)enters RUNNING.
+With ``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy priority``) the waiting queue
+is ordered by (priority, arrival time), a lower value first, preempted requests going back in by
+that order too, and the running request preempted is the one of the highest (priority, arrival
+time), not the last.
 The token budget is ``max_num_batched_tokens``; a prompt longer than the budget is prefilled in
 chunks over several steps; a partial chunk produces no output, as in vLLM.
 """
@@ -53,6 +57,7 @@ class Request:
         self.request_id = ecr.request_id
         self.external_id = ecr.external_req_id
         self.client_index = ecr.client_index  # the engine client (API server) it came from
+        self.priority = ecr.priority  # under the priority policy: lower first
         self.prompt_token_ids = list(ecr.prompt_token_ids or [])
         self.sp = ecr.sampling_params or SamplingParams()
         self.cache_salt = ecr.cache_salt
@@ -89,6 +94,7 @@ class Request:
             "first_token_ns": None,
             "finished_ns": None,
             "prompt_tokens": len(self.prompt_token_ids),
+            "priority": self.priority,
             "cached_tokens": None,
             "local_cached_tokens": None,
             "external_cached_tokens": None,
@@ -143,7 +149,10 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, log_stats: bool = True, allow_eos: bool = False,
-                 grammar_compile_ms: float = 0.0):
+                 grammar_compile_ms: float = 0.0, scheduling_policy: str = "fcfs"):
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {scheduling_policy!r}: fcfs or priority")
+        self.by_priority = scheduling_policy == "priority"
         self.kv = kv
         # Structured output: as vLLM, a request whose grammar is still compiling waits in the
         # queue while later ones are scheduled past it; a constraint compiled before is ready at
@@ -180,8 +189,19 @@ class Scheduler:
         if self.log_stats:
             req.events.append(EngineCoreEvent(EngineCoreEventType.QUEUED, t_ns / 1e9))
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        if self.by_priority:
+            self._insert_by_priority(req)
+        else:
+            self.waiting.append(req)
         return req
+
+    def _insert_by_priority(self, req: Request) -> None:
+        """Into the waiting queue after every request of a lower or equal (priority, arrival)."""
+        key = (req.priority, req.arrival_time)
+        i = len(self.waiting)
+        while i > 0 and (self.waiting[i - 1].priority, self.waiting[i - 1].arrival_time) > key:
+            i -= 1
+        self.waiting.insert(i, req)
 
     def abort_requests(self, ids: list[str]) -> list[Request]:
         done = []
@@ -233,9 +253,23 @@ class Scheduler:
                 ok = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, num_new)
                 if ok:
                     break
-                victim = self.running.pop()
-                if victim.request_id in scheduled_ids:  # cannot happen: scheduled ones precede i
-                    raise RuntimeError("preempting a scheduled request")
+                if self.by_priority:
+                    # The least important may be one scheduled already this
+                    # step (before i): vLLM takes its tokens back too.
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    at = self.running.index(victim)
+                    self.running.remove(victim)
+                    if at < i:
+                        i -= 1
+                    if victim.request_id in scheduled_ids:
+                        scheduled_ids.discard(victim.request_id)
+                        gone = next(x for x in out.scheduled if x.req is victim)
+                        out.scheduled.remove(gone)
+                        budget += gone.num_new
+                else:
+                    victim = self.running.pop()
+                    if victim.request_id in scheduled_ids:  # cannot happen: scheduled ones precede i
+                        raise RuntimeError("preempting a scheduled request")
                 self._preempt(victim, t_ns)
                 out.preempted.append(victim.request_id)
                 if victim is req:
@@ -285,7 +319,11 @@ class Scheduler:
                     req.events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, t_ns / 1e9))
                 out.scheduled.append(ScheduledReq(req, num_new, num_computed, "prefill"))
                 budget -= num_new
-            self.waiting.extendleft(reversed(skipped))
+            if self.by_priority:
+                for req in skipped:
+                    self._insert_by_priority(req)
+            else:
+                self.waiting.extendleft(reversed(skipped))
 
         out.copy_ops = self.kv.take_ops()
         out.num_tokens = sum(s.num_new for s in out.scheduled)
@@ -304,7 +342,10 @@ class Scheduler:
         self.num_preemptions += 1
         if self.log_stats:
             req.events.append(EngineCoreEvent(EngineCoreEventType.PREEMPTED, t_ns / 1e9))
-        self.waiting.appendleft(req)
+        if self.by_priority:
+            self._insert_by_priority(req)
+        else:
+            self.waiting.appendleft(req)
 
     # --------------------------------------------------------- model input
     def build_plan(self, so: SchedulerOutput) -> BatchPlan:

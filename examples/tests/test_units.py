@@ -179,6 +179,52 @@ def test_structured_output_waits_for_its_grammar_and_later_requests_go_past_it()
     assert "s2" in [s.req.request_id for s in sched.schedule().scheduled]
 
 
+def _prio(rid, prompt, priority, arrival):
+    return EngineCoreRequest(rid, prompt, None, SamplingParams(max_tokens=8, temperature=0.0), None, arrival, None,
+                             None, None, priority=priority, external_req_id=rid)
+
+
+def test_the_priority_policy_takes_the_waiting_queue_by_priority_then_arrival():
+    kv = KVCacheManager(64, 4, False)
+    sched = Scheduler(kv, 64, 1, 512, scheduling_policy="priority")
+    sched.add_request(_prio("low", [40] * 8, 5, 1.0), 0)
+    sched.add_request(_prio("low2", [41] * 8, 5, 2.0), 0)
+    sched.add_request(_prio("high", [42] * 8, -1, 3.0), 0)
+    sched.add_request(_prio("mid", [43] * 8, 0, 0.5), 0)
+    assert [r.request_id for r in sched.waiting] == ["high", "mid", "low", "low2"]
+    assert [s.req.request_id for s in sched.schedule().scheduled] == ["high"], "one slot: the lowest value first"
+    assert sched.requests["high"].truth["priority"] == -1
+    fcfs = Scheduler(KVCacheManager(64, 4, False), 64, 1, 512)
+    for r in ("low", "high"):
+        fcfs.add_request(_prio(r, [40] * 8, 5 if r == "low" else -1, 1.0), 0)
+    assert [s.req.request_id for s in fcfs.schedule().scheduled] == ["low"], "fcfs ignores priorities"
+    with pytest.raises(ValueError):
+        Scheduler(KVCacheManager(4, 4, False), 64, 1, 512, scheduling_policy="lifo")
+
+
+def test_the_priority_policy_preempts_the_least_important_even_if_scheduled_this_step():
+    # 5 blocks of 4: A (priority 5) prefills 8 tokens in step 1; B (priority 0) comes and
+    # prefills in step 2; in step 3 B's decode needs a 6th block: A, decoding already in
+    # that step, is the one preempted (its tokens taken back), not B, the last running.
+    for policy, victim in (("priority", "a"), ("fcfs", "b")):
+        sched = Scheduler(KVCacheManager(5, 4, False), 64, 4, 512, scheduling_policy=policy)
+        runner = NumpyModelRunner(ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_model_len=512), 5, 4)
+        def step():
+            so = sched.schedule()
+            sampled, _, _ = runner.execute(sched.build_plan(so), so.copy_ops)
+            sched.update_from_output(so, sampled, 0)
+            return so
+        sched.add_request(_prio("a", list(range(40, 48)), 5, 1.0), 0)
+        assert [s.req.request_id for s in step().scheduled] == ["a"]
+        sched.add_request(_prio("b", list(range(50, 58)), 0, 2.0), 0)
+        assert [s.req.request_id for s in step().scheduled] == ["a", "b"]
+        third = step()
+        assert third.preempted == [victim], policy
+        survivor = "b" if victim == "a" else "a"
+        assert [s.req.request_id for s in third.scheduled] == [survivor], policy
+        assert sched.requests[victim].truth["preempted_ns"], policy
+
+
 def test_structured_outputs_params_encode_as_vllms_dataclass():
     # vLLM 0.32.0's MsgpackEncoder writes StructuredOutputsParams (a dataclass) with every field
     # by name, in this order, inside the SamplingParams map (seen with vLLM's own encoder).

@@ -749,6 +749,44 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     assert!(text.contains(&format!("Skipped for their grammar (mean ms):     {skipped} (")), "{text}");
 }
 
+/// Under vLLM's `--scheduling-policy priority` a request of higher priority
+/// (a lower value) goes first by right: an urgent agent's hops, queued after
+/// a background agent's on a server with one slot, are scheduled before
+/// them, and that proves no skip. Every request's priority is its ADD's (the
+/// testbed's bytes, index 13), and its pass count the truth's among
+/// requests of the same or a lower priority: none here.
+#[test]
+fn under_the_priority_policy_a_more_urgent_request_going_first_is_no_pass() {
+    let Some(_serial) = privileged("under_the_priority_policy_a_more_urgent_request_going_first_is_no_pass") else { return };
+    let run = run_testbed(
+        "attr-priority",
+        &["--scheduling-policy", "priority", "--max-num-seqs", "1"],
+        &[&["--chains", "2", "--hops", "2", "--max-tokens", "32", "--priority", "5"], &["--chains", "1", "--hops", "3", "--max-tokens", "4", "--priority", "-1", "--delay-ms", "30"]],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("priority policy: worst phase error {worst:.3} ms");
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    let requests: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
+    assert_eq!(requests.len(), 7, "2 chains x 2 hops and 1 x 3");
+    let stamps: Vec<(i64, i64, i64)> = engine.values().map(|e| (ns(e, "queued_ns"), ns(e, "scheduled_ns"), ns(e, "priority"))).collect();
+    let (mut by_right, mut urgent) = (0, 0);
+    for r in requests {
+        let id = r["id"].as_str().unwrap();
+        let e = engine[r["engine_request_id"].as_str().unwrap()];
+        let (q, s, p) = (ns(e, "queued_ns"), ns(e, "scheduled_ns"), ns(e, "priority"));
+        assert_eq!(r["priority"], if p == 0 { Value::Null } else { Value::from(p) }, "{id}: the ADD's priority");
+        urgent += usize::from(p < 0);
+        let ahead = |o: &&(i64, i64, i64)| o.0 > q && o.1 < s;
+        let passers = stamps.iter().filter(ahead).filter(|o| o.2 >= p).count();
+        by_right += stamps.iter().filter(ahead).filter(|o| o.2 < p).count();
+        assert_eq!(r["scheduler_passed_over_by"].as_u64(), Some(passers as u64), "{id}: passes by requests of its priority or lower");
+    }
+    assert_eq!(urgent, 3, "the urgent agent's hops carry -1");
+    assert!(by_right >= 1, "an urgent hop was scheduled before a background one queued before it");
+    eprintln!("priority policy: {by_right} went first by right, none counted");
+}
+
 #[test]
 fn phases_match_ground_truth_with_chunked_prefill_and_no_prefix_cache() {
     let Some(_serial) = privileged("phases_match_ground_truth_with_chunked_prefill_and_no_prefix_cache") else { return };

@@ -1211,6 +1211,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         structured: e.structured,
         passed_over_by: e.queued_ns.and(e.scheduled_ns).map(|_| e.passed_by),
         passed_over_until_ns: e.passed_until_ns,
+        priority: (e.priority != 0).then_some(e.priority),
         scheduled_source,
         submit_source,
         engine_request_id: e.request_id,
@@ -1483,6 +1484,9 @@ pub struct EnginePhases {
     pub passed_over_by: Option<u32>,
     /// The latest of those schedulings: until then, it was being skipped.
     pub passed_over_until_ns: Option<u64>,
+    /// Its ADD's `priority` when not vLLM's default 0 (an
+    /// [`Record::EnginePriority`]); `None` for 0 or not read.
+    pub priority: Option<i64>,
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
@@ -2037,6 +2041,11 @@ pub(crate) mod tests {
         let j = an.requests.iter().find(|r| r.id == "chatcmpl-j").unwrap();
         assert_eq!(j.engine.as_ref().unwrap().passed_over_by, Some(2), "P and L, not H");
         assert!((super::scheduler_passed_over_ms(j).unwrap() - 48.0).abs() < 1e-6);
+        // Each carries its ADD's priority; the default 0 is no figure.
+        let priority = |id: &str| an.requests.iter().find(|r| r.id == id).and_then(|r| r.engine.as_ref()).and_then(|e| e.priority);
+        assert_eq!([priority("chatcmpl-h"), priority("chatcmpl-l"), priority("chatcmpl-j")], [Some(-1), Some(3), None]);
+        let h = an.requests.iter().find(|r| r.id == "chatcmpl-h").unwrap();
+        assert_eq!(crate::sink::report::request_out(h).priority, Some(-1), "the report's");
     }
 
     /// A request that waits while 300 others are scheduled past it keeps

@@ -2462,6 +2462,7 @@ mod tests {
                 structured: s.structured.map(|kind| crate::correlate::engine::StructuredOutput { kind, backend: Some("xgrammar".into()) }),
                 passed_over_by: s.intake.map(|_| u32::from(s.passed.is_some())),
                 passed_over_until_ns: s.intake.zip(s.passed).map(|(x, p)| submit + (x + p) * MS),
+                priority: None,
                 scheduled_source: "event",
                 submit_source: "wake",
             }),

@@ -186,6 +186,12 @@ impl Value for i32 {
     }
 }
 
+impl Value for i64 {
+    fn write(&self, b: &mut Vec<u8>, _: usize) {
+        int(b, *self)
+    }
+}
+
 impl Value for bool {
     fn write(&self, b: &mut Vec<u8>, _: usize) {
         b.extend_from_slice(if *self { b"true" } else { b"false" })

@@ -207,6 +207,11 @@ pub struct RequestOut {
     /// skipped: from its QUEUED stamp to the latest scheduling of a request
     /// that passed it; 0 when none did. Null where `scheduler_queue_ms` is.
     pub scheduler_passed_over_ms: Option<f64>,
+    /// The priority its ADD carried (vLLM's `priority` request field: under
+    /// `--scheduling-policy priority` a lower value is scheduled first), when
+    /// not the default 0. Null for 0, without the IPC, or where the ADD's
+    /// layout was inferred (docs/decisions.md "Passed over").
+    pub priority: Option<i64>,
 }
 
 /// A request's share of one kernel's GPU time ([`RequestOut::kernels`]).
@@ -358,6 +363,7 @@ pub struct RequestRef<'a> {
     pub structured_output_backend: Option<&'a str>,
     pub scheduler_passed_over_by: Option<u32>,
     pub scheduler_passed_over_ms: Option<f64>,
+    pub priority: Option<i64>,
 }
 
 /// The report's name of a chain key's source (its serde name).
@@ -529,6 +535,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         structured_output_backend: e.and_then(|e| e.structured.as_ref()).and_then(|s| s.backend.as_deref()),
         scheduler_passed_over_by: f.scheduler_passed_over_by,
         scheduler_passed_over_ms: f.scheduler_passed_over_ms,
+        priority: e.and_then(|e| e.priority),
     }
 }
 
@@ -599,6 +606,7 @@ impl RequestRef<'_> {
             structured_output_backend: own(self.structured_output_backend),
             scheduler_passed_over_by: self.scheduler_passed_over_by,
             scheduler_passed_over_ms: self.scheduler_passed_over_ms,
+            priority: self.priority,
         }
     }
 
@@ -678,7 +686,8 @@ impl RequestRef<'_> {
             .field("structured_output", &self.structured_output)
             .field("structured_output_backend", &self.structured_output_backend)
             .field("scheduler_passed_over_by", &self.scheduler_passed_over_by)
-            .field("scheduler_passed_over_ms", &self.scheduler_passed_over_ms);
+            .field("scheduler_passed_over_ms", &self.scheduler_passed_over_ms)
+            .field("priority", &self.priority);
         o.end();
     }
 }
@@ -2927,6 +2936,7 @@ mod tests {
             structured_output_backend: Some("x\"grammar\u{1}"),
             scheduler_passed_over_by: Some(u32::MAX),
             scheduler_passed_over_ms: Some(1e300),
+            priority: Some(i64::MIN),
         }
     }
 

@@ -358,6 +358,10 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("hopscope.scheduler_passed_over_by", q.scheduler_passed_over_by.map(u64::from));
     int("hopscope.engine_index", q.engine_index);
     int("hopscope.peak_gpu_mem_bytes", q.peak_gpu_mem_bytes);
+    // Signed: vLLM's priorities may be negative.
+    if let Some(p) = q.priority {
+        attrs.push(kv("hopscope.priority", Value::Int(p)));
+    }
     // Whose co-batched prefill took this request's decode time (the
     // report's `interference_from`): request ids, as the hop table names them.
     if !q.interference_from.is_empty() {

@@ -1191,6 +1191,9 @@ impl RequestArgs {
                     args.push(Arg::str("structured_output_backend", b));
                 }
             }
+            if let Some(p) = e.priority {
+                args.push(Arg::i64("priority", p));
+            }
         }
         // Only where someone went past it: the evidence that the scheduler
         // skipped it.

@@ -3,7 +3,8 @@
 //! previous hops' prompt; with the cache they compute only the new tokens,
 //! without it they prefill everything. The diff must say so: TTFT up, prefill
 //! the dominant phase, fewer cached tokens the cause, and the phase deltas
-//! adding up to the E2E delta.
+//! adding up to the E2E delta. And a JSON hop whose grammar compiles longer
+//! while another agent's hops go past it: the scheduler skipped it.
 
 use hopscope_integration::*;
 use serde_json::Value;
@@ -98,4 +99,48 @@ fn diff_blames_prefill_and_fewer_cached_tokens_when_the_prefix_cache_is_disabled
     }
     assert!(text.contains("fewer_cached_tokens"), "{text}");
     assert!(d["kernels"].is_null(), "no GPU in these recordings");
+}
+
+/// A JSON agent's first hop waits in vLLM's scheduler for its grammar while
+/// a plain agent's hops go past it: compiled in 40 ms before, 500 ms after
+/// (a slower backend, or a schema its cache has not seen). The diff must put
+/// the hop's TTFT rise on the scheduler skipping it for its grammar — not on
+/// fewer free slots — and, read the other way, on its skipping it less.
+#[test]
+fn diff_says_the_scheduler_skipped_a_json_hop_longer_for_its_grammar() {
+    let Some(_serial) = privileged("diff_says_the_scheduler_skipped_a_json_hop_longer_for_its_grammar") else { return };
+    let agents: &[&[&str]] = &[
+        &["--chains", "1", "--hops", "2", "--max-tokens", "16", "--task-seed", "1", "--json-schema-hops", "1"],
+        // Second by first arrival on both sides (chains pair by position),
+        // though the two clients' start-ups differ by tens of ms.
+        &["--chains", "1", "--hops", "8", "--max-tokens", "4", "--task-seed", "2", "--delay-ms", "150"],
+    ];
+    let before = record_testbed("diff-grammar-fast", &["--grammar-compile-ms", "40"], agents).hop;
+    let after = record_testbed("diff-grammar-slow", &["--grammar-compile-ms", "500"], agents).hop;
+    let text = diff(&before, &after, false);
+    eprintln!("{text}");
+    let d: Value = serde_json::from_str(&diff(&before, &after, true)).expect("diff --json is json");
+    assert_eq!((&d["matching"]["mode"], &d["matching"]["by_chain"]), (&Value::from("chain"), &Value::from(10)), "{}", d["matching"]);
+    let json_hop = |d: &Value| -> Value {
+        let pairs: Vec<&Value> = d["pairs"].as_array().unwrap().iter().filter(|p| p["structured_output"]["before"] == "json").collect();
+        assert_eq!(pairs.len(), 1, "one JSON hop a side: {pairs:?}");
+        pairs[0].clone()
+    };
+    let p = json_hop(&d);
+    assert_eq!((&p["hop"], &p["structured_output"]["after"]), (&Value::from(1), &Value::from("json")), "{p}");
+    let (sched, passed) = (f(&p["scheduler_queue_ms"]["delta"]), f(&p["scheduler_passed_over_ms"]["delta"]));
+    eprintln!("JSON hop 1: scheduler queue {sched:+.2} ms, skipped {passed:+.2} ms");
+    // Not the whole 460 ms: a long step (the testbed's first, on a cold
+    // CPU) can hold the hop in the scheduler's queue on both sides.
+    assert!(sched > 0.0 && passed >= sched / 2.0, "the compile took 460 ms more, plain hops went past it meanwhile: {p}");
+    let ex = &p["explain"]["ttft"];
+    assert_eq!(ex["dominant_phase"], "queue", "{}", ex["summary"]);
+    let cause = &ex["causes"][0];
+    assert_eq!(cause["cause"], "scheduler_skipped", "{}", ex["summary"]);
+    assert!(cause["detail"].as_str().unwrap().contains("for its grammar"), "{cause}");
+    assert!(text.contains("the scheduler skipped it (for its grammar"), "the text says so too: {text}");
+    // The other way round: skipped less.
+    let back: Value = serde_json::from_str(&diff(&after, &before, true)).expect("diff --json is json");
+    let ex = &json_hop(&back)["explain"]["ttft"];
+    assert_eq!(ex["causes"][0]["cause"], "scheduler_skipped_less", "{}", ex["summary"]);
 }

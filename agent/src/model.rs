@@ -497,6 +497,19 @@ pub enum Record {
         request_id: String,
         priority: i64,
     },
+    /// The engine request `request_id` (after its [`Record::EngineStructuredOutput`],
+    /// same `conn` and `ts_ns`) asked for a constraint whose bytes, whole in
+    /// the capture, hash to `key` under a key the recorder drew at its start
+    /// and never stored: two requests of one recording asking for the same
+    /// schema (pattern, choices, grammar, backend) have the same `key`, which
+    /// tells nothing of the schema to anyone else. Format 9.
+    EngineConstraintKey {
+        conn: ConnKey,
+        ts_ns: u64,
+        dir: Dir,
+        request_id: String,
+        key: u64,
+    },
 }
 
 /// vLLM's `StructuredOutputsParams` fields that name a constraint, in its
@@ -603,6 +616,7 @@ impl Record {
             | Record::RequestLink { ts_ns, .. }
             | Record::EngineStructuredOutput { ts_ns, .. }
             | Record::EnginePriority { ts_ns, .. }
+            | Record::EngineConstraintKey { ts_ns, .. }
             | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }

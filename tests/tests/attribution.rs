@@ -694,6 +694,7 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let stamps: Vec<(i64, i64)> = engine.values().map(|e| (ns(e, "queued_ns"), ns(e, "scheduled_ns"))).collect();
     let mut waits: Vec<(u64, f64, u64)> = Vec::new();
     let mut passed_by: Vec<(String, usize)> = Vec::new();
+    let mut ready_by: Vec<(u64, Option<f64>)> = Vec::new();
     for r in requests {
         let (id, hop) = (r["id"].as_str().unwrap(), r["hop"].as_u64().unwrap());
         let e = engine[r["engine_request_id"].as_str().unwrap()];
@@ -710,6 +711,17 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
             // Never scheduled before its grammar was ready.
             let least = (ready - q).max(0) as f64 / 1e6;
             assert!(sched >= least - 1e-3, "{id}: scheduler queue {sched:.3} ms, its grammar took {least:.3} ms more");
+            // When another request of its constraint was scheduled first,
+            // the grammar was ready by then: never before the truth's. The
+            // third hops' constraint was scheduled before they were queued.
+            let by = r["scheduler_grammar_ready_ms"].as_f64();
+            if let Some(by) = by {
+                assert!(by >= least - 1e-3, "{id}: grammar known ready {by:.3} ms after it was queued, the truth's {least:.3} ms");
+            }
+            if hop == 3 {
+                assert!(by.is_some_and(|b| b < 1e-3), "{id}: a cached constraint is ready at once: {r}");
+            }
+            ready_by.push((hop, by));
             waits.push((hop, sched, passers.len() as u64));
         } else {
             assert_eq!(passers.len(), 0, "{id}: FCFS: nothing passes a request that is not skipped");
@@ -718,6 +730,8 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let first: Vec<(f64, u64)> = waits.iter().filter(|w| w.0 == 1).map(|w| (w.1, w.2)).collect();
     let third: Vec<f64> = waits.iter().filter(|w| w.0 == 3).map(|w| w.1).collect();
     eprintln!("scheduler queue (ms, passed by): first hops {first:?}, third hops (grammar cached) {third:?} ms");
+    eprintln!("grammar known ready (hop, ms after QUEUED): {ready_by:?}");
+    assert!(ready_by.iter().filter(|r| r.0 == 1).any(|r| r.1.is_some()), "one first hop was scheduled after the other: {ready_by:?}");
     assert!(first.iter().all(|w| w.0 >= 90.0), "the first hops waited for the compile: {first:?}");
     assert!(third.iter().all(|w| *w < 50.0), "the third hops' grammar was compiled already: {third:?}");
     let passed = first.iter().filter(|w| w.1 > 0).count();

@@ -343,6 +343,11 @@ pub struct EngineReq {
     pub passed_until_ns: Option<u64>,
     /// Its ADD's `priority` (0 unless a [`Record::EnginePriority`] said).
     pub priority: i64,
+    /// Its constraint's [`Record::EngineConstraintKey`].
+    pub constraint_key: Option<u64>,
+    /// When its grammar is known to have been ready: a request asking for
+    /// the same constraint was scheduled then ([`EngineSide::passes`]).
+    pub grammar_ready_by_ns: Option<u64>,
     /// Hashes of `interference_from`, in the same order: a step's members
     /// are checked against them before any string is compared.
     interference_hashes: Vec<u64>,
@@ -471,6 +476,8 @@ struct SeenScheduled {
     queued_ns: u64,
     scheduled_ns: u64,
     priority: i64,
+    /// Its [`EngineReq::constraint_key`].
+    constraint: Option<u64>,
     key: SlabKey,
 }
 
@@ -753,6 +760,11 @@ impl EngineSide {
                 r.priority = *priority;
                 r.last_ns = r.last_ns.max(*ts_ns);
             }
+            Record::EngineConstraintKey { ts_ns, request_id, key, .. } => {
+                let r = self.req(request_id);
+                r.constraint_key = Some(*key);
+                r.last_ns = r.last_ns.max(*ts_ns);
+            }
             Record::EngineAbort { ts_ns, request_ids, .. } => {
                 for id in request_ids {
                     let r = self.req(id);
@@ -855,7 +867,7 @@ impl EngineSide {
                 }
             }
             if let (false, Some(q), Some(s)) = (seen_scheduled, r.queued_ns, r.scheduled_ns) {
-                self.newly_scheduled.push(SeenScheduled { queued_ns: q, scheduled_ns: s, priority: r.priority, key: ri });
+                self.newly_scheduled.push(SeenScheduled { queued_ns: q, scheduled_ns: s, priority: r.priority, constraint: r.constraint_key, key: ri });
             }
             if o.prefill.is_some() && r.prefill.is_none() {
                 r.prefill = o.prefill;
@@ -905,10 +917,24 @@ impl EngineSide {
     fn passes(&mut self, k: usize, n: SeenScheduled) {
         let (reqs, clock) = (&mut self.reqs, &mut self.clocks[k].1);
         let (mut by, mut until) = (0u32, None::<u64>);
+        let mut ready = None::<u64>;
         let mut late = 0;
         // A request of higher priority (a lower value) goes first by right
         // under `--scheduling-policy priority`: no proof of a skip.
         for o in &clock.scheduled {
+            // The same constraint scheduled: its grammar was ready then, and
+            // the backend's cache (xgrammar's, per constraint) has it for
+            // every request asking for it (ready at once for one queued
+            // after).
+            if n.constraint.is_some() && o.constraint == n.constraint {
+                if o.scheduled_ns <= n.scheduled_ns {
+                    let at = o.scheduled_ns.max(n.queued_ns);
+                    ready = Some(ready.map_or(at, |r| r.min(at)));
+                } else if let Some(e) = reqs.get_mut(o.key) {
+                    let at = n.scheduled_ns.max(o.queued_ns);
+                    e.grammar_ready_by_ns = Some(e.grammar_ready_by_ns.map_or(at, |r| r.min(at)));
+                }
+            }
             if o.queued_ns > n.queued_ns && o.scheduled_ns < n.scheduled_ns && o.priority >= n.priority {
                 by += 1;
                 until = until.max(Some(o.scheduled_ns));
@@ -925,6 +951,9 @@ impl EngineSide {
         if let Some(r) = reqs.get_mut(n.key) {
             r.passed_by += by;
             r.passed_until_ns = r.passed_until_ns.max(until);
+            if let Some(at) = ready {
+                r.grammar_ready_by_ns = Some(r.grammar_ready_by_ns.map_or(at, |x| x.min(at)));
+            }
         }
         clock.scheduled.push_back(n);
         let mut full = 0;
@@ -1212,6 +1241,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         passed_over_by: e.queued_ns.and(e.scheduled_ns).map(|_| e.passed_by),
         passed_over_until_ns: e.passed_until_ns,
         priority: (e.priority != 0).then_some(e.priority),
+        grammar_ready_by_ns: e.grammar_ready_by_ns,
         scheduled_source,
         submit_source,
         engine_request_id: e.request_id,
@@ -1487,6 +1517,10 @@ pub struct EnginePhases {
     /// Its ADD's `priority` when not vLLM's default 0 (an
     /// [`Record::EnginePriority`]); `None` for 0 or not read.
     pub priority: Option<i64>,
+    /// When its grammar is known to have been ready: the first scheduling of
+    /// a request on its engine asking for the same constraint (its QUEUED
+    /// stamp when that came before). `None` when none was seen.
+    pub grammar_ready_by_ns: Option<u64>,
     /// Where `scheduled_ns` came from: "event" (SCHEDULED) or "step" (previous
     /// step end) or "submit" (no earlier step).
     pub scheduled_source: &'static str,
@@ -1629,6 +1663,14 @@ pub fn scheduler_passed_over_ms(r: &Request) -> Option<f64> {
 pub fn passed_over_ms_in(e: &EnginePhases, (a, b): (u64, u64)) -> Option<f64> {
     e.passed_over_by?;
     Some(e.passed_over_until_ns.map_or(0.0, |u| ms(u.clamp(a, b) - a)))
+}
+
+/// When the grammar of a request asking for structured output is known to
+/// have been ready, ms after its QUEUED stamp, clamped into its scheduler's
+/// queue ([`scheduler_queue_span`]) `[a, b]`: a request asking for the same
+/// constraint was scheduled then.
+pub fn grammar_ready_ms_in(e: &EnginePhases, (a, b): (u64, u64)) -> Option<f64> {
+    Some(ms(e.grammar_ready_by_ns?.clamp(a, b) - a))
 }
 
 /// [`scheduler_queue_ms`] as its interval: the QUEUED stamp (clamped into
@@ -2046,6 +2088,39 @@ pub(crate) mod tests {
         assert_eq!([priority("chatcmpl-h"), priority("chatcmpl-l"), priority("chatcmpl-j")], [Some(-1), Some(3), None]);
         let h = an.requests.iter().find(|r| r.id == "chatcmpl-h").unwrap();
         assert_eq!(crate::sink::report::request_out(h).priority, Some(-1), "the report's");
+    }
+
+    /// J and K ask for one constraint, N for another: K, scheduled at 40 ms,
+    /// says J's grammar (queued at 5) was ready by then, 35 ms after J was
+    /// queued, whichever of the two is seen first (K's first output comes
+    /// after J's when its prefill is long); M, queued after K was scheduled,
+    /// had it at once; N learns nothing from them, nor K (the first of its
+    /// constraint) from the others.
+    #[test]
+    fn a_request_of_the_same_constraint_scheduled_says_when_the_grammar_was_ready() {
+        for k_first in [50 * MS, 300 * MS] {
+            let mut recs = Vec::new();
+            recs.extend(stamped("chatcmpl-k", 5, 0, 2 * MS, 40 * MS, k_first));
+            recs.extend(stamped("chatcmpl-j", 6, 0, 5 * MS, 150 * MS, 160 * MS));
+            recs.extend(stamped("chatcmpl-m", 7, 198 * MS, 200 * MS, 201 * MS, 210 * MS));
+            recs.extend(stamped("chatcmpl-n", 8, 0, 6 * MS, 170 * MS, 180 * MS));
+            for (id, at, key) in [("chatcmpl-k", MS, 7u64), ("chatcmpl-j", MS, 7), ("chatcmpl-m", 199 * MS, 7), ("chatcmpl-n", MS, 8)] {
+                recs.push(Record::EngineConstraintKey { conn: IPC, ts_ns: at, dir: Dir::Out, request_id: format!("{id}-0123abcd"), key });
+            }
+            recs.sort_by_key(Record::ts_ns);
+            let an = analyse(&recs);
+            let ready = |id: &str| {
+                let r = an.requests.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("{id} reported"));
+                let e = r.engine.as_ref().unwrap();
+                super::grammar_ready_ms_in(e, super::scheduler_queue_span(r).unwrap())
+            };
+            let near = |got: Option<f64>, want: Option<f64>| got.zip(want).map_or(got == want, |(g, w)| (g - w).abs() < 1e-6);
+            for (id, want) in [("chatcmpl-k", None), ("chatcmpl-j", Some(35.0)), ("chatcmpl-m", Some(0.0)), ("chatcmpl-n", None)] {
+                assert!(near(ready(id), want), "K's first output at {k_first}: {id} ready at {:?} ms, want {want:?}", ready(id));
+            }
+            let j = an.requests.iter().find(|r| r.id == "chatcmpl-j").unwrap();
+            assert!(near(crate::sink::report::request_out(j).scheduler_grammar_ready_ms, Some(35.0)), "the report's");
+        }
     }
 
     /// A request that waits while 300 others are scheduled past it keeps

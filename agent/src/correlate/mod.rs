@@ -625,7 +625,7 @@ impl Correlator {
 
     fn ingest_one(&mut self, rec: &Record) {
         let ts = rec.ts_ns();
-        if self.cfg.use_ipc && matches!(rec, Record::EngineStructuredOutput { .. } | Record::EnginePriority { .. }) {
+        if self.cfg.use_ipc && matches!(rec, Record::EngineStructuredOutput { .. } | Record::EnginePriority { .. } | Record::EngineConstraintKey { .. }) {
             self.engine.ingest(rec, &self.woke, &self.http_threads);
             return;
         }

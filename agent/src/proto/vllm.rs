@@ -141,6 +141,10 @@ pub(crate) struct AddRequest {
     /// Its `priority` (lower first under `--scheduling-policy priority`;
     /// 0, the default, otherwise), where the layout is known.
     pub priority: Option<i64>,
+    /// A digest of its whole constraint ([`constraint_digest`]), when the
+    /// capture held all of it; kept in memory only, keyed before it is
+    /// recorded.
+    pub constraint_digest: Option<u64>,
     pub truncated: bool,
 }
 
@@ -193,6 +197,69 @@ fn structured_of(sp: &Value<'_>) -> Result<Option<Structured>, ()> {
     };
     let backend = ["_backend", "backend"].iter().find_map(|k| so.get(k).and_then(Value::as_str)).filter(|b| !b.is_empty() && b.len() <= 64).map(str::to_owned);
     Ok(Some(Structured { kind, backend }))
+}
+
+/// A digest of the whole constraint in a sampling-params map (its
+/// `structured_outputs` / `guided_decoding` value, every field: the schema,
+/// pattern, choices or grammar and the backend's options), equal for equal
+/// constraints; `None` when it is not wholly in the capture (a value cut or
+/// not materialised). Never recorded as is: [`IpcDecoder`] keys it.
+fn constraint_digest(sp: &Value<'_>) -> Option<u64> {
+    use std::hash::Hasher;
+    fn feed(v: &Value<'_>, h: &mut std::collections::hash_map::DefaultHasher) -> Option<()> {
+        match v {
+            Value::Nil => h.write_u8(0),
+            Value::Bool(b) => h.write_u8(1 + u8::from(*b)),
+            Value::Int(i) => {
+                h.write_u8(3);
+                h.write_i128(*i);
+            }
+            Value::Float(f) => {
+                h.write_u8(4);
+                h.write_u64(f.to_bits());
+            }
+            Value::Str(b) | Value::Bin(b) => {
+                h.write_u8(if matches!(v, Value::Str(_)) { 5 } else { 6 });
+                h.write_usize(b.len());
+                h.write(b);
+            }
+            Value::Ext(t, b) => {
+                h.write_u8(7);
+                h.write_i8(*t);
+                h.write_usize(b.len());
+                h.write(b);
+            }
+            Value::Array { len, items } => {
+                if items.len() != *len as usize {
+                    return None;
+                }
+                h.write_u8(8);
+                h.write_u32(*len);
+                for x in items {
+                    feed(x, h)?;
+                }
+            }
+            Value::Map { len, entries } => {
+                if entries.len() != *len as usize {
+                    return None;
+                }
+                h.write_u8(9);
+                h.write_u32(*len);
+                for (k, x) in entries {
+                    feed(k, h)?;
+                    feed(x, h)?;
+                }
+            }
+            Value::Truncated(_) | Value::Invalid | Value::Skipped(_) => return None,
+        }
+        Some(())
+    }
+    let so = ["structured_outputs", "guided_decoding"].iter().find_map(|k| sp.get(k).filter(|v| !matches!(v, Value::Nil)))?;
+    // SipHash with fixed keys: the same digest in every process, so the
+    // recorder's own random key is what makes the recorded value opaque.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    feed(so, &mut h)?;
+    Some(h.finish())
 }
 
 /// Decoded `EngineCoreOutputs` fields.
@@ -576,6 +643,7 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     r.data_parallel_rank = f.data_parallel_rank;
     r.structured = f.structured;
     r.priority = f.priority;
+    r.constraint_digest = f.constraint_digest;
     r.traceparent = f.traceparent;
     r.external_req_id = f.external_req_id;
     Ipc::Add(r)
@@ -591,6 +659,7 @@ struct AddFields {
     external_req_id: Option<String>,
     structured: Option<Structured>,
     priority: Option<i64>,
+    constraint_digest: Option<u64>,
     /// Wanted fields the capture cut.
     cut: u64,
 }
@@ -615,7 +684,10 @@ fn add_fields<'v, 'a: 'v>(
             Ok(Some(v @ Value::Map { .. })) => {
                 f.max_tokens = v.get("max_tokens").and_then(Value::as_u64);
                 match structured_of(v) {
-                    Ok(so) => f.structured = so,
+                    Ok(so) => {
+                        f.constraint_digest = so.as_ref().and_then(|_| constraint_digest(v));
+                        f.structured = so;
+                    }
                     Err(()) => f.cut += 1,
                 }
             }
@@ -1122,6 +1194,10 @@ pub(crate) struct IpcDecoder {
     output_conns: std::collections::HashSet<(ConnKey, Dir)>,
     /// Engines (index, direction) with an output connection known.
     engines_with_outputs: std::collections::HashSet<(Option<u64>, Dir)>,
+    /// Keys constraint digests before they are recorded
+    /// ([`Record::EngineConstraintKey`]): drawn at random when the decoder
+    /// is made, never stored, so a recorded key says nothing of the schema.
+    constraint_keys: std::hash::RandomState,
 }
 
 impl IpcDecoder {
@@ -1200,6 +1276,7 @@ impl IpcDecoder {
                 // Only a priority other than the default: the record is for
                 // telling a request let past for its priority apart.
                 let priority = r.priority.filter(|p| *p != 0).map(|p| (p, r.request_id.clone()));
+                let constraint = r.constraint_digest.map(|d| (std::hash::BuildHasher::hash_one(&self.constraint_keys, d), r.request_id.clone()));
                 if m.first_ns != 0 && m.first_ns < m.ts_ns {
                     out.push(Record::EngineRequestStart {
                         conn: io.conn,
@@ -1236,6 +1313,9 @@ impl IpcDecoder {
                 }
                 if let Some((priority, request_id)) = priority {
                     out.push(Record::EnginePriority { conn: io.conn, ts_ns: m.ts_ns, dir: io.dir, request_id, priority });
+                }
+                if let Some((key, request_id)) = constraint {
+                    out.push(Record::EngineConstraintKey { conn: io.conn, ts_ns: m.ts_ns, dir: io.dir, request_id, key });
                 }
             }
             Ipc::Abort(ids) => {
@@ -2195,6 +2275,7 @@ mod tests {
                         data_parallel_rank: Some(1),
                         structured: None,
                         priority: Some(0),
+                        constraint_digest: None,
                         truncated: false,
                     }
                 );
@@ -2766,6 +2847,45 @@ mod tests {
         }
     }
 
+    /// Requests asking for the same constraint get the same key, another
+    /// constraint another key; a second recorder keys the same constraint
+    /// otherwise (its key is its own and never stored); a constraint not
+    /// wholly captured gets none.
+    #[test]
+    fn equal_constraints_get_equal_keys_under_a_key_each_recorder_draws() {
+        fn schema(field: &'static str) -> V<'static> {
+            V::M(vec![("type", V::S("object")), ("properties", V::M(vec![(field, V::M(vec![("type", V::S("string"))]))]))])
+        }
+        let keys = |d: &mut WireDecoder, field: &'static str| -> Vec<u64> {
+            let hs = synthetic_handshake("DEALER");
+            let mut ios = vec![unix_io(FRONT, Dir::Out, 10, &hs, hs.len() as u64)];
+            let msgs: Vec<Vec<u8>> = ["a", "b"]
+                .iter()
+                .map(|n| {
+                    let so = vec![("structured_outputs", structured_outputs_032(("json", schema(field)), Some("xgrammar")))];
+                    input_msg(0, &request_022_sp(&format!("chatcmpl-{n}-0badf00d"), &format!("chatcmpl-{n}"), 5, so, None))
+                })
+                .collect();
+            for (k, m) in msgs.iter().enumerate() {
+                ios.push(unix_io(FRONT, Dir::Out, 20 + k as u64, m, m.len() as u64));
+            }
+            run(d, &ios).iter().filter_map(|r| if let Record::EngineConstraintKey { key, .. } = r { Some(*key) } else { None }).collect()
+        };
+        let mut d = WireDecoder::new(DecoderConfig::default());
+        let one = keys(&mut d, "x");
+        assert_eq!((one.len(), one[0]), (2, one[1]), "one schema, one key");
+        let mut d = WireDecoder::new(DecoderConfig::default());
+        let (again, other) = (keys(&mut d, "x"), keys(&mut d, "y"));
+        assert_eq!(again[0], again[1]);
+        assert_ne!(again[0], other[0], "another schema");
+        assert_ne!(again[0], one[0], "another recorder's key");
+        // The digest needs the whole constraint.
+        let whole = to_vec(&V::M(vec![("structured_outputs", structured_outputs_032(("json", schema("x")), Some("xgrammar")))]));
+        assert!(constraint_digest(&crate::proto::msgpack::decode(&whole).value).is_some());
+        let cut = &whole[..whole.windows(6).position(|w| w == b"string").expect("the type")];
+        assert_eq!(constraint_digest(&crate::proto::msgpack::decode(cut).value), None);
+    }
+
     #[test]
     fn a_structured_output_cut_before_its_kind_is_counted_not_guessed() {
         // The constraint's map ends (the capture) before any field that names it.
@@ -2796,6 +2916,7 @@ mod tests {
                 data_parallel_rank: Some(1),
                 structured: None,
                 priority: Some(0),
+                constraint_digest: None,
                 truncated: false,
             }
         );

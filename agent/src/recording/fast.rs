@@ -527,11 +527,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::RequestLink { .. } => 29,
         Record::EngineStructuredOutput { .. } => 30,
         Record::EnginePriority { .. } => 31,
+        Record::EngineConstraintKey { .. } => 32,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 32;
+pub const VARIANTS: usize = 33;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -591,6 +592,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
         Record::RequestLink { conn, seq, ts_ns, previous_response_id } => fields!(c; conn, seq, ts_ns, previous_response_id),
         Record::EngineStructuredOutput { conn, ts_ns, dir, request_id, kind, backend } => fields!(c; conn, ts_ns, dir, request_id, kind, backend),
         Record::EnginePriority { conn, ts_ns, dir, request_id, priority } => fields!(c; conn, ts_ns, dir, request_id, priority),
+        Record::EngineConstraintKey { conn, ts_ns, dir, request_id, key } => fields!(c; conn, ts_ns, dir, request_id, key),
     }
 }
 
@@ -1011,6 +1013,7 @@ mod tests {
             Record::RequestLink { conn: ck(k + 16), seq: 165, ts_ns: 166, previous_response_id: s("resp") },
             Record::EngineStructuredOutput { conn: ck(k + 17), ts_ns: 167, dir: Dir::Out, request_id: s("so"), kind: s("json"), backend: Some(s("xgrammar")) },
             Record::EnginePriority { conn: ck(k + 18), ts_ns: 168, dir: Dir::Out, request_id: s("pri"), priority: -3 },
+            Record::EngineConstraintKey { conn: ck(k + 19), ts_ns: 169, dir: Dir::Out, request_id: s("key"), key: u64::MAX - 170 },
         ]
     }
 

@@ -2463,6 +2463,7 @@ mod tests {
                 passed_over_by: s.intake.map(|_| u32::from(s.passed.is_some())),
                 passed_over_until_ns: s.intake.zip(s.passed).map(|(x, p)| submit + (x + p) * MS),
                 priority: None,
+                grammar_ready_by_ns: None,
                 scheduled_source: "event",
                 submit_source: "wake",
             }),

@@ -207,6 +207,15 @@ pub struct RequestOut {
     /// skipped: from its QUEUED stamp to the latest scheduling of a request
     /// that passed it; 0 when none did. Null where `scheduler_queue_ms` is.
     pub scheduler_passed_over_ms: Option<f64>,
+    /// For a request asking for structured output: when its grammar is known
+    /// to have been ready, ms after its QUEUED stamp (within
+    /// `scheduler_queue_ms`): the first scheduling on its engine of a request
+    /// asking for the same constraint (the same schema and options, told by
+    /// a keyed hash, never the schema), 0 when one was scheduled before it
+    /// was queued — the backend compiles a constraint once and caches it
+    /// (xgrammar). Its scheduler's queue past that was not its grammar. Null
+    /// when no such request was seen, or without the stamps.
+    pub scheduler_grammar_ready_ms: Option<f64>,
     /// The priority its ADD carried (vLLM's `priority` request field: under
     /// `--scheduling-policy priority` a lower value is scheduled first), when
     /// not the default 0. Null for 0, without the IPC, or where the ADD's
@@ -363,6 +372,7 @@ pub struct RequestRef<'a> {
     pub structured_output_backend: Option<&'a str>,
     pub scheduler_passed_over_by: Option<u32>,
     pub scheduler_passed_over_ms: Option<f64>,
+    pub scheduler_grammar_ready_ms: Option<f64>,
     pub priority: Option<i64>,
 }
 
@@ -404,6 +414,7 @@ pub struct CoreFigures<'a> {
     pub scheduler_queue_ms: Option<f64>,
     pub scheduler_passed_over_by: Option<u32>,
     pub scheduler_passed_over_ms: Option<f64>,
+    pub scheduler_grammar_ready_ms: Option<f64>,
 }
 
 pub fn core_figures(r: &Request) -> CoreFigures<'_> {
@@ -453,6 +464,7 @@ pub fn core_figures(r: &Request) -> CoreFigures<'_> {
         scheduler_queue_ms: sched.map(|(a, b)| ms(b - a)),
         scheduler_passed_over_by: e.and_then(|e| e.passed_over_by).filter(|_| sched.is_some()),
         scheduler_passed_over_ms: e.zip(sched).and_then(|(e, s)| passed_over_ms_in(e, s)),
+        scheduler_grammar_ready_ms: e.zip(sched).and_then(|(e, s)| crate::correlate::engine::grammar_ready_ms_in(e, s)),
     }
 }
 
@@ -535,6 +547,7 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         structured_output_backend: e.and_then(|e| e.structured.as_ref()).and_then(|s| s.backend.as_deref()),
         scheduler_passed_over_by: f.scheduler_passed_over_by,
         scheduler_passed_over_ms: f.scheduler_passed_over_ms,
+        scheduler_grammar_ready_ms: f.scheduler_grammar_ready_ms,
         priority: e.and_then(|e| e.priority),
     }
 }
@@ -606,6 +619,7 @@ impl RequestRef<'_> {
             structured_output_backend: own(self.structured_output_backend),
             scheduler_passed_over_by: self.scheduler_passed_over_by,
             scheduler_passed_over_ms: self.scheduler_passed_over_ms,
+            scheduler_grammar_ready_ms: self.scheduler_grammar_ready_ms,
             priority: self.priority,
         }
     }
@@ -687,6 +701,7 @@ impl RequestRef<'_> {
             .field("structured_output_backend", &self.structured_output_backend)
             .field("scheduler_passed_over_by", &self.scheduler_passed_over_by)
             .field("scheduler_passed_over_ms", &self.scheduler_passed_over_ms)
+            .field("scheduler_grammar_ready_ms", &self.scheduler_grammar_ready_ms)
             .field("priority", &self.priority);
         o.end();
     }
@@ -838,6 +853,7 @@ struct TextRow<'a> {
     structured_output: Option<&'a str>,
     scheduler_passed_over_by: Option<u32>,
     scheduler_passed_over_ms: Option<f64>,
+    scheduler_grammar_ready_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for TextRow<'a> {
@@ -870,6 +886,7 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             structured_output: q.structured_output.as_deref(),
             scheduler_passed_over_by: q.scheduler_passed_over_by,
             scheduler_passed_over_ms: q.scheduler_passed_over_ms,
+            scheduler_grammar_ready_ms: q.scheduler_grammar_ready_ms,
         }
     }
 }
@@ -904,6 +921,7 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             structured_output: q.structured_output,
             scheduler_passed_over_by: q.scheduler_passed_over_by,
             scheduler_passed_over_ms: q.scheduler_passed_over_ms,
+            scheduler_grammar_ready_ms: q.scheduler_grammar_ready_ms,
         }
     }
 }
@@ -1096,7 +1114,9 @@ const NOTE_SHARE: f64 = 0.10;
 /// took the request in (and, for a request later ones went past, that the
 /// scheduler skipped it; else, for a request that asked for structured output
 /// and spent most of its queue in the scheduler's, that it waited there for
-/// a free slot or for its grammar: the stamps do not tell which). Starts
+/// a free slot or for its grammar: the stamps do not tell which, unless a
+/// request asking for the same constraint was scheduled while it waited,
+/// which says when its grammar was ready). Starts
 /// with the newline that ends the row's figures.
 fn hop_note(s: &mut String, q: &TextRow) {
     let mut parts = Vec::new();
@@ -1128,6 +1148,19 @@ fn hop_note(s: &mut String, q: &TextRow) {
                         }
                         None => note.push_str("for remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget left)"),
                     }
+                }
+                // A request asking for the same constraint scheduled while
+                // this one still waited: its grammar was ready (the backend
+                // compiles a constraint once), so what held it after was
+                // room (or the step in progress), when that was most of it.
+                (_, Some(kind)) if sched >= 0.5 * queue && q.scheduler_grammar_ready_ms.is_some_and(|r| sched - r >= 0.5 * sched) => {
+                    let ready = q.scheduler_grammar_ready_ms.unwrap_or(0.0);
+                    let _ = write!(
+                        note,
+                        " (its grammar — structured output, {} — was ready within {ready:.2} ms, when a request asking for the same was scheduled; the {:.2} ms after it waited for room: a free slot, the token budget or KV blocks, or the step in progress)",
+                        printable(kind),
+                        sched - ready
+                    );
                 }
                 (_, Some(kind)) if sched >= 0.5 * queue => {
                     let _ = write!(note, " (for a free slot, or for its grammar: it asked for structured output, {}, which vLLM's scheduler holds until its grammar is compiled)", printable(kind));
@@ -2936,6 +2969,7 @@ mod tests {
             structured_output_backend: Some("x\"grammar\u{1}"),
             scheduler_passed_over_by: Some(u32::MAX),
             scheduler_passed_over_ms: Some(1e300),
+            scheduler_grammar_ready_ms: Some(f64::MIN_POSITIVE),
             priority: Some(i64::MIN),
         }
     }
@@ -3046,6 +3080,7 @@ mod tests {
             structured_output: None,
             scheduler_passed_over_by: None,
             scheduler_passed_over_ms: None,
+            scheduler_grammar_ready_ms: None,
         }
     }
 
@@ -3104,6 +3139,28 @@ mod tests {
             "        ^ queued 20.00 ms: 11.00 before the engine took it in (the IPC, the step it was running), 9.00 in the scheduler's queue (5 later requests went past it, the last 6.75 ms after it was queued: vLLM's scheduler lets one past only while it skips this one, here for its grammar: it asked for structured output, json, which is held until its grammar is compiled)"
         );
         assert_eq!(note_with(9.0, Some(0), Some("json")), "        ^ queued 20.00 ms: 11.00 before the engine took it in (the IPC, the step it was running), 9.00 in the scheduler's queue", "no passes, the scheduler's part under half: no guess");
+    }
+
+    /// A structured-output request nobody went past, whose constraint
+    /// another request had scheduled while it waited: its grammar was ready
+    /// then, and the note says what held it after — when that was most of
+    /// its scheduler's queue; else the either-or stays.
+    #[test]
+    fn a_hops_note_says_a_request_waited_for_room_once_its_grammar_was_ready() {
+        let note_for = |ready: Option<f64>| {
+            let phases = Phases { frontend: None, queue: Some(20.0), prefill: None, kv_transfer: None, first_output: None, decode: None };
+            let mut q = text_row(&phases, vec![], None);
+            (q.scheduler_queue_ms, q.structured_output) = (Some(19.5), Some("json"));
+            (q.scheduler_passed_over_by, q.scheduler_passed_over_ms, q.scheduler_grammar_ready_ms) = (Some(0), Some(0.0), ready);
+            let mut row = String::new();
+            let _ = hop_figures(&mut row, &q, false);
+            row.split_once('\n').map(|(_, n)| n.to_owned()).expect("a note")
+        };
+        let head = "        ^ queued 20.00 ms: 0.50 before the engine took it in (the IPC, the step it was running), 19.50 in the scheduler's queue";
+        assert_eq!(note_for(Some(4.0)), format!("{head} (its grammar — structured output, json — was ready within 4.00 ms, when a request asking for the same was scheduled; the 15.50 ms after it waited for room: a free slot, the token budget or KV blocks, or the step in progress)"));
+        let either = format!("{head} (for a free slot, or for its grammar: it asked for structured output, json, which vLLM's scheduler holds until its grammar is compiled)");
+        assert_eq!(note_for(Some(12.0)), either, "most of the wait before the grammar was known ready");
+        assert_eq!(note_for(None), either, "no request of the same constraint seen");
     }
 
     /// The note under a hop: every interferer up to four, then how many

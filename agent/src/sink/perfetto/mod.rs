@@ -967,6 +967,7 @@ pub(crate) struct Figures {
     scheduler_queue_ms: Option<f64>,
     scheduler_passed_over_by: Option<u32>,
     scheduler_passed_over_ms: Option<f64>,
+    scheduler_grammar_ready_ms: Option<f64>,
 }
 
 impl Figures {
@@ -994,6 +995,7 @@ impl Figures {
             scheduler_queue_ms: q.scheduler_queue_ms,
             scheduler_passed_over_by: q.scheduler_passed_over_by,
             scheduler_passed_over_ms: q.scheduler_passed_over_ms,
+            scheduler_grammar_ready_ms: q.scheduler_grammar_ready_ms,
         };
         (f, (!q.interference_from.is_empty()).then(|| q.interference_from.join(",")))
     }
@@ -1200,6 +1202,9 @@ impl RequestArgs {
         if let (Some(n @ 1..), Some(p)) = (out.scheduler_passed_over_by, out.scheduler_passed_over_ms) {
             args.push(Arg::u64("scheduler_passed_over_by", u64::from(n)));
             args.push(Arg::f64("scheduler_passed_over_ms", p));
+        }
+        if let Some(r) = out.scheduler_grammar_ready_ms {
+            args.push(Arg::f64("scheduler_grammar_ready_ms", r));
         }
         if let Some(n) = out.gpu_steps {
             args.push(Arg::u64("gpu_steps", u64::from(n)));

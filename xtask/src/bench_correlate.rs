@@ -17,8 +17,10 @@ fn peak_rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Records of `n` requests, 4 in flight at a time, 32 content chunks each.
-fn synth(n: u64) -> Vec<Record> {
+/// Records of `n` requests, 4 in flight at a time, 32 content chunks each;
+/// `queued`: the first output carries the engine's QUEUED stamp beside
+/// SCHEDULED (vLLM's default, stats logging on), which feeds the pass book.
+fn synth(n: u64, queued: bool) -> Vec<Record> {
     let mut out = Vec::with_capacity(n as usize * 44);
     let ipc_out = ConnKey { tgid: 2, fd: 9, ino: 1 };
     for i in 0..n {
@@ -70,7 +72,11 @@ fn synth(n: u64) -> Vec<Record> {
                     request_id: eid.clone(),
                     new_tokens: 1,
                     finish_reason: (k == 31).then_some(1),
-                    events: if k == 0 { vec![EngineEvent { kind: 2, timestamp_s: (t + 50_000) as f64 / 1e9 }] } else { vec![] },
+                    events: match (k, queued) {
+                        (0, true) => vec![EngineEvent { kind: 1, timestamp_s: (t + 40_000) as f64 / 1e9 }, EngineEvent { kind: 2, timestamp_s: (t + 50_000) as f64 / 1e9 }],
+                        (0, false) => vec![EngineEvent { kind: 2, timestamp_s: (t + 50_000) as f64 / 1e9 }],
+                        _ => vec![],
+                    },
                     prefill: (k == 0).then(|| PrefillStats { prompt_tokens: Some(1000), cached_tokens: Some(900), ..PrefillStats::default() }),
                 }],
                 outputs_total: Some(1),
@@ -96,11 +102,37 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let opts = crate::Opts::parse(args, "cargo xtask bench-correlator [--requests N (default 100000)]", &["--requests"])?;
     let n: u64 = opts.num("--requests", 100_000)?;
-    let records = synth(n);
+    let records = synth(n, true);
     let before = peak_rss_mib();
+    let (dt, held) = correlate(&records, n)?;
+    println!("correlator, one core, synthetic testbed-shaped recording ({n} requests, {} records):", records.len());
+    println!("  {:.2} M records/s ({dt:.2} s)   (goal >= 2 M/s)", records.len() as f64 / dt / 1e6);
+    println!("  held at most {} requests, {} engine requests (streamed)", held.0, held.1);
+    println!("  peak RSS {:.0} MiB (records in memory: {:.0} MiB before correlating)", peak_rss_mib(), before);
+    live_otlp(&records, dt)?;
+    live_metrics(&records, dt)?;
+    // The same without QUEUED stamps (vLLM with stats logging off): what
+    // the pass book costs, side by side.
+    drop(records);
+    let plain = synth(n, false);
+    let (dt_plain, _) = correlate(&plain, n)?;
+    let (dt_again, _) = correlate(&synth(n, true), n)?;
+    println!("the engine's QUEUED stamps (each request through the pass book), same requests:");
+    println!(
+        "  with {:.2} and {:.2} M records/s, without {:.2} M records/s ({:.2}x the time)",
+        plain.len() as f64 / dt / 1e6,
+        plain.len() as f64 / dt_again / 1e6,
+        plain.len() as f64 / dt_plain / 1e6,
+        dt.min(dt_again) / dt_plain
+    );
+    Ok(())
+}
+
+/// Runs `records` through the correlator streamed, as `hopscope report
+/// --json` does: final requests handed out every 4096 records, steps
+/// dropped. Returns the seconds it took and the most requests held.
+fn correlate(records: &[Record], n: u64) -> Result<(f64, (usize, usize))> {
     let t = Instant::now();
-    // Streamed, as `hopscope report --json` runs it: final requests handed
-    // out every 4096 records, steps dropped.
     let mut c = Correlator::new(Config::default());
     let (mut out, mut joined, mut held) = (0u64, 0u64, (0usize, 0usize));
     let mut take = |rs: Vec<hopscope::correlate::Request>| {
@@ -120,14 +152,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     take(c.finish_streaming().requests);
     let dt = t.elapsed().as_secs_f64();
-    assert_eq!(out, n);
-    assert_eq!(joined, n, "every synthetic request joins its engine request");
-    println!("correlator, one core, synthetic testbed-shaped recording ({n} requests, {} records):", records.len());
-    println!("  {:.2} M records/s ({dt:.2} s)   (goal >= 2 M/s)", records.len() as f64 / dt / 1e6);
-    println!("  held at most {} requests, {} engine requests (streamed)", held.0, held.1);
-    println!("  peak RSS {:.0} MiB (records in memory: {:.0} MiB before correlating)", peak_rss_mib(), before);
-    live_otlp(&records, dt)?;
-    live_metrics(&records, dt)
+    anyhow::ensure!(out == n, "every synthetic request handed out: {out} of {n}");
+    anyhow::ensure!(joined == n, "every synthetic request joins its engine request: {joined} of {n}");
+    Ok((dt, held))
 }
 
 /// `record --metrics`'s cost in the recording loop without `--otlp`: every

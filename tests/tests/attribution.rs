@@ -761,6 +761,10 @@ fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let skipped = waits.iter().filter(|w| w.2 > 0).count();
     assert_eq!(so["passed_over_requests"].as_u64(), Some(skipped as u64), "{so}");
     assert!(text.contains(&format!("Skipped for their grammar (mean ms):     {skipped} (")), "{text}");
+    // And those whose grammar a request of the same constraint says was ready.
+    let known = ready_by.iter().filter(|r| r.1.is_some()).count();
+    assert_eq!(so["grammar_ready_requests"].as_u64(), Some(known as u64), "{so}");
+    assert!(text.contains(&format!("Queued after their grammar (mean ms):    {known} (")), "{text}");
 }
 
 /// Under vLLM's `--scheduling-policy priority` a request of higher priority

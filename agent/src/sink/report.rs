@@ -2311,7 +2311,13 @@ impl SummaryAcc {
         self.peak_gpu_mem_bytes = self.peak_gpu_mem_bytes.max(q.peak_gpu_mem_bytes);
         if let Some(e2e) = q.e2e_ms.filter(|_| summary::is_completed(q.status, q.e2e_ms, q.ttft_ms, q.completion_tokens)) {
             self.completed += 1;
-            self.structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms));
+            self.structured.add(
+                q.structured_output,
+                q.scheduler_queue_ms,
+                q.ttft_ms,
+                summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
+                summary::after_grammar_ms(q.scheduler_queue_ms, q.scheduler_grammar_ready_ms),
+            );
             let slot = self.models.slot(q.model, q.completion_tokens);
             self.e2els.push(e2e);
             self.models.e2el.push(slot);
@@ -3423,6 +3429,7 @@ mod tests {
             structured_output: q.structured_output,
             scheduler_queue_ms: q.scheduler_queue_ms,
             passed_over_ms: summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
+            after_grammar_ms: summary::after_grammar_ms(q.scheduler_queue_ms, q.scheduler_grammar_ready_ms),
         }
     }
 

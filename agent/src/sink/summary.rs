@@ -195,6 +195,13 @@ pub struct StructuredSummary {
     /// and the mean of their `scheduler_passed_over_ms`.
     pub passed_over_requests: usize,
     pub passed_over_ms_mean: Option<f64>,
+    /// Of `requests`, those whose grammar is known to have been ready (a
+    /// request of the same constraint was scheduled:
+    /// `requests[].scheduler_grammar_ready_ms`), and the mean of their
+    /// scheduler's queue after that: what held them once it was not the
+    /// grammar (room, the step in progress).
+    pub grammar_ready_requests: usize,
+    pub after_grammar_ready_ms_mean: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -210,6 +217,12 @@ pub fn skipped_ms(passed_over_by: Option<u32>, passed_over_ms: Option<f64>) -> O
     passed_over_by.filter(|n| *n > 0).and(passed_over_ms)
 }
 
+/// A request's scheduler's queue after its grammar was known ready
+/// (`scheduler_grammar_ready_ms`), which [`StructuredAcc::add`] takes.
+pub fn after_grammar_ms(scheduler_queue_ms: Option<f64>, grammar_ready_ms: Option<f64>) -> Option<f64> {
+    Some((scheduler_queue_ms? - grammar_ready_ms?).max(0.0))
+}
+
 /// [`StructuredSummary`] folded request by request (the in-memory and the
 /// streamed summary alike, in report order: the same sums, the same bits).
 #[derive(Debug, Default)]
@@ -220,12 +233,15 @@ pub struct StructuredAcc {
     ttft: [(f64, usize); 2],
     /// (sum, count) of the structured requests' passed-over spans.
     passed: (f64, usize),
+    /// (sum, count) of their scheduler's queue after the grammar was ready.
+    after_ready: (f64, usize),
 }
 
 impl StructuredAcc {
     /// One completed request; `passed_over_ms` only when later requests went
-    /// past it ([`ReqView::passed_over_ms`]).
-    pub fn add(&mut self, kind: Option<&str>, scheduler_queue_ms: Option<f64>, ttft_ms: Option<f64>, passed_over_ms: Option<f64>) {
+    /// past it ([`ReqView::passed_over_ms`]); `after_grammar_ms` when its
+    /// grammar is known ready ([`after_grammar_ms`]).
+    pub fn add(&mut self, kind: Option<&str>, scheduler_queue_ms: Option<f64>, ttft_ms: Option<f64>, passed_over_ms: Option<f64>, after_grammar_ms: Option<f64>) {
         use crate::model::STRUCTURED_KINDS;
         let side = usize::from(kind.is_none());
         if let Some(k) = kind {
@@ -233,7 +249,8 @@ impl StructuredAcc {
         }
         // Only the structured requests' spans: their grammar's.
         let passed_over_ms = passed_over_ms.filter(|_| kind.is_some());
-        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms), (&mut self.passed, passed_over_ms)] {
+        let after_grammar_ms = after_grammar_ms.filter(|_| kind.is_some());
+        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms), (&mut self.passed, passed_over_ms), (&mut self.after_ready, after_grammar_ms)] {
             if let Some(v) = v {
                 acc.0 += v;
                 acc.1 += 1;
@@ -258,6 +275,8 @@ impl StructuredAcc {
             others_ttft_ms_mean: mean(self.ttft[1]),
             passed_over_requests: self.passed.1,
             passed_over_ms_mean: mean(self.passed),
+            grammar_ready_requests: self.after_ready.1,
+            after_grammar_ready_ms_mean: mean(self.after_ready),
         })
     }
 }
@@ -272,7 +291,9 @@ impl json::Value for StructuredSummary {
             .field("ttft_ms_mean", &self.ttft_ms_mean)
             .field("others_ttft_ms_mean", &self.others_ttft_ms_mean)
             .field("passed_over_requests", &self.passed_over_requests)
-            .field("passed_over_ms_mean", &self.passed_over_ms_mean);
+            .field("passed_over_ms_mean", &self.passed_over_ms_mean)
+            .field("grammar_ready_requests", &self.grammar_ready_requests)
+            .field("after_grammar_ready_ms_mean", &self.after_grammar_ready_ms_mean);
         o.end();
     }
 }
@@ -497,6 +518,8 @@ pub struct ReqView<'a> {
     pub scheduler_queue_ms: Option<f64>,
     /// Its `scheduler_passed_over_ms`, only when later requests went past it.
     pub passed_over_ms: Option<f64>,
+    /// Its scheduler's queue after its grammar was known ready ([`after_grammar_ms`]).
+    pub after_grammar_ms: Option<f64>,
 }
 
 impl<'a> From<&'a RequestOut> for ReqView<'a> {
@@ -518,6 +541,7 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             structured_output: q.structured_output.as_deref(),
             scheduler_queue_ms: q.scheduler_queue_ms,
             passed_over_ms: skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
+            after_grammar_ms: after_grammar_ms(q.scheduler_queue_ms, q.scheduler_grammar_ready_ms),
         }
     }
 }
@@ -568,7 +592,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     let mut structured = StructuredAcc::default();
     for q in &done {
         let e2e = q.e2e_ms.unwrap_or_default();
-        structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, q.passed_over_ms);
+        structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, q.passed_over_ms, q.after_grammar_ms);
         let slot = models.slot(q.model, q.completion_tokens);
         e2els.push(e2e);
         models.e2el.push(slot);
@@ -794,6 +818,10 @@ pub fn render_text(sm: &Summary) -> String {
         if so.passed_over_requests > 0 {
             line(&mut s, "Skipped for their grammar (mean ms):", format!("{} ({})", so.passed_over_requests, f2(so.passed_over_ms_mean)));
         }
+        // Only where a request of the same constraint says when it was ready.
+        if so.grammar_ready_requests > 0 {
+            line(&mut s, "Queued after their grammar (mean ms):", format!("{} ({})", so.grammar_ready_requests, f2(so.after_grammar_ready_ms_mean)));
+        }
     }
     if sm.gpu_samples > 0 {
         let _ = writeln!(s, "{:-^50}", "GPU memory (NVML)");
@@ -830,6 +858,7 @@ mod tests {
             structured_output: None,
             scheduler_queue_ms: None,
             passed_over_ms: None,
+            after_grammar_ms: None,
         }
     }
 
@@ -950,9 +979,10 @@ mod tests {
     fn structured_output_requests_are_summed_apart_from_the_others() {
         let so = |q: ReqView<'static>, kind: Option<&'static str>, sched: Option<f64>| ReqView { structured_output: kind, scheduler_queue_ms: sched, ..q };
         let passed = |q: ReqView<'static>, ms: f64| ReqView { passed_over_ms: Some(ms), ..q };
+        let ready = |q: ReqView<'static>, ms: f64| ReqView { after_grammar_ms: Some(ms), ..q };
         let reqs = [
             passed(so(req("a", 200, 1000, Some(500.0), 100.0, &[], (100, 5), None), Some("json"), Some(40.0)), 35.5),
-            so(req("b", 200, 1100, Some(500.0), 300.0, &[], (100, 5), None), Some("json"), Some(20.0)),
+            ready(so(req("b", 200, 1100, Some(500.0), 300.0, &[], (100, 5), None), Some("json"), Some(20.0)), 16.25),
             so(req("c", 200, 1200, Some(500.0), 50.0, &[], (100, 5), None), Some("regex"), None),
             so(req("d", 200, 1300, Some(500.0), 20.0, &[], (100, 5), None), None, Some(1.0)),
             // Passed over without a constraint: not the grammar's.
@@ -972,6 +1002,10 @@ mod tests {
         assert!(text.contains("TTFT mean, them/others (ms):             150.00 / 25.00"), "{text}");
         assert_eq!((got.passed_over_requests, got.passed_over_ms_mean), (1, Some(35.5)), "only a's: e asked for no grammar");
         assert!(text.contains("Skipped for their grammar (mean ms):     1 (35.50)"), "{text}");
+        assert_eq!((got.grammar_ready_requests, got.after_grammar_ready_ms_mean), (1, Some(16.25)), "b's");
+        assert!(text.contains("Queued after their grammar (mean ms):    1 (16.25)"), "{text}");
+        assert_eq!(super::after_grammar_ms(Some(20.0), Some(3.75)), Some(16.25));
+        assert_eq!((super::after_grammar_ms(Some(20.0), None), super::after_grammar_ms(None, Some(1.0))), (None, None));
         let unproven = compute_views(&reqs[1..5], &[], &[50.0]);
         assert_eq!(unproven.structured_output.as_ref().map(|s| (s.passed_over_requests, s.passed_over_ms_mean)), Some((0, None)));
         assert!(!render_text(&unproven).contains("Skipped for their grammar"), "no line without proof");

@@ -481,6 +481,11 @@ struct SeenScheduled {
     key: SlabKey,
 }
 
+/// The earlier of a time known so far (if any) and `at`.
+fn earliest(known: Option<u64>, at: u64) -> Option<u64> {
+    Some(known.map_or(at, |k| k.min(at)))
+}
+
 /// The most requests seen scheduled an engine's pass book holds
 /// ([`EngineSide::passes`]); past it the oldest go, counted in
 /// `scheduler_pass_book_full`. Only a request that waits while this many
@@ -928,11 +933,9 @@ impl EngineSide {
             // after).
             if n.constraint.is_some() && o.constraint == n.constraint {
                 if o.scheduled_ns <= n.scheduled_ns {
-                    let at = o.scheduled_ns.max(n.queued_ns);
-                    ready = Some(ready.map_or(at, |r| r.min(at)));
+                    ready = earliest(ready, o.scheduled_ns.max(n.queued_ns));
                 } else if let Some(e) = reqs.get_mut(o.key) {
-                    let at = n.scheduled_ns.max(o.queued_ns);
-                    e.grammar_ready_by_ns = Some(e.grammar_ready_by_ns.map_or(at, |r| r.min(at)));
+                    e.grammar_ready_by_ns = earliest(e.grammar_ready_by_ns, n.scheduled_ns.max(o.queued_ns));
                 }
             }
             if o.queued_ns > n.queued_ns && o.scheduled_ns < n.scheduled_ns && o.priority >= n.priority {
@@ -952,7 +955,7 @@ impl EngineSide {
             r.passed_by += by;
             r.passed_until_ns = r.passed_until_ns.max(until);
             if let Some(at) = ready {
-                r.grammar_ready_by_ns = Some(r.grammar_ready_by_ns.map_or(at, |x| x.min(at)));
+                r.grammar_ready_by_ns = earliest(r.grammar_ready_by_ns, at);
             }
         }
         clock.scheduled.push_back(n);

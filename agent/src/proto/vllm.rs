@@ -162,12 +162,18 @@ pub(crate) struct Structured {
 }
 
 
-/// The constraint in a sampling-params map: `structured_outputs` (vLLM ≥
-/// 0.10.2) or `guided_decoding` (earlier V1); `Ok(None)` when neither is set,
-/// `Err(())` when the capture cut it before the field that names its kind.
+/// The constraint's value in a sampling-params map: `structured_outputs`
+/// (vLLM ≥ 0.10.2) or `guided_decoding` (earlier V1), when one is set.
+fn constraint_of<'v, 'a>(sp: &'v Value<'a>) -> Option<&'v Value<'a>> {
+    ["structured_outputs", "guided_decoding"].iter().find_map(|k| sp.get(k).filter(|v| !matches!(v, Value::Nil)))
+}
+
+/// The constraint in a sampling-params map ([`constraint_of`]); `Ok(None)`
+/// when none is set, `Err(())` when the capture cut it before the field
+/// that names its kind.
 fn structured_of(sp: &Value<'_>) -> Result<Option<Structured>, ()> {
     use crate::model::{STRUCTURED_KINDS, STRUCTURED_OTHER};
-    let Some(so) = ["structured_outputs", "guided_decoding"].iter().find_map(|k| sp.get(k).filter(|v| !matches!(v, Value::Nil))) else {
+    let Some(so) = constraint_of(sp) else {
         return Ok(None);
     };
     let mut found = None;
@@ -200,7 +206,7 @@ fn structured_of(sp: &Value<'_>) -> Result<Option<Structured>, ()> {
 }
 
 /// A digest of the whole constraint in a sampling-params map (its
-/// `structured_outputs` / `guided_decoding` value, every field: the schema,
+/// [`constraint_of`] value, every field: the schema,
 /// pattern, choices or grammar and the backend's options), equal for equal
 /// constraints; `None` when it is not wholly in the capture (a value cut or
 /// not materialised). Never recorded as is: [`IpcDecoder`] keys it.
@@ -254,7 +260,7 @@ fn constraint_digest(sp: &Value<'_>) -> Option<u64> {
         }
         Some(())
     }
-    let so = ["structured_outputs", "guided_decoding"].iter().find_map(|k| sp.get(k).filter(|v| !matches!(v, Value::Nil)))?;
+    let so = constraint_of(sp)?;
     // SipHash with fixed keys: the same digest in every process, so the
     // recorder's own random key is what makes the recorded value opaque.
     let mut h = std::collections::hash_map::DefaultHasher::new();

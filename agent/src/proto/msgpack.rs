@@ -73,8 +73,10 @@ pub enum Value<'a> {
     Truncated(Option<Kind>),
     /// Invalid marker byte here.
     Invalid,
-    /// A complete value not materialised (depth or node limit).
-    Skipped(Kind),
+    /// A complete value not materialised (depth or node limit): the kind
+    /// its header names, and its whole encoding (walked to its end), for a
+    /// reader that needs it only as bytes (a digest).
+    Skipped(Kind, &'a [u8]),
 }
 
 /// How a [`decode`] ended.
@@ -109,7 +111,7 @@ impl<'a> Value<'a> {
             Value::Ext(..) => Kind::Ext,
             Value::Array { .. } => Kind::Array,
             Value::Map { .. } => Kind::Map,
-            Value::Skipped(k) => *k,
+            Value::Skipped(k, _) => *k,
             Value::Truncated(_) | Value::Invalid => return None,
         })
     }
@@ -134,7 +136,7 @@ impl<'a> Value<'a> {
     fn ends_short(&self, skipped: bool) -> bool {
         match self {
             Value::Truncated(_) | Value::Invalid => true,
-            Value::Skipped(_) => skipped,
+            Value::Skipped(..) => skipped,
             Value::Array { len, items } => {
                 items.len() < *len as usize || items.last().is_some_and(|v| v.ends_short(skipped))
             }
@@ -441,6 +443,7 @@ impl<'a> Dec<'a> {
 
     /// Walks one complete value without materialising it (no recursion).
     fn skip(&mut self) -> Value<'a> {
+        let start = self.c.pos;
         let mut first: Option<Kind> = None;
         let mut pending: u64 = 1;
         while pending > 0 {
@@ -476,7 +479,7 @@ impl<'a> Dec<'a> {
                 return Value::Truncated(first);
             }
         }
-        Value::Skipped(first.unwrap_or(Kind::Nil))
+        Value::Skipped(first.unwrap_or(Kind::Nil), &self.c.buf[start..self.c.pos])
     }
 }
 
@@ -730,7 +733,7 @@ mod tests {
             depth += 1;
         }
         assert_eq!(depth, MAX_DEPTH);
-        assert_eq!(v, &Value::Skipped(Kind::Array));
+        assert!(matches!(v, Value::Skipped(Kind::Array, b) if b.len() == 100_001 - MAX_DEPTH), "{v:?}");
     }
 
     #[test]
@@ -765,8 +768,8 @@ mod tests {
         // The root is node 1: its items 0.. are nodes 2.., the last one
         // materialised is node MAX_NODES.
         assert_eq!(items[MAX_NODES - 2], Value::Int(1));
-        assert_eq!(items[MAX_NODES - 1], Value::Skipped(Kind::Int));
-        assert!(items[MAX_NODES - 1..].iter().all(|v| *v == Value::Skipped(Kind::Int)));
+        assert_eq!(items[MAX_NODES - 1], Value::Skipped(Kind::Int, &[1]));
+        assert!(items[MAX_NODES - 1..].iter().all(|v| *v == Value::Skipped(Kind::Int, &[1])));
         assert!(!d.value.is_cut() && d.value.is_partial());
         // Nested: the container the budget ran out in ends partial, and so
         // does every container around it; earlier siblings stay whole.
@@ -785,9 +788,9 @@ mod tests {
         assert!(items[1].is_partial() && d.value.is_partial() && !d.value.is_cut());
         let (_, maps) = items[1].as_array().unwrap();
         assert!(!maps[j - 1].is_partial());
-        assert_eq!(maps[j].get("k"), Some(&Value::Skipped(Kind::Int)));
+        assert_eq!(maps[j].get("k"), Some(&Value::Skipped(Kind::Int, &[1])));
         assert!(maps[j].is_partial());
-        assert_eq!(maps[j + 1], Value::Skipped(Kind::Map));
+        assert_eq!(maps[j + 1], Value::Skipped(Kind::Map, &[0x81, 0xa1, b'k', 1]));
     }
 
     #[test]

@@ -208,8 +208,9 @@ fn structured_of(sp: &Value<'_>) -> Result<Option<Structured>, ()> {
 /// A digest of the whole constraint in a sampling-params map (its
 /// [`constraint_of`] value, every field: the schema,
 /// pattern, choices or grammar and the backend's options), equal for equal
-/// constraints; `None` when it is not wholly in the capture (a value cut or
-/// not materialised). Never recorded as is: [`IpcDecoder`] keys it.
+/// constraints (a subtree past the reader's bounds by its bytes); `None`
+/// when it is not wholly in the capture. Never recorded as is:
+/// [`IpcDecoder`] keys it.
 fn constraint_digest(sp: &Value<'_>) -> Option<u64> {
     use std::hash::Hasher;
     fn feed(v: &Value<'_>, h: &mut std::collections::hash_map::DefaultHasher) -> Option<()> {
@@ -256,7 +257,14 @@ fn constraint_digest(sp: &Value<'_>) -> Option<u64> {
                     feed(x, h)?;
                 }
             }
-            Value::Truncated(_) | Value::Invalid | Value::Skipped(_) => return None,
+            // Past the reader's depth or node bound: whole, as its
+            // encoding (equal constraints encode alike).
+            Value::Skipped(_, b) => {
+                h.write_u8(10);
+                h.write_usize(b.len());
+                h.write(b);
+            }
+            Value::Truncated(_) | Value::Invalid => return None,
         }
         Some(())
     }
@@ -599,7 +607,7 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     match items.get(1) {
         Some(Value::Array { len, .. }) => r.prompt_tokens = Some(*len as u64),
         Some(Value::Nil) => {}
-        Some(Value::Truncated(_) | Value::Skipped(_)) | None => {
+        Some(Value::Truncated(_) | Value::Skipped(..)) | None => {
             notes.truncated_fields += 1;
             r.truncated = true;
         }
@@ -924,7 +932,7 @@ fn decode_outputs(buf: &[u8], notes: &mut Notes) -> Ipc {
         }
         // The node budget ran out before the outputs: their count is unknown;
         // the fields after them are skipped too and counted below.
-        Some(Value::Skipped(_)) => notes.truncated_fields += 1,
+        Some(Value::Skipped(..)) => notes.truncated_fields += 1,
         _ => return Ipc::Unknown,
     }
     match item(len, items, ti) {
@@ -967,7 +975,7 @@ fn sched_stats(v: &Value, notes: &mut Notes) -> Option<SchedStats> {
     match v {
         Value::Nil => return None,
         Value::Map { .. } => {}
-        Value::Truncated(_) | Value::Skipped(_) => {
+        Value::Truncated(_) | Value::Skipped(..) => {
             notes.truncated_fields += 1;
             return None;
         }
@@ -1001,7 +1009,7 @@ fn sched_stats(v: &Value, notes: &mut Notes) -> Option<SchedStats> {
 fn decode_output(v: &Value, notes: &mut Notes) -> Result<Option<EngineOutput>, ()> {
     let (len, items) = match v {
         Value::Array { len, items } => (*len, &items[..]),
-        Value::Truncated(_) | Value::Skipped(_) => return Err(()),
+        Value::Truncated(_) | Value::Skipped(..) => return Err(()),
         _ => return Ok(None),
     };
     let Some(lay) = out_layout(len, items, notes)? else {
@@ -1017,7 +1025,7 @@ fn decode_output(v: &Value, notes: &mut Notes) -> Result<Option<EngineOutput>, (
     let new_tokens = match items.get(1) {
         Some(Value::Array { len, .. }) => *len as u64,
         Some(Value::Nil) => 0,
-        Some(Value::Truncated(_) | Value::Skipped(_)) | None => return Err(()),
+        Some(Value::Truncated(_) | Value::Skipped(..)) | None => return Err(()),
         Some(_) => return Ok(None),
     };
     let finish_reason = match item(len, items, lay.finish)? {
@@ -2890,6 +2898,42 @@ mod tests {
         assert!(constraint_digest(&crate::proto::msgpack::decode(&whole).value).is_some());
         let cut = &whole[..whole.windows(6).position(|w| w == b"string").expect("the type")];
         assert_eq!(constraint_digest(&crate::proto::msgpack::decode(cut).value), None);
+    }
+
+    /// A schema nested past the msgpack reader's depth bound (about 6
+    /// levels of JSON objects) is keyed whole: its deep part by its bytes.
+    /// Schemas that differ only there get different keys.
+    #[test]
+    fn a_schema_nested_past_the_depth_bound_is_keyed_whole() {
+        // Each object level is two maps deep ("properties", then the field's own).
+        fn nested(levels: usize, leaf: &'static str) -> V<'static> {
+            let mut v = V::M(vec![("type", V::S(leaf))]);
+            for _ in 0..levels {
+                v = V::M(vec![("properties", V::M(vec![("inner", v)])), ("type", V::S("object"))]);
+            }
+            v
+        }
+        let hs = synthetic_handshake("DEALER");
+        let mut ios = vec![unix_io(FRONT, Dir::Out, 10, &hs, hs.len() as u64)];
+        let asks = [(3, "string"), (8, "string"), (8, "string"), (8, "number")];
+        for (k, (levels, leaf)) in asks.iter().enumerate() {
+            let sp = vec![("max_tokens", V::I(64)), ("structured_outputs", structured_outputs_032(("json", nested(*levels, leaf)), Some("xgrammar")))];
+            let req = request_022_sp(&format!("chatcmpl-{k}-0badf00d"), &format!("chatcmpl-{k}"), 5, sp, None);
+            let root = crate::proto::msgpack::decode(&req).value;
+            assert_eq!(format!("{root:?}").contains("Skipped"), *levels == 8, "only 8 levels reach past the bound");
+            let add = input_msg(0, &req);
+            ios.push(unix_io(FRONT, Dir::Out, 20 + k as u64, &add, add.len() as u64));
+        }
+        let mut dec = WireDecoder::new(DecoderConfig::default());
+        let out = run(&mut dec, &ios);
+        let kinds: Vec<&str> = out.iter().filter_map(|r| if let Record::EngineStructuredOutput { kind, .. } = r { Some(kind.as_str()) } else { None }).collect();
+        let max_tokens: Vec<Option<u64>> = out.iter().filter_map(|r| if let Record::EngineRequest { max_tokens, .. } = r { Some(*max_tokens) } else { None }).collect();
+        assert_eq!((kinds, max_tokens), (vec!["json"; 4], vec![Some(64); 4]));
+        assert_eq!(counter(&dec, "ipc_truncated_fields"), 0, "nothing cut");
+        let keys: Vec<u64> = out.iter().filter_map(|r| if let Record::EngineConstraintKey { key, .. } = r { Some(*key) } else { None }).collect();
+        assert_eq!(keys.len(), 4, "every one keyed");
+        assert_eq!(keys[1], keys[2], "the same deep schema");
+        assert!(keys[0] != keys[1] && keys[2] != keys[3], "another depth; another leaf, past the bound: {keys:?}");
     }
 
     #[test]

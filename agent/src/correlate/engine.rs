@@ -641,6 +641,18 @@ impl EngineSide {
         self.reqs.get_mut(i).expect("idx inserts")
     }
 
+    /// The entry of a request already seen, for an ADD's side records
+    /// (structured output, priority, constraint key): they come right after
+    /// their ADD's [`Record::EngineRequest`]. One without it (that record
+    /// lost) is counted and dropped, never made a request of its own.
+    fn seen_req(&mut self, id: &str) -> Option<&mut EngineReq> {
+        let r = self.index.get(id).and_then(|&i| self.reqs.get_mut(i));
+        if r.is_none() {
+            *self.counters.entry("engine_side_records_orphaned").or_default() += 1;
+        }
+        r
+    }
+
     fn forget(&mut self, i: SlabKey) -> Option<EngineReq> {
         let e = self.reqs.remove(i)?;
         self.index.remove(&e.request_id);
@@ -754,21 +766,24 @@ impl EngineSide {
                 }
             }
             Record::EngineStructuredOutput { ts_ns, request_id, kind, backend, .. } => {
-                let r = self.req(request_id);
-                if r.structured.is_none() {
-                    r.structured = Some(StructuredOutput::new(kind, backend.as_deref()));
+                if let Some(r) = self.seen_req(request_id) {
+                    if r.structured.is_none() {
+                        r.structured = Some(StructuredOutput::new(kind, backend.as_deref()));
+                    }
+                    r.last_ns = r.last_ns.max(*ts_ns);
                 }
-                r.last_ns = r.last_ns.max(*ts_ns);
             }
             Record::EnginePriority { ts_ns, request_id, priority, .. } => {
-                let r = self.req(request_id);
-                r.priority = *priority;
-                r.last_ns = r.last_ns.max(*ts_ns);
+                if let Some(r) = self.seen_req(request_id) {
+                    r.priority = *priority;
+                    r.last_ns = r.last_ns.max(*ts_ns);
+                }
             }
             Record::EngineConstraintKey { ts_ns, request_id, key, .. } => {
-                let r = self.req(request_id);
-                r.constraint_key = Some(*key);
-                r.last_ns = r.last_ns.max(*ts_ns);
+                if let Some(r) = self.seen_req(request_id) {
+                    r.constraint_key = Some(*key);
+                    r.last_ns = r.last_ns.max(*ts_ns);
+                }
             }
             Record::EngineAbort { ts_ns, request_ids, .. } => {
                 for id in request_ids {
@@ -2172,6 +2187,27 @@ pub(crate) mod tests {
             assert_eq!((b.kind, b.backend.as_deref()), (want, backend));
             assert_eq!(engine("chatcmpl-a").structured, None, "A asked for none");
         }
+    }
+
+    /// An ADD's side records whose request record is gone (lost before the
+    /// correlator) make no engine request of their own: counted, dropped.
+    #[test]
+    fn side_records_without_their_adds_request_record_are_counted_not_made_requests() {
+        let mut recs = a_decodes_and_b_prefills_in_its_fourth_step();
+        let whole = analyse(&recs);
+        recs.retain(|r| !matches!(r, Record::EngineRequest { request_id, .. } if request_id.starts_with("chatcmpl-b")));
+        let without = analyse(&recs);
+        let at = recs.iter().map(Record::ts_ns).max().unwrap_or(0) / 2;
+        let id = || "chatcmpl-b-0123abcd".to_owned();
+        recs.push(Record::EngineStructuredOutput { conn: IPC, ts_ns: at, dir: Dir::Out, request_id: id(), kind: "json".into(), backend: None });
+        recs.push(Record::EnginePriority { conn: IPC, ts_ns: at, dir: Dir::Out, request_id: id(), priority: 3 });
+        recs.push(Record::EngineConstraintKey { conn: IPC, ts_ns: at, dir: Dir::Out, request_id: id(), key: 7 });
+        recs.sort_by_key(Record::ts_ns);
+        let an = analyse(&recs);
+        assert_eq!(an.drops.get("engine_side_records_orphaned"), Some(&3));
+        let engines = |a: &Analysis| a.requests.iter().map(|r| r.engine.as_ref().map(|e| (e.structured.clone(), e.priority))).collect::<Vec<_>>();
+        assert_eq!(engines(&an), engines(&without), "nothing of them reaches a request");
+        assert_eq!(whole.drops.get("engine_side_records_orphaned"), None);
     }
 
     /// What two API server processes read of `recs`' steps with no engine

@@ -1174,7 +1174,7 @@ fn check(recs: &[Record], ctx: &str) -> Analysis {
 }
 
 fn fixture_records() -> Vec<(&'static str, Vec<Record>)> {
-    ["chain3", "queue2", "tp_chunked", "long_adds"]
+    ["chain3", "queue2", "tp_chunked", "long_adds", "structured"]
         .into_iter()
         .map(|n| {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{n}.hop"));

@@ -19,7 +19,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-const FIXTURES: [&str; 6] = ["chain3", "queue2", "tp_chunked", "loaded", "dp_loaded", "long_adds"];
+const FIXTURES: [&str; 7] = ["chain3", "queue2", "tp_chunked", "loaded", "dp_loaded", "long_adds", "structured"];
 
 /// A real vLLM (0.32.0, its CPU build) under `hopscope run`: streamed chat,
 /// whole answers, a stream without usage and the Responses API, one after
@@ -441,7 +441,8 @@ fn a_chain_table_adds_up_its_hops_and_the_clients_time_between_them() {
 #[test]
 fn fixtures_hold_no_prompt_text() {
     // The first words of each fixture's seeded task text (chain_client.py
-    // task_text with --task-seed 4242, 4343/4344, 4444/4445, 1-4).
+    // task_text with --task-seed 4242, 4343/4344, 4444/4445, 4545/4546,
+    // 4646, 1-4).
     let planted = [
         "careful senior software engineer",
         "Task: build a small tool",
@@ -451,6 +452,10 @@ fn fixtures_hold_no_prompt_text() {
         "context retry handler protocol eviction",
         "capture trace worker timeout memory",
         "engine backend policy socket frontend",
+        // `structured`: --task-seed 4545 (chains 0-1) and 4646.
+        "queue device chunk buffer response",
+        "parent socket backoff request channel",
+        "budget latency attribution budget header",
         // The attribution tests' default --task-seed 1, chains 0-3 (`loaded`, `dp_loaded`).
         "memory engine backoff socket dealer phase",
         "block decode batch eviction client agent",
@@ -594,4 +599,62 @@ fn nvml_samples_add_each_hops_peak_gpu_memory_to_the_hop_table() {
         let shown: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
         assert_eq!(shown, (peak >> 20) as f64, "{row}");
     }
+}
+
+#[test]
+fn structured_report_equals_its_golden_json_byte_for_byte() {
+    assert_matches_golden("structured");
+}
+
+/// `structured`: two JSON agents' first hops held for one grammar while a
+/// plain agent goes past them. The engine's own stamps (its trimmed
+/// `truth.jsonl`: queued, first scheduled, grammar ready) say who passed
+/// whom and when the grammar was ready; the report must agree.
+#[test]
+fn structured_fixture_passes_and_grammar_readiness_agree_with_the_engines_truth() {
+    let rep: Value = serde_json::from_str(&golden("structured")).unwrap();
+    let truth: BTreeMap<String, Value> = std::fs::read_to_string(fixture("structured.truth.jsonl"))
+        .expect("truth present")
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("truth line is json"))
+        .map(|v| (v["req"].as_str().expect("req").to_owned(), v))
+        .collect();
+    let ns = |v: &Value, k: &str| v[k].as_i64().unwrap_or_else(|| panic!("{k} in {v}"));
+    let stamps: Vec<(i64, i64)> = truth.values().map(|t| (ns(t, "queued_ns"), ns(t, "scheduled_ns"))).collect();
+    let (mut json, mut skipped, mut known) = (0, 0, 0);
+    for r in rep["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let id = r["id"].as_str().unwrap();
+        let t = &truth[r["engine_request_id"].as_str().unwrap_or_else(|| panic!("{id}: engine joined"))];
+        assert_eq!(r["structured_output"], t["structured_output"], "{id}");
+        let (q, s) = (ns(t, "queued_ns"), ns(t, "scheduled_ns"));
+        let passers: Vec<i64> = stamps.iter().filter(|(oq, os)| *oq > q && *os < s).map(|p| p.1).collect();
+        assert_eq!(r["scheduler_passed_over_by"].as_u64(), Some(passers.len() as u64), "{id}: queued after it, scheduled before it");
+        let want = passers.iter().max().map_or(0.0, |last| (last - q) as f64 / 1e6);
+        let got = r["scheduler_passed_over_ms"].as_f64().unwrap_or_else(|| panic!("{id}: no pass span"));
+        assert!((got - want).abs() < 0.01, "{id}: skipped for {got} ms, the truth's last pass {want} ms after it was queued");
+        match t["grammar_ready_ns"].as_i64() {
+            Some(ready) => {
+                json += 1;
+                skipped += usize::from(!passers.is_empty());
+                let least = (ready - q).max(0) as f64 / 1e6;
+                let sched = r["scheduler_queue_ms"].as_f64().expect("stamped");
+                assert!(sched >= least - 1e-3, "{id}: scheduler queue {sched:.3} ms, its grammar took {least:.3} ms");
+                if let Some(by) = r["scheduler_grammar_ready_ms"].as_f64() {
+                    assert!(by >= least - 1e-3 && by <= sched + 1e-3, "{id}: known ready {by:.3} ms after QUEUED, the truth's {least:.3}, queue {sched:.3}");
+                    known += 1;
+                }
+            }
+            None => {
+                assert!(passers.is_empty(), "{id}: FCFS lets nothing past a request it does not skip");
+                assert!(r["scheduler_grammar_ready_ms"].is_null(), "{id}: no constraint");
+            }
+        }
+    }
+    // Kinds, never the schema (its field names are in every ADD and body).
+    let bytes = std::fs::read(fixture("structured.hop")).unwrap();
+    for field in ["next_step", "thought"] {
+        assert!(!bytes.windows(field.len()).any(|w| w == field.as_bytes()), "the recording holds the schema's {field:?}");
+    }
+    assert_eq!(json, 2, "the two first hops asked for JSON");
+    assert!(skipped >= 1 && known >= 1, "a JSON hop passed over ({skipped}) and one whose grammar is known ready ({known})");
 }

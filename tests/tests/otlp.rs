@@ -330,3 +330,43 @@ fn export_takes_the_standard_otel_environment_for_endpoint_and_resource() {
     assert!(err.contains("no otlp endpoint") && err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }
+
+/// The `structured` fixture's JSON hops, held for their grammar while a
+/// plain agent went past: their spans carry how long the scheduler skipped
+/// them and when their grammar was known ready, and the skipped part is a
+/// span of its own inside the scheduler's queue, as in the Perfetto trace.
+#[test]
+fn a_skipped_request_has_a_passed_over_span_inside_its_scheduler_queue_span() {
+    let (spans, report) = export("structured");
+    let ns = |s: &Value, k: &str| s[k].as_str().map_or_else(|| s[k].as_u64().unwrap(), |v| v.parse().unwrap());
+    let close = |secs: &Value, ms: &Value| match (secs.as_f64(), ms.as_f64()) {
+        (Some(s), Some(m)) => (s * 1e3 - m).abs() < 1e-6,
+        (None, None) => true,
+        _ => false,
+    };
+    let mut drawn = 0;
+    for r in report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let id = r["id"].as_str().unwrap();
+        let s = spans.iter().find(|s| s["kind"] == 2 && attr(s, "gen_ai.request.id") == *id).unwrap_or_else(|| panic!("no span for {id}"));
+        assert!(close(&attr(s, "hopscope.latency.scheduler_passed_over"), &r["scheduler_passed_over_ms"]), "{id}: {} vs {}", attr(s, "hopscope.latency.scheduler_passed_over"), r["scheduler_passed_over_ms"]);
+        assert!(close(&attr(s, "hopscope.latency.scheduler_grammar_ready"), &r["scheduler_grammar_ready_ms"]), "{id}: {} vs {}", attr(s, "hopscope.latency.scheduler_grammar_ready"), r["scheduler_grammar_ready_ms"]);
+        let child = |parent: &Value, name: &str| spans.iter().find(|c| c["parent_span_id"] == parent["span_id"] && c["name"] == name).cloned();
+        let queue = child(s, "queue").unwrap_or_else(|| panic!("{id}: a queue span"));
+        let sched = child(&queue, "scheduler_queue").unwrap_or_else(|| panic!("{id}: a scheduler_queue span"));
+        let inside: Vec<&Value> = spans.iter().filter(|c| c["parent_span_id"] == sched["span_id"]).collect();
+        let skipped_ms = r["scheduler_passed_over_ms"].as_f64().unwrap();
+        if skipped_ms > 0.0 {
+            assert_eq!(inside.len(), 1, "{id}: one span inside the scheduler's queue");
+            let p = inside[0];
+            assert_eq!((p["name"].as_str(), p["kind"].as_u64()), (Some("scheduler_passed_over"), Some(1)), "{id}");
+            assert_eq!(ns(p, "start"), ns(&sched, "start"), "{id}: it begins with the scheduler's queue");
+            let len_ms = (ns(p, "end") - ns(p, "start")) as f64 / 1e6;
+            assert!((len_ms - skipped_ms).abs() < 1e-3, "{id}: {len_ms} ms vs the report's {skipped_ms}");
+            assert_eq!(attr(p, "hopscope.scheduler_passed_over_by").as_str(), Some(r["scheduler_passed_over_by"].to_string().as_str()), "{id}");
+            drawn += 1;
+        } else {
+            assert!(inside.is_empty(), "{id}: nobody went past it: {inside:?}");
+        }
+    }
+    assert!(drawn >= 1, "the fixture has a JSON hop the plain agent went past");
+}

@@ -1683,6 +1683,17 @@ pub fn passed_over_ms_in(e: &EnginePhases, (a, b): (u64, u64)) -> Option<f64> {
     Some(e.passed_over_until_ns.map_or(0.0, |u| ms(u.clamp(a, b) - a)))
 }
 
+/// The part of the scheduler's queue `[a, b]` ([`scheduler_queue_span`])
+/// in which the scheduler skipped the request: `a` to the latest scheduling
+/// of a request that passed it, when one did and after `a` (the span of
+/// [`passed_over_ms_in`]; the trace's "passed over" slice, the OTLP
+/// `scheduler_passed_over` span).
+pub fn passed_over_span(e: &EnginePhases, (a, b): (u64, u64)) -> Option<(u64, u64)> {
+    let until = e.passed_over_until_ns.filter(|_| e.passed_over_by.is_some_and(|n| n > 0))?;
+    let end = until.min(b);
+    (end > a).then_some((a, end))
+}
+
 /// When the grammar of a request asking for structured output is known to
 /// have been ready, ms after its QUEUED stamp, clamped into its scheduler's
 /// queue ([`scheduler_queue_span`]) `[a, b]`: a request asking for the same

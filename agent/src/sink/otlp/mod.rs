@@ -17,7 +17,7 @@
 
 pub mod live;
 
-use crate::correlate::engine::{marks, scheduler_queue_span};
+use crate::correlate::engine::{marks, passed_over_span, scheduler_queue_span};
 use crate::correlate::{Analysis, ChainSource, Config, Request};
 use crate::recording::{Meta, Reader};
 use crate::sink::report::{request_figures, stream_requests, Phases, RequestRef};
@@ -383,6 +383,8 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
         ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
         ("hopscope.latency.last_output", secs(q.last_output_ms)),
         ("hopscope.latency.scheduler_queue", secs(q.scheduler_queue_ms)),
+        ("hopscope.latency.scheduler_passed_over", secs(q.scheduler_passed_over_ms)),
+        ("hopscope.latency.scheduler_grammar_ready", secs(q.scheduler_grammar_ready_ms)),
         ("hopscope.gpu.prefill", secs(q.gpu_ms.prefill)),
         ("hopscope.gpu.decode", secs(q.gpu_ms.decode)),
         ("hopscope.gpu.kv_transfer", secs(q.gpu_ms.kv_transfer)),
@@ -431,9 +433,10 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
             });
             // Inside the queue: the engine scheduler's own part (not a phase).
             if let Some((qa, qb)) = (name == "queue").then(|| scheduler_queue_span(r)).flatten().filter(|(qa, qb)| qb > qa) {
+                let sched_id = fnv(&span_id, 20).to_be_bytes().to_vec();
                 spans.push(Span {
                     trace_id: trace_id.clone(),
-                    span_id: fnv(&span_id, 20).to_be_bytes().to_vec(),
+                    span_id: sched_id.clone(),
                     parent_span_id: phase_id,
                     name: "scheduler_queue".to_owned(),
                     kind: 1,
@@ -441,6 +444,21 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
                     end_time_unix_nano: unix(qb),
                     attributes: Vec::new(),
                 });
+                // Inside it, the part later requests went past this one
+                // (the trace's "passed over" slice).
+                if let Some((pa, pb)) = r.engine.as_ref().and_then(|e| passed_over_span(e, (qa, qb))) {
+                    let by = r.engine.as_ref().and_then(|e| e.passed_over_by).unwrap_or(0);
+                    spans.push(Span {
+                        trace_id: trace_id.clone(),
+                        span_id: fnv(&span_id, 21).to_be_bytes().to_vec(),
+                        parent_span_id: sched_id,
+                        name: "scheduler_passed_over".to_owned(),
+                        kind: 1,
+                        start_time_unix_nano: unix(pa),
+                        end_time_unix_nano: unix(pb),
+                        attributes: vec![kv("hopscope.scheduler_passed_over_by", Value::Int(i64::from(by)))],
+                    });
+                }
             }
         }
     }

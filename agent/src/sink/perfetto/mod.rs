@@ -323,15 +323,12 @@ fn scheduler_slice(r: &Request, a: u64, b: u64, kv: &[(u64, u64)]) -> Option<(u6
 
 /// Inside the scheduler's queue slice `[s, e]` ([`scheduler_slice`]): its
 /// start to the last time a request queued after this one was scheduled
-/// first ([`passed_over_ms_in`]), when one was: the part of the wait vLLM's
+/// first ([`passed_over_span`]), when one was: the part of the wait vLLM's
 /// scheduler spent skipping it (its grammar, most often).
 ///
-/// [`passed_over_ms_in`]: crate::correlate::engine::passed_over_ms_in
-fn passed_over_slice(r: &Request, (s, e): (u64, u64)) -> Option<(u64, u64)> {
-    let p = r.engine.as_ref()?;
-    let until = p.passed_over_until_ns.filter(|_| p.passed_over_by.is_some_and(|n| n > 0))?;
-    let end = until.min(e);
-    (end > s).then_some((s, end))
+/// [`passed_over_span`]: crate::correlate::engine::passed_over_span
+fn passed_over_slice(r: &Request, q: (u64, u64)) -> Option<(u64, u64)> {
+    crate::correlate::engine::passed_over_span(r.engine.as_ref()?, q)
 }
 
 /// The "passed over" slice's args: how many went past, and the report's

@@ -211,6 +211,9 @@ pub struct Pair {
     /// The part of the scheduler's queue in which later requests went past
     /// it (the report's `scheduler_passed_over_ms`; added 2026-12-05).
     pub scheduler_passed_over_ms: Delta,
+    /// When its grammar was known ready after its QUEUED stamp (the
+    /// report's `scheduler_grammar_ready_ms`; added 2026-12-06, session 46).
+    pub scheduler_grammar_ready_ms: Delta,
     pub explain: Explain,
 }
 
@@ -258,6 +261,8 @@ pub struct Aggregate {
     pub structured_output: StructuredShift,
     /// Mean of the pairs' (added 2026-12-05, session 44).
     pub scheduler_passed_over_ms: Delta,
+    /// Mean of the pairs' known on both sides (added 2026-12-06, session 46).
+    pub scheduler_grammar_ready_ms: Delta,
     pub gpu_ms: GpuDeltas,
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
@@ -701,6 +706,8 @@ struct View {
     scheduler_queue: Option<f64>,
     /// Its `scheduler_passed_over_ms`.
     passed_over: Option<f64>,
+    /// Its `scheduler_grammar_ready_ms`.
+    grammar_ready: Option<f64>,
     gpu: [Option<f64>; 3],
     generation: bool,
     /// Its structured-output constraint ([`structured_code`]).
@@ -742,6 +749,7 @@ fn view(q: &RequestOut) -> View {
         interference: q.interference_ms,
         scheduler_queue: if q.closed_ns.is_some() { None } else { q.scheduler_queue_ms },
         passed_over: if q.closed_ns.is_some() { None } else { q.scheduler_passed_over_ms },
+        grammar_ready: if q.closed_ns.is_some() { None } else { q.scheduler_grammar_ready_ms },
         gpu: [q.gpu_ms.prefill, q.gpu_ms.decode, q.gpu_ms.kv_transfer],
         generation: q.ttft_ms.is_some() || q.prompt_tokens.is_some() || q.engine_request_id.is_some(),
         structured: structured_code(q.structured_output.as_deref()),
@@ -754,8 +762,8 @@ fn view(q: &RequestOut) -> View {
 #[derive(Debug, Clone, Copy)]
 struct Packed {
     /// ttft, e2e, itl_mean, itl_p90, the phases, interference, the GPU
-    /// shares, itl_sum, scheduler_queue, passed_over.
-    f: [f64; 17],
+    /// shares, itl_sum, scheduler_queue, passed_over, grammar_ready.
+    f: [f64; 18],
     /// prompt, cached, completion, steps.
     n: [u64; 4],
     preemptions: u32,
@@ -780,13 +788,14 @@ fn unpack_f(v: f64) -> Option<f64> {
 
 impl Packed {
     fn of(v: &View) -> Packed {
-        let mut f = [0.0; 17];
+        let mut f = [0.0; 18];
         for (slot, x) in f.iter_mut().zip([v.ttft, v.e2e, v.itl_mean, v.itl_p90].into_iter().chain(v.phases).chain([v.interference]).chain(v.gpu)) {
             *slot = pack_f(x);
         }
         f[14] = v.itl_sum;
         f[15] = pack_f(v.scheduler_queue);
         f[16] = pack_f(v.passed_over);
+        f[17] = pack_f(v.grammar_ready);
         let counts = [v.prompt, v.cached, v.completion, v.steps];
         let mut known = u8::from(v.preemptions.is_some()) << 4;
         for (i, c) in counts.iter().enumerate() {
@@ -832,6 +841,7 @@ impl Packed {
             interference: f(10),
             scheduler_queue: f(15),
             passed_over: f(16),
+            grammar_ready: f(17),
             gpu: [f(11), f(12), f(13)],
             generation: self.generation,
             structured: self.structured,
@@ -869,6 +879,7 @@ struct Figs {
     interference_ms: Delta,
     scheduler_queue_ms: Delta,
     scheduler_passed_over_ms: Delta,
+    scheduler_grammar_ready_ms: Delta,
     gpu_ms: GpuDeltas,
     /// [`structured_code`] before and after.
     structured: [u8; 2],
@@ -895,6 +906,7 @@ fn figs(b: &View, a: &View) -> Figs {
         interference_ms: Delta::of(b.interference, a.interference),
         scheduler_queue_ms: Delta::of(b.scheduler_queue, a.scheduler_queue),
         scheduler_passed_over_ms: Delta::of(b.passed_over, a.passed_over),
+        scheduler_grammar_ready_ms: Delta::of(b.grammar_ready, a.grammar_ready),
         gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
         structured: [b.structured, a.structured],
     }
@@ -937,6 +949,8 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         prefill: x.phases_ms.prefill,
         structured: structured_shift(std::iter::once(x.structured)),
         structured_kind: structured_name(x.structured[1]).or(structured_name(x.structured[0])),
+        grammar_ready: x.scheduler_grammar_ready_ms,
+        scheduler_queue_after: x.scheduler_queue_ms.after,
     };
     Pair {
         key,
@@ -960,6 +974,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         gpu_ms: x.gpu_ms,
         structured_output: KindChange { before: structured_name(x.structured[0]), after: structured_name(x.structured[1]) },
         scheduler_passed_over_ms: x.scheduler_passed_over_ms,
+        scheduler_grammar_ready_ms: x.scheduler_grammar_ready_ms,
         explain: explain_both(x.ttft_ms, x.e2e_ms, &x.phases_ms, &ctx),
         ttft_ms: x.ttft_ms,
         e2e_ms: x.e2e_ms,
@@ -983,6 +998,11 @@ struct Ctx {
     structured: StructuredShift,
     /// The kind a lone pair asked for (after, else before); None for an aggregate.
     structured_kind: Option<&'static str>,
+    /// When the grammar was known ready (a lone pair's sides; an
+    /// aggregate's means over pairs known on both).
+    grammar_ready: Delta,
+    /// A lone pair's scheduler's queue after; None for an aggregate.
+    scheduler_queue_after: Option<f64>,
 }
 
 fn explain_both(ttft: Delta, e2e: Delta, phases: &PhaseDeltas, ctx: &Ctx) -> Explain {
@@ -1134,10 +1154,16 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
                     // holds a structured-output request until its grammar is
                     // compiled, and requests that newly ask for one.
                     Some(sq) if up && st.added > 0 && sq >= d / 2.0 => {
-                        let why = if skipped(sq) {
-                            format!("which held it until its grammar was compiled: later requests went past it for {passed:+.2} ms more")
-                        } else {
-                            "which holds such a request until its grammar is compiled; or fewer free slots".to_owned()
+                        let why = match (ctx.grammar_ready.after, ctx.scheduler_queue_after) {
+                            _ if skipped(sq) => format!("which held it until its grammar was compiled: later requests went past it for {passed:+.2} ms more"),
+                            // A request of the same constraint scheduled
+                            // says when the grammar was ready at the latest:
+                            // a wait mostly after that was for room.
+                            (Some(g), Some(total)) if st.added == 1 && total - g >= total / 2.0 => {
+                                format!("its grammar was ready within {g:.2} ms; the {:.2} ms after it waited for room: fewer free slots or KV blocks", total - g)
+                            }
+                            (Some(g), Some(_)) if st.added == 1 => format!("which holds such a request until its grammar is compiled: ready within {g:.2} ms"),
+                            _ => "which holds such a request until its grammar is compiled; or fewer free slots".to_owned(),
                         };
                         ("structured_output_added", format!("{}: waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue ({why})", what(st.added, "now asks for", "now ask for")))
                     }
@@ -1146,7 +1172,10 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
                         // Requests that newly ask took the branch above.
                         let why = match ctx.structured_kind {
                             _ if st.after == 0 => "remote KV not loaded yet, no free LoRA slot, or, chunked prefill off, a prompt over the token budget".to_owned(),
-                            Some(k) => format!("for its grammar: it asks for structured output ({k}) on both sides and waits longer for it now — a new or changing schema misses the backend's cache, or a slower backend"),
+                            Some(k) => {
+                                let ready = ctx.grammar_ready.delta.map_or(String::new(), |g| format!("; its grammar known ready {g:+.2} ms later"));
+                                format!("for its grammar: it asks for structured output ({k}) on both sides and waits longer for it now — a new or changing schema misses the backend's cache, or a slower backend{ready}")
+                            }
                             None => format!("{} of these requests ask for structured output: for their grammars, a new or changing schema missing the backend's cache; else remote KV, a LoRA slot", st.after),
                         };
                         ("scheduler_skipped", format!("waited {d:+.2} ms longer to be scheduled, {sq:+.2} ms of it in the scheduler's queue, where later requests went past it for {passed:+.2} ms more: the scheduler skipped it ({why})"))
@@ -1288,7 +1317,20 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
     let e2e_ms = stats(pairs.clone().map(|p| p.e2e_ms));
     let structured_output = structured_shift(pairs.clone().map(|p| p.structured));
     let scheduler_passed_over_ms = mean_delta(pairs.clone().map(|p| p.scheduler_passed_over_ms));
-    let ctx = Ctx { tokens, preemptions: preemptions.delta, interference: interference_ms.delta, scheduler_queue: scheduler_queue_ms.delta, passed_over: scheduler_passed_over_ms.delta, split: decode_split_ms, prefill: phases.prefill, structured: structured_output, structured_kind: None };
+    let scheduler_grammar_ready_ms = mean_delta(pairs.clone().map(|p| p.scheduler_grammar_ready_ms));
+    let ctx = Ctx {
+        tokens,
+        preemptions: preemptions.delta,
+        interference: interference_ms.delta,
+        scheduler_queue: scheduler_queue_ms.delta,
+        passed_over: scheduler_passed_over_ms.delta,
+        split: decode_split_ms,
+        prefill: phases.prefill,
+        structured: structured_output,
+        structured_kind: None,
+        grammar_ready: scheduler_grammar_ready_ms,
+        scheduler_queue_after: None,
+    };
     Aggregate {
         hop,
         requests: pairs.clone().count(),
@@ -1307,6 +1349,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         scheduler_queue_covers,
         structured_output,
         scheduler_passed_over_ms,
+        scheduler_grammar_ready_ms,
         gpu_ms: GpuDeltas {
             prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
@@ -2405,9 +2448,11 @@ mod tests {
         structured: Option<&'static str>,
         /// A later request went past it this many ms after its QUEUED stamp.
         passed: Option<u64>,
+        /// Its grammar known ready this many ms after its QUEUED stamp.
+        ready: Option<u64>,
     }
 
-    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None, passed: None };
+    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None, passed: None, ready: None };
 
     fn request(i: usize, at: u64, chain: &str, source: ChainSource, s: Shape) -> Request {
         let submit = at + s.frontend * MS;
@@ -2463,7 +2508,7 @@ mod tests {
                 passed_over_by: s.intake.map(|_| u32::from(s.passed.is_some())),
                 passed_over_until_ns: s.intake.zip(s.passed).map(|(x, p)| submit + (x + p) * MS),
                 priority: None,
-                grammar_ready_by_ns: None,
+                grammar_ready_by_ns: s.intake.zip(s.ready).map(|(x, g)| submit + (x + g) * MS),
                 scheduled_source: "event",
                 submit_source: "wake",
             }),
@@ -2754,6 +2799,22 @@ mod tests {
         let c = &d.pairs[0].explain.ttft.causes[0];
         assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "now asks for structured output (json): waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue (which held it until its grammar was compiled: later requests went past it for +30.00 ms more)"));
         assert_eq!(d.pairs[0].scheduler_passed_over_ms.delta, Some(30.0));
+        // Nobody went past, but a request of its constraint was scheduled
+        // 5 ms into its 41: the 36 after it were for room.
+        let d = diff(vec![base], vec![Shape { ready: Some(5), ..json }]);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("structured_output_added", "now asks for structured output (json): waited +40.00 ms longer to be scheduled, +40.00 ms of it in the scheduler's queue (its grammar was ready within 5.00 ms; the 36.00 ms after it waited for room: fewer free slots or KV blocks)"));
+        assert_eq!(d.pairs[0].scheduler_grammar_ready_ms, Delta { before: None, after: Some(5.0), delta: None });
+        // Ready late in the wait: the grammar's, as far as is known.
+        let d = diff(vec![base], vec![Shape { ready: Some(30), ..json }]);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert!(c.detail.ends_with("(which holds such a request until its grammar is compiled: ready within 30.00 ms)"), "{}", c.detail);
+        // Asked on both sides, skipped longer, its grammar known ready later.
+        let d = diff(vec![Shape { structured: Some("json"), passed: Some(0), ready: Some(0), ..base }], vec![Shape { passed: Some(35), ready: Some(38), ..json }]);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!(c.cause, "scheduler_skipped");
+        assert!(c.detail.ends_with("or a slower backend; its grammar known ready +38.00 ms later)"), "{}", c.detail);
+        assert_eq!(d.overall.scheduler_grammar_ready_ms.delta, Some(38.0));
     }
 
     /// Requests that ask for the same kind on both sides and now wait longer
@@ -3239,13 +3300,14 @@ mod tests {
             interference: None,
             scheduler_queue: Some(0.25),
             passed_over: Some(0.125),
+            grammar_ready: Some(0.0625),
             gpu: [None, Some(2.0), None],
             generation: true,
             structured: 7,
         };
         let u = Packed::of(&v).unpack();
         assert!(u.ttft.is_some_and(f64::is_nan), "{:?}", u.ttft);
-        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue, x.passed_over].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
+        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue, x.passed_over, x.grammar_ready].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
         assert_eq!(bits(&u)[1..], bits(&v)[1..]);
         assert_eq!((u.prompt, u.cached, u.computed, u.completion, u.steps, u.preemptions), (v.prompt, v.cached, v.computed, v.completion, v.steps, v.preemptions));
         assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation, u.structured), (v.itl_gaps, v.itl_sum.to_bits(), v.generation, v.structured));

@@ -672,15 +672,17 @@ fn phases_match_ground_truth_with_four_chains_queueing_for_two_slots() {
 fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let Some(_serial) = privileged("structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar") else { return };
     // Beside the two JSON agents, a plain one whose hops the scheduler lets
-    // past the JSON hops waiting for their grammar. The compile is long
-    // enough that the second agent's first hop (40 ms later, more when
-    // three clients start at once on two cores) comes before it is done.
+    // past the JSON hops waiting for their grammar. It starts 250 ms later,
+    // so that its first hop comes after theirs even when the two clients'
+    // start-ups differ by a loaded machine's 100 ms or more: scheduled at
+    // once, it goes past both, whatever its first (cold) step then takes.
+    // The compile is long enough for it to come before the compile is done.
     let run = run_testbed(
         "attr-structured",
-        &["--grammar-compile-ms", "400"],
+        &["--grammar-compile-ms", "1000"],
         &[
             &["--chains", "2", "--hops", "3", "--max-tokens", "16", "--stagger-ms", "40", "--json-schema-hops", "1,3"],
-            &["--chains", "1", "--hops", "6", "--max-tokens", "4"],
+            &["--chains", "1", "--hops", "6", "--max-tokens", "4", "--delay-ms", "250"],
         ],
     );
     let worst = check_phases(&run);

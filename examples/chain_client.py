@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
+import os
 import random
 import sys
 import time
@@ -68,6 +70,44 @@ STEP_SCHEMA = {"type": "object", "properties": {"thought": {"type": "string"}, "
 def hop_list(text: str) -> list[int]:
     """`--json-schema-hops`: `all` (an empty list) or hop numbers, comma-separated."""
     return [] if text == "all" else [int(h) for h in text.split(",") if h]
+
+
+class FirstHopsSignal:
+    """`--signal-file`: the file appears once every chain's first hop has its
+    response headers (or has failed). The server has sent headers for a
+    streamed hop only once the request is in its engine, so another client
+    started with `--start-after` on it sends after these first hops are
+    queued, however long either client took to start."""
+
+    def __init__(self, path: str, chains: int) -> None:
+        self.path, self.left = path, chains
+
+    def first_hop_over(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            with open(self.path + ".tmp", "w") as f:
+                f.write(f"{time.monotonic_ns()}\n")
+            os.replace(self.path + ".tmp", self.path)  # whole when it appears
+
+
+def warm_up() -> None:
+    """What httpx (httpcore) imports on its first request: ~90 ms, ten times
+    that for a niced client on a loaded machine."""
+    for module in ("anyio._backends._asyncio", "anyio.streams.tls", "anyio.to_thread"):
+        try:
+            importlib.import_module(module)
+        except ImportError:  # another httpcore backend: it pays on its first request
+            pass
+
+
+async def wait_for_file(path: str, timeout_s: float) -> None:
+    """`--start-after`: poll for another client's signal file."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"chain_client: {path} did not appear within {timeout_s:.0f} s "
+                             "(is the client started with --signal-file on it running?)")
+        await asyncio.sleep(0.005)
 
 
 async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: str, messages: list,
@@ -123,10 +163,16 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     }
     text_parts: list[str] = []
 
+    signal = args.first_hops_signal if hop == 1 else None
+
     async def exchange() -> None:
+        nonlocal signal
         path = "/v1/responses" if responses else "/v1/chat/completions"
         async with client.stream("POST", path, json=body, headers=headers) as resp:
             rec["headers_ns"] = time.monotonic_ns()
+            if signal is not None:
+                signal, s = None, signal
+                s.first_hop_over()
             rec["status"] = resp.status_code
             if resp.status_code != 200:
                 rec["error"] = (await resp.aread()).decode(errors="replace")[:500]
@@ -152,6 +198,8 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     except Exception as e:  # keep going: a failed hop is data
         rec["error"] = repr(e)
         rec["done_ns"] = time.monotonic_ns()
+    if signal is not None:  # failed before its headers: no one waits for it in vain
+        signal.first_hop_over()
     rec["text"] = "".join(text_parts)
     s, f, d = rec["send_ns"], rec["first_content_ns"], rec["done_ns"]
     rec["ttft_ms"] = (f - s) / 1e6 if f and s else None
@@ -284,10 +332,17 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
 async def amain(args) -> list[dict]:
     out_f = open(args.out, "a" if args.append else "w") if args.out else None
     limits = httpx.Limits(max_connections=max(10, args.chains * 2), max_keepalive_connections=max(10, args.chains))
+    args.first_hops_signal = FirstHopsSignal(args.signal_file, args.chains) if args.signal_file else None
     t0 = time.monotonic()
     try:
         async with httpx.AsyncClient(base_url=args.base_url, timeout=httpx.Timeout(args.timeout),
                                      limits=limits) as client:
+            if args.start_after:
+                # Ready to send when the file appears: the client built, and
+                # what httpx imports on its first request imported.
+                warm_up()
+                await wait_for_file(args.start_after, 60.0)
+                t0 = time.monotonic()
             chains = await asyncio.gather(*[run_chain(client, args, c, out_f) for c in range(args.chains)])
     finally:
         if out_f is not None:
@@ -337,7 +392,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=None,
                    help="send this request priority (vLLM's extra body field; lower goes first under the "
                         "server's --scheduling-policy priority)")
-    p.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before the first chain starts")
+    p.add_argument("--delay-ms", type=float, default=0.0,
+                   help="wait this long before the first chain starts (after --start-after's file)")
+    p.add_argument("--signal-file", default=None, metavar="FILE",
+                   help="create FILE once every chain's first hop has its response headers (a streamed hop is "
+                        "then in the server's engine)")
+    p.add_argument("--start-after", default=None, metavar="FILE",
+                   help="start only once FILE exists (another client's --signal-file; up to 60 s): orders two "
+                        "clients' first hops whatever their start-up times")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without a byte before a hop is abandoned")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="abandon a hop this long after sending it, even mid-stream (an agent's step deadline)")

@@ -286,6 +286,10 @@ pub struct TestbedRun {
 }
 
 /// [`TestbedRun`]: each entry of `clients` is one chain client's arguments.
+/// Client `i` creates `{dir}/client-i.started` once every chain's first hop
+/// has its response headers; `{dir}` in an argument is the run's directory,
+/// so `["--start-after", "{dir}/client-0.started"]` starts a client once the
+/// first one's first hops are in the engine (whatever their start-ups took).
 pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
     record_testbed_with(name, &[], serve_args, clients)
 }
@@ -323,6 +327,8 @@ pub fn record_testbed_then(name: &str, record_args: &[&str], serve_args: &[&str]
         .enumerate()
         .map(|(i, args)| {
             let out = dir.join(format!("client-{i}.jsonl"));
+            let started = dir.join(format!("client-{i}.started"));
+            let args = args.iter().map(|a| a.replace("{dir}", &dir.display().to_string()));
             // The client runs niced, for the same reason.
             let child = Command::new("nice")
                 .args(["-n", "10"])
@@ -330,7 +336,9 @@ pub fn record_testbed_then(name: &str, record_args: &[&str], serve_args: &[&str]
                 .arg(workspace().join("examples/chain_client.py"))
                 .args(["--base-url", &base, "--quiet", "--out"])
                 .arg(&out)
-                .args(*args)
+                .arg("--signal-file")
+                .arg(&started)
+                .args(args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()

@@ -131,6 +131,35 @@ def test_a_stream_queued_behind_another_writes_no_body_before_its_first_output(t
     assert http["status"] == 499, "the handler gave up when its client left (uvicorn drops the answer)"
 
 
+def test_a_client_started_after_anothers_signal_sends_once_those_first_hops_are_queued(tmp_path):
+    # Integration tests order two agents' first hops this way, whatever their start-ups take: the
+    # waiting client is started first, the signalling one 0.3 s later, and still the engine queues
+    # the signaller's two first hops (one a JSON hop held for its grammar) before the waiter's.
+    tb = Testbed("--grammar-compile-ms", "300", workdir=str(tmp_path)).start()
+    signal = tmp_path / "first.started"
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            waiter = ex.submit(run_chains, tb.base_url, "--chains", "1", "--hops", "1", "--max-tokens", "4",
+                               "--request-id-prefix", "waiter", "--start-after", str(signal))
+            time.sleep(0.3)
+            assert not signal.exists()
+            first = ex.submit(run_chains, tb.base_url, "--chains", "2", "--hops", "2", "--max-tokens", "4",
+                              "--json-schema-hops", "1", "--request-id-prefix", "first", "--signal-file", str(signal))
+            first_recs, waiter_recs = first.result(timeout=60), waiter.result(timeout=60)
+        recs = _wait(tb.truth_path, lambda rs: sum(r["type"] == "request" and r["finish_reason"] is not None
+                                                   for r in rs) >= 5)
+    finally:
+        assert tb.stop() == 0
+    assert not any(r["error"] for r in first_recs + waiter_recs), first_recs + waiter_recs
+    signalled = int(signal.read_text())
+    first_hops = [r for r in first_recs if r["hop"] == 1]
+    assert max(r["headers_ns"] for r in first_hops) <= signalled < waiter_recs[0]["send_ns"]
+    queued = {r["external_id"]: r["queued_ns"] for r in recs if r["type"] == "request"}
+    waiter_q = next(q for x, q in queued.items() if "waiter-c0-h1" in x)
+    for c in (0, 1):
+        assert next(q for x, q in queued.items() if f"first-c{c}-h1" in x) < waiter_q, queued
+
+
 def test_preemption_and_kv_offload_with_tiny_pool(tmp_path):
     # 16 blocks x 16 tokens = 256 KV slots: three ~30-token prompts are admitted together, but growing
     # by 100 tokens each (9 blocks) they cannot all stay

@@ -472,16 +472,17 @@ fn check_closed(run: &Run) -> usize {
 fn clients_that_give_up_while_queued_are_reported_closed_with_their_queue_time() {
     let Some(_serial) = privileged("clients_that_give_up_while_queued_are_reported_closed_with_their_queue_time") else { return };
     // Chain 0's hops take ~2 s each with one slot; chains 1 and 2 arrive
-    // 300 ms behind it and time out after 0.4 s without a byte, both hops.
-    // Chain 0 is a client of its own with no such timeout: a fresh server's
-    // first request can take longer than a short stagger in its frontend,
-    // and a chain 1 that overtook it would be scheduled and chain 0 leave.
+    // behind it and time out after 0.4 s without a byte, both hops. Chain 0
+    // is a client of its own with no such timeout, and they start once its
+    // first hop is in the engine: a fresh server's first request can take
+    // longer than any stagger in its frontend, and a chain 1 that overtook
+    // it would be scheduled and chain 0 leave.
     let run = run_testbed(
         "attr-closed",
         &["--max-num-seqs", "1", "--step-sleep-ms", "15"],
         &[
             &["--chains", "1", "--hops", "2", "--max-tokens", "128"],
-            &["--chains", "2", "--hops", "2", "--max-tokens", "96", "--delay-ms", "300", "--stagger-ms", "40", "--timeout", "0.4"],
+            &["--chains", "2", "--hops", "2", "--max-tokens", "96", "--start-after", "{dir}/client-0.started", "--delay-ms", "100", "--stagger-ms", "40", "--timeout", "0.4"],
         ],
     );
     let worst = check_phases_with(&run, true);
@@ -523,7 +524,7 @@ fn clients_that_give_up_on_whole_answers_are_reported_closed_with_their_queue_ti
         &["--max-num-seqs", "1", "--step-sleep-ms", "15"],
         &[
             &["--chains", "1", "--hops", "2", "--max-tokens", "96"],
-            &["--no-stream", "--chains", "2", "--hops", "2", "--delay-ms", "300", "--stagger-ms", "40", "--timeout", "0.4"],
+            &["--no-stream", "--chains", "2", "--hops", "2", "--start-after", "{dir}/client-0.started", "--delay-ms", "100", "--stagger-ms", "40", "--timeout", "0.4"],
         ],
     );
     let worst = check_phases_with(&run, true);
@@ -672,17 +673,17 @@ fn phases_match_ground_truth_with_four_chains_queueing_for_two_slots() {
 fn structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar() {
     let Some(_serial) = privileged("structured_output_requests_wait_in_the_schedulers_queue_for_their_grammar") else { return };
     // Beside the two JSON agents, a plain one whose hops the scheduler lets
-    // past the JSON hops waiting for their grammar. It starts 250 ms later,
-    // so that its first hop comes after theirs even when the two clients'
-    // start-ups differ by a loaded machine's 100 ms or more: scheduled at
-    // once, it goes past both, whatever its first (cold) step then takes.
-    // The compile is long enough for it to come before the compile is done.
+    // past the JSON hops waiting for their grammar. It starts once both
+    // JSON first hops are in the engine (a loaded machine's client
+    // start-ups differ by 100 ms or more): scheduled at once, it goes past
+    // both, whatever its first (cold) step then takes. The compile is long
+    // enough for it to come before the compile is done.
     let run = run_testbed(
         "attr-structured",
         &["--grammar-compile-ms", "1000"],
         &[
             &["--chains", "2", "--hops", "3", "--max-tokens", "16", "--stagger-ms", "40", "--json-schema-hops", "1,3"],
-            &["--chains", "1", "--hops", "6", "--max-tokens", "4", "--delay-ms", "250"],
+            &["--chains", "1", "--hops", "6", "--max-tokens", "4", "--start-after", "{dir}/client-0.started"],
         ],
     );
     let worst = check_phases(&run);
@@ -781,7 +782,7 @@ fn under_the_priority_policy_a_more_urgent_request_going_first_is_no_pass() {
     let run = run_testbed(
         "attr-priority",
         &["--scheduling-policy", "priority", "--max-num-seqs", "1"],
-        &[&["--chains", "2", "--hops", "2", "--max-tokens", "32", "--priority", "5"], &["--chains", "1", "--hops", "3", "--max-tokens", "4", "--priority", "-1", "--delay-ms", "30"]],
+        &[&["--chains", "2", "--hops", "2", "--max-tokens", "32", "--priority", "5"], &["--chains", "1", "--hops", "3", "--max-tokens", "4", "--priority", "-1", "--start-after", "{dir}/client-0.started"]],
     );
     let worst = check_phases(&run);
     check_steps(&run);

@@ -111,12 +111,12 @@ fn diff_says_the_scheduler_skipped_a_json_hop_longer_for_its_grammar() {
     let Some(_serial) = privileged("diff_says_the_scheduler_skipped_a_json_hop_longer_for_its_grammar") else { return };
     let agents: &[&[&str]] = &[
         &["--chains", "1", "--hops", "2", "--max-tokens", "16", "--task-seed", "1", "--json-schema-hops", "1"],
-        // Second by first arrival on both sides (chains pair by position),
-        // though the two clients' start-ups differ by tens of ms (over 150
-        // under two busy loops). Its first hop is the testbed's cold first
+        // Second by first arrival on both sides (chains pair by position):
+        // it starts once the JSON hop is in the engine, however long either
+        // client took to start. Its first hop is the testbed's cold first
         // step (~300 ms, twice that loaded): the slow compile leaves room
-        // for the hops after it to go past too, however late it starts.
-        &["--chains", "1", "--hops", "12", "--max-tokens", "4", "--task-seed", "2", "--delay-ms", "300"],
+        // for the hops after it to go past too.
+        &["--chains", "1", "--hops", "12", "--max-tokens", "4", "--task-seed", "2", "--start-after", "{dir}/client-0.started"],
     ];
     let before = record_testbed("diff-grammar-fast", &["--grammar-compile-ms", "40"], agents).hop;
     let after = record_testbed("diff-grammar-slow", &["--grammar-compile-ms", "1500"], agents).hop;

@@ -1132,8 +1132,20 @@ mod tests {
     fn the_grafana_dashboard_queries_only_series_that_exist() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy/grafana/hopscope.json");
         let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        // Every family populated.
-        let mut m = LiveMetrics::new("x-session-id");
+        // Every family populated: the requests of a recording with structured
+        // output and scheduler passes (the `structured` fixture) as
+        // `record --metrics` hands them out, then one of each other record.
+        let fixture = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/structured.hop")).unwrap();
+        let mut reader = crate::recording::Reader::new(&fixture[..]).unwrap();
+        let cfg = crate::correlate::Config { chain_header: reader.meta().chain_header.clone(), use_ipc: true };
+        let live = Arc::new(Mutex::new(LiveMetrics::new(&cfg.chain_header)));
+        let mut phases = LivePhases::new(cfg, Arc::clone(&live));
+        while let Some(r) = reader.next_record().unwrap() {
+            live.lock().unwrap().observe(&r);
+            phases.push(&r);
+        }
+        phases.finish();
+        let mut m = live.lock().unwrap();
         let conn = ConnKey { tgid: 1, fd: 5, ino: 5 };
         for (fd_seq, at) in [(0u32, 0u64), (1, 2_000_000_000)] {
             let mut req = chat(5, fd_seq, at, vec![("x-session-id".to_owned(), "s".to_owned())]);

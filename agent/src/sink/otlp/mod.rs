@@ -446,8 +446,8 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
                 });
                 // Inside it, the part later requests went past this one
                 // (the trace's "passed over" slice).
-                if let Some((pa, pb)) = r.engine.as_ref().and_then(|e| passed_over_span(e, (qa, qb))) {
-                    let by = r.engine.as_ref().and_then(|e| e.passed_over_by).unwrap_or(0);
+                let passed = r.engine.as_ref().and_then(|e| Some((passed_over_span(e, (qa, qb))?, e.passed_over_by?)));
+                if let Some(((pa, pb), by)) = passed {
                     spans.push(Span {
                         trace_id: trace_id.clone(),
                         span_id: fnv(&span_id, 21).to_be_bytes().to_vec(),

@@ -133,8 +133,8 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
             body["previous_response_id"] = previous_id
     else:
         body = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
-    structured = not responses and args.json_schema_hops is not None and (not args.json_schema_hops or hop in args.json_schema_hops)
-    if structured:
+    structured = args.json_schema_hops is not None and (not args.json_schema_hops or hop in args.json_schema_hops)
+    if structured and not responses:
         # An agent step that wants a machine-readable answer: the server holds
         # the output to this schema (vLLM compiles a grammar for it first).
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "step", "schema": STEP_SCHEMA}}
@@ -147,6 +147,10 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     if args.stream and args.usage and not responses:
         body["stream_options"] = {"include_usage": True}
     body["temperature"] = args.temperature
+    if structured and responses:
+        # The Responses API's form (the OpenAI Agents SDK's `output_type`):
+        # the schema under `text.format`, after `temperature` as the SDK sends it.
+        body["text"] = {"format": {"type": "json_schema", "name": "step", "schema": STEP_SCHEMA, "strict": True}}
     if responses:
         kind = "responses" if args.stream else "responses_whole"
     else:
@@ -388,7 +392,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--connection-per-hop", action="store_true",
                    help="close the connection after each hop (Connection: close): every hop on a new one")
     p.add_argument("--json-schema-hops", type=hop_list, default=None, metavar="all|H,H,...",
-                   help="these hops (chat API) ask for a JSON answer (response_format json_schema)")
+                   help="these hops ask for a JSON answer (chat: response_format json_schema; "
+                        "responses: text.format json_schema)")
     p.add_argument("--priority", type=int, default=None,
                    help="send this request priority (vLLM's extra body field; lower goes first under the "
                         "server's --scheduling-policy priority)")

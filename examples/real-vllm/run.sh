@@ -83,6 +83,8 @@ client vllm_cpu --api responses --chains 1 --hops 2 --max-tokens 16   # the Resp
 client vllm_cpu --api responses --previous-response --no-session-header --connection-per-hop --chains 1 --hops 2 --max-tokens 16
 # An agent that wants a JSON answer at its first hop: structured output, a grammar vLLM compiles.
 client vllm_cpu --json-schema-hops 1 --chains 1 --hops 2 --max-tokens 16
+# The same on the Responses API: the schema under text.format (the Agents SDK's output_type).
+client vllm_cpu --api responses --json-schema-hops 1 --chains 1 --hops 1 --max-tokens 16
 # vLLM's own per-request histograms for the same requests, beside hopscope's figures below.
 curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics.txt"
 stop

@@ -449,7 +449,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                               f"request has {len(p)} input tokens.")
         return None
 
-    def _sampling_params(body: dict, prompt_len: int, default_max: Optional[int], stream: bool) -> SamplingParams:
+    def _sampling_params(body: dict, prompt_len: int, default_max: Optional[int], stream: bool,
+                         structured: Any = "from-body") -> SamplingParams:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max
         if max_tokens is None:
             max_tokens = max_model_len - prompt_len
@@ -471,7 +472,7 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
             skip_reading_prefix_cache=None,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
-            structured_outputs=_structured_outputs(body),
+            structured_outputs=_structured_outputs(body) if structured == "from-body" else structured,
         )
 
     def _structured_outputs(body: dict) -> Optional[StructuredOutputsParams]:
@@ -499,6 +500,25 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             so = StructuredOutputsParams(**{k: body[f"guided_{k}"]})
         elif body.get("tools") and (body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)):
             so = StructuredOutputsParams(json={"type": "array", "items": [t.get("function", {}) for t in body["tools"]]})
+        if so is not None:
+            so._backend, so._backend_was_auto = "xgrammar", True
+        return so
+
+    def _responses_structured_outputs(body: dict, fmt: Optional[dict]) -> Optional[StructuredOutputsParams]:
+        """The Responses API's constraint as vLLM makes it (``extract_structured_outputs``): its
+        ``text.format`` (``json_schema`` with the schema under ``schema``, or ``json_object``),
+        else vLLM's own ``structured_outputs`` field; never ``response_format`` or tools."""
+        so = None
+        if fmt is None:
+            if isinstance(body.get("structured_outputs"), dict):
+                so = _structured_outputs({"structured_outputs": body["structured_outputs"]})
+            return so
+        if body.get("structured_outputs") is not None:
+            raise ValueError("Cannot specify both structured_outputs and text.format")
+        if fmt.get("type") == "json_object":
+            so = StructuredOutputsParams(json_object=True)
+        elif fmt.get("type") == "json_schema" and fmt.get("schema") is not None:
+            so = StructuredOutputsParams(json=fmt["schema"])
         if so is not None:
             so._backend, so._backend_was_auto = "xgrammar", True
         return so
@@ -829,7 +849,13 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
             return err
         stream = bool(body.get("stream", False))
-        sp = _sampling_params({**body, "max_tokens": body.get("max_output_tokens")}, len(prompt_ids), None, stream)
+        fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+        try:
+            structured = _responses_structured_outputs(body, fmt if isinstance(fmt, dict) else None)
+        except ValueError as e:
+            return _error(str(e))
+        sp = _sampling_params({**body, "max_tokens": body.get("max_output_tokens")}, len(prompt_ids), None, stream,
+                              structured)
         try:
             st = await _submit(request, f"{rid}_0", prompt_ids, sp, body, rec)
         except EngineDeadError as e:

@@ -289,7 +289,7 @@ class EngineCoreProc:
         t0 = time.monotonic_ns()
         so = self.sched.schedule()
         if not so.scheduled:
-            time.sleep(0.001)  # nothing fits right now (cannot normally happen)
+            time.sleep(0.001)  # all that waits is held for its grammar (or, never yet seen, does not fit)
             return
         plan = self.sched.build_plan(so)
         t_sched = time.monotonic_ns()

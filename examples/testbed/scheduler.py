@@ -236,8 +236,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
-        self.step_counter += 1
-        out = SchedulerOutput(step=self.step_counter)
+        out = SchedulerOutput(step=self.step_counter + 1)
         budget = self.max_num_batched_tokens
         t_ns = time.monotonic_ns()
         scheduled_ids: set[str] = set()
@@ -327,6 +326,10 @@ class Scheduler:
 
         out.copy_ops = self.kv.take_ops()
         out.num_tokens = sum(s.num_new for s in out.scheduled)
+        if out.scheduled:
+            # A schedule with nothing in it (every waiting request held for its grammar) runs no
+            # step and takes no number: the truth's steps stay consecutive.
+            self.step_counter = out.step
         return out
 
     def _kind(self, req: Request, num_new: int) -> str:

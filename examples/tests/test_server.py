@@ -118,6 +118,26 @@ def test_openai_responses_api_streaming_and_not(tb, oai):
     assert len(eng) == 1 and eng[0]["req"].startswith(done.id + "_0-"), eng
 
 
+def test_responses_text_format_asks_for_structured_output_as_vllm_makes_it(tb, oai):
+    """The Responses API's constraint is its ``text.format`` (the Agents SDK's ``output_type``):
+    the engine request carries it as the chat API's ``response_format`` would; a Responses body's
+    ``response_format`` is no field of that API (none); ``structured_outputs`` beside
+    ``text.format`` is refused, as vLLM refuses it."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    fmt = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    kw = dict(model=MODEL, input="responses json test", max_output_tokens=6, temperature=0)
+    json_id = oai.responses.create(**kw, text=fmt).id
+    obj_id = oai.responses.create(**kw, text={"format": {"type": "json_object"}}).id
+    plain_id = oai.responses.create(**kw, extra_body={"response_format": {"type": "json_object"}}).id
+    refused = httpx.post(tb.base_url + "/v1/responses", timeout=30,
+                         json={**kw, "text": fmt, "structured_outputs": {"json": schema}})
+    assert refused.status_code == 400 and "text.format" in refused.text, refused.text
+    ids = {json_id + "_0": "json", obj_id + "_0": "json_object", plain_id + "_0": None}
+    recs = wait_truth(tb, lambda rs: set(ids) <= {r.get("external_id") for r in rs if r["type"] == "request"})
+    got = {r["external_id"]: r.get("structured_output") for r in recs if r["type"] == "request" and r.get("external_id") in ids}
+    assert got == ids, got
+
+
 def test_sse_bytes_and_event_framing(tb):
     """Raw SSE: every event is `data: <json>\\n\\n`, [DONE] last."""
     with httpx.stream("POST", tb.base_url + "/v1/chat/completions", json={

@@ -325,7 +325,8 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
 /// one before (the server keeps the conversation), no chain header, each hop
 /// over a new connection: each of its chains is one chain of the report, its
 /// hops in order, joined by `previous_response_id`; without the link every
-/// hop would be a chain of its own (its connection's). Phases as always.
+/// hop would be a chain of its own (its connection's). Phases as always;
+/// the second turns ask for a JSON answer (`text.format`).
 #[test]
 fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
     let Some(_serial) = privileged("responses_turns_sent_with_their_previous_response_id_form_their_chains") else { return };
@@ -342,7 +343,7 @@ fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
         "attr-prevresp",
         &["--metrics", &mport],
         &[],
-        &[&["--api", "responses", "--previous-response", "--no-session-header", "--connection-per-hop", "--chains", "2", "--hops", "3", "--max-tokens", "8", "--stagger-ms", "30"]],
+        &[&["--api", "responses", "--previous-response", "--no-session-header", "--connection-per-hop", "--chains", "2", "--hops", "3", "--max-tokens", "8", "--stagger-ms", "30", "--json-schema-hops", "2"]],
         || {
             let t0 = std::time::Instant::now();
             loop {
@@ -373,6 +374,11 @@ fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
             assert_eq!(q["previous_response_id"], h["previous_response_id"], "{id}");
             // The server saw the link too, and answered from the conversation it kept.
             assert_eq!(truth[id]["previous_response_id"], h["previous_response_id"], "{id}");
+            // The second turns ask for a JSON answer in the Responses API's
+            // form (`text.format`, the Agents SDK's `output_type`): read
+            // from the engine's ADD, as the chat API's `response_format`.
+            assert_eq!(q["structured_output"], if i == 1 { Value::from("json") } else { Value::Null }, "{id}: {q}");
+            assert_eq!(q["structured_output"], h["structured_output"], "{id}");
         }
         chains.insert(first["chain"].as_str().unwrap().to_owned());
     }

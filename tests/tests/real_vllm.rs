@@ -145,10 +145,13 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let rep = json(&out.join("report.json"));
     assert_nothing_lost(&rep, &out.join("vllm_cpu.server.log"));
     let hops = lines(&out.join("vllm_cpu.client.jsonl"));
-    assert_eq!(hops.len(), 14);
-    assert_eq!(hops.iter().filter(|h| h["structured_output"] == "json").count(), 1, "one hop asked for a JSON answer");
+    assert_eq!(hops.len(), 15);
+    // A chat hop (`response_format`) and a Responses turn (`text.format`):
+    // each request's kind is vLLM's ADD's (assert_every_answer_joined).
+    let json_hops: Vec<&str> = hops.iter().filter(|h| h["structured_output"] == "json").map(|h| h["kind"].as_str().unwrap()).collect();
+    assert_eq!(json_hops, ["stream", "responses"], "two hops asked for a JSON answer");
     let so = &rep["summary"]["structured_output"];
-    assert_eq!((&so["requests"], &so["kinds"][0]["kind"]), (&Value::from(1), &Value::from("json")), "{so}");
+    assert_eq!((&so["requests"], &so["kinds"][0]["kind"]), (&Value::from(2), &Value::from("json")), "{so}");
     let kinds: BTreeSet<&str> = hops.iter().map(|h| h["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, BTreeSet::from(["responses", "stream", "stream_no_usage", "whole"]));
     assert_every_answer_joined(&rep, &hops, 16);
@@ -169,11 +172,11 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let rows = compare_metrics(&out.join("report.json"), &out.join("vllm-metrics.txt"));
     for h in ["queue", "scheduler_queue", "prefill", "decode", "engine_decode", "inference", "tpot", "e2e"] {
         let r = rows.row(h);
-        assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(14), Some(14)), "{r}");
+        assert_eq!((r["n"].as_u64(), r["vllm_n"].as_u64()), (Some(15), Some(15)), "{r}");
     }
     let diff = |h: &str| rows.diff(h);
     rows.assert_engine_stamps_equal();
-    assert!(diff("decode").abs() < 3.0 * 14.0, "decode {} ms from vLLM's: {}", diff("decode"), rows.0);
+    assert!(diff("decode").abs() < 3.0 * 15.0, "decode {} ms from vLLM's: {}", diff("decode"), rows.0);
     assert!(diff("queue") > 0.0 && diff("e2e") > 0.0, "{}", rows.0);
     rows.assert_tokens_equal();
 

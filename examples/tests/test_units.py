@@ -177,6 +177,15 @@ def test_structured_output_waits_for_its_grammar_and_later_requests_go_past_it()
     # The same constraint again: compiled already, scheduled at once.
     sched.add_request(_ecr("s2", [42] * 8, structured_outputs=so()), 0)
     assert "s2" in [s.req.request_id for s in sched.schedule().scheduled]
+    # Nothing but a compiling request waits: the schedule is empty and numbers no step (the
+    # engine loop polls until the grammar is ready; the truth's steps stay consecutive).
+    lone = Scheduler(KVCacheManager(64, 4, True), 64, 4, 512, grammar_compile_ms=30.0)
+    lone.add_request(_ecr("s3", [43] * 8, structured_outputs=StructuredOutputsParams(json={"type": "array"})), 0)
+    empty = lone.schedule()
+    assert not empty.scheduled and lone.step_counter == 0
+    time.sleep(0.035)
+    ran = lone.schedule()
+    assert [s.req.request_id for s in ran.scheduled] == ["s3"] and ran.step == lone.step_counter == 1
 
 
 def _prio(rid, prompt, priority, arrival):

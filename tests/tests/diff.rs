@@ -124,6 +124,8 @@ fn diff_says_the_scheduler_skipped_a_json_hop_longer_for_its_grammar() {
     eprintln!("{text}");
     let d: Value = serde_json::from_str(&diff(&before, &after, true)).expect("diff --json is json");
     assert_eq!((&d["matching"]["mode"], &d["matching"]["by_chain"]), (&Value::from("chain"), &Value::from(14)), "{}", d["matching"]);
+    // Each agent with itself by its opening prompt, whichever started first.
+    assert_eq!(d["matching"]["chains_by_opening"], 2, "{}", d["matching"]);
     let json_hop = |d: &Value| -> Value {
         let pairs: Vec<&Value> = d["pairs"].as_array().unwrap().iter().filter(|p| p["structured_output"]["before"] == "json").collect();
         assert_eq!(pairs.len(), 1, "one JSON hop a side: {pairs:?}");

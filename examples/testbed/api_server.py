@@ -42,6 +42,7 @@ from .coordinator import CoordinatorAddrs
 from .launcher import Engines, client_ipc_names, coordinator_addrs
 from .protocol import (
     ENGINE_CORE_DEAD,
+    AddEncoder,
     EngineCoreRequest,
     EngineCoreRequestType,
     RequestOutputKind,
@@ -50,6 +51,7 @@ from .protocol import (
     make_encoder,
     make_outputs_decoder,
     random_uuid,
+    request_class,
 )
 from .tokenizer import ByteTokenizer, IncrementalDetokenizer
 from .truth import TruthWriter
@@ -104,6 +106,7 @@ class AsyncEngineClient:
         self.n_engines = max(1, cfg.data_parallel_size)
         self.states: dict[str, RequestState] = {}
         self.encoder = make_encoder()
+        self.add_encoder = AddEncoder(cfg.vllm_wire)
         # per engine identity: its requests in flight (routing); per engine request: its engine
         self.inflight: dict[bytes, int] = {}
         self.engine_of: dict[str, bytes] = {}
@@ -203,9 +206,9 @@ class AsyncEngineClient:
             ecr.current_wave = self.current_wave
         ecr.client_index = self.client_index
         self.engine_of[ecr.request_id] = ident
-        payload = self.encoder.encode(ecr)
+        frames = self.add_encoder.encode(ecr)
         t_submit = time.monotonic_ns()
-        await self.input_sock.send_multipart([ident, EngineCoreRequestType.ADD.value, payload], copy=False)
+        await self.input_sock.send_multipart([ident, EngineCoreRequestType.ADD.value, *frames], copy=False)
         t_sent = time.monotonic_ns()
         if self.coord_sock is not None and not self.engines_running:
             # vLLM: after the ADD, tell the coordinator to wake the other engines.
@@ -527,7 +530,7 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         if forward_trace_headers:
             th = {k: v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
             trace_headers = th or None
-        ecr = EngineCoreRequest(
+        ecr = request_class(cfg.vllm_wire)(
             request_id=engine_id,
             prompt_token_ids=prompt_ids,
             mm_features=None,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .model_numpy import ModelConfig
+from .protocol import WIRE_VERSIONS
 
 
 @dataclass
@@ -35,6 +36,7 @@ class EngineConfig:
     step_sleep_ms: float = 0.0  # artificial extra time per step (slows the engine down for demos)
     grammar_compile_ms: float = 40.0  # a structured-output request's grammar compile (once per constraint)
     scheduling_policy: str = "fcfs"  # vLLM --scheduling-policy: fcfs or priority
+    vllm_wire: str = "0.33.0"  # the vLLM release whose engine IPC layout the testbed speaks
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
@@ -87,6 +89,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="engine clients, requests spread over them in turn (vLLM runs N API server "
                         "processes, each with its own sockets to every engine; here N clients in one "
                         "process: the engines send each step as one message per client, as vLLM)")
+    g.add_argument("--vllm-wire", default="0.33.0", choices=WIRE_VERSIONS,
+                   help="the vLLM release whose engine IPC the API server and engine speak: 0.34.0 adds "
+                        "a trailing field to requests and outputs and packs an ADD's prompt ids into an "
+                        "int32 array, in a ZeroMQ frame of its own from 64 ids")
     g.add_argument("--ground-truth", default=None, metavar="FILE",
                    help="append CLOCK_MONOTONIC ground truth (JSONL) from both processes")
 
@@ -112,6 +118,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         step_sleep_ms=a.step_sleep_ms,
         grammar_compile_ms=a.grammar_compile_ms,
         scheduling_policy=a.scheduling_policy,
+        vllm_wire=a.vllm_wire,
         model=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, d_ff=a.d_ff,
                           max_model_len=a.max_model_len, seed=a.seed),
     )

@@ -41,6 +41,7 @@ from .config import EngineConfig
 from .kv_cache import KVCacheManager
 from .protocol import (
     ENGINE_CORE_DEAD,
+    AddDecoder,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
@@ -48,7 +49,7 @@ from .protocol import (
     engine_identity,
     make_abort_decoder,
     make_encoder,
-    make_request_decoder,
+    output_class,
 )
 from .scheduler import Request, Scheduler
 from .truth import TruthWriter
@@ -97,7 +98,8 @@ class EngineCoreProc:
         self.kv = KVCacheManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
                                  cfg.kv_offload_blocks if cfg.kv_offload else 0)
         self.sched = Scheduler(self.kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                               cfg.log_stats, cfg.allow_eos, cfg.grammar_compile_ms, cfg.scheduling_policy)
+                               cfg.log_stats, cfg.allow_eos, cfg.grammar_compile_ms, cfg.scheduling_policy,
+                               output_class(cfg.vllm_wire))
         self.input_queue: "queue.Queue[Any]" = queue.Queue()
         self.output_queue: "queue.Queue[Any]" = queue.Queue()
         self.ctx = zmq.Context()
@@ -125,7 +127,7 @@ class EngineCoreProc:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(addr)
             socks.append(sock)
-        add_dec = make_request_decoder()
+        add_dec = AddDecoder()
         abort_dec = make_abort_decoder()
         coord = None
         if self.coord_addrs is not None:
@@ -163,7 +165,7 @@ class EngineCoreProc:
                     t_ns = time.monotonic_ns()
                     rtype = EngineCoreRequestType(frames[0])
                     if rtype == EngineCoreRequestType.ADD:
-                        self.input_queue.put((rtype, add_dec.decode(frames[1]), t_ns))
+                        self.input_queue.put((rtype, add_dec.decode(frames[1:]), t_ns))
                     elif rtype == EngineCoreRequestType.ABORT:
                         self.input_queue.put((rtype, abort_dec.decode(frames[1]), t_ns))
                     elif rtype == EngineCoreRequestType.UTILITY:

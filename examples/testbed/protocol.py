@@ -1,7 +1,11 @@
-"""Engine IPC messages, mirroring vLLM **0.33.0** (vllm/v1/engine/__init__.py).
+"""Engine IPC messages, mirroring vLLM **0.33.0** (vllm/v1/engine/__init__.py), or 0.34.0.
 
-The testbed emulates exactly one vLLM layout: 0.33.0 (see ../../shared/vllm-wire.md §8 and the
-genuine bytes in shared/fixtures/vllm-0.33.0/). The structs below use the same msgspec options as
+The testbed speaks vLLM 0.33.0's layout (see ../../shared/vllm-wire.md §8 and the genuine bytes in
+shared/fixtures/vllm-0.33.0/), or with ``--vllm-wire 0.34.0`` vLLM 0.34.0's (genuine bytes in
+agent/tests/fixtures/vllm-0.34.0/): one more trailing field in EngineCoreRequest (``block_hashes``)
+and EngineCoreOutput (``watermarking``), and the ADD's prompt ids packed into an int32 ndarray that
+vLLM's MsgpackEncoder writes as ``[dtype, shape, data]``, ``data`` inline as ext 3 under 256 bytes,
+else the index of an extra ZeroMQ frame (``AddEncoder``). The structs below use the same msgspec options as
 vLLM (``array_like=True, omit_defaults=True, gc=False``; omit_defaults has no effect on array_like
 structs, so every field is always on the wire) and the same field ORDER, so that
 ``msgspec.msgpack.encode`` produces the same positional arrays:
@@ -36,6 +40,7 @@ import uuid
 from typing import Any, Optional, Union
 
 import msgspec
+import numpy as np
 
 
 class EngineCoreRequestType(bytes, enum.Enum):
@@ -97,7 +102,8 @@ class StructuredOutputsParams:
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):  # type: ignore[call-arg]
-    """Subset of vLLM's SamplingParams, same defaults; encoded as a map of non-default keys.
+    """Subset of vLLM's SamplingParams, same defaults, in its order (0.33.0 and 0.34.0); encoded as a
+    map of non-default keys.
 
     As in vLLM, ``stop``/``stop_token_ids``/``bad_words`` become ``[]`` and
     ``skip_reading_prefix_cache`` becomes ``False`` after construction, so they are always sent.
@@ -114,9 +120,6 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):  # type: ignore[call-a
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
-    bad_words: Optional[list[str]] = None
-    skip_reading_prefix_cache: Optional[bool] = None
-    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     max_tokens: Optional[int] = 16
     min_tokens: int = 0
@@ -124,8 +127,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):  # type: ignore[call-a
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: Optional[StructuredOutputsParams] = None
+    bad_words: Optional[list[str]] = None
+    skip_reading_prefix_cache: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -266,6 +272,90 @@ class EngineCoreOutputs(
             self.timestamp = time.monotonic()
 
 
+class EngineCoreRequest034(EngineCoreRequest):  # type: ignore[call-arg]
+    """vLLM 0.34.0's EngineCoreRequest: 0.33.0's fields, then ``block_hashes``."""
+
+    # 1: a list, or the [dtype, shape, data] of vLLM 0.34.0's packed ids (AddEncoder)
+    prompt_token_ids: Any
+    block_hashes: Optional[list[bytes]] = None  # 22
+
+
+class EngineCoreOutput034(EngineCoreOutput):  # type: ignore[call-arg]
+    """vLLM 0.34.0's EngineCoreOutput: 0.33.0's fields, then ``watermarking``."""
+
+    watermarking: Optional[bool] = None  # 19
+
+
+#: The vLLM wire layouts the testbed speaks (``--vllm-wire``).
+WIRE_VERSIONS = ("0.33.0", "0.34.0")
+RAW_VIEW = 3  # vLLM serial_utils.CUSTOM_TYPE_RAW_VIEW
+ZERO_COPY_THRESHOLD = 256  # VLLM_MSGPACK_ZERO_COPY_THRESHOLD's default
+
+
+def request_class(wire: str) -> type:
+    return EngineCoreRequest034 if wire == "0.34.0" else EngineCoreRequest
+
+
+def output_class(wire: str) -> type:
+    return EngineCoreOutput034 if wire == "0.34.0" else EngineCoreOutput
+
+
+class AddEncoder:
+    """An ADD's frames after its type byte, as the frontend of vLLM ``wire`` sends them: 0.33.0 one
+    msgpack frame; 0.34.0 the prompt ids packed into an int32 ndarray (``_with_packed_prompt``)
+    and written by vLLM's MsgpackEncoder rules: ``[dtype, shape, data]``, ``data`` an ext 3 of the
+    array's bytes under 256 bytes, else the index of the extra frame that carries them."""
+
+    def __init__(self, wire: str):
+        self.packed = wire == "0.34.0"
+        self._enc = msgspec.msgpack.Encoder(enc_hook=self._hook)
+        self._aux: Optional[list] = None
+
+    def encode(self, ecr: EngineCoreRequest) -> list:
+        if self.packed and isinstance(ecr.prompt_token_ids, list):
+            ecr = msgspec.structs.replace(ecr, prompt_token_ids=np.asarray(ecr.prompt_token_ids, dtype=np.int32))
+        self._aux = bufs = [b""]
+        try:
+            bufs[0] = self._enc.encode(ecr)
+            return bufs
+        finally:
+            self._aux = None
+
+    def _hook(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray) and self._aux is not None:
+            if not obj.shape or obj.nbytes < ZERO_COPY_THRESHOLD:
+                data: Any = msgspec.msgpack.Ext(RAW_VIEW, obj.tobytes())
+            else:
+                data = len(self._aux)
+                self._aux.append(obj.data)
+            return obj.dtype.str, obj.shape, data
+        raise NotImplementedError(f"cannot encode {type(obj)}")
+
+
+class AddDecoder:
+    """The engine's side of ``AddEncoder``, for either wire: a list of ids as it is; packed ids
+    (inline, or in the frame their index names) back to a list."""
+
+    def __init__(self) -> None:
+        self._dec = msgspec.msgpack.Decoder(EngineCoreRequest034, ext_hook=self._ext)
+
+    @staticmethod
+    def _ext(code: int, data: memoryview) -> bytes:
+        if code != RAW_VIEW:
+            raise ValueError(f"unexpected msgpack extension {code}")
+        return bytes(data)
+
+    def decode(self, frames: list) -> EngineCoreRequest:
+        """``frames``: the ADD's frames after its type byte."""
+        ecr = self._dec.decode(frames[0])
+        ids = ecr.prompt_token_ids
+        if ids and isinstance(ids[0], str):  # [dtype, shape, data], not ids
+            dtype, shape, data = ids
+            buf = frames[data] if isinstance(data, int) else data
+            ecr.prompt_token_ids = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape).tolist()
+        return ecr
+
+
 # Field names by position, for tests and for readers of the JSONL capture.
 REQUEST_FIELDS = tuple(EngineCoreRequest.__struct_fields__)
 OUTPUT_FIELDS = tuple(EngineCoreOutput.__struct_fields__)
@@ -289,6 +379,7 @@ def make_encoder() -> msgspec.msgpack.Encoder:
 
 
 def make_request_decoder() -> msgspec.msgpack.Decoder:
+    """0.33.0's EngineCoreRequest alone (the engine reads either wire with ``AddDecoder``)."""
     return msgspec.msgpack.Decoder(EngineCoreRequest)
 
 

@@ -149,10 +149,12 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, log_stats: bool = True, allow_eos: bool = False,
-                 grammar_compile_ms: float = 0.0, scheduling_policy: str = "fcfs"):
+                 grammar_compile_ms: float = 0.0, scheduling_policy: str = "fcfs",
+                 output_cls: type = EngineCoreOutput):
         if scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {scheduling_policy!r}: fcfs or priority")
         self.by_priority = scheduling_policy == "priority"
+        self.output_cls = output_cls  # the wire's EngineCoreOutput (vLLM 0.34.0's has one more field)
         self.kv = kv
         # Structured output: as vLLM, a request whose grammar is still compiling waits in the
         # queue while later ones are scheduled past it; a constraint compiled before is ready at
@@ -404,7 +406,7 @@ class Scheduler:
                     num_external_cached_tokens=req.num_external_cached_tokens,
                     num_cache_creation_tokens=0,
                 )
-            outputs.append(EngineCoreOutput(
+            outputs.append(self.output_cls(
                 request_id=req.request_id,
                 new_token_ids=[tok],
                 finish_reason=req.finish_reason,

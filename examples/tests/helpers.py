@@ -18,6 +18,8 @@ from typing import Optional
 import httpx
 
 EXAMPLES = Path(__file__).resolve().parents[1]
+# Genuine vLLM 0.34.0 bytes, committed (agent/tests/fixtures/vllm-0.34.0/make.py made them).
+FIXTURES_034 = EXAMPLES.parent / "agent" / "tests" / "fixtures" / "vllm-0.34.0"
 FIXTURES = EXAMPLES.parent.parent / "shared" / "fixtures" / "vllm-0.33.0"
 if not FIXTURES.exists():  # checkout layouts: <root>/main/examples and <root>/shared
     for cand in (EXAMPLES.parent / "shared" / "fixtures" / "vllm-0.33.0",

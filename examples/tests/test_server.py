@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from openai import OpenAI
 
-from helpers import FIXTURES, Testbed, parse_zmtp, ready_properties, run_chains
+from helpers import FIXTURES, FIXTURES_034, Testbed, parse_zmtp, ready_properties, run_chains
 from testbed.protocol import PrefixCacheStats, SchedulerStats
 from testbed.truth import read_truth
 
@@ -283,6 +283,56 @@ def test_ipc_bytes_side_by_side_with_vllm_0_33_0(tb):
         assert re.fullmatch(re.escape(req[16]) + r"-[0-9a-f]{8}", req[0])
         assert abs(req[5] - time.time()) < 120  # arrival_time is wall clock
     assert matched == 3
+
+
+def test_vllm_0_34_0_wire_side_by_side_with_its_genuine_bytes(tmp_path):
+    """``--vllm-wire 0.34.0``: an ADD of 23 fields whose prompt ids travel as vLLM 0.34.0's packed
+    int32 array (inline under 64 ids, else in a third frame), outputs of 20 fields; the same
+    shapes as the bytes vLLM 0.34.0's own encoder made, and the engine reads the ids back."""
+    t = Testbed("--vllm-wire", "0.34.0", relay=True, workdir=str(tmp_path)).start()
+    try:
+        usage = {}
+        for name, prompt in (("short", "hi"), ("long", "lorem ipsum " * 30)):
+            r = httpx.post(t.base_url + "/v1/completions", headers={"X-Request-Id": f"w034-{name}"}, json={
+                "model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}, timeout=60).json()
+            usage[r["id"]] = r["usage"]["prompt_tokens"]
+        time.sleep(0.3)
+        _, in_a2e = t.relays["in.sock"].snapshot()
+        out_e2a, _ = t.relays["out.sock"].snapshot()
+    finally:
+        assert t.stop() == 0, open(t.log_path).read()
+    raw = lambda code, data: (code, bytes(data))  # noqa: E731
+    fx = {n: msgspec.msgpack.decode((FIXTURES_034 / f"add_{n}.frame0.bin").read_bytes(), ext_hook=raw)
+          for n in ("short", "long")}
+    # A completion's engine requests are `<its id>-<prompt index>`.
+    of = lambda ext: next(k for k in usage if ext.startswith(k + "-"))  # noqa: E731
+    adds = [m for m in parse_zmtp(in_a2e).messages if m[0].body == b"\x00"]
+    seen = {}
+    for m in adds:
+        req = msgspec.msgpack.decode(m[1].body, ext_hook=raw)
+        assert len(req) == len(fx["short"]) == 23
+        n = usage[of(req[16])]
+        dtype, shape, data = req[1]
+        assert (dtype, shape) == ("<i4", [n])
+        if n * 4 < 256:
+            assert len(m) == 2 and data[0] == 3 and len(data[1]) == 4 * n, "inline, ext 3"
+            ref = fx["short"]
+        else:
+            assert len(m) == 3 and data == 1 and len(m[2].body) == 4 * n, "the ids in frame 1 after the msgpack"
+            ref = fx["long"]
+        # Sampling params and trace headers aside (these requests asked for other things).
+        _assert_same_shape([x for i, x in enumerate(req) if i not in (3, 13, 14, 22)],
+                           [x for i, x in enumerate(ref) if i not in (3, 13, 14, 22)])
+        seen[of(req[16])] = len(m)
+    assert seen == {"cmpl-w034-short": 2, "cmpl-w034-long": 3}, seen
+    fx_out = msgspec.msgpack.decode((FIXTURES_034 / "outputs.frame0.bin").read_bytes())
+    assert len(fx_out[1][0]) == 20
+    outs = [o for m in parse_zmtp(out_e2a).messages for o in msgspec.msgpack.decode(m[0].body)[1]]
+    assert outs and all(len(o) == 20 for o in outs)
+    # The engine read the packed ids: its truth's prompt lengths are the API's usage.
+    recs = read_truth(t.truth_path)
+    got = {of(r["external_id"]): r["prompt_tokens"] for r in recs if r["type"] == "request"}
+    assert got == usage
 
 
 def test_stop_string_aborts_engine_request(tb):

@@ -1,4 +1,4 @@
-"""In-process unit tests: message layouts (byte-exact against vLLM 0.33.0's genuine bytes),
+"""In-process unit tests: message layouts (byte-exact against vLLM 0.33.0's and 0.34.0's genuine bytes),
 tokenizer, KV cache manager, scheduler + numpy model."""
 
 import json
@@ -7,15 +7,19 @@ import msgspec
 import numpy as np
 import pytest
 
-from helpers import FIXTURES
+from helpers import FIXTURES, FIXTURES_034
 from testbed.kv_cache import KVCacheManager
 from testbed.model_numpy import ModelConfig, NumpyModelRunner
 from testbed.protocol import (
+    AddDecoder,
+    AddEncoder,
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreOutput,
+    EngineCoreOutput034,
     EngineCoreOutputs,
     EngineCoreRequest,
+    EngineCoreRequest034,
     FinishReason,
     PrefillStats,
     SamplingParams,
@@ -363,3 +367,45 @@ def test_dp_coordinator_relays_load_and_waves_like_vllms(tmp_path):
         ctx.term()
         proc.terminate()
         proc.join(timeout=5)
+
+
+def test_add_request_frames_identical_to_vllm_0_34_0():
+    """``--vllm-wire 0.34.0``: the ADD frames (packed ids inline, and in a frame of their own) are
+    the very bytes vLLM 0.34.0's frontend sent for the same requests; the engine reads them back."""
+    fx = json.loads((FIXTURES_034 / "fixtures.json").read_text())["adds"]
+    so = StructuredOutputsParams(json={"type": "object", "properties": {"city": {"type": "string"}}})
+    # vLLM's instance holds both from construction (its frontend then sets them, as the testbed's).
+    so._backend, so._backend_was_auto = None, False
+    short = EngineCoreRequest034(
+        request_id=fx[0]["request_id"], prompt_token_ids=list(range(101, 106)), mm_features=None,
+        sampling_params=SamplingParams(max_tokens=24), pooling_params=None, arrival_time=fx[0]["arrival_time"],
+        lora_request=None, cache_salt=None, data_parallel_rank=None, external_req_id=fx[0]["external_req_id"])
+    long_ = EngineCoreRequest034(
+        request_id=fx[1]["request_id"], prompt_token_ids=[(i * 7919) % 32000 for i in range(300)], mm_features=None,
+        sampling_params=SamplingParams(max_tokens=64, structured_outputs=so),
+        pooling_params=None, arrival_time=fx[1]["arrival_time"], lora_request=None, cache_salt=None,
+        data_parallel_rank=None, priority=-3, trace_headers={"traceparent": fx[1]["traceparent"]},
+        external_req_id=fx[1]["external_req_id"], block_hashes=[b"\x11" * 32, b"\x22" * 32])
+    enc = AddEncoder("0.34.0")
+    for name, req, n in (("add_short", short, 1), ("add_long", long_, 2)):
+        frames = [bytes(f) for f in enc.encode(req)]
+        assert frames == [(FIXTURES_034 / f"{name}.frame{i}.bin").read_bytes() for i in range(n)], name
+        back = AddDecoder().decode(frames)
+        assert back.prompt_token_ids == req.prompt_token_ids and back.priority == req.priority
+    # 0.33.0's wire: one frame, the ids a list, read by the same decoder.
+    one = AddEncoder("0.33.0").encode(msgspec.structs.replace(short, block_hashes=None))
+    assert len(one) == 1 and AddDecoder().decode(one).prompt_token_ids == short.prompt_token_ids
+
+
+def test_outputs_step_bytes_identical_to_vllm_0_34_0():
+    fx = (FIXTURES_034 / "outputs.frame0.bin").read_bytes()
+    ours = EngineCoreOutputs(engine_index=0, timestamp=54321.125, outputs=[
+        EngineCoreOutput034("chatcmpl-0340long000000000-5e6f7a8b", [17],
+                            events=[EngineCoreEvent(EngineCoreEventType.QUEUED, 54321.0),
+                                    EngineCoreEvent(EngineCoreEventType.SCHEDULED, 54321.0625)],
+                            prefill_stats=PrefillStats(300, 44, 256, 256, 0, 0), watermarking=True),
+        EngineCoreOutput034("chatcmpl-0340other00000000-9c0d1e2f", [5, 6], finish_reason=FinishReason.LENGTH),
+    ])
+    assert msgspec.msgpack.encode(ours) == fx
+    # The API server's decoder (0.33.0's struct) ignores the trailing field, as msgspec does.
+    assert make_outputs_decoder().decode(fx).outputs[1].finish_reason == FinishReason.LENGTH

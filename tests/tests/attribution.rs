@@ -889,6 +889,47 @@ fn phases_match_ground_truth_for_prompts_longer_than_a_zmq_batch() {
     assert!(woken * 2 >= chat.len(), "most long ADDs are timed by the wake-up before their first write: {woken} of {}", chat.len());
 }
 
+/// vLLM 0.34.0's engine IPC (`--vllm-wire 0.34.0`): an ADD's prompt ids
+/// travel as an int32 array, inline under 64 ids, else in a ZeroMQ frame of
+/// their own after the msgpack (~1 KiB for the short prompts, ~36 KiB for
+/// the long: past the 32 KiB unix capture), and requests and outputs have one more trailing
+/// field. Known layouts: nothing inferred, unknown or cut; the phases within
+/// the truth's brackets; each prompt's length the engine's (no usage asked
+/// for, so the report's is the ADD's).
+#[test]
+fn vllm_0_34_wire_with_packed_prompt_ids_is_attributed_as_exactly() {
+    let Some(_serial) = privileged("vllm_0_34_wire_with_packed_prompt_ids_is_attributed_as_exactly") else { return };
+    let run = run_testbed(
+        "attr-wire034",
+        &["--vllm-wire", "0.34.0"],
+        &[
+            &["--no-usage", "--chains", "2", "--hops", "2", "--max-tokens", "8", "--prompt-words", "1300", "--stagger-ms", "40"],
+            &["--no-usage", "--chains", "1", "--hops", "2", "--max-tokens", "8", "--prompt-words", "2", "--delay-ms", "20"],
+        ],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("vLLM 0.34.0 wire: worst phase error {worst:.3} ms");
+    let engine: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap(), t)).collect();
+    let inference: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["engine_request_id"].is_string()).collect();
+    assert_eq!(inference.len(), 6, "2 chains x 2 long hops, 1 x 2 short ones");
+    let mut lens = Vec::new();
+    for r in &inference {
+        let e = engine[r["engine_request_id"].as_str().unwrap()];
+        assert_eq!(r["prompt_tokens"], e["prompt_tokens"], "{}: the ADD's count of its packed ids", r["id"]);
+        lens.push(r["prompt_tokens"].as_u64().unwrap());
+    }
+    lens.sort_unstable();
+    eprintln!("prompt lengths {lens:?}");
+    // Under 64 ids they go inline: the chain client's shortest prompt is
+    // longer (the `vllm_0_34` decoder tests and pytest have such ADDs).
+    assert!(lens[0] < 8192 && lens[5] > 8192, "ids in a frame inside the capture and past it: {lens:?}");
+    let drops = &run.report["recording"]["drops"];
+    for k in ["ipc_unknown_layout", "ipc_layout_inferred", "ipc_truncated_fields", "zmtp_desync"] {
+        assert_eq!(drops[k].as_u64().unwrap_or(0), 0, "{k}: {drops}");
+    }
+}
+
 /// Without engine stats logging vLLM sends no SCHEDULED events: queue's end
 /// falls back to the end of the step before the first-token step. That is
 /// exact when nothing else ran in between and late by up to a chunked

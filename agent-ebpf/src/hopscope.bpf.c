@@ -39,8 +39,11 @@ _Static_assert((HS_MAX_CAPTURE & (HS_MAX_CAPTURE - 1)) == 0, "HS_MAX_CAPTURE mus
 #define S_IFSOCK 0140000
 #define EAGAIN 11
 
-/* How many iovecs readv/writev/recvmsg/sendmsg walk. */
-#define HS_MAX_IOV 8
+/* How many iovecs readv/writev/recvmsg/sendmsg walk. hyper (vLLM 0.34.0's
+ * Rust frontend, axum) writes a chunked body with writev: three iovecs per
+ * queued chunk (size line, data, CRLF), up to 64 a call; at 8 a burst of SSE
+ * events lost its framing. */
+#define HS_MAX_IOV 64
 
 /* ---- configuration, set by the loader (EbpfLoader::override_global) ---- */
 

@@ -110,12 +110,32 @@ class EngineCoreProc:
     # ----------------------------------------------------------- IO threads
     def _ready_payload(self) -> bytes:
         dtype = getattr(self.runner, "dtype_name", "float32")
-        return msgspec.msgpack.encode({
+        ready: dict[str, Any] = {
             "max_model_len": self.cfg.max_model_len,
             "num_gpu_blocks": self.cfg.num_kv_blocks,
             "dp_stats_address": None,
             "dtype": dtype,
-        })
+        }
+        if self.cfg.vllm_wire == "0.34.0":
+            # Every field of 0.34.0's EngineCoreReadyResponse (a dataclass: all by name, in its
+            # order): its Rust frontend requires them.
+            c = self.cfg
+            ready = {
+                "max_model_len": c.max_model_len, "num_gpu_blocks": c.num_kv_blocks, "block_size": c.block_size,
+                "dp_stats_address": None, "dtype": dtype, "vllm_version": "0.34.0", "world_size": 1,
+                "data_parallel_size": max(1, c.data_parallel_size), "tensor_parallel_size": 1,
+                "pipeline_parallel_size": 1, "decode_context_parallel_size": 1, "data_parallel_rank": c.engine_index,
+                "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+                "instance_id": f"testbed-{os.getpid()}", "supports_lora": False, "max_loras": 0,
+                "mamba_block_size": None, "kv_cache_size_tokens": c.num_kv_blocks * c.block_size,
+                "kv_cache_max_concurrency": None, "kv_events_config": None, "weight_transfer_backend": None,
+                "enable_sleep_mode": False, "supports_draft_weight_updates": False,
+                "effective_attention_block_size": c.block_size, "coord_store_port": 0,
+                "coordinator_input_address": None, "coordinator_output_address": None, "vllm_config": None,
+                "prefix_hash_config": None, "cache_config_info": None, "config_hash": None,
+                "enable_expert_parallel": False,
+            }
+        return msgspec.msgpack.encode(ready)
 
     def process_input_socket(self) -> None:
         socks = []

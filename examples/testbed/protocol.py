@@ -15,7 +15,7 @@ structs, so every field is always on the wire) and the same field ORDER, so that
 * EngineCoreOutput    19 fields (request_id … error)
 * EngineCoreEvent      map {"type", "timestamp"}   (plain msgspec.Struct)
 * PrefillStats         map with all 6 keys         (a dataclass in vLLM: every field by name)
-* SchedulerStats       map with all 12 keys        (a dataclass in vLLM; PrefixCacheStats inside too)
+* SchedulerStats       map with all 18 keys        (a dataclass in vLLM; PrefixCacheStats inside too)
 * SamplingParams       map of non-default keys     (msgspec.Struct, omit_defaults=True)
 * StructuredOutputsParams  map with all 11 keys    (a dataclass in vLLM: every field by name)
 
@@ -169,7 +169,7 @@ class PrefillStats(msgspec.Struct):
 
 
 class PrefixCacheStats(msgspec.Struct):
-    """vLLM 0.33.0 PrefixCacheStats (a dataclass there; all fields by name on the wire).
+    """vLLM 0.33.0/0.34.0 PrefixCacheStats (a dataclass there; all fields by name on the wire).
     Counts since the previous SchedulerStats: lookups, tokens looked up, tokens hit."""
 
     reset: bool = False
@@ -179,24 +179,32 @@ class PrefixCacheStats(msgspec.Struct):
     preempted_requests: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    hits_by_source: dict = {}
 
 
 class SchedulerStats(msgspec.Struct):
-    """vLLM 0.33.0 SchedulerStats (a dataclass there; all fields by name on the wire), sent in
-    EngineCoreOutputs.scheduler_stats on every step while stats logging is on (the default)."""
+    """vLLM 0.33.0/0.34.0 SchedulerStats (a dataclass there; all 18 fields by name on the wire, in
+    its order), sent in EngineCoreOutputs.scheduler_stats on every step while stats logging is on
+    (the default). vLLM 0.34.0's Rust frontend refuses a map without any of them."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
+    num_skipped_waiting_reqs: int = 0
+    num_kv_fetch_reqs_by_stage: dict = {}
     step_counter: int = 0
     current_wave: int = 0
     kv_cache_usage: float = 0.0
-    encoder_cache_usage: float = 0.0
+    iteration_details: Any = None
     prefix_cache_stats: PrefixCacheStats = msgspec.field(default_factory=PrefixCacheStats)
     connector_prefix_cache_stats: Optional[PrefixCacheStats] = None
+    kv_cache_eviction_events: list = []
     spec_decoding_stats: Any = None
     kv_connector_stats: Optional[dict] = None
+    ec_connector_stats: Optional[dict] = None
     waiting_lora_adapters: dict = {}
     running_lora_adapters: dict = {}
+    cudagraph_stats: Any = None
+    perf_stats: Any = None
 
 
 class EngineCoreRequest(

@@ -44,7 +44,7 @@ fn assert_nothing_lost(rep: &Value, log: &Path) {
     assert!(lost.is_empty(), "{}: lost {lost:?}", log.display());
     let said = std::fs::read_to_string(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     assert!(!said.contains("lost while recording"), "{}", log.display());
-    assert_eq!(drops.get("ipc_layout_inferred").and_then(Value::as_u64).unwrap_or(0), 0, "vLLM 0.32.0's layouts are in the tables: {drops:?}");
+    assert_eq!(drops.get("ipc_layout_inferred").and_then(Value::as_u64).unwrap_or(0), 0, "the layouts (vLLM 0.32.0's, 0.34.0's) are in the tables: {drops:?}");
 }
 
 fn request<'a>(rep: &'a Value, id: &str) -> &'a Value {
@@ -85,6 +85,59 @@ fn assert_every_answer_joined(rep: &Value, hops: &[Value], max_tokens: u64) {
             assert_eq!(q["prompt_tokens"], n, "{id}");
         }
     }
+}
+
+/// vLLM 0.34.0's Rust frontend (`vllm-rs`: hyper/axum HTTP, the `zeromq`
+/// crate's ZMTP, its own tokenizer and ids) under `hopscope run`, in front of
+/// the testbed's engine speaking 0.34.0's engine IPC
+/// (`examples/real-vllm/rust_frontend.sh`): every answer joined as a real
+/// vLLM's, nothing lost (at 8 iovecs a `writev`, hyper's SSE bursts lost
+/// their framing and every streamed answer read as closed early), its prompt
+/// length and queue end the engine's own.
+#[test]
+fn vllm_0_34_rust_frontend_traced_live_joins_every_answer_and_loses_nothing() {
+    let name = "vllm_0_34_rust_frontend_traced_live_joins_every_answer_and_loses_nothing";
+    let Some(_serial) = privileged(name) else { return };
+    let Some(venv) = venv().filter(|v| v.join("../vllm-rs-0.34.0/vllm-rs").exists()) else {
+        eprintln!("\n!!!!! SKIPPED {name}: no vLLM environment with vllm-rs beside it (examples/real-vllm/install.sh target/real-vllm/venv, or HOPSCOPE_REAL_VLLM_VENV): this is NOT a pass; `cargo xtask test` installs it !!!!!\n");
+        return;
+    };
+    let out = workspace().join("target/real-vllm/rsfe-out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let log = std::fs::File::create(out.join("run.log")).unwrap();
+    let st = Command::new("bash")
+        .arg(workspace().join("examples/real-vllm/rust_frontend.sh"))
+        .arg(&out)
+        .current_dir(workspace())
+        .env("VENV", &venv)
+        .env("HOPSCOPE_BIN", hopscope_bin())
+        .env("PYTHON", python())
+        .env("PORT", "18811")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .status()
+        .expect("running examples/real-vllm/rust_frontend.sh");
+    let said = std::fs::read_to_string(out.join("run.log")).unwrap_or_default();
+    assert!(st.success(), "examples/real-vllm/rust_frontend.sh failed ({st}):\n{said}\n(the server log is beside it)");
+    let rep = json(&out.join("rsfe.report.json"));
+    assert_nothing_lost(&rep, &out.join("rsfe.server.log"));
+    let hops = lines(&out.join("rsfe.client.jsonl"));
+    assert_eq!(hops.len(), 10);
+    assert_every_answer_joined(&rep, &hops, 16);
+    let truth: std::collections::HashMap<String, Value> =
+        lines(&out.join("rsfe.truth.jsonl")).into_iter().filter(|t| t["type"] == "request").map(|t| (t["req"].as_str().unwrap().to_owned(), t)).collect();
+    for h in &hops {
+        let q = request(&rep, h["id"].as_str().unwrap());
+        let t = &truth[q["engine_request_id"].as_str().unwrap()];
+        assert_eq!(q["prompt_tokens"], t["prompt_tokens"], "{}: the ADD's packed ids", q["id"]);
+        // The queue ends at vLLM's SCHEDULED event: the engine's own stamp.
+        let p = &q["phases_ms"];
+        let scheduled = q["arrive_ns"].as_f64().unwrap() + (p["frontend"].as_f64().unwrap() + p["queue"].as_f64().unwrap()) * 1e6;
+        let off = (scheduled - t["scheduled_ns"].as_f64().unwrap()) / 1e6;
+        assert!(off.abs() < 0.01, "{}: queue ends {off:.4} ms from the engine's scheduling", q["id"]);
+    }
+    eprintln!("vLLM 0.34.0's Rust frontend: {} answers joined, nothing lost", hops.len());
 }
 
 /// The recording of this script's first part committed as a replay fixture

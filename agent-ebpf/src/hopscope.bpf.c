@@ -781,15 +781,19 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	return 0;
 }
 
-/* An iovec array (readv/writev, or a msghdr's). Copies the first
- * min(ret, the family's capture) bytes moved, in iovec order. */
-static __always_inline void copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, __s64 ret,
-				     __u8 family, __u32 *capp, __u32 *flagsp)
+/* An iovec array (readv/writev, or a msghdr's): copies the first `want`
+ * bytes moved, in iovec order, into s->data; returns how many, with bit 32 set
+ * when a read failed. A global function, verified once whatever its callers'
+ * state: inlined, the program after it was verified again for every iovec
+ * the walk could stop at (exit_writev ~320k instructions at 64 iovecs). */
+__noinline __u64 hs_copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, __u32 want)
 {
-	__u32 want = want_bytes(ret, family);
+	__u64 failed = 0;
 	__u32 off = 0;
 	__u32 i;
 
+	if (!s)
+		return 0;
 	for (i = 0; i < HS_MAX_IOV; i++) {
 		struct hs_iovec iov;
 		__u32 l;
@@ -797,7 +801,7 @@ static __always_inline void copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 
 		if (i >= iovcnt || off >= want)
 			break;
 		if (bpf_probe_read_user(&iov, sizeof(iov), (const void *)(iov_ptr + i * sizeof(iov))) != 0) {
-			*flagsp |= HS_IO_COPY_FAILED;
+			failed = 1;
 			break;
 		}
 		if (iov.iov_len == 0)
@@ -809,14 +813,14 @@ static __always_inline void copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 
 		if (l > HS_MAX_CAPTURE)
 			l = HS_MAX_CAPTURE;
 		if (bpf_probe_read_user(&s->data[off], l, (const void *)iov.iov_base) != 0) {
-			*flagsp |= HS_IO_COPY_FAILED;
+			failed = 1;
 			break;
 		}
 		off += l;
 	}
 	if (off < want && i == HS_MAX_IOV && iovcnt > HS_MAX_IOV)
 		stat_add(HS_STAT_IOV_TRUNCATED, 1);
-	*capp = off;
+	return off | failed << 32;
 }
 
 static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 dir, int is_msg)
@@ -827,6 +831,7 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	__s64 ret = ctx->ret;
 	__u64 iov_ptr, iovcnt;
 	__u32 cap = 0, flags = 0;
+	__u64 copied;
 
 	if (!unstash(sys, &inf))
 		return 0;
@@ -846,7 +851,12 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 		iov_ptr = msg.msg_iov;
 		iovcnt = msg.msg_iovlen;
 	}
-	copy_iov(s, iov_ptr, iovcnt, ret, inf.family, &cap, &flags);
+	copied = hs_copy_iov(s, iov_ptr, iovcnt, want_bytes(ret, inf.family));
+	if (copied >> 32)
+		flags |= HS_IO_COPY_FAILED;
+	/* At most want <= HS_MAX_CAPTURE: the mask changes nothing but gives the
+	 * verifier the bound (a global function's result is any scalar). */
+	cap = (__u32)copied & (2 * HS_MAX_CAPTURE - 1);
 	io_finish(s, (__u64)ret, cap, 0, flags);
 	return 0;
 }

@@ -897,8 +897,8 @@ fn phases_match_ground_truth_for_prompts_longer_than_a_zmq_batch() {
 /// the truth's brackets; each prompt's length the engine's (no usage asked
 /// for, so the report's is the ADD's).
 #[test]
-fn vllm_0_34_wire_with_packed_prompt_ids_is_attributed_as_exactly() {
-    let Some(_serial) = privileged("vllm_0_34_wire_with_packed_prompt_ids_is_attributed_as_exactly") else { return };
+fn phases_and_prompt_lengths_match_ground_truth_on_vllm_0_34s_wire() {
+    let Some(_serial) = privileged("phases_and_prompt_lengths_match_ground_truth_on_vllm_0_34s_wire") else { return };
     let run = run_testbed(
         "attr-wire034",
         &["--vllm-wire", "0.34.0"],

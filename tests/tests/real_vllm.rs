@@ -47,6 +47,32 @@ fn assert_nothing_lost(rep: &Value, log: &Path) {
     assert_eq!(drops.get("ipc_layout_inferred").and_then(Value::as_u64).unwrap_or(0), 0, "the layouts (vLLM 0.32.0's, 0.34.0's) are in the tables: {drops:?}");
 }
 
+/// Runs `examples/real-vllm/SCRIPT OUT` (a fresh OUT) with this checkout's
+/// hopscope and the vLLM environment `venv`, serving on `port`; a failure
+/// panics with the end of its log.
+fn run_script(script: &str, venv: &Path, out: &Path, port: &str) {
+    let _ = std::fs::remove_dir_all(out);
+    std::fs::create_dir_all(out).unwrap();
+    let log = std::fs::File::create(out.join("run.log")).unwrap();
+    let st = Command::new("bash")
+        .arg(workspace().join("examples/real-vllm").join(script))
+        .arg(out)
+        .current_dir(workspace())
+        .env("VENV", venv)
+        .env("HOPSCOPE_BIN", hopscope_bin())
+        .env("PYTHON", python())
+        .env("PORT", port)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .status()
+        .unwrap_or_else(|e| panic!("running examples/real-vllm/{script}: {e}"));
+    if !st.success() {
+        let said = std::fs::read_to_string(out.join("run.log")).unwrap_or_default();
+        let tail: Vec<&str> = said.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+        panic!("examples/real-vllm/{script} failed ({st}); the end of {}:\n{}\n(the server logs are beside it)", out.join("run.log").display(), tail.join("\n"));
+    }
+}
+
 fn request<'a>(rep: &'a Value, id: &str) -> &'a Value {
     rep["requests"].as_array().unwrap().iter().find(|q| q["id"] == id).unwrap_or_else(|| panic!("{id} not in the report"))
 }
@@ -103,23 +129,7 @@ fn vllm_0_34_rust_frontend_traced_live_joins_every_answer_and_loses_nothing() {
         return;
     };
     let out = workspace().join("target/real-vllm/rsfe-out");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    let log = std::fs::File::create(out.join("run.log")).unwrap();
-    let st = Command::new("bash")
-        .arg(workspace().join("examples/real-vllm/rust_frontend.sh"))
-        .arg(&out)
-        .current_dir(workspace())
-        .env("VENV", &venv)
-        .env("HOPSCOPE_BIN", hopscope_bin())
-        .env("PYTHON", python())
-        .env("PORT", "18811")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .status()
-        .expect("running examples/real-vllm/rust_frontend.sh");
-    let said = std::fs::read_to_string(out.join("run.log")).unwrap_or_default();
-    assert!(st.success(), "examples/real-vllm/rust_frontend.sh failed ({st}):\n{said}\n(the server log is beside it)");
+    run_script("rust_frontend.sh", &venv, &out, "18811");
     let rep = json(&out.join("rsfe.report.json"));
     assert_nothing_lost(&rep, &out.join("rsfe.server.log"));
     let hops = lines(&out.join("rsfe.client.jsonl"));
@@ -172,26 +182,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
         return;
     };
     let out = workspace().join("target/real-vllm/test-out");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    let log = std::fs::File::create(out.join("run.log")).unwrap();
-    let st = Command::new("bash")
-        .arg(workspace().join("examples/real-vllm/run.sh"))
-        .arg(&out)
-        .current_dir(workspace())
-        .env("VENV", &venv)
-        .env("HOPSCOPE_BIN", hopscope_bin())
-        .env("PYTHON", python())
-        .env("PORT", "18810")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .status()
-        .expect("running examples/real-vllm/run.sh");
-    if !st.success() {
-        let said = std::fs::read_to_string(out.join("run.log")).unwrap_or_default();
-        let tail: Vec<&str> = said.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
-        panic!("examples/real-vllm/run.sh failed ({st}); the end of {}:\n{}\n(the server logs are beside it)", out.join("run.log").display(), tail.join("\n"));
-    }
+    run_script("run.sh", &venv, &out, "18810");
     eprintln!("{}", std::fs::read_to_string(out.join("compare.txt")).unwrap_or_default());
 
     // 1. Every kind of request under `hopscope run`.

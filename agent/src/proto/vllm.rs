@@ -330,47 +330,22 @@ struct ReqLayout {
     priority: Option<usize>,
 }
 
+/// The positions vLLM has kept since main @9aaf83ef5 (§2, 20 fields): 0.33.0's
+/// (§8, 22) and 0.34.0's (23: `block_hashes` after them).
+const SINCE_9AAF83EF5: ReqLayout = ReqLayout {
+    sampling: Some(3),
+    arrival: Some(5),
+    dp_rank: Some(8),
+    trace: Some(14),
+    external: Some(16),
+    priority: Some(13),
+};
+
 /// Known `EngineCoreRequest` layouts by array length.
 const REQ_LAYOUTS: &[(u32, &str, ReqLayout)] = &[
-    // vLLM 0.34.0: 0.33.0's and `block_hashes` (22) after them.
-    (
-        23,
-        "vllm-0.34.0",
-        ReqLayout {
-            sampling: Some(3),
-            arrival: Some(5),
-            dp_rank: Some(8),
-            trace: Some(14),
-            external: Some(16),
-            priority: Some(13),
-        },
-    ),
-    // vLLM 0.33.0 (§8): 22 fields.
-    (
-        22,
-        "vllm-0.33.0",
-        ReqLayout {
-            sampling: Some(3),
-            arrival: Some(5),
-            dp_rank: Some(8),
-            trace: Some(14),
-            external: Some(16),
-            priority: Some(13),
-        },
-    ),
-    // main @9aaf83ef5 (§2): 20 fields, same positions.
-    (
-        20,
-        "main-9aaf83ef5",
-        ReqLayout {
-            sampling: Some(3),
-            arrival: Some(5),
-            dp_rank: Some(8),
-            trace: Some(14),
-            external: Some(16),
-            priority: Some(13),
-        },
-    ),
+    (23, "vllm-0.34.0", SINCE_9AAF83EF5),
+    (22, "vllm-0.33.0", SINCE_9AAF83EF5),
+    (20, "main-9aaf83ef5", SINCE_9AAF83EF5),
 ];
 
 /// Where `arrival_time` has been (§6: 8 → 7 → 8 → 6 → 5), newest first.

@@ -21,9 +21,11 @@ fn as_root_with(caps: &str) -> Vec<String> {
     vec![format!("--bounding-set=-all,{}", plus.join(",")), "--".into()]
 }
 
-/// `hopscope record` under `setpriv ARGS` for 3 s with one request in the middle.
+/// `hopscope record` under `setpriv ARGS` for 3 s with one request once it
+/// says it is recording (a CI run's attach once took longer than the 1.5 s
+/// this waited blindly), or has exited (a refused set).
 fn record_with(setpriv: &[String], pid: u32, port: u16, hop: &Path) -> Output {
-    let child = Command::new("setpriv")
+    let mut child = Command::new("setpriv")
         .args(setpriv)
         .arg(hopscope_bin())
         .args(["record", "--quiet", "--duration", "3s", "--nvml-period", "0", "--pid", &pid.to_string(), "-o"])
@@ -32,9 +34,24 @@ fn record_with(setpriv: &[String], pid: u32, port: u16, hop: &Path) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let stderr = child.stderr.take().unwrap();
+    let (recording, seen) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut said = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            if line.contains("recording pids") {
+                let _ = recording.send(());
+            }
+            said.push_str(&line);
+            said.push('\n');
+        }
+        said
+    });
+    // Recording, or it exited (the sender dropped): either way, on.
+    let _ = seen.recv_timeout(Duration::from_secs(20));
     let _ = http_get(port, "/");
-    child.wait_with_output().unwrap()
+    let out = child.wait_with_output().unwrap();
+    Output { stderr: reader.join().unwrap().into_bytes(), ..out }
 }
 
 #[test]

@@ -36,6 +36,8 @@ from testbed.config import EngineConfig  # noqa: E402
 from testbed.launcher import Engines  # noqa: E402
 from testbed.model_numpy import ModelConfig  # noqa: E402
 
+MAX_MODEL_LEN = 4096  # the frontend's and the engine's alike
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,7 +66,7 @@ def main() -> int:
     for fd in fds:
         os.set_inheritable(fd, True)
     shared = {"model": a.model, "model_tag": a.model, "served_model_name": [a.served_model_name],
-              "max_model_len": 4096, "engine_ready_timeout_secs": 120, "http_timeout_keep_alive": 5}
+              "max_model_len": MAX_MODEL_LEN, "engine_ready_timeout_secs": 120, "http_timeout_keep_alive": 5}
     cmd = [a.vllm_rs, "frontend", "--listen-fd", str(fds[0]), "--input-listener-fd", str(fds[1]),
            "--output-listener-fd", str(fds[2]), "--engine-count", "1", "--data-parallel-size", "1",
            "--args-json", json.dumps(shared, sort_keys=True)]
@@ -78,7 +80,7 @@ def main() -> int:
     rc = 0
     try:
         cfg = EngineConfig(model_name=a.served_model_name, vllm_wire="0.34.0", max_num_seqs=a.max_num_seqs,
-                           ground_truth=a.ground_truth, model=ModelConfig(vocab_size=vocab, max_model_len=4096))
+                           ground_truth=a.ground_truth, model=ModelConfig(vocab_size=vocab, max_model_len=MAX_MODEL_LEN))
         engines = Engines(cfg, ipc, names)
         engines.start()
         while not stop:
@@ -86,8 +88,9 @@ def main() -> int:
                 print(f"rust_frontend: vllm-rs exited ({frontend.returncode})", file=sys.stderr)
                 rc = 1
                 break
-            if engines.dead():
-                print(f"rust_frontend: {', '.join(engines.dead())}", file=sys.stderr)
+            dead = engines.dead()
+            if dead:
+                print(f"rust_frontend: {', '.join(dead)}", file=sys.stderr)
                 rc = 1
                 break
             time.sleep(0.1)

@@ -781,15 +781,42 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	return 0;
 }
 
-/* An iovec array (readv/writev, or a msghdr's): copies the first `want`
- * bytes moved, in iovec order, into s->data; returns how many, with bit 32 set
- * when a read failed. A global function, verified once whatever its callers'
+/* Copies `len` user bytes at `src` into s->data[off...]; returns `len`, 0
+ * when the read failed or the bounds below are not met (never, as called).
+ * The bounds the verifier needs for data[]: a prefix's pieces start under
+ * HS_MAX_CAPTURE and are at most that long; a tail's start under
+ * HS_MAX_CAPTURE + HS_MAX_TAIL and are at most HS_MAX_TAIL long. A global
+ * function of its own: the walk's running offset then never has to be
+ * precise, and the walk's 64 iterations prune (inside it, one iteration
+ * verified per offset range: past the instruction limit). */
+__noinline __u32 hs_copy_piece(struct io_scratch *s, __u32 off, __u32 len, __u64 src)
+{
+	if (!s || len == 0)
+		return 0;
+	if (off < HS_MAX_CAPTURE) {
+		if (len > HS_MAX_CAPTURE)
+			return 0;
+	} else if (off >= HS_MAX_CAPTURE + HS_MAX_TAIL || len > HS_MAX_TAIL) {
+		return 0;
+	}
+	if (bpf_probe_read_user(&s->data[off], len, (const void *)src) != 0)
+		return 0;
+	return len;
+}
+
+/* An iovec array (readv/writev, or a msghdr's): copies `want` bytes of the
+ * transfer from its byte `skip` on, in iovec order, into s->data from `dst`
+ * on (`to`: dst << 32 | want, a BPF call takes five arguments at most); returns how many, with bit 32 set when a read failed and bit 33 when
+ * the walk stopped at the last iovec it may read, short. Called for the
+ * prefix (skip 0, dst 0) and for the tail (the transfer's last bytes, right
+ * after the prefix). A global function, verified once whatever its callers'
  * state: inlined, the program after it was verified again for every iovec
  * the walk could stop at (exit_writev ~320k instructions at 64 iovecs). */
-__noinline __u64 hs_copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, __u32 want)
+__noinline __u64 hs_copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, __u64 skip, __u64 to)
 {
+	__u32 dst = (__u32)(to >> 32), want = (__u32)to;
 	__u64 failed = 0;
-	__u32 off = 0;
+	__u32 done = 0;
 	__u32 i;
 
 	if (!s)
@@ -798,29 +825,32 @@ __noinline __u64 hs_copy_iov(struct io_scratch *s, __u64 iov_ptr, __u64 iovcnt, 
 		struct hs_iovec iov;
 		__u32 l;
 
-		if (i >= iovcnt || off >= want)
+		if (i >= iovcnt || done >= want)
 			break;
 		if (bpf_probe_read_user(&iov, sizeof(iov), (const void *)(iov_ptr + i * sizeof(iov))) != 0) {
 			failed = 1;
 			break;
 		}
-		if (iov.iov_len == 0)
+		if (iov.iov_len <= skip) {
+			skip -= iov.iov_len;
 			continue;
-		l = want - off;
+		}
+		iov.iov_base += skip;
+		iov.iov_len -= skip;
+		skip = 0;
+		l = want - done;
 		if (iov.iov_len < l)
-			l = iov.iov_len;
-		off &= HS_MAX_CAPTURE - 1;
-		if (l > HS_MAX_CAPTURE)
-			l = HS_MAX_CAPTURE;
-		if (bpf_probe_read_user(&s->data[off], l, (const void *)iov.iov_base) != 0) {
+			l = (__u32)iov.iov_len;
+		l = hs_copy_piece(s, dst + done, l, iov.iov_base);
+		if (!l) {
 			failed = 1;
 			break;
 		}
-		off += l;
+		done += l;
 	}
-	if (off < want && i == HS_MAX_IOV && iovcnt > HS_MAX_IOV)
-		stat_add(HS_STAT_IOV_TRUNCATED, 1);
-	return off | failed << 32;
+	if (done < want && i == HS_MAX_IOV && iovcnt > HS_MAX_IOV)
+		failed |= 2;
+	return done | failed << 32;
 }
 
 static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 dir, int is_msg)
@@ -830,7 +860,7 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	__u64 now = bpf_ktime_get_ns();
 	__s64 ret = ctx->ret;
 	__u64 iov_ptr, iovcnt;
-	__u32 cap = 0, flags = 0;
+	__u32 cap = 0, t = 0, flags = 0;
 	__u64 copied;
 
 	if (!unstash(sys, &inf))
@@ -851,13 +881,32 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 		iov_ptr = msg.msg_iov;
 		iovcnt = msg.msg_iovlen;
 	}
-	copied = hs_copy_iov(s, iov_ptr, iovcnt, want_bytes(ret, inf.family));
-	if (copied >> 32)
+	copied = hs_copy_iov(s, iov_ptr, iovcnt, 0, want_bytes(ret, inf.family));
+	if ((copied >> 32) & 1)
 		flags |= HS_IO_COPY_FAILED;
+	if ((copied >> 32) & 2)
+		stat_add(HS_STAT_IOV_TRUNCATED, 1);
 	/* At most want <= HS_MAX_CAPTURE: the mask changes nothing but gives the
 	 * verifier the bound (a global function's result is any scalar). */
 	cap = (__u32)copied & (2 * HS_MAX_CAPTURE - 1);
-	io_finish(s, (__u64)ret, cap, 0, flags);
+	/* Its last bytes too, as for one buffer: hyper writes a burst of SSE
+	 * events (a Responses API event echoing long instructions is 4 KiB and
+	 * more) with one writev, and the burst's last chunks (the response's
+	 * usage, the body's end) would otherwise fall past the prefix. */
+	if (!flags && (__u64)ret > cap && inf.family != 0) {
+		__u64 rest = (__u64)ret - cap;
+
+		t = inf.family == HS_AF_UNIX ? capture_tail_unix : capture_tail;
+		if (rest < t)
+			t = (__u32)rest;
+		if (t > HS_MAX_TAIL)
+			t = HS_MAX_TAIL;
+		/* All of it or none: a tail is the transfer's last bytes exactly
+		 * (past the 64th iovec the walk cannot reach them). */
+		if (t > 0 && hs_copy_iov(s, iov_ptr, iovcnt, (__u64)ret - t, (__u64)cap << 32 | t) != (__u64)t)
+			t = 0;
+	}
+	io_finish(s, (__u64)ret, cap, t, flags);
 	return 0;
 }
 

@@ -30,15 +30,17 @@
 #define HS_CAPTURE_UNIX_DEFAULT 32768
 
 /* Largest tail of a transfer longer than its capture that a record carries
- * after the prefix: its last bytes (single-buffer syscalls only).
+ * after the prefix: its last bytes (of one buffer, or of an iovec array's
+ * first 64 iovecs).
  * Unix sockets: libzmq writes (and reads) a message over 8 KiB as one syscall
  * of its own, so for a vLLM ADD with a long prompt the transfer's end is the
  * request's fields after the prompt ids (sampling parameters, arrival time,
  * ids: a few hundred bytes), which the prefix alone loses. TCP: an HTTP body
  * longer than the capture ends in the members a client writes after the
  * prompt (openai-python 1.x sends `messages` first, then `model`, `stream`, the
- * sampling parameters and `tools`), and a long non-streaming response in its
- * `usage`. `capture_tail_unix` / `capture_tail` (<= this) are the effective
+ * sampling parameters and `tools`), a long non-streaming response in its
+ * `usage`, and a burst of SSE chunks hyper writes with one writev in its last
+ * events (a response's usage, the body's end). `capture_tail_unix` / `capture_tail` (<= this) are the effective
  * sizes; 0 turns a family's tail off. */
 #define HS_MAX_TAIL 16384
 #define HS_TAIL_UNIX_DEFAULT 4096

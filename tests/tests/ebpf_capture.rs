@@ -895,10 +895,10 @@ s, _ = l.accept()
 out("ready")
 wait_go()
 blob = bytes(i % 251 for i in range(40000))
-def drain(sock, n):
+def drain(sock, n, piece=32768):
     got = 0
     while got < n:
-        got += len(sock.recv(min(n - got, 32768), socket.MSG_WAITALL))
+        got += len(sock.recv(min(n - got, piece), socket.MSG_WAITALL))
 assert os.write(a.fileno(), blob) == 40000
 drain(b, 40000)
 # Two iovecs: the second starts at 20000, so it is cut at the 32 KiB mark.
@@ -906,18 +906,28 @@ assert os.writev(a.fileno(), [blob[:20000], blob[20000:]]) == 40000
 drain(b, 40000)
 c.sendall(blob[:6000])
 drain(s, 6000)
+# hyper's writev of an SSE burst (vLLM 0.34.0's Rust frontend): the head, then two Responses API
+# events of ~4300 bytes (long instructions echoed), three iovecs each.
+evs = [b"event: response.created\ndata: " + b"c" * 4269 + b"\n\n", b"event: response.in_progress\ndata: " + b"p" * 4273 + b"\n\n"]
+burst = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"] + [p for e in evs for p in (b"%X\r\n" % len(e), e, b"\r\n")]
+assert os.writev(c.fileno(), burst) == sum(map(len, burst))
+drain(s, sum(map(len, burst)))
+# One over the prefix and the tail together: its middle is a gap.
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+assert os.writev(c.fileno(), [blob[:3000], blob[3000:6000], blob[:4000], blob[:20000]]) == 30000
+drain(s, 30000, 16384)  # reads under 4 KiB + 16 KiB: whole
 out("done")
 "#,
     );
     let Traced { pid, src, evs, .. } = py.traced(|_| {});
     let blob: Vec<u8> = (0..40000u32).map(|i| (i % 251) as u8).collect();
-    // One buffer: its last 4 KiB too; iovecs: the prefix only.
+    // One buffer or iovecs: the prefix, then the last 4 KiB.
     let one = find_io(&evs, pid, Syscall::Write, &blob[..32768]);
     assert_eq!((one.family, one.len, one.gap()), (Family::Unix, 40000, 40000 - 32768 - 4096));
     assert_eq!(one.tail, blob[40000 - 4096..]);
     let iov = find_io(&evs, pid, Syscall::Writev, &blob[..32768]);
-    assert_eq!((iov.family, iov.len, iov.gap()), (Family::Unix, 40000, 7232));
-    assert!(iov.tail.is_empty());
+    assert_eq!((iov.family, iov.len, iov.gap()), (Family::Unix, 40000, 40000 - 32768 - 4096));
+    assert_eq!(iov.tail, blob[40000 - 4096..]);
     // Reads of 32 KiB are whole.
     let reads: Vec<&IoEvent> = ios(&evs, pid).into_iter().filter(|io| io.family == Family::Unix && io.dir == Dir::In).collect();
     assert_eq!(reads.iter().map(|io| io.len).sum::<u64>(), 80000, "{reads:?}");
@@ -926,11 +936,28 @@ out("done")
     let tcp = find_io(&evs, pid, Syscall::Sendto, &blob[..4096]);
     assert_eq!((tcp.family, tcp.len, tcp.gap()), (Family::Inet, 6000, 0));
     assert_eq!(tcp.tail, blob[4096..6000]);
+    // hyper's burst: the 4 KiB prefix and the tail meet, the second event's chunk-size line
+    // (past 4 KiB) and the body's last bytes with them.
+    let event = |name: &str, fill: u8, n: usize| [format!("event: {name}\ndata: ").into_bytes(), vec![fill; n], b"\n\n".to_vec()].concat();
+    let (created, progress) = (event("response.created", b'c', 4269), event("response.in_progress", b'p', 4273));
+    let mut burst = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for e in [created, progress] {
+        burst.extend_from_slice(format!("{:X}\r\n", e.len()).as_bytes());
+        burst.extend_from_slice(&e);
+        burst.extend_from_slice(b"\r\n");
+    }
+    let sse = find_io(&evs, pid, Syscall::Writev, &burst[..4096]);
+    assert_eq!((sse.family, sse.len, sse.gap()), (Family::Inet, burst.len() as u64, 0));
+    assert_eq!(sse.tail, burst[4096..]);
+    // 30000 bytes in 4 iovecs: 4 KiB, a gap, and the last 16 KiB (out of the last iovec).
+    let long = find_io(&evs, pid, Syscall::Writev, &blob[..4096]);
+    assert_eq!((long.len, long.gap()), (30000, 30000 - 4096 - 16384));
+    assert_eq!(long.tail, blob[20000 - 16384..20000]);
     for io in ios(&evs, pid).into_iter().filter(|io| io.family == Family::Inet) {
         assert!(io.data.len() <= 4096, "TCP capture grew: {io:?}");
     }
-    // The two unix writes; the TCP send and its read lost nothing.
-    assert_eq!(src.stats().get("kernel_truncated"), Some(2));
+    // The two unix writes and the long TCP writev; the other TCP sends and their reads lost nothing.
+    assert_eq!(src.stats().get("kernel_truncated"), Some(3));
 }
 
 /// Minimal msgpack for the ADD messages below.

@@ -43,20 +43,101 @@ fn str_of(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(short)
 }
 
-/// Chat and completions' `usage`, or the Responses API's (`input_tokens`,
-/// `output_tokens`, `input_tokens_details.cached_tokens`).
+/// Chat and completions' `usage`, the Responses API's (`input_tokens`,
+/// `output_tokens`, `input_tokens_details.cached_tokens`), or the Anthropic
+/// Messages API's: its `input_tokens` leave out the prompt tokens read from
+/// the cache (`cache_read_input_tokens`) and those written to it
+/// (`cache_creation_input_tokens`), so the prompt is their sum.
 fn usage_of(v: Option<&Value>) -> Option<Usage> {
     let u = v?.as_object()?;
     let n = |chat: &str, responses: &str| u.get(chat).or_else(|| u.get(responses)).and_then(Value::as_u64);
+    let read = u.get("cache_read_input_tokens").and_then(Value::as_u64);
+    let created = u.get("cache_creation_input_tokens").and_then(Value::as_u64);
+    let mut prompt_tokens = n("prompt_tokens", "input_tokens");
+    if !u.contains_key("prompt_tokens") && (read.is_some() || created.is_some()) {
+        prompt_tokens = prompt_tokens.map(|p| p.saturating_add(read.unwrap_or(0)).saturating_add(created.unwrap_or(0)));
+    }
     Some(Usage {
-        prompt_tokens: n("prompt_tokens", "input_tokens"),
+        prompt_tokens,
         completion_tokens: n("completion_tokens", "output_tokens"),
         cached_tokens: u
             .get("prompt_tokens_details")
             .or_else(|| u.get("input_tokens_details"))
             .and_then(|d| d.get("cached_tokens"))
-            .and_then(Value::as_u64),
+            .and_then(Value::as_u64)
+            .or(read),
     })
+}
+
+/// The Anthropic Messages API's `stop_reason` in chat's words (`end_turn`
+/// and `stop_sequence`: `stop`; `max_tokens`: `length`; `tool_use`:
+/// `tool_calls`), any other as it is.
+fn finish_of_stop_reason(reason: &str) -> String {
+    match reason {
+        "end_turn" | "stop_sequence" => "stop".to_owned(),
+        "max_tokens" => "length".to_owned(),
+        "tool_use" => "tool_calls".to_owned(),
+        r => short(r),
+    }
+}
+
+/// Event types of the Anthropic Messages API's stream (`/v1/messages`, which
+/// vLLM serves for Claude Code and Anthropic SDK agents).
+const MESSAGES_EVENTS: [&str; 7] =
+    ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop", "ping"];
+
+fn is_messages_event(kind: &str) -> bool {
+    MESSAGES_EVENTS.contains(&kind)
+}
+
+/// One Anthropic Messages API streaming event, told by its `type`:
+/// `message_start` opens the stream (the message's id, which vLLM takes from
+/// its chat completion, and model), a `content_block_delta` with text,
+/// thinking or a tool call's JSON is content, as is the start of a
+/// `tool_use` block (its name: a tool call's first token), `message_delta`
+/// carries the usage and the stop reason, `message_stop` ends it (chat's
+/// `[DONE]`); block starts and stops of text and `ping` are other.
+fn classify_messages_event(kind: &str, obj: &Map<String, Value>) -> ChunkInfo {
+    let message = obj.get("message").and_then(Value::as_object);
+    let mut info = ChunkInfo::other(message.and_then(|m| str_of(m.get("id"))));
+    info.model = message.and_then(|m| str_of(m.get("model")));
+    let content = |bytes: usize, info: &mut ChunkInfo| {
+        info.kind = SseKind::Content;
+        info.content_bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+    };
+    match kind {
+        "message_start" => {
+            info.kind = SseKind::Role;
+            // The prompt's count; its output (0 here) comes with message_delta.
+            info.usage = message.and_then(|m| usage_of(m.get("usage"))).map(|u| Usage { completion_tokens: None, ..u });
+        }
+        "content_block_delta" => {
+            let delta = obj.get("delta").and_then(Value::as_object);
+            let bytes = delta.map_or(0, |d| ["text", "thinking", "partial_json"].iter().map(|k| str_len(d, k)).sum::<u64>());
+            if bytes > 0 {
+                content(usize::try_from(bytes).unwrap_or(usize::MAX), &mut info);
+            }
+        }
+        "content_block_start" => {
+            let block = obj.get("content_block").and_then(Value::as_object);
+            if block.and_then(|b| b.get("type")).and_then(Value::as_str) == Some("tool_use") {
+                let name = block.map_or(0, |b| str_len(b, "name"));
+                content(usize::try_from(name).unwrap_or(usize::MAX), &mut info);
+            }
+        }
+        "message_delta" => {
+            info.kind = SseKind::Usage;
+            info.usage = usage_of(obj.get("usage"));
+            info.finish_reason = obj
+                .get("delta")
+                .and_then(|d| d.get("stop_reason"))
+                .and_then(Value::as_str)
+                .map(finish_of_stop_reason);
+        }
+        "message_stop" => info.kind = SseKind::Done,
+        _ => {}
+    }
+    info
 }
 
 /// A Responses API `response.status` as a finish reason: `completed` is a
@@ -121,12 +202,15 @@ fn responses_kind(info: &mut ChunkInfo, kind: &str, delta_bytes: Option<usize>) 
 
 /// A Responses API event the capture cut (its `response` echoes the
 /// request's instructions and tools, and `response.completed` the whole
-/// output: often longer than a syscall's capture), read from its data's
-/// last bytes (`tail`, the TCP capture's tail): its root `type` and, in the
-/// root's `response`, `usage` and `status` (they come last). `id`: what the
-/// first bytes held ([`partial_id`]). None when the tail names no Responses
-/// API event type (a chat chunk, or too little of it).
-pub(crate) fn classify_tail(tail: &[u8], id: Option<String>) -> Option<ChunkInfo> {
+/// output: often longer than a syscall's capture), or an Anthropic Messages
+/// API one (a long text delta), read from its data's last bytes (`tail`,
+/// the TCP capture's tail) and what its first bytes held (`head`,
+/// [`partial_head`]): its root `type` (last as vLLM's Python frontend writes
+/// Responses API events, first as its Rust frontend and the Messages API
+/// do) and, in the root's `response`, `usage` and `status` (they come last).
+/// None when neither end names an event type of theirs (a chat chunk, or
+/// too little of it).
+pub(crate) fn classify_tail(tail: &[u8], head: PartialHead) -> Option<ChunkInfo> {
     let (mut kind, mut usage, mut status) = (None::<String>, None, None::<String>);
     json_ends::tail_members(tail.trim_ascii_end(), |path, k, v| match (path, k) {
         ([Kind::Object], b"type") => kind = serde_json::from_slice(v).ok(),
@@ -136,8 +220,19 @@ pub(crate) fn classify_tail(tail: &[u8], id: Option<String>) -> Option<ChunkInfo
         ([Kind::Object, Kind::Object], b"status") if status.is_none() => status = serde_json::from_slice(v).ok(),
         _ => {}
     });
-    let kind = kind.filter(|t| t.starts_with("response.") || t == "error")?;
-    let mut info = ChunkInfo::other(id);
+    let kind = kind.or(head.kind).filter(|t| t.starts_with("response.") || t == "error" || is_messages_event(t))?;
+    let mut info = ChunkInfo::other(head.id);
+    if is_messages_event(&kind) {
+        // Only a delta is long enough to be cut: content of unknown length.
+        info.kind = match kind.as_str() {
+            "message_start" => SseKind::Role,
+            "content_block_delta" => SseKind::Content,
+            "message_delta" => SseKind::Usage,
+            "message_stop" => SseKind::Done,
+            _ => SseKind::Other,
+        };
+        return Some(info);
+    }
     responses_kind(&mut info, &kind, None);
     if info.kind == SseKind::Usage {
         info.usage = usage;
@@ -172,8 +267,13 @@ pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
     let Some(obj) = v.as_object() else {
         return (ChunkInfo::other(None), false);
     };
-    if let Some(kind) = obj.get("type").and_then(Value::as_str).filter(|t| t.starts_with("response.") || *t == "error") {
-        return (classify_responses_event(kind, obj), false);
+    if let Some(kind) = obj.get("type").and_then(Value::as_str) {
+        if kind.starts_with("response.") || kind == "error" {
+            return (classify_responses_event(kind, obj), false);
+        }
+        if is_messages_event(kind) {
+            return (classify_messages_event(kind, obj), false);
+        }
     }
     let id = str_of(obj.get("id"));
     let model = str_of(obj.get("model"));
@@ -247,24 +347,77 @@ pub(crate) fn classify_sse(data: &[u8]) -> (ChunkInfo, bool) {
     )
 }
 
-/// The `id` at the start of a truncated chunk (`{"id":"chatcmpl-…",…`), as
-/// OpenAI-compatible servers write it first, or of a Responses API event's
-/// response (`{"response":{"id":"resp_…",…`). Conservative: no escapes,
-/// bounded.
-pub(crate) fn partial_id(src: &[u8]) -> Option<String> {
-    let mut s = src.trim_ascii_start().strip_prefix(b"{")?.trim_ascii_start();
-    if let Some(r) = s.strip_prefix(b"\"response\"") {
-        s = r.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start().strip_prefix(b"{")?;
-    }
-    let s = s.trim_ascii_start().strip_prefix(b"\"id\"")?;
-    let s = s.trim_ascii_start().strip_prefix(b":")?;
-    let s = s.trim_ascii_start().strip_prefix(b"\"")?;
+/// What the first bytes of a cut event's data tell ([`partial_head`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PartialHead {
+    pub id: Option<String>,
+    /// The root's `type`, when it comes first (the Anthropic Messages API's
+    /// events, vLLM's Rust frontend's Responses API events).
+    pub kind: Option<String>,
+}
+
+/// A string value with no escapes, at most [`MAX_STR`] bytes, at the start of
+/// `s` (after its opening quote is stripped): the string and what follows.
+fn plain_str(s: &[u8]) -> Option<(&str, &[u8])> {
+    let s = s.strip_prefix(b"\"")?;
     let end = s.iter().take(MAX_STR).position(|&b| b == b'"')?;
-    let id = &s[..end];
-    if id.is_empty() || id.iter().any(|&b| b == b'\\' || b < 0x20) {
+    let v = &s[..end];
+    if v.iter().any(|&b| b == b'\\' || b < 0x20) {
         return None;
     }
-    std::str::from_utf8(id).ok().map(str::to_string)
+    Some((std::str::from_utf8(v).ok()?, &s[end + 1..]))
+}
+
+/// The `id` and the root's `type` at the start of a cut event: the leading
+/// members of the root, then of its `response` (Responses API) or `message`
+/// (Anthropic's `message_start`) object, read until the id, skipping plain
+/// scalars (`"type":"response.created","sequence_number":0`, as vLLM's Rust
+/// frontend writes them first). Conservative: no escapes, bounded.
+pub(crate) fn partial_head(src: &[u8]) -> PartialHead {
+    let mut head = PartialHead::default();
+    let Some(mut s) = src.trim_ascii_start().strip_prefix(b"{") else { return head };
+    let mut nested = false;
+    for _ in 0..16 {
+        let Some((key, rest)) = plain_str(s.trim_ascii_start()) else { break };
+        let Some(rest) = rest.trim_ascii_start().strip_prefix(b":") else { break };
+        let rest = rest.trim_ascii_start();
+        s = match (key, rest.first()) {
+            ("id", _) => {
+                head.id = plain_str(rest).map(|(v, _)| v.to_owned()).filter(|v| !v.is_empty());
+                break;
+            }
+            ("response" | "message", Some(b'{')) if !nested => {
+                // Its first member next: no comma before it.
+                nested = true;
+                s = &rest[1..];
+                continue;
+            }
+            (_, Some(b'"')) => {
+                let Some((v, after)) = plain_str(rest) else { break };
+                if key == "type" && !nested {
+                    head.kind = Some(v.to_owned());
+                }
+                after
+            }
+            // A number, true, false or null: up to the next comma.
+            (_, Some(b'-' | b'0'..=b'9' | b't' | b'f' | b'n')) => match rest.iter().position(|&b| b == b',' || b == b'}') {
+                Some(i) => &rest[i..],
+                None => break,
+            },
+            _ => break,
+        };
+        let Some(next) = s.trim_ascii_start().strip_prefix(b",") else { break };
+        s = next;
+    }
+    head
+}
+
+/// The `id` at the start of a truncated chunk (`{"id":"chatcmpl-…",…`), as
+/// OpenAI-compatible servers write it first, or of a Responses API event's
+/// response (`{"response":{"id":"resp_…",…`) or an Anthropic message's
+/// ([`partial_head`]).
+pub(crate) fn partial_id(src: &[u8]) -> Option<String> {
+    partial_head(src).id
 }
 
 /// Only the request fields we keep; every other member (messages, prompt…)
@@ -339,12 +492,15 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
     let mut model = None;
     // The Responses API's (`status` and `incomplete_details`, no `choices`).
     let (mut status, mut incomplete) = (None::<String>, None::<String>);
-    for (k, v) in json_ends::head_members(head, &["id", "usage", "model", "status", "incomplete_details"]) {
+    // The Anthropic Messages API's.
+    let mut stop_reason = None::<String>;
+    for (k, v) in json_ends::head_members(head, &["id", "usage", "model", "status", "incomplete_details", "stop_reason"]) {
         match k.as_str() {
             "id" => id = id.or_else(|| str_of(Some(&v))),
             "model" => model = model.or_else(|| str_of(Some(&v))),
             "status" => status = status.or_else(|| str_of(Some(&v))),
             "incomplete_details" => incomplete = incomplete.or_else(|| str_of(v.get("reason"))),
+            "stop_reason" => stop_reason = stop_reason.or_else(|| str_of(Some(&v))),
             _ => usage = usage.or_else(|| usage_of(Some(&v))),
         }
     }
@@ -355,6 +511,7 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
             usage = serde_json::from_slice::<Value>(v).ok().and_then(|u| usage_of(Some(&u)));
         }
         ([Kind::Object], b"status") if status.is_none() => status = serde_json::from_slice::<String>(v).ok(),
+        ([Kind::Object], b"stop_reason") if stop_reason.is_none() => stop_reason = serde_json::from_slice::<String>(v).ok(),
         ([Kind::Object], b"model") if model.is_none() => {
             model = serde_json::from_slice::<String>(v).ok().map(|m| short(&m));
         }
@@ -367,7 +524,9 @@ pub(crate) fn response_meta_parts(head: &[u8], tail: &[u8]) -> BodyMeta {
         }
         _ => {}
     });
-    let finish_reason = finish_reason.or_else(|| status.and_then(|s| finish_of_status(&s, incomplete.as_deref())));
+    let finish_reason = finish_reason
+        .or_else(|| stop_reason.map(|r| finish_of_stop_reason(&r)))
+        .or_else(|| status.and_then(|s| finish_of_status(&s, incomplete.as_deref())));
     BodyMeta { id, usage, finish_reason, model }
 }
 
@@ -392,6 +551,9 @@ struct ResponseMeta {
     status: Option<Value>,
     #[serde(default)]
     incomplete_details: Option<Value>,
+    /// The Anthropic Messages API's: `content` and `stop_reason`.
+    #[serde(default)]
+    stop_reason: Option<Value>,
 }
 
 /// Metadata of a non-streaming response body.
@@ -413,6 +575,9 @@ pub(crate) fn response_meta(body: &[u8]) -> Option<BodyMeta> {
             model: str_of(m.model.as_ref()),
             finish_reason: match m.choices {
                 Some(c) => c.into_iter().next().and_then(|c| str_of(c.finish_reason.as_ref())),
+                None if m.stop_reason.as_ref().is_some_and(Value::is_string) => {
+                    m.stop_reason.as_ref().and_then(Value::as_str).map(finish_of_stop_reason)
+                }
                 None => m.status.as_ref().and_then(Value::as_str).and_then(|s| {
                     let reason = m.incomplete_details.as_ref().and_then(|d| d.get("reason")).and_then(Value::as_str);
                     finish_of_status(s, reason)
@@ -476,15 +641,73 @@ mod tests {
         assert_eq!(cut.finish_reason.as_deref(), Some("length"));
         // Cut by the capture: read from the last bytes, the id from the first.
         let whole = format!(r#"{{"response":{},"sequence_number":10,"type":"response.completed"}}"#, response("completed", usage));
-        let id = partial_id(&whole.as_bytes()[..30]);
-        assert_eq!(id.as_deref(), Some("resp_9f"));
-        let tail = classify_tail(&whole.as_bytes()[whole.len() - 300..], id).expect("a Responses event");
+        let head = partial_head(&whole.as_bytes()[..30]);
+        assert_eq!(head, PartialHead { id: Some("resp_9f".into()), kind: None });
+        let tail = classify_tail(&whole.as_bytes()[whole.len() - 300..], head).expect("a Responses event");
         assert_eq!((tail.kind, tail.id.as_deref(), tail.usage, tail.finish_reason.as_deref()), (SseKind::Usage, Some("resp_9f"), Some(want), Some("stop")));
         let delta = br#"xxxxxxxx","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":4,"type":"response.output_text.delta"}"#;
-        assert_eq!(classify_tail(delta, None).map(|c| (c.kind, c.content_bytes)), Some((SseKind::Content, 0)), "a delta of unknown length");
+        assert_eq!(classify_tail(delta, PartialHead::default()).map(|c| (c.kind, c.content_bytes)), Some((SseKind::Content, 0)), "a delta of unknown length");
         // A chat chunk's tail names no event type.
-        assert_eq!(classify_tail(br#"ent":"x"},"finish_reason":null}]}"#, None), None);
+        assert_eq!(classify_tail(br#"ent":"x"},"finish_reason":null}]}"#, PartialHead::default()), None);
         assert!(!format!("{done:?}{tail:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn classifies_anthropic_messages_api_events() {
+        let got: Vec<_> = crate::proto::tests::MESSAGES_STREAM
+            .iter()
+            .map(|json| {
+                let (c, bad) = classify_sse(json.as_bytes());
+                assert!(!bad, "{json}");
+                c
+            })
+            .collect();
+        let kinds: Vec<_> = got.iter().map(|c| (c.kind, c.content_bytes)).collect();
+        assert_eq!(
+            kinds,
+            [(SseKind::Role, 0), (SseKind::Other, 0), (SseKind::Content, 2), (SseKind::Content, 4), (SseKind::Content, 5), (SseKind::Content, 5), (SseKind::Content, 5), (SseKind::Content, 1), (SseKind::Other, 0), (SseKind::Content, 1), (SseKind::Other, 0), (SseKind::Other, 0), (SseKind::Usage, 0), (SseKind::Done, 0)]
+        );
+        // The message's id is vLLM's chat completion's: what the engine request id extends.
+        assert_eq!((got[0].id.as_deref(), got[0].model.as_deref()), (Some("chatcmpl-a13fa5d1dff138bd"), Some("tiny")));
+        assert_eq!(got[0].usage, Some(Usage { prompt_tokens: Some(22), completion_tokens: None, cached_tokens: None }));
+        assert_eq!((got[12].usage, got[12].finish_reason.as_deref()), (Some(Usage { prompt_tokens: Some(22), completion_tokens: Some(8), cached_tokens: None }), Some("length")));
+        // Thinking and a tool call's JSON are content; so is a tool_use block's start (its name).
+        for (json, kind, bytes) in [
+            (r#"{"type":"content_block_delta","delta":{"type":"thinking_delta","thinking":"hmm"},"index":0}"#, SseKind::Content, 3),
+            (r#"{"type":"content_block_start","content_block":{"type":"tool_use","id":"call_1","name":"search","input":{}},"index":1}"#, SseKind::Content, 6),
+            (r#"{"type":"content_block_delta","delta":{"type":"input_json_delta","partial_json":"{\"q\":"},"index":1}"#, SseKind::Content, 5),
+            (r#"{"type":"content_block_delta","delta":{"type":"signature_delta","signature":"abc"},"index":0}"#, SseKind::Other, 0),
+            (r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#, SseKind::Error, 0),
+        ] {
+            let (c, _) = classify_sse(json.as_bytes());
+            assert_eq!((c.kind, c.content_bytes), (kind, bytes), "{json}");
+        }
+        // Stop reasons in chat's words; the prompt counts the cached tokens Anthropic's
+        // input_tokens leave out (vLLM with --enable-prompt-tokens-details).
+        for (reason, finish) in [("end_turn", "stop"), ("stop_sequence", "stop"), ("tool_use", "tool_calls"), ("max_tokens", "length"), ("refusal", "refusal")] {
+            let json = format!(r#"{{"type":"message_delta","delta":{{"stop_reason":"{reason}","stop_sequence":null}},"usage":{{"input_tokens":5,"output_tokens":3,"cache_read_input_tokens":96,"cache_creation_input_tokens":2}}}}"#);
+            let (c, _) = classify_sse(json.as_bytes());
+            assert_eq!((c.kind, c.finish_reason.as_deref()), (SseKind::Usage, Some(finish)));
+            assert_eq!(c.usage, Some(Usage { prompt_tokens: Some(103), completion_tokens: Some(3), cached_tokens: Some(96) }));
+        }
+    }
+
+    /// A non-streaming `/v1/messages` answer (vLLM 0.32.0's): its id, usage
+    /// and stop reason, whole or from its ends.
+    #[test]
+    fn an_anthropic_messages_body_gives_its_id_usage_and_stop_reason() {
+        let body = r#"{"id":"chatcmpl-98580c3782e1e428","type":"message","role":"assistant","content":[{"type":"text","text":"workerse batch SECRET block"}],"model":"tiny","stop_reason":"max_tokens","usage":{"input_tokens":14,"output_tokens":8}}"#;
+        let want = BodyMeta {
+            id: Some("chatcmpl-98580c3782e1e428".into()),
+            usage: Some(Usage { prompt_tokens: Some(14), completion_tokens: Some(8), cached_tokens: None }),
+            finish_reason: Some("length".into()),
+            model: Some("tiny".into()),
+        };
+        assert_eq!(response_meta(body.as_bytes()), Some(want.clone()));
+        let long = body.replace("SECRET", &"x".repeat(50_000));
+        assert_eq!(response_meta_parts(&long.as_bytes()[..4096], &long.as_bytes()[long.len() - 4096..]), want);
+        let tool = body.replace(r#""stop_reason":"max_tokens""#, r#""stop_reason":"tool_use""#);
+        assert_eq!(response_meta(tool.as_bytes()).and_then(|m| m.finish_reason).as_deref(), Some("tool_calls"));
     }
 
     /// A non-streaming `/v1/responses` answer: `status` (and the reason of an
@@ -593,7 +816,35 @@ mod tests {
             Some("chatcmpl-abc")
         );
         assert_eq!(partial_id(br#"{"id":"chatcmpl-ab"#), None);
-        assert_eq!(partial_id(br#"{"object":"x","id":"a"}"#), None);
+        assert_eq!(partial_id(br#"{"object":{"x":1},"id":"a"}"#), None);
+        assert_eq!(partial_id(br#"{"object":"x\"y","id":"a"}"#), None);
+        assert_eq!(partial_id(br#"{"id":"","object":"x"}"#), None);
+        // Behind plain scalars: vLLM's Rust frontend writes an event's type and sequence number
+        // first, vLLM's Anthropic Messages API the type.
+        let rust = br#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_f95387a6","object":"response","instructions":"SECRET"#;
+        assert_eq!(partial_head(rust), PartialHead { id: Some("resp_f95387a6".into()), kind: Some("response.created".into()) });
+        let start = br#"{"type":"message_start","message":{"id":"chatcmpl-a13f","type":"message","role":"assistant","content":[{"type":"text","text":"SECRET"#;
+        assert_eq!(partial_head(start), PartialHead { id: Some("chatcmpl-a13f".into()), kind: Some("message_start".into()) });
+        let delta = br#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"SECRET"#;
+        assert_eq!(partial_head(delta), PartialHead { id: None, kind: Some("content_block_delta".into()) });
+        assert_eq!(partial_head(br#"{"created":17,"done":true,"x":null,"id":"a"}"#).id.as_deref(), Some("a"));
+    }
+
+    /// Cut Anthropic and Rust-frontend events are told by the type their first bytes name.
+    #[test]
+    fn cut_events_whose_type_comes_first_are_told_by_their_head() {
+        let delta = br#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"SECRET"#;
+        let c = classify_tail(br#"SECRET more"},"index":0}"#, partial_head(delta)).expect("a Messages API event");
+        assert_eq!((c.kind, c.content_bytes), (SseKind::Content, 0));
+        let created = br#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","instructions":"SECRET"#;
+        let c = classify_tail(br#"x","user":null}}"#, partial_head(created)).expect("a Responses API event");
+        assert_eq!((c.kind, c.id.as_deref()), (SseKind::Role, Some("resp_1")));
+        let done = br#"{"type":"response.completed","sequence_number":12,"response":{"id":"resp_1","instructions":"SECRET"#;
+        let tail = br#"ECRET","status":"completed","usage":{"input_tokens":2815,"input_tokens_details":{"cached_tokens":2800},"output_tokens":8},"user":null}}"#;
+        let c = classify_tail(tail, partial_head(done)).expect("a Responses API event");
+        assert_eq!((c.kind, c.finish_reason.as_deref(), c.usage.and_then(|u| u.cached_tokens)), (SseKind::Usage, Some("stop"), Some(2800)));
+        // A chat chunk names no type at either end.
+        assert_eq!(classify_tail(br#"x"}}]}"#, partial_head(br#"{"id":"chatcmpl-1","choices":[{"delta":{"content":"SECRET"#)), None);
     }
 
     #[test]

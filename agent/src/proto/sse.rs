@@ -56,7 +56,7 @@ pub(crate) struct SseParser {
     tainted: bool,
     /// The current line's beginning was lost in a gap.
     line_unknown: bool,
-    partial_id: Option<String>,
+    partial: openai::PartialHead,
     /// The last bytes of that line (at most [`TAIL_KEEP`]): a cut event's
     /// data ends there ([`openai::classify_tail`]).
     tail: Vec<u8>,
@@ -175,8 +175,9 @@ impl SseParser {
 
     fn dispatch(&mut self, ts: u64, c: &mut Counters, out: &mut Vec<SseOut>) {
         if self.tainted {
-            let id = self.partial_id.take();
-            let info = match openai::classify_tail(&self.tail, id.clone()) {
+            let head = std::mem::take(&mut self.partial);
+            let id = head.id.clone();
+            let info = match openai::classify_tail(&self.tail, head) {
                 Some(info) => {
                     c.sse_events_from_ends += 1;
                     info
@@ -222,7 +223,7 @@ impl SseParser {
         self.overflow = false;
         self.tainted = false;
         self.line_unknown = false;
-        self.partial_id = None;
+        self.partial = openai::PartialHead::default();
         self.event_bytes = 0;
         if self.tail.capacity() > TAIL_KEEP * 2 {
             self.tail = Vec::new();
@@ -243,11 +244,11 @@ impl SseParser {
                     _ => &[],
                 }
             };
-            self.partial_id = openai::partial_id(src);
+            self.partial = openai::partial_head(src);
         }
-        let id = self.partial_id.take();
+        let head = std::mem::take(&mut self.partial);
         self.reset_event();
-        self.partial_id = id;
+        self.partial = head;
         self.tainted = true;
         self.line_unknown = true;
         self.skip_lf = false;

@@ -773,6 +773,123 @@ fn a_responses_api_stream_is_read_with_its_long_events_from_their_ends() {
     assert_eq!((counter(&dec, "sse_events_from_ends"), counter(&dec, "sse_events_truncated"), counter(&dec, "desync")), (2, 0, 0));
 }
 
+/// vLLM's Anthropic Messages API stream (`/v1/messages`), as vLLM 0.32.0
+/// wrote it (its `data:` lines, one 8-token answer cut at `max_tokens`; one
+/// token decoded to no text); `proto::openai`'s tests classify it too.
+pub(crate) const MESSAGES_STREAM: [&str; 14] = [
+    r#"{"type":"message_start","message":{"id":"chatcmpl-a13fa5d1dff138bd","type":"message","role":"assistant","content":[],"model":"tiny","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":22,"output_tokens":0}}}"#,
+    r#"{"type":"content_block_start","content_block":{"type":"text","text":""},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"am"},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"edge"},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":" case"},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"block"},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"engin"},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"~"},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":""},"index":0}"#,
+    r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":" "},"index":0}"#,
+    r#"{"type":"content_block_stop","index":0}"#,
+    r#"{"type":"ping"}"#,
+    r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"input_tokens":22,"output_tokens":8}}"#,
+    r#"{"type":"message_stop"}"#,
+];
+
+/// An Anthropic Messages API stream as vLLM writes it (`event:` then
+/// `data:`, one uvicorn chunk per event): the message's id (vLLM's chat
+/// completion's) from its start, content chunks, usage and stop reason, and
+/// the end at `message_stop`.
+#[test]
+fn an_anthropic_messages_stream_gives_its_id_content_usage_and_end() {
+    let k = key(71);
+    let body = r#"{"model":"tiny","max_tokens":8,"messages":[{"role":"user","content":"SECRET"}],"stream":true}"#;
+    let mut evs = vec![
+        accept(k, 1),
+        io(k, IN, 2, format!("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes()),
+        io(k, OUT, 3, SSE_HEAD),
+    ];
+    for (i, json) in MESSAGES_STREAM.iter().enumerate() {
+        let kind = json.split('"').nth(3).unwrap();
+        let data = format!("event: {kind}\ndata: {json}\n\n");
+        evs.push(io(k, OUT, 10 + i as u64, format!("{:x}\r\n{data}\r\n", data.len()).as_bytes()));
+    }
+    evs.push(io(k, OUT, 30, b"0\r\n\r\n"));
+    let mut dec = decoder();
+    let out = run(&mut dec, &evs);
+    let shown: Vec<String> = shows(&out, true).into_iter().filter(|l| l.starts_with("sse#") || l.starts_with("req#")).collect();
+    let id = "chatcmpl-a13fa5d1dff138bd";
+    let content = |b: u32, at: u32| format!("sse#0 Content - {b}B fr=- @{at}");
+    assert_eq!(
+        shown[1..],
+        [
+            format!("sse#0 Role {id} 0B fr=- usage=22,0,0 @10"),
+            "sse#0 Other - 0B fr=- @11".into(),
+            content(2, 12),
+            content(4, 13),
+            content(5, 14),
+            content(5, 15),
+            content(5, 16),
+            content(1, 17),
+            "sse#0 Other - 0B fr=- @18".into(),
+            content(1, 19),
+            "sse#0 Other - 0B fr=- @20".into(),
+            "sse#0 Other - 0B fr=- @21".into(),
+            "sse#0 Usage - 0B fr=length usage=22,8,0 @22".into(),
+            "sse#0 Done - 0B fr=- @23".into(),
+        ],
+        "{shown:#?}"
+    );
+    assert!(shown[0].contains(" POST /v1/messages "), "{shown:?}");
+    assert_eq!((counter(&dec, "sse_json_invalid"), counter(&dec, "desync")), (0, 0));
+    assert!(!format!("{out:?}").contains("SECRET"));
+}
+
+/// vLLM 0.34.0's Rust frontend (hyper) writes a burst of SSE chunks with one
+/// writev, each Responses API event's `type` and `sequence_number` first:
+/// two 4.3 KiB events (long instructions echoed) in one 8.8 KiB write, which
+/// the probe brings as its 4 KiB prefix and its tail. The second's chunk-size
+/// line is in the tail: framing kept, both events whole. In a later write
+/// too long for both ends, a cut event is told by the type its head names,
+/// and what the gap took is counted.
+#[test]
+fn a_hyper_writev_burst_of_long_responses_events_keeps_its_framing() {
+    let k = key(72);
+    let instructions = "i".repeat(4_000);
+    let event = |kind: &str, seq: u32| {
+        let json = format!(r#"{{"type":"{kind}","sequence_number":{seq},"response":{{"id":"resp_f9","object":"response","status":"in_progress","instructions":"{instructions}","model":"tiny","usage":null}}}}"#);
+        let data = format!("event: {kind}\ndata: {json}\n\n");
+        format!("{:X}\r\n{data}\r\n", data.len()).into_bytes()
+    };
+    let body = r#"{"model":"tiny","input":"hi","stream":true}"#;
+    let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\ndate: Sun, 06 Dec 2026 07:51:28 GMT\r\n\r\n";
+    let burst = [&head[..], &event("response.created", 0), &event("response.in_progress", 1)].concat();
+    let delta = br#"{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi","logprobs":[]}"#;
+    let delta = format!("event: response.output_text.delta\ndata: {}\n\n", String::from_utf8_lossy(delta));
+    // A write longer than 4 KiB + 16 KiB: 6 events, the first cut after its head, the second
+    // lost whole, the third cut before its tail.
+    let long: Vec<u8> = (3..9).flat_map(|seq| event(if seq == 8 { "response.completed" } else { "response.output_item.done" }, seq)).collect();
+    assert!(long.len() > 4096 + 16384 + 4200, "{}", long.len());
+    let evs = [
+        accept(k, 1),
+        io(k, IN, 2, format!("POST /v1/responses HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes()),
+        io_ends(k, OUT, 10, &burst, 4096, burst.len() - 4096),
+        io(k, OUT, 11, format!("{:X}\r\n{delta}\r\n", delta.len()).as_bytes()),
+        io_ends(k, OUT, 12, &long, 4096, 16384),
+        io(k, OUT, 13, b"0\r\n\r\n"),
+    ];
+    let mut dec = decoder();
+    let out = run(&mut dec, &evs);
+    let shown: Vec<String> = shows(&out, true).into_iter().filter(|l| l.starts_with("sse#") || l.starts_with("end#")).collect();
+    assert_eq!(
+        shown[..4],
+        ["sse#0 Role resp_f9 0B fr=- @10", "sse#0 Other resp_f9 0B fr=- @10", "sse#0 Content - 2B fr=- @11", "sse#0 Other resp_f9 0B fr=- @12"],
+        "{shown:#?}"
+    );
+    // The burst lost nothing; the over-long write's loss is counted (what followed its cut
+    // first event, framing included), and the body's end is still seen.
+    assert!(shown[4].starts_with("end#0 ") && shown.len() == 5, "{shown:#?}");
+    let counted = ["chunk_framing_lost", "sse_events_lost_in_gap", "sse_events_from_ends", "sse_events_truncated", "desync"].map(|c| counter(&dec, c));
+    assert_eq!(counted, [1, 1, 1, 0, 0]);
+}
+
 /// A chunked request body: the gap falls in a chunk's data (skipped by
 /// count), and the tail's window holds the de-chunked data, not the framing.
 #[test]

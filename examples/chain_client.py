@@ -123,7 +123,14 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     # the parameters): behind a long prompt a tracer finds the model only in
     # the body's last bytes, as it must for agents built on that SDK.
     responses = args.api == "responses"
-    if responses:
+    messages_api = args.api == "messages"
+    if messages_api:
+        # The Anthropic SDK's `messages.create` order: max_tokens, messages, model, …, system
+        # (Claude Code's and Anthropic SDK agents' requests to vLLM's /v1/messages).
+        headers["anthropic-version"] = "2023-06-01"
+        body: dict[str, Any] = {"max_tokens": args.max_tokens, "messages": messages[1:], "model": args.model,
+                                "system": messages[0]["content"]}
+    elif responses:
         # `responses.create`'s order: input, instructions, max_output_tokens, model, …
         body: dict[str, Any] = {"input": messages[1:], "instructions": messages[0]["content"],
                                 "max_output_tokens": args.max_tokens, "model": args.model}
@@ -134,7 +141,7 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     else:
         body = {"messages": messages, "model": args.model, "max_tokens": args.max_tokens}
     structured = args.json_schema_hops is not None and (not args.json_schema_hops or hop in args.json_schema_hops)
-    if structured and not responses:
+    if structured and not responses and not messages_api:
         # An agent step that wants a machine-readable answer: the server holds
         # the output to this schema (vLLM compiles a grammar for it first).
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "step", "schema": STEP_SCHEMA}}
@@ -144,15 +151,15 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         # vLLM's extra body parameter, used under --scheduling-policy priority.
         body["priority"] = args.priority
     body["stream"] = args.stream
-    if args.stream and args.usage and not responses:
+    if args.stream and args.usage and not responses and not messages_api:
         body["stream_options"] = {"include_usage": True}
     body["temperature"] = args.temperature
     if structured and responses:
         # The Responses API's form (the OpenAI Agents SDK's `output_type`):
         # the schema under `text.format`, after `temperature` as the SDK sends it.
         body["text"] = {"format": {"type": "json_schema", "name": "step", "schema": STEP_SCHEMA, "strict": True}}
-    if responses:
-        kind = "responses" if args.stream else "responses_whole"
+    if responses or messages_api:
+        kind = args.api if args.stream else f"{args.api}_whole"
     else:
         kind = "stream" if args.stream and args.usage else "stream_no_usage" if args.stream else "whole"
     rec: dict[str, Any] = {
@@ -171,7 +178,7 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
 
     async def exchange() -> None:
         nonlocal signal
-        path = "/v1/responses" if responses else "/v1/chat/completions"
+        path = {"responses": "/v1/responses", "messages": "/v1/messages"}.get(args.api, "/v1/chat/completions")
         async with client.stream("POST", path, json=body, headers=headers) as resp:
             rec["headers_ns"] = time.monotonic_ns()
             if signal is not None:
@@ -183,11 +190,11 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
                 rec["done_ns"] = time.monotonic_ns()
                 return
             if args.stream:
-                await read_events(resp, rec, responses, text_parts)
+                await read_events(resp, rec, args.api, text_parts)
             else:
                 whole = json.loads(await resp.aread())
                 rec["done_ns"] = time.monotonic_ns()
-                answer(rec, whole, responses, text_parts)
+                answer(rec, whole, args.api, text_parts)
 
     try:
         rec["send_ns"] = time.monotonic_ns()
@@ -217,7 +224,7 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     return rec
 
 
-async def read_events(resp: httpx.Response, rec: dict[str, Any], responses: bool, text_parts: list[str]) -> None:
+async def read_events(resp: httpx.Response, rec: dict[str, Any], api: str, text_parts: list[str]) -> None:
     """A streamed answer's events into the hop's record, each stamped when its line arrived."""
     async for line in resp.aiter_lines():
         t = time.monotonic_ns()
@@ -230,8 +237,11 @@ async def read_events(resp: httpx.Response, rec: dict[str, Any], responses: bool
         ev = json.loads(data)
         if rec["first_chunk_ns"] is None:
             rec["first_chunk_ns"] = t
-        if responses:
+        if api == "responses":
             responses_event(rec, ev, t, text_parts)
+            continue
+        if api == "messages":
+            messages_event(rec, ev, t, text_parts)
             continue
         rec["id"] = ev.get("id", rec["id"])
         if ev.get("usage"):
@@ -249,11 +259,18 @@ async def read_events(resp: httpx.Response, rec: dict[str, Any], responses: bool
                 rec["finish_reason"] = ch["finish_reason"]
 
 
-def answer(rec: dict[str, Any], body: dict[str, Any], responses: bool, text_parts: list[str]) -> None:
+def answer(rec: dict[str, Any], body: dict[str, Any], api: str, text_parts: list[str]) -> None:
     """A non-streamed answer into the hop's record: its id, text, usage and finish reason (no
     chunk times: the whole answer arrives at once)."""
     rec["id"] = body.get("id")
-    if responses:
+    if api == "messages":
+        for block in body.get("content") or []:
+            if block.get("type") == "text":
+                text_parts.append(block.get("text", ""))
+        messages_event(rec, {"type": "message_delta", "delta": {"stop_reason": body.get("stop_reason")},
+                             "usage": body.get("usage")}, rec["done_ns"], [])
+        return
+    if api == "responses":
         for item in body.get("output") or []:
             for part in item.get("content") or []:
                 if part.get("type") == "output_text":
@@ -285,6 +302,35 @@ def responses_event(rec: dict[str, Any], ev: dict[str, Any], t: int, text_parts:
         rec["usage"] = {"prompt_tokens": u.get("input_tokens"), "completion_tokens": u.get("output_tokens"),
                         "prompt_tokens_details": u.get("input_tokens_details")}
         rec["finish_reason"] = "stop" if response.get("status") == "completed" else "length"
+        rec["done_ns"] = t
+
+
+# The Anthropic Messages API's stop reasons in chat's words.
+STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+
+
+def messages_event(rec: dict[str, Any], ev: dict[str, Any], t: int, text_parts: list[str]) -> None:
+    """One Anthropic Messages API event into the hop's record, in chat's terms: the message's id,
+    text deltas as content chunks, the usage (its input_tokens leave the cached prompt tokens out:
+    the prompt is their sum) and stop reason of message_delta, the end at message_stop."""
+    kind = ev.get("type", "")
+    if kind == "message_start":
+        rec["id"] = (ev.get("message") or {}).get("id")
+    elif kind == "content_block_delta" and (ev.get("delta") or {}).get("text"):
+        if rec["first_content_ns"] is None:
+            rec["first_content_ns"] = t
+        rec["chunk_ns"].append(t)
+        rec["content_chunks"] += 1
+        text_parts.append(ev["delta"]["text"])
+    elif kind == "message_delta":
+        u = ev.get("usage") or {}
+        read = u.get("cache_read_input_tokens")
+        prompt = (u.get("input_tokens") or 0) + (read or 0) + (u.get("cache_creation_input_tokens") or 0)
+        rec["usage"] = {"prompt_tokens": prompt, "completion_tokens": u.get("output_tokens"),
+                        "prompt_tokens_details": {"cached_tokens": read} if read is not None else None}
+        reason = (ev.get("delta") or {}).get("stop_reason")
+        rec["finish_reason"] = STOP_REASONS.get(reason, reason)
+    elif kind == "message_stop":
         rec["done_ns"] = t
 
 
@@ -366,8 +412,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--chains", type=int, default=1, help="concurrent chains (M)")
     p.add_argument("--hops", type=int, default=5, help="hops per chain (N)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--api", choices=["chat", "responses"], default="chat",
-                   help="/v1/chat/completions, or the Responses API (/v1/responses: the OpenAI Agents SDK's)")
+    p.add_argument("--api", choices=["chat", "responses", "messages"], default="chat",
+                   help="/v1/chat/completions, the Responses API (/v1/responses: the OpenAI Agents SDK's), or "
+                        "the Anthropic Messages API (/v1/messages: Claude Code's and Anthropic SDK agents')")
     p.add_argument("--prompt-words", type=int, default=120, help="words in the hop-1 task description")
     p.add_argument("--system-words", type=int, default=0, help="words added to the system prompt")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -415,7 +462,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.api == "messages" and args.json_schema_hops is not None:
+        parser.error("--json-schema-hops is for --api chat or responses")
+    if args.api != "responses" and args.previous_response:
+        parser.error("--previous-response needs --api responses")
     asyncio.run(amain(args))
 
 

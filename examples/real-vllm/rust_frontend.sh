@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vLLM 0.34.0's Rust frontend (`vllm-rs`, VLLM_USE_RUST_FRONTEND's server: hyper/axum HTTP, the
 # `zeromq` crate's ZMTP) traced by `hopscope run`, in front of the testbed's engine speaking vLLM
-# 0.34.0's engine IPC (rust_frontend.py): streamed chat, whole answers, a stream without usage.
+# 0.34.0's engine IPC (rust_frontend.py): streamed chat, whole answers, a stream without usage,
+# Responses API turns with long instructions (hyper writes two 4 KiB+ events in one writev).
 # Writes OUT/rsfe.hop, the clients' marks, the engine's truth, the report (text and JSON) and the
 # Perfetto trace. tests/tests/real_vllm.rs runs it and checks what it wrote.
 #
@@ -44,6 +45,8 @@ client() {
 client --chains 2 --hops 3 --max-tokens 16 --stagger-ms 20   # streamed chat, usage asked
 client --no-stream --chains 1 --hops 2 --max-tokens 16       # whole answers
 client --no-usage --chains 1 --hops 2 --max-tokens 16        # a stream without usage
+# The Responses API with ~3.7 KB of instructions, echoed in its first events.
+client --api responses --system-words 500 --prompt-words 20 --chains 1 --hops 2 --max-tokens 16
 kill -INT $hp
 wait $hp || true
 "$BIN" report "$OUT/rsfe.hop" | tee "$OUT/rsfe.report.txt"

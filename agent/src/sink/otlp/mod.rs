@@ -271,9 +271,10 @@ fn unix_offset(meta: &Meta) -> i128 {
 /// `gen_ai.operation.name` of an OpenAI-compatible path (query string aside).
 fn operation_name(path: &str) -> Option<&'static str> {
     match path.split('?').next().unwrap_or(path).trim_end_matches('/') {
-        // The Responses API is a chat API too (the conventions' `chat`:
-        // "chat completion operation such as OpenAI Chat API").
-        "/v1/chat/completions" | "/v1/responses" => Some("chat"),
+        // The Responses API and Anthropic's Messages API are chat APIs too
+        // (the conventions' `chat`: "chat completion operation such as
+        // OpenAI Chat API").
+        "/v1/chat/completions" | "/v1/responses" | "/v1/messages" => Some("chat"),
         "/v1/completions" => Some("text_completion"),
         "/v1/embeddings" => Some("embeddings"),
         _ => None,
@@ -788,6 +789,8 @@ mod tests {
         assert_eq!(operation_name("/v1/embeddings/"), Some("embeddings"));
         assert_eq!(operation_name("/v1/models"), None);
         assert_eq!(operation_name("/v1/responses"), Some("chat"));
+        assert_eq!(operation_name("/v1/messages"), Some("chat"));
+        assert_eq!(operation_name("/v1/messages/count_tokens"), None);
     }
 
     /// The id the server wrote back is the conventions' response id; an id

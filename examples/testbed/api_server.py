@@ -10,6 +10,7 @@
   decodes every EngineCoreOutputs, detokenises incrementally, applies stop strings (aborting the
   engine request, as vLLM's output processor does) and feeds per-request queues.
 * Endpoints: ``/v1/chat/completions``, ``/v1/completions`` (streaming SSE and plain JSON),
+  ``/v1/responses``, ``/v1/messages`` (Anthropic's, as vLLM's Python frontend serves it),
   ``/v1/models``, ``/health``, ``/version``.
 * Request ids as vLLM: ``chatcmpl-<base>`` / ``cmpl-<base>`` with base = ``X-Request-Id`` header,
   else the body's ``request_id``, else 16 random hex; the engine request id is
@@ -928,6 +929,114 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                 remember(st.text)
                 yield event("response.completed", "usage",
                             response=response(final_status(finish), [message(st.text, "completed")], finish))
+            finally:
+                if finish is None:
+                    _abort_later([st])
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    # ------------------------------------------------ anthropic messages
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request):
+        """The Anthropic Messages API as vLLM's Python frontend serves it (its
+        ``entrypoints/anthropic``): the request runs as a chat completion (``chatcmpl-<base>``,
+        the message's id), the stream is ``event: <type>`` + ``data: <json>`` per event:
+        message_start with the first output, a text block's start, text deltas, its stop,
+        message_delta (stop reason, usage), message_stop. ``input_tokens`` leave out the cached
+        prompt tokens (``cache_read_input_tokens``) when prompt token details are on."""
+        rec = _truth(request)
+        body = await _read_body(request, rec)
+        if body is None:
+            return _error("invalid JSON body")
+
+        def text_of(content: Any) -> Optional[str]:
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list) and all(isinstance(b, dict) for b in content):
+                return "".join(b.get("text") or "" for b in content if b.get("type") == "text")
+            return None
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            return _error("messages must be a non-empty list")
+        messages = [{"role": m.get("role", "user"), "content": text_of(m.get("content"))} for m in msgs]
+        system = text_of(body.get("system")) if body.get("system") is not None else None
+        if any(m["content"] is None for m in messages) or (body.get("system") is not None and system is None):
+            return _error("content must be a string or a list of text blocks")
+        if system:
+            messages = [{"role": "system", "content": system}] + messages
+        if not isinstance(body.get("max_tokens"), int):
+            return _error("max_tokens is required")
+        rid = f"chatcmpl-{_base_request_id(request, body.get('request_id'))}"
+        prompt_ids = tok.apply_chat_template(messages)
+        if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
+            return err
+        stream = bool(body.get("stream", False))
+        sp = _sampling_params(body, len(prompt_ids), None, stream)
+        try:
+            st = await _submit(request, rid, prompt_ids, sp, body, rec)
+        except EngineDeadError as e:
+            return _error(str(e), 500, "InternalServerError")
+        if rec is not None:
+            rec["stream"] = stream
+
+        def usage(output_tokens: int) -> dict:
+            if not prompt_tokens_details:
+                return {"input_tokens": st.prompt_len, "output_tokens": output_tokens}
+            return {"input_tokens": max(0, st.prompt_len - st.cached_tokens), "output_tokens": output_tokens,
+                    "cache_read_input_tokens": st.cached_tokens}
+
+        def stop(finish: Any, stop_reason: Any) -> tuple[Optional[str], Optional[str]]:
+            if finish == "length":
+                return "max_tokens", None
+            if isinstance(stop_reason, str):
+                return "stop_sequence", stop_reason
+            return "end_turn", None
+
+        if not stream:
+            got = await _unless_gone(request, [st], _collect(st))
+            if got is None:
+                return Response(status_code=499)  # never sent: the client is gone
+            text, finish, stop_reason = got
+            _finish_truth(rec, [st], finish)
+            reason, sequence = stop(finish, stop_reason)
+            return JSONResponse({"id": rid, "type": "message", "role": "assistant",
+                                 "content": [{"type": "text", "text": text}], "model": model_name,
+                                 "stop_reason": reason, "stop_sequence": sequence,
+                                 "usage": usage(st.num_output_tokens)})
+
+        kinds = rec["_kinds"] if rec is not None else []
+
+        def event(kind: str, truth_kind: str, **fields: Any) -> str:
+            kinds.append(truth_kind)
+            return f"event: {kind}\ndata: {_dumps({'type': kind, **fields})}\n\n"
+
+        async def gen() -> AsyncIterator[str]:
+            finish = None
+            started = block = False
+            try:
+                while finish is None:
+                    d = await _next_merged(st)
+                    if not started:
+                        # With the first output, as vLLM's chat stream sends its role chunk.
+                        started = True
+                        yield event("message_start", "role", message={
+                            "id": rid, "type": "message", "role": "assistant", "content": [], "model": model_name,
+                            "stop_reason": None, "stop_sequence": None, "usage": usage(0)})
+                    finish = d.finish_reason
+                    if d.text:
+                        if not block:
+                            block = True
+                            yield event("content_block_start", "other", content_block={"type": "text", "text": ""},
+                                        index=0)
+                        yield event("content_block_delta", "content", delta={"type": "text_delta", "text": d.text},
+                                    index=0)
+                if block:
+                    yield event("content_block_stop", "other", index=0)
+                reason, sequence = stop(finish, d.stop_reason)
+                yield event("message_delta", "usage", delta={"stop_reason": reason, "stop_sequence": sequence},
+                            usage=usage(st.num_output_tokens))
+                _finish_truth(rec, [st], finish)
+                yield event("message_stop", "done")
             finally:
                 if finish is None:
                     _abort_later([st])

@@ -410,3 +410,40 @@ def test_ground_truth_consistency_and_prefix_growth(tb, tmp_path):
         cached = [h["cached_tokens"] for h in sorted(hops, key=lambda h: h["hop"]) if h["chain"] == c]
         assert all(b > a for a, b in zip(cached, cached[1:])), cached
         assert cached[-1] > 0
+
+
+def test_anthropic_messages_api_streaming_and_not(tb):
+    """/v1/messages as vLLM's Python frontend serves it (the Anthropic SDK's shapes): the message
+    runs as its chat completion ``chatcmpl-<base>``, the stream's events in vLLM's order, text
+    deltas adding up to the whole answer, the stop reason and usage Anthropic's."""
+    body = {"max_tokens": 9, "messages": [{"role": "user", "content": [{"type": "text", "text": "messages test"}]}],
+            "model": MODEL, "system": "You are terse.", "temperature": 0}
+    whole = httpx.post(tb.base_url + "/v1/messages", json=body, timeout=30).json()
+    assert whole["id"].startswith("chatcmpl-") and whole["type"] == "message", whole
+    assert (whole["stop_reason"], whole["usage"]["output_tokens"]) == ("max_tokens", 9), whole
+    events = []
+    with httpx.stream("POST", tb.base_url + "/v1/messages", json={**body, "stream": True}, timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                ev = json.loads(line[6:])
+                assert ev["type"] == name, (name, ev)
+                events.append(ev)
+    types = [e["type"] for e in events]
+    assert types[:2] == ["message_start", "content_block_start"] and types[-3:] == [
+        "content_block_stop", "message_delta", "message_stop"], types
+    assert set(types[2:-3]) == {"content_block_delta"}, types
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == whole["content"][0]["text"]  # greedy: same tokens
+    mid = events[0]["message"]["id"]
+    done = events[-2]
+    assert done["delta"]["stop_reason"] == "max_tokens" and done["usage"]["output_tokens"] == 9, done
+    # Prompt token details on (the testbed's default): the cached tokens apart, as vLLM's.
+    assert done["usage"]["input_tokens"] + done["usage"]["cache_read_input_tokens"] == whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]
+    recs = wait_truth(tb, lambda rs: any(r.get("external_id") == mid for r in rs))
+    eng = [r for r in recs if r["type"] == "request" and r.get("external_id") == mid]
+    assert len(eng) == 1 and eng[0]["req"].startswith(mid + "-"), eng
+    assert httpx.post(tb.base_url + "/v1/messages", json={**body, "max_tokens": None}, timeout=30).status_code == 400

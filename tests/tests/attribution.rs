@@ -99,9 +99,10 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
     let sent: HashMap<&str, i64> = run.client.iter().filter(|c| c["id"].is_string()).map(|c| (c["id"].as_str().unwrap(), ns(c, "send_ns"))).collect();
     let mut arrive_lags: Vec<f64> = Vec::new();
     for r in run.report["requests"].as_array().unwrap() {
-        // The Responses API runs response `resp_<b>` as engine request `resp_<b>_0`.
+        // The Responses API runs response `resp_<b>` as engine request `resp_<b>_0`;
+        // the Messages API a message as its chat completion.
         let external = match r["path"].as_str() {
-            Some("/v1/chat/completions") => r["id"].as_str().unwrap().to_owned(),
+            Some("/v1/chat/completions" | "/v1/messages") => r["id"].as_str().unwrap().to_owned(),
             Some("/v1/responses") => format!("{}_0", r["id"].as_str().unwrap()),
             _ => continue,
         };
@@ -319,6 +320,47 @@ fn phases_match_ground_truth_for_chains_on_the_responses_api() {
     assert_eq!(drops["sse_events_truncated"].as_u64().unwrap_or(0), 0, "{drops}");
     // Each stream's created, in_progress and completed events.
     assert_eq!(drops["sse_events_from_ends"].as_u64().unwrap_or(0), 3 * 6, "{drops}");
+}
+
+/// Chains on the Anthropic Messages API (`/v1/messages`, Claude Code's and
+/// Anthropic SDK agents'), served as vLLM's Python frontend does: each
+/// message runs as its chat completion, the stream's `message_start` names
+/// it, so the join is chat's and the phases hold against the truth as
+/// chat's; tokens from `message_delta`, one content chunk per text delta,
+/// the stop reason in chat's words. Whole answers too.
+#[test]
+fn phases_match_ground_truth_for_chains_on_the_anthropic_messages_api() {
+    let Some(_serial) = privileged("phases_match_ground_truth_for_chains_on_the_anthropic_messages_api") else { return };
+    let t = record_testbed_with(
+        "attr-messages",
+        &[],
+        &[],
+        &[
+            &["--api", "messages", "--chains", "2", "--hops", "3", "--max-tokens", "24", "--stagger-ms", "40"],
+            &["--api", "messages", "--no-stream", "--chains", "1", "--hops", "2", "--max-tokens", "24"],
+        ],
+    );
+    let run = Run::from(t);
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("anthropic messages API: worst phase error {worst:.3} ms");
+    let reqs: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/messages").collect();
+    assert_eq!(reqs.len(), 8, "{}", run.report);
+    let truth: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    for r in &reqs {
+        let id = r["id"].as_str().unwrap();
+        assert!(id.starts_with("chatcmpl-"), "{r}");
+        assert_eq!(r["phase_source"], "ipc", "{id}");
+        let t = truth[id];
+        assert_eq!((&r["completion_tokens"], &r["prompt_tokens"], &r["model"]), (&t["completion_tokens"], &t["prompt_tokens"], &Value::from("hopscope-testbed")), "{r}");
+        assert_eq!(r["cached_tokens"], t["cached_tokens"], "{id}: cache_read_input_tokens");
+        assert_eq!(r["content_chunks"].as_u64().unwrap() as usize, t["content_write_ns"].as_array().unwrap().len(), "{id}: one content chunk per text delta");
+        assert!(r["finish_reason"] == "length" || r["finish_reason"] == "stop", "{r}");
+        assert_eq!(r["streamed"], t["stream"], "{id}");
+    }
+    assert_eq!(reqs.iter().filter(|r| r["streamed"] == true).count(), 6);
+    let drops = &run.report["recording"]["drops"];
+    assert_eq!(drops["sse_events_truncated"].as_u64().unwrap_or(0), 0, "{drops}");
 }
 
 /// An agent on the Responses API that sends each turn with the id of the

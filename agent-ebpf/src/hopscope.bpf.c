@@ -741,6 +741,24 @@ static __always_inline __u32 want_bytes(__s64 ret, __u8 family)
 	return (__u32)want;
 }
 
+/* How many of a transfer's last bytes follow its `cap`-byte prefix in the
+ * record: the family's tail, never overlapping the prefix; 0 when the prefix
+ * is all of it or the family is not captured. Callers clamp it to
+ * HS_MAX_TAIL last, where the verifier needs the bound. */
+static __always_inline __u32 tail_bytes(__s64 ret, __u32 cap, __u8 family)
+{
+	__u64 rest;
+	__u32 t;
+
+	if (family == 0 || (__u64)ret <= cap)
+		return 0;
+	rest = (__u64)ret - cap;
+	t = family == HS_AF_UNIX ? capture_tail_unix : capture_tail;
+	if (rest < t)
+		t = (__u32)rest;
+	return t;
+}
+
 /* One contiguous user buffer. */
 static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 dir)
 {
@@ -765,12 +783,8 @@ static __always_inline int exit_buf(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	/* A transfer longer than the prefix: its last bytes too (a long ADD's
 	 * fields after the prompt ids; an HTTP body's members after the prompt),
 	 * never overlapping the prefix. */
-	if (!flags && (__u64)ret > n && inf.family != 0) {
-		__u64 rest = (__u64)ret - n;
-
-		t = inf.family == HS_AF_UNIX ? capture_tail_unix : capture_tail;
-		if (rest < t)
-			t = (__u32)rest;
+	if (!flags) {
+		t = tail_bytes(ret, n, inf.family);
 		/* Last, so the verifier sees the bound at the copy. */
 		if (t > HS_MAX_TAIL)
 			t = HS_MAX_TAIL;
@@ -893,12 +907,8 @@ static __always_inline int exit_iov(struct sys_exit_ctx *ctx, __u16 sys, __u8 di
 	 * events (a Responses API event echoing long instructions is 4 KiB and
 	 * more) with one writev, and the burst's last chunks (the response's
 	 * usage, the body's end) would otherwise fall past the prefix. */
-	if (!flags && (__u64)ret > cap && inf.family != 0) {
-		__u64 rest = (__u64)ret - cap;
-
-		t = inf.family == HS_AF_UNIX ? capture_tail_unix : capture_tail;
-		if (rest < t)
-			t = (__u32)rest;
+	if (!flags) {
+		t = tail_bytes(ret, cap, inf.family);
 		if (t > HS_MAX_TAIL)
 			t = HS_MAX_TAIL;
 		/* All of it or none: a tail is the transfer's last bytes exactly

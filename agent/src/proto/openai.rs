@@ -101,7 +101,7 @@ fn classify_messages_event(kind: &str, obj: &Map<String, Value>) -> ChunkInfo {
     let message = obj.get("message").and_then(Value::as_object);
     let mut info = ChunkInfo::other(message.and_then(|m| str_of(m.get("id"))));
     info.model = message.and_then(|m| str_of(m.get("model")));
-    let content = |bytes: usize, info: &mut ChunkInfo| {
+    let content = |bytes: u64, info: &mut ChunkInfo| {
         info.kind = SseKind::Content;
         info.content_bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
     };
@@ -115,14 +115,14 @@ fn classify_messages_event(kind: &str, obj: &Map<String, Value>) -> ChunkInfo {
             let delta = obj.get("delta").and_then(Value::as_object);
             let bytes = delta.map_or(0, |d| ["text", "thinking", "partial_json"].iter().map(|k| str_len(d, k)).sum::<u64>());
             if bytes > 0 {
-                content(usize::try_from(bytes).unwrap_or(usize::MAX), &mut info);
+                content(bytes, &mut info);
             }
         }
         "content_block_start" => {
             let block = obj.get("content_block").and_then(Value::as_object);
             if block.and_then(|b| b.get("type")).and_then(Value::as_str) == Some("tool_use") {
                 let name = block.map_or(0, |b| str_len(b, "name"));
-                content(usize::try_from(name).unwrap_or(usize::MAX), &mut info);
+                content(name, &mut info);
             }
         }
         "message_delta" => {

@@ -43,6 +43,12 @@ exec > >(tee -a "$LOG") 2>&1
 T0=$(date +%s)
 note() { echo "$*" | tee -a "$SUMMARY"; }
 step() { echo; echo "=== $* ($(( $(date +%s) - T0 )) s)"; }
+# The whole check keeps inside GPU_CHECK_BUDGET_S (default 300 s): each step's timeout is
+# cut to what is left, so the summary and the packing (below) always happen inside the
+# device call's limit. GPU_CHECK_STEPS="7 8" runs only those steps (0, the facts, always).
+DEADLINE=$(( T0 + ${GPU_CHECK_BUDGET_S:-300} ))
+cap() { local t=$1 l=$(( DEADLINE - $(date +%s) )); [ "$l" -lt "$t" ] && t=$l; [ "$t" -lt 1 ] && t=1; echo "$t"; }
+want() { [ -z "${GPU_CHECK_STEPS:-}" ] || [[ " $GPU_CHECK_STEPS " == *" $1 "* ]]; }
 
 BUNDLE="${HOPSCOPE_BUNDLE:-$PWD/target/gpu-bundle}"
 if [ -d "$BUNDLE" ]; then
@@ -82,24 +88,29 @@ LIBDIR="$OUT/.lib"; mkdir -p "$LIBDIR"
 NVDIRS=$(for d in $SITE; do ls -d "$d"/nvidia/*/lib 2>/dev/null; done | tr '\n' ':')
 export LD_LIBRARY_PATH="$LIBDIR:${NVDIRS}${LD_LIBRARY_PATH:-}"
 
-run_exact() { # name, extra env...
-  local name=$1; shift
+run_exact() { # step, name, extra env...
+  want "$1" || return 0
+  local name=$2; shift 2
   step "$name"
   env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_CUPTI_LIB="$CUPTI_LIB" HOPSCOPE_CUPTI_FLUSH_MS=100 \
-      HOPSCOPE_CUPTI_LOG=1 "$@" timeout 120 "$EXACT" --out "$OUT/$name"
+      HOPSCOPE_CUPTI_LOG=1 "$@" timeout "$(cap 60)" "$EXACT" --out "$OUT/$name"
   local rc=$?
   note "$name: rc=$rc ($( [ $rc = 0 ] && echo PASS || echo FAIL)) report $OUT/$name/exact.json"
   grep -h '"check"' "$OUT/$name/exact.json" 2>/dev/null | sed 's/^/    /' | cut -c1-400 >>"$SUMMARY"
 }
-run_exact exact-auto HOPSCOPE_CUPTI_DUMP_DIR="$OUT/fixtures"
-run_exact exact-calib HOPSCOPE_CUPTI_CLOCK=calibrate
-run_exact exact-cb HOPSCOPE_CUPTI_CLOCK=callback
+run_exact 1 exact-auto HOPSCOPE_CUPTI_DUMP_DIR="$OUT/fixtures"
+run_exact 2 exact-calib HOPSCOPE_CUPTI_CLOCK=calibrate
+run_exact 3 exact-cb HOPSCOPE_CUPTI_CLOCK=callback
 
+if want 4; then
 step "4 init-fail"
 env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_CUPTI_LIB="$CUPTI_LIB" HOPSCOPE_CUPTI_FORCE_INIT_FAILURE=1 \
-    timeout 60 "$EXACT" --out "$OUT/init-fail" >"$OUT/init-fail.log" 2>&1
+    timeout "$(cap 60)" "$EXACT" --out "$OUT/init-fail" >"$OUT/init-fail.log" 2>&1
 note "init-fail: rc=$? status $(grep -o '"status":"[a-z_]*"' "$OUT/init-fail/exact.json" 2>/dev/null) (\"ran\" = CUDA kept working after InitializeInjection returned 0); $(grep -m1 hopscope-cupti "$OUT/init-fail.log")"
 
+fi
+
+if want 5; then
 step "5 overhead"
 BENCH="$OUT/.bench.py"; DRAIN="$OUT/.drain.py"
 cat >"$BENCH" <<'EOF'
@@ -197,9 +208,9 @@ for workload in graph eager; do
   for mode in untraced hopscope profiler; do
     if [ $mode = hopscope ]; then
       env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_LOG=1 \
-          timeout 90 $PY "$BENCH" $mode $workload 6 "$RES"
+          timeout "$(cap 60)" $PY "$BENCH" $mode $workload 6 "$RES"
     else
-      timeout 90 $PY "$BENCH" $mode $workload 6 "$RES"
+      timeout "$(cap 60)" $PY "$BENCH" $mode $workload 6 "$RES"
     fi
   done
   kill -TERM $DP 2>/dev/null; wait $DP 2>/dev/null
@@ -214,14 +225,17 @@ for w in ("graph", "eager"):
     if not base: print(f"overhead {w}: no untraced figure"); continue
     print(f"overhead {w}: untraced {base}/s; " + "; ".join(f"{m} {by[m]}/s = {by[m]/base:.3f}x" for m in ("hopscope", "profiler") if m in by))
 EOF
+fi
 
 step "6 ebpf"
-if [ -x "$AGENT" ]; then
-  timeout 30 "$AGENT" record --pid $$ --duration 2s -o "$OUT/ebpf-probe.hop" >"$OUT/ebpf.log" 2>&1
+if ! want 6; then
+  :
+elif [ -x "$AGENT" ]; then
+  timeout "$(cap 30)" "$AGENT" record --pid $$ --duration 2s -o "$OUT/ebpf-probe.hop" >"$OUT/ebpf.log" 2>&1
   note "ebpf: rc=$? $(tail -2 "$OUT/ebpf.log" | tr '\n' ' ' | cut -c1-300)"
   # The pid-namespace translation (a sidecar sharing a pod's namespace) on this kernel.
   if command -v unshare >/dev/null; then
-    timeout 30 unshare --pid --fork --mount-proc --kill-child "$AGENT" doctor >"$OUT/ebpf-pidns.log" 2>&1
+    timeout "$(cap 30)" unshare --pid --fork --mount-proc --kill-child "$AGENT" doctor >"$OUT/ebpf-pidns.log" 2>&1
     note "ebpf in a pid namespace: rc=$? $(grep -E 'pid namespace|ebpf load' "$OUT/ebpf-pidns.log" | tr '\n' ' ' | cut -c1-300)"
   fi
 else
@@ -242,14 +256,14 @@ testbed_under_hopscope() {
   local name=$1 run_s=$2 wait_s=$3 client_s=$4 serve_args=$5 w="/tmp/$1-work"
   shift 5
   rm -rf "$w"; mkdir -p "$w"
-  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout "$run_s" "$AGENT" run --quiet \
+  PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout "$(cap "$run_s")" "$AGENT" run --quiet \
       -o "$OUT/$name.hop" --cupti-lib "$INJ" -- \
       $PY -m testbed.serve --device "$TB_DEVICE" $serve_args --port 0 --port-file "$w/port" \
       --ground-truth "$OUT/$name.truth.jsonl" >"$OUT/$name-agent.log" 2>&1 &
   local apid=$!
   for _ in $(seq $(( wait_s * 10 ))); do [ -f "$w/port" ] && break; kill -0 $apid 2>/dev/null || break; sleep 0.1; done
   if [ -f "$w/port" ]; then
-    PYTHONPATH="/tmp/tb-site" timeout "$client_s" $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$w/port")" \
+    PYTHONPATH="/tmp/tb-site" timeout "$(cap "$client_s")" $PY examples/chain_client.py --base-url "http://127.0.0.1:$(cat "$w/port")" \
       "$@" --out "$OUT/$name.client.jsonl" >"$OUT/$name-client.log" 2>&1
     note "$name: client rc=$? $(tail -1 "$OUT/$name-client.log" | cut -c1-200)"
   else
@@ -257,7 +271,9 @@ testbed_under_hopscope() {
   fi
   kill -INT $apid 2>/dev/null; wait $apid; note "$name: hopscope rc=$?"
 }
-if [ -x "$AGENT" ] && [ -f "$INJ" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
+if ! want 7; then
+  :
+elif [ -x "$AGENT" ] && [ -f "$INJ" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tb-site "$WHL"/*.whl \
     >"$OUT/testbed-pip.log" 2>&1 || note "testbed: wheel install failed (see testbed-pip.log)"
   testbed_under_hopscope testbed 240 90 120 "$TB_ARGS" --chains 4 --hops 3 --max-tokens 64 --traceparent
@@ -290,13 +306,15 @@ fi
 step "8 nvml"
 # The real NVML path (source::nvml): a CUDA process holding 1 GiB, recorded with
 # --nvml-period 50; the report must show the samples and that process's memory.
-if [ -x "$AGENT" ]; then
+if ! want 8; then
+  :
+elif [ -x "$AGENT" ]; then
   "$AGENT" doctor --no-load 2>&1 | grep -E "^(ok|warn|FAIL) +nvml" | tee -a "$SUMMARY"
   $PY -c "import torch, time; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); time.sleep(8)" \
     >"$OUT/nvml-holder.log" 2>&1 &
   HOLDER=$!
   sleep 3   # CUDA context + allocation
-  timeout 30 "$AGENT" record --pid $HOLDER --nvml-period 50 --duration 4s --quiet -o "$OUT/nvml.hop" >"$OUT/nvml.log" 2>&1
+  timeout "$(cap 30)" "$AGENT" record --pid $HOLDER --nvml-period 50 --duration 4s --quiet -o "$OUT/nvml.hop" >"$OUT/nvml.log" 2>&1
   RC=$?
   note "nvml: record rc=$RC $(grep -i nvml "$OUT/nvml.log" | tr '\n' ' ' | cut -c1-300)"
   wait $HOLDER
@@ -325,7 +343,9 @@ step "9 testbed-dp"
 # data-parallel size), each step sent as one message per API server; each engine's CUPTI steps
 # must be told apart and match that engine's truth (docs/attribution.md "Data parallelism").
 # Last and optional: only when the steps above left time (the whole check stays under 5 minutes).
-if [ $(( $(date +%s) - T0 )) -gt 200 ]; then
+if ! want 9; then
+  :
+elif [ $(( DEADLINE - $(date +%s) )) -lt 100 ]; then
   note "testbed-dp: skipped (no time left: $(( $(date +%s) - T0 )) s elapsed)"
 elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
   testbed_under_hopscope testbed-dp 80 45 40 "--data-parallel-size 2 --api-server-count 2" --chains 4 --hops 2 --max-tokens 32
@@ -339,3 +359,23 @@ fi
 
 note "total: $(( $(date +%s) - T0 )) s"
 echo; echo "===== summary ($SUMMARY)"; cat "$SUMMARY"
+
+# The device tool brings back at most 8 files of 16 MiB each, two folders down: with
+# GPU_CHECK_PACK=1 everything but the summary and the log goes into results.tar.gz
+# (reports, JSON, logs, CUPTI fixtures) and recordings.tar.gz (.hop, .pftrace), the
+# latter split in 15 MiB parts (recordings.tar.gz.0, .1, …; `cat` them back together).
+if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then
+  (
+    cd "$OUT" || exit 1
+    rm -rf .lib
+    find . -type f \( -name '*.hop' -o -name '*.pftrace' \) -printf '%P\n' >.recordings.list
+    tar czf recordings.tar.gz -T .recordings.list
+    find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name gpu-check.log ! -name recordings.tar.gz \
+      ! -name .recordings.list ! -name .results.list -printf '%P\n' >.results.list
+    tar czf results.tar.gz --exclude-from=.recordings.list -T .results.list
+    split -b 15m -d -a 1 recordings.tar.gz recordings.tar.gz.
+    xargs -a .results.list rm -rf
+    rm -f recordings.tar.gz .recordings.list .results.list
+    ls -la
+  ) 2>&1 | sed 's/^/pack: /'
+fi

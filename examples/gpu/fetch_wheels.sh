@@ -8,7 +8,7 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/ex
 PY=${PY:-python3}
 for spec in fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
             typing-inspection==0.4.5 annotated-doc==0.0.7 uvicorn==0.54.0 httptools==0.9.0 pyzmq==27.3.0 \
-            msgspec==0.23.0; do
+            msgspec==0.23.0 opentelemetry-api==1.45.3; do
   $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$spec"

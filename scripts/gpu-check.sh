@@ -92,7 +92,7 @@ run_exact() { # step, name, extra env...
   want "$1" || return 0
   local name=$2; shift 2
   step "$name"
-  env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_CUPTI_LIB="$CUPTI_LIB" HOPSCOPE_CUPTI_FLUSH_MS=100 \
+  env CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_CUPTI_LIB="$CUPTI_LIB" HOPSCOPE_CUPTI_FLUSH_MS=100 HOPSCOPE_GPU_REPORT_MS=200 \
       HOPSCOPE_CUPTI_LOG=1 "$@" timeout "$(cap 60)" "$EXACT" --out "$OUT/$name"
   local rc=$?
   note "$name: rc=$rc ($( [ $rc = 0 ] && echo PASS || echo FAIL)) report $OUT/$name/exact.json"
@@ -207,12 +207,15 @@ for workload in graph eager; do
   sleep 0.5
   # GPU_CHECK_OVERHEAD_MODES adds variants that tell CUPTI's cost from the library's:
   # hopscope-noapi (no API records: HOPSCOPE_CUPTI_API=0), hopscope-noagent (no listener:
-  # records decoded, then dropped and counted).
+  # records decoded, then dropped and counted), hopscope-kernel (kernel records alone),
+  # hopscope-graphtrace (CUDA graphs as one record per launch: CUPTI's GRAPH_TRACE).
   for mode in ${GPU_CHECK_OVERHEAD_MODES:-untraced hopscope profiler}; do
     case $mode in
       hopscope) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK") ;;
       hopscope-noapi) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_API=0) ;;
       hopscope-noagent) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="/tmp/hs-gpu-$$-none.sock") ;;
+      hopscope-kernel) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_API=0 HOPSCOPE_CUPTI_KINDS=kernel) ;;
+      hopscope-graphtrace) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_KINDS=memcpy,memcpy2,memset,sync,graph_trace) ;;
       *) inj=() ;;
     esac
     env "${inj[@]}" HOPSCOPE_CUPTI_LOG=1 timeout "$(cap 60)" $PY "$BENCH" $mode $workload 6 "$RES"

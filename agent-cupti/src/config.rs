@@ -38,6 +38,12 @@ pub struct Config {
     pub clock: ClockChoice,
     /// `HOPSCOPE_CUPTI_API` (1): trace launch/copy/sync/graph-launch API calls.
     pub api: bool,
+    /// `HOPSCOPE_CUPTI_KINDS` (all): which activity kinds to enable, a comma list of
+    /// `kernel`, `memcpy`, `memcpy2`, `memset`, `sync` (kernel always), for a server where
+    /// fewer records cost less; `graph_trace` (measurement only) adds CUDA-graph launches
+    /// as one record each, which CUPTI then gives instead of per-node kernel records and
+    /// which are not decoded yet (counted as `unknown_kind`).
+    pub kinds: Kinds,
     /// `HOPSCOPE_CUPTI_LOG` (0): one line on success too (failures always print one line).
     pub verbose: bool,
     /// `HOPSCOPE_CUPTI_DUMP_DIR`: also write raw activity buffers there (fixtures).
@@ -47,6 +53,36 @@ pub struct Config {
     /// `HOPSCOPE_CUPTI_FORCE_INIT_FAILURE` (0): make InitializeInjection
     /// return 0, to check what a driver does with a failed injection.
     pub force_init_failure: bool,
+}
+
+/// The optional activity kinds (`HOPSCOPE_CUPTI_KINDS`); kernel records are always on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kinds {
+    pub memcpy: bool,
+    pub memcpy2: bool,
+    pub memset: bool,
+    pub sync: bool,
+    pub graph_trace: bool,
+}
+
+impl Kinds {
+    pub const ALL: Kinds = Kinds { memcpy: true, memcpy2: true, memset: true, sync: true, graph_trace: false };
+
+    fn parse(list: &str) -> Option<Kinds> {
+        let mut k = Kinds { memcpy: false, memcpy2: false, memset: false, sync: false, graph_trace: false };
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "kernel" => {}
+                "memcpy" => k.memcpy = true,
+                "memcpy2" => k.memcpy2 = true,
+                "memset" => k.memset = true,
+                "sync" => k.sync = true,
+                "graph_trace" => k.graph_trace = true,
+                _ => return None,
+            }
+        }
+        Some(k)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,6 +126,15 @@ impl Config {
                 return Err(ConfigError { var: "HOPSCOPE_CUPTI_CLOCK", value: v.into(), expected: "auto, callback or calibrate" })
             }
         };
+        let kinds = match get("HOPSCOPE_CUPTI_KINDS") {
+            None => Kinds::ALL,
+            Some(v) if v.trim().is_empty() => Kinds::ALL,
+            Some(v) => Kinds::parse(&v).ok_or(ConfigError {
+                var: "HOPSCOPE_CUPTI_KINDS",
+                value: v,
+                expected: "a comma list of kernel, memcpy, memcpy2, memset, sync, graph_trace",
+            })?,
+        };
         Ok(Config {
             socket: path("HOPSCOPE_GPU_SOCKET"),
             cupti_lib: path("HOPSCOPE_CUPTI_LIB"),
@@ -102,6 +147,7 @@ impl Config {
             exit_drain_ms: num("HOPSCOPE_GPU_EXIT_DRAIN_MS", 1000, 0, 60_000)?,
             clock,
             api: flag("HOPSCOPE_CUPTI_API", true)?,
+            kinds,
             verbose: flag("HOPSCOPE_CUPTI_LOG", false)?,
             dump_dir: path("HOPSCOPE_CUPTI_DUMP_DIR"),
             dump_max_bytes: num("HOPSCOPE_CUPTI_DUMP_MAX_KB", 1024, 1, 1 << 20)? as usize * 1024,
@@ -126,6 +172,7 @@ mod tests {
         assert_eq!(c.socket, None);
         assert_eq!((c.buffer_bytes, c.max_buffers, c.flush_ms), (4 << 20, 16, 250));
         assert_eq!((c.clock, c.api, c.verbose, c.force_init_failure), (ClockChoice::Auto, true, false, false));
+        assert_eq!(c.kinds, Kinds::ALL);
     }
 
     #[test]
@@ -137,5 +184,14 @@ mod tests {
         assert_eq!(e.to_string(), "HOPSCOPE_CUPTI_FLUSH_MS=\"soon\" is not valid: expected a whole number in range");
         assert!(cfg(&[("HOPSCOPE_CUPTI_BUFFERS", "1")]).is_err(), "at least two buffers");
         assert!(cfg(&[("HOPSCOPE_CUPTI_API", "maybe")]).unwrap_err().to_string().contains("expected 0 or 1"));
+        assert!(cfg(&[("HOPSCOPE_CUPTI_KINDS", "kernel,memcopy")]).unwrap_err().to_string().contains("HOPSCOPE_CUPTI_KINDS"));
+    }
+
+    #[test]
+    fn kinds_name_what_is_enabled_and_kernel_records_stay_on() {
+        let k = cfg(&[("HOPSCOPE_CUPTI_KINDS", "kernel")]).unwrap().kinds;
+        assert_eq!(k, Kinds { memcpy: false, memcpy2: false, memset: false, sync: false, graph_trace: false });
+        let k = cfg(&[("HOPSCOPE_CUPTI_KINDS", " memcpy , sync,graph_trace")]).unwrap().kinds;
+        assert_eq!(k, Kinds { memcpy: true, memcpy2: false, memset: false, sync: true, graph_trace: true });
     }
 }

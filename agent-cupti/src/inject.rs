@@ -566,12 +566,19 @@ fn start() -> Result<(), InitError> {
 
     let mut bits = 0u32;
     let mut skipped = Vec::new();
-    for (kind, bit, name) in KINDS {
+    let k = st.cfg.kinds;
+    let wanted = [true, k.memcpy, k.memcpy2, k.memset, k.sync];
+    for ((kind, bit, name), _) in KINDS.into_iter().zip(wanted).filter(|(_, w)| *w) {
         match st.cupti.enable(kind) {
             Ok(()) => bits |= bit,
             // Without kernel records there is nothing to do.
             Err(e) if kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => return Err(e.into()),
             Err(e) => skipped.push(format!("{name}: {}", e.name)),
+        }
+    }
+    if k.graph_trace {
+        if let Err(e) = st.cupti.enable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
+            skipped.push(format!("graph_trace: {}", e.name));
         }
     }
     if st.cfg.api && st.cupti.has_api_filters() {

@@ -54,6 +54,6 @@ pub fn run(args: &[String]) -> Result<()> {
     if total > CARRY_LIMIT {
         bail!("the bundle is {mib:.1} MiB, over the device tool's 64 MiB carry limit: strip the binaries (e.g. strip --strip-debug) or carry the GPU steps' part alone (docs/gpu.md)");
     }
-    println!("gpu-bundle: on a lent device, one call: run(command=\"bash scripts/gpu-check.sh\", carry=[\"target/gpu-bundle\"], timeout_s=420)");
+    println!("gpu-bundle: on a lent device, one call: run(command=\"GPU_CHECK_PACK=1 bash scripts/gpu-check.sh\", carry=[\"target/gpu-bundle\"], timeout_s=400)");
     Ok(())
 }

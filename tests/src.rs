@@ -241,6 +241,13 @@ pub fn report_json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("report --json is json")
 }
 
+/// `hopscope report FILE` (the text report); panics on failure.
+pub fn report_text(path: &Path) -> String {
+    let out = Command::new(hopscope_bin()).arg("report").arg(path).output().unwrap();
+    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("the text report is UTF-8")
+}
+
 /// Runs a Python script from tests/fixtures with the test venv; panics on failure.
 pub fn run_py(script: &str, args: &[&str]) -> String {
     let out = Command::new(python()).arg(fixture(script)).args(args).output().unwrap();

@@ -510,6 +510,18 @@ pub enum Record {
         request_id: String,
         key: u64,
     },
+    /// One GPU as the host's NVIDIA driver (NVML, `--nvml-period`) describes
+    /// it, once at the sampler's start: the model and driver of a recording
+    /// with no injected process too. Format 10.
+    NvmlDevice {
+        ts_ns: u64,
+        /// NVML device index (the host's order, not CUDA's).
+        device: u32,
+        name: String,
+        /// `nvmlSystemGetDriverVersion`, e.g. "580.159.04".
+        driver: String,
+        mem_total_bytes: u64,
+    },
 }
 
 /// vLLM's `StructuredOutputsParams` fields that name a constraint, in its
@@ -617,6 +629,7 @@ impl Record {
             | Record::EngineStructuredOutput { ts_ns, .. }
             | Record::EnginePriority { ts_ns, .. }
             | Record::EngineConstraintKey { ts_ns, .. }
+            | Record::NvmlDevice { ts_ns, .. }
             | Record::EngineRequestStart { ts_ns, .. } => *ts_ns,
             Record::HttpRequest { end_ns, .. } => *end_ns,
         }

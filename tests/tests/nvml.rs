@@ -121,8 +121,9 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     for (k, (a, b)) in d0.iter().zip(d1.iter()).enumerate() {
         let k = k as u64;
         let Record::GpuSample { ts_ns, mem_used_bytes, mem_total_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, .. } = a else { unreachable!() };
-        // The Nth read answers the scripted first value + N steps: nothing lost, nothing reordered.
-        assert_eq!(*mem_used_bytes, 2_000_000 + 8192 * k);
+        // The Nth read answers the scripted first value + N steps: nothing lost, nothing reordered
+        // (read 0 was the device's description at the start, for its total).
+        assert_eq!(*mem_used_bytes, 2_000_000 + 8192 * (k + 1));
         assert_eq!(*mem_total_bytes, 150_000_000_000);
         assert_eq!(process_mem, &vec![(pid, 1_000_000 + 4096 * k)], "only the traced pid, tick {k}");
         assert_eq!((*sm_util_pct, *mem_util_pct), (Some(37), Some(12)));
@@ -163,6 +164,21 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     }
     assert_eq!(rep["summary"]["gpu_samples"].as_u64(), Some(3 * d0.len() as u64));
     assert_eq!(rep["summary"]["peak_gpu_mem_bytes"].as_u64(), Some(level(d0.len() - 1)));
+    // The model and the driver of a recording with no injected process (only NVML saw the GPUs).
+    let devices: Vec<(u64, &str, &str, u64)> = rep["recording"]["nvml_gpus"]
+        .as_array()
+        .expect("recording.nvml_gpus")
+        .iter()
+        .map(|g| (g["device"].as_u64().unwrap(), g["name"].as_str().unwrap(), g["driver"].as_str().unwrap(), g["total_mem_bytes"].as_u64().unwrap()))
+        .collect();
+    let double = "NVML test double (not a GPU)";
+    assert_eq!(
+        devices,
+        [(0, double, "555.42.02", 150_000_000_000), (1, double, "555.42.02", 80_000_000_000), (2, double, "555.42.02", 40_000_000_000)]
+    );
+    assert_eq!(rep["recording"]["gpus"].as_array().map(Vec::len), Some(0), "no injected process described a GPU");
+    let text = report_text(&hop);
+    assert!(text.contains("gpu 1 (nvml): NVML test double (not a GPU) (75 GiB, driver 555.42.02)"), "{text}");
     // GETs of a file server generate nothing: not "successful requests" in vLLM bench terms.
     assert_eq!((rep["summary"]["completed"].as_u64(), rep["summary"]["not_completed"].as_u64()), (Some(0), Some(3)));
 }

@@ -218,10 +218,23 @@ pub struct Analysis {
     pub kernels: Vec<KernelStat>,
     /// The GPUs the injected processes reported, by device and model.
     pub gpus: Vec<GpuInfo>,
+    /// The GPUs the host's driver (NVML) reported, by NVML index.
+    pub nvml_gpus: Vec<NvmlGpu>,
     /// Engine steps found in the CUPTI records (`correlate::gpu`), in order.
     pub gpu_steps: Vec<gpu::GpuStep>,
     /// Compute of each engine output step that has a figure, and its source.
     pub step_compute: Vec<gpu::StepCompute>,
+}
+
+/// One GPU as the host's driver (NVML) described it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NvmlGpu {
+    /// NVML's index (the host's order, not CUDA's).
+    pub device: u32,
+    pub name: String,
+    /// The driver's version, e.g. "580.159.04".
+    pub driver: String,
+    pub total_mem_bytes: u64,
 }
 
 /// One GPU as an injected process described it.
@@ -448,6 +461,7 @@ pub struct Correlator {
     first_ns: Option<u64>,
     last_ns: Option<u64>,
     gpus: Vec<GpuInfo>,
+    nvml_gpus: Vec<NvmlGpu>,
     /// GPU steps, GPU shares, KV copies and step compute per engine request.
     attribution: gpu::Attribution,
     /// The attribution's keys for an engine record's requests, as the engine
@@ -544,6 +558,7 @@ impl Correlator {
             first_ns: None,
             last_ns: None,
             gpus: Vec::new(),
+            nvml_gpus: Vec::new(),
             attribution: gpu::Attribution::new(),
             hints: Vec::new(),
             joiner: join::StepJoiner::default(),
@@ -831,6 +846,12 @@ impl Correlator {
                     }),
                 }
             }
+            // One per device at the sampler's start; the first of an index stands.
+            Record::NvmlDevice { device, name, driver, mem_total_bytes, .. } => {
+                if !self.nvml_gpus.iter().any(|g| g.device == *device) {
+                    self.nvml_gpus.push(NvmlGpu { device: *device, name: name.clone(), driver: driver.clone(), total_mem_bytes: *mem_total_bytes });
+                }
+            }
             // Which output message carried its step's stats (the readers' join).
             Record::EngineStats { conn, ts_ns, .. } => self.engine.stats_seen(*conn, *ts_ns),
             // Where a written ADD that spanned writes began (its hand-over).
@@ -1105,7 +1126,7 @@ impl Correlator {
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.attribution.kernel_stats(), gpus: self.gpus, gpu_steps, step_compute }
+        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.attribution.kernel_stats(), gpus: self.gpus, nvml_gpus: self.nvml_gpus, gpu_steps, step_compute }
     }
 
     /// Ends the analysis all at once: every request, in report order, with

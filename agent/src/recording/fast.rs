@@ -528,11 +528,12 @@ pub fn variant_index(r: &Record) -> u32 {
         Record::EngineStructuredOutput { .. } => 30,
         Record::EnginePriority { .. } => 31,
         Record::EngineConstraintKey { .. } => 32,
+        Record::NvmlDevice { .. } => 33,
     }
 }
 
 /// Variants in the format (one past the last index).
-pub const VARIANTS: usize = 33;
+pub const VARIANTS: usize = 34;
 
 /// Decodes `c` (just past the variant index) over `r`, which holds a record
 /// of that variant.
@@ -593,6 +594,7 @@ fn dec_record(r: &mut Record, c: &mut Cur) -> Result<()> {
         Record::EngineStructuredOutput { conn, ts_ns, dir, request_id, kind, backend } => fields!(c; conn, ts_ns, dir, request_id, kind, backend),
         Record::EnginePriority { conn, ts_ns, dir, request_id, priority } => fields!(c; conn, ts_ns, dir, request_id, priority),
         Record::EngineConstraintKey { conn, ts_ns, dir, request_id, key } => fields!(c; conn, ts_ns, dir, request_id, key),
+        Record::NvmlDevice { ts_ns, device, name, driver, mem_total_bytes } => fields!(c; ts_ns, device, name, driver, mem_total_bytes),
     }
 }
 
@@ -1014,6 +1016,7 @@ mod tests {
             Record::EngineStructuredOutput { conn: ck(k + 17), ts_ns: 167, dir: Dir::Out, request_id: s("so"), kind: s("json"), backend: Some(s("xgrammar")) },
             Record::EnginePriority { conn: ck(k + 18), ts_ns: 168, dir: Dir::Out, request_id: s("pri"), priority: -3 },
             Record::EngineConstraintKey { conn: ck(k + 19), ts_ns: 169, dir: Dir::Out, request_id: s("key"), key: u64::MAX - 170 },
+            Record::NvmlDevice { ts_ns: 171, device: 172, name: s("NVIDIA H100 80GB HBM3"), driver: s("580.159.04"), mem_total_bytes: 173 },
         ]
     }
 

@@ -22,8 +22,8 @@ pub const BLOCK_MAGIC: &[u8; 4] = b"HSB1";
 /// 1: session 1's records; 2: adds `GpuSample` and `EngineStats`; 3: adds
 /// `WokenWrite`; 4: adds `EngineRequestStart`; 5: adds `ResponseModel`; 6: adds
 /// `RequestLink`; 7: adds `EngineStructuredOutput`; 8: adds `EnginePriority`;
-/// 9: adds `EngineConstraintKey`.
-pub const FORMAT_VERSION: u32 = 9;
+/// 9: adds `EngineConstraintKey`; 10: adds `NvmlDevice`.
+pub const FORMAT_VERSION: u32 = 10;
 /// The oldest format this reader still decodes (records are append-only).
 pub const MIN_FORMAT_VERSION: u32 = 1;
 /// Upper bound for one block's raw and compressed size and for the metadata: a

@@ -277,6 +277,8 @@ pub struct LiveMetrics {
     engines: BTreeMap<u64, EngineGauges>,
     /// Per device: the latest NVML sample (memory used, SM utilisation).
     gpus: BTreeMap<u32, (u64, Option<u32>)>,
+    /// Per device: its model and driver (NVML, once at the start).
+    gpu_info: BTreeMap<u32, (String, String)>,
     /// The live span export's counts (`--otlp`), as of the last update.
     otlp: Option<crate::sink::otlp::live::Tally>,
     /// Unix ns less CLOCK_MONOTONIC ns, for exemplar timestamps.
@@ -315,6 +317,7 @@ impl LiveMetrics {
             otlp: None,
             engines: BTreeMap::new(),
             gpus: BTreeMap::new(),
+            gpu_info: BTreeMap::new(),
             unix_offset_ns: None,
             responses: Default::default(),
             unsettled: Vec::new(),
@@ -465,6 +468,9 @@ impl LiveMetrics {
             // Bounded: at most 64 devices get a series.
             Record::GpuSample { device, mem_used_bytes, sm_util_pct, .. } if self.gpus.len() < 64 || self.gpus.contains_key(device) => {
                 self.gpus.insert(*device, (*mem_used_bytes, *sm_util_pct));
+            }
+            Record::NvmlDevice { device, name, driver, .. } if self.gpu_info.len() < 64 || self.gpu_info.contains_key(device) => {
+                self.gpu_info.insert(*device, (name.clone(), driver.clone()));
             }
             _ => {}
         }
@@ -666,6 +672,13 @@ impl LiveMetrics {
             gauge(&mut s, "hopscope_kv_cache_usage_perc", "KV-cache usage, 1 = full (vLLM's kv_cache_usage_perc).", "gauge", &|e| e.kv_cache_usage);
             gauge(&mut s, "hopscope_prefix_cache_queries_total", "Prefix-cache tokens looked up (vLLM scheduler_stats).", "counter", &|e| Some(e.prefix_queries as f64));
             gauge(&mut s, "hopscope_prefix_cache_hits_total", "Prefix-cache tokens hit (vLLM scheduler_stats).", "counter", &|e| Some(e.prefix_hits as f64));
+        }
+        if !self.gpu_info.is_empty() {
+            // DCGM's and node exporters' shape: the labels carry the facts, the value is 1.
+            family(&mut s, "hopscope_gpu_info", "The GPU's model and driver (NVML); the value is always 1.", "gauge");
+            for (d, (name, driver)) in &self.gpu_info {
+                let _ = writeln!(s, "hopscope_gpu_info{{device=\"{d}\",name=\"{}\",driver=\"{}\"}} 1", label_value(name), label_value(driver));
+            }
         }
         if !self.gpus.is_empty() {
             family(&mut s, "hopscope_gpu_memory_used_bytes", "Device memory in use, all processes (NVML).", "gauge");
@@ -1233,8 +1246,11 @@ mod tests {
             nvlink_tx_kib_s: None,
             nvlink_rx_kib_s: None,
         });
+        m.observe(&Record::NvmlDevice { ts_ns: 1, device: 1, name: "NVIDIA H100 80GB HBM3".into(), driver: "580.159.04".into(), mem_total_bytes: 80 << 30 });
         let s = m.render();
         for line in [
+            "# TYPE hopscope_gpu_info gauge",
+            "hopscope_gpu_info{device=\"1\",name=\"NVIDIA H100 80GB HBM3\",driver=\"580.159.04\"} 1",
             "# TYPE hopscope_kv_cache_usage_perc gauge",
             "hopscope_kv_cache_usage_perc{engine=\"0\"} 0.5",
             "hopscope_num_requests_running{engine=\"0\"} 2",
@@ -1247,6 +1263,6 @@ mod tests {
             assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
         }
         let empty = LiveMetrics::new("x").render();
-        assert!(!empty.contains("kv_cache") && !empty.contains("gpu_memory"), "no series before any value: {empty}");
+        assert!(!empty.contains("kv_cache") && !empty.contains("gpu_memory") && !empty.contains("gpu_info"), "no series before any value: {empty}");
     }
 }

@@ -40,6 +40,8 @@ pub struct RecordingInfo {
     pub kernel: String,
     /// GPUs reported by the injected processes (model, driver, memory).
     pub gpus: Vec<crate::correlate::GpuInfo>,
+    /// GPUs the host's driver reported (`record --nvml-period`): model, driver, memory.
+    pub nvml_gpus: Vec<crate::correlate::NvmlGpu>,
     /// Optional kernel tracepoints the recording was made without (e.g.
     /// `sock:sk_data_ready` before kernel 6.6: the `wire_*` fields are null).
     pub missing_tracepoints: Vec<String>,
@@ -776,6 +778,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             hopscope_version: meta.hopscope_version.clone(),
             kernel: meta.kernel.clone(),
             gpus: analysis.gpus.clone(),
+            nvml_gpus: analysis.nvml_gpus.clone(),
             missing_tracepoints: meta.missing_tracepoints.clone(),
             segments: meta.segment.as_ref().map(|g| crate::recording::SegmentsRead { run_start_ns: g.run_start_ns, first: g.index, last: g.index }),
         },
@@ -1320,6 +1323,9 @@ fn text_tail(s: &mut String, rep: &Report) {
             g.driver_version,
             g.pids
         );
+    }
+    for g in &r.nvml_gpus {
+        let _ = writeln!(s, "gpu {} (nvml): {} ({:.0} GiB, driver {})", g.device, g.name, g.total_mem_bytes as f64 / (1u64 << 30) as f64, g.driver);
     }
     let _ = write!(s, "\n{}", crate::sink::summary::render_text(&rep.summary));
     if !rep.kernels.is_empty() {

@@ -220,6 +220,19 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
     sh.stats.devices.store(devices.len() as u64, Ordering::Relaxed);
     let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
     note(&sh, format!("nvml: sampling {} GPU(s) every {} ms (driver {driver})", devices.len(), cfg.period.as_millis()));
+    // The model and driver, for the report of a recording without injected processes too.
+    let ts_ns = crate::sys::monotonic_ns();
+    for (i, d) in &devices {
+        let name = d.name().unwrap_or_else(|e| format!("<{e}>"));
+        let mem_total_bytes = d.memory_info().map(|m| m.total).unwrap_or(0);
+        match tx.try_send(Record::NvmlDevice { ts_ns, device: *i, name, driver: driver.clone(), mem_total_bytes }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                sh.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => return,
+        }
+    }
     let period_ns = cfg.period.as_nanos() as u64;
     let mut next = crate::sys::monotonic_ns();
     while !sh.stop.load(Ordering::Relaxed) {

@@ -17,9 +17,12 @@
 #   2 exact-calib  same, clock forced to offset calibration
 #   3 exact-cb     same, clock forced to the CLOCK_MONOTONIC callback (on CUPTI
 #                  12.6u2–13.0 this is expected to FAIL: it shows the zeroed-timestamp bug)
+#   3g exact-graphs same, graphs traced per launch (HOPSCOPE_CUPTI_GRAPHS=launch, `--gpu-graphs
+#                  launch`): 4 whole-graph kernels, no node kernels
 #   4 init-fail    InitializeInjection forced to return 0: does CUDA still work?
 #   5 overhead     torch decode-like loop (CUDA graph replay and eager), side by side:
-#                  untraced vs hopscope (with a draining listener) vs torch.profiler
+#                  untraced vs hopscope (with a draining listener; graphs per node, and
+#                  per launch) vs torch.profiler
 #   6 ebpf         if the agent was carried: does the eBPF side load here (also in a pid
 #                  namespace of its own, as in a pod)?
 #   7 testbed      the torch testbed (CUDA graphs) under `hopscope run` with eBPF + CUPTI and
@@ -101,6 +104,7 @@ run_exact() { # step, name, extra env...
 run_exact 1 exact-auto HOPSCOPE_CUPTI_DUMP_DIR="$OUT/fixtures"
 run_exact 2 exact-calib HOPSCOPE_CUPTI_CLOCK=calibrate
 run_exact 3 exact-cb HOPSCOPE_CUPTI_CLOCK=callback
+run_exact 3g exact-graphs HOPSCOPE_CUPTI_GRAPHS=launch
 
 if want 4; then
 step "4 init-fail"
@@ -207,15 +211,16 @@ for workload in graph eager; do
   sleep 0.5
   # GPU_CHECK_OVERHEAD_MODES adds variants that tell CUPTI's cost from the library's:
   # hopscope-noapi (no API records: HOPSCOPE_CUPTI_API=0), hopscope-noagent (no listener:
-  # records decoded, then dropped and counted), hopscope-kernel (kernel records alone),
-  # hopscope-graphtrace (CUDA graphs as one record per launch: CUPTI's GRAPH_TRACE).
-  for mode in ${GPU_CHECK_OVERHEAD_MODES:-untraced hopscope profiler}; do
+  # records decoded, then dropped and counted), hopscope-kernel (kernel records alone);
+  # by default also hopscope-graphlaunch (`--gpu-graphs launch`: a CUDA graph's launch as
+  # one record, CUPTI's GRAPH_TRACE, in place of its nodes').
+  for mode in ${GPU_CHECK_OVERHEAD_MODES:-untraced hopscope hopscope-graphlaunch profiler}; do
     case $mode in
       hopscope) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK") ;;
       hopscope-noapi) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_API=0) ;;
       hopscope-noagent) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="/tmp/hs-gpu-$$-none.sock") ;;
       hopscope-kernel) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_API=0 HOPSCOPE_CUPTI_KINDS=kernel) ;;
-      hopscope-graphtrace) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_KINDS=memcpy,memcpy2,memset,sync,graph_trace) ;;
+      hopscope-graphlaunch) inj=(CUDA_INJECTION64_PATH="$INJ" HOPSCOPE_GPU_SOCKET="$SOCK" HOPSCOPE_CUPTI_GRAPHS=launch) ;;
       *) inj=() ;;
     esac
     env "${inj[@]}" HOPSCOPE_CUPTI_LOG=1 timeout "$(cap 60)" $PY "$BENCH" $mode $workload 6 "$RES"

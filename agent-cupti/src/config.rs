@@ -40,10 +40,12 @@ pub struct Config {
     pub api: bool,
     /// `HOPSCOPE_CUPTI_KINDS` (all): which activity kinds to enable, a comma list of
     /// `kernel`, `memcpy`, `memcpy2`, `memset`, `sync` (kernel always), for a server where
-    /// fewer records cost less; `graph_trace` (measurement only) adds CUDA-graph launches
-    /// as one record each, which CUPTI then gives instead of per-node kernel records and
-    /// which are not decoded yet (counted as `unknown_kind`).
+    /// fewer records cost less.
     pub kinds: Kinds,
+    /// `HOPSCOPE_CUPTI_GRAPHS` (node): `node` traces each kernel a CUDA graph runs;
+    /// `launch` traces each graph launch as one record (CUPTI's GRAPH_TRACE: far fewer
+    /// records and less of CUPTI's own cost, no per-kernel names or grids inside graphs).
+    pub graph_launches: bool,
     /// `HOPSCOPE_CUPTI_LOG` (0): one line on success too (failures always print one line).
     pub verbose: bool,
     /// `HOPSCOPE_CUPTI_DUMP_DIR`: also write raw activity buffers there (fixtures).
@@ -62,14 +64,13 @@ pub struct Kinds {
     pub memcpy2: bool,
     pub memset: bool,
     pub sync: bool,
-    pub graph_trace: bool,
 }
 
 impl Kinds {
-    pub const ALL: Kinds = Kinds { memcpy: true, memcpy2: true, memset: true, sync: true, graph_trace: false };
+    pub const ALL: Kinds = Kinds { memcpy: true, memcpy2: true, memset: true, sync: true };
 
     fn parse(list: &str) -> Option<Kinds> {
-        let mut k = Kinds { memcpy: false, memcpy2: false, memset: false, sync: false, graph_trace: false };
+        let mut k = Kinds { memcpy: false, memcpy2: false, memset: false, sync: false };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "kernel" => {}
@@ -77,7 +78,6 @@ impl Kinds {
                 "memcpy2" => k.memcpy2 = true,
                 "memset" => k.memset = true,
                 "sync" => k.sync = true,
-                "graph_trace" => k.graph_trace = true,
                 _ => return None,
             }
         }
@@ -132,8 +132,13 @@ impl Config {
             Some(v) => Kinds::parse(&v).ok_or(ConfigError {
                 var: "HOPSCOPE_CUPTI_KINDS",
                 value: v,
-                expected: "a comma list of kernel, memcpy, memcpy2, memset, sync, graph_trace",
+                expected: "a comma list of kernel, memcpy, memcpy2, memset, sync",
             })?,
+        };
+        let graph_launches = match get("HOPSCOPE_CUPTI_GRAPHS").as_deref().map(str::trim) {
+            None | Some("") | Some("node") => false,
+            Some("launch") => true,
+            Some(v) => return Err(ConfigError { var: "HOPSCOPE_CUPTI_GRAPHS", value: v.into(), expected: "node or launch" }),
         };
         Ok(Config {
             socket: path("HOPSCOPE_GPU_SOCKET"),
@@ -148,6 +153,7 @@ impl Config {
             clock,
             api: flag("HOPSCOPE_CUPTI_API", true)?,
             kinds,
+            graph_launches,
             verbose: flag("HOPSCOPE_CUPTI_LOG", false)?,
             dump_dir: path("HOPSCOPE_CUPTI_DUMP_DIR"),
             dump_max_bytes: num("HOPSCOPE_CUPTI_DUMP_MAX_KB", 1024, 1, 1 << 20)? as usize * 1024,
@@ -173,6 +179,7 @@ mod tests {
         assert_eq!((c.buffer_bytes, c.max_buffers, c.flush_ms), (4 << 20, 16, 250));
         assert_eq!((c.clock, c.api, c.verbose, c.force_init_failure), (ClockChoice::Auto, true, false, false));
         assert_eq!(c.kinds, Kinds::ALL);
+        assert!(!c.graph_launches, "graphs traced per node unless asked");
     }
 
     #[test]
@@ -190,8 +197,10 @@ mod tests {
     #[test]
     fn kinds_name_what_is_enabled_and_kernel_records_stay_on() {
         let k = cfg(&[("HOPSCOPE_CUPTI_KINDS", "kernel")]).unwrap().kinds;
-        assert_eq!(k, Kinds { memcpy: false, memcpy2: false, memset: false, sync: false, graph_trace: false });
-        let k = cfg(&[("HOPSCOPE_CUPTI_KINDS", " memcpy , sync,graph_trace")]).unwrap().kinds;
-        assert_eq!(k, Kinds { memcpy: true, memcpy2: false, memset: false, sync: true, graph_trace: true });
+        assert_eq!(k, Kinds { memcpy: false, memcpy2: false, memset: false, sync: false });
+        let k = cfg(&[("HOPSCOPE_CUPTI_KINDS", " memcpy , sync")]).unwrap().kinds;
+        assert_eq!(k, Kinds { memcpy: true, memcpy2: false, memset: false, sync: true });
+        assert!(cfg(&[("HOPSCOPE_CUPTI_GRAPHS", "launch")]).unwrap().graph_launches);
+        assert!(cfg(&[("HOPSCOPE_CUPTI_GRAPHS", "nodes")]).unwrap_err().to_string().contains("node or launch"));
     }
 }

@@ -233,6 +233,31 @@ pub fn push(
                 return_value: a.return_value,
             })
         }
+        // One launch of a whole graph: a kernel message named after the graph,
+        // so that steps, GPU time and traces treat it as the kernels it ran.
+        Record::Graph(g) => {
+            let name = format!("[CUDA graph {}]", g.graph_id);
+            let (id, _) = names.intern(name.as_bytes());
+            batch.max_name_id = batch.max_name_id.max(id);
+            wire::Message::Kernel(wire::Kernel {
+                start_ns,
+                end_ns,
+                device_id: g.device_id,
+                context_id: g.context_id,
+                stream_id: g.stream_id,
+                correlation_id: g.correlation_id,
+                grid_id: 0,
+                grid: [0; 3],
+                block: [0; 3],
+                static_shared_mem: 0,
+                dynamic_shared_mem: 0,
+                registers_per_thread: 0,
+                launch_type: 0,
+                name_id: id,
+                graph_id: g.graph_id,
+                graph_node_id: wire::WHOLE_GRAPH,
+            })
+        }
     };
     msg.encode(&mut batch.bytes);
     batch.records += 1;
@@ -341,6 +366,31 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, vec![1, 2, 1, 0], "a null name pointer is name id 0");
+    }
+
+    #[test]
+    fn a_graph_launch_becomes_one_kernel_named_after_its_graph() {
+        let bounds = TimeBounds::new(1_000_000_000_000, 2_000_000_000_000);
+        let (mut b, mut names, mut n) = (Batch::default(), NameTable::default(), Local::default());
+        let mut src = Fake(vec![(0x10, b"k_a".to_vec())]);
+        let t = 1_500_000_000_000;
+        let graph = |start, graph_id| {
+            Record::Graph(cupti_sys::record::GraphRecord { start, end: start + 500, device_id: 1, context_id: 2, stream_id: 9, correlation_id: 40, graph_id })
+        };
+        for rec in [kernel(t, t + 10, 0x10), graph(t + 20, 5), graph(t + 600, 5), graph(t + 1200, 6), graph(0, 6)] {
+            push(&mut b, rec, Conversion::Identity, bounds, &mut names, &mut src, &mut n);
+        }
+        assert_eq!((n.decoded, n.bad_zero, b.records, b.max_name_id), (4, 1, 4, 3));
+        let got: Vec<(u32, u64, u64, u32, u64, u32)> = decode_all(&b)
+            .iter()
+            .map(|m| match m {
+                wire::Message::Kernel(k) => (k.name_id, k.start_ns, k.end_ns, k.graph_id, k.graph_node_id, k.stream_id),
+                m => panic!("unexpected {m:?}"),
+            })
+            .collect();
+        let w = wire::WHOLE_GRAPH;
+        assert_eq!(got, [(1, t, t + 10, 0, 0, 7), (2, t + 20, t + 520, 5, w, 9), (2, t + 600, t + 1100, 5, w, 9), (3, t + 1200, t + 1700, 6, w, 9)]);
+        assert_eq!((&*names.get(2).unwrap(), &*names.get(3).unwrap()), ("[CUDA graph 5]", "[CUDA graph 6]"));
     }
 
     #[test]

@@ -474,8 +474,9 @@ extern "C" fn at_exit() {
 }
 
 const KINDS: [(CUpti_ActivityKind, u32, &str); 5] = [
-    // Never KERNEL: it serialises kernels. Never GRAPH_TRACE: it replaces the
-    // per-node kernel records of CUDA graphs (design.md §4).
+    // Never KERNEL: it serialises kernels. GRAPH_TRACE (it replaces the per-node
+    // kernel records of CUDA graphs, design.md §4) only when asked for
+    // (HOPSCOPE_CUPTI_GRAPHS=launch).
     (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, enabled::KERNEL, "concurrent_kernel"),
     (CUPTI_ACTIVITY_KIND_MEMCPY, enabled::MEMCPY, "memcpy"),
     (CUPTI_ACTIVITY_KIND_MEMCPY2, enabled::MEMCPY_PEER, "memcpy2"),
@@ -518,7 +519,7 @@ fn start() -> Result<(), InitError> {
     let cupti = crate::locate::find(cfg.cupti_lib.as_deref())?;
     let version = cupti.version()?;
     let mut sizes = StructSizes::for_version(version).ok_or(InitError::TooOld(version))?;
-    for (kind, _, _) in KINDS.iter().chain([(CUPTI_ACTIVITY_KIND_RUNTIME, 0, ""), (CUPTI_ACTIVITY_KIND_DRIVER, 0, "")].iter()) {
+    for (kind, _, _) in KINDS.iter().chain([(CUPTI_ACTIVITY_KIND_RUNTIME, 0, ""), (CUPTI_ACTIVITY_KIND_DRIVER, 0, ""), (CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 0, "")].iter()) {
         if let Some(Ok(n)) = cupti.struct_size(*kind) {
             sizes.set(*kind, n);
         }
@@ -576,9 +577,11 @@ fn start() -> Result<(), InitError> {
             Err(e) => skipped.push(format!("{name}: {}", e.name)),
         }
     }
-    if k.graph_trace {
-        if let Err(e) = st.cupti.enable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
-            skipped.push(format!("graph_trace: {}", e.name));
+    if st.cfg.graph_launches {
+        // Where CUPTI refuses it, graphs stay traced per node (the kernel kind is on).
+        match st.cupti.enable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
+            Ok(()) => bits |= enabled::GRAPH_LAUNCH,
+            Err(e) => skipped.push(format!("graph launches (kernels per node instead): {}", e.name)),
         }
     }
     if st.cfg.api && st.cupti.has_api_filters() {

@@ -214,6 +214,12 @@ struct RecordOpts {
     /// else libhopscope_cupti.so next to hopscope).
     #[arg(long, value_name = "PATH")]
     cupti_lib: Option<PathBuf>,
+    /// How CUDA graphs are traced: `node`, each kernel a graph runs (names,
+    /// grids, tokens per step); `launch`, each graph launch as one kernel
+    /// named `[CUDA graph N]` — far fewer records and less of CUPTI's own
+    /// cost for servers that replay graphs (docs/gpu.md).
+    #[arg(long, value_enum, default_value_t = GpuGraphs::Node)]
+    gpu_graphs: GpuGraphs,
     /// Also write a Perfetto trace, live: threads, GPU streams, engine steps
     /// and counters grow while recording (flushed every second); chains and
     /// requests (with their flows to the steps) are added when it stops.
@@ -481,6 +487,12 @@ fn diff_cmd(files: &[PathBuf], json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum GpuGraphs {
+    Node,
+    Launch,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -763,13 +775,15 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
             }
         }
     };
+    let graphs_env = (opts.gpu_graphs == GpuGraphs::Launch).then_some((cupti::GRAPHS_ENV, "launch"));
     if let (true, Some(g)) = (cmd.is_empty(), &gpu) {
         let lib = injection.as_ref().map_or_else(|| format!("/path/to/{}", cupti::INJECTION_LIB_NAME), |p| p.display().to_string());
         say!(
-            "hopscope: gpu: to record GPU activity too, start the server with {}={lib} {}={}",
+            "hopscope: gpu: to record GPU activity too, start the server with {}={lib} {}={}{}",
             cupti::INJECTION_ENV,
             cupti::SOCKET_ENV,
-            g.socket_path().display()
+            g.socket_path().display(),
+            graphs_env.map_or_else(String::new, |(k, v)| format!(" {k}={v}"))
         );
     }
     // `run`: the command is in the traced set before it execs (pipe handshake).
@@ -779,6 +793,9 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         c.args(args);
         if let (Some(lib), Some(g)) = (&injection, &gpu) {
             c.env(cupti::INJECTION_ENV, lib).env(cupti::SOCKET_ENV, g.socket_path());
+            if let Some((k, v)) = graphs_env {
+                c.env(k, v);
+            }
             say!("hopscope: gpu: injecting {} (socket {})", lib.display(), g.socket_path().display());
         }
         let c = source.spawn(c).with_context(|| format!("cannot launch {prog:?}"))?;

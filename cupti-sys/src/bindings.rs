@@ -1566,6 +1566,63 @@ const _: () = {
         "Offset of field: CUpti_ActivitySynchronization2::pad",
     ][::std::mem::offset_of!(CUpti_ActivitySynchronization2, pad) - 52usize];
 };
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_ActivityGraphTrace2 {
+    pub kind: CUpti_ActivityKind,
+    pub correlationId: u32,
+    pub start: u64,
+    pub end: u64,
+    pub deviceId: u32,
+    pub graphId: u32,
+    pub contextId: u32,
+    pub streamId: u32,
+    pub reserved: *mut ::std::os::raw::c_void,
+    pub endDeviceId: u32,
+    pub endContextId: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUpti_ActivityGraphTrace2",
+    ][::std::mem::size_of::<CUpti_ActivityGraphTrace2>() - 56usize];
+    [
+        "Alignment of CUpti_ActivityGraphTrace2",
+    ][::std::mem::align_of::<CUpti_ActivityGraphTrace2>() - 8usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::kind",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, kind) - 0usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::correlationId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, correlationId) - 4usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::start",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, start) - 8usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::end",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, end) - 16usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::deviceId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, deviceId) - 24usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::graphId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, graphId) - 28usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::contextId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, contextId) - 32usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::streamId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, streamId) - 36usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::reserved",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, reserved) - 40usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::endDeviceId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, endDeviceId) - 48usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace2::endContextId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace2, endContextId) - 52usize];
+};
 pub type CUpti_BuffersCallbackRequestFunc = ::std::option::Option<
     unsafe extern "C" fn(
         buffer: *mut *mut u8,
@@ -3123,6 +3180,55 @@ const _: () = {
     [
         "Offset of field: CUpti_ActivityMemset4::pad2",
     ][::std::mem::offset_of!(CUpti_ActivityMemset4, pad2) - 85usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_ActivityGraphTrace {
+    pub kind: CUpti_ActivityKind,
+    pub correlationId: u32,
+    pub start: u64,
+    pub end: u64,
+    pub deviceId: u32,
+    pub graphId: u32,
+    pub contextId: u32,
+    pub streamId: u32,
+    pub reserved: *mut ::std::os::raw::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUpti_ActivityGraphTrace",
+    ][::std::mem::size_of::<CUpti_ActivityGraphTrace>() - 48usize];
+    [
+        "Alignment of CUpti_ActivityGraphTrace",
+    ][::std::mem::align_of::<CUpti_ActivityGraphTrace>() - 8usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::kind",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, kind) - 0usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::correlationId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, correlationId) - 4usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::start",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, start) - 8usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::end",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, end) - 16usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::deviceId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, deviceId) - 24usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::graphId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, graphId) - 28usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::contextId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, contextId) - 32usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::streamId",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, streamId) - 36usize];
+    [
+        "Offset of field: CUpti_ActivityGraphTrace::reserved",
+    ][::std::mem::offset_of!(CUpti_ActivityGraphTrace, reserved) - 40usize];
 };
 #[repr(C, packed(8))]
 #[derive(Debug, Copy, Clone)]

@@ -5,7 +5,9 @@
 //! Kernel10 (216) in 13.0, Kernel11 (224) in 13.1–13.2, Kernel12 (232) in
 //! 13.3, Kernel13 (248) in 13.4; Memcpy5 (88) → Memcpy6 (96, 12.8) → Memcpy7
 //! (112, 13.4); Memset4 (88) → Memset5 (104, 13.4); Synchronization (40) →
-//! Synchronization2 (56, 12.8); MemcpyPtoP4 (96) and API (40) throughout.
+//! Synchronization2 (56, 12.8); MemcpyPtoP4 (96) and API (40) throughout;
+//! GraphTrace (48) → GraphTrace2 (56, 12.8) when a graph's launch is traced
+//! as one record (`GRAPH_TRACE`, in place of its nodes' kernel records).
 //! New versions only append fields, so we read the common prefix at the
 //! offsets below (offsetof in every wheel 12.4.127, 12.5.82, 12.6.80,
 //! 12.8.90, 12.9.79, 13.0.85, 13.1.115, 13.2.86, 13.3.75, 13.4.92; the
@@ -106,6 +108,17 @@ pub mod off {
         pub const CUDA_EVENT_ID: usize = 36;
         pub const PREFIX: usize = 40;
     }
+    /// CUpti_ActivityGraphTrace / GraphTrace2 (GRAPH_TRACE records).
+    pub mod graph {
+        pub const CORRELATION_ID: usize = 4;
+        pub const START: usize = 8;
+        pub const END: usize = 16;
+        pub const DEVICE_ID: usize = 24;
+        pub const GRAPH_ID: usize = 28;
+        pub const CONTEXT_ID: usize = 32;
+        pub const STREAM_ID: usize = 36;
+        pub const PREFIX: usize = 40;
+    }
     /// CUpti_ActivityAPI (RUNTIME and DRIVER records).
     pub mod api {
         pub const CBID: usize = 4;
@@ -158,6 +171,10 @@ same_offsets!(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2 => (
     type_ = off::sync::TYPE, start = off::sync::START, end = off::sync::END,
     correlationId = off::sync::CORRELATION_ID, contextId = off::sync::CONTEXT_ID,
     streamId = off::sync::STREAM_ID, cudaEventId = off::sync::CUDA_EVENT_ID));
+same_offsets!(CUpti_ActivityGraphTrace, CUpti_ActivityGraphTrace2 => (
+    correlationId = off::graph::CORRELATION_ID, start = off::graph::START, end = off::graph::END,
+    deviceId = off::graph::DEVICE_ID, graphId = off::graph::GRAPH_ID, contextId = off::graph::CONTEXT_ID,
+    streamId = off::graph::STREAM_ID));
 same_offsets!(CUpti_ActivityAPI => (
     cbid = off::api::CBID, start = off::api::START, end = off::api::END, processId = off::api::PROCESS_ID,
     threadId = off::api::THREAD_ID, correlationId = off::api::CORRELATION_ID, returnValue = off::api::RETURN_VALUE));
@@ -171,6 +188,8 @@ pub struct StructSizes {
     pub memset: usize,
     pub sync: usize,
     pub api: usize,
+    /// GRAPH_TRACE records (not in the wire hello: only `HOPSCOPE_CUPTI_GRAPHS=launch` asks for them).
+    pub graph: usize,
 }
 
 const K9: usize = size_of::<CUpti_ActivityKernel9>();
@@ -187,10 +206,12 @@ const MS5: usize = size_of::<CUpti_ActivityMemset5>();
 const SY1: usize = size_of::<CUpti_ActivitySynchronization>();
 const SY2: usize = size_of::<CUpti_ActivitySynchronization2>();
 const API: usize = size_of::<CUpti_ActivityAPI>();
+const GT1: usize = size_of::<CUpti_ActivityGraphTrace>();
+const GT2: usize = size_of::<CUpti_ActivityGraphTrace2>();
 // The sizes measured in the wheels (clang -fdump-record-layouts) match the generated structs.
 const _: () = assert!(K9 == 208 && K10 == 216 && K11 == 224 && K12 == 232 && K13 == 248);
 const _: () = assert!(MC5 == 88 && MC6 == 96 && MC7 == 112 && P2P4 == 96 && MS4 == 88 && MS5 == 104);
-const _: () = assert!(SY1 == 40 && SY2 == 56 && API == 40);
+const _: () = assert!(SY1 == 40 && SY2 == 56 && API == 40 && GT1 == 48 && GT2 == 56);
 
 /// Oldest supported CUPTI (12.4).
 pub const MIN_VERSION: u32 = 22;
@@ -204,23 +225,24 @@ impl StructSizes {
         memset: off::memset::PREFIX,
         sync: off::sync::PREFIX,
         api: off::api::PREFIX,
+        graph: off::graph::PREFIX,
     };
 
     /// What CUPTI `version` (from `cuptiGetVersion`) writes; `None` before
     /// 12.4. Unknown newer versions get the newest known sizes (they only
     /// append; 13.0+ should use `cuptiActivityGetStructSize` first).
     pub fn for_version(version: u32) -> Option<StructSizes> {
-        let s = |kernel, memcpy, memset, sync| StructSizes { kernel, memcpy, memcpy_peer: P2P4, memset, sync, api: API };
+        let s = |kernel, memcpy, memset, sync, graph| StructSizes { kernel, memcpy, memcpy_peer: P2P4, memset, sync, api: API, graph };
         Some(match version {
             v if v < MIN_VERSION => return None,
             // 12.4 (22), 12.5 (23), 12.6 (24); 25 was never released.
-            22..=25 => s(K9, MC5, MS4, SY1),
+            22..=25 => s(K9, MC5, MS4, SY1, GT1),
             // 12.8 (26), 12.9 (28) and any later 12.x.
-            26..=129_999 => s(K9, MC6, MS4, SY2),
-            130_000..=130_099 => s(K10, MC6, MS4, SY2),
-            130_100..=130_299 => s(K11, MC6, MS4, SY2),
-            130_300..=130_399 => s(K12, MC6, MS4, SY2),
-            _ => s(K13, MC7, MS5, SY2),
+            26..=129_999 => s(K9, MC6, MS4, SY2, GT2),
+            130_000..=130_099 => s(K10, MC6, MS4, SY2, GT2),
+            130_100..=130_299 => s(K11, MC6, MS4, SY2, GT2),
+            130_300..=130_399 => s(K12, MC6, MS4, SY2, GT2),
+            _ => s(K13, MC7, MS5, SY2, GT2),
         })
     }
 
@@ -233,6 +255,7 @@ impl StructSizes {
             CUPTI_ACTIVITY_KIND_MEMSET => Some(self.memset),
             CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => Some(self.sync),
             CUPTI_ACTIVITY_KIND_RUNTIME | CUPTI_ACTIVITY_KIND_DRIVER => Some(self.api),
+            CUPTI_ACTIVITY_KIND_GRAPH_TRACE => Some(self.graph),
             _ => None,
         }
     }
@@ -246,6 +269,7 @@ impl StructSizes {
             CUPTI_ACTIVITY_KIND_MEMSET => self.memset = size,
             CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => self.sync = size,
             CUPTI_ACTIVITY_KIND_RUNTIME | CUPTI_ACTIVITY_KIND_DRIVER => self.api = size,
+            CUPTI_ACTIVITY_KIND_GRAPH_TRACE => self.graph = size,
             _ => {}
         }
     }
@@ -261,6 +285,7 @@ impl StructSizes {
             (CUPTI_ACTIVITY_KIND_MEMSET, self.memset, p.memset),
             (CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, self.sync, p.sync),
             (CUPTI_ACTIVITY_KIND_RUNTIME, self.api, p.api),
+            (CUPTI_ACTIVITY_KIND_GRAPH_TRACE, self.graph, p.graph),
         ] {
             if have < need {
                 return Err(RecordError::StructTooSmall { kind, size: have, need });
@@ -365,6 +390,19 @@ pub struct SyncRecord {
     pub cuda_event_id: u32,
 }
 
+/// A GRAPH_TRACE record: one launch of a CUDA graph, from its first node's
+/// start to its last node's end (CUPTI then gives no kernel record per node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphRecord {
+    pub start: u64,
+    pub end: u64,
+    pub device_id: u32,
+    pub context_id: u32,
+    pub stream_id: u32,
+    pub correlation_id: u32,
+    pub graph_id: u32,
+}
+
 /// A RUNTIME (`driver == false`) or DRIVER API record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiRecord {
@@ -385,6 +423,7 @@ pub enum Record {
     Memset(MemsetRecord),
     Sync(SyncRecord),
     Api(ApiRecord),
+    Graph(GraphRecord),
 }
 
 impl Record {
@@ -396,6 +435,7 @@ impl Record {
             Record::Memset(r) => (r.start, r.end),
             Record::Sync(r) => (r.start, r.end),
             Record::Api(r) => (r.start, r.end),
+            Record::Graph(r) => (r.start, r.end),
         }
     }
 }
@@ -549,6 +589,18 @@ pub fn decode(bytes: &[u8], sizes: &StructSizes) -> Result<Record, RecordError> 
                 return_value: b.u32(o::RETURN_VALUE),
             })
         }
+        CUPTI_ACTIVITY_KIND_GRAPH_TRACE => {
+            use off::graph as o;
+            Record::Graph(GraphRecord {
+                start: b.u64(o::START),
+                end: b.u64(o::END),
+                device_id: b.u32(o::DEVICE_ID),
+                context_id: b.u32(o::CONTEXT_ID),
+                stream_id: b.u32(o::STREAM_ID),
+                correlation_id: b.u32(o::CORRELATION_ID),
+                graph_id: b.u32(o::GRAPH_ID),
+            })
+        }
         k => return Err(RecordError::UnknownKind(k)),
     })
 }
@@ -665,6 +717,20 @@ pub mod build {
         put(&mut b, o::THREAD_ID, &r.thread_id.to_le_bytes());
         put(&mut b, o::CORRELATION_ID, &r.correlation_id.to_le_bytes());
         put(&mut b, o::RETURN_VALUE, &r.return_value.to_le_bytes());
+        b
+    }
+
+    pub fn graph(size: usize, r: &GraphRecord) -> Vec<u8> {
+        use off::graph as o;
+        let mut b = vec![0u8; size];
+        put(&mut b, 0, &CUPTI_ACTIVITY_KIND_GRAPH_TRACE.to_le_bytes());
+        put(&mut b, o::CORRELATION_ID, &r.correlation_id.to_le_bytes());
+        put(&mut b, o::START, &r.start.to_le_bytes());
+        put(&mut b, o::END, &r.end.to_le_bytes());
+        put(&mut b, o::DEVICE_ID, &r.device_id.to_le_bytes());
+        put(&mut b, o::GRAPH_ID, &r.graph_id.to_le_bytes());
+        put(&mut b, o::CONTEXT_ID, &r.context_id.to_le_bytes());
+        put(&mut b, o::STREAM_ID, &r.stream_id.to_le_bytes());
         b
     }
 }
@@ -857,10 +923,24 @@ mod tests {
     }
 
     #[test]
+    fn a_graph_launch_record_decodes_at_each_versions_size() {
+        let g = GraphRecord { start: 10, end: 90, device_id: 1, context_id: 2, stream_id: 13, correlation_id: 77, graph_id: 5 };
+        for (v, size) in [(22, 48), (24, 48), (26, 56), (28, 56), (130001, 56), (130401, 56)] {
+            let s = StructSizes::for_version(v).unwrap();
+            assert_eq!(s.graph, size, "version {v}");
+            let b = build::graph(size, &g);
+            assert_eq!(decode(&b, &s), Ok(Record::Graph(g)), "version {v}");
+            // Cut short of its version's size: not read.
+            assert!(matches!(decode(&b[..size - 1], &s), Err(RecordError::DoesNotFit { kind: 51, .. })));
+        }
+        assert_eq!(Record::Graph(g).span(), (10, 90));
+    }
+
+    #[test]
     fn kinds_we_did_not_ask_for_are_named_not_guessed() {
         let mut b = vec![0u8; 64];
-        b[..4].copy_from_slice(&CUPTI_ACTIVITY_KIND_GRAPH_TRACE.to_le_bytes());
-        assert_eq!(decode(&b, &StructSizes::for_version(28).unwrap()), Err(RecordError::UnknownKind(51)));
+        b[..4].copy_from_slice(&CUPTI_ACTIVITY_KIND_GRAPH_HOST_NODE.to_le_bytes());
+        assert_eq!(decode(&b, &StructSizes::for_version(28).unwrap()), Err(RecordError::UnknownKind(CUPTI_ACTIVITY_KIND_GRAPH_HOST_NODE)));
         b[..4].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
         assert_eq!(decode(&b, &StructSizes::for_version(28).unwrap()), Err(RecordError::UnknownKind(0xffff_fff0)));
     }

@@ -184,7 +184,15 @@ pub mod enabled {
     pub const SYNC: u32 = 1 << 4;
     pub const API_RUNTIME: u32 = 1 << 5;
     pub const API_DRIVER: u32 = 1 << 6;
+    /// CUDA graphs traced per launch (`HOPSCOPE_CUPTI_GRAPHS=launch`): each
+    /// launch one [`super::Kernel`] with `graph_node_id` [`super::WHOLE_GRAPH`].
+    pub const GRAPH_LAUNCH: u32 = 1 << 7;
 }
+
+/// The `graph_node_id` of a [`Kernel`] that stands for a whole CUDA graph's
+/// launch (CUPTI's GRAPH_TRACE record: first node's start to last node's end,
+/// named `[CUDA graph <id>]`), sent in place of its nodes' kernels.
+pub const WHOLE_GRAPH: u64 = u64::MAX;
 
 /// First frame of every connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

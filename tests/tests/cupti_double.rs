@@ -278,6 +278,11 @@ fn check_record(m: &Message, t: &Value, names: &HashMap<u32, String>) {
             assert_eq!((k.graph_id as u64, k.graph_node_id, k.grid_id as u64), (u(&t["graph_id"]), u(&t["graph_node_id"]), u(&t["grid_id"])));
             want_name(k.name_id, &t["name"]);
         }
+        (Message::Kernel(k), "graph") => {
+            assert_eq!((k.device_id, k.context_id, k.stream_id, k.graph_id as u64), (0, 1, u(&t["stream"]) as u32, u(&t["graph_id"])));
+            assert_eq!((k.graph_node_id, k.grid, k.block, k.grid_id), (gpu_wire::WHOLE_GRAPH, [0; 3], [0; 3], 0), "a whole graph's launch");
+            assert_eq!(names.get(&k.name_id), Some(&format!("[CUDA graph {}]", k.graph_id)));
+        }
         (Message::Memcpy(c), "memcpy") => {
             assert_eq!((c.copy_kind as u64, c.bytes, c.runtime_correlation_id as u64), (u(&t["copy_kind"]), u(&t["bytes"]), u(&t["runtime_corr"])));
             assert_eq!((c.src_kind, c.dst_kind as u64, c.flags, c.stream_id, c.peer), (3, u(&t["dst_kind"]), 1, 7, None));
@@ -305,11 +310,16 @@ fn check_record(m: &Message, t: &Value, names: &HashMap<u32, String>) {
 
 /// A full run at one CUPTI version: every good record exactly once and
 /// exactly, bad ones counted, names interned once, timestamps in CLOCK_MONOTONIC.
-fn exact_run(version: u32, expect_clock: ClockSource, expect_sizes: [u16; 6]) {
-    let dir = scratch(&format!("cupti-double-exact-{version}"));
+/// With `graph_launches`, graphs are traced per launch (`HOPSCOPE_CUPTI_GRAPHS=launch`).
+fn exact_run(version: u32, expect_clock: ClockSource, expect_sizes: [u16; 6], graph_launches: bool) {
+    let dir = scratch(&format!("cupti-double-exact-{version}-{graph_launches}"));
     let listener = UnixListener::bind(dir.join("gpu.sock")).unwrap();
     let n = 6000;
-    let host = Host::spawn(&env(&dir, version, 61), &[format!("run:{n}"), "wait-delivered:20000".into()]);
+    let mut env = env(&dir, version, 61);
+    if graph_launches {
+        env.push(("HOPSCOPE_CUPTI_GRAPHS", "launch".into()));
+    }
+    let host = Host::spawn(&env, &[format!("run:{n}"), "wait-delivered:20000".into()]);
     let init = host.step("init", Duration::from_secs(30));
     assert_eq!(init["rc"], 1, "InitializeInjection succeeded");
     let conn = Conn::new(accept(&listener, Duration::from_secs(10)).expect("the library connected"));
@@ -321,7 +331,11 @@ fn exact_run(version: u32, expect_clock: ClockSource, expect_sizes: [u16; 6]) {
     // What the library asked of CUPTI.
     let d = &run["double"];
     assert_eq!(d["forbidden"], serde_json::json!([]), "never KERNEL (serialises) nor GRAPH_TRACE (hides graph nodes)");
-    assert_eq!(d["kinds"], serde_json::json!([1, 2, 10, 22, 38]), "memcpy, memset, concurrent kernel, memcpy2, sync");
+    if graph_launches {
+        assert_eq!(d["kinds"], serde_json::json!([1, 2, 10, 22, 38, 51]), "memcpy, memset, concurrent kernel, memcpy2, sync, graph trace");
+    } else {
+        assert_eq!(d["kinds"], serde_json::json!([1, 2, 10, 22, 38]), "memcpy, memset, concurrent kernel, memcpy2, sync");
+    }
     assert_eq!(d["timestamp_callback"], expect_clock == ClockSource::Callback, "callback only where CUPTI keeps kernel timestamps");
     assert!(u(&d["runtime_apis"]) > 10 && u(&d["driver_apis"]) > 10, "launch/copy/sync APIs filtered in");
     assert_eq!(u(&d["no_buffer"]), 0);
@@ -330,7 +344,7 @@ fn exact_run(version: u32, expect_clock: ClockSource, expect_sizes: [u16; 6]) {
     let Message::Hello(h) = &msgs[0] else { panic!("first frame is not the hello: {:?}", msgs[0]) };
     assert_eq!(h.pid, u(&init["pid"]) as u32);
     assert_eq!((h.cupti_version, h.clock, h.struct_sizes), (version, expect_clock, expect_sizes));
-    assert_eq!(h.enabled, 0x7f, "all kinds and both API domains");
+    assert_eq!(h.enabled, if graph_launches { 0xff } else { 0x7f }, "all kinds and both API domains (and graph launches)");
     assert!(h.cupti_lib.ends_with("libcupti_abi_test_double.so"));
     assert_eq!(msgs.last(), Some(&Message::Goodbye), "the exit flush ends with goodbye");
     if expect_clock == ClockSource::Calibrated {
@@ -405,19 +419,33 @@ fn exact_run(version: u32, expect_clock: ClockSource, expect_sizes: [u16; 6]) {
     }
     assert_eq!(c[&Counter::NameTruncated], 1, "the 70 000-byte kernel name is cut once");
     assert_eq!(c[&Counter::Connects], 1);
-    // 6 kernel names (one record kind has none) plus the API names used.
-    assert!(used_names.contains(&0) && used_names.len() == 7, "kernel name ids used: {used_names:?}");
+    // 6 kernel names and none (one record kind has none), and the 3 graphs' when traced per launch.
+    let kernel_names = if graph_launches { 10 } else { 7 };
+    assert!(used_names.contains(&0) && used_names.len() == kernel_names, "kernel name ids used: {used_names:?}");
+    if graph_launches {
+        let launches = truth.iter().filter(|t| t["kind"] == "graph" && t["bad"].is_null()).count();
+        let wholes = msgs.iter().filter(|m| matches!(m, Message::Kernel(k) if k.graph_node_id == gpu_wire::WHOLE_GRAPH)).count();
+        assert!(launches > 300 && wholes == launches, "every graph launch one record: {wholes} of {launches}");
+        assert!(!truth.iter().any(|t| t["kind"] == "kernel" && u(&t["graph_id"]) != 0), "no node of a graph traced per launch");
+    }
     eprintln!("cupti {version}: {good} records exact, {} bad dropped, clock {expect_clock:?}, max clock error {max_err} ns, wall clock moved {} ns", truth.len() as u64 - good, off_hi.saturating_sub(off_lo).max(0));
 }
 
 #[test]
 fn every_synthetic_record_arrives_decoded_exactly_at_each_cupti_version() {
     let _s = serial();
-    exact_run(22, ClockSource::Callback, [208, 88, 96, 88, 40, 40]); // 12.4
-    exact_run(28, ClockSource::Calibrated, [208, 96, 96, 88, 56, 40]); // 12.9: callback would zero kernels
-    exact_run(130001, ClockSource::Calibrated, [216, 96, 96, 88, 56, 40]); // 13.0: same bug
-    exact_run(130202, ClockSource::Callback, [224, 96, 96, 88, 56, 40]); // 13.2
-    exact_run(130401, ClockSource::Callback, [248, 112, 96, 104, 56, 40]); // 13.4
+    exact_run(22, ClockSource::Callback, [208, 88, 96, 88, 40, 40], false); // 12.4
+    exact_run(28, ClockSource::Calibrated, [208, 96, 96, 88, 56, 40], false); // 12.9: callback would zero kernels
+    exact_run(130001, ClockSource::Calibrated, [216, 96, 96, 88, 56, 40], false); // 13.0: same bug
+    exact_run(130202, ClockSource::Callback, [224, 96, 96, 88, 56, 40], false); // 13.2
+    exact_run(130401, ClockSource::Callback, [248, 112, 96, 104, 56, 40], false); // 13.4
+}
+
+#[test]
+fn graphs_traced_per_launch_arrive_as_one_whole_graph_kernel_each() {
+    let _s = serial();
+    exact_run(22, ClockSource::Callback, [208, 88, 96, 88, 40, 40], true); // 12.4: GraphTrace, 48 bytes
+    exact_run(130401, ClockSource::Callback, [248, 112, 96, 104, 56, 40], true); // 13.4: GraphTrace2 by its struct size
 }
 
 #[test]

@@ -358,3 +358,66 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
         bad.values().sum::<u64>()
     );
 }
+
+/// `hopscope run --gpu-graphs launch`: the injected library traces each graph
+/// launch as one record (CUPTI's GRAPH_TRACE, emulated by the test double),
+/// which reaches the recording as one kernel per launch named after its graph,
+/// with the graph's time; no kernel of a graph's nodes.
+#[test]
+fn with_gpu_graphs_launch_each_graph_launch_is_one_kernel_in_the_recording_and_report() {
+    let Some(_serial) = privileged("with_gpu_graphs_launch_each_graph_launch_is_one_kernel_in_the_recording_and_report") else { return };
+    let a = cupti_double_artifacts();
+    let dir = scratch("gpu-pipeline-graph-launches");
+    let out = dir.join("run.hop");
+    let truth_path = dir.join("truth.jsonl");
+    let mut hs = Command::new(hopscope_bin());
+    for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "HOPSCOPE_CUPTI_GRAPHS", "VIRTUAL_ENV"] {
+        hs.env_remove(k);
+    }
+    let st = hs
+        .env("HOPSCOPE_CUPTI_LIB", &a.double)
+        .env("CUPTI_ABI_TEST_DOUBLE", &a.double)
+        .env("CUPTI_ABI_TEST_DOUBLE_VERSION", "130401")
+        .env("CUPTI_ABI_TEST_DOUBLE_TRUTH", &truth_path)
+        .env("HOPSCOPE_CUPTI_FLUSH_MS", "50")
+        .env("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000")
+        .args(["run", "--quiet", "--gpu-graphs", "launch", "-o"])
+        .arg(&out)
+        .arg("--cupti-lib")
+        .arg(&a.injection)
+        .arg("--")
+        .arg(&a.host)
+        .args(["run:2000", "wait-delivered:30000"])
+        .output()
+        .expect("running hopscope");
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "hopscope run failed: {stderr}");
+
+    let truth = truth(&truth_path);
+    let launches: Vec<&Value> = truth.iter().filter(|t| t["kind"] == "graph").collect();
+    assert!(launches.len() > 100, "the double ran graphs: {}", launches.len());
+    assert!(!truth.iter().any(|t| t["kind"] == "kernel" && u(&t["graph_id"]) != 0), "no graph node traced on its own");
+    let loaded = hopscope::recording::load(&out).unwrap();
+    assert!(loaded.error.is_none(), "{:?}", loaded.error);
+    let mut wholes: HashMap<u32, (&str, u32, u64, u64)> = HashMap::new();
+    for r in &loaded.records {
+        if let Record::GpuKernel { graph_id, graph_node_id, correlation_id, name, ts_ns, end_ns, .. } = r {
+            if *graph_id != 0 {
+                assert_eq!(*graph_node_id, wire::WHOLE_GRAPH, "a graph's kernel is its whole launch: {r:?}");
+                wholes.insert(*correlation_id, (name.as_str(), *graph_id, *ts_ns, *end_ns));
+            }
+        }
+    }
+    assert_eq!(wholes.len(), launches.len(), "every graph launch, once");
+    for t in launches {
+        let (name, graph_id, s, e) = wholes[&(u(&t["corr"]) as u32)];
+        assert_eq!((graph_id as u64, s, e), (u(&t["graph_id"]), u(&t["start"]), u(&t["end"])), "{t}");
+        assert_eq!(name, format!("[CUDA graph {graph_id}]"));
+    }
+    let rep = hopscope_integration::report_json(&out);
+    let kernels: Vec<&str> = rep["kernels"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap()).collect();
+    for g in 1..=3 {
+        assert!(kernels.contains(&format!("[CUDA graph {g}]").as_str()), "the report's kernels name graph {g}: {kernels:?}");
+    }
+    assert_eq!(rep["recording"]["drops"]["gpu_records_implausible"].as_u64(), Some(0));
+}

@@ -78,6 +78,8 @@ const TYPES: &[&str] = &[
     "CUpti_ActivityMemset5",
     "CUpti_ActivitySynchronization",
     "CUpti_ActivitySynchronization2",
+    "CUpti_ActivityGraphTrace",
+    "CUpti_ActivityGraphTrace2",
 ];
 
 pub const FETCH: &str = "pip download --no-deps -d target/cupti-headers/wheels nvidia-cuda-cupti==13.4.92 nvidia-cuda-runtime==13.4.92 nvidia-cuda-crt==13.4.92 nvidia-cuda-cupti-cu12==12.9.79\n  for w in target/cupti-headers/wheels/*.whl; do unzip -qo \"$w\" 'nvidia/cu13/include/*' 'nvidia/cuda_cupti/lib/*' -d target/cupti-headers 2>/dev/null; done";

@@ -847,10 +847,8 @@ impl Correlator {
                 }
             }
             // One per device at the sampler's start; the first of an index stands.
-            Record::NvmlDevice { device, name, driver, mem_total_bytes, .. } => {
-                if !self.nvml_gpus.iter().any(|g| g.device == *device) {
-                    self.nvml_gpus.push(NvmlGpu { device: *device, name: name.clone(), driver: driver.clone(), total_mem_bytes: *mem_total_bytes });
-                }
+            Record::NvmlDevice { device, name, driver, mem_total_bytes, .. } if !self.nvml_gpus.iter().any(|g| g.device == *device) => {
+                self.nvml_gpus.push(NvmlGpu { device: *device, name: name.clone(), driver: driver.clone(), total_mem_bytes: *mem_total_bytes });
             }
             // Which output message carried its step's stats (the readers' join).
             Record::EngineStats { conn, ts_ns, .. } => self.engine.stats_seen(*conn, *ts_ns),

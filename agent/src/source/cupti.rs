@@ -53,6 +53,8 @@ use std::time::{Duration, Instant};
 pub const SOCKET_ENV: &str = "HOPSCOPE_GPU_SOCKET";
 /// The CUDA driver loads this library in every process that initialises CUDA.
 pub const INJECTION_ENV: &str = "CUDA_INJECTION64_PATH";
+/// How the injection library traces CUDA graphs (`node` or `launch`).
+pub const GRAPHS_ENV: &str = "HOPSCOPE_CUPTI_GRAPHS";
 /// Where to find the injection library when it is not next to `hopscope`.
 pub const INJECTION_LIB_ENV: &str = "HOPSCOPE_CUPTI_INJECTION";
 /// File name of the injection library.

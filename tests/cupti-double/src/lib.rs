@@ -100,6 +100,10 @@ fn size_of_kind(kind: u32) -> Option<usize> {
             _ => size_of::<CUpti_ActivitySynchronization2>(),
         },
         CUPTI_ACTIVITY_KIND_RUNTIME | CUPTI_ACTIVITY_KIND_DRIVER => size_of::<CUpti_ActivityAPI>(),
+        CUPTI_ACTIVITY_KIND_GRAPH_TRACE => match v {
+            0..=25 => size_of::<CUpti_ActivityGraphTrace>(),
+            _ => size_of::<CUpti_ActivityGraphTrace2>(),
+        },
         _ => return None,
     })
 }
@@ -215,7 +219,8 @@ pub unsafe extern "C" fn cuptiActivityEnable(kind: CUpti_ActivityKind) -> CUptiR
         return CUPTI_ERROR_NOT_INITIALIZED;
     }
     reg(|r| {
-        if kind == CUPTI_ACTIVITY_KIND_KERNEL || kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE {
+        // GRAPH_TRACE hides graph nodes: only when the library was asked for launches.
+        if kind == CUPTI_ACTIVITY_KIND_KERNEL || (kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE && std::env::var_os("HOPSCOPE_CUPTI_GRAPHS").is_none()) {
             r.forbidden.push(kind);
         }
         r.kinds.insert(kind);
@@ -754,7 +759,25 @@ fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
         },
         mono0 + d
     );
+    // With GRAPH_TRACE on, CUPTI gives a graph's launch as one record and none
+    // of its nodes' kernels: here, the kernels that would have had a graph id.
+    let graph_id = if i.is_multiple_of(5) { 1 + (i % 3) as u32 } else { 0 };
     let (bytes, extra) = match kind {
+        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL if graph_id != 0 && kinds.contains(&CUPTI_ACTIVITY_KIND_GRAPH_TRACE) => {
+            let mut r: CUpti_ActivityGraphTrace2 = zeroed();
+            r.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
+            r.correlationId = corr;
+            r.start = rs;
+            r.end = re;
+            r.deviceId = 0;
+            r.graphId = graph_id;
+            r.contextId = 1;
+            r.streamId = 7 + (i % 3) as u32;
+            let mut b = bytes_of(&r);
+            // GraphTrace (12.4–12.6) is GraphTrace2's first 48 bytes.
+            b.truncate(size_of_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE).unwrap_or(b.len()));
+            (b, format!("\"kind\":\"graph\",\"stream\":{},\"graph_id\":{graph_id}", r.streamId))
+        }
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
             let (n, name) = &names()[(i as usize / 3) % names().len()];
             let f = KernelFields {
@@ -768,7 +791,7 @@ fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
                 dyn_smem: (i % 4) as i32 * 1024,
                 regs: 32 + (i % 64) as u16,
                 name: n.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-                graph_id: if i.is_multiple_of(5) { 1 + (i % 3) as u32 } else { 0 },
+                graph_id,
                 graph_node_id: if i.is_multiple_of(5) { 1000 + i } else { 0 },
                 grid_id: i as i64,
             };

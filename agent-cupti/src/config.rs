@@ -69,6 +69,18 @@ pub struct Kinds {
 impl Kinds {
     pub const ALL: Kinds = Kinds { memcpy: true, memcpy2: true, memset: true, sync: true };
 
+    /// Whether `kind` (one of the library's activity kinds) is to be enabled.
+    pub fn wants(&self, kind: cupti_sys::CUpti_ActivityKind) -> bool {
+        use cupti_sys::*;
+        match kind {
+            CUPTI_ACTIVITY_KIND_MEMCPY => self.memcpy,
+            CUPTI_ACTIVITY_KIND_MEMCPY2 => self.memcpy2,
+            CUPTI_ACTIVITY_KIND_MEMSET => self.memset,
+            CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => self.sync,
+            _ => true,
+        }
+    }
+
     fn parse(list: &str) -> Option<Kinds> {
         let mut k = Kinds { memcpy: false, memcpy2: false, memset: false, sync: false };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -200,6 +212,10 @@ mod tests {
         assert_eq!(k, Kinds { memcpy: false, memcpy2: false, memset: false, sync: false });
         let k = cfg(&[("HOPSCOPE_CUPTI_KINDS", " memcpy , sync")]).unwrap().kinds;
         assert_eq!(k, Kinds { memcpy: true, memcpy2: false, memset: false, sync: true });
+        use cupti_sys::*;
+        let wanted = [CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION]
+            .map(|kind| k.wants(kind));
+        assert_eq!(wanted, [true, true, false, false, true]);
         assert!(cfg(&[("HOPSCOPE_CUPTI_GRAPHS", "launch")]).unwrap().graph_launches);
         assert!(cfg(&[("HOPSCOPE_CUPTI_GRAPHS", "nodes")]).unwrap_err().to_string().contains("node or launch"));
     }

@@ -567,9 +567,7 @@ fn start() -> Result<(), InitError> {
 
     let mut bits = 0u32;
     let mut skipped = Vec::new();
-    let k = st.cfg.kinds;
-    let wanted = [true, k.memcpy, k.memcpy2, k.memset, k.sync];
-    for ((kind, bit, name), _) in KINDS.into_iter().zip(wanted).filter(|(_, w)| *w) {
+    for (kind, bit, name) in KINDS.into_iter().filter(|(kind, _, _)| st.cfg.kinds.wants(*kind)) {
         match st.cupti.enable(kind) {
             Ok(()) => bits |= bit,
             // Without kernel records there is nothing to do.

@@ -225,12 +225,8 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
     for (i, d) in &devices {
         let name = d.name().unwrap_or_else(|e| format!("<{e}>"));
         let mem_total_bytes = d.memory_info().map(|m| m.total).unwrap_or(0);
-        match tx.try_send(Record::NvmlDevice { ts_ns, device: *i, name, driver: driver.clone(), mem_total_bytes }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                sh.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(TrySendError::Disconnected(_)) => return,
+        if offer(&tx, Record::NvmlDevice { ts_ns, device: *i, name, driver: driver.clone(), mem_total_bytes }, &sh).is_none() {
+            return;
         }
     }
     let period_ns = cfg.period.as_nanos() as u64;
@@ -241,14 +237,12 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
         let traced = sh.traced.read().unwrap_or_else(|e| e.into_inner()).clone();
         for (i, d) in &devices {
             match sample(*i, d, ts_ns, &traced, &sh.stats) {
-                Some(r) => match tx.try_send(r) {
-                    Ok(()) => {
+                Some(r) => match offer(&tx, r, &sh) {
+                    Some(true) => {
                         sh.stats.samples.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(TrySendError::Full(_)) => {
-                        sh.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(TrySendError::Disconnected(_)) => return,
+                    Some(false) => {}
+                    None => return,
                 },
                 None => {
                     sh.stats.sample_errors.fetch_add(1, Ordering::Relaxed);
@@ -265,6 +259,20 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
             }
             std::thread::sleep(Duration::from_nanos((next - now).min(20_000_000)));
         }
+    }
+}
+
+/// Offers `r` to the pipeline without waiting: whether it was taken (a full
+/// pipeline drops it, counted with the samples it drops), `None` once the
+/// pipeline is gone.
+fn offer(tx: &SyncSender<Record>, r: Record, sh: &Shared) -> Option<bool> {
+    match tx.try_send(r) {
+        Ok(()) => Some(true),
+        Err(TrySendError::Full(_)) => {
+            sh.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            Some(false)
+        }
+        Err(TrySendError::Disconnected(_)) => None,
     }
 }
 

@@ -34,6 +34,7 @@
 #   9 testbed-dp   only if under 200 s so far: the testbed with 2 data-parallel engines on the
 #                  one GPU and 2 API server processes (vLLM's default with DP); each engine's
 #                  CUPTI step ends against its own truth
+#  10 testbed-graphs only if time is left: step 7 with `--gpu-graphs launch`
 # Raw CUPTI buffers from step 1 land in $OUT/fixtures (decoder fixtures for CI).
 set -u
 cd "$(dirname "$0")/.."
@@ -273,7 +274,7 @@ testbed_under_hopscope() {
   shift 5
   rm -rf "$w"; mkdir -p "$w"
   PYTHONPATH="$PWD/examples:/tmp/tb-site" PYTHONUNBUFFERED=1 timeout "$(cap "$run_s")" "$AGENT" run --quiet \
-      -o "$OUT/$name.hop" --cupti-lib "$INJ" -- \
+      -o "$OUT/$name.hop" --cupti-lib "$INJ" ${AGENT_EXTRA:-} -- \
       $PY -m testbed.serve --device "$TB_DEVICE" $serve_args --port 0 --port-file "$w/port" \
       --ground-truth "$OUT/$name.truth.jsonl" >"$OUT/$name-agent.log" 2>&1 &
   local apid=$!
@@ -371,6 +372,25 @@ elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
     | sed 's/^/testbed-dp: /' | tee -a "$SUMMARY"
 else
   note "testbed-dp: skipped (needs $AGENT, $INJ and step 7's wheels)"
+fi
+
+step "10 testbed-graphs"
+# The testbed again with its CUDA graphs traced per launch (`--gpu-graphs launch`): the
+# CUPTI step ends (pinned copies outside the graphs) must still match the truth, the
+# kernels name the graphs. Last and optional, as step 9.
+if ! want 10; then
+  :
+elif [ $(( DEADLINE - $(date +%s) )) -lt 100 ]; then
+  note "testbed-graphs: skipped (no time left: $(( $(date +%s) - T0 )) s elapsed)"
+elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
+  AGENT_EXTRA="--gpu-graphs launch" testbed_under_hopscope testbed-graphs 80 45 40 "$TB_ARGS" --chains 4 --hops 2 --max-tokens 32
+  "$AGENT" report "$OUT/testbed-graphs.hop" --json >"$OUT/testbed-graphs.report.json" 2>"$OUT/testbed-graphs.report.txt"
+  $PY -c 'import json,sys; r=json.load(open(sys.argv[1])); print("testbed-graphs kernels:", [(k["name"][:40], k["count"]) for k in r["kernels"][:6]])' \
+    "$OUT/testbed-graphs.report.json" 2>&1 | tee -a "$SUMMARY"
+  $PY examples/gpu/check_gpu_steps.py "$OUT/testbed-graphs.report.json" "$OUT/testbed-graphs.truth.jsonl" --tolerance-us 50 2>&1 \
+    | sed 's/^/testbed-graphs: /' | tee -a "$SUMMARY"
+else
+  note "testbed-graphs: skipped (needs $AGENT, $INJ and step 7's wheels)"
 fi
 
 note "total: $(( $(date +%s) - T0 )) s"

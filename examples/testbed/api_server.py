@@ -560,6 +560,20 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
             rec.setdefault("external_ids", []).append(external_id)
         return st
 
+    async def _start_chat(request: Request, rec: Optional[dict], body: dict, rid: str,
+                          messages: list[dict], stream: bool) -> RequestState | JSONResponse:
+        """A chat's way into the engine, which the Messages API shares as vLLM's does: its
+        messages tokenised (stamped in the truth), its sampling params, its engine request
+        submitted; the error response when the prompt is too long or the engine is dead."""
+        prompt_ids = tok.apply_chat_template(messages)
+        if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
+            return err
+        sp = _sampling_params(body, len(prompt_ids), None, stream)
+        try:
+            return await _submit(request, rid, prompt_ids, sp, body, rec)
+        except EngineDeadError as e:
+            return _error(str(e), 500, "InternalServerError")
+
     async def _collect(st: RequestState) -> tuple[str, Optional[str], Any]:
         finish, stop_reason = None, None
         while finish is None:
@@ -625,18 +639,13 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         if body.get("n", 1) != 1:
             return _error("only n=1 is supported by the testbed")
         rid = f"chatcmpl-{_base_request_id(request, body.get('request_id'))}"
-        prompt_ids = tok.apply_chat_template(messages)
-        if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
-            return err
         stream = bool(body.get("stream", False))
         so = body.get("stream_options") or {}
         include_usage = bool(so.get("include_usage", False))
         continuous_usage = bool(so.get("continuous_usage_stats", False)) and include_usage
-        sp = _sampling_params(body, len(prompt_ids), None, stream)
-        try:
-            st = await _submit(request, rid, prompt_ids, sp, body, rec)
-        except EngineDeadError as e:
-            return _error(str(e), 500, "InternalServerError")
+        st = await _start_chat(request, rec, body, rid, messages, stream)
+        if isinstance(st, Response):
+            return st
         created = int(time.time())
         headers = {}
         if enable_request_id_headers:
@@ -967,15 +976,10 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
         if not isinstance(body.get("max_tokens"), int):
             return _error("max_tokens is required")
         rid = f"chatcmpl-{_base_request_id(request, body.get('request_id'))}"
-        prompt_ids = tok.apply_chat_template(messages)
-        if (err := _tokenized(rec, rid, [prompt_ids])) is not None:
-            return err
         stream = bool(body.get("stream", False))
-        sp = _sampling_params(body, len(prompt_ids), None, stream)
-        try:
-            st = await _submit(request, rid, prompt_ids, sp, body, rec)
-        except EngineDeadError as e:
-            return _error(str(e), 500, "InternalServerError")
+        st = await _start_chat(request, rec, body, rid, messages, stream)
+        if isinstance(st, Response):
+            return st
         if rec is not None:
             rec["stream"] = stream
 

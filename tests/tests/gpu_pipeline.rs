@@ -18,7 +18,7 @@
 use hopscope::model::Record;
 use hopscope::sink::perfetto::names::GPU_STEPS;
 use hopscope_gpu_wire as wire;
-use hopscope_integration::{cupti_double_artifacts, hopscope_bin, privileged, scratch};
+use hopscope_integration::{cupti_double_artifacts, hopscope_bin, privileged, scratch, CuptiDouble};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -56,6 +56,22 @@ fn kind_of(r: &Record) -> Option<&'static str> {
     })
 }
 
+/// `hopscope` with the CUPTI ABI test double as its libcupti (CUPTI 13.4
+/// layouts), a 50 ms flush, a long exit drain, and none of the caller's GPU
+/// settings.
+fn hopscope_over_the_double(a: &CuptiDouble) -> Command {
+    let mut hs = Command::new(hopscope_bin());
+    for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "HOPSCOPE_CUPTI_GRAPHS", "VIRTUAL_ENV"] {
+        hs.env_remove(k);
+    }
+    hs.env("HOPSCOPE_CUPTI_LIB", &a.double)
+        .env("CUPTI_ABI_TEST_DOUBLE", &a.double)
+        .env("CUPTI_ABI_TEST_DOUBLE_VERSION", "130401")
+        .env("HOPSCOPE_CUPTI_FLUSH_MS", "50")
+        .env("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000");
+    hs
+}
+
 /// (pid, correlation id, start, end) of a GPU activity record.
 fn activity(r: &Record) -> Option<(u32, u32, u64, u64)> {
     Some(match r {
@@ -87,17 +103,9 @@ fn hopscope_run_records_the_test_doubles_gpu_records_in_order_and_reports_its_ke
         )
     };
     let script = format!("{} & {} & wait", host("truth-a.jsonl"), host("truth-b.jsonl"));
-    let mut hs = Command::new(hopscope_bin());
-    for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "VIRTUAL_ENV"] {
-        hs.env_remove(k);
-    }
-    hs.env("HOPSCOPE_CUPTI_LIB", &a.double)
-        .env("CUPTI_ABI_TEST_DOUBLE", &a.double)
-        .env("CUPTI_ABI_TEST_DOUBLE_VERSION", "130401")
-        .env("CUPTI_ABI_TEST_DOUBLE_BAD_EVERY", bad_every.to_string())
-        .env("HOPSCOPE_CUPTI_FLUSH_MS", "50")
+    let mut hs = hopscope_over_the_double(a);
+    hs.env("CUPTI_ABI_TEST_DOUBLE_BAD_EVERY", bad_every.to_string())
         .env("HOPSCOPE_GPU_REPORT_MS", "100")
-        .env("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000")
         .arg("run")
         .arg("-o")
         .arg(&out)
@@ -370,17 +378,8 @@ fn with_gpu_graphs_launch_each_graph_launch_is_one_kernel_in_the_recording_and_r
     let dir = scratch("gpu-pipeline-graph-launches");
     let out = dir.join("run.hop");
     let truth_path = dir.join("truth.jsonl");
-    let mut hs = Command::new(hopscope_bin());
-    for k in ["HOPSCOPE_GPU_SOCKET", "CUDA_INJECTION64_PATH", "HOPSCOPE_CUPTI_INJECTION", "HOPSCOPE_CUPTI_GRAPHS", "VIRTUAL_ENV"] {
-        hs.env_remove(k);
-    }
-    let st = hs
-        .env("HOPSCOPE_CUPTI_LIB", &a.double)
-        .env("CUPTI_ABI_TEST_DOUBLE", &a.double)
-        .env("CUPTI_ABI_TEST_DOUBLE_VERSION", "130401")
+    let st = hopscope_over_the_double(a)
         .env("CUPTI_ABI_TEST_DOUBLE_TRUTH", &truth_path)
-        .env("HOPSCOPE_CUPTI_FLUSH_MS", "50")
-        .env("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000")
         .args(["run", "--quiet", "--gpu-graphs", "launch", "-o"])
         .arg(&out)
         .arg("--cupti-lib")

@@ -914,6 +914,7 @@ impl Eng {
 /// copy was seen), its end and (request key, first token?).
 #[derive(Debug, Clone)]
 struct OutStep {
+    /// The writer's process; 0 for a reader's copy (no engine known).
     engine: u32,
     end_ns: u64,
     members: Vec<(Key, bool)>,
@@ -1084,7 +1085,10 @@ impl Attribution {
                 // One copy per message: the writer's, or the reader's while
                 // the writer is not traced.
                 if *dir == Dir::Out {
-                    self.seen_writer = true;
+                    if !self.seen_writer {
+                        self.seen_writer = true;
+                        self.drop_readers_steps();
+                    }
                 } else if self.seen_writer {
                     return self.after(ts);
                 }
@@ -1118,6 +1122,29 @@ impl Attribution {
             _ => {}
         }
         self.after(ts);
+    }
+
+    /// The writer's copies are the steps from the first one on, as the
+    /// engine side has it (`EngineSide`'s held readers' copies): readers'
+    /// copies still waiting to be matched go, and the first tokens they
+    /// marked are left for the writer's copies to mark. A unix-socket read
+    /// can return before the write that fed it, so the API server's copy of
+    /// the engine's first message may come first in the recording; taken as
+    /// well, it was a second step of no engine.
+    fn drop_readers_steps(&mut self) {
+        let outs = std::mem::take(&mut self.outs);
+        for o in outs {
+            // A reader's copy has no engine (see `OutStep::engine`).
+            if o.engine != 0 {
+                self.outs.push_back(o);
+                continue;
+            }
+            for (k, first) in o.members {
+                if let Some(e) = self.eng.get_mut(k).filter(|e| first && e.first_token_ns == Some(o.end_ns)) {
+                    e.first_token_ns = None;
+                }
+            }
+        }
     }
 
     #[inline]
@@ -2133,6 +2160,29 @@ mod tests {
         assert_eq!(gb.map(|g| (g.prefill_ns, g.decode_ns, g.kv_gpu_ns, g.steps)), Some((2_500 * US + 1_904_762, 0, 0, 2)));
         assert_eq!(gd.map(|g| (g.prefill_ns, g.decode_ns, g.steps)), Some((MS, 1_500 * US + 95_238, 3)));
         assert_eq!(cb, Some(RequestCompute { prefill_ns: Some(4_500 * US), decode_ns: None, steps: 2, source: ComputeSource::Cupti }));
+        assert!(a.counters.keys().all(|k| !k.contains("unattributed") && !k.contains("unmatched")), "{:?}", a.counters);
+    }
+
+    #[test]
+    fn a_readers_copy_of_the_first_output_read_before_its_write_returned_is_not_a_step_of_its_own() {
+        // A unix-socket read can return before the write that fed it: the
+        // API server's copy of the engine's first output message comes
+        // first in the recording, then the engine's own.
+        let (engine, api) = (ConnKey { tgid: 100, fd: 9, ino: 1 }, ConnKey { tgid: 50, fd: 4, ino: 1 });
+        let mut recs = vec![add_on(engine, Dir::In, MS, "A", 100)];
+        recs.extend(gpu_step(100, 2 * MS, 3 * MS, 100));
+        let mut read = outputs_on(api, 5_100 * US, &[("A", Some((1_500 * US, 100)))]);
+        if let Record::EngineOutputs { ts_ns, dir, .. } = &mut read {
+            (*ts_ns, *dir) = (5_100 * US + 20 * US, Dir::In);
+        }
+        recs.push(read);
+        recs.push(outputs_on(engine, 5_100 * US, &[("A", Some((1_500 * US, 100)))]));
+        recs.extend(gpu_step(100, 6 * MS, MS, 1));
+        recs.push(outputs_on(engine, 7_100 * US, &[("A", None)]));
+        let mut a = attribute_all(&mut recs);
+        let (ga, ca, _) = a.take("A");
+        assert_eq!(ga.map(|g| (g.prefill_ns, g.decode_ns, g.steps)), Some((3 * MS, MS, 2)));
+        assert_eq!(ca.map(|c| (c.prefill_ns, c.decode_ns)), Some((Some(3 * MS), Some(MS))));
         assert!(a.counters.keys().all(|k| !k.contains("unattributed") && !k.contains("unmatched")), "{:?}", a.counters);
     }
 

@@ -185,7 +185,14 @@ pub struct Recording {
 
 impl Recording {
     pub fn run(path: &Path, extra: &[&str], cmd: &[&str]) -> Recording {
-        let child = Recording::command(path, extra, cmd).stdout(Stdio::inherit()).stderr(Stdio::inherit()).spawn().expect("spawning hopscope");
+        Recording::run_env(path, extra, &[], cmd)
+    }
+
+    /// [`Recording::run`] with `env` set for hopscope and so for `cmd`.
+    pub fn run_env(path: &Path, extra: &[&str], env: &[(&str, &str)], cmd: &[&str]) -> Recording {
+        let mut c = Recording::command(path, extra, cmd);
+        c.envs(env.iter().copied());
+        let child = c.stdout(Stdio::inherit()).stderr(Stdio::inherit()).spawn().expect("spawning hopscope");
         Recording { child, path: path.to_owned() }
     }
 
@@ -303,12 +310,20 @@ pub fn record_testbed(name: &str, serve_args: &[&str], clients: &[&[&str]]) -> T
 
 /// [`record_testbed`] with `hopscope run` options (`record_args`).
 pub fn record_testbed_with(name: &str, record_args: &[&str], serve_args: &[&str], clients: &[&[&str]]) -> TestbedRun {
-    record_testbed_then(name, record_args, serve_args, clients, || {})
+    record_testbed_then(name, &[], record_args, serve_args, clients, || {})
 }
 
-/// [`record_testbed_with`], calling `before_stop` once the clients are done,
-/// while hopscope still records (to scrape its live `--metrics`).
-pub fn record_testbed_then(name: &str, record_args: &[&str], serve_args: &[&str], clients: &[&[&str]], before_stop: impl FnOnce()) -> TestbedRun {
+/// [`record_testbed_with`] with `env` set for hopscope and the testbed,
+/// calling `before_stop` once the clients are done, while hopscope still
+/// records (to scrape its live `--metrics`).
+pub fn record_testbed_then(
+    name: &str,
+    env: &[(&str, &str)],
+    record_args: &[&str],
+    serve_args: &[&str],
+    clients: &[&[&str]],
+    before_stop: impl FnOnce(),
+) -> TestbedRun {
     let dir = scratch(name);
     let port = free_port();
     let py = python();
@@ -324,7 +339,7 @@ pub fn record_testbed_then(name: &str, record_args: &[&str], serve_args: &[&str]
     // real inference server has cores to spare for them.
     std::env::set_var("OPENBLAS_NUM_THREADS", "1");
     std::env::set_var("OMP_NUM_THREADS", "1");
-    let mut rec = Recording::run(&dir.join("run.hop"), record_args, &cmd_ref);
+    let mut rec = Recording::run_env(&dir.join("run.hop"), record_args, env, &cmd_ref);
     rec.wait_healthy(port, Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{port}");
     // Several clients run at once (an agent's streamed calls beside another's

@@ -24,6 +24,8 @@ class EngineConfig:
     kv_offload: bool = False
     kv_offload_blocks: int = 8192
     cuda_graphs: bool = False
+    # each step's GPU records played through the CUPTI ABI test double (cupti_double.py): CI only
+    cupti_test_double: bool = False
     log_stats: bool = True
     allow_eos: bool = False
     engine_index: int = 0
@@ -64,6 +66,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="copy evicted KV blocks to host memory and back on a prefix hit")
     g.add_argument("--kv-offload-blocks", type=int, default=8192, help="host KV pool size in blocks")
     g.add_argument("--cuda-graphs", action="store_true", help="capture decode steps in CUDA graphs")
+    g.add_argument("--cupti-test-double", action="store_true",
+                   help="TEST DOUBLE, for CI without a GPU: each engine step's records as a GPU model "
+                        "runner's, through the CUPTI ABI test double (testbed/cupti_double.py; needs "
+                        "hopscope run and CUPTI_ABI_TEST_DOUBLE); never GPU evidence")
     g.add_argument("--disable-log-stats", dest="log_stats", action="store_false",
                    help="no QUEUED/SCHEDULED/PREEMPTED events on the output IPC (as vLLM)")
     g.add_argument("--allow-eos", action="store_true",
@@ -110,6 +116,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         kv_offload=a.kv_offload,
         kv_offload_blocks=a.kv_offload_blocks,
         cuda_graphs=a.cuda_graphs,
+        cupti_test_double=a.cupti_test_double,
         log_stats=a.log_stats,
         allow_eos=a.allow_eos,
         data_parallel_size=a.data_parallel_size,

@@ -95,6 +95,11 @@ class EngineCoreProc:
         self.last_counts = (0, 0)
         self.truth = TruthWriter(cfg.ground_truth)
         self.runner = build_runner(cfg)
+        self.gpu_double = None
+        if cfg.cupti_test_double:
+            from .cupti_double import CuptiDoubleGpu
+
+            self.gpu_double = CuptiDoubleGpu(cfg.model.n_layers, cfg.cuda_graphs)
         self.kv = KVCacheManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
                                  cfg.kv_offload_blocks if cfg.kv_offload else 0)
         self.sched = Scheduler(self.kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
@@ -105,7 +110,8 @@ class EngineCoreProc:
         self.ctx = zmq.Context()
         self._stop = threading.Event()
         self.truth.write({"type": "engine_start", "pid": os.getpid(), "ns": time.monotonic_ns(),
-                          "device": getattr(self.runner, "device", cfg.device), "config": cfg.to_dict()})
+                          "device": getattr(self.runner, "device", cfg.device), "config": cfg.to_dict(),
+                          "cupti_test_double_init": self.gpu_double.init_rc if self.gpu_double else None})
 
     # ----------------------------------------------------------- IO threads
     def _ready_payload(self) -> bytes:
@@ -316,6 +322,9 @@ class EngineCoreProc:
         plan = self.sched.build_plan(so)
         t_sched = time.monotonic_ns()
         sampled, copies, marks = self.runner.execute(plan, so.copy_ops)
+        if self.gpu_double is not None:
+            self.gpu_double.step(so.num_tokens, all(s.kind == "decode" for s in so.scheduled), copies, marks,
+                                 len(sampled))
         if self.cfg.step_sleep_ms > 0:
             time.sleep(self.cfg.step_sleep_ms / 1000.0)
         t_model = time.monotonic_ns()
@@ -423,7 +432,8 @@ class EngineCoreProc:
             self.truth.write({"type": "engine_stop", "pid": os.getpid(), "ns": time.monotonic_ns(),
                               "steps": self.sched.step_counter, "preemptions": self.sched.num_preemptions,
                               "evictions": self.kv.num_evictions, "offloaded_blocks": self.kv.num_offloaded_blocks,
-                              "onloaded_blocks": self.kv.num_onloaded_blocks})
+                              "onloaded_blocks": self.kv.num_onloaded_blocks,
+                              "cupti_test_double_unplaced": self.gpu_double.unplaced if self.gpu_double else None})
             self.truth.close()
             self.ctx.term()
 

@@ -383,6 +383,7 @@ fn responses_turns_sent_with_their_previous_response_id_form_their_chains() {
     };
     let t = record_testbed_then(
         "attr-prevresp",
+        &[],
         &["--metrics", &mport],
         &[],
         &[&["--api", "responses", "--previous-response", "--no-session-header", "--connection-per-hop", "--chains", "2", "--hops", "3", "--max-tokens", "8", "--stagger-ms", "30", "--json-schema-hops", "2"]],
@@ -1268,4 +1269,139 @@ fn with_only_the_api_servers_traced_a_step_read_as_two_parts_is_one_step() {
     assert_eq!(drawn_steps(&summary, "Engine steps"), output_steps(&run, None), "every output step drawn once");
     assert_eq!(unmapped, 0, "every step member's request found");
     eprintln!("api servers only: {split} steps read as two parts, all joined");
+}
+
+/// The testbed with `--cupti-test-double` (examples/testbed/cupti_double.py):
+/// each engine step's kernels, copies and synchronize placed through the
+/// CUPTI ABI TEST DOUBLE at the times its CPU work took, into the real
+/// injection library `hopscope run` hands the engine processes. A rehearsal
+/// of scripts/gpu-check.sh steps 7, 9 and 10 in real processes; nothing here
+/// is GPU evidence (no GPU timing, no CUPTI behaviour beyond its ABI).
+fn run_testbed_over_the_cupti_double(name: &str, cupti_version: &str, record_args: &[&str], serve_args: &[&str], clients: &[&[&str]]) -> Run {
+    let a = cupti_double_artifacts();
+    let double = a.double.display().to_string();
+    let env = [
+        ("HOPSCOPE_CUPTI_LIB", double.as_str()),
+        ("CUPTI_ABI_TEST_DOUBLE", double.as_str()),
+        ("CUPTI_ABI_TEST_DOUBLE_VERSION", cupti_version),
+        ("HOPSCOPE_CUPTI_FLUSH_MS", "50"),
+        ("HOPSCOPE_GPU_EXIT_DRAIN_MS", "5000"),
+    ];
+    let injection = a.injection.display().to_string();
+    let mut record: Vec<&str> = vec!["--cupti-lib", &injection];
+    record.extend_from_slice(record_args);
+    let mut serve: Vec<&str> = vec!["--cupti-test-double"];
+    serve.extend_from_slice(serve_args);
+    let run: Run = record_testbed_then(name, &env, &record, &serve, clients, || {}).into();
+    for t in run.truth.iter().filter(|t| t["type"] == "engine_start") {
+        assert_eq!(t["cupti_test_double_init"], 1, "the engine's InitializeInjection took: {t}");
+    }
+    for t in run.truth.iter().filter(|t| t["type"] == "engine_stop") {
+        assert_eq!(t["cupti_test_double_unplaced"], 0, "every record found a buffer: {t}");
+    }
+    run
+}
+
+/// examples/gpu/check_gpu_steps.py on the run: its lines; panics unless it passes.
+fn check_gpu_steps(run: &Run) -> String {
+    let dir = run.hop.parent().unwrap();
+    let report = dir.join("report.json");
+    std::fs::write(&report, run.report.to_string()).unwrap();
+    let out = std::process::Command::new(python())
+        .arg(workspace().join("examples/gpu/check_gpu_steps.py"))
+        .arg(&report)
+        .arg(dir.join("truth.jsonl"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprint!("{text}");
+    assert!(out.status.success(), "check_gpu_steps.py failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// No GPU record lost or set aside on the way (docs/counters.md: the GPU
+/// counters of class loss).
+fn assert_no_gpu_loss(run: &Run) {
+    const ACTIVITY: [&str; 7] = ["gpu_conns", "gpu_records", "gpu_records_decoded", "gpu_records_sent", "gpu_connects", "gpu_step_copies_unsynced", "gpu_records_outside_steps"];
+    let drops = run.report["recording"]["drops"].as_object().unwrap();
+    let lost: Vec<_> = drops.iter().filter(|(k, v)| k.starts_with("gpu_") && !ACTIVITY.contains(&k.as_str()) && v.as_u64() != Some(0)).collect();
+    assert!(lost.is_empty(), "GPU records lost: {lost:?}");
+    assert_eq!(drops["gpu_records_decoded"], drops["gpu_records_sent"], "{drops:?}");
+    assert_eq!(run.report["recording"]["gpu"], true);
+}
+
+#[test]
+fn the_testbeds_steps_through_the_cupti_test_double_are_its_gpu_steps_and_keep_the_phases() {
+    let Some(_serial) = privileged("the_testbeds_steps_through_the_cupti_test_double_are_its_gpu_steps_and_keep_the_phases") else { return };
+    // Chunked prefill (256-token budget against ~1.1 K-token prompts): steps without
+    // outputs end with a plain stream synchronize, no step-end copy, as on the GPU.
+    // CUPTI 13.0.1 (the H100's): the library calibrates its clock against CUPTI's.
+    let run = run_testbed_over_the_cupti_double(
+        "attr-cupti-double",
+        "130001",
+        &[],
+        &["--max-num-batched-tokens", "256"],
+        &[&["--chains", "3", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "40"]],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("testbed over the CUPTI test double: worst phase error {worst:.3} ms");
+    let lines = check_gpu_steps(&run);
+    assert_no_gpu_loss(&run);
+    let steps: Vec<&Value> = run.truth.iter().filter(|t| t["type"] == "step").collect();
+    let silent = steps.iter().filter(|t| t["outputs"].as_array().unwrap().is_empty()).count();
+    assert!(silent > 0, "chunked prefills gave steps without outputs: {lines}");
+    // A GPU step's tokens are its reshape_and_cache grid: the truth step's
+    // tokens, where the step before it ended a GPU step too (else the chunk
+    // before it is in the same GPU step).
+    let gpu_steps = run.report["gpu_steps"].as_array().unwrap();
+    let mut compared = 0;
+    for w in steps.windows(2).filter(|w| !w[0]["outputs"].as_array().unwrap().is_empty() && !w[1]["outputs"].as_array().unwrap().is_empty()) {
+        let end = w[1]["sample_end_ns"].as_i64().unwrap();
+        let g = gpu_steps.iter().find(|g| (g["end_ns"].as_i64().unwrap() - end).abs() <= 50_000).unwrap_or_else(|| panic!("no GPU step ends at {end}"));
+        assert_eq!(g["tokens"], w[1]["num_tokens"], "GPU step {g} against truth step {}", w[1]);
+        compared += 1;
+    }
+    assert!(compared > 10, "{compared} steps compared");
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let id = r["id"].as_str().unwrap();
+        assert_eq!(r["compute_source"], "cupti", "{id}: compute from the GPU steps: {r}");
+        assert!(r["gpu_ms"]["prefill"].as_f64().unwrap() > 0.0 && r["gpu_ms"]["decode"].as_f64().unwrap() > 0.0, "{id}: {r}");
+        let kernels: BTreeSet<&str> = r["kernels"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap()).collect();
+        assert_eq!(kernels, BTreeSet::from(["hs_testbed_attention", "hs_testbed_gemm_qkv", "reshape_and_cache_flash_kernel"]), "{id}");
+    }
+}
+
+#[test]
+fn two_data_parallel_engines_through_the_cupti_test_double_keep_their_own_gpu_steps_with_graphs_per_launch() {
+    let Some(_serial) = privileged("two_data_parallel_engines_through_the_cupti_test_double_keep_their_own_gpu_steps_with_graphs_per_launch") else { return };
+    // CUPTI 13.4 (the library stamps with its CLOCK_MONOTONIC callback); decode-only
+    // steps replayed as graphs, traced per launch (GRAPH_TRACE: one record a launch).
+    let run = run_testbed_over_the_cupti_double(
+        "attr-cupti-double-dp",
+        "130401",
+        &["--gpu-graphs", "launch"],
+        &["--data-parallel-size", "2", "--api-server-count", "2", "--max-num-seqs", "2", "--cuda-graphs"],
+        &[&["--chains", "4", "--hops", "2", "--max-tokens", "16", "--stagger-ms", "40"]],
+    );
+    let worst = check_phases(&run);
+    check_steps(&run);
+    eprintln!("2 data-parallel engines over the CUPTI test double: worst phase error {worst:.3} ms");
+    let lines = check_gpu_steps(&run);
+    assert!(lines.contains("engine 0") && lines.contains("engine 1"), "each engine's steps compared apart: {lines}");
+    assert_no_gpu_loss(&run);
+    let engines: BTreeSet<i64> = run.truth.iter().filter(|t| t["type"] == "engine_start").map(|t| t["pid"].as_i64().unwrap()).collect();
+    let gpu_steps = run.report["gpu_steps"].as_array().unwrap();
+    let owners: BTreeSet<i64> = gpu_steps.iter().map(|g| g["engine_pid"].as_i64().unwrap_or_else(|| panic!("a GPU step of no engine: {g}"))).collect();
+    assert_eq!(owners, engines, "both engines' processes end GPU steps");
+    // Decode-only steps ran as graphs: one `[CUDA graph N]` kernel a launch,
+    // no node kernels, and no token count (reshape_and_cache is inside).
+    let graphs: Vec<&Value> = run.report["kernels"].as_array().unwrap().iter().filter(|k| k["name"].as_str().unwrap().starts_with("[CUDA graph ")).collect();
+    assert!(!graphs.is_empty(), "graph launches in the kernels: {}", run.report["kernels"]);
+    let launched: u64 = graphs.iter().map(|k| k["count"].as_u64().unwrap()).sum();
+    let in_steps: u64 = gpu_steps.iter().map(|g| g["graph_kernels"].as_u64().unwrap()).sum();
+    assert_eq!(launched, in_steps, "every launch inside a GPU step");
+    for g in gpu_steps.iter().filter(|g| g["graph_kernels"].as_u64() == Some(g["kernels"].as_u64().unwrap())) {
+        assert!(g["tokens"].is_null(), "a step of graph launches alone has no reshape_and_cache grid: {g}");
+    }
 }

@@ -33,7 +33,7 @@
 
 use cupti_sys::*;
 use std::collections::BTreeSet;
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::io::Write;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -598,26 +598,47 @@ fn dst_kind(i: u64) -> u8 {
     }
 }
 
+/// One copy record's fields, whatever the version's struct.
+struct CopyFields {
+    copy_kind: u8,
+    src_kind: u8,
+    dst_kind: u8,
+    bytes: u64,
+    start: u64,
+    end: u64,
+    stream: u32,
+    corr: u32,
+}
+
 macro_rules! memcpy_as {
-    ($t:ty, $start:expr, $end:expr, $i:expr) => {{
+    ($t:ty, $f:expr) => {{
+        let f = $f;
         let mut r: $t = zeroed();
         r.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-        r.copyKind = 1 + ($i % 2) as u8;
-        r.srcKind = 3;
-        r.dstKind = dst_kind($i);
+        r.copyKind = f.copy_kind;
+        r.srcKind = f.src_kind;
+        r.dstKind = f.dst_kind;
         r.flags = 1;
-        r.bytes = 4096 * ($i % 7 + 1);
-        r.start = $start;
-        r.end = $end;
+        r.bytes = f.bytes;
+        r.start = f.start;
+        r.end = f.end;
         r.deviceId = 0;
         r.contextId = 1;
-        r.streamId = 7;
-        r.correlationId = ($i + 1) as u32;
-        r.runtimeCorrelationId = ($i + 1) as u32 + 1_000_000;
+        r.streamId = f.stream;
+        r.correlationId = f.corr;
+        r.runtimeCorrelationId = f.corr + 1_000_000;
         r.graphNodeId = 0;
         r.graphId = 0;
         bytes_of(&r)
     }};
+}
+
+fn memcpy_bytes(f: &CopyFields) -> Vec<u8> {
+    match version() {
+        0..=25 => memcpy_as!(CUpti_ActivityMemcpy5, f),
+        26..=130_399 => memcpy_as!(CUpti_ActivityMemcpy6, f),
+        _ => memcpy_as!(CUpti_ActivityMemcpy7, f),
+    }
 }
 
 macro_rules! memset_as {
@@ -640,19 +661,37 @@ macro_rules! memset_as {
     }};
 }
 
+/// One synchronization record's fields, whatever the version's struct.
+struct SyncFields {
+    sync_type: u32,
+    start: u64,
+    end: u64,
+    stream: u32,
+    corr: u32,
+    event: u32,
+}
+
 macro_rules! sync_as {
-    ($t:ty, $start:expr, $end:expr, $i:expr) => {{
+    ($t:ty, $f:expr) => {{
+        let f = $f;
         let mut r: $t = zeroed();
         r.kind = CUPTI_ACTIVITY_KIND_SYNCHRONIZATION;
-        r.type_ = 1 + ($i % 4) as u32;
-        r.start = $start;
-        r.end = $end;
-        r.correlationId = ($i + 1) as u32;
+        r.type_ = f.sync_type;
+        r.start = f.start;
+        r.end = f.end;
+        r.correlationId = f.corr;
         r.contextId = 1;
-        r.streamId = 7;
-        r.cudaEventId = if $i % 2 == 0 { u32::MAX } else { ($i % 10) as u32 };
+        r.streamId = f.stream;
+        r.cudaEventId = f.event;
         bytes_of(&r)
     }};
+}
+
+fn sync_bytes(f: &SyncFields) -> Vec<u8> {
+    match version() {
+        0..=25 => sync_as!(CUpti_ActivitySynchronization, f),
+        _ => sync_as!(CUpti_ActivitySynchronization2, f),
+    }
 }
 
 /// What one synthetic record is, for the truth file.
@@ -804,11 +843,16 @@ fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
             )
         }
         CUPTI_ACTIVITY_KIND_MEMCPY => (
-            match v {
-                0..=25 => memcpy_as!(CUpti_ActivityMemcpy5, rs, re, i),
-                26..=130_399 => memcpy_as!(CUpti_ActivityMemcpy6, rs, re, i),
-                _ => memcpy_as!(CUpti_ActivityMemcpy7, rs, re, i),
-            },
+            memcpy_bytes(&CopyFields {
+                copy_kind: 1 + (i % 2) as u8,
+                src_kind: 3,
+                dst_kind: dst_kind(i),
+                bytes: 4096 * (i % 7 + 1),
+                start: rs,
+                end: re,
+                stream: 7,
+                corr,
+            }),
             format!(
                 "\"kind\":\"memcpy\",\"copy_kind\":{},\"dst_kind\":{},\"bytes\":{},\"runtime_corr\":{}",
                 1 + i % 2,
@@ -844,10 +888,14 @@ fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
             format!("\"kind\":\"memset\",\"value\":{},\"graph_node_id\":{}", i % 256, 3 * i),
         ),
         CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => (
-            match v {
-                0..=25 => sync_as!(CUpti_ActivitySynchronization, rs, re, i),
-                _ => sync_as!(CUpti_ActivitySynchronization2, rs, re, i),
-            },
+            sync_bytes(&SyncFields {
+                sync_type: 1 + (i % 4) as u32,
+                start: rs,
+                end: re,
+                stream: 7,
+                corr,
+                event: if i.is_multiple_of(2) { u32::MAX } else { (i % 10) as u32 },
+            }),
             format!("\"kind\":\"sync\",\"sync_type\":{}", 1 + i % 4),
         ),
         _ => {
@@ -948,4 +996,148 @@ pub extern "C" fn cupti_abi_test_double_wait_delivered(timeout_ms: u64) -> c_int
         std::thread::sleep(Duration::from_millis(5));
     }
     0
+}
+
+// ------------------------------------------------------------------ records one at a time
+//
+// For an application that plays a GPU's work on the CPU (the testbed's
+// `--cupti-test-double`: each engine step's kernels, copies and synchronize
+// at the times its CPU work took), one record per call, placed from the
+// calling thread as CUPTI does. Times are CLOCK_MONOTONIC ns; the record
+// carries them on CUPTI's clock (the library's callback's, else
+// CLOCK_REALTIME), so the library's clock conversion runs as with the
+// synthetic records. Each call returns 1 (placed), 0 (its kind is not
+// enabled, or it is a graph node while GRAPH_TRACE is on: CUPTI would not
+// emit it) or -1 (no buffer: dropped and counted, as CUPTI does).
+
+/// CLOCK_MONOTONIC `mono` on the clock records carry.
+fn raw_of_mono(mono: u64, sn: &Snap) -> u64 {
+    if sn.timestamp.is_some() {
+        return mono;
+    }
+    let (real, real_mono) = realtime_with_truth();
+    (real as i128 + mono as i128 - real_mono as i128).max(1) as u64
+}
+
+fn next_corr() -> u32 {
+    (NEXT.fetch_add(1, Ordering::AcqRel) + 1) as u32
+}
+
+fn placed(rec: &[u8]) -> c_int {
+    if place(rec) {
+        1
+    } else {
+        -1
+    }
+}
+
+/// Kernel names live as long as the process, as CUPTI's do (the library
+/// keys names by their address).
+fn interned(name: &CStr) -> *const c_char {
+    static NAMES: Mutex<Vec<&'static CStr>> = Mutex::new(Vec::new());
+    let mut v = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = v.iter().find(|n| **n == name) {
+        return n.as_ptr();
+    }
+    let n: &'static CStr = Box::leak(name.to_owned().into_boxed_c_str());
+    v.push(n);
+    n.as_ptr()
+}
+
+/// A kernel named `name` (C string) from `start` to `end`, grid
+/// (`grid_x`,1,1), block (128,1,1), on `stream`; `graph_id` ≠ 0 makes it
+/// node `graph_node_id` of that graph.
+#[no_mangle]
+pub unsafe extern "C" fn cupti_abi_test_double_kernel(
+    name: *const c_char,
+    start: u64,
+    end: u64,
+    grid_x: u32,
+    stream: u32,
+    graph_id: u32,
+    graph_node_id: u64,
+) -> c_int {
+    let sn = snap();
+    if !sn.kinds.contains(&CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) || graph_id != 0 && sn.kinds.contains(&CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
+        return 0;
+    }
+    let name = if name.is_null() {
+        std::ptr::null()
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        interned(unsafe { CStr::from_ptr(name) })
+    };
+    let corr = next_corr();
+    let f = KernelFields {
+        start: raw_of_mono(start, &sn),
+        end: raw_of_mono(end, &sn),
+        stream,
+        corr,
+        grid: [grid_x.min(i32::MAX as u32) as i32, 1, 1],
+        block: [128, 1, 1],
+        static_smem: 0,
+        dyn_smem: 0,
+        regs: 32,
+        name,
+        graph_id,
+        graph_node_id: if graph_id == 0 { 0 } else { graph_node_id },
+        grid_id: corr as i64,
+    };
+    placed(&kernel_bytes(&f))
+}
+
+/// A copy of `bytes` between pinned host memory and the device:
+/// `copy_kind` 1 (host to device) or 2 (device to host).
+#[no_mangle]
+pub extern "C" fn cupti_abi_test_double_memcpy(copy_kind: u8, bytes: u64, start: u64, end: u64, stream: u32) -> c_int {
+    let sn = snap();
+    if !sn.kinds.contains(&CUPTI_ACTIVITY_KIND_MEMCPY) {
+        return 0;
+    }
+    const PINNED: u8 = 2;
+    const DEVICE: u8 = 3;
+    let (src_kind, dst_kind) = if copy_kind == 1 { (PINNED, DEVICE) } else { (DEVICE, PINNED) };
+    let f = CopyFields { copy_kind, src_kind, dst_kind, bytes, start: raw_of_mono(start, &sn), end: raw_of_mono(end, &sn), stream, corr: next_corr() };
+    placed(&memcpy_bytes(&f))
+}
+
+/// The host waiting: `sync_type` 1 (event synchronize), 3 (stream) or 4 (context).
+#[no_mangle]
+pub extern "C" fn cupti_abi_test_double_sync(sync_type: u32, start: u64, end: u64, stream: u32) -> c_int {
+    let sn = snap();
+    if !sn.kinds.contains(&CUPTI_ACTIVITY_KIND_SYNCHRONIZATION) {
+        return 0;
+    }
+    let f = SyncFields {
+        sync_type,
+        start: raw_of_mono(start, &sn),
+        end: raw_of_mono(end, &sn),
+        stream,
+        corr: next_corr(),
+        event: if sync_type == 1 { 1 } else { u32::MAX },
+    };
+    placed(&sync_bytes(&f))
+}
+
+/// A launch of graph `graph_id` as GRAPH_TRACE gives it: placed only when
+/// that kind is on (then the graph's node kernels are not).
+#[no_mangle]
+pub extern "C" fn cupti_abi_test_double_graph(graph_id: u32, start: u64, end: u64, stream: u32) -> c_int {
+    let sn = snap();
+    if !sn.kinds.contains(&CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
+        return 0;
+    }
+    let mut r: CUpti_ActivityGraphTrace2 = zeroed();
+    r.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
+    r.correlationId = next_corr();
+    r.start = raw_of_mono(start, &sn);
+    r.end = raw_of_mono(end, &sn);
+    r.deviceId = 0;
+    r.graphId = graph_id;
+    r.contextId = 1;
+    r.streamId = stream;
+    let mut b = bytes_of(&r);
+    // GraphTrace (12.4–12.6) is GraphTrace2's first 48 bytes.
+    b.truncate(size_of_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE).unwrap_or(b.len()));
+    placed(&b)
 }

@@ -245,8 +245,25 @@ fn test(args: &[String]) -> Result<()> {
     }
     run(&mut t)?;
     run(Command::new(&py).args(["-m", "pytest", "-q", "-rs", "examples/tests"]).current_dir(root()))?;
+    if let Some(v) = &vllm {
+        torch_tests(v)?;
+    }
     eprintln!("xtask: all test suites passed");
     Ok(())
+}
+
+/// The testbed's torch model runner (the code path `gpu-check.sh` serves on
+/// the GPU), on the CPU with the real-vLLM venv's torch: the test venv has no
+/// torch (several GB), so pytest above skips examples/tests/test_torch.py.
+fn torch_tests(venv: &Path) -> Result<()> {
+    let py = venv.join("bin/python");
+    let has_pytest = Command::new(&py).args(["-c", "import pytest"]).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success());
+    if !has_pytest {
+        run(Command::new(&py).args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "pytest~=9.2"]))
+            .context("installing pytest into the real-vLLM venv for the torch testbed tests")?;
+    }
+    eprintln!("xtask: the torch testbed tests, with the real-vLLM venv's torch");
+    run(Command::new(&py).args(["-m", "pytest", "-q", "-rs", "examples/tests/test_torch.py"]).current_dir(root()))
 }
 
 fn main() -> Result<()> {

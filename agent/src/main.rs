@@ -63,7 +63,8 @@ enum Cmd {
         opts: RecordOpts,
     },
     /// Launch CMD with the tracing in place from its first syscall, and record
-    /// its process tree until it exits (or SIGINT/SIGTERM, --duration).
+    /// its process tree until it exits (or SIGINT/SIGTERM, --duration: then CMD
+    /// is stopped and its way out recorded, at most 10 s).
     Run {
         #[command(flatten)]
         opts: RecordOpts,
@@ -176,6 +177,7 @@ struct RecordOpts {
     #[arg(short = 'o', long = "output", default_value = "hopscope.hop")]
     output: PathBuf,
     /// Stop after this long (e.g. 30s, 2m, 500ms); default: until SIGINT/SIGTERM.
+    /// `run` then sends its command SIGTERM and records until it exits (at most 10 s).
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Header that names a chain when requests carry no traceparent.
@@ -544,6 +546,26 @@ fn trace_cmd(files: &[PathBuf], output: Option<PathBuf>, no_compress: bool, layo
     Ok(())
 }
 
+/// How long `run` records its command's way out once asked to stop.
+const RUN_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// SIGTERM, and SIGKILL if the command is still there 5 s later: `run`
+/// never hangs on a command that ignores SIGTERM.
+fn stop_command(c: &mut std::process::Child) -> Option<std::process::ExitStatus> {
+    let _ = sys::kill(c.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match c.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break,
+        }
+    }
+    say!("hopscope: the command (pid {}) ignored SIGTERM for 5 s: SIGKILL", c.id());
+    let _ = c.kill();
+    c.wait().ok()
+}
+
 /// The command `run` launched. `run` owns it: however recording ends — an
 /// error included — the command does not go on running untraced after
 /// hopscope has gone.
@@ -554,8 +576,7 @@ impl Drop for Launched {
         let Some(mut c) = self.0.take() else { return };
         if let Ok(None) = c.try_wait() {
             say!("hopscope: stopping the launched command (pid {}): recording ended with an error", c.id());
-            let _ = sys::kill(c.id(), libc::SIGTERM);
-            let _ = c.wait();
+            stop_command(&mut c);
         }
     }
 }
@@ -699,9 +720,8 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
     let mut seg = rotating.then(|| Rotation::new(&opts.output, opts.keep));
     let output = seg.as_ref().map_or_else(|| opts.output.clone(), Rotation::path);
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
-    }
+    let stop_by_terminal = Arc::new(AtomicBool::new(false));
+    sys::on_stop_signals(&stop, &stop_by_terminal).context("installing signal handlers")?;
 
     // GPU: the CUPTI injection library in each CUDA process of the tree
     // streams its records to a private socket (source::cupti, docs/gpu.md).
@@ -911,6 +931,8 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
     let mut last_traced = Instant::now();
     let mut nvml_traced = Instant::now();
     let mut last_followed = Instant::now();
+    // When `run` asked its command to stop.
+    let mut stopping: Option<Instant> = None;
     loop {
         let mut err = None;
         source
@@ -998,11 +1020,35 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
                 seg_started = Instant::now();
             }
         }
-        if stop.load(Ordering::Relaxed) {
-            break;
+        // `run` records its command's way out: asked to stop (or at
+        // --duration), it stops the command and records until it exits, so
+        // what the server does on the way out — answers still in flight, the
+        // injection's last GPU records, flushed at exit — is in the
+        // recording. A second signal, or the grace passing, ends it at once.
+        let signalled = stop.swap(false, Ordering::Relaxed);
+        let timed_out = stopping.is_none() && opts.duration.is_some_and(|d| started.elapsed() >= d);
+        if signalled || timed_out {
+            match child.0.as_ref() {
+                Some(c) if stopping.is_none() => {
+                    // A Ctrl-C at the terminal reached the command too (in
+                    // hopscope's process group): a second signal would hurry
+                    // its shutdown (uvicorn's forces its exit).
+                    if signalled && stop_by_terminal.load(Ordering::SeqCst) && sys::in_my_process_group(c.id()) {
+                        say!("hopscope: stopping: recording until the command (pid {}) exits, as Ctrl-C asked it to (at most {} s; Ctrl-C again to stop now)", c.id(), RUN_STOP_GRACE.as_secs());
+                    } else {
+                        let _ = sys::kill(c.id(), libc::SIGTERM);
+                        say!("hopscope: stopping: sent SIGTERM to the command (pid {}); recording until it exits (at most {} s; a second signal stops now)", c.id(), RUN_STOP_GRACE.as_secs());
+                    }
+                    stopping = Some(Instant::now());
+                }
+                _ => break,
+            }
         }
-        if opts.duration.is_some_and(|d| started.elapsed() >= d) {
-            break;
+        if let (Some(t), Some(c)) = (stopping, child.0.as_ref()) {
+            if t.elapsed() >= RUN_STOP_GRACE {
+                say!("hopscope: note: the command (pid {}) still runs {} s after it was asked to stop: recording ends here", c.id(), RUN_STOP_GRACE.as_secs());
+                break;
+            }
         }
         if let Some(c) = child.0.as_mut() {
             if let Some(st) = c.try_wait().context("waiting for the launched command")? {
@@ -1052,8 +1098,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
     if let Some(mut c) = child.0.take() {
         if child_status.is_none() {
             // `run` owns the command: when recording ends first, stop it too.
-            let _ = sys::kill(c.id(), libc::SIGTERM);
-            child_status = c.wait().ok();
+            child_status = stop_command(&mut c);
         }
     }
     // What `report` is pointed at: the file, or the run's kept segments.

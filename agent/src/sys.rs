@@ -1,6 +1,9 @@
 //! The one place the agent calls libc directly (besides the ring-buffer read in
 //! `source::ebpf`). Each wrapper is safe to call and documents why.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns()` and of
 /// Python's `time.monotonic()`, so every source shares one timeline.
 pub fn monotonic_ns() -> u64 {
@@ -26,6 +29,35 @@ pub fn kill(pid: u32, sig: i32) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// SIGINT and SIGTERM set `stop`; `by_terminal` says whether the latest
+/// came from a terminal (its Ctrl-C: the kernel signals the terminal's whole
+/// foreground process group) rather than from a process (kill(2): this one
+/// alone).
+pub fn on_stop_signals(stop: &Arc<AtomicBool>, by_terminal: &Arc<AtomicBool>) -> std::io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let (stop, by_terminal) = (Arc::clone(stop), Arc::clone(by_terminal));
+        // SAFETY: the action only stores to two atomics (async-signal-safe)
+        // after reading the siginfo the kernel passed it.
+        unsafe {
+            signal_hook_registry::register_sigaction(sig, move |info: &libc::siginfo_t| {
+                by_terminal.store(info.si_code == libc::SI_KERNEL, Ordering::SeqCst);
+                stop.store(true, Ordering::SeqCst);
+            })
+        }?;
+    }
+    Ok(())
+}
+
+/// Whether process `pid` is in this process's process group (a terminal's
+/// signal to the group reached it too).
+pub fn in_my_process_group(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    // SAFETY: getpgid takes a plain pid (an unknown one gives -1) and
+    // getpgrp has no preconditions.
+    let (theirs, mine) = unsafe { (libc::getpgid(pid), libc::getpgrp()) };
+    theirs > 0 && theirs == mine
 }
 
 /// Kernel release (`uname -r`), read from procfs.

@@ -663,3 +663,47 @@ fn a_pid_file_without_a_pid_is_one_line_saying_what_it_must_hold() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--pid-file"), "a pid or a pid file is required: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigterm() {
+    let Some(_serial) = privileged("run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigterm") else { return };
+    let dir = scratch("cli-stop-grace");
+    let hop = dir.join("run.hop");
+    let started = dir.join("started");
+    // A command that ignores SIGTERM (its sleeps inherit that, and each ends by itself).
+    let script = format!("trap '' TERM; touch {}; while :; do sleep 0.1; done", started.display());
+    let agent = Agent::spawn(&["run", "--quiet", "--nvml-period", "0", "-o", hop.to_str().unwrap(), "--", "sh", "-c", &script], &[]);
+    let t = std::time::Instant::now();
+    while !started.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the command did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.signal(libc::SIGINT);
+    agent.wait_line("hopscope: stopping: sent SIGTERM to the command", Duration::from_secs(5));
+    let asked = std::time::Instant::now();
+    let (st, _, err) = agent.wait(Duration::from_secs(60));
+    let took = asked.elapsed();
+    assert!(st.success(), "hopscope: {err}");
+    assert!(err.contains("still runs 10 s after it was asked to stop: recording ends here"), "{err}");
+    assert!(err.contains("ignored SIGTERM for 5 s: SIGKILL"), "{err}");
+    assert!(err.contains("command exited with signal: 9"), "{err}");
+    assert!(took >= Duration::from_secs(14) && took < Duration::from_secs(30), "10 s of grace, 5 s for SIGTERM: {took:?}");
+    assert!(report_json(&hop)["recording"]["pids"].is_array(), "the recording is whole");
+}
+
+#[test]
+fn run_stopped_at_its_terminal_leaves_the_commands_ctrl_c_alone_and_signals_it_when_killed() {
+    let Some(_serial) = privileged("run_stopped_at_its_terminal_leaves_the_commands_ctrl_c_alone_and_signals_it_when_killed") else { return };
+    let dir = scratch("cli-stop-terminal");
+    let bin = hopscope_bin().display().to_string();
+    for (how, want, said) in [("tty", "SIGINT", "as Ctrl-C asked it to"), ("kill", "SIGTERM", "sent SIGTERM to the command")] {
+        let hop = dir.join(format!("{how}.hop"));
+        let got: serde_json::Value = serde_json::from_str(&run_py("stop_in_a_terminal.py", &[&bin, hop.to_str().unwrap(), how])).unwrap();
+        let term = got["terminal"].as_str().unwrap();
+        // One signal each: a second one (uvicorn's, vLLM's) forces the exit.
+        assert_eq!(got["signals"], serde_json::json!([want]), "{how}: {term}");
+        assert_eq!(got["exit"], 0, "{how}: {term}");
+        assert!(term.contains(said), "{how}: {term}");
+        assert!(term.contains("command exited with exit status: 0"), "{how}: the command's way out was recorded: {term}");
+    }
+}

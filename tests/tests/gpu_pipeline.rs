@@ -420,3 +420,57 @@ fn with_gpu_graphs_launch_each_graph_launch_is_one_kernel_in_the_recording_and_r
     }
     assert_eq!(rep["recording"]["drops"]["gpu_records_implausible"].as_u64(), Some(0));
 }
+
+#[test]
+fn run_stopped_by_a_signal_records_what_its_command_flushes_on_the_way_out() {
+    let Some(_serial) = privileged("run_stopped_by_a_signal_records_what_its_command_flushes_on_the_way_out") else { return };
+    let a = cupti_double_artifacts();
+    let dir = scratch("gpu-pipeline-stop");
+    let out = dir.join("run.hop");
+    let truth_path = dir.join("truth.jsonl");
+    // The library flushes once a minute: the records reach the agent only
+    // with its exit flush, when the host, asked to stop, ends normally.
+    let mut hs = hopscope_over_the_double(a)
+        .env("CUPTI_ABI_TEST_DOUBLE_TRUTH", &truth_path)
+        .env("HOPSCOPE_CUPTI_FLUSH_MS", "60000")
+        .args(["run", "--quiet", "-o"])
+        .arg(&out)
+        .arg("--cupti-lib")
+        .arg(&a.injection)
+        .arg("--")
+        .arg(&a.host)
+        .args(["run:500", "wait-term:60000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running hopscope");
+    let mut lines = BufReader::new(hs.stdout.take().unwrap()).lines();
+    let mut host = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        let ran = l.contains("\"step\":\"run\"");
+        host.push(l);
+        if ran {
+            break;
+        }
+    }
+    assert!(host.last().is_some_and(|l| l.contains("\"step\":\"run\"")), "the host ran: {host:?}");
+    // SAFETY: plain kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(hs.id() as i32, libc::SIGINT) }, 0);
+    host.extend(lines.map_while(Result::ok));
+    let done = hs.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "hopscope run failed: {stderr}");
+    assert!(stderr.contains("hopscope: stopping: sent SIGTERM to the command"), "{stderr}");
+    assert!(host.iter().any(|l| l.contains("\"step\":\"wait-term\",\"ok\":true")), "the host was asked to stop: {host:?}");
+    let truth = truth(&truth_path);
+    assert!(truth.len() > 300, "{} records placed", truth.len());
+    let loaded = hopscope::recording::load(&out).unwrap();
+    assert!(loaded.error.is_none(), "{:?}", loaded.error);
+    let got = loaded.records.iter().filter(|r| activity(r).is_some()).count();
+    assert_eq!(got, truth.len(), "every record the host placed, flushed at its exit, is in the recording");
+    let drops = &hopscope_integration::report_json(&out)["recording"]["drops"];
+    for k in ["gpu_dropped_no_agent", "gpu_dropped_send_error", "gpu_frames_torn"] {
+        assert_eq!(drops[k].as_u64().unwrap_or(0), 0, "{k}: {drops}");
+    }
+}

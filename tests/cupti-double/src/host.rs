@@ -15,7 +15,10 @@
 //!   one CPU's time), in which the library and the agent catch up;
 //! - `wait-delivered:MS`: waits until every record reached the library;
 //! - `wait-file:PATH`: waits (≤ 60 s) until PATH exists;
-//! - `sleep:MS`.
+//! - `sleep:MS`;
+//! - `wait-term:MS`: waits (≤ MS) for a SIGTERM, which then ends the program
+//!   the normal way (SIGTERM is blocked from the start when this step is
+//!   there): a server shutting down when asked to.
 //!
 //! Then it returns from main: exit() runs the library's atexit flush.
 
@@ -60,6 +63,18 @@ fn sym(h: *mut libc::c_void, name: &str) -> *mut libc::c_void {
 
 fn main() {
     let steps: Vec<String> = std::env::args().skip(1).collect();
+    // SAFETY: a zeroed sigset_t filled by sigemptyset/sigaddset, then passed
+    // to sigprocmask; blocking SIGTERM here, before any thread starts, keeps
+    // it pending for `wait-term`.
+    let term = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if steps.iter().any(|s| s.starts_with("wait-term:")) {
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        set
+    };
     if let Ok(inj) = std::env::var("CUDA_INJECTION64_PATH") {
         let h = open(&inj);
         // SAFETY: InitializeInjection is `extern "C" fn() -> int` by the CUDA injection contract.
@@ -118,6 +133,14 @@ fn main() {
                 say(&format!("{{\"step\":\"wait-file\",\"ok\":{}}}", std::path::Path::new(arg).exists()));
             }
             "sleep" => std::thread::sleep(Duration::from_millis(arg.parse().expect("sleep:MS"))),
+            "wait-term" => {
+                let ms: i64 = arg.parse().expect("wait-term:MS");
+                let ts = libc::timespec { tv_sec: ms / 1000, tv_nsec: (ms % 1000) * 1_000_000 };
+                // SAFETY: `term` holds SIGTERM, blocked since the start; a null
+                // siginfo pointer is allowed.
+                let sig = unsafe { libc::sigtimedwait(&term, std::ptr::null_mut(), &ts) };
+                say(&format!("{{\"step\":\"wait-term\",\"ok\":{}}}", sig == libc::SIGTERM));
+            }
             other => panic!("unknown step {other:?}"),
         }
     }

@@ -365,7 +365,7 @@ if ! want 9; then
 elif [ $(( DEADLINE - $(date +%s) )) -lt 100 ]; then
   note "testbed-dp: skipped (no time left: $(( $(date +%s) - T0 )) s elapsed)"
 elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
-  testbed_under_hopscope testbed-dp 80 45 40 "--data-parallel-size 2 --api-server-count 2" --chains 4 --hops 2 --max-tokens 32
+  testbed_under_hopscope testbed-dp 80 45 40 "$TB_ARGS --data-parallel-size 2 --api-server-count 2" --chains 4 --hops 2 --max-tokens 32
   "$AGENT" report "$OUT/testbed-dp.hop" --json >"$OUT/testbed-dp.report.json" 2>"$OUT/testbed-dp.report.txt"
   "$AGENT" trace "$OUT/testbed-dp.hop" -o "$OUT/testbed-dp.pftrace" >>"$OUT/testbed-dp.report.txt" 2>&1
   $PY examples/gpu/check_gpu_steps.py "$OUT/testbed-dp.report.json" "$OUT/testbed-dp.truth.jsonl" --tolerance-us 50 2>&1 \

@@ -549,6 +549,18 @@ fn trace_cmd(files: &[PathBuf], output: Option<PathBuf>, no_compress: bool, layo
 /// How long `run` records its command's way out once asked to stop.
 const RUN_STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// Asks `run`'s command to stop, unless the terminal's Ctrl-C that stops
+/// hopscope (`by_terminal`) reached it too (in hopscope's process group): a
+/// second signal would hurry its shutdown (uvicorn's forces its exit).
+fn ask_command_to_stop(c: &std::process::Child, by_terminal: bool) {
+    if by_terminal && sys::in_my_process_group(c.id()) {
+        say!("hopscope: stopping: recording until the command (pid {}) exits, as Ctrl-C asked it to (at most {} s; Ctrl-C again to stop now)", c.id(), RUN_STOP_GRACE.as_secs());
+    } else {
+        let _ = sys::kill(c.id(), libc::SIGTERM);
+        say!("hopscope: stopping: sent SIGTERM to the command (pid {}); recording until it exits (at most {} s; a second signal stops now)", c.id(), RUN_STOP_GRACE.as_secs());
+    }
+}
+
 /// SIGTERM, and SIGKILL if the command is still there 5 s later: `run`
 /// never hangs on a command that ignores SIGTERM.
 fn stop_command(c: &mut std::process::Child) -> Option<std::process::ExitStatus> {
@@ -1030,15 +1042,7 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         if signalled || timed_out {
             match child.0.as_ref() {
                 Some(c) if stopping.is_none() => {
-                    // A Ctrl-C at the terminal reached the command too (in
-                    // hopscope's process group): a second signal would hurry
-                    // its shutdown (uvicorn's forces its exit).
-                    if signalled && stop_by_terminal.load(Ordering::SeqCst) && sys::in_my_process_group(c.id()) {
-                        say!("hopscope: stopping: recording until the command (pid {}) exits, as Ctrl-C asked it to (at most {} s; Ctrl-C again to stop now)", c.id(), RUN_STOP_GRACE.as_secs());
-                    } else {
-                        let _ = sys::kill(c.id(), libc::SIGTERM);
-                        say!("hopscope: stopping: sent SIGTERM to the command (pid {}); recording until it exits (at most {} s; a second signal stops now)", c.id(), RUN_STOP_GRACE.as_secs());
-                    }
+                    ask_command_to_stop(c, signalled && stop_by_terminal.load(Ordering::SeqCst));
                     stopping = Some(Instant::now());
                 }
                 _ => break,

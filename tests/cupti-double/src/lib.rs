@@ -27,7 +27,11 @@
 //! registers one there loses its kernels visibly.
 //!
 //! Control API for the host program: [`cupti_abi_test_double_run`],
-//! [`cupti_abi_test_double_wait_delivered`].
+//! [`cupti_abi_test_double_wait_delivered`]; and, for an application that
+//! plays a GPU's work record by record at CLOCK_MONOTONIC times of its own
+//! (the testbed's `--cupti-test-double`, examples/testbed/cupti_double.py):
+//! [`cupti_abi_test_double_kernel`], [`cupti_abi_test_double_memcpy`],
+//! [`cupti_abi_test_double_sync`], [`cupti_abi_test_double_graph`].
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 

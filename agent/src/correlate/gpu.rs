@@ -751,6 +751,14 @@ pub const MATCH_SLACK_NS: u64 = 100_000;
 /// An output step is matched once the GPU steps ending before it are
 /// decided ([`GpuSteps`] holds a step for the sync lag and the rank wait).
 pub const MATCH_WAIT_NS: u64 = SYNC_LAG_NS + 3 * RANK_ALIGN_NS + 10_000_000;
+/// A reader's copy of an output message (an API server's read) is matched
+/// this long after its end, not [`MATCH_WAIT_NS`]: the writer's copy of the
+/// same message, when the engine is traced, may come that much later — the
+/// joiner holds a writer's message up to [`super::join::JOIN_WAIT_NS`] for
+/// its step's other parts — and replaces it (`Attribution::drop_readers_steps`).
+pub const READER_MATCH_WAIT_NS: u64 = 500_000_000;
+const _: () = assert!(READER_MATCH_WAIT_NS > super::join::JOIN_WAIT_NS + MATCH_WAIT_NS + 100_000_000);
+const _: () = assert!(READER_MATCH_WAIT_NS < super::SETTLE_NS);
 /// Output-less GPU steps and KV copies wait this long for the request whose
 /// first token claims them.
 pub const CLAIM_WAIT_NS: u64 = 60_000_000_000;
@@ -918,6 +926,14 @@ struct OutStep {
     engine: u32,
     end_ns: u64,
     members: Vec<(Key, bool)>,
+}
+
+impl OutStep {
+    /// When it is matched: once the GPU steps before it are decided, and a
+    /// reader's copy once the writer's could no longer replace it.
+    fn due_ns(&self) -> u64 {
+        self.end_ns.saturating_add(if self.engine == 0 { READER_MATCH_WAIT_NS } else { MATCH_WAIT_NS })
+    }
 }
 
 /// GPU work waiting for a first token to claim it: an output-less step (or
@@ -1127,10 +1143,12 @@ impl Attribution {
     /// The writer's copies are the steps from the first one on, as the
     /// engine side has it (`EngineSide`'s held readers' copies): readers'
     /// copies still waiting to be matched go, and the first tokens they
-    /// marked are left for the writer's copies to mark. A unix-socket read
-    /// can return before the write that fed it, so the API server's copy of
-    /// the engine's first message may come first in the recording; taken as
-    /// well, it was a second step of no engine.
+    /// marked are left for the writer's copies to mark. The API server's
+    /// copy of the engine's first message may come first: a unix-socket read
+    /// can return before the write that fed it, and the joiner holds a
+    /// writer's message while its step may have other parts to come (with
+    /// several API servers); taken as well, it was a second step of no
+    /// engine. Readers' copies wait [`READER_MATCH_WAIT_NS`] for this.
     fn drop_readers_steps(&mut self) {
         let outs = std::mem::take(&mut self.outs);
         for o in outs {
@@ -1155,7 +1173,7 @@ impl Attribution {
         if self.gpu.has_ready() || self.cpu.has_ready() {
             self.collect();
         }
-        if !self.silent.is_empty() || !self.kv.is_empty() || self.outs.front().is_some_and(|o| self.watermark >= o.end_ns.saturating_add(MATCH_WAIT_NS)) {
+        if !self.silent.is_empty() || !self.kv.is_empty() || self.outs.front().is_some_and(|o| self.watermark >= o.due_ns()) {
             self.mature(false);
         }
     }
@@ -1193,7 +1211,7 @@ impl Attribution {
 
     fn mature(&mut self, all: bool) {
         while let Some(o) = self.outs.front() {
-            if !all && self.watermark < o.end_ns.saturating_add(MATCH_WAIT_NS) {
+            if !all && self.watermark < o.due_ns() {
                 break;
             }
             let o = self.outs.pop_front().expect("front checked");
@@ -2164,10 +2182,11 @@ mod tests {
     }
 
     #[test]
-    fn a_readers_copy_of_the_first_output_read_before_its_write_returned_is_not_a_step_of_its_own() {
-        // A unix-socket read can return before the write that fed it: the
-        // API server's copy of the engine's first output message comes
-        // first in the recording, then the engine's own.
+    fn a_readers_copy_of_the_first_output_seen_before_the_writers_is_not_a_step_of_its_own() {
+        // The API server's copy of the engine's first output message comes
+        // first in the recording, then the engine's own: a unix-socket read
+        // can return before the write that fed it, and the joiner holds a
+        // writer's message while its step may have other parts to come.
         let (engine, api) = (ConnKey { tgid: 100, fd: 9, ino: 1 }, ConnKey { tgid: 50, fd: 4, ino: 1 });
         let mut recs = vec![add_on(engine, Dir::In, MS, "A", 100)];
         recs.extend(gpu_step(100, 2 * MS, 3 * MS, 100));
@@ -2176,9 +2195,17 @@ mod tests {
             (*ts_ns, *dir) = (5_100 * US + 20 * US, Dir::In);
         }
         recs.push(read);
-        recs.push(outputs_on(engine, 5_100 * US, &[("A", Some((1_500 * US, 100)))]));
-        recs.extend(gpu_step(100, 6 * MS, MS, 1));
-        recs.push(outputs_on(engine, 7_100 * US, &[("A", None)]));
+        // The joiner may hold the writer's copy (waiting for its step's other
+        // parts) past the GPU match's own wait.
+        let mut written = outputs_on(engine, 5_100 * US, &[("A", Some((1_500 * US, 100)))]);
+        if let Record::EngineOutputs { ts_ns, .. } = &mut written {
+            *ts_ns = 5_100 * US + super::super::join::JOIN_WAIT_NS;
+        }
+        recs.push(written);
+        // Meanwhile the recording goes on (the engine reads another request).
+        recs.push(add_on(engine, Dir::In, 44 * MS, "B", 10));
+        recs.extend(gpu_step(100, 50 * MS, MS, 1));
+        recs.push(outputs_on(engine, 51_100 * US, &[("A", None)]));
         let mut a = attribute_all(&mut recs);
         let (ga, ca, _) = a.take("A");
         assert_eq!(ga.map(|g| (g.prefill_ns, g.decode_ns, g.steps)), Some((3 * MS, MS, 2)));

@@ -1405,3 +1405,85 @@ fn two_data_parallel_engines_through_the_cupti_test_double_keep_their_own_gpu_st
         assert!(g["tokens"].is_null(), "a step of graph launches alone has no reshape_and_cache grid: {g}");
     }
 }
+
+/// The union, in ms, of `spans`.
+fn union_ms(mut spans: Vec<(i64, i64)>) -> f64 {
+    spans.sort_unstable();
+    let (mut total, mut end) = (0i64, i64::MIN);
+    for (s, e) in spans {
+        let s = s.max(end);
+        if e > s {
+            total += e - s;
+            end = e;
+        }
+    }
+    total as f64 / 1e6
+}
+
+#[test]
+fn kv_copies_through_the_cupti_test_double_are_the_kv_transfer_phase_carved_out_of_queue_and_prefill() {
+    let Some(_serial) = privileged("kv_copies_through_the_cupti_test_double_are_the_kv_transfer_phase_carved_out_of_queue_and_prefill") else { return };
+    // A device pool too small for four chains' ~1.1 K-token prompts (69 blocks each): a
+    // finished hop's cached blocks are evicted into the host pool (offload) and the chain's
+    // next hop, hitting its prefix, brings them back (onload); 128 KiB pinned copies a block.
+    let run = run_testbed_over_the_cupti_double(
+        "attr-cupti-double-kv",
+        "130001",
+        &[],
+        &["--kv-offload", "--num-kv-blocks", "200", "--max-num-seqs", "2"],
+        &[&["--chains", "4", "--hops", "3", "--max-tokens", "16", "--stagger-ms", "40"]],
+    );
+    check_gpu_steps(&run);
+    assert_no_gpu_loss(&run);
+    let steps: Vec<&Value> = run.truth.iter().filter(|t| t["type"] == "step").collect();
+    let copies: Vec<(i64, i64)> = steps.iter().flat_map(|s| s["kv_copies"].as_array().unwrap()).map(|c| (ns(c, "start_ns"), ns(c, "end_ns"))).collect();
+    let onloads = steps.iter().flat_map(|s| s["kv_copies"].as_array().unwrap()).filter(|c| c["dir"] == "h2d").count();
+    assert!(onloads > 0 && copies.len() > onloads, "offloads and onloads: {} copies, {onloads} onloads", copies.len());
+    let mut first_step_end: HashMap<&str, i64> = HashMap::new();
+    for t in &steps {
+        for o in t["outputs"].as_array().unwrap() {
+            first_step_end.entry(o.as_str().unwrap()).or_insert(ns(t, "end_ns"));
+        }
+    }
+    let http: HashMap<&str, &Value> = run.truth.iter().filter(|t| t["type"] == "http" && t["id"].is_string()).map(|t| (t["id"].as_str().unwrap(), t)).collect();
+    let reqs: Vec<&Value> = run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").collect();
+    // docs/attribution.md: a copy goes to the requests waiting at its start (hopscope's submit
+    // before it) whose first token came first after it, shared; clipped to that first token.
+    let window: Vec<(i64, i64)> = reqs
+        .iter()
+        .map(|r| {
+            let submit = r["arrive_ns"].as_i64().unwrap() + (r["phases_ms"]["frontend"].as_f64().unwrap() * 1e6).round() as i64;
+            (submit, first_step_end[r["engine_request_id"].as_str().unwrap()])
+        })
+        .collect();
+    let mut claimed: Vec<Vec<(i64, i64)>> = vec![Vec::new(); reqs.len()];
+    for &(s, e) in &copies {
+        let waiting = |w: &(i64, i64)| w.0 <= s && w.1 >= s;
+        let Some(first) = window.iter().filter(|w| waiting(w)).map(|w| w.1).min() else { continue };
+        for (i, w) in window.iter().enumerate().filter(|(_, w)| waiting(w) && w.1 == first) {
+            claimed[i].push((s, e.min(w.1)));
+        }
+    }
+    let (mut with_kv, mut worst) = (0, 0.0f64);
+    for ((r, w), mine) in reqs.iter().zip(&window).zip(claimed) {
+        let id = r["id"].as_str().unwrap();
+        let p = &r["phases_ms"];
+        let kv = p["kv_transfer"].as_f64().unwrap_or_else(|| panic!("{id}: kv_transfer null with a GPU source: {r}"));
+        let want = union_ms(mine);
+        assert!((kv - want).abs() <= 0.002, "{id}: kv_transfer {kv:.4} ms, its copies in the truth {want:.4} ms");
+        // Carved out of queue and prefill: the three still span submit → first token,
+        // checked against the truth's bracket around the frontend's send.
+        let h = http[id];
+        let (submit_lo, submit_hi) = (ns(h, "submit_ns"), ns(h, "submit_sent_ns"));
+        let carved = p["queue"].as_f64().unwrap() + p["prefill"].as_f64().unwrap() + kv;
+        let (err, tol) = miss(carved, (w.1 - submit_hi) as f64 / 1e6, (w.1 - submit_lo) as f64 / 1e6);
+        assert!(err <= tol, "{id}: queue + prefill + kv_transfer {carved:.3} ms vs submit → first token");
+        worst = worst.max(err);
+        if kv > 0.0 {
+            with_kv += 1;
+            assert!(r["gpu_ms"]["kv_transfer"].as_f64().unwrap() > 0.0, "{id}: a share of its copies' GPU time: {r}");
+        }
+    }
+    eprintln!("kv transfer through the CUPTI test double: {with_kv} of {} requests with KV copies on their path, {} copies ({onloads} onloads); queue + prefill + kv worst error {worst:.3} ms", reqs.len(), copies.len());
+    assert!(with_kv >= 3, "{with_kv} requests waited on KV copies");
+}

@@ -698,6 +698,23 @@ fn sync_bytes(f: &SyncFields) -> Vec<u8> {
     }
 }
 
+/// A graph launch as GRAPH_TRACE gives it, in the emulated version's layout.
+fn graph_bytes(corr: u32, start: u64, end: u64, graph_id: u32, stream: u32) -> Vec<u8> {
+    let mut r: CUpti_ActivityGraphTrace2 = zeroed();
+    r.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
+    r.correlationId = corr;
+    r.start = start;
+    r.end = end;
+    r.deviceId = 0;
+    r.graphId = graph_id;
+    r.contextId = 1;
+    r.streamId = stream;
+    let mut b = bytes_of(&r);
+    // GraphTrace (12.4–12.6) is GraphTrace2's first 48 bytes.
+    b.truncate(size_of_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE).unwrap_or(b.len()));
+    b
+}
+
 /// What one synthetic record is, for the truth file.
 struct Truth {
     line: String,
@@ -807,19 +824,8 @@ fn make(i: u64, bad_every: u64, sn: &Snap) -> Option<(Vec<u8>, Truth)> {
     let graph_id = if i.is_multiple_of(5) { 1 + (i % 3) as u32 } else { 0 };
     let (bytes, extra) = match kind {
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL if graph_id != 0 && kinds.contains(&CUPTI_ACTIVITY_KIND_GRAPH_TRACE) => {
-            let mut r: CUpti_ActivityGraphTrace2 = zeroed();
-            r.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
-            r.correlationId = corr;
-            r.start = rs;
-            r.end = re;
-            r.deviceId = 0;
-            r.graphId = graph_id;
-            r.contextId = 1;
-            r.streamId = 7 + (i % 3) as u32;
-            let mut b = bytes_of(&r);
-            // GraphTrace (12.4–12.6) is GraphTrace2's first 48 bytes.
-            b.truncate(size_of_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE).unwrap_or(b.len()));
-            (b, format!("\"kind\":\"graph\",\"stream\":{},\"graph_id\":{graph_id}", r.streamId))
+            let stream = 7 + (i % 3) as u32;
+            (graph_bytes(corr, rs, re, graph_id, stream), format!("\"kind\":\"graph\",\"stream\":{stream},\"graph_id\":{graph_id}"))
         }
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
             let (n, name) = &names()[(i as usize / 3) % names().len()];
@@ -1131,17 +1137,5 @@ pub extern "C" fn cupti_abi_test_double_graph(graph_id: u32, start: u64, end: u6
     if !sn.kinds.contains(&CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
         return 0;
     }
-    let mut r: CUpti_ActivityGraphTrace2 = zeroed();
-    r.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
-    r.correlationId = next_corr();
-    r.start = raw_of_mono(start, &sn);
-    r.end = raw_of_mono(end, &sn);
-    r.deviceId = 0;
-    r.graphId = graph_id;
-    r.contextId = 1;
-    r.streamId = stream;
-    let mut b = bytes_of(&r);
-    // GraphTrace (12.4–12.6) is GraphTrace2's first 48 bytes.
-    b.truncate(size_of_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE).unwrap_or(b.len()));
-    placed(&b)
+    placed(&graph_bytes(next_corr(), raw_of_mono(start, &sn), raw_of_mono(end, &sn), graph_id, stream))
 }

@@ -348,6 +348,14 @@ peak = s.get("peak_gpu_mem_bytes")
 print(f"nvml: {s['gpu_samples']} samples (4 s at 50 ms per GPU: ~80 per GPU), peak traced-process memory "
       f"{peak} bytes ({'OK' if peak and peak >= 1 << 30 else 'FAIL'}: the holder has >= 1 GiB)")
 print("nvml counters:", {k: v for k, v in d.items() if k.startswith("nvml_")})
+# PCIe and NVLink (GPM, Hopper+) peaks per GPU: a number, not null, says the real path gave it
+# (one GPU has no NVLink peer, so 0 MiB/s is expected there; null NVLink on a Hopper is a FAIL).
+for g in r["recording"].get("nvml_gpus", []):
+    nvl = (g.get("nvlink_tx_peak_kib_s"), g.get("nvlink_rx_peak_kib_s"))
+    hopper = any(m in g["name"] for m in ("H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200"))
+    verdict = "OK" if None not in nvl else ("FAIL: a Hopper or newer has GPM" if hopper else "none (no GPM before Hopper)")
+    print(f"nvml gpu {g['device']} {g['name']}: PCIe peak tx/rx {g.get('pcie_tx_peak_kib_s')}/{g.get('pcie_rx_peak_kib_s')} KiB/s, "
+          f"NVLink peak tx/rx {nvl[0]}/{nvl[1]} KiB/s ({verdict})")
 PYEOF
   fi
 else

@@ -70,12 +70,13 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     let script = dir.join("nvml.script");
     // pid 1 is on the GPU too, but not traced: it must never appear. On the
     // third GPU NVML will not say how much the server holds (its "not
-    // available", all ones): missing from the sum, and counted.
+    // available", all ones): missing from the sum, and counted. The first
+    // GPU has GPM (a Hopper's NVLink throughput, MiB/s), the others not.
     std::fs::write(
         &script,
         format!(
             "driver 555.42.02\n\
-             device total=150000000000 used=2000000 used_step=8192 sm=37 mem=12 pcie_tx=1234 pcie_rx=5678\n\
+             device total=150000000000 used=2000000 used_step=8192 sm=37 mem=12 pcie_tx=1234 pcie_rx=5678 nvlink_tx=300 nvlink_rx=100.5\n\
              device total=80000000000 used=5 pcie=unsupported\n\
              proc 0 {pid} 1000000 4096\n\
              proc 0 1 777 0\n\
@@ -96,7 +97,8 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     let _ = server.kill();
     let _ = server.wait();
     let nvml_lines: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:")).collect();
-    assert_eq!(nvml_lines, ["hopscope: note: nvml: sampling 3 GPU(s) every 50 ms (driver 555.42.02)"], "{err}");
+    assert_eq!(nvml_lines, ["hopscope: note: nvml: sampling 3 GPU(s) every 50 ms (driver 555.42.02; NVLink throughput from GPM on GPU 0 only)"], "{err}");
+    assert!(!err.contains("not freed"), "every GPM sample freed: {err}");
 
     let loaded = hopscope::recording::load(&hop).unwrap();
     assert!(loaded.error.is_none());
@@ -120,7 +122,7 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
     let mut ts = Vec::new();
     for (k, (a, b)) in d0.iter().zip(d1.iter()).enumerate() {
         let k = k as u64;
-        let Record::GpuSample { ts_ns, mem_used_bytes, mem_total_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, .. } = a else { unreachable!() };
+        let Record::GpuSample { ts_ns, mem_used_bytes, mem_total_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s, .. } = a else { unreachable!() };
         // The Nth read answers the scripted first value + N steps: nothing lost, nothing reordered
         // (read 0 was the device's description at the start, for its total).
         assert_eq!(*mem_used_bytes, 2_000_000 + 8192 * (k + 1));
@@ -128,8 +130,11 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
         assert_eq!(process_mem, &vec![(pid, 1_000_000 + 4096 * k)], "only the traced pid, tick {k}");
         assert_eq!((*sm_util_pct, *mem_util_pct), (Some(37), Some(12)));
         assert_eq!((*pcie_tx_kib_s, *pcie_rx_kib_s), (Some(1234), Some(5678)));
-        assert_eq!(*nvlink_tx_kib_s, None);
-        let Record::GpuSample { ts_ns: ts1, process_mem: pm1, pcie_tx_kib_s: tx1, mem_total_bytes: total1, .. } = b else { unreachable!() };
+        // The double answers rate × the samples between the two compared: the
+        // scripted rate only from each tick's sample against the one before.
+        assert_eq!((*nvlink_tx_kib_s, *nvlink_rx_kib_s), (Some(300 * 1024), Some(102_912)), "NVLink KiB/s from GPM, tick {k}");
+        let Record::GpuSample { ts_ns: ts1, process_mem: pm1, pcie_tx_kib_s: tx1, mem_total_bytes: total1, nvlink_tx_kib_s: nvl1, .. } = b else { unreachable!() };
+        assert_eq!(*nvl1, None, "no GPM, no NVLink figure (not 0)");
         assert_eq!(ts1, ts_ns, "one timestamp per tick");
         assert_eq!(pm1, &vec![(pid, 50 + k)]);
         assert_eq!((*tx1, *total1), (None, 80_000_000_000), "unsupported PCIe is null, not 0");
@@ -177,8 +182,23 @@ fn nvml_samples_from_the_double_reach_the_recording_and_the_report_peak() {
         [(0, double, "555.42.02", 150_000_000_000), (1, double, "555.42.02", 80_000_000_000), (2, double, "555.42.02", 40_000_000_000)]
     );
     assert_eq!(rep["recording"]["gpus"].as_array().map(Vec::len), Some(0), "no injected process described a GPU");
+    let peaks: Vec<[Option<u64>; 4]> = rep["recording"]["nvml_gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| ["pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"].map(|k| g[format!("{k}_peak_kib_s")].as_u64()))
+        .collect();
+    assert_eq!(
+        peaks,
+        [[Some(1234), Some(5678), Some(307_200), Some(102_912)], [None; 4], [Some(0), Some(0), None, None]],
+        "each GPU's peak throughput; null where NVML gave no figure (no PCIe counter, no GPM)"
+    );
     let text = report_text(&hop);
-    assert!(text.contains("gpu 1 (nvml): NVML test double (not a GPU) (75 GiB, driver 555.42.02)"), "{text}");
+    assert!(
+        text.contains("gpu 0 (nvml): NVML test double (not a GPU) (140 GiB, driver 555.42.02), PCIe peak tx/rx 1.2/5.5 MiB/s, NVLink peak tx/rx 300.0/100.5 MiB/s\n"),
+        "{text}"
+    );
+    assert!(text.contains("gpu 1 (nvml): NVML test double (not a GPU) (75 GiB, driver 555.42.02)\n"), "{text}");
     // GETs of a file server generate nothing: not "successful requests" in vLLM bench terms.
     assert_eq!((rep["summary"]["completed"].as_u64(), rep["summary"]["not_completed"].as_u64()), (Some(0), Some(3)));
 }

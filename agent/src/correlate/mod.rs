@@ -235,6 +235,12 @@ pub struct NvmlGpu {
     /// The driver's version, e.g. "580.159.04".
     pub driver: String,
     pub total_mem_bytes: u64,
+    /// The highest PCIe and NVLink throughput its samples gave, KiB/s
+    /// (`None`: NVML never gave that figure for it; NVLink needs GPM).
+    pub pcie_tx_peak_kib_s: Option<u64>,
+    pub pcie_rx_peak_kib_s: Option<u64>,
+    pub nvlink_tx_peak_kib_s: Option<u64>,
+    pub nvlink_rx_peak_kib_s: Option<u64>,
 }
 
 /// One GPU as an injected process described it.
@@ -848,7 +854,25 @@ impl Correlator {
             }
             // One per device at the sampler's start; the first of an index stands.
             Record::NvmlDevice { device, name, driver, mem_total_bytes, .. } if !self.nvml_gpus.iter().any(|g| g.device == *device) => {
-                self.nvml_gpus.push(NvmlGpu { device: *device, name: name.clone(), driver: driver.clone(), total_mem_bytes: *mem_total_bytes });
+                self.nvml_gpus.push(NvmlGpu {
+                    device: *device,
+                    name: name.clone(),
+                    driver: driver.clone(),
+                    total_mem_bytes: *mem_total_bytes,
+                    pcie_tx_peak_kib_s: None,
+                    pcie_rx_peak_kib_s: None,
+                    nvlink_tx_peak_kib_s: None,
+                    nvlink_rx_peak_kib_s: None,
+                });
+            }
+            Record::GpuSample { device, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s, .. } => {
+                if let Some(g) = self.nvml_gpus.iter_mut().find(|g| g.device == *device) {
+                    let peak = |p: &mut Option<u64>, v: Option<u64>| *p = (*p).max(v);
+                    peak(&mut g.pcie_tx_peak_kib_s, pcie_tx_kib_s.map(u64::from));
+                    peak(&mut g.pcie_rx_peak_kib_s, pcie_rx_kib_s.map(u64::from));
+                    peak(&mut g.nvlink_tx_peak_kib_s, *nvlink_tx_kib_s);
+                    peak(&mut g.nvlink_rx_peak_kib_s, *nvlink_rx_kib_s);
+                }
             }
             // Which output message carried its step's stats (the readers' join).
             Record::EngineStats { conn, ts_ns, .. } => self.engine.stats_seen(*conn, *ts_ns),

@@ -275,8 +275,8 @@ pub struct LiveMetrics {
     drops: Vec<(String, u64)>,
     /// Per engine index: the latest `scheduler_stats` and the prefix-cache totals.
     engines: BTreeMap<u64, EngineGauges>,
-    /// Per device: the latest NVML sample (memory used, SM utilisation).
-    gpus: BTreeMap<u32, (u64, Option<u32>)>,
+    /// Per device: the latest NVML sample's figures.
+    gpus: BTreeMap<u32, GpuGauges>,
     /// Per device: its model and driver (NVML, once at the start).
     gpu_info: BTreeMap<u32, (String, String)>,
     /// The live span export's counts (`--otlp`), as of the last update.
@@ -299,6 +299,16 @@ struct EngineGauges {
     kv_cache_usage: Option<f64>,
     prefix_queries: u64,
     prefix_hits: u64,
+}
+
+/// One GPU's latest NVML sample: memory used, SM utilisation, PCIe and
+/// NVLink throughput (KiB/s, transmit and receive).
+#[derive(Debug, Clone, Copy)]
+struct GpuGauges {
+    used: u64,
+    sm: Option<u32>,
+    pcie: [Option<u64>; 2],
+    nvlink: [Option<u64>; 2],
 }
 
 /// Hop indexes past this share the last series (bounded label cardinality).
@@ -466,8 +476,11 @@ impl LiveMetrics {
                 e.prefix_hits += prefix_cache_hits.unwrap_or(0);
             }
             // Bounded: at most 64 devices get a series.
-            Record::GpuSample { device, mem_used_bytes, sm_util_pct, .. } if self.gpus.len() < 64 || self.gpus.contains_key(device) => {
-                self.gpus.insert(*device, (*mem_used_bytes, *sm_util_pct));
+            Record::GpuSample { device, mem_used_bytes, sm_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s, .. }
+                if self.gpus.len() < 64 || self.gpus.contains_key(device) =>
+            {
+                let pcie = [pcie_tx_kib_s.map(u64::from), pcie_rx_kib_s.map(u64::from)];
+                self.gpus.insert(*device, GpuGauges { used: *mem_used_bytes, sm: *sm_util_pct, pcie, nvlink: [*nvlink_tx_kib_s, *nvlink_rx_kib_s] });
             }
             Record::NvmlDevice { device, name, driver, .. } if self.gpu_info.len() < 64 || self.gpu_info.contains_key(device) => {
                 self.gpu_info.insert(*device, (name.clone(), driver.clone()));
@@ -682,13 +695,30 @@ impl LiveMetrics {
         }
         if !self.gpus.is_empty() {
             family(&mut s, "hopscope_gpu_memory_used_bytes", "Device memory in use, all processes (NVML).", "gauge");
-            for (d, (used, _)) in &self.gpus {
-                let _ = writeln!(s, "hopscope_gpu_memory_used_bytes{{device=\"{d}\"}} {used}");
+            for (d, g) in &self.gpus {
+                let _ = writeln!(s, "hopscope_gpu_memory_used_bytes{{device=\"{d}\"}} {}", g.used);
             }
             family(&mut s, "hopscope_gpu_utilization_perc", "SM utilisation over NVML's last period, percent (NVML).", "gauge");
-            for (d, (_, sm)) in &self.gpus {
-                if let Some(u) = sm {
+            for (d, g) in &self.gpus {
+                if let Some(u) = g.sm {
                     let _ = writeln!(s, "hopscope_gpu_utilization_perc{{device=\"{d}\"}} {u}");
+                }
+            }
+            // A link NVML gives no figure for on any GPU (no GPM for NVLink before Hopper) has no family.
+            for (name, help, pick) in [
+                ("hopscope_gpu_pcie_bytes_per_second", "PCIe throughput over NVML's last 20 ms, by direction (NVML).", (|g: &GpuGauges| g.pcie) as fn(&GpuGauges) -> [Option<u64>; 2]),
+                ("hopscope_gpu_nvlink_bytes_per_second", "NVLink throughput summed over links since the previous sample, by direction (NVML GPM, Hopper and newer).", |g| g.nvlink),
+            ] {
+                if !self.gpus.values().any(|g| pick(g).iter().any(Option::is_some)) {
+                    continue;
+                }
+                family(&mut s, name, help, "gauge");
+                for (d, g) in &self.gpus {
+                    for (direction, v) in ["tx", "rx"].into_iter().zip(pick(g)) {
+                        if let Some(kib_s) = v {
+                            let _ = writeln!(s, "{name}{{device=\"{d}\",direction=\"{direction}\"}} {}", kib_s.saturating_mul(1024));
+                        }
+                    }
                 }
             }
         }
@@ -1173,7 +1203,7 @@ mod tests {
             m.observe(&Record::HttpResponseEnd { conn, seq: fd_seq, ts_ns: at + 20, body_len: 1 });
         }
         m.observe(&Record::EngineStats { conn, ts_ns: 1, engine_index: Some(0), running: Some(1), waiting: Some(0), kv_cache_usage: Some(0.1), step_counter: None, prefix_cache_queries: Some(10), prefix_cache_hits: Some(5) });
-        m.observe(&Record::GpuSample { ts_ns: 1, device: 0, mem_used_bytes: 1, mem_total_bytes: 2, process_mem: vec![], sm_util_pct: Some(1), mem_util_pct: None, pcie_tx_kib_s: None, pcie_rx_kib_s: None, nvlink_tx_kib_s: None, nvlink_rx_kib_s: None });
+        m.observe(&Record::GpuSample { ts_ns: 1, device: 0, mem_used_bytes: 1, mem_total_bytes: 2, process_mem: vec![], sm_util_pct: Some(1), mem_util_pct: None, pcie_tx_kib_s: Some(1), pcie_rx_kib_s: Some(1), nvlink_tx_kib_s: Some(1), nvlink_rx_kib_s: Some(1) });
         let loss = ["kernel_ringbuf_full", "gpu_cupti_dropped", "http_unparsed_bytes"].into_iter().find(|k| crate::sink::report::is_loss(k)).expect("a loss counter name");
         m.observe(&Record::Drops { ts_ns: 1, counters: vec![(loss.to_owned(), 1)] });
         m.set_otlp(crate::sink::otlp::live::Tally::default());
@@ -1241,10 +1271,10 @@ mod tests {
             process_mem: vec![],
             sm_util_pct: Some(37),
             mem_util_pct: None,
-            pcie_tx_kib_s: None,
+            pcie_tx_kib_s: Some(1234),
             pcie_rx_kib_s: None,
             nvlink_tx_kib_s: None,
-            nvlink_rx_kib_s: None,
+            nvlink_rx_kib_s: Some(307_200),
         });
         m.observe(&Record::NvmlDevice { ts_ns: 1, device: 1, name: "NVIDIA H100 80GB HBM3".into(), driver: "580.159.04".into(), mem_total_bytes: 80 << 30 });
         let s = m.render();
@@ -1259,9 +1289,14 @@ mod tests {
             "hopscope_prefix_cache_hits_total{engine=\"0\"} 50",
             "hopscope_gpu_memory_used_bytes{device=\"1\"} 123456",
             "hopscope_gpu_utilization_perc{device=\"1\"} 37",
+            "# TYPE hopscope_gpu_pcie_bytes_per_second gauge",
+            "hopscope_gpu_pcie_bytes_per_second{device=\"1\",direction=\"tx\"} 1263616",
+            "# TYPE hopscope_gpu_nvlink_bytes_per_second gauge",
+            "hopscope_gpu_nvlink_bytes_per_second{device=\"1\",direction=\"rx\"} 314572800",
         ] {
             assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
         }
+        assert!(!s.contains("direction=\"rx\"} 0") && !s.contains("nvlink_bytes_per_second{device=\"1\",direction=\"tx\"}"), "a figure NVML did not give is no series, not 0: {s}");
         let empty = LiveMetrics::new("x").render();
         assert!(!empty.contains("kv_cache") && !empty.contains("gpu_memory") && !empty.contains("gpu_info"), "no series before any value: {empty}");
     }

@@ -1325,7 +1325,14 @@ fn text_tail(s: &mut String, rep: &Report) {
         );
     }
     for g in &r.nvml_gpus {
-        let _ = writeln!(s, "gpu {} (nvml): {} ({:.0} GiB, driver {})", g.device, g.name, g.total_mem_bytes as f64 / (1u64 << 30) as f64, g.driver);
+        let _ = write!(s, "gpu {} (nvml): {} ({:.0} GiB, driver {})", g.device, g.name, g.total_mem_bytes as f64 / (1u64 << 30) as f64, g.driver);
+        let mib_s = |v: Option<u64>| v.map_or("-".to_owned(), |v| format!("{:.1}", v as f64 / 1024.0));
+        for (link, tx, rx) in [("PCIe", g.pcie_tx_peak_kib_s, g.pcie_rx_peak_kib_s), ("NVLink", g.nvlink_tx_peak_kib_s, g.nvlink_rx_peak_kib_s)] {
+            if tx.is_some() || rx.is_some() {
+                let _ = write!(s, ", {link} peak tx/rx {}/{} MiB/s", mib_s(tx), mib_s(rx));
+            }
+        }
+        s.push('\n');
     }
     let _ = write!(s, "\n{}", crate::sink::summary::render_text(&rep.summary));
     if !rep.kernels.is_empty() {

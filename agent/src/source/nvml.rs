@@ -9,10 +9,13 @@
 //! milliseconds on some drivers) never holds up the pipeline; a full channel
 //! drops the sample and counts it.
 //!
-//! NVLink throughput stays `None`: the aggregate NVLink counters are field
-//! values with `scopeId = UINT_MAX`, which nvml-wrapper 0.13's
-//! `field_values_for` cannot set (it always asks for link 0), and the older
-//! per-link utilisation counters are gone on Hopper.
+//! NVLink throughput comes from GPM (GPU performance monitoring, Hopper and
+//! newer: the GPUs vLLM runs on here): NVLink bytes per second summed over
+//! links between two GPM samples, the previous tick's and this one's. The
+//! aggregate NVLink field values would need `scopeId = UINT_MAX`, which
+//! nvml-wrapper 0.13's `field_values_for` cannot set (it always asks for link
+//! 0), and the older per-link utilisation counters are gone on Hopper; so a
+//! GPU without GPM (before Hopper) has none, and the start note says so.
 //!
 //! Process ids come from NVML in the host's pid namespace. The traced
 //! processes are handed over as (pid, host pid) pairs: the same pid in the
@@ -23,8 +26,10 @@
 use crate::model::Record;
 use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::gpm::gpm_metrics_get;
+use nvml_wrapper::{Device, GpmSample, Nvml};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -219,7 +224,17 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
     };
     sh.stats.devices.store(devices.len() as u64, Ordering::Relaxed);
     let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
-    note(&sh, format!("nvml: sampling {} GPU(s) every {} ms (driver {driver})", devices.len(), cfg.period.as_millis()));
+    // Each device's previous GPM sample: NVLink throughput is measured between two.
+    let mut gpm: Vec<Option<GpmSample>> = devices.iter().map(|(i, d)| gpm_start(*i, d, &sh)).collect();
+    let with_gpm: Vec<String> = devices.iter().zip(&gpm).filter(|(_, g)| g.is_some()).map(|((i, _), _)| i.to_string()).collect();
+    let nvlink = if with_gpm.is_empty() {
+        "no NVLink throughput: it comes from GPM, which needs a Hopper or newer GPU".to_owned()
+    } else if with_gpm.len() == devices.len() {
+        "NVLink throughput from GPM".to_owned()
+    } else {
+        format!("NVLink throughput from GPM on GPU {} only", with_gpm.join(", "))
+    };
+    note(&sh, format!("nvml: sampling {} GPU(s) every {} ms (driver {driver}; {nvlink})", devices.len(), cfg.period.as_millis()));
     // The model and driver, for the report of a recording without injected processes too.
     let ts_ns = crate::sys::monotonic_ns();
     for (i, d) in &devices {
@@ -235,15 +250,18 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
         // One timestamp per tick for every device: the report sums devices per instant.
         let ts_ns = crate::sys::monotonic_ns();
         let traced = sh.traced.read().unwrap_or_else(|e| e.into_inner()).clone();
-        for (i, d) in &devices {
+        for ((i, d), gpm) in devices.iter().zip(&mut gpm) {
             match sample(*i, d, ts_ns, &traced, &sh.stats) {
-                Some(r) => match offer(&tx, r, &sh) {
-                    Some(true) => {
-                        sh.stats.samples.fetch_add(1, Ordering::Relaxed);
+                Some(mut r) => {
+                    nvlink_throughput(&nvml, d, gpm, &sh.stats, &mut r);
+                    match offer(&tx, r, &sh) {
+                        Some(true) => {
+                            sh.stats.samples.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(false) => {}
+                        None => return,
                     }
-                    Some(false) => {}
-                    None => return,
-                },
+                }
                 None => {
                     sh.stats.sample_errors.fetch_add(1, Ordering::Relaxed);
                 }
@@ -287,6 +305,44 @@ fn field<T>(r: Result<T, NvmlError>, stats: &Stats) -> Option<T> {
             None
         }
     }
+}
+
+/// Device `i`'s first GPM sample, when it has GPM (Hopper and newer); a
+/// device that has it but fails to give a sample gets a note.
+fn gpm_start<'n>(i: u32, d: &Device<'n>, sh: &Shared) -> Option<GpmSample<'n>> {
+    match d.gpm_support() {
+        Ok(true) => {}
+        // Before Hopper, or a driver older than GPM.
+        Ok(false) | Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => return None,
+        Err(e) => {
+            note(sh, format!("nvml: cannot ask GPU {i} whether it has GPM ({e}): no NVLink throughput from it"));
+            return None;
+        }
+    }
+    d.gpm_sample().map_err(|e| note(sh, format!("nvml: GPU {i}'s GPM gives no sample ({e}): no NVLink throughput from it"))).ok()
+}
+
+/// Sets `r`'s NVLink throughput from the GPM samples of the previous tick
+/// and this one (NVML: MiB/s summed over links), and keeps this tick's as
+/// the next one's start. Without GPM, `r` keeps its `None`s.
+fn nvlink_throughput<'n>(nvml: &'n Nvml, d: &Device<'n>, gpm: &mut Option<GpmSample<'n>>, stats: &Stats, r: &mut Record) {
+    let (Some(prev), Record::GpuSample { nvlink_tx_kib_s, nvlink_rx_kib_s, .. }) = (gpm, r) else { return };
+    // A failed sample leaves the previous one the start: the next interval is longer, its rate still right.
+    let Some(now) = field(d.gpm_sample(), stats) else { return };
+    let rates = field(gpm_metrics_get(nvml, prev, &now, &[GpmMetricId::NvlinkTotalTxPerSec, GpmMetricId::NvlinkTotalRxPerSec]), stats);
+    *prev = now;
+    let mut rates = rates.unwrap_or_default().into_iter();
+    let mut kib_s = || {
+        let v = field(rates.next()?, stats)?.value;
+        if v.is_finite() && v >= 0.0 {
+            Some((v * 1024.0).round() as u64)
+        } else {
+            stats.field_errors.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    };
+    *nvlink_tx_kib_s = kib_s();
+    *nvlink_rx_kib_s = kib_s();
 }
 
 /// One device's sample; `None` when even its memory could not be read.

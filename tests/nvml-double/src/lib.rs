@@ -18,6 +18,7 @@
 //! driver 555.42.02
 //! device total=150000000000 used=1000000 used_step=4096 sm=37 mem=12 pcie_tx=1234 pcie_rx=5678
 //! device total=80000000000 used=5 pcie=unsupported
+//! device total=80000000000 used=5 nvlink_tx=300 nvlink_rx=100
 //! proc 0 4242 1000000 4096     # device, pid, bytes on the first read, added per read
 //! ```
 //!
@@ -25,6 +26,16 @@
 //! `nvmlDeviceGetMemoryInfo_v2` answers `used + N * used_step`, the Nth
 //! process list `bytes + N * step`), so a test can tell samples apart and
 //! recompute each one.
+//!
+//! GPM (Hopper's GPU performance monitoring, where NVML gives NVLink
+//! throughput summed over links): a device with `nvlink_tx`/`nvlink_rx` (MiB/s)
+//! supports it, one without does not (`nvmlGpmQueryDeviceSupport` says so, as
+//! on GPUs before Hopper). `nvmlGpmMetricsGet` answers `rate × (n2 − n1)` for
+//! samples that were the device's n1-th and n2-th `nvmlGpmSampleGet`, so only
+//! consecutive samples in order give the scripted rate; samples of two
+//! devices, a sample never filled, or samples out of order are
+//! `NVML_ERROR_INVALID_ARGUMENT`. Samples still allocated at `nvmlShutdown`
+//! are printed to stderr (a leak).
 
 #![allow(non_snake_case)]
 
@@ -38,6 +49,7 @@ const ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 const ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 const ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+const ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 
 /// nvml.h `nvmlMemory_v2_t`.
 #[repr(C)]
@@ -73,6 +85,9 @@ struct Device {
     sm: Option<u32>,
     mem: Option<u32>,
     pcie: Option<(u32, u32)>,
+    /// NVLink throughput through GPM, MiB/s (tx, rx); `None`: no GPM.
+    nvlink: Option<(f64, f64)>,
+    gpm_samples_taken: u64,
     /// (pid, first bytes, step)
     procs: Vec<(u32, u64, u64)>,
     mem_reads: u64,
@@ -107,6 +122,11 @@ fn parse(text: &str) -> Result<State, String> {
                     let (k, v) = w.split_once('=').ok_or_else(|| bad("expected key=value"))?;
                     if (k, v) == ("pcie", "unsupported") {
                         d.pcie = None;
+                        continue;
+                    }
+                    if let ("nvlink_tx" | "nvlink_rx", Ok(rate)) = (k, v.parse::<f64>()) {
+                        let (tx, rx) = d.nvlink.get_or_insert((0.0, 0.0));
+                        *if k == "nvlink_tx" { tx } else { rx } = rate;
                         continue;
                     }
                     let x: u64 = v.parse().map_err(|_| bad("expected a number"))?;
@@ -183,6 +203,10 @@ pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> NvmlReturn {
     state().lock().unwrap_or_else(|e| e.into_inner()).initialised = false;
+    let live = GPM_SAMPLES_LIVE.load(std::sync::atomic::Ordering::Relaxed);
+    if live != 0 {
+        eprintln!("nvml-test-double: {live} GPM sample(s) not freed at nvmlShutdown");
+    }
     SUCCESS
 }
 
@@ -336,4 +360,173 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(dev: *mut c_void, counter: 
         Ok(None) => ERROR_NOT_SUPPORTED,
         Err(e) => e,
     }
+}
+
+/// nvml.h `nvmlGpmSupport_t`.
+#[repr(C)]
+pub struct GpmSupport {
+    version: c_uint,
+    is_supported_device: c_uint,
+}
+
+/// nvml.h `NVML_GPM_SUPPORT_VERSION` and `NVML_GPM_METRICS_GET_VERSION`.
+const GPM_SUPPORT_VERSION: c_uint = 1;
+const GPM_METRICS_GET_VERSION: c_uint = 1;
+/// nvml.h `NVML_GPM_METRIC_MAX`: the length of `nvmlGpmMetricsGet_t.metrics`
+/// (98 in older headers; a caller asks for at most that many).
+const GPM_METRIC_MAX: usize = 210;
+/// nvml.h `NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC` / `_TX_PER_SEC` (MiB/s).
+const GPM_NVLINK_TOTAL_RX: c_uint = 60;
+const GPM_NVLINK_TOTAL_TX: c_uint = 61;
+
+/// What a `nvmlGpmSample_t` points to here: which device's how-manieth
+/// `nvmlGpmSampleGet` filled it, if any did.
+pub struct GpmSample {
+    filled: Option<(usize, u64)>,
+}
+
+/// GPM samples allocated and not freed yet.
+static GPM_SAMPLES_LIVE: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// nvml.h `nvmlGpmMetric_t`'s `metricInfo`.
+#[repr(C)]
+pub struct GpmMetricInfo {
+    short_name: *const c_char,
+    long_name: *const c_char,
+    unit: *const c_char,
+}
+
+/// nvml.h `nvmlGpmMetric_t`.
+#[repr(C)]
+pub struct GpmMetric {
+    metric_id: c_uint,
+    nvml_return: NvmlReturn,
+    value: f64,
+    info: GpmMetricInfo,
+}
+
+/// nvml.h `nvmlGpmMetricsGet_t`.
+#[repr(C)]
+pub struct GpmMetricsGet {
+    version: c_uint,
+    num_metrics: c_uint,
+    sample1: *mut GpmSample,
+    sample2: *mut GpmSample,
+    metrics: [GpmMetric; GPM_METRIC_MAX],
+}
+
+/// # Safety
+/// `support` must be null or point to a writable `nvmlGpmSupport_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(dev: *mut c_void, support: *mut GpmSupport) -> NvmlReturn {
+    if support.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, readable and writable per the contract above.
+    let support = unsafe { &mut *support };
+    if support.version != GPM_SUPPORT_VERSION {
+        return ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    match with_device(dev, |d| d.nvlink.is_some()) {
+        Ok(yes) => {
+            support.is_supported_device = yes as c_uint;
+            SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// # Safety
+/// `sample` must be null or point to a writable `nvmlGpmSample_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut *mut GpmSample) -> NvmlReturn {
+    if sample.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    if !state().lock().unwrap_or_else(|e| e.into_inner()).initialised {
+        return ERROR_UNINITIALIZED;
+    }
+    GPM_SAMPLES_LIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: non-null, writable per the contract above.
+    unsafe { *sample = Box::into_raw(Box::new(GpmSample { filled: None })) };
+    SUCCESS
+}
+
+/// # Safety
+/// `sample` must be null or a sample from `nvmlGpmSampleAlloc`, not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleFree(sample: *mut GpmSample) -> NvmlReturn {
+    if sample.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    GPM_SAMPLES_LIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: allocated by Box::into_raw in nvmlGpmSampleAlloc and freed once, per the contract.
+    drop(unsafe { Box::from_raw(sample) });
+    SUCCESS
+}
+
+/// # Safety
+/// `sample` must be null or a sample from `nvmlGpmSampleAlloc`, not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleGet(dev: *mut c_void, sample: *mut GpmSample) -> NvmlReturn {
+    if sample.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    let r = with_device(dev, |d| {
+        d.nvlink?;
+        d.gpm_samples_taken += 1;
+        Some(d.gpm_samples_taken)
+    });
+    match r {
+        Ok(Some(n)) => {
+            // SAFETY: a live sample per the contract above; with_device checked `dev`.
+            unsafe { (*sample).filled = Some((dev as usize, n)) };
+            SUCCESS
+        }
+        Ok(None) => ERROR_NOT_SUPPORTED,
+        Err(e) => e,
+    }
+}
+
+/// # Safety
+/// `req` must be null or point to a writable `nvmlGpmMetricsGet_t` whose
+/// samples come from `nvmlGpmSampleAlloc` and are not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(req: *mut GpmMetricsGet) -> NvmlReturn {
+    if req.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, readable and writable per the contract above.
+    let req = unsafe { &mut *req };
+    if req.version != GPM_METRICS_GET_VERSION {
+        return ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    let n = req.num_metrics as usize;
+    if n == 0 || n > GPM_METRIC_MAX || req.sample1.is_null() || req.sample2.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null live samples per the contract above.
+    let (s1, s2) = unsafe { ((*req.sample1).filled, (*req.sample2).filled) };
+    let (Some((dev1, n1)), Some((dev2, n2))) = (s1, s2) else { return ERROR_INVALID_ARGUMENT };
+    if dev1 != dev2 || n2 <= n1 {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    let rates = match with_device(dev1 as *mut c_void, |d| d.nvlink) {
+        Ok(Some(r)) => r,
+        Ok(None) => return ERROR_NOT_SUPPORTED,
+        Err(e) => return e,
+    };
+    let intervals = (n2 - n1) as f64;
+    for m in &mut req.metrics[..n] {
+        let (value, name, ret) = match m.metric_id {
+            GPM_NVLINK_TOTAL_RX => (rates.1 * intervals, c"nvlink_total_rx", SUCCESS),
+            GPM_NVLINK_TOTAL_TX => (rates.0 * intervals, c"nvlink_total_tx", SUCCESS),
+            _ => (0.0, c"", ERROR_NOT_SUPPORTED),
+        };
+        m.nvml_return = ret;
+        m.value = value;
+        let unit = if ret == SUCCESS { c"MiB/sec".as_ptr() } else { std::ptr::null() };
+        m.info = GpmMetricInfo { short_name: name.as_ptr(), long_name: name.as_ptr(), unit };
+    }
+    SUCCESS
 }

@@ -77,6 +77,11 @@ pub mod names {
     pub const KV_CACHE: &str = "KV-cache usage %";
     pub const GPU_MEM: &str = "memory used";
     pub const SM_UTIL: &str = "SM utilisation %";
+    pub const MEM_UTIL: &str = "memory-controller utilisation %";
+    pub const PCIE_TX: &str = "PCIe tx KiB/s";
+    pub const PCIE_RX: &str = "PCIe rx KiB/s";
+    pub const NVLINK_TX: &str = "NVLink tx KiB/s";
+    pub const NVLINK_RX: &str = "NVLink rx KiB/s";
 }
 
 /// What the trace is made from.

@@ -516,7 +516,8 @@ pub struct RawLayout {
     rate_track: Option<TrackId>,
     server: Option<TrackId>,
     kv_tracks: HashMap<Option<u64>, TrackId>,
-    dev_tracks: HashMap<u32, (TrackId, Option<TrackId>)>,
+    /// GPU counter tracks by (device, name).
+    dev_tracks: HashMap<(u32, &'static str), TrackId>,
     proc_mem_tracks: HashMap<(u32, u32), TrackId>,
     /// Loss counters with a track: the track and the value last drawn.
     pub drop_tracks: HashMap<String, (TrackId, u64)>,
@@ -575,6 +576,17 @@ impl RawLayout {
             Some(t) => t,
             None => w.process_track(pid, &self.names.get_cow(pid)),
         }
+    }
+
+    /// GPU `device`'s counter track `name` (under the server), made on first use.
+    fn device_track<W: Write>(&mut self, w: &mut TraceWriter<W>, device: u32, name: &'static str, unit: CounterUnit) -> TrackId {
+        if let Some(t) = self.dev_tracks.get(&(device, name)) {
+            return *t;
+        }
+        let g = self.server(w);
+        let t = self.counter_track(w, &format!("GPU {device} {name}"), unit, g);
+        self.dev_tracks.insert((device, name), t);
+        t
     }
 
     fn counter_track<W: Write>(&mut self, w: &mut TraceWriter<W>, name: &str, unit: CounterUnit, parent: TrackId) -> TrackId {
@@ -746,29 +758,24 @@ impl RawLayout {
                 };
                 self.value(w, t, (*ts_ns).max(self.t0), CounterValue::Float(u * 100.0))?;
             }
-            Record::GpuSample { ts_ns, device, mem_used_bytes, process_mem, sm_util_pct, .. } => {
+            Record::GpuSample { ts_ns, device, mem_used_bytes, process_mem, sm_util_pct, mem_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s, .. } => {
                 let ts = (*ts_ns).max(self.t0);
-                let (mem, sm) = match self.dev_tracks.get(device) {
-                    Some(t) => *t,
-                    None => {
-                        let g = self.server(w);
-                        let mem = self.counter_track(w, &format!("GPU {device} {}", names::GPU_MEM), CounterUnit::SizeBytes, g);
-                        self.dev_tracks.insert(*device, (mem, None));
-                        (mem, None)
-                    }
-                };
+                let mem = self.device_track(w, *device, names::GPU_MEM, CounterUnit::SizeBytes);
                 self.value(w, mem, ts, CounterValue::Int(i64::try_from(*mem_used_bytes).unwrap_or(i64::MAX)))?;
-                if let Some(v) = sm_util_pct {
-                    let sm = match sm {
-                        Some(t) => t,
-                        None => {
-                            let g = self.server(w);
-                            let t = self.counter_track(w, &format!("GPU {device} {}", names::SM_UTIL), CounterUnit::Unspecified, g);
-                            self.dev_tracks.insert(*device, (mem, Some(t)));
-                            t
-                        }
-                    };
-                    self.value(w, sm, ts, CounterValue::Int(*v as i64))?;
+                // A figure NVML does not give on this GPU gets no track (not a line at 0).
+                let figures = [
+                    (names::SM_UTIL, sm_util_pct.map(u64::from)),
+                    (names::MEM_UTIL, mem_util_pct.map(u64::from)),
+                    (names::PCIE_TX, pcie_tx_kib_s.map(u64::from)),
+                    (names::PCIE_RX, pcie_rx_kib_s.map(u64::from)),
+                    (names::NVLINK_TX, *nvlink_tx_kib_s),
+                    (names::NVLINK_RX, *nvlink_rx_kib_s),
+                ];
+                for (name, v) in figures {
+                    if let Some(v) = v {
+                        let t = self.device_track(w, *device, name, CounterUnit::Unspecified);
+                        self.value(w, t, ts, CounterValue::Int(i64::try_from(v).unwrap_or(i64::MAX)))?;
+                    }
                 }
                 for (pid, bytes) in process_mem {
                     let t = match self.proc_mem_tracks.get(&(*pid, *device)) {

@@ -841,7 +841,7 @@ fn output_tokens_per_second_counts_the_tokens_of_the_steps_in_the_last_second() 
 }
 
 #[test]
-fn kv_cache_usage_and_gpu_memory_and_sm_utilisation_become_counters() {
+fn kv_cache_usage_and_gpu_memory_utilisation_and_pcie_and_nvlink_throughput_become_counters() {
     let mut recs = exchange(conn(5), 0, T0, 1, "s1");
     let ipc = ConnKey { tgid: ENGINE, fd: 31, ino: 31 };
     for (k, u) in [0.25, 0.5].into_iter().enumerate() {
@@ -850,7 +850,7 @@ fn kv_cache_usage_and_gpu_memory_and_sm_utilisation_become_counters() {
     }
     recs.push(Record::EngineStats { conn: ipc, ts_ns: T0 + 3 * MS, engine_index: Some(0), running: Some(1), waiting: Some(0), kv_cache_usage: None, step_counter: None, prefix_cache_queries: None, prefix_cache_hits: None });
     let gib = 1u64 << 30;
-    for (k, (used, mine, sm)) in [(gib, gib / 2, Some(70)), (2 * gib, gib, None)].into_iter().enumerate() {
+    for (k, (used, mine, sm, nvlink)) in [(gib, gib / 2, Some(70), None), (2 * gib, gib, None, Some(307_200))].into_iter().enumerate() {
         recs.push(Record::GpuSample {
             ts_ns: T0 + k as u64 * 2 * MS,
             device: 0,
@@ -858,11 +858,11 @@ fn kv_cache_usage_and_gpu_memory_and_sm_utilisation_become_counters() {
             mem_total_bytes: 80 * gib,
             process_mem: vec![(ENGINE, mine)],
             sm_util_pct: sm,
-            mem_util_pct: None,
-            pcie_tx_kib_s: None,
+            mem_util_pct: Some(12 + k as u32),
+            pcie_tx_kib_s: Some(1234),
             pcie_rx_kib_s: None,
-            nvlink_tx_kib_s: None,
-            nvlink_rx_kib_s: None,
+            nvlink_tx_kib_s: nvlink,
+            nvlink_rx_kib_s: nvlink.map(|v| v / 3),
         });
     }
     let (bytes, _) = trace_of(&sorted(recs));
@@ -877,6 +877,14 @@ fn kv_cache_usage_and_gpu_memory_and_sm_utilisation_become_counters() {
     let mine = s.tracks.iter().find(|tr| tr.parent == Some(process.uuid) && tr.kind == "counter").expect("per-process GPU memory under its process");
     assert_eq!(series(mine.uuid), vec![(T0, gib as i64 / 2), (T0 + 2 * MS, gib as i64)]);
     assert_eq!(counter_series(&t, &s, "GPU 0 SM utilisation %"), vec![(T0, 70)]);
+    assert_eq!(counter_series(&t, &s, "GPU 0 memory-controller utilisation %"), vec![(T0, 12), (T0 + 2 * MS, 13)]);
+    assert_eq!(counter_series(&t, &s, "GPU 0 PCIe tx KiB/s"), vec![(T0, 1234), (T0 + 2 * MS, 1234)]);
+    assert_eq!(counter_series(&t, &s, "GPU 0 NVLink tx KiB/s"), vec![(T0 + 2 * MS, 307_200)], "a sample without the figure adds no point");
+    assert_eq!(counter_series(&t, &s, "GPU 0 NVLink rx KiB/s"), vec![(T0 + 2 * MS, 102_400)]);
+    assert!(s.track("GPU 0 PCIe rx KiB/s").is_none(), "a figure NVML never gave has no track");
+    for name in ["GPU 0 PCIe tx KiB/s", "GPU 0 NVLink rx KiB/s"] {
+        assert_eq!(s.track(name).unwrap().parent, dev.parent, "{name} beside the GPU's memory");
+    }
 }
 
 // ---- compact encoding: delta timestamps, a sequence per busy track ----

@@ -68,6 +68,12 @@ enum Cmd {
     Run {
         #[command(flatten)]
         opts: RecordOpts,
+        /// Asked to stop (a signal, --duration), how long to record the
+        /// command's way out after it was sent SIGTERM (e.g. 30s for a server
+        /// that drains long answers); then recording ends and the command gets
+        /// SIGTERM again, SIGKILL 5 s later.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+        stop_grace: Duration,
         /// The command to launch, after `--`.
         #[arg(last = true, required = true, num_args = 1..)]
         cmd: Vec<String>,
@@ -177,7 +183,7 @@ struct RecordOpts {
     #[arg(short = 'o', long = "output", default_value = "hopscope.hop")]
     output: PathBuf,
     /// Stop after this long (e.g. 30s, 2m, 500ms); default: until SIGINT/SIGTERM.
-    /// `run` then sends its command SIGTERM and records until it exits (at most 10 s).
+    /// `run` then sends its command SIGTERM and records until it exits (at most --stop-grace).
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Header that names a chain when requests carry no traceparent.
@@ -248,9 +254,10 @@ struct RecordOpts {
     /// latest request in it, the trace its --otlp spans go to.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
-    /// NVML sampling period for GPU memory (per traced process), utilisation
-    /// and PCIe throughput: milliseconds, or with a unit (50ms, 1s); 0 turns
-    /// it off. Without an NVIDIA driver this is one note, not an error.
+    /// NVML sampling period for GPU memory (per traced process), utilisation,
+    /// PCIe and NVLink throughput (NVLink from GPM: Hopper and newer):
+    /// milliseconds, or with a unit (50ms, 1s); 0 turns it off. Without an
+    /// NVIDIA driver this is one note, not an error.
     #[arg(long, value_name = "MS", value_parser = parse_period, default_value = "100")]
     nvml_period: Duration,
     /// Start a new file every DURATION (e.g. 1h, 30m): the recording is
@@ -308,8 +315,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Record { pids, pid_file, opts } => record(pids, pid_file, Vec::new(), opts),
-        Cmd::Run { opts, cmd } => record(Vec::new(), None, cmd, opts),
+        Cmd::Record { pids, pid_file, opts } => record(pids, pid_file, Vec::new(), RUN_STOP_GRACE, opts),
+        Cmd::Run { opts, stop_grace, cmd } => record(Vec::new(), None, cmd, stop_grace, opts),
         Cmd::Report { files, json, chain_header, no_ipc, percentiles } => report_cmd(&files, json, chain_header, no_ipc, percentiles),
         Cmd::Doctor { no_load, json } => doctor_cmd(!no_load, json),
         Cmd::Export { to: ExportTo::Otlp { files, endpoint } } => otlp_endpoint(endpoint).and_then(|e| otlp_cmd(&files, &e)),
@@ -546,18 +553,28 @@ fn trace_cmd(files: &[PathBuf], output: Option<PathBuf>, no_compress: bool, layo
     Ok(())
 }
 
-/// How long `run` records its command's way out once asked to stop.
+/// How long `run` records its command's way out once asked to stop, unless
+/// `--stop-grace` says otherwise.
 const RUN_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Asks `run`'s command to stop, unless the terminal's Ctrl-C that stops
 /// hopscope (`by_terminal`) reached it too (in hopscope's process group): a
 /// second signal would hurry its shutdown (uvicorn's forces its exit).
-fn ask_command_to_stop(c: &std::process::Child, by_terminal: bool) {
+fn ask_command_to_stop(c: &std::process::Child, by_terminal: bool, grace: Duration) {
     if by_terminal && sys::in_my_process_group(c.id()) {
-        say!("hopscope: stopping: recording until the command (pid {}) exits, as Ctrl-C asked it to (at most {} s; Ctrl-C again to stop now)", c.id(), RUN_STOP_GRACE.as_secs());
+        say!("hopscope: stopping: recording until the command (pid {}) exits, as Ctrl-C asked it to (at most {}; Ctrl-C again to stop now)", c.id(), fmt_duration(grace));
     } else {
         let _ = sys::kill(c.id(), libc::SIGTERM);
-        say!("hopscope: stopping: sent SIGTERM to the command (pid {}); recording until it exits (at most {} s; a second signal stops now)", c.id(), RUN_STOP_GRACE.as_secs());
+        say!("hopscope: stopping: sent SIGTERM to the command (pid {}); recording until it exits (at most {}; a second signal stops now)", c.id(), fmt_duration(grace));
+    }
+}
+
+/// `d` as a person reads it: "10 s", "1.5 s", "500 ms".
+fn fmt_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{} s", (d.as_secs_f64() * 10.0).round() / 10.0)
     }
 }
 
@@ -690,7 +707,7 @@ impl PidFile {
     }
 }
 
-fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts: RecordOpts) -> Result<()> {
+fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, stop_grace: Duration, opts: RecordOpts) -> Result<()> {
     if opts.capture_bytes == 0 || opts.capture_bytes > 4096 {
         bail!("--capture-bytes must be between 1 and 4096");
     }
@@ -1042,15 +1059,15 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, opts:
         if signalled || timed_out {
             match child.0.as_ref() {
                 Some(c) if stopping.is_none() => {
-                    ask_command_to_stop(c, signalled && stop_by_terminal.load(Ordering::SeqCst));
+                    ask_command_to_stop(c, signalled && stop_by_terminal.load(Ordering::SeqCst), stop_grace);
                     stopping = Some(Instant::now());
                 }
                 _ => break,
             }
         }
         if let (Some(t), Some(c)) = (stopping, child.0.as_ref()) {
-            if t.elapsed() >= RUN_STOP_GRACE {
-                say!("hopscope: note: the command (pid {}) still runs {} s after it was asked to stop: recording ends here", c.id(), RUN_STOP_GRACE.as_secs());
+            if t.elapsed() >= stop_grace {
+                say!("hopscope: note: the command (pid {}) still runs {} after it was asked to stop: recording ends here (a longer --stop-grace records more of its way out)", c.id(), fmt_duration(stop_grace));
                 break;
             }
         }

@@ -672,7 +672,8 @@ fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigte
     let started = dir.join("started");
     // A command that ignores SIGTERM (its sleeps inherit that, and each ends by itself).
     let script = format!("trap '' TERM; touch {}; while :; do sleep 0.1; done", started.display());
-    let agent = Agent::spawn(&["run", "--quiet", "--nvml-period", "0", "-o", hop.to_str().unwrap(), "--", "sh", "-c", &script], &[]);
+    // A grace of its own (the default, 10 s, is in the help).
+    let agent = Agent::spawn(&["run", "--quiet", "--nvml-period", "0", "--stop-grace", "2s", "-o", hop.to_str().unwrap(), "--", "sh", "-c", &script], &[]);
     let t = std::time::Instant::now();
     while !started.exists() {
         assert!(t.elapsed() < Duration::from_secs(30), "the command did not start");
@@ -684,11 +685,14 @@ fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigte
     let (st, _, err) = agent.wait(Duration::from_secs(60));
     let took = asked.elapsed();
     assert!(st.success(), "hopscope: {err}");
-    assert!(err.contains("still runs 10 s after it was asked to stop: recording ends here"), "{err}");
+    assert!(err.contains("(at most 2 s; a second signal stops now)"), "{err}");
+    assert!(err.contains("still runs 2 s after it was asked to stop: recording ends here (a longer --stop-grace"), "{err}");
     assert!(err.contains("ignored SIGTERM for 5 s: SIGKILL"), "{err}");
     assert!(err.contains("command exited with signal: 9"), "{err}");
-    assert!(took >= Duration::from_secs(14) && took < Duration::from_secs(30), "10 s of grace, 5 s for SIGTERM: {took:?}");
+    assert!(took >= Duration::from_secs(7) && took < Duration::from_secs(14), "2 s of grace (not the default 10), 5 s for SIGTERM: {took:?}");
     assert!(report_json(&hop)["recording"]["pids"].is_array(), "the recording is whole");
+    let help = String::from_utf8_lossy(&hopscope(&["run", "--help"]).stdout).into_owned();
+    assert!(help.contains("--stop-grace <DURATION>") && help.contains("[default: 10s]"), "{help}");
 }
 
 #[test]

@@ -205,7 +205,16 @@ fn gpu_checks() -> Vec<Check> {
     });
     let probe = crate::source::nvml::probe(None);
     out.push(match probe.result {
-        Ok((driver, names)) => check("nvml", Level::Ok, format!("driver {driver}, {} GPU(s): {}", names.len(), names.join(", "))),
+        Ok((driver, devices)) => {
+            let names: Vec<&str> = devices.iter().map(|(name, _)| name.as_str()).collect();
+            let gpm = devices.iter().filter(|(_, gpm)| *gpm).count();
+            let nvlink = match gpm {
+                0 => "no NVLink throughput (it needs GPM: Hopper or newer)".to_owned(),
+                n if n == devices.len() => "NVLink throughput from GPM".to_owned(),
+                n => format!("NVLink throughput from GPM on {n} of them"),
+            };
+            check("nvml", Level::Ok, format!("driver {driver}, {} GPU(s): {}; {nvlink}", names.len(), names.join(", ")))
+        }
         Err(why) => check("nvml", Level::Warn, format!("{}; GPU samples need the NVIDIA driver (or --nvml-period 0 to stop trying)", why.trim_end_matches(": recording without GPU samples"))),
     });
     out

@@ -315,3 +315,27 @@ fn in_a_pid_namespace_nvmls_host_pids_are_named_by_the_agents_pids() {
         assert!(q["peak_gpu_mem_bytes"].as_u64().is_some_and(|b| b >= 1_000_000), "{q}");
     }
 }
+
+/// `hopscope doctor` names the GPUs NVML lists and whether NVLink throughput
+/// will be sampled (GPM, Hopper and newer), without recording anything.
+#[test]
+fn doctor_says_which_gpus_give_nvlink_throughput() {
+    let lib = double();
+    let dir = scratch("nvml-doctor");
+    let script = dir.join("nvml.script");
+    let doctor = |script_text: &str| {
+        std::fs::write(&script, script_text).unwrap();
+        let out = Command::new(hopscope_bin()).args(["doctor", "--no-load", "--json"]).env("HOPSCOPE_NVML_LIB", lib).env("NVML_TEST_DOUBLE_SCRIPT", &script).output().unwrap();
+        let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("doctor --json: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let nvml = checks.as_array().unwrap().iter().find(|c| c["check"] == "nvml").expect("an nvml check").clone();
+        assert_eq!(nvml["level"], "ok", "{nvml}");
+        nvml["detail"].as_str().unwrap().to_owned()
+    };
+    let gpu = "NVML test double (not a GPU)";
+    assert_eq!(
+        doctor("driver 580.1\ndevice total=1 used=0 nvlink_tx=1\ndevice total=1 used=0\n"),
+        format!("driver 580.1, 2 GPU(s): {gpu}, {gpu}; NVLink throughput from GPM on 1 of them")
+    );
+    assert_eq!(doctor("driver 580.1\ndevice total=1 used=0 nvlink_rx=0\n"), format!("driver 580.1, 1 GPU(s): {gpu}; NVLink throughput from GPM"));
+    assert_eq!(doctor("driver 535.2\ndevice total=1 used=0\n"), format!("driver 535.2, 1 GPU(s): {gpu}; no NVLink throughput (it needs GPM: Hopper or newer)"));
+}

@@ -89,18 +89,24 @@ pub fn explain(lib: &std::path::Path, e: &NvmlError) -> String {
 #[derive(Debug, Clone)]
 pub struct Probe {
     pub lib: PathBuf,
-    /// Driver version and device names, or why NVML is unusable.
-    pub result: Result<(String, Vec<String>), String>,
+    /// Driver version and each device's name and whether it has GPM (NVLink
+    /// throughput), or why NVML is unusable.
+    pub result: Result<(String, Vec<(String, bool)>), String>,
 }
 
-/// Loads NVML, reads the driver version and device names, unloads it.
+/// Loads NVML, reads the driver version, device names and GPM support, unloads it.
 pub fn probe(lib: Option<&std::path::Path>) -> Probe {
     let lib = lib_path(lib);
     let result = init(&lib).map_err(|e| explain(&lib, &e)).and_then(|nvml| {
         let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
         let n = nvml.device_count().map_err(|e| format!("NVML loaded but listing devices failed: {e}"))?;
-        let names = (0..n).map(|i| nvml.device_by_index(i).and_then(|d| d.name()).unwrap_or_else(|e| format!("<{e}>"))).collect();
-        Ok((driver, names))
+        let devices = (0..n)
+            .map(|i| match nvml.device_by_index(i) {
+                Ok(d) => (d.name().unwrap_or_else(|e| format!("<{e}>")), d.gpm_support().unwrap_or(false)),
+                Err(e) => (format!("<{e}>"), false),
+            })
+            .collect();
+        Ok((driver, devices))
     });
     Probe { lib, result }
 }

@@ -231,7 +231,7 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
     sh.stats.devices.store(devices.len() as u64, Ordering::Relaxed);
     let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
     // Each device's previous GPM sample: NVLink throughput is measured between two.
-    let mut gpm: Vec<Option<GpmSample>> = devices.iter().map(|(i, d)| gpm_start(*i, d, &sh)).collect();
+    let mut gpm: Vec<Option<Gpm>> = devices.iter().map(|(i, d)| gpm_start(*i, d, &sh).map(|prev| Gpm { prev, failures: 0 })).collect();
     let with_gpm: Vec<String> = devices.iter().zip(&gpm).filter(|(_, g)| g.is_some()).map(|((i, _), _)| i.to_string()).collect();
     let nvlink = if with_gpm.is_empty() {
         "no NVLink throughput: it comes from GPM, which needs a Hopper or newer GPU".to_owned()
@@ -259,7 +259,7 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
         for ((i, d), gpm) in devices.iter().zip(&mut gpm) {
             match sample(*i, d, ts_ns, &traced, &sh.stats) {
                 Some(mut r) => {
-                    nvlink_throughput(&nvml, d, gpm, &sh.stats, &mut r);
+                    nvlink_throughput(&nvml, *i, d, gpm, &sh, &mut r);
                     match offer(&tx, r, &sh) {
                         Some(true) => {
                             sh.stats.samples.fetch_add(1, Ordering::Relaxed);
@@ -328,16 +328,47 @@ fn gpm_start<'n>(i: u32, d: &Device<'n>, sh: &Shared) -> Option<GpmSample<'n>> {
     d.gpm_sample().map_err(|e| note(sh, format!("nvml: GPU {i}'s GPM gives no sample ({e}): no NVLink throughput from it"))).ok()
 }
 
+/// GPM calls failing this many ticks in a row (another profiler holding the
+/// counters, say) stop NVLink sampling on that GPU, with a note, rather than
+/// count an error every tick for the rest of the recording.
+const GPM_GIVE_UP: u32 = 10;
+
+/// A GPU's GPM state: the previous tick's sample, and how many ticks in a
+/// row failed since the last that did not.
+struct Gpm<'n> {
+    prev: GpmSample<'n>,
+    failures: u32,
+}
+
 /// Sets `r`'s NVLink throughput from the GPM samples of the previous tick
 /// and this one (NVML: MiB/s summed over links), and keeps this tick's as
 /// the next one's start. Without GPM, `r` keeps its `None`s.
-fn nvlink_throughput<'n>(nvml: &'n Nvml, d: &Device<'n>, gpm: &mut Option<GpmSample<'n>>, stats: &Stats, r: &mut Record) {
-    let (Some(prev), Record::GpuSample { nvlink_tx_kib_s, nvlink_rx_kib_s, .. }) = (gpm, r) else { return };
+fn nvlink_throughput<'n>(nvml: &'n Nvml, i: u32, d: &Device<'n>, gpm: &mut Option<Gpm<'n>>, sh: &Shared, r: &mut Record) {
+    let (Some(g), Record::GpuSample { nvlink_tx_kib_s, nvlink_rx_kib_s, .. }) = (gpm.as_mut(), r) else { return };
+    let stats = &sh.stats;
     // A failed sample leaves the previous one the start: the next interval is longer, its rate still right.
-    let Some(now) = field(d.gpm_sample(), stats) else { return };
-    let rates = field(gpm_metrics_get(nvml, prev, &now, &[GpmMetricId::NvlinkTotalTxPerSec, GpmMetricId::NvlinkTotalRxPerSec]), stats);
-    *prev = now;
-    let mut rates = rates.unwrap_or_default().into_iter();
+    let taken = d.gpm_sample().and_then(|now| {
+        let rates = gpm_metrics_get(nvml, &g.prev, &now, &[GpmMetricId::NvlinkTotalTxPerSec, GpmMetricId::NvlinkTotalRxPerSec]);
+        g.prev = now;
+        rates
+    });
+    let rates = match taken {
+        Ok(rates) => {
+            g.failures = 0;
+            rates
+        }
+        Err(e) => {
+            g.failures += 1;
+            let last = e.to_string();
+            field::<()>(Err(e), stats);
+            if g.failures >= GPM_GIVE_UP {
+                note(sh, format!("nvml: GPU {i}'s GPM failed {GPM_GIVE_UP} times in a row ({last}; another profiler using it?): NVLink throughput from it stops here"));
+                *gpm = None;
+            }
+            return;
+        }
+    };
+    let mut rates = rates.into_iter();
     let mut kib_s = || {
         let v = field(rates.next()?, stats)?.value;
         if v.is_finite() && v >= 0.0 {

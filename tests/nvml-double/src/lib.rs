@@ -35,7 +35,9 @@
 //! consecutive samples in order give the scripted rate; samples of two
 //! devices, a sample never filled, or samples out of order are
 //! `NVML_ERROR_INVALID_ARGUMENT`. Samples still allocated at `nvmlShutdown`
-//! are printed to stderr (a leak).
+//! are printed to stderr (a leak). `gpm_fail_after=N`: the device's
+//! `nvmlGpmSampleGet` answers `NVML_ERROR_IN_USE` after its first N samples
+//! (as when another profiler holds the counters).
 
 #![allow(non_snake_case)]
 
@@ -49,6 +51,7 @@ const ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 const ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 const ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+const ERROR_IN_USE: NvmlReturn = 19;
 const ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 
 /// nvml.h `nvmlMemory_v2_t`.
@@ -88,6 +91,7 @@ struct Device {
     /// NVLink throughput through GPM, MiB/s (tx, rx); `None`: no GPM.
     nvlink: Option<(f64, f64)>,
     gpm_samples_taken: u64,
+    gpm_fail_after: Option<u64>,
     /// (pid, first bytes, step)
     procs: Vec<(u32, u64, u64)>,
     mem_reads: u64,
@@ -138,6 +142,7 @@ fn parse(text: &str) -> Result<State, String> {
                         "mem" => d.mem = Some(x as u32),
                         "pcie_tx" => tx = x as u32,
                         "pcie_rx" => rx = x as u32,
+                        "gpm_fail_after" => d.gpm_fail_after = Some(x),
                         _ => return Err(bad("unknown key")),
                     }
                 }
@@ -474,11 +479,15 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(dev: *mut c_void, sample: *mut GpmSamp
     }
     let r = with_device(dev, |d| {
         d.nvlink?;
+        if d.gpm_fail_after.is_some_and(|n| d.gpm_samples_taken >= n) {
+            return Some(Err(ERROR_IN_USE));
+        }
         d.gpm_samples_taken += 1;
-        Some(d.gpm_samples_taken)
+        Some(Ok(d.gpm_samples_taken))
     });
     match r {
-        Ok(Some(n)) => {
+        Ok(Some(Err(e))) => e,
+        Ok(Some(Ok(n))) => {
             // SAFETY: a live sample per the contract above; with_device checked `dev`.
             unsafe { (*sample).filled = Some((dev as usize, n)) };
             SUCCESS

@@ -94,6 +94,7 @@ pub fn run(args: &[String]) -> Result<()> {
             mib(tree)
         );
     }
-    println!("gpu-bundle: on a lent device, one call: run(command=\"GPU_CHECK_PACK=1 bash scripts/gpu-check.sh\", carry=[\"target/gpu-bundle\"], timeout_s=400)");
+    // The steps no GPU has run yet (docs/gpu.md "The next lease"); all steps: leave GPU_CHECK_STEPS out.
+    println!("gpu-bundle: on a lent device, one call: run(command=\"GPU_CHECK_PACK=1 GPU_CHECK_STEPS='3g 5 7 8 9 10' bash scripts/gpu-check.sh\", carry=[\"target/gpu-bundle\"], timeout_s=400)");
     Ok(())
 }

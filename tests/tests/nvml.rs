@@ -371,3 +371,37 @@ fn gpm_failing_in_a_row_stops_nvlink_sampling_with_one_note() {
     assert!(nvlink[4..].iter().all(Option::is_none), "after the failures, no figure rather than a made-up one: {nvlink:?}");
     assert_eq!(report_json(&hop)["recording"]["drops"]["nvml_field_errors"].as_u64(), Some(10), "the ten failures counted, then no more asking");
 }
+
+/// NVLink figures follow the unit NVML names for its GPM metrics (nvml.h:
+/// MiB/s); a unit not known here is taken as MiB/s and said once.
+#[test]
+fn gpm_nvlink_figures_follow_the_unit_nvml_names() {
+    let Some(_serial) = privileged("gpm_nvlink_figures_follow_the_unit_nvml_names") else { return };
+    let lib = double();
+    let dir = scratch("nvml-gpm-unit");
+    let (mut server, _port) = http_server(&dir);
+    let script = dir.join("nvml.script");
+    std::fs::write(&script, "driver 580.1\ndevice total=8 used=1 nvlink_tx=2048 nvlink_rx=1024 gpm_unit=B/sec\ndevice total=8 used=1 nvlink_tx=1 gpm_unit=MB/s\n").unwrap();
+    let hop = dir.join("run.hop");
+    let err = record(&hop, server.id(), &["--nvml-period", "50", "--nvml-lib", lib.to_str().unwrap()], &[("NVML_TEST_DOUBLE_SCRIPT", &script)], || {});
+    let _ = server.kill();
+    let _ = server.wait();
+    let notes: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:")).collect();
+    assert_eq!(
+        notes,
+        [
+            "hopscope: note: nvml: sampling 2 GPU(s) every 50 ms (driver 580.1; NVLink throughput from GPM)",
+            "hopscope: note: nvml: GPU 1's GPM gives NVLink throughput in \"MB/s\", not a unit known here: taken as MiB/s (nvml.h)"
+        ],
+        "{err}"
+    );
+    let mut by_dev: BTreeMap<u32, Vec<(Option<u64>, Option<u64>)>> = BTreeMap::new();
+    for r in hopscope::recording::load(&hop).unwrap().records {
+        if let Record::GpuSample { device, nvlink_tx_kib_s, nvlink_rx_kib_s, .. } = r {
+            by_dev.entry(device).or_default().push((nvlink_tx_kib_s, nvlink_rx_kib_s));
+        }
+    }
+    assert!(by_dev[&0].len() >= 40, "{by_dev:?}");
+    assert!(by_dev[&0].iter().all(|v| *v == (Some(2), Some(1))), "B/s as KiB/s: {:?}", by_dev[&0]);
+    assert!(by_dev[&1].iter().all(|v| *v == (Some(1024), Some(0))), "taken as MiB/s: {:?}", by_dev[&1]);
+}

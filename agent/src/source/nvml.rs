@@ -231,7 +231,7 @@ fn run(cfg: NvmlConfig, sh: Arc<Shared>, tx: SyncSender<Record>) {
     sh.stats.devices.store(devices.len() as u64, Ordering::Relaxed);
     let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
     // Each device's previous GPM sample: NVLink throughput is measured between two.
-    let mut gpm: Vec<Option<Gpm>> = devices.iter().map(|(i, d)| gpm_start(*i, d, &sh).map(|prev| Gpm { prev, failures: 0 })).collect();
+    let mut gpm: Vec<Option<Gpm>> = devices.iter().map(|(i, d)| gpm_start(*i, d, &sh).map(|prev| Gpm { prev, failures: 0, unit_checked: false })).collect();
     let with_gpm: Vec<String> = devices.iter().zip(&gpm).filter(|(_, g)| g.is_some()).map(|((i, _), _)| i.to_string()).collect();
     let nvlink = if with_gpm.is_empty() {
         "no NVLink throughput: it comes from GPM, which needs a Hopper or newer GPU".to_owned()
@@ -333,11 +333,26 @@ fn gpm_start<'n>(i: u32, d: &Device<'n>, sh: &Shared) -> Option<GpmSample<'n>> {
 /// count an error every tick for the rest of the recording.
 const GPM_GIVE_UP: u32 = 10;
 
-/// A GPU's GPM state: the previous tick's sample, and how many ticks in a
-/// row failed since the last that did not.
+/// A GPU's GPM state: the previous tick's sample, how many ticks in a row
+/// failed since the last that did not, and whether the unit NVML gives its
+/// NVLink figures in was looked at.
 struct Gpm<'n> {
     prev: GpmSample<'n>,
     failures: u32,
+    unit_checked: bool,
+}
+
+/// KiB/s per unit of a GPM rate whose unit NVML names `unit` ("MiB/sec" in
+/// nvml.h for the NVLink metrics), `None` for a unit not known here.
+fn kib_s_per(unit: &str) -> Option<f64> {
+    let per = unit.strip_suffix("/sec").or_else(|| unit.strip_suffix("/s"))?;
+    Some(match per {
+        "B" => 1.0 / 1024.0,
+        "KiB" => 1.0,
+        "MiB" => 1024.0,
+        "GiB" => 1024.0 * 1024.0,
+        _ => return None,
+    })
 }
 
 /// Sets `r`'s NVLink throughput from the GPM samples of the previous tick
@@ -370,9 +385,16 @@ fn nvlink_throughput<'n>(nvml: &'n Nvml, i: u32, d: &Device<'n>, gpm: &mut Optio
     };
     let mut rates = rates.into_iter();
     let mut kib_s = || {
-        let v = field(rates.next()?, stats)?.value;
+        let m = field(rates.next()?, stats)?;
+        // nvml.h documents MiB/s; a unit NVML names otherwise is followed, one it
+        // names that is not known here is taken as MiB/s and said once.
+        let per = kib_s_per(&m.metric_info.unit);
+        if !std::mem::replace(&mut g.unit_checked, true) && per.is_none() {
+            note(sh, format!("nvml: GPU {i}'s GPM gives NVLink throughput in {:?}, not a unit known here: taken as MiB/s (nvml.h)", m.metric_info.unit));
+        }
+        let v = m.value * per.unwrap_or(1024.0);
         if v.is_finite() && v >= 0.0 {
-            Some((v * 1024.0).round() as u64)
+            Some(v.round() as u64)
         } else {
             stats.field_errors.fetch_add(1, Ordering::Relaxed);
             None
@@ -472,6 +494,17 @@ mod tests {
             }
         }
         assert_eq!(seen, [0, 5, 10, 12, 15, 190, 200], "samples in time order with the kernel events");
+    }
+
+    #[test]
+    fn gpm_rates_follow_the_unit_nvml_names() {
+        assert_eq!(kib_s_per("MiB/sec"), Some(1024.0), "nvml.h's unit for the NVLink metrics");
+        assert_eq!(kib_s_per("MiB/s"), Some(1024.0));
+        assert_eq!(kib_s_per("B/sec"), Some(1.0 / 1024.0));
+        assert_eq!(kib_s_per("GiB/sec"), Some(1024.0 * 1024.0));
+        for unknown in ["", "MB/sec", "%", "MiB"] {
+            assert_eq!(kib_s_per(unknown), None, "{unknown:?}");
+        }
     }
 
     #[test]

@@ -37,7 +37,8 @@
 //! `NVML_ERROR_INVALID_ARGUMENT`. Samples still allocated at `nvmlShutdown`
 //! are printed to stderr (a leak). `gpm_fail_after=N`: the device's
 //! `nvmlGpmSampleGet` answers `NVML_ERROR_IN_USE` after its first N samples
-//! (as when another profiler holds the counters).
+//! (as when another profiler holds the counters). `gpm_unit=B/sec`: the unit
+//! the metrics name (nvml.h's `MiB/sec` without it).
 
 #![allow(non_snake_case)]
 
@@ -92,6 +93,8 @@ struct Device {
     nvlink: Option<(f64, f64)>,
     gpm_samples_taken: u64,
     gpm_fail_after: Option<u64>,
+    /// The unit `nvmlGpmMetricsGet` names (`gpm_unit=`; default nvml.h's "MiB/sec").
+    gpm_unit: Option<&'static std::ffi::CStr>,
     /// (pid, first bytes, step)
     procs: Vec<(u32, u64, u64)>,
     mem_reads: u64,
@@ -126,6 +129,12 @@ fn parse(text: &str) -> Result<State, String> {
                     let (k, v) = w.split_once('=').ok_or_else(|| bad("expected key=value"))?;
                     if (k, v) == ("pcie", "unsupported") {
                         d.pcie = None;
+                        continue;
+                    }
+                    if k == "gpm_unit" {
+                        // Leaked once per script: the pointer NVML hands out must outlive the call.
+                        let unit = std::ffi::CString::new(v).map_err(|_| bad("a unit without NUL"))?;
+                        d.gpm_unit = Some(Box::leak(unit.into_boxed_c_str()));
                         continue;
                     }
                     if let ("nvlink_tx" | "nvlink_rx", Ok(rate)) = (k, v.parse::<f64>()) {
@@ -520,7 +529,7 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(req: *mut GpmMetricsGet) -> NvmlRetur
     if dev1 != dev2 || n2 <= n1 {
         return ERROR_INVALID_ARGUMENT;
     }
-    let rates = match with_device(dev1 as *mut c_void, |d| d.nvlink) {
+    let (rates, unit) = match with_device(dev1 as *mut c_void, |d| d.nvlink.map(|r| (r, d.gpm_unit.unwrap_or(c"MiB/sec")))) {
         Ok(Some(r)) => r,
         Ok(None) => return ERROR_NOT_SUPPORTED,
         Err(e) => return e,
@@ -534,7 +543,7 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(req: *mut GpmMetricsGet) -> NvmlRetur
         };
         m.nvml_return = ret;
         m.value = value;
-        let unit = if ret == SUCCESS { c"MiB/sec".as_ptr() } else { std::ptr::null() };
+        let unit = if ret == SUCCESS { unit.as_ptr() } else { std::ptr::null() };
         m.info = GpmMetricInfo { short_name: name.as_ptr(), long_name: name.as_ptr(), unit };
     }
     SUCCESS

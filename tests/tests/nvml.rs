@@ -395,13 +395,14 @@ fn gpm_nvlink_figures_follow_the_unit_nvml_names() {
         ],
         "{err}"
     );
-    let mut by_dev: BTreeMap<u32, Vec<(Option<u64>, Option<u64>)>> = BTreeMap::new();
+    // Per device: each sample's NVLink (tx, rx) KiB/s.
+    let mut by_dev: BTreeMap<u32, Vec<[Option<u64>; 2]>> = BTreeMap::new();
     for r in hopscope::recording::load(&hop).unwrap().records {
         if let Record::GpuSample { device, nvlink_tx_kib_s, nvlink_rx_kib_s, .. } = r {
-            by_dev.entry(device).or_default().push((nvlink_tx_kib_s, nvlink_rx_kib_s));
+            by_dev.entry(device).or_default().push([nvlink_tx_kib_s, nvlink_rx_kib_s]);
         }
     }
     assert!(by_dev[&0].len() >= 40, "{by_dev:?}");
-    assert!(by_dev[&0].iter().all(|v| *v == (Some(2), Some(1))), "B/s as KiB/s: {:?}", by_dev[&0]);
-    assert!(by_dev[&1].iter().all(|v| *v == (Some(1024), Some(0))), "taken as MiB/s: {:?}", by_dev[&1]);
+    assert!(by_dev[&0].iter().all(|v| *v == [Some(2), Some(1)]), "B/s as KiB/s: {:?}", by_dev[&0]);
+    assert!(by_dev[&1].iter().all(|v| *v == [Some(1024), Some(0)]), "taken as MiB/s: {:?}", by_dev[&1]);
 }

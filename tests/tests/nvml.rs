@@ -340,30 +340,35 @@ fn doctor_says_which_gpus_give_nvlink_throughput() {
     assert_eq!(doctor("driver 535.2\ndevice total=1 used=0\n"), format!("driver 535.2, 1 GPU(s): {gpu}; no NVLink throughput (it needs GPM: Hopper or newer)"));
 }
 
+/// Records an idle server for 3 s at a 50 ms NVML period through the NVML
+/// test double playing `script`; returns hopscope's `nvml:` notes and the
+/// recording.
+fn record_through_the_double(name: &str, script: &str) -> (Vec<String>, PathBuf) {
+    let dir = scratch(name);
+    let (mut server, _port) = http_server(&dir);
+    let script_path = dir.join("nvml.script");
+    std::fs::write(&script_path, script).unwrap();
+    let hop = dir.join("run.hop");
+    let err = record(&hop, server.id(), &["--nvml-period", "50", "--nvml-lib", double().to_str().unwrap()], &[("NVML_TEST_DOUBLE_SCRIPT", &script_path)], || {});
+    let _ = server.kill();
+    let _ = server.wait();
+    (err.lines().filter(|l| l.contains(" nvml:")).map(str::to_owned).collect(), hop)
+}
+
 /// GPM that starts failing mid-recording (another profiler holding the
 /// counters) costs 10 counted errors and one note, then NVLink sampling
 /// stops on that GPU; everything else goes on being sampled.
 #[test]
 fn gpm_failing_in_a_row_stops_nvlink_sampling_with_one_note() {
     let Some(_serial) = privileged("gpm_failing_in_a_row_stops_nvlink_sampling_with_one_note") else { return };
-    let lib = double();
-    let dir = scratch("nvml-gpm-fails");
-    let (mut server, _port) = http_server(&dir);
-    let script = dir.join("nvml.script");
     // The start's sample and 4 ticks' succeed, then every GPM sample fails.
-    std::fs::write(&script, "driver 580.1\ndevice total=80000000000 used=5 used_step=1 nvlink_tx=2 nvlink_rx=1 gpm_fail_after=5\n").unwrap();
-    let hop = dir.join("run.hop");
-    let err = record(&hop, server.id(), &["--nvml-period", "50", "--nvml-lib", lib.to_str().unwrap()], &[("NVML_TEST_DOUBLE_SCRIPT", &script)], || {});
-    let _ = server.kill();
-    let _ = server.wait();
-    let notes: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:")).collect();
+    let (notes, hop) = record_through_the_double("nvml-gpm-fails", "driver 580.1\ndevice total=80000000000 used=5 used_step=1 nvlink_tx=2 nvlink_rx=1 gpm_fail_after=5\n");
     assert_eq!(
         notes,
         [
             "hopscope: note: nvml: sampling 1 GPU(s) every 50 ms (driver 580.1; NVLink throughput from GPM)",
             "hopscope: note: nvml: GPU 0's GPM failed 10 times in a row (operation cannot be performed because the GPU is currently in use; another profiler using it?): NVLink throughput from it stops here"
-        ],
-        "{err}"
+        ]
     );
     let nvlink: Vec<Option<u64>> = hopscope::recording::load(&hop).unwrap().records.iter().filter_map(|r| if let Record::GpuSample { nvlink_tx_kib_s, .. } = r { Some(*nvlink_tx_kib_s) } else { None }).collect();
     assert!(nvlink.len() >= 40, "{} samples: the GPU is still sampled", nvlink.len());
@@ -377,23 +382,13 @@ fn gpm_failing_in_a_row_stops_nvlink_sampling_with_one_note() {
 #[test]
 fn gpm_nvlink_figures_follow_the_unit_nvml_names() {
     let Some(_serial) = privileged("gpm_nvlink_figures_follow_the_unit_nvml_names") else { return };
-    let lib = double();
-    let dir = scratch("nvml-gpm-unit");
-    let (mut server, _port) = http_server(&dir);
-    let script = dir.join("nvml.script");
-    std::fs::write(&script, "driver 580.1\ndevice total=8 used=1 nvlink_tx=2048 nvlink_rx=1024 gpm_unit=B/sec\ndevice total=8 used=1 nvlink_tx=1 gpm_unit=MB/s\n").unwrap();
-    let hop = dir.join("run.hop");
-    let err = record(&hop, server.id(), &["--nvml-period", "50", "--nvml-lib", lib.to_str().unwrap()], &[("NVML_TEST_DOUBLE_SCRIPT", &script)], || {});
-    let _ = server.kill();
-    let _ = server.wait();
-    let notes: Vec<&str> = err.lines().filter(|l| l.contains(" nvml:")).collect();
+    let (notes, hop) = record_through_the_double("nvml-gpm-unit", "driver 580.1\ndevice total=8 used=1 nvlink_tx=2048 nvlink_rx=1024 gpm_unit=B/sec\ndevice total=8 used=1 nvlink_tx=1 gpm_unit=MB/s\n");
     assert_eq!(
         notes,
         [
             "hopscope: note: nvml: sampling 2 GPU(s) every 50 ms (driver 580.1; NVLink throughput from GPM)",
             "hopscope: note: nvml: GPU 1's GPM gives NVLink throughput in \"MB/s\", not a unit known here: taken as MiB/s (nvml.h)"
-        ],
-        "{err}"
+        ]
     );
     // Per device: each sample's NVLink (tx, rx) KiB/s.
     let mut by_dev: BTreeMap<u32, Vec<[Option<u64>; 2]>> = BTreeMap::new();

@@ -301,15 +301,20 @@ struct EngineGauges {
     prefix_hits: u64,
 }
 
-/// One GPU's latest NVML sample: memory used, SM utilisation, PCIe and
-/// NVLink throughput (KiB/s, transmit and receive).
+/// One GPU's latest NVML sample: memory used, SM utilisation, and per link
+/// ([`GPU_LINKS`]: PCIe, NVLink) its throughput, KiB/s, transmit and receive.
 #[derive(Debug, Clone, Copy)]
 struct GpuGauges {
     used: u64,
     sm: Option<u32>,
-    pcie: [Option<u64>; 2],
-    nvlink: [Option<u64>; 2],
+    links: [[Option<u64>; 2]; 2],
 }
+
+/// The family and help of each of [`GpuGauges::links`].
+const GPU_LINKS: [(&str, &str); 2] = [
+    ("hopscope_gpu_pcie_bytes_per_second", "PCIe throughput over NVML's last 20 ms, by direction (NVML)."),
+    ("hopscope_gpu_nvlink_bytes_per_second", "NVLink throughput summed over links since the previous sample, by direction (NVML GPM, Hopper and newer)."),
+];
 
 /// Hop indexes past this share the last series (bounded label cardinality).
 const MAX_HOP_LABEL: u32 = 16;
@@ -479,8 +484,8 @@ impl LiveMetrics {
             Record::GpuSample { device, mem_used_bytes, sm_util_pct, pcie_tx_kib_s, pcie_rx_kib_s, nvlink_tx_kib_s, nvlink_rx_kib_s, .. }
                 if self.gpus.len() < 64 || self.gpus.contains_key(device) =>
             {
-                let pcie = [pcie_tx_kib_s.map(u64::from), pcie_rx_kib_s.map(u64::from)];
-                self.gpus.insert(*device, GpuGauges { used: *mem_used_bytes, sm: *sm_util_pct, pcie, nvlink: [*nvlink_tx_kib_s, *nvlink_rx_kib_s] });
+                let links = [[pcie_tx_kib_s.map(u64::from), pcie_rx_kib_s.map(u64::from)], [*nvlink_tx_kib_s, *nvlink_rx_kib_s]];
+                self.gpus.insert(*device, GpuGauges { used: *mem_used_bytes, sm: *sm_util_pct, links });
             }
             Record::NvmlDevice { device, name, driver, .. } if self.gpu_info.len() < 64 || self.gpu_info.contains_key(device) => {
                 self.gpu_info.insert(*device, (name.clone(), driver.clone()));
@@ -705,16 +710,13 @@ impl LiveMetrics {
                 }
             }
             // A link NVML gives no figure for on any GPU (no GPM for NVLink before Hopper) has no family.
-            for (name, help, pick) in [
-                ("hopscope_gpu_pcie_bytes_per_second", "PCIe throughput over NVML's last 20 ms, by direction (NVML).", (|g: &GpuGauges| g.pcie) as fn(&GpuGauges) -> [Option<u64>; 2]),
-                ("hopscope_gpu_nvlink_bytes_per_second", "NVLink throughput summed over links since the previous sample, by direction (NVML GPM, Hopper and newer).", |g| g.nvlink),
-            ] {
-                if !self.gpus.values().any(|g| pick(g).iter().any(Option::is_some)) {
+            for (link, (name, help)) in GPU_LINKS.into_iter().enumerate() {
+                if !self.gpus.values().any(|g| g.links[link].iter().any(Option::is_some)) {
                     continue;
                 }
                 family(&mut s, name, help, "gauge");
                 for (d, g) in &self.gpus {
-                    for (direction, v) in ["tx", "rx"].into_iter().zip(pick(g)) {
+                    for (direction, v) in ["tx", "rx"].into_iter().zip(g.links[link]) {
                         if let Some(kib_s) = v {
                             let _ = writeln!(s, "{name}{{device=\"{d}\",direction=\"{direction}\"}} {}", kib_s.saturating_mul(1024));
                         }

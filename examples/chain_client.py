@@ -150,6 +150,10 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
     if args.priority is not None:
         # vLLM's extra body parameter, used under --scheduling-policy priority.
         body["priority"] = args.priority
+    if args.stop:
+        # Stop strings: vLLM's detokenizer holds back the last len(longest)-1
+        # characters of the text while streaming, in case one is starting.
+        body["stop_sequences" if messages_api else "stop"] = args.stop
     body["stream"] = args.stream
     if args.stream and args.usage and not responses and not messages_api:
         body["stream_options"] = {"include_usage": True}
@@ -417,6 +421,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "the Anthropic Messages API (/v1/messages: Claude Code's and Anthropic SDK agents')")
     p.add_argument("--prompt-words", type=int, default=120, help="words in the hop-1 task description")
     p.add_argument("--system-words", type=int, default=0, help="words added to the system prompt")
+    p.add_argument("--stop", action="append", default=None, metavar="STRING",
+                   help="a stop string sent with every hop (repeatable; not on the Responses API)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="sampling seed sent to the server")
     p.add_argument("--task-seed", type=int, default=1, help="seed for the generated task text")

@@ -694,15 +694,17 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                       "finish_reason": None}], cu)
                     finish = d.finish_reason
-                    if d.text == "" and finish is None:
+                    if d.text == "" and finish is None and d.num_tokens == 0:
                         continue
+                    # An output whose text is held back (a stop string may be starting) still
+                    # goes out, with empty content, as vLLM's chat stream sends it (no parser).
                     choice: dict[str, Any] = {"index": 0, "delta": {"content": d.text}, "logprobs": None,
                                               "finish_reason": finish}
                     if finish is not None:
                         choice["stop_reason"] = d.stop_reason
                     cu = (_usage(st.prompt_len, st.num_output_tokens, st.cached_tokens, prompt_tokens_details)
                           if continuous_usage else None)
-                    kinds.append("content" if d.text else "finish")
+                    kinds.append("content" if d.text else "finish" if finish is not None else "empty")
                     yield chunk([choice], cu)
                 if include_usage:
                     kinds.append("usage")

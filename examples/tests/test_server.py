@@ -361,6 +361,24 @@ def test_stop_string_aborts_engine_request(tb):
     assert rec["finish_reason"] == "abort" and rec["output_tokens"] < 200
 
 
+
+def test_held_back_text_goes_out_as_empty_content_chunks_as_vllm_sends_them(tb):
+    """vLLM's detokenizer holds back the last len(longest stop) - 1 characters while streaming, and
+    its chat stream (no parser) still sends each such output, with empty content: a tracer sees
+    the stream's first content only after them."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hold-back probe"}], "max_tokens": 12,
+            "temperature": 0, "cache_salt": "probe-hold", "stop": ["\u00a7" * 6], "stream": True}
+    with httpx.stream("POST", tb.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert deltas[0].get("role") == "assistant" and deltas[0]["content"] == "", deltas[0]
+    first = next(i for i, d in enumerate(deltas) if d.get("content"))
+    empty = [d for d in deltas[1:first] if d == {"content": ""}]
+    assert empty and len(empty) == first - 1, deltas[:first + 1]
+    # The held text comes out whole: 12 tokens of one byte each, nothing lost.
+    assert sum(len(d.get("content") or "") for d in deltas) == 12, deltas
+
+
 # ----------------------------------------------------------- ground truth
 
 def test_ground_truth_consistency_and_prefix_growth(tb, tmp_path):

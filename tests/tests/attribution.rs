@@ -85,8 +85,11 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
     let mut first_step_end: HashMap<&str, i64> = HashMap::new();
     // And the last output leaves with the last step that carried one.
     let mut last_step_end: HashMap<&str, i64> = HashMap::new();
+    // Every step end that carried an output of it, in order.
+    let mut output_ends: HashMap<&str, Vec<i64>> = HashMap::new();
     for t in run.truth.iter().filter(|t| t["type"] == "step") {
         for o in t["outputs"].as_array().into_iter().flatten() {
+            output_ends.entry(o.as_str().unwrap()).or_default().push(ns(t, "end_ns"));
             first_step_end.entry(o.as_str().unwrap()).or_insert(ns(t, "end_ns"));
             let last = last_step_end.entry(o.as_str().unwrap()).or_insert(0);
             *last = (*last).max(ns(t, "end_ns"));
@@ -143,6 +146,7 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
         if r["streamed"] == true {
             let first_sse = (ns(h, "first_sse_write_ns"), ns(h, "first_sse_sent_ns"));
             truth.push(("first_output", (first_sse.0 - step_end, first_sse.1 - step_end)));
+            check_held_back(r, &output_ends[eid], first_sse, &mut worst);
             truth.push(("decode", (done.0 - first_sse.1, done.1 - first_sse.0)));
         } else {
             // A whole answer leaves at the end: decode runs from the
@@ -216,6 +220,25 @@ fn check_phases_with(run: &Run, closed: bool) -> f64 {
     worst
 }
 
+/// What the engine made before a streamed request's first content left
+/// (`tokens_before_first_content`, `first_output_held_ms`) against the
+/// truth's steps: the outputs of it (one token each in the testbed) whose
+/// step ended before the first content's write — a step ending inside that
+/// write's bracket may count or not — and the time from its first to the
+/// last of them.
+fn check_held_back(r: &Value, ends: &[i64], first_sse: (i64, i64), worst: &mut f64) {
+    let id = r["id"].as_str().unwrap();
+    let before = |t: i64| ends.iter().filter(|&&e| e <= t).count().max(1);
+    let (lo, hi) = (before(first_sse.0), before(first_sse.1));
+    let tokens = r["tokens_before_first_content"].as_u64().unwrap_or_else(|| panic!("{id}: tokens_before_first_content is null: {r}")) as usize;
+    assert!((lo..=hi).contains(&tokens), "{id}: {tokens} tokens before the first content, truth {lo}..={hi} (outputs at {ends:?}, content written in {first_sse:?})");
+    let held = r["first_output_held_ms"].as_f64().unwrap_or_else(|| panic!("{id}: first_output_held_ms is null: {r}"));
+    let want = (ends[tokens - 1] - ends[0]) as f64 / 1e6;
+    let (err, tol) = miss(held, want, want);
+    assert!(err <= tol, "{id}: held back {held:.3} ms, truth {want:.3} ms (tolerance {tol:.3})");
+    *worst = worst.max(err);
+}
+
 /// Steps that produced outputs: same count and same members as the truth.
 /// `hopscope trace` of the run's recording, checked and summarised.
 fn trace_of(run: &Run) -> hopscope::sink::perfetto::check::Summary {
@@ -284,6 +307,34 @@ fn phases_match_ground_truth_for_a_single_chain() {
             assert_eq!(t.slices.get(phase), Some(&1), "{}: {phase} slice in {:?}", r["id"], t.slices);
         }
     }
+}
+
+/// Stop strings: the testbed's detokenizer holds back the last
+/// `len(longest stop) − 1` characters as vLLM's does, its chat stream sends
+/// the held outputs with empty content, and the first content leaves with the
+/// 12th token (byte tokens; the stop string's `§` is never sampled). Every
+/// hop's tokens before it and the time the engine went on decoding are the
+/// truth's (checked in `check_phases`), and the text report says it under
+/// the hop.
+#[test]
+fn stop_strings_holding_the_first_content_back_are_counted_in_tokens_and_time() {
+    let Some(_serial) = privileged("stop_strings_holding_the_first_content_back_are_counted_in_tokens_and_time") else { return };
+    let stop = "§".repeat(12);
+    let run = run_testbed("attr-stop", &[], &[&["--chains", "2", "--hops", "2", "--max-tokens", "32", "--stagger-ms", "40", "--stop", &stop]]);
+    let worst = check_phases(&run);
+    let mut streamed = 0;
+    for r in run.report["requests"].as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions") {
+        let (tokens, held, first_output) = (r["tokens_before_first_content"].as_u64(), r["first_output_held_ms"].as_f64().unwrap(), r["phases_ms"]["first_output"].as_f64().unwrap());
+        assert!(tokens >= Some(12), "{}: the first content comes with the 12th token at the earliest: {r}", r["id"]);
+        assert!(held > 0.0 && held <= first_output, "{}: held {held} ms inside first_output {first_output} ms", r["id"]);
+        streamed += 1;
+    }
+    assert_eq!(streamed, 4);
+    let out = std::process::Command::new(hopscope_bin()).arg("report").arg(&run.hop).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let notes = text.lines().filter(|l| l.contains("^ first content") && l.contains("tokens generated by then")).count();
+    assert!(notes >= 1, "the hop table tells a held first content: {text}");
+    eprintln!("stop strings: worst phase error {worst:.3} ms, {notes} hop notes");
 }
 
 /// The Responses API (the OpenAI Agents SDK's): each hop's response

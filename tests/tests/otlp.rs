@@ -58,6 +58,8 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
         assert!((ttft * 1e3 - r["ttft_ms"].as_f64().unwrap()).abs() < 1e-6);
         assert!((attr(s, "gen_ai.latency.time_in_model_prefill").as_f64().unwrap() * 1e3 - r["phases_ms"]["prefill"].as_f64().unwrap()).abs() < 1e-6);
         assert!((attr(s, "hopscope.latency.last_output").as_f64().unwrap() * 1e3 - r["last_output_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}");
+        assert!((attr(s, "hopscope.latency.first_output_held").as_f64().unwrap() * 1e3 - r["first_output_held_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}");
+        assert_eq!(attr(s, "hopscope.tokens_before_first_content").as_str().map(|v| v.parse::<u64>().unwrap()), r["tokens_before_first_content"].as_u64(), "{id}");
         assert!((attr(s, "hopscope.latency.scheduler_queue").as_f64().unwrap() * 1e3 - r["scheduler_queue_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}");
         assert_eq!(attr(s, "hopscope.hop").as_str(), Some(r["hop"].to_string().as_str()));
         // The GenAI conventions' operation and model, as the reference receiver decoded them.

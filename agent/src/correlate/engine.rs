@@ -323,6 +323,13 @@ pub struct EngineReq {
     pub first_step_prev_end_ns: Option<u64>,
     pub steps: u32,
     pub new_tokens: u64,
+    /// (end of an output that carried tokens, `new_tokens` after it), for
+    /// its first [`TOKEN_MARKS_MAX`] such outputs: how many tokens the
+    /// engine had produced by the time its first content left
+    /// ([`EnginePhases::tokens_before_first_content`]).
+    pub token_marks: Vec<(u64, u64)>,
+    /// More outputs with tokens came than `token_marks` keeps.
+    pub token_marks_capped: bool,
     pub finish_reason: Option<u8>,
     pub finished_ns: Option<u64>,
     pub prefill: Option<PrefillStats>,
@@ -863,6 +870,13 @@ impl EngineSide {
             let part = part.filter(|p| !impossible && built_ns.is_some() && (end_ns..=end_ns + super::join::SAME_STEP_NS).contains(p));
             let out_ns = part.unwrap_or(end_ns);
             r.last_output_ns = Some(r.last_output_ns.map_or(out_ns, |l| l.max(out_ns)));
+            if o.new_tokens > 0 {
+                if r.token_marks.len() < TOKEN_MARKS_MAX {
+                    r.token_marks.push((out_ns, r.new_tokens));
+                } else {
+                    r.token_marks_capped = true;
+                }
+            }
             let first = o.new_tokens > 0 && r.first_token_ns.is_none();
             if first {
                 r.first_token_ns = Some(out_ns);
@@ -1213,6 +1227,27 @@ const _: () = assert!(ABORT_NEAR_CLOSE_NS < super::SETTLE_NS);
 /// (docs/decisions.md), far inside it.
 pub const ABORT_CLOSE_MARGIN_NS: u64 = 50_000_000;
 
+/// Outputs with tokens an engine request keeps the times of
+/// ([`EngineReq::token_marks`]): a first content held back past this many
+/// of them (a tool-call parser waiting for a whole call) has no count.
+pub const TOKEN_MARKS_MAX: usize = 64;
+
+/// The last of `e`'s outputs with tokens that ended by the first content at
+/// `ttft`, and the tokens it had produced by then. At least its first
+/// output: the frontend cannot write what the engine has not sent, so a
+/// first output timed after the content (the engine's clock mapped a little
+/// late) still counts. `None` without a first content or tokens, or when
+/// the content came after every output kept and more came than were kept.
+fn before_first_content(e: &EngineReq, ttft: Option<u64>) -> Option<(u64, u64)> {
+    let t = ttft?;
+    let &first = e.token_marks.first()?;
+    if e.token_marks_capped && e.token_marks.last().is_some_and(|&(ns, _)| ns <= t) {
+        return None;
+    }
+    let before = e.token_marks.iter().copied().filter(|&(ns, _)| ns <= t).max_by_key(|&(_, n)| n);
+    Some(before.filter(|b| b.1 >= first.1).unwrap_or(first))
+}
+
 /// The phases an engine request gives the HTTP request that claimed it.
 fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
     // The wake-up is the hand-over only if it happened while the HTTP
@@ -1240,6 +1275,7 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         },
     };
     let prefill = e.prefill.unwrap_or_default();
+    let before_content = before_first_content(&e, r.ttft_ns);
     EnginePhases {
         submit_ns: submit,
         queued_ns: e.queued_ns,
@@ -1252,6 +1288,8 @@ fn phases_of(e: EngineReq, r: &Request) -> EnginePhases {
         cached_tokens: prefill.cached_tokens,
         computed_tokens: prefill.computed_tokens,
         generated_tokens: e.new_tokens,
+        tokens_before_first_content: before_content.map(|b| b.1),
+        first_content_output_ns: before_content.map(|b| b.0),
         interference_ns: e.interference_ns,
         interference_from: e.interference_from,
         engine_index: e.engine_index,
@@ -1515,6 +1553,17 @@ pub struct EnginePhases {
     /// which vLLM's `usage.completion_tokens` counts too (a stream asks for
     /// usage only with `stream_options.include_usage`).
     pub generated_tokens: u64,
+    /// The tokens the engine had produced for it when its first content
+    /// left (outputs ended by `ttft_ns`): 1 when the first token's text went
+    /// straight out; more when the server held text back (vLLM's
+    /// detokenizer keeps the last `len(longest stop string) − 1` characters
+    /// of a request with stop strings, and incomplete UTF-8; a reasoning or
+    /// tool-call parser waits for a whole tag) or its output path was
+    /// slower than a step. `None` without a first content.
+    pub tokens_before_first_content: Option<u64>,
+    /// The end of the last of its outputs with tokens that ended by its
+    /// first content: [`first_output_held_ms`] runs from the first token to it.
+    pub first_content_output_ns: Option<u64>,
     /// Decode time lost to co-batched prefills of other requests (ns), and whose.
     pub interference_ns: u64,
     pub interference_from: Vec<Name>,
@@ -1651,6 +1700,30 @@ pub fn last_output_ms(r: &Request) -> Option<f64> {
     // Inside [first token, done], as the marks are.
     let last = last.clamp(m.first_token.unwrap_or(m.scheduled), done);
     Some(ms(done - last))
+}
+
+/// The part of `first_output` in which the engine went on producing the
+/// request's tokens while the client saw no content (ms): from the end of
+/// the step that made its first token to the end of the last step with
+/// its tokens that ended by the first content
+/// ([`EnginePhases::first_content_output_ns`]). 0 when the first token's
+/// text went straight out. The server held the text back (vLLM's
+/// detokenizer keeps the last `len(longest stop string) − 1` characters of
+/// a request with stop strings, and incomplete UTF-8; a reasoning or
+/// tool-call parser waits for a whole tag), or its output path was slower
+/// than a step (then one step, two tokens). The rest of `first_output` is
+/// the content's own way out (the IPC, detokenizing, the write). `null`
+/// without a first content or without the IPC.
+pub fn first_output_held_ms(r: &Request) -> Option<f64> {
+    first_output_held_span(r).map(|(a, b)| ms(b - a))
+}
+
+/// [`first_output_held_ms`]'s span, inside the first_output phase's marks.
+pub fn first_output_held_span(r: &Request) -> Option<(u64, u64)> {
+    let m = marks(r)?;
+    let (first, ttft) = (m.first_token?, m.ttft?);
+    let last = r.engine.as_ref()?.first_content_output_ns?;
+    Some((first, last.clamp(first, ttft)))
 }
 
 /// The engine scheduler's own queue (ms): its QUEUED stamp (the engine loop
@@ -1862,6 +1935,64 @@ pub(crate) mod tests {
         for (k, n) in [("engine_requests_linked_by_abort", Some(&2)), ("requests_closed_unfinished", Some(&2)), ("engine_requests_unlinked", None)] {
             assert_eq!(a.drops.get(k), n, "{k}: {:?}", a.drops);
         }
+    }
+
+    #[test]
+    fn a_first_content_held_back_counts_the_tokens_and_time_the_engine_made_before_it() {
+        // A's text goes straight out; B's stream writes its role chunk and
+        // empty chunks for the next 4 outputs (a stop string's hold-back),
+        // its first content with the 6th; C's content leaves after its 2nd output has
+        // ended (the frontend lagged a step). Steps end every 10 ms from 20.
+        let mut recs = http("chatcmpl-a", 5, 0);
+        recs.extend(http("chatcmpl-b", 6, MS / 2));
+        recs.extend(http("chatcmpl-c", 7, MS));
+        for k in 0..8u64 {
+            let at = (20 + 10 * k) * MS;
+            recs.push(step(at, &[("chatcmpl-a", true, Some(5 * MS)), ("chatcmpl-b", true, Some(5 * MS)), ("chatcmpl-c", true, Some(5 * MS))]));
+            recs.push(sse("chatcmpl-a", 5, at + MS, SseKind::Content));
+            recs.push(sse("chatcmpl-b", 6, at + MS, if k == 0 { SseKind::Role } else if k < 5 { SseKind::Other } else { SseKind::Content }));
+            if k > 0 {
+                recs.push(sse("chatcmpl-c", 7, at + 8 * MS, SseKind::Content));
+            }
+        }
+        for (fd, at) in [(5, 100 * MS), (6, 100 * MS), (7, 120 * MS)] {
+            recs.push(sse("x", fd, at, SseKind::Done));
+            recs.push(end(fd, at + 1));
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let a = analyse(&recs);
+        let get = |id: &str| a.requests.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("{id}"));
+        let figures = |id: &str| {
+            let r = get(id);
+            (r.engine.as_ref().and_then(|e| e.tokens_before_first_content), super::first_output_held_ms(r), super::partition(r).first_output)
+        };
+        // A: first token at 20 ms, content at 21: nothing held.
+        assert_eq!(figures("chatcmpl-a"), (Some(1), Some(0.0), Some(1.0)));
+        // B: outputs at 20…70 before its content at 71: 6 tokens, 50 ms held,
+        // then 1 ms of the content's own way out.
+        assert_eq!(figures("chatcmpl-b"), (Some(6), Some(50.0), Some(51.0)));
+        // C: content at 38 after outputs at 20 and 30: one step behind.
+        assert_eq!(figures("chatcmpl-c"), (Some(2), Some(10.0), Some(18.0)));
+    }
+
+    #[test]
+    fn a_first_content_later_than_every_kept_output_has_no_token_count() {
+        // The frontend holds everything back past TOKEN_MARKS_MAX outputs (a
+        // parser waiting for a whole call): the count would be a floor, so none.
+        let n = super::TOKEN_MARKS_MAX as u64 + 3;
+        let mut recs = http("chatcmpl-a", 5, 0);
+        for k in 0..n {
+            recs.push(step((20 + k) * MS, &[("chatcmpl-a", true, Some(5 * MS))]));
+        }
+        recs.push(sse("chatcmpl-a", 5, (21 + n) * MS, SseKind::Content));
+        recs.push(sse("chatcmpl-a", 5, (22 + n) * MS, SseKind::Done));
+        recs.push(end(5, (23 + n) * MS));
+        recs.sort_by_key(Record::ts_ns);
+        let a = analyse(&recs);
+        let r = &a.requests[0];
+        let e = r.engine.as_ref().expect("joined");
+        assert_eq!((e.generated_tokens, e.tokens_before_first_content, super::first_output_held_ms(r)), (n, None, None));
+        assert_eq!(super::partition(r).first_output, Some((n + 1) as f64), "the phase stays whole");
     }
 
     #[test]

@@ -2565,6 +2565,8 @@ mod tests {
                 cached_tokens: Some(s.cached),
                 computed_tokens: Some(s.prompt - s.cached),
                 generated_tokens: s.completion,
+                tokens_before_first_content: Some(1),
+                first_content_output_ns: Some(first_token),
                 interference_ns: 0,
                 interference_from: vec![],
                 engine_index: Some(0),

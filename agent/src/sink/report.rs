@@ -1,7 +1,7 @@
 //! `hopscope report`: the JSON users script against (../shared/contract.md,
 //! schema 1: add fields, never rename) and the human tables.
 
-use crate::correlate::engine::{last_output_ms, partition, passed_over_ms_in, scheduler_queue_span};
+use crate::correlate::engine::{first_output_held_ms, last_output_ms, partition, passed_over_ms_in, scheduler_queue_span};
 use crate::correlate::{ms, percentile, Analysis, ChainSource, Request};
 use crate::sink::json;
 use crate::sink::{printable, trunc};
@@ -178,6 +178,20 @@ pub struct RequestOut {
     /// token's ([`crate::correlate::engine::last_output_ms`]); null without
     /// the IPC or for a request closed early.
     pub last_output_ms: Option<f64>,
+    /// The part of `phases_ms.first_output` in which the engine went on
+    /// making the request's tokens while the client saw no content: from
+    /// the end of the step that made its first token to the end of the last
+    /// step with its tokens that ended by the first content
+    /// ([`crate::correlate::engine::first_output_held_ms`]); 0 when the
+    /// first token's text went straight out. Null without a first content
+    /// or without the IPC.
+    pub first_output_held_ms: Option<f64>,
+    /// The tokens the engine had produced for it when its first content
+    /// left: 1 when the first token's text went straight out, more when
+    /// the server held text back (stop strings, incomplete UTF-8, a
+    /// reasoning or tool-call parser) or its output path was slower than a
+    /// step. Null without a first content or without the IPC.
+    pub tokens_before_first_content: Option<u64>,
     /// The engine scheduler's own queue: its QUEUED stamp (the engine loop
     /// took the request in) to its first SCHEDULED, vLLM's
     /// `request_queue_time`; the rest of `phases_ms.queue` is the way in
@@ -369,6 +383,8 @@ pub struct RequestRef<'a> {
     pub completion_tokens_source: Option<&'static str>,
     pub previous_response_id: Option<&'a str>,
     pub last_output_ms: Option<f64>,
+    pub first_output_held_ms: Option<f64>,
+    pub tokens_before_first_content: Option<u64>,
     pub scheduler_queue_ms: Option<f64>,
     pub structured_output: Option<&'static str>,
     pub structured_output_backend: Option<&'a str>,
@@ -413,6 +429,8 @@ pub struct CoreFigures<'a> {
     pub gpu_steps: Option<u32>,
     pub marks_clamped: u32,
     pub last_output_ms: Option<f64>,
+    pub first_output_held_ms: Option<f64>,
+    pub tokens_before_first_content: Option<u64>,
     pub scheduler_queue_ms: Option<f64>,
     pub scheduler_passed_over_by: Option<u32>,
     pub scheduler_passed_over_ms: Option<f64>,
@@ -462,6 +480,8 @@ pub fn core_figures(r: &Request) -> CoreFigures<'_> {
         gpu_steps: g.map(|g| g.steps),
         marks_clamped: part.clamped,
         last_output_ms: last_output_ms(r),
+        first_output_held_ms: first_output_held_ms(r),
+        tokens_before_first_content: e.and_then(|e| e.tokens_before_first_content),
         // One span for the scheduler's queue and the part of it passed over.
         scheduler_queue_ms: sched.map(|(a, b)| ms(b - a)),
         scheduler_passed_over_by: e.and_then(|e| e.passed_over_by).filter(|_| sched.is_some()),
@@ -544,6 +564,8 @@ pub fn request_ref<'a>(r: &'a Request, itl: &'a mut Vec<f64>, sorted: &mut Vec<f
         completion_tokens_source: f.completion_tokens_source,
         previous_response_id: r.previous_response_id.as_deref(),
         last_output_ms: f.last_output_ms,
+        first_output_held_ms: f.first_output_held_ms,
+        tokens_before_first_content: f.tokens_before_first_content,
         scheduler_queue_ms: f.scheduler_queue_ms,
         structured_output: e.and_then(|e| e.structured.as_ref()).map(|s| s.kind),
         structured_output_backend: e.and_then(|e| e.structured.as_ref()).and_then(|s| s.backend.as_deref()),
@@ -616,6 +638,8 @@ impl RequestRef<'_> {
             completion_tokens_source: own(self.completion_tokens_source),
             previous_response_id: own(self.previous_response_id),
             last_output_ms: self.last_output_ms,
+            first_output_held_ms: self.first_output_held_ms,
+            tokens_before_first_content: self.tokens_before_first_content,
             scheduler_queue_ms: self.scheduler_queue_ms,
             structured_output: own(self.structured_output),
             structured_output_backend: own(self.structured_output_backend),
@@ -698,6 +722,8 @@ impl RequestRef<'_> {
             .field("completion_tokens_source", &self.completion_tokens_source)
             .field("previous_response_id", &self.previous_response_id)
             .field("last_output_ms", &self.last_output_ms)
+            .field("first_output_held_ms", &self.first_output_held_ms)
+            .field("tokens_before_first_content", &self.tokens_before_first_content)
             .field("scheduler_queue_ms", &self.scheduler_queue_ms)
             .field("structured_output", &self.structured_output)
             .field("structured_output_backend", &self.structured_output_backend)
@@ -852,6 +878,8 @@ struct TextRow<'a> {
     gpu_ms: GpuMs,
     model: Option<&'a str>,
     closed_ms: Option<f64>,
+    first_output_held_ms: Option<f64>,
+    tokens_before_first_content: Option<u64>,
     scheduler_queue_ms: Option<f64>,
     structured_output: Option<&'a str>,
     scheduler_passed_over_by: Option<u32>,
@@ -885,6 +913,8 @@ impl<'a> From<&'a RequestOut> for TextRow<'a> {
             gpu_ms: q.gpu_ms,
             model: q.model.as_deref(),
             closed_ms: q.closed_ms,
+            first_output_held_ms: q.first_output_held_ms,
+            tokens_before_first_content: q.tokens_before_first_content,
             scheduler_queue_ms: q.scheduler_queue_ms,
             structured_output: q.structured_output.as_deref(),
             scheduler_passed_over_by: q.scheduler_passed_over_by,
@@ -920,6 +950,8 @@ impl<'a> From<&'a RequestRef<'a>> for TextRow<'a> {
             gpu_ms: q.gpu_ms,
             model: q.model,
             closed_ms: q.closed_ms,
+            first_output_held_ms: q.first_output_held_ms,
+            tokens_before_first_content: q.tokens_before_first_content,
             scheduler_queue_ms: q.scheduler_queue_ms,
             structured_output: q.structured_output,
             scheduler_passed_over_by: q.scheduler_passed_over_by,
@@ -1173,6 +1205,9 @@ fn hop_note(s: &mut String, q: &TextRow) {
             parts.push(note);
         }
     }
+    if let Some(note) = held_note(q) {
+        parts.push(note);
+    }
     let material = matches!((q.interference_ms, q.e2e_ms), (Some(i), Some(e)) if i > 0.0 && i >= NOTE_SHARE * e);
     if material && !q.interference_from.is_empty() {
         let mut names = q.interference_from.iter().take(NOTE_NAMES).map(|n| printable(n)).collect::<Vec<_>>().join(", ");
@@ -1187,6 +1222,21 @@ fn hop_note(s: &mut String, q: &TextRow) {
     if !parts.is_empty() {
         let _ = write!(s, "\n        ^ {}", parts.join("; "));
     }
+}
+
+/// The note of a hop whose engine went on making tokens for at least
+/// [`NOTE_SHARE`] of its TTFT (and 1 ms) before its first content left:
+/// text the engine had made that the client did not see yet, which neither
+/// the wire nor the engine's figures show alone.
+fn held_note(q: &TextRow) -> Option<String> {
+    let ttft = q.ttft_ms?;
+    let (held, n) = (q.first_output_held_ms?, q.tokens_before_first_content?);
+    if n < 2 || held < 1.0 || held < NOTE_SHARE * ttft {
+        return None;
+    }
+    Some(format!(
+        "first content {held:.2} ms after the first token, {n} tokens generated by then: the server held their text back (stop strings, incomplete UTF-8, a parser waiting for a whole tag) or its output path fell behind the steps"
+    ))
 }
 
 /// A hop's line in its chain table: its number, its figures ([`hop_figures`],
@@ -2983,6 +3033,8 @@ mod tests {
             completion_tokens_source: Some("engine"),
             previous_response_id: Some("resp_\"q\\"),
             last_output_ms: Some(f64::INFINITY),
+            first_output_held_ms: Some(f64::NAN),
+            tokens_before_first_content: Some(u64::MAX),
             scheduler_queue_ms: Some(f64::MIN_POSITIVE),
             structured_output: Some("json"),
             structured_output_backend: Some("x\"grammar\u{1}"),
@@ -3095,6 +3147,8 @@ mod tests {
             gpu_ms: GpuMs { prefill: None, decode: None, kv_transfer: None },
             model: None,
             closed_ms: None,
+            first_output_held_ms: None,
+            tokens_before_first_content: None,
             scheduler_queue_ms: None,
             structured_output: None,
             scheduler_passed_over_by: None,
@@ -3127,6 +3181,28 @@ mod tests {
         assert_eq!(note(4.9, None, Some(0.25)), None, "under a tenth of the 50 ms E2E");
         assert_eq!(note(20.0, None, None), None, "no engine stamps");
         assert_eq!(note(20.0, Some(3.0), Some(22.0)), None, "KV carved out of the queue");
+    }
+
+    /// A first content held back for a tenth of the TTFT or more (and 1 ms)
+    /// is told under the row with the tokens made by then; a lone token or a
+    /// short hold is not.
+    #[test]
+    fn a_hops_note_says_the_first_content_was_held_back_while_the_engine_made_tokens() {
+        let note = |held: Option<f64>, tokens: Option<u64>| {
+            let phases = Phases { frontend: None, queue: None, prefill: None, kv_transfer: None, first_output: held.map(|h| h + 0.5), decode: None };
+            let mut q = text_row(&phases, vec![], None);
+            (q.interference_ms, q.ttft_ms) = (None, Some(40.0));
+            (q.first_output_held_ms, q.tokens_before_first_content) = (held, tokens);
+            let mut row = String::new();
+            let _ = hop_figures(&mut row, &q, false);
+            row.split_once('\n').map(|(_, n)| n.to_owned())
+        };
+        assert_eq!(note(Some(25.0), Some(6)).as_deref(), Some("        ^ first content 25.00 ms after the first token, 6 tokens generated by then: the server held their text back (stop strings, incomplete UTF-8, a parser waiting for a whole tag) or its output path fell behind the steps"));
+        assert!(note(Some(4.0), Some(2)).is_some(), "a tenth of the 40 ms TTFT");
+        assert_eq!(note(Some(3.9), Some(2)), None, "under a tenth of the TTFT");
+        assert_eq!(note(Some(0.0), Some(1)), None, "straight out");
+        assert_eq!(note(Some(25.0), None), None, "no count: kept outputs ran out");
+        assert_eq!(note(None, None), None, "no IPC");
     }
 
     /// Requests let past it say the scheduler skipped it: for its grammar if

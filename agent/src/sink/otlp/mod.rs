@@ -358,6 +358,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("hopscope.preemptions", q.preemptions.map(u64::from));
     int("hopscope.scheduler_passed_over_by", q.scheduler_passed_over_by.map(u64::from));
     int("hopscope.engine_index", q.engine_index);
+    int("hopscope.tokens_before_first_content", q.tokens_before_first_content);
     int("hopscope.peak_gpu_mem_bytes", q.peak_gpu_mem_bytes);
     // Signed: vLLM's priorities may be negative.
     if let Some(p) = q.priority {
@@ -383,6 +384,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
         ("hopscope.latency.interference", secs(q.interference_ms)),
         ("hopscope.latency.read_delay", secs(q.read_delay_ms)),
         ("hopscope.latency.last_output", secs(q.last_output_ms)),
+        ("hopscope.latency.first_output_held", secs(q.first_output_held_ms)),
         ("hopscope.latency.scheduler_queue", secs(q.scheduler_queue_ms)),
         ("hopscope.latency.scheduler_passed_over", secs(q.scheduler_passed_over_ms)),
         ("hopscope.latency.scheduler_grammar_ready", secs(q.scheduler_grammar_ready_ms)),

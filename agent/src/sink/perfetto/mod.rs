@@ -966,6 +966,8 @@ pub(crate) struct Figures {
     compute_source: Option<&'static str>,
     gpu_steps: Option<u32>,
     last_output_ms: Option<f64>,
+    first_output_held_ms: Option<f64>,
+    tokens_before_first_content: Option<u64>,
     scheduler_queue_ms: Option<f64>,
     scheduler_passed_over_by: Option<u32>,
     scheduler_passed_over_ms: Option<f64>,
@@ -994,6 +996,8 @@ impl Figures {
             compute_source: q.compute_source,
             gpu_steps: q.gpu_steps,
             last_output_ms: q.last_output_ms,
+            first_output_held_ms: q.first_output_held_ms,
+            tokens_before_first_content: q.tokens_before_first_content,
             scheduler_queue_ms: q.scheduler_queue_ms,
             scheduler_passed_over_by: q.scheduler_passed_over_by,
             scheduler_passed_over_ms: q.scheduler_passed_over_ms,
@@ -1013,7 +1017,8 @@ fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 5> {
         // inside decode: figures of their slices, not slices (not phases).
         Phase::Queue => &[("queue_ms", p.queue), ("scheduler_queue_ms", out.scheduler_queue_ms)],
         Phase::Prefill => &[("prefill_ms", p.prefill), ("gpu_prefill_ms", out.gpu_ms.prefill), ("compute_prefill_ms", c.and_then(|c| c.prefill))],
-        Phase::FirstOutput => &[("first_output_ms", p.first_output)],
+        // The part of it the engine went on decoding while the text was held.
+        Phase::FirstOutput => &[("first_output_ms", p.first_output), ("first_output_held_ms", out.first_output_held_ms)],
         Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms), ("last_output_ms", out.last_output_ms)],
         Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver => &[],
     };
@@ -1168,6 +1173,7 @@ impl RequestArgs {
             ("gpu_kv_ms", out.gpu_ms.kv_transfer),
             ("interference_ms", out.interference_ms),
             ("last_output_ms", out.last_output_ms),
+            ("first_output_held_ms", out.first_output_held_ms),
             ("scheduler_queue_ms", out.scheduler_queue_ms),
         ] {
             if let Some(v) = v {
@@ -1184,6 +1190,9 @@ impl RequestArgs {
         }
         if let Some(s) = &out.compute_source {
             args.push(Arg::str("compute_source", s));
+        }
+        if let Some(n) = out.tokens_before_first_content {
+            args.push(Arg::u64("tokens_before_first_content", n));
         }
         // How the frontend/queue and queue/prefill boundaries were timed.
         if let Some(e) = r.engine.as_ref() {

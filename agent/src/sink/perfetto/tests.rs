@@ -1287,6 +1287,14 @@ fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_fig
     assert_eq!(arg_f64(req, "scheduler_queue_ms"), out.scheduler_queue_ms);
     assert!(out.last_output_ms.is_some());
     assert_eq!(arg_f64(req, "last_output_ms"), out.last_output_ms);
+    // What the engine made before the first content: the report's, on the
+    // request slice and (the time) on the first-output slice.
+    assert!(out.first_output_held_ms.is_some() && out.tokens_before_first_content.is_some());
+    assert_eq!(arg_f64(req, "first_output_held_ms"), out.first_output_held_ms);
+    let tokens = req.debug_annotations.iter().find(|d| d.name.as_deref() == Some("tokens_before_first_content")).and_then(|d| d.uint_value);
+    assert_eq!(tokens, out.tokens_before_first_content);
+    let (_, fo) = slices_named(&t, "first output").next().unwrap();
+    assert_eq!(arg_f64(fo, "first_output_held_ms"), out.first_output_held_ms);
     let (_, q) = slices_named(&t, "queue").next().unwrap();
     assert_eq!(arg_f64(q, "queue_ms"), Some(0.5));
     assert_eq!(arg_f64(q, "scheduler_queue_ms"), out.scheduler_queue_ms);

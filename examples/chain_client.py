@@ -174,7 +174,10 @@ async def run_hop(client: httpx.AsyncClient, args, chain: int, hop: int, phase: 
         "prompt_chars": sum(len(m["content"]) for m in messages),
         "send_ns": None, "headers_ns": None, "first_chunk_ns": None, "first_content_ns": None,
         "chunk_ns": [], "done_ns": None, "id": None, "usage": None, "finish_reason": None,
-        "content_chunks": 0, "error": None,
+        "content_chunks": 0, "error": None, "stop": args.stop,
+        # Chat chunks after the role's with empty content before the first content: outputs
+        # whose text the server held back (vLLM's detokenizer, for stop strings).
+        "empty_chunks_before_content": 0,
     }
     text_parts: list[str] = []
 
@@ -253,6 +256,8 @@ async def read_events(resp: httpx.Response, rec: dict[str, Any], api: str, text_
         for ch in ev.get("choices") or []:
             delta = ch.get("delta") or {}
             content = delta.get("content")
+            if content == "" and "role" not in delta and rec["first_content_ns"] is None and not ch.get("finish_reason"):
+                rec["empty_chunks_before_content"] += 1
             if content:
                 if rec["first_content_ns"] is None:
                     rec["first_content_ns"] = t

@@ -18,7 +18,7 @@
 //! `HOPSCOPE_PROP_SEED=<n>` changes the base seed and `HOPSCOPE_PROP_CASES=<n>`
 //! the number of cases per test, to explore further.
 
-use hopscope::correlate::engine::{last_output_ms, marks, partition, scheduler_queue_ms};
+use hopscope::correlate::engine::{first_output_held_ms, last_output_ms, marks, partition, scheduler_queue_ms};
 use hopscope::correlate::{Analysis, ChainSource, Config, Correlator};
 use hopscope::event::{ConnKey, Dir};
 use hopscope::model::{EngineEvent, EngineOutput, HttpRole, PrefillStats, Record, SseKind, Usage};
@@ -114,6 +114,8 @@ struct Truth {
     /// The end of the step that carried its last output (its part's build
     /// time with several API servers).
     last_output: u64,
+    /// The ends of every step that carried an output of it (as `last_output`).
+    outputs_at: Vec<u64>,
     ttft: u64,
     done: u64,
     steps: u32,
@@ -159,6 +161,9 @@ struct Pending {
     last_sse: u64,
     events_sent: bool,
     chain: usize,
+    /// Outputs still to be written with empty content before the first
+    /// content (a stop string's hold-back).
+    hold: u32,
 }
 
 struct ChainGen {
@@ -209,6 +214,8 @@ struct Gen {
     /// Draws for clients that give up ([`Truth::closed`]), its own generator
     /// for the same reason.
     quit: Rng,
+    /// Which requests' first outputs the frontend holds back.
+    hold: Rng,
     /// A client gives up only after the previous one's close and abort:
     /// hopscope joins such a request to its abort by time, earliest submit
     /// first, exact only when no other leaver's ADD falls inside its wait
@@ -447,6 +454,7 @@ impl Gen {
                 queued: None,
                 first_token: 0,
                 last_output: 0,
+                outputs_at: Vec::new(),
                 ttft: 0,
                 done: 0,
                 steps: 0,
@@ -467,6 +475,7 @@ impl Gen {
             last_sse: head,
             events_sent: false,
             chain: c,
+            hold: if max_tokens > 1 && self.hold.chance(0.3) { self.hold.range(1, max_tokens.min(5)) as u32 } else { 0 },
         };
         if let Some(close) = closed {
             // Never scheduled, no body written.
@@ -518,6 +527,7 @@ fn synthetic(seed: u64) -> Synthetic {
         late_parts: 0,
         stats: Rng::new(seed ^ 0x57a7_5c0d_e001).chance(0.5),
         quit: Rng::new(seed ^ 0x0917_c105_ed00),
+        hold: Rng::new(seed ^ 0x401d_bac4_0e55),
         quit_free: 0,
         engine_traced: rng.chance(0.6),
         events: rng.chance(0.6),
@@ -613,6 +623,7 @@ fn synthetic(seed: u64) -> Synthetic {
                 p.truth.first_token = end;
             }
             p.truth.last_output = end;
+            p.truth.outputs_at.push(end);
             let mut events = Vec::new();
             if g.events && !p.events_sent {
                 p.events_sent = true;
@@ -744,15 +755,23 @@ fn synthetic(seed: u64) -> Synthetic {
                     if running[i].truth.last_output == end {
                         running[i].truth.last_output = built;
                     }
+                    if let Some(o) = running[i].truth.outputs_at.last_mut().filter(|o| **o == end) {
+                        *o = built;
+                    }
                 }
             }
             g.out_free = at + US;
             // The frontend streams each new token.
             for &i in &got {
                 let at = reads[i] + g.rng.range(20 * US, MS);
-                let ts = g.sse(&mut running[i], at, SseKind::Content, None, None);
+                // A held output goes out with empty content (vLLM's chat
+                // stream while its detokenizer holds text back).
+                let held = running[i].truth.ttft == 0 && running[i].hold > 0;
+                let ts = g.sse(&mut running[i], at, if held { SseKind::Other } else { SseKind::Content }, None, None);
                 let p = &mut running[i];
-                if p.truth.ttft == 0 {
+                if held {
+                    p.hold -= 1;
+                } else if p.truth.ttft == 0 {
                     p.truth.ttft = ts;
                 }
             }
@@ -1249,6 +1268,8 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 *c.entry("woken_spanning_writes".into()).or_default() += u64::from(t.woken && t.spanned);
                 *c.entry("queued".into()).or_default() += u64::from(t.scheduled > t.submit + 5 * MS);
                 *c.entry("gave_up".into()).or_default() += u64::from(t.closed.is_some());
+                // Its first content after two or more outputs.
+                *c.entry("held_back".into()).or_default() += u64::from(t.closed.is_none() && t.outputs_at.iter().filter(|&&o| o <= t.ttft).count() > 1);
             }
             *c.entry("named_by_response".into()).or_default() += s.records.iter().filter(|r| matches!(r, Record::ResponseModel { .. })).count() as u64;
             let reader_only = !s.records.iter().any(|r| matches!(r, Record::EngineOutputs { dir: Dir::Out, .. }));
@@ -1301,12 +1322,20 @@ fn clean_synthetic_streams_give_back_the_generated_phases_chains_and_hops() {
                 t.id
             );
             assert_eq!(last_output_ms(r), span(t.last_output, t.done), "{}: last output", t.id);
+            // What the engine made by the first content: its outputs that
+            // ended by then (held ones, and the next step's when the content
+            // left after it ended).
+            let before: Vec<u64> = t.outputs_at.iter().copied().filter(|&o| o <= t.ttft).collect();
+            assert_eq!(e.tokens_before_first_content, Some(before.len().max(1) as u64), "{}: tokens before the first content", t.id);
+            let last = before.iter().copied().max().unwrap_or(t.first_token).max(t.first_token);
+            assert_eq!(first_output_held_ms(r), span(t.first_token, last), "{}: held back", t.id);
+
             assert_eq!(scheduler_queue_ms(r), t.queued.and_then(|q| span(q, t.scheduled)), "{}: scheduler queue", t.id);
         }
     });
     let c = covered.into_inner();
     eprintln!("clean: covered {c:?}");
-    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "woken_spanning_writes", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats", "named_by_response", "gave_up"] {
+    for k in ["scheduled:event", "scheduled:step", "scheduled:submit", "chain:Traceparent", "chain:Header", "chain:Connection", "preempted", "queued", "reader_only", "woken", "woken_spanning_writes", "two_api_servers", "two_api_servers_reader_only", "part_sent_ms_late", "two_api_servers_with_stats", "named_by_response", "gave_up", "held_back"] {
         assert!(c.get(k).copied().unwrap_or(0) > 0, "no case covered {k}: {c:?}");
     }
 }

@@ -125,6 +125,9 @@ for _ in $(seq 100); do
 done
 client vllm_cpu_attach --chains 2 --hops 2 --max-tokens 16 --stagger-ms 20
 client vllm_cpu_attach --no-stream --chains 1 --hops 2 --max-tokens 16
+# A stop string: vLLM's detokenizer holds back its length less one character of text while
+# streaming (the § is never generated here), sending those outputs with empty content.
+client vllm_cpu_attach --chains 1 --hops 2 --max-tokens 16 --stop "§§§§§§§§§§§§§§§§§§§§§§§§"
 sleep 1   # the last response's records past the recorder's settle time
 kill -INT $rp
 wait $rp

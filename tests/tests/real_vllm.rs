@@ -273,8 +273,31 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
     let rep = json(&out.join("report-attach.json"));
     assert_nothing_lost(&rep, &out.join("vllm_cpu_attach.record.log"));
     let hops = lines(&out.join("vllm_cpu_attach.client.jsonl"));
-    assert_eq!(hops.len(), 6);
+    assert_eq!(hops.len(), 8);
     assert_every_answer_joined(&rep, &hops, 16);
+    // Two hops sent a 24-character stop string: vLLM's detokenizer held
+    // back up to 23 characters of text and sent those outputs with empty
+    // content, which the client counted; hopscope counts the tokens the
+    // engine made by the first content (each such output's and the one
+    // that freed the text, more when vLLM merged outputs for a slow
+    // reader) and the time they took.
+    let held: Vec<&Value> = hops.iter().filter(|h| h["stop"].is_array()).collect();
+    assert_eq!(held.len(), 2);
+    for h in &held {
+        let id = h["id"].as_str().unwrap();
+        let q = request(&rep, id);
+        let empties = h["empty_chunks_before_content"].as_u64().unwrap();
+        let tokens = q["tokens_before_first_content"].as_u64().unwrap_or_else(|| panic!("{id}: no token count: {q}"));
+        let (held_ms, first_output) = (q["first_output_held_ms"].as_f64().unwrap(), q["phases_ms"]["first_output"].as_f64().unwrap());
+        eprintln!("{id}: {empties} empty chunks before the first content; {tokens} tokens, {held_ms:.2} of {first_output:.2} ms held");
+        assert!(empties >= 1, "{id}: vLLM sent no held output: {h}");
+        assert!(tokens > empties, "{id}: {tokens} tokens before the first content, {empties} held outputs seen by the client");
+        assert!(held_ms > 0.0 && held_ms <= first_output, "{id}: held {held_ms} ms of first_output {first_output} ms");
+    }
+    for h in hops.iter().filter(|h| h["kind"] == "stream" && h["stop"].is_null()) {
+        let q = request(&rep, h["id"].as_str().unwrap());
+        assert!(q["tokens_before_first_content"].as_u64().is_some_and(|n| n >= 1), "{q}");
+    }
 
     // 4. Two API server processes: the connections (one per hop) shared
     // between them, each step's outputs sent to both as a message each and

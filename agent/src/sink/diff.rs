@@ -216,6 +216,10 @@ pub struct Pair {
     /// When its grammar was known ready after its QUEUED stamp (the
     /// report's `scheduler_grammar_ready_ms`; added 2026-12-06, session 46).
     pub scheduler_grammar_ready_ms: Delta,
+    /// The part of `first_output` the engine went on decoding before the
+    /// first content left (the report's `first_output_held_ms`; added
+    /// 2026-12-06, session 53).
+    pub first_output_held_ms: Delta,
     pub explain: Explain,
 }
 
@@ -265,6 +269,8 @@ pub struct Aggregate {
     pub scheduler_passed_over_ms: Delta,
     /// Mean of the pairs' known on both sides (added 2026-12-06, session 46).
     pub scheduler_grammar_ready_ms: Delta,
+    /// Mean of the pairs' known on both sides (added 2026-12-06, session 53).
+    pub first_output_held_ms: Delta,
     pub gpu_ms: GpuDeltas,
     /// The kernels behind these requests' GPU time (added 2026-12-04): null
     /// unless some pair has kernel lists on both sides.
@@ -713,6 +719,8 @@ struct View {
     passed_over: Option<f64>,
     /// Its `scheduler_grammar_ready_ms`.
     grammar_ready: Option<f64>,
+    /// Its `first_output_held_ms`.
+    held: Option<f64>,
     gpu: [Option<f64>; 3],
     generation: bool,
     /// Its structured-output constraint ([`structured_code`]).
@@ -755,6 +763,7 @@ fn view(q: &RequestOut) -> View {
         scheduler_queue: if q.closed_ns.is_some() { None } else { q.scheduler_queue_ms },
         passed_over: if q.closed_ns.is_some() { None } else { q.scheduler_passed_over_ms },
         grammar_ready: if q.closed_ns.is_some() { None } else { q.scheduler_grammar_ready_ms },
+        held: if q.closed_ns.is_some() { None } else { q.first_output_held_ms },
         gpu: [q.gpu_ms.prefill, q.gpu_ms.decode, q.gpu_ms.kv_transfer],
         generation: q.ttft_ms.is_some() || q.prompt_tokens.is_some() || q.engine_request_id.is_some(),
         structured: structured_code(q.structured_output.as_deref()),
@@ -767,8 +776,8 @@ fn view(q: &RequestOut) -> View {
 #[derive(Debug, Clone, Copy)]
 struct Packed {
     /// ttft, e2e, itl_mean, itl_p90, the phases, interference, the GPU
-    /// shares, itl_sum, scheduler_queue, passed_over, grammar_ready.
-    f: [f64; 18],
+    /// shares, itl_sum, scheduler_queue, passed_over, grammar_ready, held.
+    f: [f64; 19],
     /// prompt, cached, completion, steps.
     n: [u64; 4],
     preemptions: u32,
@@ -793,7 +802,7 @@ fn unpack_f(v: f64) -> Option<f64> {
 
 impl Packed {
     fn of(v: &View) -> Packed {
-        let mut f = [0.0; 18];
+        let mut f = [0.0; 19];
         for (slot, x) in f.iter_mut().zip([v.ttft, v.e2e, v.itl_mean, v.itl_p90].into_iter().chain(v.phases).chain([v.interference]).chain(v.gpu)) {
             *slot = pack_f(x);
         }
@@ -801,6 +810,7 @@ impl Packed {
         f[15] = pack_f(v.scheduler_queue);
         f[16] = pack_f(v.passed_over);
         f[17] = pack_f(v.grammar_ready);
+        f[18] = pack_f(v.held);
         let counts = [v.prompt, v.cached, v.completion, v.steps];
         let mut known = u8::from(v.preemptions.is_some()) << 4;
         for (i, c) in counts.iter().enumerate() {
@@ -847,6 +857,7 @@ impl Packed {
             scheduler_queue: f(15),
             passed_over: f(16),
             grammar_ready: f(17),
+            held: f(18),
             gpu: [f(11), f(12), f(13)],
             generation: self.generation,
             structured: self.structured,
@@ -885,6 +896,7 @@ struct Figs {
     scheduler_queue_ms: Delta,
     scheduler_passed_over_ms: Delta,
     scheduler_grammar_ready_ms: Delta,
+    first_output_held_ms: Delta,
     gpu_ms: GpuDeltas,
     /// [`structured_code`] before and after.
     structured: [u8; 2],
@@ -912,6 +924,7 @@ fn figs(b: &View, a: &View) -> Figs {
         scheduler_queue_ms: Delta::of(b.scheduler_queue, a.scheduler_queue),
         scheduler_passed_over_ms: Delta::of(b.passed_over, a.passed_over),
         scheduler_grammar_ready_ms: Delta::of(b.grammar_ready, a.grammar_ready),
+        first_output_held_ms: Delta::of(b.held, a.held),
         gpu_ms: GpuDeltas { prefill: Delta::of(b.gpu[0], a.gpu[0]), decode: Delta::of(b.gpu[1], a.gpu[1]), kv_transfer: Delta::of(b.gpu[2], a.gpu[2]) },
         structured: [b.structured, a.structured],
     }
@@ -956,6 +969,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         structured_kind: structured_name(x.structured[1]).or(structured_name(x.structured[0])),
         grammar_ready: x.scheduler_grammar_ready_ms,
         scheduler_queue_after: x.scheduler_queue_ms.after,
+        held: x.first_output_held_ms.delta,
     };
     Pair {
         key,
@@ -980,6 +994,7 @@ fn pair_of(m: &Match, sb: &Side, sa: &Side) -> Pair {
         structured_output: KindChange { before: structured_name(x.structured[0]), after: structured_name(x.structured[1]) },
         scheduler_passed_over_ms: x.scheduler_passed_over_ms,
         scheduler_grammar_ready_ms: x.scheduler_grammar_ready_ms,
+        first_output_held_ms: x.first_output_held_ms,
         explain: explain_both(x.ttft_ms, x.e2e_ms, &x.phases_ms, &ctx),
         ttft_ms: x.ttft_ms,
         e2e_ms: x.e2e_ms,
@@ -1008,6 +1023,9 @@ struct Ctx {
     grammar_ready: Delta,
     /// A lone pair's scheduler's queue after; None for an aggregate.
     scheduler_queue_after: Option<f64>,
+    /// The change in the part of `first_output` the engine went on decoding
+    /// before the first content left.
+    held: Option<f64>,
 }
 
 fn explain_both(ttft: Delta, e2e: Delta, phases: &PhaseDeltas, ctx: &Ctx) -> Explain {
@@ -1204,10 +1222,13 @@ fn cause_of(phase: &'static str, d: f64, ctx: &Ctx) -> Cause {
             }
         }
         "first_output" => {
-            if up {
-                ("slower_output_path", format!("first token to its SSE write {d:+.2} ms (detokenise, output IPC, stream)"))
-            } else {
-                ("faster_output_path", format!("first token to its SSE write {d:+.2} ms"))
+            // Most of the change is tokens the engine went on making while
+            // the server let no text out: not the output path.
+            match ctx.held.filter(|h| h * sign(d) >= 0.5 * d.abs()) {
+                Some(h) if up => ("first_content_held_back", format!("first token to its SSE write {d:+.2} ms, {h:+.2} ms of it the engine decoding while the server held the text back (a new or longer stop string, a reasoning or tool-call parser, incomplete UTF-8)")),
+                Some(h) => ("first_content_held_less", format!("first token to its SSE write {d:+.2} ms, {h:+.2} ms of it less text held back before the first content")),
+                None if up => ("slower_output_path", format!("first token to its SSE write {d:+.2} ms (detokenise, output IPC, stream)")),
+                None => ("faster_output_path", format!("first token to its SSE write {d:+.2} ms")),
             }
         }
         _ => {
@@ -1323,6 +1344,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
     let structured_output = structured_shift(pairs.clone().map(|p| p.structured));
     let scheduler_passed_over_ms = mean_delta(pairs.clone().map(|p| p.scheduler_passed_over_ms));
     let scheduler_grammar_ready_ms = mean_delta(pairs.clone().map(|p| p.scheduler_grammar_ready_ms));
+    let first_output_held_ms = mean_delta(pairs.clone().map(|p| p.first_output_held_ms));
     let ctx = Ctx {
         tokens,
         preemptions: preemptions.delta,
@@ -1335,6 +1357,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         structured_kind: None,
         grammar_ready: scheduler_grammar_ready_ms,
         scheduler_queue_after: None,
+        held: first_output_held_ms.delta,
     };
     Aggregate {
         hop,
@@ -1355,6 +1378,7 @@ fn aggregate<I: Iterator<Item = Figs> + Clone>(hop: Option<u32>, pairs: I, kerne
         structured_output,
         scheduler_passed_over_ms,
         scheduler_grammar_ready_ms,
+        first_output_held_ms,
         gpu_ms: GpuDeltas {
             prefill: mean_delta(pairs.clone().map(|p| p.gpu_ms.prefill)),
             decode: mean_delta(pairs.clone().map(|p| p.gpu_ms.decode)),
@@ -2514,9 +2538,12 @@ mod tests {
         passed: Option<u64>,
         /// Its grammar known ready this many ms after its QUEUED stamp.
         ready: Option<u64>,
+        /// Of `first_output`, ms the engine went on decoding before the
+        /// first content (a token a ms).
+        held: u64,
     }
 
-    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None, passed: None, ready: None };
+    const BASE: Shape = Shape { frontend: 2, queue: 1, prefill: 10, first_output: 1, gaps: 4, itl: 5, tail: 1, prompt: 400, cached: 0, completion: 5, intake: None, structured: None, passed: None, ready: None, held: 0 };
 
     fn request(i: usize, at: u64, chain: &str, source: ChainSource, s: Shape) -> Request {
         let submit = at + s.frontend * MS;
@@ -2565,8 +2592,8 @@ mod tests {
                 cached_tokens: Some(s.cached),
                 computed_tokens: Some(s.prompt - s.cached),
                 generated_tokens: s.completion,
-                tokens_before_first_content: Some(1),
-                first_content_output_ns: Some(first_token),
+                tokens_before_first_content: Some(1 + s.held),
+                first_content_output_ns: Some(first_token + s.held * MS),
                 interference_ns: 0,
                 interference_from: vec![],
                 engine_index: Some(0),
@@ -2854,6 +2881,30 @@ mod tests {
         assert_eq!(ex.contributions[0].phase, "queue");
         assert_eq!(ex.contributions[1].phase, "frontend");
         assert!(close(ex.contributions[1].delta_ms, -1.0));
+    }
+
+    /// A longer first output that the engine spent decoding while the server
+    /// held the text back (a new stop string, a parser) is told as that, not
+    /// as a slower output path; the other way round, less held back.
+    #[test]
+    fn a_first_output_grown_by_text_held_back_is_told_apart_from_a_slower_output_path() {
+        let one = |b: Shape, a: Shape| compare(&rep("b", &analysis(chain("b", 0, move |_| b))), &rep("a", &analysis(chain("a", 0, move |_| a))));
+        let held = Shape { first_output: 41, held: 40, ..BASE };
+        let d = one(BASE, held);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("first_content_held_back", "first token to its SSE write +40.00 ms, +40.00 ms of it the engine decoding while the server held the text back (a new or longer stop string, a reasoning or tool-call parser, incomplete UTF-8)"));
+        assert_eq!(d.pairs[0].first_output_held_ms, Delta { before: Some(0.0), after: Some(40.0), delta: Some(40.0) });
+        assert_eq!(d.overall.first_output_held_ms.delta, Some(40.0));
+        assert_eq!(d.overall.explain.ttft.causes[0].cause, "first_content_held_back");
+        // The same growth with nothing held: the output path.
+        let d = one(BASE, Shape { first_output: 41, ..BASE });
+        assert_eq!(d.pairs[0].explain.ttft.causes[0].cause, "slower_output_path");
+        // Held for less than half of it: still the output path.
+        let d = one(BASE, Shape { first_output: 41, held: 15, ..BASE });
+        assert_eq!(d.pairs[0].explain.ttft.causes[0].cause, "slower_output_path");
+        let d = one(held, BASE);
+        let c = &d.pairs[0].explain.ttft.causes[0];
+        assert_eq!((c.cause, c.detail.as_str()), ("first_content_held_less", "first token to its SSE write -40.00 ms, -40.00 ms of it less text held back before the first content"));
     }
 
     /// A longer queue spent in the scheduler's queue by requests that now ask
@@ -3403,13 +3454,14 @@ mod tests {
             scheduler_queue: Some(0.25),
             passed_over: Some(0.125),
             grammar_ready: Some(0.0625),
+            held: Some(-1.5),
             gpu: [None, Some(2.0), None],
             generation: true,
             structured: 7,
         };
         let u = Packed::of(&v).unpack();
         assert!(u.ttft.is_some_and(f64::is_nan), "{:?}", u.ttft);
-        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue, x.passed_over, x.grammar_ready].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
+        let bits = |x: &View| -> Vec<Option<u64>> { [x.ttft, x.e2e, x.itl_mean, x.itl_p90, x.interference, x.scheduler_queue, x.passed_over, x.grammar_ready, x.held].into_iter().chain(x.phases).chain(x.gpu).map(|o| o.map(f64::to_bits)).collect() };
         assert_eq!(bits(&u)[1..], bits(&v)[1..]);
         assert_eq!((u.prompt, u.cached, u.computed, u.completion, u.steps, u.preemptions), (v.prompt, v.cached, v.computed, v.completion, v.steps, v.preemptions));
         assert_eq!((u.itl_gaps, u.itl_sum.to_bits(), u.generation, u.structured), (v.itl_gaps, v.itl_sum.to_bits(), v.generation, v.structured));

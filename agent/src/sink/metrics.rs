@@ -156,6 +156,9 @@ struct PerModel {
     /// The engine scheduler's own queue (`scheduler_queue_ms`): inside queue,
     /// vLLM's `request_queue_time`.
     scheduler_queue: Histogram,
+    /// The part of first_output the engine went on decoding while the text
+    /// was held back (`first_output_held_ms`).
+    first_output_held: Histogram,
     requests: BTreeMap<u16, u64>,
     /// Requests whose connection closed before their response ended.
     closed: u64,
@@ -183,6 +186,7 @@ impl PerModel {
             kv_transfer: Histogram::new(TTFT_BUCKETS),
             last_output: Histogram::new(TTFT_BUCKETS),
             scheduler_queue: Histogram::new(E2E_BUCKETS),
+            first_output_held: Histogram::new(TTFT_BUCKETS),
             requests: BTreeMap::new(),
             closed: 0,
             structured: BTreeMap::new(),
@@ -563,7 +567,7 @@ impl LiveMetrics {
         m.passed_over += u64::from(q.scheduler_passed_over_by.is_some_and(|n| n > 0));
         let Some(done) = ended else { return };
         let ex = Some((crate::sink::otlp::request_trace_id(&r.chain, r.chain_source), done));
-        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms), (&mut m.scheduler_queue, q.scheduler_queue_ms)] {
+        for (h, v) in [(&mut m.frontend, p.frontend), (&mut m.queue, p.queue), (&mut m.prefill, p.prefill), (&mut m.decode, p.decode), (&mut m.kv_transfer, p.kv_transfer), (&mut m.last_output, q.last_output_ms), (&mut m.scheduler_queue, q.scheduler_queue_ms), (&mut m.first_output_held, q.first_output_held_ms)] {
             if let Some(v) = v {
                 h.observe(v / 1e3, ex);
             }
@@ -634,6 +638,12 @@ impl LiveMetrics {
             "hopscope_request_scheduler_queue_time_seconds",
             "The engine's QUEUED stamp to its first SCHEDULED (vLLM's request_queue_time): the scheduler's part of the queue phase, the rest being the way into the engine; engine IPC joined, engine stats on.",
             &|m| &m.scheduler_queue,
+        );
+        per_model(
+            &mut s,
+            "hopscope_request_first_output_held_time_seconds",
+            "End of the step that made the first token to the end of the last step before the first content left: the part of the first output the engine went on decoding while the server held the text back (stop strings, incomplete UTF-8, a parser) or its output path lagged; 0 when the text went straight out. Engine IPC joined, streamed requests.",
+            &|m| &m.first_output_held,
         );
         let name = "hopscope_hop_time_to_first_token_seconds";
         family(&mut s, name, "TTFT by hop index within a chain (traceparent, chain header, or connection).", "histogram");
@@ -880,6 +890,11 @@ mod tests {
         assert_eq!(count("hopscope_request_scheduler_queue_time_seconds") as usize, stamped.len());
         assert!(!stamped.is_empty(), "the testbed sends QUEUED and SCHEDULED stamps");
         assert!((sum("hopscope_request_scheduler_queue_time_seconds") - stamped.iter().sum::<f64>() / 1e3).abs() < 1e-9, "{text}");
+        // The held part of first_output, for the streamed ones.
+        let held: Vec<f64> = ended.iter().filter_map(|q| q.first_output_held_ms).collect();
+        assert!(!held.is_empty() && held.len() <= ended.len());
+        assert_eq!(count("hopscope_request_first_output_held_time_seconds") as usize, held.len());
+        assert!((sum("hopscope_request_first_output_held_time_seconds") - held.iter().sum::<f64>() / 1e3).abs() < 1e-9, "{text}");
         assert_eq!(count("hopscope_request_kv_transfer_time_seconds"), 0, "no GPU records");
         // One count per request that asked for structured output, under its kind.
         let counted: u64 = text.lines().filter(|l| l.starts_with("hopscope_requests_structured_output_total{") && l.contains("kind=\"json\"")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();

@@ -66,6 +66,7 @@ pub mod names {
     pub const KV_TRANSFER: &str = "kv transfer";
     pub const SCHEDULER_QUEUE: &str = "scheduler queue";
     pub const PASSED_OVER: &str = "passed over";
+    pub const HELD_BACK: &str = "held back";
     pub const DECODE: &str = "decode";
     pub const CHUNK: &str = "chunk";
     pub const OFF_CPU: &str = "off-cpu";
@@ -217,12 +218,15 @@ enum Phase {
     /// Inside the scheduler's queue: its start to the last time a request
     /// queued later was scheduled first (not a phase).
     PassedOver,
+    /// Inside the first output: the first token to the last step before the
+    /// first content, while the text was held back (not a phase).
+    HeldBack,
 }
 
 impl Phase {
     /// Whether its slice shows report figures ([`phase_args`]).
     fn has_figures(self) -> bool {
-        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver)
+        !matches!(self, Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver | Phase::HeldBack)
     }
 
     fn name(self) -> &'static str {
@@ -237,6 +241,7 @@ impl Phase {
             Phase::KvTransfer => names::KV_TRANSFER,
             Phase::SchedulerQueue => names::SCHEDULER_QUEUE,
             Phase::PassedOver => names::PASSED_OVER,
+            Phase::HeldBack => names::HELD_BACK,
         }
     }
 }
@@ -342,6 +347,27 @@ fn passed_over_args(r: &Request) -> [Arg<'static>; 2] {
     let by = r.engine.as_ref().and_then(|e| e.passed_over_by).unwrap_or(0);
     let ms = crate::correlate::engine::scheduler_passed_over_ms(r).unwrap_or(0.0);
     [Arg::u64("scheduler_passed_over_by", u64::from(by)), Arg::f64("scheduler_passed_over_ms", ms)]
+}
+
+/// Inside the first-output slice `[a, b]`: the first token to the last step
+/// with the request's tokens that ended before its first content
+/// ([`first_output_held_span`]), when the engine made more than one token
+/// before it: the text held back (stop strings, a parser), or an output
+/// path a step behind.
+///
+/// [`first_output_held_span`]: crate::correlate::engine::first_output_held_span
+fn held_slice(r: &Request, a: u64, b: u64) -> Option<(u64, u64)> {
+    let (s, e) = crate::correlate::engine::first_output_held_span(r)?;
+    let (s, e) = (s.max(a), e.min(b));
+    (e > s).then_some((s, e))
+}
+
+/// The "held back" slice's args: the report's `tokens_before_first_content`
+/// and `first_output_held_ms` (the slice's length).
+fn held_args(r: &Request) -> [Arg<'static>; 2] {
+    let tokens = r.engine.as_ref().and_then(|e| e.tokens_before_first_content).unwrap_or(0);
+    let ms = crate::correlate::engine::first_output_held_ms(r).unwrap_or(0.0);
+    [Arg::u64("tokens_before_first_content", tokens), Arg::f64("first_output_held_ms", ms)]
 }
 
 /// The phases drawn inside a request's slice `[arrive, end]`: with the engine
@@ -741,6 +767,10 @@ fn write_requests<W: Write>(
                 }
                 items.push(Timed { ts: e, item: Item::End { track } });
             }
+            if let Some((s, e)) = (engine && phase == Phase::FirstOutput).then(|| held_slice(r, a, b)).flatten() {
+                items.push(Timed { ts: s, item: Item::PhaseBegin { req, phase: Phase::HeldBack } });
+                items.push(Timed { ts: e, item: Item::End { track } });
+            }
             if engine && matches!(phase, Phase::Queue | Phase::Prefill) {
                 for &(ka, kb) in kv {
                     let (ka, kb) = (ka.max(a), kb.min(b));
@@ -838,6 +868,10 @@ fn write_requests<W: Write>(
             Item::PhaseBegin { req, phase: Phase::PassedOver } => {
                 let args = passed_over_args(&analysis.requests[req as usize]);
                 w.begin(ts, request_tracks[req as usize], &Event::named(Phase::PassedOver.name()).args(&args))?;
+            }
+            Item::PhaseBegin { req, phase: Phase::HeldBack } => {
+                let args = held_args(&analysis.requests[req as usize]);
+                w.begin(ts, request_tracks[req as usize], &Event::named(Phase::HeldBack.name()).args(&args))?;
             }
             Item::PhaseBegin { req, phase } => {
                 let e = phase_ends(req, phase);
@@ -1020,7 +1054,7 @@ fn phase_figures(out: &Figures, phase: Phase) -> Few<(&'static str, f64), 5> {
         // The part of it the engine went on decoding while the text was held.
         Phase::FirstOutput => &[("first_output_ms", p.first_output), ("first_output_held_ms", out.first_output_held_ms)],
         Phase::Decode => &[("decode_ms", p.decode), ("gpu_decode_ms", out.gpu_ms.decode), ("compute_decode_ms", c.and_then(|c| c.decode)), ("interference_ms", out.interference_ms), ("last_output_ms", out.last_output_ms)],
-        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver => &[],
+        Phase::ReadDelay | Phase::Waiting | Phase::KvTransfer | Phase::SchedulerQueue | Phase::PassedOver | Phase::HeldBack => &[],
     };
     let mut v = Few::new(("", 0.0));
     for &(n, x) in all {

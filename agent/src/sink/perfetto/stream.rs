@@ -175,6 +175,8 @@ struct Listing<'a> {
     sched: Option<(u64, u64)>,
     /// Inside it, the span later requests went past ([`super::passed_over_slice`]).
     passed_over: Option<(u64, u64)>,
+    /// Inside the first-output slice, the text held back ([`super::held_slice`]).
+    held: Option<(u64, u64)>,
     open_decode: bool,
     /// Chunks are drawn, from this time on.
     chunks_from: Option<u64>,
@@ -207,6 +209,10 @@ impl Listing<'_> {
                     items.push((ps, S::I(Item::PhaseBegin { req, phase: Phase::PassedOver })));
                     items.push((pe, S::I(Item::End { track })));
                 }
+                items.push((e, S::I(Item::End { track })));
+            }
+            if let Some((s, e)) = self.held.filter(|_| self.engine && phase == Phase::FirstOutput) {
+                items.push((s, S::I(Item::PhaseBegin { req, phase: Phase::HeldBack })));
                 items.push((e, S::I(Item::End { track })));
             }
             if self.engine && matches!(phase, Phase::Queue | Phase::Prefill) {
@@ -474,6 +480,7 @@ impl RequestStream {
         let kv = r.gpu.as_ref().map_or(&[][..], |g| g.kv_spans());
         let sched = spans.iter().find(|s| s.2 == Phase::Queue).and_then(|&(a, b, _)| super::scheduler_slice(&r, a, b, kv));
         let passed_over = sched.and_then(|q| super::passed_over_slice(&r, q));
+        let held = spans.iter().find(|s| s.2 == Phase::FirstOutput).and_then(|&(a, b, _)| super::held_slice(&r, a, b));
         let l = Listing {
             req,
             start,
@@ -486,6 +493,7 @@ impl RequestStream {
             kv,
             sched,
             passed_over,
+            held,
             open_decode: wire_ttft.is_some() && spans.iter().any(|s| s.2 == Phase::Decode),
             chunks_from: if engine || wire_ttft.is_some() { Some(wire_ttft.unwrap_or(arrive)) } else { None },
             content: &r.content_ns,
@@ -635,6 +643,12 @@ impl RequestStream {
                 let args = super::passed_over_args(&h.r);
                 w.begin(ts, track, &Event::named(Phase::PassedOver.name()).args(&args))?;
             }
+            Item::PhaseBegin { req: _, phase: Phase::HeldBack } => {
+                let track = self.cursors[slot as usize].track;
+                let h = self.reqs[slot as usize].as_ref().expect("a drawn request is held");
+                let args = super::held_args(&h.r);
+                w.begin(ts, track, &Event::named(Phase::HeldBack.name()).args(&args))?;
+            }
             Item::PhaseBegin { req: _, phase } => {
                 let track = self.cursors[slot as usize].track;
                 if phase.has_figures() {
@@ -767,6 +781,8 @@ mod tests {
             });
             // Inside it, from its start (a pass span ends at or before it).
             let passed_over = sched.filter(|_| next().is_multiple_of(2)).map(|(a, b)| (a, a + 1 + next() % (b - a)));
+            // Inside the first output, from its start.
+            let held = spans.iter().find(|s| s.2 == Phase::FirstOutput).filter(|_| next().is_multiple_of(2)).map(|&(a, b, _)| (a, a + next() % (b - a + 1)));
             let l = Listing {
                 req: round,
                 start,
@@ -779,6 +795,7 @@ mod tests {
                 kv: &kv,
                 sched,
                 passed_over,
+                held,
                 open_decode: next().is_multiple_of(2),
                 chunks_from: (!next().is_multiple_of(4)).then(|| arrive + t(&mut next) % (end - arrive + 1)),
                 content: &content,

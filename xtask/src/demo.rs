@@ -67,10 +67,12 @@ pub fn run_demo(args: &[String]) -> Result<()> {
     let result = (|| -> Result<()> {
         wait_healthy(port, &mut agent.0)?;
         let base = format!("http://127.0.0.1:{port}");
-        eprintln!("demo: one 5-hop chain (plan → write → review → refactor → test)");
+        // A ReAct agent's stop string: the server holds back its length
+        // less one character of text, which the hop table then tells.
+        eprintln!("demo: one 5-hop chain (plan → write → review → refactor → test; a ReAct stop string, \"Observation:\")");
         run(Command::new(&py)
             .arg(root().join("examples/chain_client.py"))
-            .args(["--base-url", &base, "--chains", "1", "--hops", "5", "--max-tokens", "48", "--traceparent", "--out"])
+            .args(["--base-url", &base, "--chains", "1", "--hops", "5", "--max-tokens", "48", "--traceparent", "--stop", "\nObservation:", "--out"])
             .arg(&client))?;
         eprintln!("demo: 4 concurrent 3-hop chains (queueing, prefix-cache reuse; a JSON answer at hop 1: structured output)");
         run(Command::new(&py)

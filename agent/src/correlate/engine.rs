@@ -323,13 +323,15 @@ pub struct EngineReq {
     pub first_step_prev_end_ns: Option<u64>,
     pub steps: u32,
     pub new_tokens: u64,
-    /// (end of an output that carried tokens, `new_tokens` after it), for
-    /// its first [`TOKEN_MARKS_MAX`] such outputs: how many tokens the
-    /// engine had produced by the time its first content left
+    /// The write of its HTTP request's first content, once the correlator
+    /// saw it ([`EngineSide::first_content`]): outputs that end later are
+    /// not counted in `tokens_by_content`.
+    pub first_content_ns: Option<u64>,
+    /// Tokens of its outputs that ended by `first_content_ns` (all so far
+    /// while it is unknown), and the latest such end
     /// ([`EnginePhases::tokens_before_first_content`]).
-    pub token_marks: Vec<(u64, u64)>,
-    /// More outputs with tokens came than `token_marks` keeps.
-    pub token_marks_capped: bool,
+    pub tokens_by_content: u64,
+    pub last_by_content_ns: Option<u64>,
     pub finish_reason: Option<u8>,
     pub finished_ns: Option<u64>,
     pub prefill: Option<PrefillStats>,
@@ -870,12 +872,12 @@ impl EngineSide {
             let part = part.filter(|p| !impossible && built_ns.is_some() && (end_ns..=end_ns + super::join::SAME_STEP_NS).contains(p));
             let out_ns = part.unwrap_or(end_ns);
             r.last_output_ns = Some(r.last_output_ns.map_or(out_ns, |l| l.max(out_ns)));
-            if o.new_tokens > 0 {
-                if r.token_marks.len() < TOKEN_MARKS_MAX {
-                    r.token_marks.push((out_ns, r.new_tokens));
-                } else {
-                    r.token_marks_capped = true;
-                }
+            // Outputs come in time order, so those seen before the first
+            // content ended before it; a later one (a step joined late) is
+            // told by its end.
+            if o.new_tokens > 0 && r.first_content_ns.is_none_or(|c| out_ns <= c) {
+                r.tokens_by_content += o.new_tokens;
+                r.last_by_content_ns = Some(r.last_by_content_ns.map_or(out_ns, |l| l.max(out_ns)));
             }
             let first = o.new_tokens > 0 && r.first_token_ns.is_none();
             if first {
@@ -1140,6 +1142,21 @@ impl EngineSide {
     /// arrival order, so each engine request goes to the earliest HTTP
     /// request that fits, as when every request was known.
     pub fn claim(&mut self, r: &Request) -> Option<EnginePhases> {
+        let mut hits = self.named_by(r);
+        hits.sort_unstable_by_key(|&i| self.reqs[i].num);
+        let mut claimed = hits.into_iter().filter_map(|i| self.forget(i));
+        let e = claimed.next()?;
+        let extra = claimed.count() as u64;
+        if extra > 0 {
+            *self.counters.entry("engine_requests_extra").or_default() += extra;
+        }
+        self.count("engine_requests_linked");
+        Some(phases_of(e, r))
+    }
+
+    /// The unclaimed engine requests that name `r` (its id or x-request-id,
+    /// see [`http_key_of`]) and were submitted while it was served.
+    fn named_by(&self, r: &Request) -> Vec<SlabKey> {
         let mut hits: Vec<SlabKey> = Vec::new();
         for name in std::iter::once(&r.id).chain(r.x_request_id.as_ref()) {
             for &i in self.by_key.get(&name_hash(name)).map_or(&[][..], Nums::as_slice) {
@@ -1154,15 +1171,18 @@ impl EngineSide {
                 }
             }
         }
-        hits.sort_unstable_by_key(|&i| self.reqs[i].num);
-        let mut claimed = hits.into_iter().filter_map(|i| self.forget(i));
-        let e = claimed.next()?;
-        let extra = claimed.count() as u64;
-        if extra > 0 {
-            *self.counters.entry("engine_requests_extra").or_default() += extra;
+        hits
+    }
+
+    /// HTTP request `r` wrote its first content at `ts`: the engine request
+    /// [`Self::claim`] will give it (the earliest submitted that names it)
+    /// counts its tokens up to then, and no later output
+    /// ([`EnginePhases::tokens_before_first_content`]).
+    pub fn first_content(&mut self, r: &Request, ts: u64) {
+        let Some(i) = self.named_by(r).into_iter().min_by_key(|&i| self.reqs[i].num) else { return };
+        if let Some(e) = self.reqs.get_mut(i) {
+            e.first_content_ns = e.first_content_ns.or(Some(ts));
         }
-        self.count("engine_requests_linked");
-        Some(phases_of(e, r))
     }
 
     /// The engine request for an HTTP request closed before the server
@@ -1227,25 +1247,20 @@ const _: () = assert!(ABORT_NEAR_CLOSE_NS < super::SETTLE_NS);
 /// (docs/decisions.md), far inside it.
 pub const ABORT_CLOSE_MARGIN_NS: u64 = 50_000_000;
 
-/// Outputs with tokens an engine request keeps the times of
-/// ([`EngineReq::token_marks`]): a first content held back past this many
-/// of them (a tool-call parser waiting for a whole call) has no count.
-pub const TOKEN_MARKS_MAX: usize = 64;
-
-/// The last of `e`'s outputs with tokens that ended by the first content at
-/// `ttft`, and the tokens it had produced by then. At least its first
-/// output: the frontend cannot write what the engine has not sent, so a
-/// first output timed after the content (the engine's clock mapped a little
-/// late) still counts. `None` without a first content or tokens, or when
-/// the content came after every output kept and more came than were kept.
+/// The last of `e`'s outputs with tokens that ended by the first content
+/// at `ttft`, and the tokens it had produced by then
+/// ([`EngineSide::first_content`] marked `e` with that write). At least its
+/// first output: the frontend cannot write what the engine has not sent, so
+/// a first output timed after the content (the engine's clock mapped a
+/// little late) still counts. `None` without a first content or tokens, or
+/// when `e` was not marked with this content (no key of the request named
+/// it yet).
 fn before_first_content(e: &EngineReq, ttft: Option<u64>) -> Option<(u64, u64)> {
-    let t = ttft?;
-    let &first = e.token_marks.first()?;
-    if e.token_marks_capped && e.token_marks.last().is_some_and(|&(ns, _)| ns <= t) {
+    let first = e.first_token_ns?;
+    if e.first_content_ns.is_none() || e.first_content_ns != ttft {
         return None;
     }
-    let before = e.token_marks.iter().copied().filter(|&(ns, _)| ns <= t).max_by_key(|&(_, n)| n);
-    Some(before.filter(|b| b.1 >= first.1).unwrap_or(first))
+    Some((e.last_by_content_ns.unwrap_or(first).max(first), e.tokens_by_content.max(1)))
 }
 
 /// The phases an engine request gives the HTTP request that claimed it.
@@ -1976,23 +1991,23 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_first_content_later_than_every_kept_output_has_no_token_count() {
-        // The frontend holds everything back past TOKEN_MARKS_MAX outputs (a
-        // parser waiting for a whole call): the count would be a floor, so none.
-        let n = super::TOKEN_MARKS_MAX as u64 + 3;
+    fn a_first_content_after_many_outputs_counts_every_one_and_none_after_it() {
+        // The frontend holds everything back for 100 outputs (a parser
+        // waiting for a whole call); 20 more come after its first content.
+        let n = 100u64;
         let mut recs = http("chatcmpl-a", 5, 0);
-        for k in 0..n {
+        for k in 0..n + 20 {
             recs.push(step((20 + k) * MS, &[("chatcmpl-a", true, Some(5 * MS))]));
         }
-        recs.push(sse("chatcmpl-a", 5, (21 + n) * MS, SseKind::Content));
-        recs.push(sse("chatcmpl-a", 5, (22 + n) * MS, SseKind::Done));
-        recs.push(end(5, (23 + n) * MS));
+        recs.push(sse("chatcmpl-a", 5, (20 + n) * MS - MS / 2, SseKind::Content));
+        recs.push(sse("chatcmpl-a", 5, (21 + n + 20) * MS, SseKind::Done));
+        recs.push(end(5, (22 + n + 20) * MS));
         recs.sort_by_key(Record::ts_ns);
         let a = analyse(&recs);
         let r = &a.requests[0];
         let e = r.engine.as_ref().expect("joined");
-        assert_eq!((e.generated_tokens, e.tokens_before_first_content, super::first_output_held_ms(r)), (n, None, None));
-        assert_eq!(super::partition(r).first_output, Some((n + 1) as f64), "the phase stays whole");
+        assert_eq!((e.generated_tokens, e.tokens_before_first_content, super::first_output_held_ms(r)), (n + 20, Some(n), Some((n - 1) as f64)));
+        assert_eq!(super::partition(r).first_output, Some(n as f64 - 0.5), "the phase stays whole");
     }
 
     #[test]

@@ -762,6 +762,9 @@ impl Correlator {
                 if *kind == SseKind::Content {
                     if r.ttft_ns.is_none() {
                         r.ttft_ns = Some(*ts_ns);
+                        if self.cfg.use_ipc {
+                            self.engine.first_content(r, *ts_ns);
+                        }
                     }
                     r.content_ns.push(*ts_ns);
                     first_chunk = Some(r.content_ns.len() == 1);

@@ -553,6 +553,11 @@ fn trace_cmd(files: &[PathBuf], output: Option<PathBuf>, no_compress: bool, layo
     Ok(())
 }
 
+/// A second stop signal this soon after the first is the same request
+/// delivered twice (timeout(1) signals its child and its process group); a
+/// person asking again is slower.
+const SAME_STOP: Duration = Duration::from_millis(500);
+
 /// How long `run` records its command's way out once asked to stop, unless
 /// `--stop-grace` says otherwise.
 const RUN_STOP_GRACE: Duration = Duration::from_secs(10);
@@ -1054,7 +1059,11 @@ fn record(mut pids: Vec<u32>, pid_file: Option<PathBuf>, cmd: Vec<String>, stop_
         // what the server does on the way out — answers still in flight, the
         // injection's last GPU records, flushed at exit — is in the
         // recording. A second signal, or the grace passing, ends it at once.
-        let signalled = stop.swap(false, Ordering::Relaxed);
+        // A signal within SAME_STOP of the one that began the stop is that
+        // one again: timeout(1), asked to stop, sends the signal to its
+        // child and to its process group, so hopscope gets it twice, and
+        // stopping at once there lost the command's way out.
+        let signalled = stop.swap(false, Ordering::Relaxed) && stopping.is_none_or(|t| t.elapsed() >= SAME_STOP);
         let timed_out = stopping.is_none() && opts.duration.is_some_and(|d| started.elapsed() >= d);
         if signalled || timed_out {
             match child.0.as_ref() {

@@ -695,6 +695,39 @@ fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigte
     assert!(help.contains("--stop-grace <DURATION>") && help.contains("[default: 10s]"), "{help}");
 }
 
+/// timeout(1), asked to stop, signals its child and then its process group:
+/// hopscope gets the signal twice at once. That is one request to stop, not
+/// a second one that cuts the command's way out short (it lost the CUPTI
+/// injection's last records of a testbed stopped under `timeout`).
+#[test]
+fn run_takes_a_stop_signal_delivered_twice_at_once_as_one() {
+    let Some(_serial) = privileged("run_takes_a_stop_signal_delivered_twice_at_once_as_one") else { return };
+    let dir = scratch("cli-stop-twice");
+    let hop = dir.join("run.hop");
+    let started = dir.join("started");
+    // A command that takes 1.5 s to leave once asked to.
+    let script = format!("trap 'sleep 1.5; exit 0' TERM; touch {}; while :; do sleep 0.1; done", started.display());
+    let agent = Agent::spawn(&["run", "--quiet", "--nvml-period", "0", "-o", hop.to_str().unwrap(), "--", "sh", "-c", &script], &[]);
+    let t = std::time::Instant::now();
+    while !started.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the command did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.signal(libc::SIGINT);
+    agent.wait_line("hopscope: stopping: sent SIGTERM to the command", Duration::from_secs(5));
+    agent.signal(libc::SIGINT);
+    let asked = std::time::Instant::now();
+    let (st, _, err) = agent.wait(Duration::from_secs(30));
+    let took = asked.elapsed();
+    assert!(st.success(), "hopscope: {err}");
+    assert!(err.contains("command exited with exit status: 0"), "recorded until the command left: {err}");
+    assert!(took >= Duration::from_millis(1200), "stopped after {took:?}");
+    // The recording runs to the command's exit, 1.5 s after the signals
+    // (cut at the second, it ended ~10 ms in).
+    let recorded = report_json(&hop)["recording"]["duration_ms"].as_f64().expect("duration");
+    assert!(recorded >= 1300.0, "the recording ends {recorded:.1} ms in: the second signal cut the command's way out short");
+}
+
 #[test]
 fn run_stopped_at_its_terminal_leaves_the_commands_ctrl_c_alone_and_signals_it_when_killed() {
     let Some(_serial) = privileged("run_stopped_at_its_terminal_leaves_the_commands_ctrl_c_alone_and_signals_it_when_killed") else { return };

@@ -664,16 +664,18 @@ fn a_pid_file_without_a_pid_is_one_line_saying_what_it_must_hold() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--pid-file"), "a pid or a pid file is required: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-#[test]
-fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigterm() {
-    let Some(_serial) = privileged("run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigterm") else { return };
-    let dir = scratch("cli-stop-grace");
+/// `hopscope run [run_args] -o SCRATCH/run.hop -- sh -c '<trap> TERM; …'`,
+/// a shell that loops once started, asked to stop by SIGINT: returns the
+/// agent once it said it sent SIGTERM to the command, and the recording.
+fn run_asked_to_stop(name: &str, trap: &str, run_args: &[&str]) -> (Agent, std::path::PathBuf) {
+    let dir = scratch(name);
     let hop = dir.join("run.hop");
     let started = dir.join("started");
-    // A command that ignores SIGTERM (its sleeps inherit that, and each ends by itself).
-    let script = format!("trap '' TERM; touch {}; while :; do sleep 0.1; done", started.display());
-    // A grace of its own (the default, 10 s, is in the help).
-    let agent = Agent::spawn(&["run", "--quiet", "--nvml-period", "0", "--stop-grace", "2s", "-o", hop.to_str().unwrap(), "--", "sh", "-c", &script], &[]);
+    let script = format!("trap '{trap}' TERM; touch {}; while :; do sleep 0.1; done", started.display());
+    let mut args = vec!["run", "--quiet", "--nvml-period", "0"];
+    args.extend_from_slice(run_args);
+    args.extend(["-o", hop.to_str().unwrap(), "--", "sh", "-c", &script]);
+    let agent = Agent::spawn(&args, &[]);
     let t = std::time::Instant::now();
     while !started.exists() {
         assert!(t.elapsed() < Duration::from_secs(30), "the command did not start");
@@ -681,6 +683,15 @@ fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigte
     }
     agent.signal(libc::SIGINT);
     agent.wait_line("hopscope: stopping: sent SIGTERM to the command", Duration::from_secs(5));
+    (agent, hop)
+}
+
+#[test]
+fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigterm() {
+    let Some(_serial) = privileged("run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigterm") else { return };
+    // A command that ignores SIGTERM (its sleeps inherit that, and each ends
+    // by itself), with a grace of its own (the default, 10 s, is in the help).
+    let (agent, hop) = run_asked_to_stop("cli-stop-grace", "", &["--stop-grace", "2s"]);
     let asked = std::time::Instant::now();
     let (st, _, err) = agent.wait(Duration::from_secs(60));
     let took = asked.elapsed();
@@ -702,19 +713,8 @@ fn run_asked_to_stop_gives_its_command_a_grace_then_stops_one_that_ignores_sigte
 #[test]
 fn run_takes_a_stop_signal_delivered_twice_at_once_as_one() {
     let Some(_serial) = privileged("run_takes_a_stop_signal_delivered_twice_at_once_as_one") else { return };
-    let dir = scratch("cli-stop-twice");
-    let hop = dir.join("run.hop");
-    let started = dir.join("started");
-    // A command that takes 1.5 s to leave once asked to.
-    let script = format!("trap 'sleep 1.5; exit 0' TERM; touch {}; while :; do sleep 0.1; done", started.display());
-    let agent = Agent::spawn(&["run", "--quiet", "--nvml-period", "0", "-o", hop.to_str().unwrap(), "--", "sh", "-c", &script], &[]);
-    let t = std::time::Instant::now();
-    while !started.exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "the command did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    agent.signal(libc::SIGINT);
-    agent.wait_line("hopscope: stopping: sent SIGTERM to the command", Duration::from_secs(5));
+    // A command that takes 1.5 s to leave once asked to; the signal again at once.
+    let (agent, hop) = run_asked_to_stop("cli-stop-twice", "sleep 1.5; exit 0", &[]);
     agent.signal(libc::SIGINT);
     let asked = std::time::Instant::now();
     let (st, _, err) = agent.wait(Duration::from_secs(30));

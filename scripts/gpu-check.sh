@@ -305,6 +305,9 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 reqs = [q for q in r["requests"] if q["path"].startswith("/v1/")]
 print(f"testbed: {len(reqs)} requests, gpu={r['recording']['gpu']}, gpus={[g['name'] for g in r['recording'].get('gpus', [])]}")
+# How each injected process traced (its hello): CUPTI version, clock, graphs, the kinds CUPTI took.
+for c in r["recording"].get("cupti", []):
+    print(f"testbed cupti: {c['cupti_version']} clock={c['clock']} graphs={c['graphs']} traced={','.join(c['traced'])} pids={c['pids']}")
 print("testbed: phase sources", sorted({q["phase_source"] for q in reqs}))
 for k in r["kernels"][:5]:
     print(f"testbed kernel: {k['gpu_ms']:.2f} ms x{k['count']} {k['name'][:90]}")
@@ -393,8 +396,13 @@ elif [ $(( DEADLINE - $(date +%s) )) -lt 100 ]; then
 elif [ -x "$AGENT" ] && [ -f "$INJ" ] && [ -d /tmp/tb-site ]; then
   AGENT_EXTRA="--gpu-graphs launch" testbed_under_hopscope testbed-graphs 80 45 40 "$TB_ARGS" --chains 4 --hops 2 --max-tokens 32
   "$AGENT" report "$OUT/testbed-graphs.hop" --json >"$OUT/testbed-graphs.report.json" 2>"$OUT/testbed-graphs.report.txt"
-  $PY -c 'import json,sys; r=json.load(open(sys.argv[1])); print("testbed-graphs kernels:", [(k["name"][:40], k["count"]) for k in r["kernels"][:6]])' \
+  $PY -c 'import json,sys; r=json.load(open(sys.argv[1])); print("testbed-graphs kernels:", [(k["name"][:40], k["count"]) for k in r["kernels"][:6]]); print("testbed-graphs cupti (graphs must say launch: CUPTI took GRAPH_TRACE):", [(c["graphs"], c["clock"], c["pids"]) for c in r["recording"].get("cupti", [])])' \
     "$OUT/testbed-graphs.report.json" 2>&1 | tee -a "$SUMMARY"
+  # Step 7's recording (per node) against this one (per launch): a warning, one [CUDA graph] row.
+  if [ -f "$OUT/testbed.hop" ]; then
+    "$AGENT" diff "$OUT/testbed.hop" "$OUT/testbed-graphs.hop" >"$OUT/testbed-graphs.diff.txt" 2>&1
+    grep -E "^WARNING: BEFORE traced CUDA graphs|^  \[CUDA graph\]" "$OUT/testbed-graphs.diff.txt" | cut -c1-200 | sed 's/^/testbed-graphs diff: /' | tee -a "$SUMMARY"
+  fi
   $PY examples/gpu/check_gpu_steps.py "$OUT/testbed-graphs.report.json" "$OUT/testbed-graphs.truth.jsonl" --tolerance-us 50 2>&1 \
     | sed 's/^/testbed-graphs: /' | tee -a "$SUMMARY"
 else

@@ -419,6 +419,37 @@ fn with_gpu_graphs_launch_each_graph_launch_is_one_kernel_in_the_recording_and_r
         assert!(kernels.contains(&format!("[CUDA graph {g}]").as_str()), "the report's kernels name graph {g}: {kernels:?}");
     }
     assert_eq!(rep["recording"]["drops"]["gpu_records_implausible"].as_u64(), Some(0));
+    // The report says how the process traced; graphs per launch the injection's hello said.
+    let cupti = rep["recording"]["cupti"].as_array().expect("recording.cupti");
+    assert_eq!(cupti.len(), 1, "{cupti:?}");
+    assert_eq!((cupti[0]["graphs"].as_str(), cupti[0]["cupti_version"].as_u64()), (Some("launch"), Some(130401)), "{cupti:?}");
+    assert!(cupti[0]["traced"].as_array().unwrap().iter().any(|k| k == "graph_launch"), "{cupti:?}");
+
+    // The same host traced per node, diffed against it: the graphs' GPU time
+    // is one row either way, and the text warns that kernels inside graphs
+    // do not compare.
+    let node = dir.join("node.hop");
+    let st = hopscope_over_the_double(a).args(["run", "--quiet", "-o"]).arg(&node).arg("--cupti-lib").arg(&a.injection).arg("--").arg(&a.host).args(["run:1000", "wait-delivered:30000"]).output().expect("running hopscope");
+    assert!(st.status.success(), "hopscope run (per node) failed: {}", String::from_utf8_lossy(&st.stderr));
+    assert_eq!(hopscope_integration::report_json(&node)["recording"]["cupti"][0]["graphs"], "node");
+    let diff = |json: bool| {
+        let mut c = Command::new(hopscope_bin());
+        c.arg("diff");
+        if json {
+            c.arg("--json");
+        }
+        let o = c.arg(&node).arg(&out).output().expect("running hopscope diff");
+        assert!(o.status.success(), "diff failed: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let d: Value = serde_json::from_str(&diff(true)).expect("diff json");
+    assert_eq!((d["before"]["gpu_graphs"].as_str(), d["after"]["gpu_graphs"].as_str()), (Some("node"), Some("launch")));
+    let rows = d["kernels"]["rows"].as_array().expect("kernel rows");
+    let graphs = rows.iter().find(|r| r["name"] == "[CUDA graph]").unwrap_or_else(|| panic!("a [CUDA graph] row: {rows:?}"));
+    assert_eq!((graphs["status"].as_str(), graphs["before_count"].as_u64()), (Some("new"), Some(0)), "{graphs}");
+    assert!(!rows.iter().any(|r| r["name"] == ""), "no kernel row without a name: {rows:?}");
+    let text = diff(false);
+    assert!(text.contains("WARNING: BEFORE traced CUDA graphs per node, AFTER per launch"), "{text}");
 }
 
 #[test]

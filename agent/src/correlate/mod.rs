@@ -220,10 +220,65 @@ pub struct Analysis {
     pub gpus: Vec<GpuInfo>,
     /// The GPUs the host's driver (NVML) reported, by NVML index.
     pub nvml_gpus: Vec<NvmlGpu>,
+    /// How the injected processes traced (their hellos), processes alike together.
+    pub cupti: Vec<CuptiSetup>,
     /// Engine steps found in the CUPTI records (`correlate::gpu`), in order.
     pub gpu_steps: Vec<gpu::GpuStep>,
     /// Compute of each engine output step that has a figure, and its source.
     pub step_compute: Vec<gpu::StepCompute>,
+}
+
+/// How injected processes traced their GPU work, as their hellos said:
+/// processes with the same CUPTI, clock, graph tracing, kinds and library
+/// share one entry. A diff of two recordings compares kernels inside CUDA
+/// graphs only when both traced graphs the same way.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CuptiSetup {
+    /// `cuptiGetVersion` (12.4 = 22 … 13.0.1 = 130001).
+    pub cupti_version: u32,
+    /// How CUPTI's timestamps became CLOCK_MONOTONIC: "callback" (CUPTI asked
+    /// ours) or "calibrated" (its own clock shifted by a measured offset).
+    pub clock: String,
+    /// "node": each kernel a CUDA graph ran is a record; "launch": each graph
+    /// launch is one (`[CUDA graph N]`), its kernels unseen.
+    pub graphs: &'static str,
+    /// The record kinds the library had CUPTI enable (what CUPTI refused is
+    /// missing, and the figures built on it with it).
+    pub traced: Vec<&'static str>,
+    pub cupti_lib: String,
+    pub pids: Vec<u32>,
+}
+
+impl CuptiSetup {
+    fn of(cupti_version: u32, clock: u8, enabled: u32, cupti_lib: &str) -> CuptiSetup {
+        use hopscope_gpu_wire::enabled as e;
+        const KINDS: [(u32, &str); 8] = [
+            (e::KERNEL, "kernel"),
+            (e::MEMCPY, "memcpy"),
+            (e::MEMCPY_PEER, "memcpy_peer"),
+            (e::MEMSET, "memset"),
+            (e::SYNC, "sync"),
+            (e::API_RUNTIME, "api_runtime"),
+            (e::API_DRIVER, "api_driver"),
+            (e::GRAPH_LAUNCH, "graph_launch"),
+        ];
+        CuptiSetup {
+            cupti_version,
+            clock: match clock {
+                1 => "callback".into(),
+                2 => "calibrated".into(),
+                c => format!("unknown ({c})"),
+            },
+            graphs: if enabled & e::GRAPH_LAUNCH != 0 { "launch" } else { "node" },
+            traced: KINDS.iter().filter(|(bit, _)| enabled & bit != 0).map(|(_, n)| *n).collect(),
+            cupti_lib: cupti_lib.to_owned(),
+            pids: Vec::new(),
+        }
+    }
+
+    fn same_setup(&self, o: &CuptiSetup) -> bool {
+        (self.cupti_version, &self.clock, self.graphs, &self.traced, &self.cupti_lib) == (o.cupti_version, &o.clock, o.graphs, &o.traced, &o.cupti_lib)
+    }
 }
 
 /// One GPU as the host's driver (NVML) described it.
@@ -468,6 +523,7 @@ pub struct Correlator {
     last_ns: Option<u64>,
     gpus: Vec<GpuInfo>,
     nvml_gpus: Vec<NvmlGpu>,
+    cupti: Vec<CuptiSetup>,
     /// GPU steps, GPU shares, KV copies and step compute per engine request.
     attribution: gpu::Attribution,
     /// The attribution's keys for an engine record's requests, as the engine
@@ -565,6 +621,7 @@ impl Correlator {
             last_ns: None,
             gpus: Vec::new(),
             nvml_gpus: Vec::new(),
+            cupti: Vec::new(),
             attribution: gpu::Attribution::new(),
             hints: Vec::new(),
             joiner: join::StepJoiner::default(),
@@ -837,6 +894,20 @@ impl Correlator {
             Record::OffCpu { ts_ns, tid, off_ns, wake_ns, prev_state, .. } => self.woke.entry(*tid).or_default().switched_in(*ts_ns, *off_ns, *wake_ns, *prev_state),
             Record::UnixIo { ts_ns, tid, .. } => self.woke.entry(*tid).or_default().io(*ts_ns),
             Record::WokenWrite { ts_ns, tid, wake_ns, on_ns, .. } => self.woke.entry(*tid).or_default().woken_write(*ts_ns, *wake_ns, *on_ns),
+            Record::GpuProcess { pid, cupti_version, clock, enabled, cupti_lib, .. } => {
+                let setup = CuptiSetup::of(*cupti_version, *clock, *enabled, cupti_lib);
+                let at = match self.cupti.iter().position(|c| c.same_setup(&setup)) {
+                    Some(at) => at,
+                    None => {
+                        self.cupti.push(setup);
+                        self.cupti.len() - 1
+                    }
+                };
+                let pids = &mut self.cupti[at].pids;
+                if !pids.contains(pid) {
+                    pids.push(*pid);
+                }
+            }
             Record::GpuDevice { pid, device, name, cc_major, cc_minor, sm_count, total_mem_bytes, driver_version, .. } => {
                 match self.gpus.iter_mut().find(|g| g.device == *device && g.name == *name) {
                     Some(g) => {
@@ -1151,7 +1222,7 @@ impl Correlator {
         for (k, v) in self.own {
             drops.insert(k.to_owned(), v);
         }
-        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.attribution.kernel_stats(), gpus: self.gpus, nvml_gpus: self.nvml_gpus, gpu_steps, step_compute }
+        Analysis { requests, chains: Vec::new(), drops, first_ns: self.first_ns, last_ns: self.last_ns, steps, kernels: self.attribution.kernel_stats(), gpus: self.gpus, nvml_gpus: self.nvml_gpus, cupti: self.cupti, gpu_steps, step_compute }
     }
 
     /// Ends the analysis all at once: every request, in report order, with
@@ -1531,5 +1602,25 @@ mod tests {
             Record::Drops { ts_ns: 2, counters: vec![("kernel_ringbuf_full".into(), 7)] },
         ];
         assert_eq!(analyse(&recs).drops.get("kernel_ringbuf_full"), Some(&7));
+    }
+
+    #[test]
+    fn injected_processes_that_traced_alike_share_one_cupti_setup_and_graph_launches_are_told_apart() {
+        use hopscope_gpu_wire::enabled as e;
+        let node = e::KERNEL | e::MEMCPY | e::SYNC | e::API_RUNTIME;
+        let hello = |ts_ns, pid, clock, enabled| Record::GpuProcess { ts_ns, pid, ppid: 1, own_pid: pid, comm: "python".into(), cupti_version: 130001, clock, enabled, init_ns: ts_ns, cupti_lib: "/venv/nvidia/cu13/lib/libcupti.so.13".into() };
+        // Two TP workers alike, one reconnecting (a second hello), one traced per launch.
+        let recs = vec![hello(1, 10, 2, node), hello(2, 11, 2, node), hello(3, 10, 2, node), hello(4, 12, 2, node | e::GRAPH_LAUNCH), hello(5, 13, 9, 0)];
+        let got = analyse(&recs).cupti;
+        let view: Vec<(&str, &str, Vec<&str>, Vec<u32>)> = got.iter().map(|c| (c.clock.as_str(), c.graphs, c.traced.clone(), c.pids.clone())).collect();
+        assert_eq!(
+            view,
+            [
+                ("calibrated", "node", vec!["kernel", "memcpy", "sync", "api_runtime"], vec![10, 11]),
+                ("calibrated", "launch", vec!["kernel", "memcpy", "sync", "api_runtime", "graph_launch"], vec![12]),
+                ("unknown (9)", "node", vec![], vec![13]),
+            ]
+        );
+        assert!(got.iter().all(|c| c.cupti_version == 130001 && c.cupti_lib.ends_with("libcupti.so.13")));
     }
 }

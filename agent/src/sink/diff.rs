@@ -370,6 +370,10 @@ pub struct SideInfo {
     /// The recording's loss counters above 0 (`report::is_loss`): what its
     /// figures may lack. `hopscope report` says what each means.
     pub losses: BTreeMap<String, u64>,
+    /// How its injected processes traced CUDA graphs (added 2026-12-06):
+    /// "node", "launch" or "mixed"; null with no injected process. Kernels
+    /// inside graphs compare only between recordings that both say "node".
+    pub gpu_graphs: Option<&'static str>,
 }
 
 /// GPU time per normalised kernel name.
@@ -646,6 +650,7 @@ impl SideBuilder {
                 read_error: r.read_error.clone(),
                 hopscope_version: r.hopscope_version.clone(),
                 losses,
+                gpu_graphs: graphs_traced(&r.cupti),
             },
             routes: self.routes,
             reqs: self.reqs,
@@ -655,6 +660,12 @@ impl SideBuilder {
             models: self.models,
         }
     }
+}
+
+/// "node", "launch" or "mixed" over a recording's injected processes.
+fn graphs_traced(cupti: &[crate::correlate::CuptiSetup]) -> Option<&'static str> {
+    let first = cupti.first()?.graphs;
+    Some(if cupti.iter().all(|c| c.graphs == first) { first } else { "mixed" })
 }
 
 impl Side {
@@ -1929,6 +1940,9 @@ fn headline(overall: &Aggregate, hops: &[Aggregate], m: &Matching, unmatched: [u
     let _ = write!(line, ": {}", x.summary);
     if let Some(k) = kernels.and_then(|k| k.rows.first().filter(|r| r.delta_gpu_ms.abs() >= NOISE_MS).map(|r| (k, r))) {
         let _ = write!(line, "; GPU {:+.2} ms, most in {} ({:+.2} ms)", k.0.delta_gpu_ms, printable(&k.1.name), k.1.delta_gpu_ms);
+        if k.1.name == GRAPH_LAUNCHES {
+            line.push_str(" (CUDA graphs traced per launch: record with `--gpu-graphs node` to see the kernels inside)");
+        }
     }
     if let Some(m) = &overall.models {
         let _ = write!(line, "; model changed in {} of {} pairs ({} → {})", m.changed, overall.requests, model_list(&m.before), model_list(&m.after));
@@ -2186,9 +2200,15 @@ fn demangle_outer(s: &str) -> Option<String> {
 /// → `flash_fwd_kernel`; `ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn`
 /// → `ampere_bf16_s16816gemm_bf16_tn`; `triton_poi_fused_add_0` → `triton_poi_fused_add`.
 /// Namespaces stay. Generic launch wrappers (`cutlass::Kernel2<G>`,
-/// `flash::device_kernel<…>`) are named by what they launch. Idempotent.
+/// `flash::device_kernel<…>`) are named by what they launch. CUDA graphs
+/// traced per launch (`[CUDA graph N]`) are one row, [`GRAPH_LAUNCHES`]. Idempotent.
 pub fn normalize_kernel_name(name: &str) -> String {
     let s = name.trim();
+    // A graph's id is its process's creation count: two runs (or two
+    // processes) number the same graph differently, so launches compare as one.
+    if s.strip_prefix("[CUDA graph").and_then(|r| r.strip_suffix(']')).is_some_and(|id| id.trim().bytes().all(|b| b.is_ascii_digit())) {
+        return GRAPH_LAUNCHES.to_owned();
+    }
     if let Some(d) = demangle_outer(s) {
         return normalize_kernel_name(&d);
     }
@@ -2214,8 +2234,13 @@ pub fn normalize_kernel_name(name: &str) -> String {
         out.push_str("::");
     }
     out.push_str(&normalize_component(last));
-    out.trim_end_matches('_').to_owned()
+    let out = out.trim_end_matches('_');
+    // A name that is all brackets (`[…]`) has nothing left to normalise.
+    if out.is_empty() { s.to_owned() } else { out.to_owned() }
 }
+
+/// The row of CUDA graphs traced per launch (`[CUDA graph N]`, any N).
+pub const GRAPH_LAUNCHES: &str = "[CUDA graph]";
 
 // ---------------------------------------------------------------- text
 
@@ -2273,6 +2298,12 @@ fn render(d: &Diff, shown: &[&Pair], gen: usize, other: usize, unmatched: &[Unma
         if !x.losses.is_empty() {
             let l: Vec<String> = x.losses.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(s, "WARNING: {w} lost data its figures may lack: {} (`hopscope report {}` says what each means and what to do)", l.join(" "), x.path);
+        }
+    }
+    if let (Some(b), Some(a)) = (d.before.gpu_graphs, d.after.gpu_graphs) {
+        if b != a {
+            let per = |m: &str| if m == "mixed" { "per node in some processes and per launch in others".to_owned() } else { format!("per {m}") };
+            let _ = writeln!(s, "WARNING: BEFORE traced CUDA graphs {}, AFTER {}: GPU time inside graphs compares, their kernels do not (record both with the same `--gpu-graphs`)", per(b), per(a));
         }
     }
     let m = &d.matching;
@@ -3184,6 +3215,10 @@ mod tests {
             ("_ZN7cutlass7Kernel2I66cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8EEvNT_6ParamsE", "cutlass_tensorop_bf16_s16816gemm_relu_bf16_tn"),
             ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float> >(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float>, float, float)", "gemv2T_kernel_val"),
             ("memcpy32_post", "memcpy32_post"),
+            ("[CUDA graph 5]", "[CUDA graph]"),
+            ("[CUDA graph 123456]", "[CUDA graph]"),
+            ("[CUDA graph]", "[CUDA graph]"),
+            ("[unnamed kernel]", "[unnamed kernel]"),
         ];
         for (raw, want) in cases {
             let got = normalize_kernel_name(raw);
@@ -3236,6 +3271,41 @@ mod tests {
         let t = render_text(&d);
         assert!(t.contains("GPU kernels (normalised names)") && t.contains("triton_poi_fused_add"), "{t}");
         assert!(d.headline.contains("GPU +2.00 ms, most in triton_poi_fused_add"), "{}", d.headline);
+    }
+
+    #[test]
+    fn graphs_traced_per_launch_compare_as_one_row_whatever_their_ids_and_a_change_of_graph_tracing_is_a_warning() {
+        let before = analysis(chain("a", 0, |_| BASE));
+        let after = analysis(chain("b", 0, |_| BASE));
+        let (mut rb, mut ra) = (rep("b", &before), rep("a", &after));
+        let setup = |graphs, pids: Vec<u32>| crate::correlate::CuptiSetup { cupti_version: 130001, clock: "calibrated".into(), graphs, traced: vec!["kernel"], cupti_lib: "libcupti.so.13".into(), pids };
+        // Each run numbers its graphs in creation order: the same graph is 3 in one, 7 in the other.
+        rb.kernels = vec![k("[CUDA graph 3]", 100, 20.0), k("[CUDA graph 4]", 10, 1.0)];
+        ra.kernels = vec![k("[CUDA graph 7]", 100, 26.0), k("[CUDA graph 8]", 10, 1.0)];
+        rb.recording.cupti = vec![setup("launch", vec![10, 11])];
+        ra.recording.cupti = vec![setup("launch", vec![20]), setup("launch", vec![21])];
+        let d = compare(&rb, &ra);
+        let kd = d.kernels.as_ref().unwrap();
+        assert_eq!(kd.rows.len(), 1, "{:?}", kd.rows);
+        let row = &kd.rows[0];
+        assert_eq!((row.name.as_str(), row.before_count, row.after_count, row.status), (GRAPH_LAUNCHES, 110, 110, "changed"));
+        assert!(close(row.delta_gpu_ms, 6.0) && close(row.per_call_ms, 6.0), "{row:?}");
+        assert_eq!(row.variants.len(), 4);
+        assert!(d.headline.contains("most in [CUDA graph] (+6.00 ms) (CUDA graphs traced per launch: record with `--gpu-graphs node`"), "{}", d.headline);
+        assert_eq!((d.before.gpu_graphs, d.after.gpu_graphs), (Some("launch"), Some("launch")));
+        assert!(!render_text(&d).contains("WARNING"), "{}", render_text(&d));
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["after"]["gpu_graphs"], "launch");
+
+        // AFTER traced one process per node: its graphs' kernels are new, and the text says why.
+        ra.recording.cupti = vec![setup("launch", vec![20]), setup("node", vec![21])];
+        ra.kernels = vec![k("[CUDA graph 7]", 50, 13.0), k("triton_poi_fused_add_0", 800, 12.0)];
+        let d = compare(&rb, &ra);
+        assert_eq!(d.after.gpu_graphs, Some("mixed"));
+        let t = render_text(&d);
+        assert!(t.contains("WARNING: BEFORE traced CUDA graphs per launch, AFTER per node in some processes and per launch in others: GPU time inside graphs compares, their kernels do not"), "{t}");
+        rb.recording.cupti.clear();
+        assert!(!render_text(&compare(&rb, &ra)).contains("traced CUDA graphs"), "no warning when one side has no injected process");
     }
 
     /// A request's kernel list: (raw name, GPU ms).

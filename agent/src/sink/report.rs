@@ -42,6 +42,9 @@ pub struct RecordingInfo {
     pub gpus: Vec<crate::correlate::GpuInfo>,
     /// GPUs the host's driver reported (`record --nvml-period`): model, driver, memory.
     pub nvml_gpus: Vec<crate::correlate::NvmlGpu>,
+    /// How the injected processes traced (CUPTI version, clock, CUDA graphs
+    /// per node or per launch, kinds), processes alike together.
+    pub cupti: Vec<crate::correlate::CuptiSetup>,
     /// Optional kernel tracepoints the recording was made without (e.g.
     /// `sock:sk_data_ready` before kernel 6.6: the `wire_*` fields are null).
     pub missing_tracepoints: Vec<String>,
@@ -805,6 +808,7 @@ pub fn build(path: &str, meta: &Meta, analysis: &Analysis, read_error: Option<St
             kernel: meta.kernel.clone(),
             gpus: analysis.gpus.clone(),
             nvml_gpus: analysis.nvml_gpus.clone(),
+            cupti: analysis.cupti.clone(),
             missing_tracepoints: meta.missing_tracepoints.clone(),
             segments: meta.segment.as_ref().map(|g| crate::recording::SegmentsRead { run_start_ns: g.run_start_ns, first: g.index, last: g.index }),
         },
@@ -1383,6 +1387,10 @@ fn text_tail(s: &mut String, rep: &Report) {
             }
         }
         s.push('\n');
+    }
+    for c in &r.cupti {
+        let graphs = if c.graphs == "launch" { "per launch (their kernels unseen)" } else { "per node" };
+        let _ = writeln!(s, "cupti {} (clock {}, CUDA graphs {graphs}; traced {}) in pids {:?}: {}", c.cupti_version, c.clock, c.traced.join(" "), c.pids, printable(&c.cupti_lib));
     }
     let _ = write!(s, "\n{}", crate::sink::summary::render_text(&rep.summary));
     if !rep.kernels.is_empty() {
@@ -2972,6 +2980,22 @@ mod tests {
         let parsed = glossary_rows().filter_map(|[n, ..]| gloss(if n == "gpu_counter_<id>" { "gpu_counter_1" } else { n })).filter(|g| !g.what.is_empty()).count();
         assert!(rows > 100, "{rows} rows");
         assert_eq!(parsed, rows, "rows without a meaning, or that do not parse");
+    }
+
+    #[test]
+    fn the_report_says_how_each_group_of_injected_processes_traced_the_gpu() {
+        use hopscope_gpu_wire::enabled as e;
+        let hello = |pid, enabled| Record::GpuProcess { ts_ns: 1, pid, ppid: 1, own_pid: pid, comm: "python".into(), cupti_version: 130001, clock: 2, enabled, init_ns: 1, cupti_lib: "/v/libcupti.so.13\u{1b}[2J".into() };
+        let a = crate::correlate::analyse(&[hello(10, e::KERNEL | e::SYNC), hello(11, e::KERNEL | e::SYNC), hello(12, e::KERNEL | e::GRAPH_LAUNCH)]);
+        let rep = build("t.hop", &Meta::default(), &a, None);
+        let v = serde_json::to_value(&rep.recording).unwrap();
+        assert_eq!(v["cupti"][0]["graphs"], "node");
+        assert_eq!(v["cupti"][0]["pids"], serde_json::json!([10, 11]));
+        assert_eq!(v["cupti"][1]["traced"], serde_json::json!(["kernel", "graph_launch"]));
+        let text = render_text(&rep);
+        assert!(text.contains("cupti 130001 (clock calibrated, CUDA graphs per node; traced kernel sync) in pids [10, 11]: /v/libcupti.so.13"), "{text}");
+        assert!(text.contains("CUDA graphs per launch (their kernels unseen); traced kernel graph_launch) in pids [12]"), "{text}");
+        assert!(!text.contains('\u{1b}'), "the library path is printed escaped");
     }
 
     fn edge_request<'a>(itl: &'a [f64], from: &'a [crate::correlate::Name]) -> RequestRef<'a> {

@@ -796,9 +796,11 @@ def build_app(client: AsyncEngineClient, cfg: EngineConfig, truth: TruthWriter,
                             finishes[i] = d.finish_reason
                         else:
                             pending[asyncio.ensure_future(_next_merged(states[i]))] = i
-                        if d.text == "" and d.finish_reason is None:
+                        # A held-back output (no text yet, tokens made) still goes out with
+                        # empty text, as vLLM's completions stream sends it.
+                        if d.text == "" and d.finish_reason is None and d.num_tokens == 0:
                             continue
-                        kinds.append("content" if d.text else "finish")
+                        kinds.append("content" if d.text else "finish" if d.finish_reason is not None else "empty")
                         yield chunk([{"index": i, "text": d.text, "logprobs": None,
                                       "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}])
                 if include_usage:

@@ -377,6 +377,15 @@ def test_held_back_text_goes_out_as_empty_content_chunks_as_vllm_sends_them(tb):
     assert empty and len(empty) == first - 1, deltas[:first + 1]
     # The held text comes out whole: 12 tokens of one byte each, nothing lost.
     assert sum(len(d.get("content") or "") for d in deltas) == 12, deltas
+    # The completions stream too (vLLM sends an output with token ids and no text yet).
+    body = {"model": MODEL, "prompt": "hold-back probe", "max_tokens": 12, "temperature": 0,
+            "cache_salt": "probe-hold-cmpl", "stop": ["\u00a7" * 6], "stream": True}
+    with httpx.stream("POST", tb.base_url + "/v1/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    texts = [e["choices"][0]["text"] for e in events if e["choices"]]
+    first = next(i for i, t in enumerate(texts) if t)
+    assert first >= 1 and all(t == "" for t in texts[:first]), texts
+    assert sum(len(t) for t in texts) == 12, texts
 
 
 # ----------------------------------------------------------- ground truth

@@ -60,6 +60,8 @@ fn every_request_becomes_a_server_span_with_one_child_per_phase_and_genai_attrib
         assert!((attr(s, "hopscope.latency.last_output").as_f64().unwrap() * 1e3 - r["last_output_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}");
         assert!((attr(s, "hopscope.latency.first_output_held").as_f64().unwrap() * 1e3 - r["first_output_held_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}");
         assert_eq!(attr(s, "hopscope.tokens_before_first_content").as_str().map(|v| v.parse::<u64>().unwrap()), r["tokens_before_first_content"].as_u64(), "{id}");
+        assert_eq!(attr(s, "hopscope.empty_chunks_before_content").as_str().map(|v| v.parse::<u64>().unwrap()), r["empty_chunks_before_content"].as_u64(), "{id}");
+        assert!(r["empty_chunks_before_content"].is_u64(), "{id}: a chat stream");
         assert!((attr(s, "hopscope.latency.scheduler_queue").as_f64().unwrap() * 1e3 - r["scheduler_queue_ms"].as_f64().unwrap()).abs() < 1e-6, "{id}");
         assert_eq!(attr(s, "hopscope.hop").as_str(), Some(r["hop"].to_string().as_str()));
         // The GenAI conventions' operation and model, as the reference receiver decoded them.

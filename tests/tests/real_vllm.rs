@@ -113,6 +113,15 @@ fn assert_every_answer_joined(rep: &Value, hops: &[Value], max_tokens: u64) {
             _ => "/v1/chat/completions",
         };
         assert_eq!(q["path"], path, "{id}");
+        // Chunks without text before the first content (vLLM's held outputs),
+        // read on the wire: the client's count; other APIs and whole answers have none.
+        if path == "/v1/chat/completions" && !whole {
+            if let Some(n) = h["empty_chunks_before_content"].as_u64() {
+                assert_eq!(q["empty_chunks_before_content"].as_u64(), Some(n), "{id}: chunks without text before the first content");
+            }
+        } else {
+            assert!(q["empty_chunks_before_content"].is_null(), "{id}: {}", q["empty_chunks_before_content"]);
+        }
         if let Some(n) = h["prompt_tokens"].as_u64() {
             assert_eq!(q["prompt_tokens"], n, "{id}");
         }
@@ -181,6 +190,16 @@ fn the_committed_real_vllm_recording_joins_every_request_of_every_kind() {
     // One chain per client chain, plus the /health probe on its own connection.
     assert_eq!(rep["chains"].as_array().unwrap().len(), by_session.len() + 1);
     assert_every_answer_joined(&rep, &hops, 16);
+    // Its client predates the count: here every chat stream's chunks without
+    // text were one held output each (two streams' first tokens decoded to no
+    // text yet), so the tokens by the first content are one more.
+    let mut held = 0;
+    for q in rep["requests"].as_array().unwrap().iter().filter(|q| q["path"] == "/v1/chat/completions" && q["ttft_ns"].is_u64()) {
+        let (empty, tokens) = (q["empty_chunks_before_content"].as_u64().unwrap(), q["tokens_before_first_content"].as_u64().unwrap());
+        assert_eq!(empty + 1, tokens, "{}: {empty} chunks without text, {tokens} tokens by the first content", q["id"]);
+        held += empty;
+    }
+    assert_eq!(held, 2);
 }
 
 #[test]
@@ -291,6 +310,7 @@ fn a_real_vllm_traced_live_joins_every_request_of_every_kind_and_loses_nothing()
         let (held_ms, first_output) = (q["first_output_held_ms"].as_f64().unwrap(), q["phases_ms"]["first_output"].as_f64().unwrap());
         eprintln!("{id}: {empties} empty chunks before the first content; {tokens} tokens, {held_ms:.2} of {first_output:.2} ms held");
         assert!(empties >= 1, "{id}: vLLM sent no held output: {h}");
+        assert_eq!(q["empty_chunks_before_content"].as_u64(), Some(empties), "{id}: hopscope counts on the wire what the client saw");
         assert!(tokens > empties, "{id}: {tokens} tokens before the first content, {empties} held outputs seen by the client");
         assert!(held_ms > 0.0 && held_ms <= first_output, "{id}: held {held_ms} ms of first_output {first_output} ms");
     }

@@ -119,6 +119,11 @@ pub struct Request {
     pub closed_ns: Option<u64>,
     /// Timestamps of every content chunk, in order.
     pub content_ns: Vec<u64>,
+    /// SSE events before the first content that carried no text, were no
+    /// role, usage, finish or end: what a chat or completions stream sends
+    /// for an output whose text the server holds back (vLLM's
+    /// `"content": ""` / `"text": ""`).
+    pub empty_chunks_before_content: u32,
     pub request_bytes: u64,
     pub response_bytes: Option<u64>,
     pub streamed: bool,
@@ -148,6 +153,14 @@ pub struct Request {
 }
 
 impl Request {
+    /// [`Request::empty_chunks_before_content`] where it means outputs: a
+    /// streamed chat or completions response (other APIs send events
+    /// without text before it that are not outputs).
+    pub fn empty_chunks(&self) -> Option<u32> {
+        let path = self.path.split('?').next().unwrap_or("");
+        (self.streamed && path.ends_with("/completions")).then_some(self.empty_chunks_before_content)
+    }
+
     pub fn ttft_ms(&self) -> Option<f64> {
         self.ttft_ns.map(|t| ms(t.saturating_sub(self.arrive_ns)))
     }
@@ -761,6 +774,7 @@ impl Correlator {
                     response_end_ns: None,
                     closed_ns: None,
                     content_ns: Vec::with_capacity(16),
+                    empty_chunks_before_content: 0,
                     request_bytes: *body_len,
                     response_bytes: None,
                     streamed: stream.unwrap_or(false),
@@ -814,6 +828,9 @@ impl Correlator {
                 }
                 if *kind == SseKind::Done && r.done_ns.is_none() {
                     r.done_ns = Some(*ts_ns);
+                }
+                if *kind == SseKind::Other && r.ttft_ns.is_none() {
+                    r.empty_chunks_before_content = r.empty_chunks_before_content.saturating_add(1);
                 }
                 let mut first_chunk = None;
                 if *kind == SseKind::Content {
@@ -1593,6 +1610,32 @@ mod tests {
         let out = c.drain_final(end + settle);
         assert_eq!(out.len(), 1);
         assert_eq!((out[0].hop, out[0].id.as_str(), out[0].wire_steps.as_ref().map(|w| w.steps)), (1, "chatcmpl-0", Some(3)));
+    }
+
+    /// A chat stream's chunks without text before its first content are
+    /// counted (the outputs a server held back); the role chunk, and what
+    /// comes after the first content, are not; other APIs report none.
+    #[test]
+    fn chunks_without_text_before_the_first_content_are_counted_for_chat_and_completions_streams() {
+        const MS: u64 = 1_000_000;
+        const SEC: u64 = 1_000 * MS;
+        let mut recs = Vec::new();
+        for (fd, path) in [(5, "/v1/chat/completions"), (6, "/v1/completions?x=1"), (7, "/v1/responses")] {
+            let c = conn(fd);
+            let mut ex = exchange(c, 0, SEC * fd as u64, 3, &[]);
+            if let Record::HttpRequest { path: p, .. } = &mut ex[0] {
+                *p = path.into();
+            }
+            // Held outputs after the role chunk, and one after the first content.
+            let at = SEC * fd as u64;
+            ex.extend([2, 3, 4].map(|k| sse(c, 0, at + k * MS, SseKind::Other, None)));
+            ex.push(sse(c, 0, at + 6 * MS, SseKind::Other, None));
+            recs.extend(ex);
+        }
+        recs.sort_by_key(Record::ts_ns);
+        let a = analyse(&recs);
+        let got: Vec<(&str, u32, Option<u32>)> = a.requests.iter().map(|r| (r.path.as_str(), r.empty_chunks_before_content, r.empty_chunks())).collect();
+        assert_eq!(got, [("/v1/chat/completions", 3, Some(3)), ("/v1/completions?x=1", 3, Some(3)), ("/v1/responses", 3, None)]);
     }
 
     #[test]

@@ -2642,6 +2642,7 @@ mod tests {
             kernels: None,
             previous_response_id: None,
             id_from_response: true,
+            empty_chunks_before_content: 0,
         }
     }
 

@@ -359,6 +359,7 @@ pub fn spans_of(meta: &Meta, r: &Request, q: &RequestRef, spans: &mut Vec<Span>)
     int("hopscope.scheduler_passed_over_by", q.scheduler_passed_over_by.map(u64::from));
     int("hopscope.engine_index", q.engine_index);
     int("hopscope.tokens_before_first_content", q.tokens_before_first_content);
+    int("hopscope.empty_chunks_before_content", q.empty_chunks_before_content.map(u64::from));
     int("hopscope.peak_gpu_mem_bytes", q.peak_gpu_mem_bytes);
     // Signed: vLLM's priorities may be negative.
     if let Some(p) = q.priority {

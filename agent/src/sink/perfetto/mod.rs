@@ -1228,6 +1228,9 @@ impl RequestArgs {
         if let Some(n) = out.tokens_before_first_content {
             args.push(Arg::u64("tokens_before_first_content", n));
         }
+        if let Some(n) = r.empty_chunks() {
+            args.push(Arg::u64("empty_chunks_before_content", u64::from(n)));
+        }
         // How the frontend/queue and queue/prefill boundaries were timed.
         if let Some(e) = r.engine.as_ref() {
             args.push(Arg::str("submit_source", e.submit_source));

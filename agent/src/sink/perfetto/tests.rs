@@ -1293,6 +1293,9 @@ fn kv_transfer_nests_in_queue_and_prefill_and_request_args_carry_the_reports_fig
     assert_eq!(arg_f64(req, "first_output_held_ms"), out.first_output_held_ms);
     let tokens = req.debug_annotations.iter().find(|d| d.name.as_deref() == Some("tokens_before_first_content")).and_then(|d| d.uint_value);
     assert_eq!(tokens, out.tokens_before_first_content);
+    let empty = req.debug_annotations.iter().find(|d| d.name.as_deref() == Some("empty_chunks_before_content")).and_then(|d| d.uint_value);
+    assert!(out.empty_chunks_before_content.is_some(), "a chat stream");
+    assert_eq!(empty, out.empty_chunks_before_content.map(u64::from));
     let (_, fo) = slices_named(&t, "first output").next().unwrap();
     assert_eq!(arg_f64(fo, "first_output_held_ms"), out.first_output_held_ms);
     let (_, q) = slices_named(&t, "queue").next().unwrap();

@@ -2417,6 +2417,7 @@ pub struct SummaryAcc {
     /// Per model: a byte per TTFT, TPOT and E2EL value saying whose it is.
     models: summary::Models,
     structured: summary::StructuredAcc,
+    held: summary::HeldAcc,
 }
 
 impl SummaryAcc {
@@ -2431,6 +2432,7 @@ impl SummaryAcc {
                 summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
                 summary::after_grammar_ms(q.scheduler_queue_ms, q.scheduler_grammar_ready_ms),
             );
+            self.held.add(q.tokens_before_first_content, q.first_output_held_ms, q.ttft_ms, q.empty_chunks_before_content);
             let slot = self.models.slot(q.model, q.completion_tokens);
             self.e2els.push(e2e);
             self.models.e2el.push(slot);
@@ -2500,6 +2502,7 @@ impl SummaryAcc {
             closed_early: self.closed_early,
             peak_gpu_mem_bytes: self.peak_gpu_mem_bytes,
             structured_output: self.structured.finish(),
+            first_content_held: self.held.finish(),
         })
     }
 }
@@ -3634,6 +3637,9 @@ mod tests {
             scheduler_queue_ms: q.scheduler_queue_ms,
             passed_over_ms: summary::skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
             after_grammar_ms: summary::after_grammar_ms(q.scheduler_queue_ms, q.scheduler_grammar_ready_ms),
+            tokens_before_first_content: q.tokens_before_first_content,
+            first_output_held_ms: q.first_output_held_ms,
+            empty_chunks_before_content: q.empty_chunks_before_content,
         }
     }
 
@@ -3664,6 +3670,10 @@ mod tests {
                     // Every sixth asked for structured output (a kind of eight, one unknown).
                     structured_output: (i % 6 == 1).then_some(["json", "json_object", "regex", "choice", "grammar", "structural_tag", "other", "json"][(i / 6) % 8]),
                     scheduler_queue_ms: (i % 9 != 0).then_some(0.01 * (i % 31) as f64),
+                    // Most with a token count by the first content, some held.
+                    tokens_before_first_content: (i % 8 != 0).then_some(1 + i as u64 % 6),
+                    first_output_held_ms: (i % 8 != 0).then_some(0.37 * (i % 6) as f64),
+                    empty_chunks_before_content: (i % 3 != 0).then_some((i % 4) as u32),
                     ..edge_request(&itls[i % itls.len()], &[])
                 }
             })
@@ -3698,6 +3708,8 @@ mod tests {
             assert_eq!(got, want, "{n} requests, runs of {run}");
             assert_eq!(got.closed_early, (0..n).filter(|i| i % 11 == 5).count());
             if n >= 3000 {
+                let h = got.first_content_held.as_ref().expect("token counts");
+                assert!(h.requests > 0 && h.requests < h.of_requests && h.sent_without_text > 0 && h.held_ms_mean.is_some(), "{h:?}");
                 let so = got.structured_output.as_ref().expect("structured requests");
                 assert_eq!(so.kinds.iter().map(|k| k.kind).collect::<Vec<_>>(), crate::model::STRUCTURED_KINDS.iter().copied().chain(["other"]).collect::<Vec<_>>());
                 assert_eq!(so.kinds.iter().map(|k| k.requests).sum::<usize>(), so.requests);

@@ -174,6 +174,79 @@ pub struct Summary {
     /// The completed requests that asked for structured output, beside the
     /// others (null when none did).
     pub structured_output: Option<StructuredSummary>,
+    /// The completed streams whose first content left tokens after their
+    /// first token (added 2026-12-06; null when no request has the count:
+    /// it needs the engine IPC).
+    pub first_content_held: Option<HeldSummary>,
+}
+
+/// What the server held back before the first content, over the completed
+/// requests with `tokens_before_first_content`: how many had 2 tokens or
+/// more by then, their mean held time, tokens and TTFT, and of them those
+/// whose stream sent the held outputs as chunks without text (held, not
+/// late: `requests[].empty_chunks_before_content` ≥ 1).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldSummary {
+    pub requests: usize,
+    /// Completed requests with the count (`requests` is of these).
+    pub of_requests: usize,
+    pub held_ms_mean: Option<f64>,
+    pub tokens_mean: Option<f64>,
+    pub ttft_ms_mean: Option<f64>,
+    pub sent_without_text: usize,
+}
+
+/// [`HeldSummary`] folded request by request (in-memory and streamed alike).
+#[derive(Debug, Default)]
+pub struct HeldAcc {
+    of: usize,
+    held: (f64, usize),
+    tokens: (f64, usize),
+    ttft: (f64, usize),
+    without_text: usize,
+}
+
+impl HeldAcc {
+    /// One completed request.
+    pub fn add(&mut self, tokens: Option<u64>, held_ms: Option<f64>, ttft_ms: Option<f64>, empty_chunks: Option<u32>) {
+        let Some(n) = tokens else { return };
+        self.of += 1;
+        if n < 2 {
+            return;
+        }
+        for (acc, v) in [(&mut self.held, held_ms), (&mut self.tokens, Some(n as f64)), (&mut self.ttft, ttft_ms)] {
+            if let Some(v) = v {
+                acc.0 += v;
+                acc.1 += 1;
+            }
+        }
+        self.without_text += usize::from(empty_chunks.is_some_and(|k| k > 0));
+    }
+
+    pub fn finish(&self) -> Option<HeldSummary> {
+        let mean = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64);
+        (self.of > 0).then(|| HeldSummary {
+            requests: self.tokens.1,
+            of_requests: self.of,
+            held_ms_mean: mean(self.held),
+            tokens_mean: mean(self.tokens),
+            ttft_ms_mean: mean(self.ttft),
+            sent_without_text: self.without_text,
+        })
+    }
+}
+
+impl json::Value for HeldSummary {
+    fn write(&self, b: &mut Vec<u8>, level: usize) {
+        let mut o = json::Obj::new(b, level);
+        o.field("requests", &self.requests)
+            .field("of_requests", &self.of_requests)
+            .field("held_ms_mean", &self.held_ms_mean)
+            .field("tokens_mean", &self.tokens_mean)
+            .field("ttft_ms_mean", &self.ttft_ms_mean)
+            .field("sent_without_text", &self.sent_without_text);
+        o.end();
+    }
 }
 
 /// What structured output cost the completed requests that asked for it:
@@ -485,7 +558,8 @@ impl Summary {
             .field("gpu_samples", &self.gpu_samples)
             .field("peak_gpu_mem_bytes", &self.peak_gpu_mem_bytes)
             .field("closed_early", &self.closed_early)
-            .field("structured_output", &self.structured_output);
+            .field("structured_output", &self.structured_output)
+            .field("first_content_held", &self.first_content_held);
         o.end();
         Ok(())
     }
@@ -520,6 +594,9 @@ pub struct ReqView<'a> {
     pub passed_over_ms: Option<f64>,
     /// Its scheduler's queue after its grammar was known ready ([`after_grammar_ms`]).
     pub after_grammar_ms: Option<f64>,
+    pub tokens_before_first_content: Option<u64>,
+    pub first_output_held_ms: Option<f64>,
+    pub empty_chunks_before_content: Option<u32>,
 }
 
 impl<'a> From<&'a RequestOut> for ReqView<'a> {
@@ -542,6 +619,9 @@ impl<'a> From<&'a RequestOut> for ReqView<'a> {
             scheduler_queue_ms: q.scheduler_queue_ms,
             passed_over_ms: skipped_ms(q.scheduler_passed_over_by, q.scheduler_passed_over_ms),
             after_grammar_ms: after_grammar_ms(q.scheduler_queue_ms, q.scheduler_grammar_ready_ms),
+            tokens_before_first_content: q.tokens_before_first_content,
+            first_output_held_ms: q.first_output_held_ms,
+            empty_chunks_before_content: q.empty_chunks_before_content,
         }
     }
 }
@@ -590,7 +670,9 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
     let (mut total_in, mut total_out, mut tokens_unknown) = (0u64, 0u64, 0usize);
     let mut models = Models::default();
     let mut structured = StructuredAcc::default();
+    let mut held = HeldAcc::default();
     for q in &done {
+        held.add(q.tokens_before_first_content, q.first_output_held_ms, q.ttft_ms, q.empty_chunks_before_content);
         let e2e = q.e2e_ms.unwrap_or_default();
         structured.add(q.structured_output, q.scheduler_queue_ms, q.ttft_ms, q.passed_over_ms, q.after_grammar_ms);
         let slot = models.slot(q.model, q.completion_tokens);
@@ -655,6 +737,7 @@ pub fn compute_views(requests: &[ReqView], chains: &[ChainView], percentiles: &[
         gpu_samples: 0,
         peak_gpu_mem_bytes: requests.iter().filter_map(|q| q.peak_gpu_mem_bytes).max(),
         structured_output: structured.finish(),
+        first_content_held: held.finish(),
     }
 }
 
@@ -823,6 +906,15 @@ pub fn render_text(sm: &Summary) -> String {
             line(&mut s, "Queued after their grammar (mean ms):", format!("{} ({})", so.grammar_ready_requests, f2(so.after_grammar_ready_ms_mean)));
         }
     }
+    if let Some(h) = sm.first_content_held.as_ref().filter(|h| h.requests > 0) {
+        let _ = writeln!(s, "{:-^50}", "First content held back (2+ tokens)");
+        line(&mut s, "Requests:", format!("{} of {}", h.requests, h.of_requests));
+        line(&mut s, "Held mean (ms):", f2(h.held_ms_mean));
+        line(&mut s, "Tokens by the first content, mean:", f2(h.tokens_mean));
+        line(&mut s, "Their TTFT mean (ms):", f2(h.ttft_ms_mean));
+        // Only a chat or completions stream shows it.
+        line(&mut s, "Sent as chunks without text:", h.sent_without_text);
+    }
     if sm.gpu_samples > 0 {
         let _ = writeln!(s, "{:-^50}", "GPU memory (NVML)");
         line(&mut s, "Samples:", sm.gpu_samples);
@@ -859,7 +951,34 @@ mod tests {
             scheduler_queue_ms: None,
             passed_over_ms: None,
             after_grammar_ms: None,
+            tokens_before_first_content: None,
+            first_output_held_ms: None,
+            empty_chunks_before_content: None,
         }
+    }
+
+    /// The first contents held back: over the completed requests with a
+    /// token count, those with 2 or more, their means, and those whose
+    /// stream sent the held outputs without text; null without any count.
+    #[test]
+    fn first_contents_held_back_are_summed_over_the_completed_requests_with_a_count() {
+        let held = |q: ReqView<'static>, tokens: Option<u64>, ms: Option<f64>, empty: Option<u32>| ReqView { tokens_before_first_content: tokens, first_output_held_ms: ms, empty_chunks_before_content: empty, ..q };
+        let reqs = [
+            held(req("a", 200, 0, Some(100.0), 40.0, &[], (10, 8), None), Some(13), Some(30.0), Some(12)),
+            held(req("b", 200, 10, Some(100.0), 20.0, &[], (10, 8), None), Some(5), Some(10.0), Some(0)),
+            held(req("c", 200, 20, Some(100.0), 10.0, &[], (10, 8), None), Some(1), Some(0.0), Some(0)),
+            held(req("d", 200, 30, Some(100.0), 10.0, &[], (10, 8), None), None, None, None),
+            // Not completed: left out.
+            held(req("e", 500, 40, Some(100.0), 90.0, &[], (10, 8), None), Some(9), Some(80.0), Some(8)),
+        ];
+        let sm = compute_views(&reqs, &[], DEFAULT_PERCENTILES);
+        let h = sm.first_content_held.as_ref().expect("counts");
+        assert_eq!((h.requests, h.of_requests, h.sent_without_text), (2, 3, 1));
+        assert_eq!((h.held_ms_mean, h.tokens_mean, h.ttft_ms_mean), (Some(20.0), Some(9.0), Some(30.0)));
+        let text = render_text(&sm);
+        assert!(text.contains("First content held back (2+ tokens)") && text.contains("2 of 3"), "{text}");
+        let none = compute_views(&[reqs[3].clone()], &[], DEFAULT_PERCENTILES);
+        assert!(none.first_content_held.is_none() && !render_text(&none).contains("held back"));
     }
 
     /// Each model's completed requests apart, hand-computed; the text shows

@@ -236,7 +236,7 @@ pub fn push(
         // One launch of a whole graph: a kernel message named after the graph,
         // so that steps, GPU time and traces treat it as the kernels it ran.
         Record::Graph(g) => {
-            let name = format!("[CUDA graph {}]", g.graph_id);
+            let name = wire::whole_graph_name(g.graph_id);
             let (id, _) = names.intern(name.as_bytes());
             batch.max_name_id = batch.max_name_id.max(id);
             wire::Message::Kernel(wire::Kernel {

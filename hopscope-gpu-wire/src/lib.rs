@@ -191,8 +191,19 @@ pub mod enabled {
 
 /// The `graph_node_id` of a [`Kernel`] that stands for a whole CUDA graph's
 /// launch (CUPTI's GRAPH_TRACE record: first node's start to last node's end,
-/// named `[CUDA graph <id>]`), sent in place of its nodes' kernels.
+/// named [`whole_graph_name`]), sent in place of its nodes' kernels.
 pub const WHOLE_GRAPH: u64 = u64::MAX;
+
+/// The kernel name of a [`WHOLE_GRAPH`] launch: `[CUDA graph <id>]`.
+pub fn whole_graph_name(graph_id: u32) -> String {
+    format!("[CUDA graph {graph_id}]")
+}
+
+/// `name` is one [`whole_graph_name`] made (any id), or the id-less
+/// `[CUDA graph]` that stands for them all.
+pub fn is_whole_graph_name(name: &str) -> bool {
+    name.strip_prefix("[CUDA graph").and_then(|r| r.strip_suffix(']')).is_some_and(|id| id.trim().bytes().all(|b| b.is_ascii_digit()))
+}
 
 /// First frame of every connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

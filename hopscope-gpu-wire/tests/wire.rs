@@ -342,3 +342,14 @@ fn counters_have_stable_ids_and_names() {
     assert_eq!(c.get(Counter::DroppedNoAgent), Some(12));
     assert_eq!(c.get(Counter::RecordsSent), None);
 }
+
+#[test]
+fn a_whole_graph_launch_name_is_told_as_one_by_its_reader_whatever_its_id() {
+    for id in [0, 7, u32::MAX] {
+        assert!(is_whole_graph_name(&whole_graph_name(id)), "{id}");
+    }
+    assert!(is_whole_graph_name("[CUDA graph]"));
+    for other in ["[CUDA graph x]", "CUDA graph 3", "[CUDA graph 3", "[unnamed kernel]", "hs_exact_add"] {
+        assert!(!is_whole_graph_name(other), "{other}");
+    }
+}

@@ -2206,7 +2206,7 @@ pub fn normalize_kernel_name(name: &str) -> String {
     let s = name.trim();
     // A graph's id is its process's creation count: two runs (or two
     // processes) number the same graph differently, so launches compare as one.
-    if s.strip_prefix("[CUDA graph").and_then(|r| r.strip_suffix(']')).is_some_and(|id| id.trim().bytes().all(|b| b.is_ascii_digit())) {
+    if hopscope_gpu_wire::is_whole_graph_name(s) {
         return GRAPH_LAUNCHES.to_owned();
     }
     if let Some(d) = demangle_outer(s) {

@@ -196,13 +196,34 @@ pub struct HeldSummary {
     pub sent_without_text: usize,
 }
 
+/// A mean folded value by value (the summaries' accumulators: the same sums
+/// in the same order whether the summary is made in memory or streamed).
+#[derive(Debug, Default, Clone, Copy)]
+struct Mean {
+    sum: f64,
+    n: usize,
+}
+
+impl Mean {
+    fn add(&mut self, v: Option<f64>) {
+        if let Some(v) = v {
+            self.sum += v;
+            self.n += 1;
+        }
+    }
+
+    fn get(self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / self.n as f64)
+    }
+}
+
 /// [`HeldSummary`] folded request by request (in-memory and streamed alike).
 #[derive(Debug, Default)]
 pub struct HeldAcc {
     of: usize,
-    held: (f64, usize),
-    tokens: (f64, usize),
-    ttft: (f64, usize),
+    held: Mean,
+    tokens: Mean,
+    ttft: Mean,
     without_text: usize,
 }
 
@@ -214,23 +235,19 @@ impl HeldAcc {
         if n < 2 {
             return;
         }
-        for (acc, v) in [(&mut self.held, held_ms), (&mut self.tokens, Some(n as f64)), (&mut self.ttft, ttft_ms)] {
-            if let Some(v) = v {
-                acc.0 += v;
-                acc.1 += 1;
-            }
-        }
+        self.held.add(held_ms);
+        self.tokens.add(Some(n as f64));
+        self.ttft.add(ttft_ms);
         self.without_text += usize::from(empty_chunks.is_some_and(|k| k > 0));
     }
 
     pub fn finish(&self) -> Option<HeldSummary> {
-        let mean = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64);
         (self.of > 0).then(|| HeldSummary {
-            requests: self.tokens.1,
+            requests: self.tokens.n,
             of_requests: self.of,
-            held_ms_mean: mean(self.held),
-            tokens_mean: mean(self.tokens),
-            ttft_ms_mean: mean(self.ttft),
+            held_ms_mean: self.held.get(),
+            tokens_mean: self.tokens.get(),
+            ttft_ms_mean: self.ttft.get(),
             sent_without_text: self.without_text,
         })
     }
@@ -301,13 +318,13 @@ pub fn after_grammar_ms(scheduler_queue_ms: Option<f64>, grammar_ready_ms: Optio
 #[derive(Debug, Default)]
 pub struct StructuredAcc {
     kinds: [usize; crate::model::STRUCTURED_KINDS.len() + 1],
-    /// (sum, count) for the structured requests [0] and the others [1].
-    sched: [(f64, usize); 2],
-    ttft: [(f64, usize); 2],
-    /// (sum, count) of the structured requests' passed-over spans.
-    passed: (f64, usize),
-    /// (sum, count) of their scheduler's queue after the grammar was ready.
-    after_ready: (f64, usize),
+    /// For the structured requests [0] and the others [1].
+    sched: [Mean; 2],
+    ttft: [Mean; 2],
+    /// The structured requests' passed-over spans.
+    passed: Mean,
+    /// Their scheduler's queue after the grammar was ready.
+    after_ready: Mean,
 }
 
 impl StructuredAcc {
@@ -323,12 +340,10 @@ impl StructuredAcc {
         // Only the structured requests' spans: their grammar's.
         let passed_over_ms = passed_over_ms.filter(|_| kind.is_some());
         let after_grammar_ms = after_grammar_ms.filter(|_| kind.is_some());
-        for (acc, v) in [(&mut self.sched[side], scheduler_queue_ms), (&mut self.ttft[side], ttft_ms), (&mut self.passed, passed_over_ms), (&mut self.after_ready, after_grammar_ms)] {
-            if let Some(v) = v {
-                acc.0 += v;
-                acc.1 += 1;
-            }
-        }
+        self.sched[side].add(scheduler_queue_ms);
+        self.ttft[side].add(ttft_ms);
+        self.passed.add(passed_over_ms);
+        self.after_ready.add(after_grammar_ms);
     }
 
     pub fn finish(&self) -> Option<StructuredSummary> {
@@ -338,18 +353,17 @@ impl StructuredAcc {
             return None;
         }
         let kinds = self.kinds.iter().enumerate().filter(|(_, n)| **n > 0).map(|(i, n)| KindCount { kind: STRUCTURED_KINDS.get(i).copied().unwrap_or(STRUCTURED_OTHER), requests: *n }).collect();
-        let mean = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64);
         Some(StructuredSummary {
             requests,
             kinds,
-            scheduler_queue_ms_mean: mean(self.sched[0]),
-            others_scheduler_queue_ms_mean: mean(self.sched[1]),
-            ttft_ms_mean: mean(self.ttft[0]),
-            others_ttft_ms_mean: mean(self.ttft[1]),
-            passed_over_requests: self.passed.1,
-            passed_over_ms_mean: mean(self.passed),
-            grammar_ready_requests: self.after_ready.1,
-            after_grammar_ready_ms_mean: mean(self.after_ready),
+            scheduler_queue_ms_mean: self.sched[0].get(),
+            others_scheduler_queue_ms_mean: self.sched[1].get(),
+            ttft_ms_mean: self.ttft[0].get(),
+            others_ttft_ms_mean: self.ttft[1].get(),
+            passed_over_requests: self.passed.n,
+            passed_over_ms_mean: self.passed.get(),
+            grammar_ready_requests: self.after_ready.n,
+            after_grammar_ready_ms_mean: self.after_ready.get(),
         })
     }
 }
